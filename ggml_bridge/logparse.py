@@ -1,0 +1,192 @@
+"""Every regex the launcher and the ladder apply to llama.cpp log text lives here.
+
+The bridge and batched-transfer lines are the contract with the C++ patches (docs/DESIGN.md);
+the rest are upstream llama-server / llama.cpp lines used to explain start-up failures and to count
+the devices a model was placed on. Lines may carry a timestamp/level prefix or ANSI colours, so every
+pattern is searched, not anchored at the start of the line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+# --- contract: mapped pinned host bridge (CUDA backend, GGML log) -------------------------------------
+BRIDGE = "ggml_cuda_mapped_host_bridge"
+BRIDGE_ENABLED = re.compile(
+    BRIDGE + r": enabled \(mode (?P<mode>1|force)\), (?P<slots>\d+) slots x (?P<slot_mib>\d+) MiB\b")
+BRIDGE_INACTIVE = re.compile(BRIDGE + r": inactive: (?P<reason>.*?)\s*$")
+BRIDGE_INVALID = re.compile(
+    BRIDGE + r': ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="(?P<value>[^"]*)"')
+BRIDGE_STATS = re.compile(BRIDGE + r": stats: (?P<kv>(?:\s*\w+=\d+)+)")
+BRIDGE_STATS_KEYS = ("boundaries", "bytes", "chunks", "producer_waits", "sync_copies", "fallbacks")
+
+# --- contract: batched pinned graph I/O transfers (llama context, LLAMA log) --------------------------
+BATCHED = "llama_batched_transfers"
+BATCHED_ENABLED = re.compile(BATCHED + r": enabled, pinned pool up to (?P<pool_mib>\d+) MiB\b")
+BATCHED_INACTIVE = re.compile(BATCHED + r": inactive: (?P<reason>.*?)\s*$")
+BATCHED_STATS = re.compile(BATCHED + r": stats: (?P<kv>(?:\s*\w+=\d+)+)")
+BATCHED_STATS_KEYS = ("graphs", "async_uploads", "async_downloads", "sync_uploads", "sync_downloads",
+                      "bytes_up", "bytes_down", "fallbacks")
+
+_KV = re.compile(r"(\w+)=(\d+)")
+
+# --- upstream llama.cpp / llama-server lines ----------------------------------------------------------
+USING_DEVICE = re.compile(r"using device (?P<dev>\S+) \((?P<desc>[^)]*)\)")
+CUDA_FOUND = re.compile(r"ggml_cuda_init: found (?P<n>\d+) CUDA devices")
+BIND_FAILED = re.compile(r"couldn't bind HTTP server socket, hostname: (?P<host>\S+), port: (?P<port>\d+)")
+GGUF_OPEN_FAILED = re.compile(r"failed to open GGUF file '(?P<path>[^']*)' \((?P<why>[^)]*)\)")
+MODEL_LOAD_ERROR = re.compile(r"error loading model: (?P<why>.*?)\s*$")
+MODEL_LOAD_FAILED = re.compile(r"failed to load model|exiting due to model loading error")
+HTTP_ERROR_EXIT = re.compile(r"exiting due to HTTP server error")
+LISTENING = re.compile(r"(?:server is listening on|listening on) (?P<addr>\S+)")
+MODEL_LOADED = re.compile(r"\bmodel loaded\b")
+OOM = re.compile(r"out of memory|failed to allocate|cudaMalloc failed", re.I)
+ASSERT = re.compile(r"GGML_ASSERT|GGML_ABORT|Segmentation fault|terminate called", re.I)
+
+
+def clean(line: str) -> str:
+    return ANSI.sub("", line).rstrip("\r\n")
+
+
+def _kv(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in _KV.findall(text)}
+
+
+@dataclass
+class BridgeInfo:
+    enabled: bool = False
+    mode: str | None = None         # "1" or "force"
+    slots: int | None = None
+    slot_mib: int | None = None
+    inactive_reason: str | None = None
+    invalid_value: str | None = None
+    enabled_lines: int = 0          # one per process that initialised CUDA
+    stats: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def seen(self) -> bool:
+        return self.enabled or self.inactive_reason is not None or self.invalid_value is not None
+
+    def total(self, key: str) -> int:
+        return sum(s.get(key, 0) for s in self.stats)
+
+
+@dataclass
+class BatchedInfo:
+    enabled: bool = False
+    pool_mib: int | None = None
+    inactive_reason: str | None = None
+    enabled_lines: int = 0
+    stats: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def seen(self) -> bool:
+        return self.enabled or self.inactive_reason is not None
+
+    def total(self, key: str) -> int:
+        return sum(s.get(key, 0) for s in self.stats)
+
+
+@dataclass
+class LogInfo:
+    bridge: BridgeInfo = field(default_factory=BridgeInfo)
+    batched: BatchedInfo = field(default_factory=BatchedInfo)
+    devices: list[str] = field(default_factory=list)      # "using device" lines, in order
+    cuda_found: int | None = None
+    bind_failed: tuple[str, int] | None = None
+    gguf_open_failed: tuple[str, str] | None = None
+    model_error: str | None = None
+    model_load_failed: bool = False
+    http_error: bool = False
+    listening: str | None = None
+    model_loaded: bool = False
+    oom_lines: list[str] = field(default_factory=list)
+    crash_lines: list[str] = field(default_factory=list)
+
+    @property
+    def n_devices(self) -> int:
+        """Distinct devices the model was placed on (0: CPU only or not known)."""
+        return len(dict.fromkeys(self.devices))
+
+
+def parse(lines: Iterable[str] | str) -> LogInfo:
+    """Parse llama.cpp log text (a string or lines) into a :class:`LogInfo`."""
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    info = LogInfo()
+    for raw in lines:
+        line = clean(raw)
+        if BRIDGE in line:
+            b = info.bridge
+            if m := BRIDGE_ENABLED.search(line):
+                b.enabled = True
+                b.enabled_lines += 1
+                b.mode, b.slots, b.slot_mib = m["mode"], int(m["slots"]), int(m["slot_mib"])
+            elif m := BRIDGE_STATS.search(line):
+                b.stats.append(_kv(m["kv"]))
+            elif m := BRIDGE_INVALID.search(line):
+                b.invalid_value = m["value"]
+            elif m := BRIDGE_INACTIVE.search(line):
+                b.inactive_reason = m["reason"]
+            continue
+        if BATCHED in line:
+            t = info.batched
+            if m := BATCHED_ENABLED.search(line):
+                t.enabled = True
+                t.enabled_lines += 1
+                t.pool_mib = int(m["pool_mib"])
+            elif m := BATCHED_STATS.search(line):
+                t.stats.append(_kv(m["kv"]))
+            elif m := BATCHED_INACTIVE.search(line):
+                t.inactive_reason = m["reason"]
+            continue
+        if m := USING_DEVICE.search(line):
+            info.devices.append(m["dev"])
+        elif m := CUDA_FOUND.search(line):
+            info.cuda_found = int(m["n"])
+        elif m := BIND_FAILED.search(line):
+            info.bind_failed = (m["host"], int(m["port"]))
+        elif m := GGUF_OPEN_FAILED.search(line):
+            info.gguf_open_failed = (m["path"], m["why"])
+        elif m := MODEL_LOAD_ERROR.search(line):
+            info.model_error = info.model_error or m["why"]
+        elif MODEL_LOAD_FAILED.search(line):
+            info.model_load_failed = True
+        elif HTTP_ERROR_EXIT.search(line):
+            info.http_error = True
+        elif m := LISTENING.search(line):
+            info.listening = m["addr"]
+        elif MODEL_LOADED.search(line):
+            info.model_loaded = True
+        if OOM.search(line):
+            info.oom_lines.append(line.strip())
+        if ASSERT.search(line):
+            info.crash_lines.append(line.strip())
+    return info
+
+
+def startup_failure_reason(info: LogInfo, rc: int | None) -> str:
+    """One sentence saying why a server that exited during start-up failed."""
+    if info.bind_failed:
+        host, port = info.bind_failed
+        return f"port {port} on {host} is already in use (llama-server could not bind its HTTP socket)"
+    if info.http_error and not info.model_load_failed:
+        return "llama-server could not start its HTTP server (address in use or not available)"
+    if info.gguf_open_failed:
+        path, why = info.gguf_open_failed
+        return f"llama-server could not open the model file {path} ({why})"
+    if info.model_error:
+        return f"llama-server failed to load the model: {info.model_error}"
+    if info.model_load_failed:
+        return "llama-server failed to load the model"
+    if info.oom_lines:
+        return f"out of memory during start-up: {info.oom_lines[0]}"
+    if info.crash_lines:
+        return f"llama-server crashed during start-up: {info.crash_lines[0]}"
+    if rc is not None and rc < 0:
+        return f"llama-server was killed by signal {-rc} during start-up"
+    return f"llama-server exited with status {rc} during start-up"

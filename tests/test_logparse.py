@@ -1,0 +1,110 @@
+"""logparse: the contract regexes against sample log text."""
+
+from __future__ import annotations
+
+from ggml_bridge import logparse
+
+PATCHED_2GPU = """\
+ggml_cuda_init: found 2 CUDA devices (Total VRAM: 286000 MiB):
+  Device 0: NVIDIA H200, compute capability 9.0, VMM: yes
+  Device 1: NVIDIA H200, compute capability 9.0, VMM: yes
+ggml_cuda_mapped_host_bridge: enabled (mode force), 4 slots x 64 MiB mapped pinned host memory
+llama_model_load_from_file_impl: using device CUDA0 (NVIDIA H200) (0000:19:00.0) - 142000 MiB free
+llama_model_load_from_file_impl: using device CUDA1 (NVIDIA H200) (0000:3b:00.0) - 142000 MiB free
+llama_batched_transfers: enabled, pinned pool up to 32 MiB
+main: server is listening on http://127.0.0.1:8080
+srv    load_model: model loaded
+llama_batched_transfers: stats: graphs=12 async_uploads=24 async_downloads=12 sync_uploads=0 sync_downloads=0 bytes_up=4096 bytes_down=128000 fallbacks=0
+ggml_cuda_mapped_host_bridge: stats: boundaries=36 bytes=1048576 chunks=40 producer_waits=3 sync_copies=0 fallbacks=0
+"""
+
+
+def test_bridge_enabled_and_stats():
+    info = logparse.parse(PATCHED_2GPU)
+    b = info.bridge
+    assert b.enabled and b.mode == "force" and b.slots == 4 and b.slot_mib == 64
+    assert b.enabled_lines == 1
+    assert b.stats == [dict(boundaries=36, bytes=1048576, chunks=40, producer_waits=3, sync_copies=0, fallbacks=0)]
+    assert b.total("boundaries") == 36
+    assert info.n_devices == 2 and info.cuda_found == 2
+    assert info.listening == "http://127.0.0.1:8080"
+    assert info.model_loaded
+
+
+def test_batched_enabled_and_stats():
+    t = logparse.parse(PATCHED_2GPU).batched
+    assert t.enabled and t.pool_mib == 32
+    assert t.total("async_uploads") == 24 and t.total("async_downloads") == 12
+    assert t.total("sync_uploads") == 0
+
+
+def test_mode_1_with_prefix_and_colours():
+    line = "\x1b[32m0.00.123.456 I ggml_cuda_mapped_host_bridge: enabled (mode 1), 8 slots x 16 MiB mapped pinned host memory\x1b[0m"
+    b = logparse.parse([line]).bridge
+    assert b.enabled and b.mode == "1" and b.slots == 8 and b.slot_mib == 16
+
+
+def test_inactive_and_invalid():
+    info = logparse.parse(
+        "ggml_cuda_mapped_host_bridge: inactive: only one CUDA device\n"
+        "llama_batched_transfers: inactive: no GPU backend in this context\n")
+    assert not info.bridge.enabled and info.bridge.inactive_reason == "only one CUDA device"
+    assert info.bridge.seen
+    assert not info.batched.enabled and info.batched.inactive_reason == "no GPU backend in this context"
+    bad = logparse.parse(
+        'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="yes" (expected 0, 1 or force); bridge off')
+    assert bad.bridge.invalid_value == "yes" and not bad.bridge.enabled
+    assert bad.bridge.inactive_reason is None
+
+
+def test_unpatched_log_has_nothing():
+    info = logparse.parse("llama_model_loader: loaded meta data\nmain: server is listening on http://127.0.0.1:9\n")
+    assert not info.bridge.seen and not info.batched.seen
+    assert info.bridge.stats == [] and info.batched.total("async_uploads") == 0
+    assert info.n_devices == 0
+
+
+def test_malformed_lines_are_not_matches():
+    info = logparse.parse(
+        "ggml_cuda_mapped_host_bridge: enabled (mode 2), 4 slots x 64 MiB\n"      # mode 2 is not a mode
+        "ggml_cuda_mapped_host_bridge: enabled (mode 1), four slots x 64 MiB\n"
+        "llama_batched_transfers: enabled\n")
+    assert not info.bridge.enabled and not info.batched.enabled
+
+
+def test_several_processes_stats_accumulate():
+    text = ("ggml_cuda_mapped_host_bridge: stats: boundaries=2 bytes=10 chunks=2 producer_waits=0 sync_copies=0 fallbacks=0\n"
+            "ggml_cuda_mapped_host_bridge: stats: boundaries=5 bytes=20 chunks=5 producer_waits=1 sync_copies=0 fallbacks=1\n")
+    b = logparse.parse(text).bridge
+    assert len(b.stats) == 2 and b.total("boundaries") == 7 and b.total("fallbacks") == 1
+
+
+def test_duplicate_device_counted_once():
+    info = logparse.parse("using device CUDA0 (A) (x) - 1 MiB free\nusing device CUDA0 (A) (x) - 1 MiB free\n")
+    assert info.n_devices == 1
+
+
+def test_startup_failures():
+    bind = logparse.parse("srv    start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080\n"
+                          "srv    main: exiting due to HTTP server error\n")
+    assert bind.bind_failed == ("127.0.0.1", 8080)
+    assert "port 8080" in logparse.startup_failure_reason(bind, 1)
+    assert "already in use" in logparse.startup_failure_reason(bind, 1)
+
+    missing = logparse.parse(
+        "gguf_init_from_file: failed to open GGUF file '/x/m.gguf' (No such file or directory)\n"
+        "llama_model_load: error loading model: llama_model_loader: failed to load model from /x/m.gguf\n"
+        "srv    load_model: failed to load model, '/x/m.gguf'\n"
+        "srv    main: exiting due to model loading error\n")
+    assert missing.gguf_open_failed == ("/x/m.gguf", "No such file or directory")
+    assert missing.model_load_failed
+    r = logparse.startup_failure_reason(missing, 1)
+    assert "/x/m.gguf" in r and "No such file" in r
+
+    bad = logparse.parse("llama_model_load: error loading model: missing tensor 'output_norm.weight'\n")
+    assert "missing tensor" in logparse.startup_failure_reason(bad, 1)
+
+    crash = logparse.parse("/src/ggml.c:123: GGML_ASSERT(x) failed\n")
+    assert "crashed" in logparse.startup_failure_reason(crash, -6)
+    assert "signal 9" in logparse.startup_failure_reason(logparse.parse(""), -9)
+    assert "status 3" in logparse.startup_failure_reason(logparse.parse(""), 3)
