@@ -92,6 +92,13 @@ class BuildError(FatalError):
     kind = "build error"
 
 
+class NotBuiltError(BuildError):
+    """A stage asked for a binary that no build has produced yet."""
+
+    exit_code = 32
+    kind = "not built"
+
+
 class ServeError(FatalError):
     """llama-server failed to start, died, or did not prove that a requested mechanism engaged."""
 

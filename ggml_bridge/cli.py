@@ -1,0 +1,191 @@
+"""Command line: ``ggml-bridge fetch|patch|build|serve|ladder|rebase|bench``.
+
+Progress goes to stderr; stdout carries only results (a path, a report). ``main()`` is the only place that turns a
+:class:`~ggml_bridge.errors.FatalError` into an exit status.
+
+Later stages (serve, ladder, rebase, bench) live in their own modules, imported only when their subcommand runs.
+Each exposes ``add_arguments(parser)`` and ``run(args, settings) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any, Callable, Sequence
+
+from . import __version__, config, runner
+from .errors import FatalError, PatchError, ToolchainError, UsageError
+
+#: Subcommands implemented by separate stage modules: name -> one-line help.
+DELEGATED = {
+    "serve": "launch llama-server and prove the requested mechanisms engaged",
+    "ladder": "run the comparison ladder and write a JSON+Markdown report",
+    "rebase": "move the patch series onto another upstream",
+    "bench": "side-by-side llama-bench report",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ggml-bridge`` console script; returns the exit status."""
+    parser = build_parser()
+    try:
+        args, rest = parser.parse_known_args(argv)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return UsageError.exit_code
+        if rest and args.command not in DELEGATED:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        runner.set_quiet(bool(getattr(args, "quiet", False)))
+        settings = config.load(_overrides(args), config_path=getattr(args, "config", None))
+        if args.command in DELEGATED:
+            return _run_stage(args.command, rest, settings)
+        handler: Callable[[argparse.Namespace, config.Settings], int] = args.handler
+        return handler(args, settings)
+    except FatalError as e:
+        print(f"ggml-bridge: {e.kind}: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("ggml-bridge: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ggml-bridge",
+        description="Fetch the pinned llama.cpp, apply the patch series, build, launch and verify llama-server.",
+        epilog="Exit codes: 0 ok, 1 mismatch, 2 usage, 10 fetch, 11 checksum, 12 bad source, 13 cache, "
+        "20 patch, 30 toolchain, 31 build, 32 not built, 40 serve, 50 rebase conflict, 60 bench.",
+    )
+    parser.add_argument("--version", action="version", version=f"ggml-bridge {__version__}")
+    _common(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("fetch", help="obtain the pinned upstream tree (cached); prints its path")
+    _common(p)
+    _source_args(p)
+    p.set_defaults(handler=cmd_fetch)
+
+    p = sub.add_parser("patch", help="apply the patch series onto the upstream tree; prints the work tree path")
+    _common(p)
+    _source_args(p)
+    p.add_argument("--check", action="store_true", help="report whether each patch applies, writing nothing")
+    p.set_defaults(handler=cmd_patch)
+
+    p = sub.add_parser("build", help="fetch + patch + CMake/Ninja build; prints the llama-server path last")
+    _common(p)
+    _source_args(p)
+    _build_args(p)
+    p.set_defaults(handler=cmd_build)
+
+    for name, help_text in DELEGATED.items():
+        p = sub.add_parser(name, help=help_text, add_help=False)  # its own parser handles -h
+        _common(p)
+    return parser
+
+
+def _common(parser: argparse.ArgumentParser, *, suppress: bool = True) -> None:
+    """Options accepted both before and after the subcommand."""
+    default: Any = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--config", metavar="PATH", default=default,
+                        help="config file (default: ./ggml-bridge.toml, or $GGML_BRIDGE_CONFIG)")
+    parser.add_argument("--cache-dir", metavar="DIR", default=default,
+                        help="cache directory (default: $GGML_BRIDGE_CACHE_DIR or $XDG_CACHE_HOME/ggml-bridge)")
+    parser.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS if suppress else False,
+                        help="no progress output on stderr")
+
+
+def _source_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--source", metavar="SPEC", default=None,
+                        help="directory, .tar.gz, llama-cpp-python==X.Y.Z, git+URL[@REF] or an upstream git ref "
+                        "instead of the pinned sources")
+    parser.add_argument("--allow-unpinned", action="store_true",
+                        help="accept a source that is not exactly the pinned commit")
+
+
+def _build_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--variant", metavar="{patched,upstream,upstream-nopeer}", default=None,
+                        help="what to build (default: patched)")
+    parser.add_argument("--backend", metavar="{auto,cpu,cuda}", default=None,
+                        help="auto = cuda when nvcc and cuBLAS headers are found, else cpu")
+    parser.add_argument("--cuda-arch", metavar="ARCH", default=None, help="CMAKE_CUDA_ARCHITECTURES (default native)")
+    parser.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
+    parser.add_argument("--no-native", dest="native", action="store_false", default=None,
+                        help="do not optimise for this CPU (-DGGML_NATIVE=OFF)")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "cache_dir": getattr(args, "cache_dir", None),
+        "build.variant": getattr(args, "variant", None),
+        "build.backend": getattr(args, "backend", None),
+        "build.cuda_arch": getattr(args, "cuda_arch", None),
+        "build.jobs": getattr(args, "jobs", None),
+        "build.native": getattr(args, "native", None),
+    }
+
+
+# --------------------------------------------------------------------------------------------- handlers
+
+
+def cmd_fetch(args: argparse.Namespace, settings: config.Settings) -> int:
+    from . import fetch
+
+    tree = fetch.obtain(settings, args.source, args.allow_unpinned)
+    runner.log(f"upstream {tree.commit_or_id} from {tree.origin}")
+    print(tree.path)
+    return 0
+
+
+def cmd_patch(args: argparse.Namespace, settings: config.Settings) -> int:
+    from . import fetch, patch
+
+    tree = fetch.obtain(settings, args.source, args.allow_unpinned)
+    if args.check:
+        report = patch.check_series(settings, tree)
+        print(report.render())
+        return 0 if report.ok else PatchError.exit_code
+    patched = patch.apply_series(settings, tree)
+    print(patched.path)
+    return 0
+
+
+def cmd_build(args: argparse.Namespace, settings: config.Settings) -> int:
+    from . import build
+
+    result = build.ensure(settings, source_spec=args.source, allow_unpinned=args.allow_unpinned)
+    for name, path in result.binaries.items():
+        runner.log(f"    {name}: {path}")
+    print(result.server)
+    return 0
+
+
+def _run_stage(name: str, rest: list[str], settings: config.Settings) -> int:
+    module = _load_stage(name)
+    parser = argparse.ArgumentParser(prog=f"ggml-bridge {name}", description=DELEGATED[name])
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    return int(module.run(args, settings))
+
+
+def _load_stage(name: str) -> Any:
+    """Import ``ggml_bridge.<name>`` now (not at startup), with a clean error when it is missing."""
+    modname = f"{__package__}.{name}"
+    try:
+        module = importlib.import_module(modname)
+    except ModuleNotFoundError as e:
+        if e.name == modname:
+            raise UsageError(f"the {name} subcommand is not available in this installation",
+                             why=f"module {modname} does not exist yet",
+                             fix="update ggml-bridge, or use fetch, patch and build") from None
+        raise ToolchainError(f"the {name} subcommand needs the Python module {e.name}",
+                             fix="reinstall ggml-bridge with its dependencies (pip install .)") from None
+    missing = [attr for attr in ("add_arguments", "run") if not callable(getattr(module, attr, None))]
+    if missing:
+        raise UsageError(f"the {name} subcommand is not available in this installation",
+                         why=f"{modname} does not define {', '.join(missing)}()")
+    return module
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

