@@ -1,0 +1,363 @@
+"""Launch llama-server with the runtime selectors set, and prove from its own log lines what engaged.
+
+``ggml-bridge serve [--bridge on|off|force] [--batched on|off] [--] <llama-server args>``
+
+The selectors are environment variables read by the patched build (docs/DESIGN.md):
+``GGML_CUDA_MAPPED_HOST_BRIDGE`` = 0|1|force and ``SAM3D_BATCHED_TRANSFERS`` = 0|1, plus their ``*_STATS=1``
+switches so counters are printed at teardown. The launcher streams the server log, waits for ``/health``
+and the server's "listening" line, then reads the bridge/batched lines (regexes in :mod:`logparse`):
+
+* bridge requested and engaged: says so, with its slot count;
+* bridge requested, not engaged, model split over more than one device: exits non-zero with the reason;
+* bridge requested on a single device: says so plainly and keeps serving.
+
+:class:`Server` is also what the ladder uses to run every mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from . import logparse, runner
+from .errors import ServeError, UsageError
+from .runner import log
+
+BRIDGE_VAR = "GGML_CUDA_MAPPED_HOST_BRIDGE"
+BRIDGE_STATS_VAR = "GGML_CUDA_MAPPED_HOST_BRIDGE_STATS"
+BATCHED_VAR = "SAM3D_BATCHED_TRANSFERS"
+BATCHED_STATS_VAR = "SAM3D_BATCHED_TRANSFERS_STATS"
+
+BRIDGE_VALUES = {"on": "1", "off": "0", "force": "force"}
+BATCHED_VALUES = {"on": "1", "off": "0"}
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+def selector_env(bridge: str | None, batched: str | None, *, stats: bool = True) -> dict[str, str]:
+    """Environment for the selectors. ``None`` leaves a selector unset (the build's default)."""
+    env: dict[str, str] = {}
+    if bridge is not None:
+        if bridge not in BRIDGE_VALUES:
+            raise UsageError(f"--bridge must be one of {', '.join(BRIDGE_VALUES)}, not {bridge!r}")
+        env[BRIDGE_VAR] = BRIDGE_VALUES[bridge]
+    if batched is not None:
+        if batched not in BATCHED_VALUES:
+            raise UsageError(f"--batched must be one of {', '.join(BATCHED_VALUES)}, not {batched!r}")
+        env[BATCHED_VAR] = BATCHED_VALUES[batched]
+    if stats:
+        env[BRIDGE_STATS_VAR] = "1"
+        env[BATCHED_STATS_VAR] = "1"
+    return env
+
+
+def _arg_value(args: Sequence[str], *names: str) -> str | None:
+    """Last value of an option given as ``--name v`` or ``--name=v``."""
+    val = None
+    for i, a in enumerate(args):
+        for n in names:
+            if a == n and i + 1 < len(args):
+                val = args[i + 1]
+            elif a.startswith(n + "=") and n.startswith("--"):
+                val = a.split("=", 1)[1]
+    return val
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Engagement:
+    """What the log proves about the requested mechanisms."""
+
+    info: logparse.LogInfo
+    notes: list[str] = field(default_factory=list)      # plain statements for the user
+    errors: list[str] = field(default_factory=list)     # reasons to exit non-zero
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def check_engagement(info: logparse.LogInfo, bridge: str | None, batched: str | None,
+                     n_devices: int | None = None) -> Engagement:
+    """Apply the launcher's rules to a parsed start-up log (see the module docstring)."""
+    eng = Engagement(info)
+    ndev = info.n_devices if n_devices is None else n_devices
+    b, t = info.bridge, info.batched
+    if b.invalid_value is not None:
+        eng.errors.append(f'the server rejected {BRIDGE_VAR}="{b.invalid_value}" (bridge off)')
+    if bridge in ("on", "force"):
+        if b.enabled:
+            eng.notes.append(f"bridge engaged: mode {b.mode}, {b.slots} slots x {b.slot_mib} MiB mapped pinned host memory"
+                             + (f", model on {ndev} devices" if ndev else ""))
+            if bridge == "force" and b.mode != "force":
+                eng.errors.append(f"bridge requested in mode force but the server reports mode {b.mode}")
+        elif ndev > 1:
+            why = (f"the server says: inactive: {b.inactive_reason}" if b.inactive_reason is not None
+                   else "the server printed no ggml_cuda_mapped_host_bridge line (binary without the patch, or not a CUDA build?)")
+            eng.errors.append(f"bridge requested but not engaged on a {ndev}-device split; {why}")
+        elif b.inactive_reason is not None:
+            eng.notes.append(f"bridge not engaged: single device ({b.inactive_reason}); serving anyway")
+        else:
+            eng.notes.append("bridge not engaged: single device or CPU, and the server printed no bridge line "
+                             "(binary without the patch, or not a CUDA build); serving anyway")
+    elif bridge == "off" and b.enabled:
+        eng.errors.append(f"bridge requested off but the server reports it enabled (mode {b.mode})")
+    if batched == "on":
+        if t.enabled:
+            eng.notes.append(f"batched transfers engaged: pinned pool up to {t.pool_mib} MiB")
+        elif t.inactive_reason is not None:
+            eng.notes.append(f"batched transfers not engaged: {t.inactive_reason}; serving anyway")
+        else:
+            eng.notes.append("batched transfers not confirmed: the server printed no llama_batched_transfers line "
+                             "(binary without the patch?); serving anyway")
+    elif batched == "off" and t.enabled:
+        eng.errors.append("batched transfers requested off but the server reports them enabled")
+    return eng
+
+
+def _fmt_tail(lines: Sequence[str]) -> str:
+    return "last server log lines:\n    " + "\n    ".join(lines) if lines else "the server printed nothing"
+
+
+class Server:
+    """One llama-server process: started, waited for, queried, stopped."""
+
+    def __init__(self, binary: Path | str, server_args: Sequence[str], *, env: Mapping[str, str] | None = None,
+                 log_file: Path | None = None, echo: bool = False, startup_timeout: float = 600.0,
+                 cwd: Path | None = None) -> None:
+        self.binary = Path(binary)
+        self.server_args = [str(a) for a in server_args]
+        self.env = dict(env or {})
+        self.log_file = log_file
+        self.echo = echo
+        self.startup_timeout = startup_timeout
+        self.cwd = cwd
+        host = _arg_value(self.server_args, "--host") or DEFAULT_HOST
+        port = _arg_value(self.server_args, "--port")
+        if host.endswith(".sock") or "," in host:
+            raise UsageError(f"--host {host}: the launcher needs one TCP address to check /health")
+        try:
+            self.port = int(port) if port is not None else DEFAULT_PORT
+        except ValueError:
+            raise UsageError(f"--port {port!r} is not a number") from None
+        self.host = host
+        probe = "127.0.0.1" if host in ("0.0.0.0", "", "localhost") else ("::1" if host == "::" else host)
+        self._probe = f"http://[{probe}]:{self.port}" if ":" in probe else f"http://{probe}:{self.port}"
+        self.url = f"http://{host}:{self.port}" if ":" not in host else f"http://[{host}]:{self.port}"
+        self.proc: runner.Process | None = None
+        self.ready_s: float | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def _precheck(self) -> None:
+        if not self.binary.is_file() or not os.access(self.binary, os.X_OK):
+            raise ServeError(f"llama-server binary not found or not executable: {self.binary}",
+                             fix="build it with `ggml-bridge build`, or pass --server PATH")
+        model = _arg_value(self.server_args, "-m", "--model")
+        if model is not None and not Path(model).is_file():
+            raise ServeError(f"model file not found: {model}", why="llama-server was not started",
+                             fix="check the -m path")
+
+    def start(self) -> "Server":
+        self._precheck()
+        on_line = (lambda line: print(line, file=sys.stderr, flush=True)) if self.echo else None
+        self.proc = runner.start([self.binary, *self.server_args], env=self.env, log_file=self.log_file,
+                                 on_line=on_line, error=ServeError, cwd=self.cwd,
+                                 what=f"cannot start {self.binary}")
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _failure(self, what: str) -> ServeError:
+        assert self.proc is not None
+        rc = self.proc.poll()
+        reason = logparse.startup_failure_reason(logparse.parse(self.proc.lines()), rc)
+        why = reason + "; " + _fmt_tail(self.proc.tail(15))
+        if self.log_file:
+            why += f"\n    full log: {self.log_file}"
+        return ServeError(what, why=why)
+
+    def health(self, timeout: float = 2.0) -> int | None:
+        try:
+            with urllib.request.urlopen(self._probe + "/health", timeout=timeout) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def wait_ready(self) -> None:
+        """Until /health answers 200 *and* our own process logged that it listens (so a different
+        process already on the port cannot pass for us)."""
+        assert self.proc is not None
+        t0 = time.monotonic()
+        deadline = t0 + self.startup_timeout
+        while True:
+            if self.proc.poll() is not None:
+                self.proc.wait(5)
+                raise self._failure(f"llama-server exited during start-up (status {self.proc.returncode})")
+            if self.health() == 200:
+                info = logparse.parse(self.proc.lines())
+                if info.listening or info.model_loaded:
+                    # let the pump catch up with lines printed just before/after ready
+                    time.sleep(0.2)
+                    self.ready_s = time.monotonic() - t0
+                    return
+            if time.monotonic() > deadline:
+                err = self._failure(f"llama-server did not become ready within {self.startup_timeout:.0f}s")
+                raise err
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        if self.proc is None:
+            return None
+        return self.proc.stop(timeout)
+
+    def lines(self) -> list[str]:
+        return self.proc.lines() if self.proc else []
+
+    def info(self) -> logparse.LogInfo:
+        return logparse.parse(self.lines())
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- requests -----------------------------------------------------------------------------------------
+    def post(self, path: str, payload: Mapping[str, Any], timeout: float = 600.0) -> bytes:
+        data = json.dumps(payload).encode()
+        req = urllib.request.Request(self._probe + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.read()
+        except urllib.error.HTTPError as e:
+            body = e.read().decode(errors="replace")[:500]
+            raise ServeError(f"POST {path} failed with HTTP {e.code}", why=body) from None
+        except (urllib.error.URLError, OSError) as e:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise self._failure(f"llama-server died while serving POST {path}") from None
+            raise ServeError(f"POST {path} failed", why=str(e)) from None
+
+
+# --- CLI -------------------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bridge", choices=tuple(BRIDGE_VALUES), default=None,
+                        help=f"mapped pinned host bridge: sets {BRIDGE_VAR}=1|0|force (default: unset)")
+    parser.add_argument("--batched", choices=tuple(BATCHED_VALUES), default=None,
+                        help=f"batched pinned graph I/O transfers: sets {BATCHED_VAR}=1|0 (default: unset)")
+    parser.add_argument("--server", type=Path, default=None, metavar="PATH",
+                        help="llama-server binary (default: the patched build from `ggml-bridge build`)")
+    parser.add_argument("--check", action="store_true",
+                        help="start, confirm what engaged, stop and exit (0: confirmed)")
+    parser.add_argument("--no-stats", action="store_true",
+                        help="do not set the *_STATS=1 selectors (no counters at teardown)")
+    parser.add_argument("--startup-timeout", type=float, default=600.0, metavar="S",
+                        help="seconds to wait for /health (default: 600)")
+    parser.add_argument("--server-log", type=Path, default=None, metavar="FILE",
+                        help="also write the server log to FILE")
+    parser.add_argument("server_args", nargs=argparse.REMAINDER,
+                        help="arguments passed to llama-server (after an optional --)")
+
+
+def _find_server(args: argparse.Namespace, settings: Any) -> Path:
+    if args.server is not None:
+        return Path(args.server)
+    try:
+        from . import build  # written by the build stage
+        backend = getattr(getattr(settings, "build", None), "backend", "auto")
+        return Path(build.find_binary(settings, "llama-server", variant="patched", backend=backend))
+    except ImportError:
+        raise ServeError("no llama-server binary", why="the build stage is not available",
+                         fix="pass --server PATH") from None
+
+
+def run(args: argparse.Namespace, settings: Any) -> int:
+    server_args = list(args.server_args or [])
+    if server_args and server_args[0] == "--":
+        server_args = server_args[1:]
+    env = selector_env(args.bridge, args.batched, stats=not args.no_stats)
+    binary = _find_server(args, settings)
+    srv = Server(binary, server_args, env=env, log_file=args.server_log, echo=True,
+                 startup_timeout=args.startup_timeout)
+
+    # Forward SIGINT/SIGTERM to the server (it runs in its own session, so it gets each signal once).
+    received: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        if srv.proc is not None:
+            srv.proc.send_signal(signum)
+        else:
+            raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            srv.start()
+        except (KeyboardInterrupt, ServeError):
+            if not received:
+                raise
+            srv.stop()
+            log(f"ggml-bridge: interrupted during start-up (signal {received[0]})")
+            return 128 + received[0]
+        if received:  # a signal arrived just as it became ready: the server is shutting down
+            rc = srv.proc.wait() if srv.proc else 1
+            return _exit_status(rc)
+        eng = check_engagement(srv.info(), args.bridge, args.batched)
+        for note in eng.notes:
+            log(f"ggml-bridge: {note}")
+        if not eng.ok:
+            srv.stop()
+            raise ServeError(eng.errors[0], why="; ".join(eng.errors[1:]) or None)
+        log(f"ggml-bridge: llama-server ready in {srv.ready_s:.1f}s (pid {srv.proc.pid})")
+        print(srv.url, flush=True)
+        if args.check:
+            rc = srv.stop()
+            info = srv.info()
+            for s in info.bridge.stats:
+                log("ggml-bridge: bridge stats: " + " ".join(f"{k}={v}" for k, v in s.items()))
+            for s in info.batched.stats:
+                log("ggml-bridge: batched stats: " + " ".join(f"{k}={v}" for k, v in s.items()))
+            log(f"ggml-bridge: check passed; server stopped (status {rc})")
+            return 0
+        assert srv.proc is not None
+        while True:
+            try:
+                rc = srv.proc.wait(timeout=0.5)
+                break
+            except Exception:  # noqa: BLE001 - TimeoutExpired: keep waiting (signals interrupt us here)
+                continue
+        log(f"ggml-bridge: llama-server exited with status {rc}")
+        return _exit_status(rc)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if srv.proc is not None and srv.proc.poll() is None:
+            srv.stop()
+
+
+def _exit_status(rc: int | None) -> int:
+    if rc is None:
+        return 1
+    return 128 - rc if rc < 0 else rc
