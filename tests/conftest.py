@@ -1,0 +1,173 @@
+"""Shared fixtures.
+
+Fast tests use a tiny fake llama.cpp (tests/fixtures/fakellama.py): a local git repo, its archive and sdist
+served from 127.0.0.1, and a fixture patch series. Nothing touches the network or the user's cache.
+
+Slow tests (``-m slow``) use the real pinned upstream through ``real_settings``/``real_build``; one cache is
+shared by the whole session (``GGML_BRIDGE_TEST_CACHE_DIR`` keeps it across sessions). With
+``GGML_BRIDGE_TEST_SOURCE`` (e.g. a downloaded llama_cpp_python-0.3.36.tar.gz) the pinned tree is seeded from it
+instead of the registry.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fixtures import fakellama  # noqa: E402
+
+from ggml_bridge import config  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SDIST_NAME = "fake_llama-1.0"
+
+
+@dataclass
+class FakeUpstream:
+    repo: Path
+    commit: str
+    patches: fakellama.PatchSet
+    archive: Path
+    sdist: Path
+    sdist_sha: str
+    other_sdist: Path
+    """An sdist of "version 2.0": another vendored commit, not pinned."""
+    other_commit: str
+
+
+@pytest.fixture(scope="session")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> FakeUpstream:
+    root = tmp_path_factory.mktemp("fake-upstream")
+    repo = root / "llama.cpp"
+    commit = fakellama.make_upstream(repo)
+    patches = fakellama.make_patches(repo, root / "patch-work", root / "patches")
+    archive = fakellama.make_archive(repo, root / f"{commit}.tar.gz", commit)
+    sdist = fakellama.make_sdist(repo, root / f"{SDIST_NAME}.tar.gz", SDIST_NAME, commit)
+    other_tree = root / "other-tree"
+    shutil.copytree(repo, other_tree, ignore=shutil.ignore_patterns(".git"))
+    (other_tree / "src" / "newer.c").write_text("int newer = 1;\n")
+    other_commit = "ab" * 20
+    other = fakellama.make_sdist(other_tree, root / "fake_llama-2.0.tar.gz", "fake_llama-2.0", other_commit)
+    return FakeUpstream(repo, commit, patches, archive, sdist, fakellama.sha256(sdist), other, other_commit)
+
+
+@pytest.fixture
+def http(upstream: FakeUpstream) -> Iterator[fakellama.HTTPFixture]:
+    """Serves the fake archive, the fake sdist and a PyPI JSON API for fake-llama 1.0 and 2.0."""
+    srv = fakellama.HTTPFixture().start()
+    srv.routes[f"/archive/{upstream.commit}.tar.gz"] = fakellama.Route(upstream.archive.read_bytes())
+    for version, path in (("1.0", upstream.sdist), ("2.0", upstream.other_sdist)):
+        srv.routes[f"/files/{path.name}"] = fakellama.Route(path.read_bytes())
+        srv.json(f"/pypi/fake-llama/{version}/json", {"urls": [
+            {"filename": "fake_llama-1.0-py3-none-any.whl", "packagetype": "bdist_wheel", "url": "/nope",
+             "digests": {"sha256": "0" * 64}},
+            {"filename": path.name, "packagetype": "sdist", "url": f"../../../files/{path.name}",
+             "digests": {"sha256": fakellama.sha256(path)}},
+        ]})
+    yield srv
+    srv.stop()
+
+
+def write_pin(project: Path, upstream: FakeUpstream, *, git_url: str, archive_url: str, sdist_sha: str,
+              archive_sha: str = "unknown") -> None:
+    expect = ", ".join(f'"{f}"' for f in fakellama.EXPECT_FILES)
+    (project / "pin.toml").write_text(f"""\
+[upstream]
+url = "{git_url}"
+tag = "b1"
+commit = "{upstream.commit}"
+expect_files = [{expect}]
+
+[[source]]
+kind = "git"
+url = "{git_url}"
+
+[[source]]
+kind = "archive"
+url = "{archive_url}"
+sha256 = "{archive_sha}"
+subdir = "llama.cpp-{upstream.commit}"
+
+[[source]]
+kind = "pypi-sdist"
+package = "fake-llama"
+version = "1.0"
+filename = "{SDIST_NAME}.tar.gz"
+sha256 = "{sdist_sha}"
+subdir = "{SDIST_NAME}/vendor/llama.cpp"
+""")
+
+
+@pytest.fixture
+def project(tmp_path: Path, upstream: FakeUpstream, http: fakellama.HTTPFixture) -> Path:
+    """A project dir: pin.toml pointing at the fake sources, patches/ holding the two-patch series."""
+    proj = tmp_path / "project"
+    (proj / "patches").mkdir(parents=True)
+    for p in upstream.patches.series:
+        shutil.copy(p, proj / "patches" / p.name)
+    (proj / "patches" / "series").write_text("".join(p.name + "\n" for p in upstream.patches.series))
+    write_pin(proj, upstream, git_url=upstream.repo.as_uri(),
+              archive_url=f"{http.url}/archive/{upstream.commit}.tar.gz", sdist_sha=upstream.sdist_sha)
+    return proj
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path, project: Path, http: fakellama.HTTPFixture,
+                  monkeypatch: pytest.MonkeyPatch) -> Callable[..., config.Settings]:
+    """Settings isolated from the user's environment: cache under tmp_path, the fake project and PyPI."""
+    for var in list(os.environ):
+        if var.startswith("GGML_BRIDGE_") or var in ("CMAKE_ARGS", "CC", "CXX", "CUDACXX"):
+            monkeypatch.delenv(var)
+
+    def make(**overrides: object) -> config.Settings:
+        base = {"cache_dir": str(tmp_path / "cache"), "project_dir": str(project), "fetch.pypi_url": http.url,
+                "fetch.connect_timeout": 2.0, "build.jobs": 2, "build.backend": "cpu"}
+        base.update({k.replace("__", "."): v for k, v in overrides.items()})
+        return config.load(base, env={}, cwd=tmp_path)
+
+    return make
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., config.Settings]) -> config.Settings:
+    return make_settings()
+
+
+# --------------------------------------------------------------------------------------------- slow: real tree
+
+
+@pytest.fixture(scope="session")
+def real_settings(tmp_path_factory: pytest.TempPathFactory) -> config.Settings:
+    cache = os.environ.get("GGML_BRIDGE_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("real-cache"))
+    return config.load({"cache_dir": cache, "project_dir": str(REPO_ROOT), "build.backend": "cpu"},
+                       env={k: v for k, v in os.environ.items() if k == "CMAKE_ARGS"}, cwd=REPO_ROOT)
+
+
+@pytest.fixture(scope="session")
+def real_tree(real_settings: config.Settings):  # type: ignore[no-untyped-def]
+    from ggml_bridge import fetch
+
+    return fetch.obtain(real_settings, os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
+
+
+@pytest.fixture(scope="session")
+def real_build(real_settings: config.Settings, real_tree: object) -> Callable[[str], object]:
+    """``real_build("patched")`` builds (once per session, then cached) the real llama.cpp for CPU."""
+    from ggml_bridge import build
+
+    done: dict[str, object] = {}
+
+    def get(variant: str = "patched"):  # type: ignore[no-untyped-def]
+        if variant not in done:
+            done[variant] = build.ensure(real_settings, variant)
+        return done[variant]
+
+    return get

@@ -1,0 +1,339 @@
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from conftest import REPO_ROOT, FakeUpstream, write_pin
+from fixtures import fakellama
+from ggml_bridge import config, fetch, pin
+from ggml_bridge.errors import CacheError, ChecksumError, FetchError, SourceError, UsageError
+
+
+def _only(settings: config.Settings, *kinds: str) -> config.Settings:
+    settings.fetch.sources = list(kinds)
+    return settings
+
+
+def _no_leftovers(settings: config.Settings) -> None:
+    """Nothing half-made: no tree without its tree.json, an empty staging area."""
+    trees = settings.cache_dir / "trees"
+    for d in trees.iterdir() if trees.exists() else []:
+        assert (d / "tree.json").is_file(), f"untrusted tree left behind: {d}"
+    tmp = settings.cache_dir / "tmp"
+    assert not [p for p in tmp.iterdir()] if tmp.exists() else True
+
+
+def test_repo_pin_file_is_the_pinned_upstream() -> None:
+    p = pin.load(REPO_ROOT / "pin.toml")
+    assert p.url == "https://github.com/ggml-org/llama.cpp"
+    assert (p.tag, p.commit) == ("b11312", "0c1e57098bba43ac29e6e3b677cdceebdd22334f")
+    kinds = [s.kind for s in p.sources]
+    assert kinds == ["git", "archive", "pypi-sdist"]
+    archive, sdist = p.sources[1], p.sources[2]
+    assert archive.sha256 is None and archive.url.endswith(f"{p.commit}.tar.gz")
+    assert sdist.sha256 == "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+    assert (sdist.package, sdist.version, sdist.filename) == (
+        "llama-cpp-python", "0.3.36", "llama_cpp_python-0.3.36.tar.gz")
+    assert sdist.subdir == "llama_cpp_python-0.3.36/vendor/llama.cpp"
+
+
+def test_malformed_pin_is_a_usage_error(tmp_path: Path) -> None:
+    f = tmp_path / "pin.toml"
+    f.write_text('[upstream]\nurl = "x"\ncommit = "nothex"\n[[source]]\nkind = "git"\nurl = "x"\n')
+    with pytest.raises(UsageError, match="malformed"):
+        pin.load(f)
+
+
+def test_pinned_from_git(settings: config.Settings, upstream: FakeUpstream) -> None:
+    tree = fetch.obtain(_only(settings, "git"))
+    assert tree.pinned and tree.commit == upstream.commit and tree.key == upstream.commit
+    assert tree.origin.startswith("git ")
+    assert (tree.path / "src" / "llama.cpp").is_file()
+    assert not (tree.path / ".git").exists()
+    assert tree.path == settings.cache_dir / "trees" / upstream.commit / "src"
+    _no_leftovers(settings)
+
+
+def test_pinned_from_archive_verifies_tree_when_checksum_unknown(settings: config.Settings,
+                                                                upstream: FakeUpstream) -> None:
+    tree = fetch.obtain(_only(settings, "archive"))
+    assert tree.pinned and tree.origin.startswith("archive ")
+    assert tree.archive_sha256 == fakellama.sha256(upstream.archive)
+    assert (tree.path / "ggml" / "CMakeLists.txt").is_file()
+
+
+def test_pinned_from_registry_sdist(settings: config.Settings, upstream: FakeUpstream,
+                                    http: fakellama.HTTPFixture) -> None:
+    tree = fetch.obtain(_only(settings, "pypi-sdist"))
+    assert tree.pinned and tree.archive_sha256 == upstream.sdist_sha
+    assert "/pypi/fake-llama/1.0/json" in http.requests
+    assert not (tree.path / ".git").exists(), "the sdist's gitlink .git file must be removed"
+    assert not (tree.path / "pyproject.toml").exists(), "only vendor/llama.cpp is the tree"
+    assert (tree.path / "include" / "llama.h").is_file()
+
+
+def test_all_three_sources_give_the_same_content(make_settings, upstream: FakeUpstream, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    digests = set()
+    for kind in ("git", "archive", "pypi-sdist"):
+        s = make_settings(cache_dir=str(tmp_path / f"cache-{kind}"))
+        digests.add(fetch.obtain(_only(s, kind)).content_sha256)
+    assert len(digests) == 1
+
+
+def test_unreachable_git_host_fails_over_fast(project: Path, upstream: FakeUpstream, http: fakellama.HTTPFixture,
+                                              settings: config.Settings) -> None:
+    dead = f"http://127.0.0.1:{fakellama.closed_port()}/llama.cpp.git"
+    write_pin(project, upstream, git_url=dead, archive_url=f"{http.url}/archive/{upstream.commit}.tar.gz",
+              sdist_sha=upstream.sdist_sha)
+    t0 = time.monotonic()
+    tree = fetch.obtain(settings)
+    assert time.monotonic() - t0 < 5
+    assert tree.origin.startswith("archive ")
+
+
+def test_all_sources_failing_says_what_was_tried(project: Path, upstream: FakeUpstream, settings: config.Settings,
+                                                 http: fakellama.HTTPFixture) -> None:
+    dead = f"http://127.0.0.1:{fakellama.closed_port()}"
+    write_pin(project, upstream, git_url=f"{dead}/x.git", archive_url=f"{dead}/a.tar.gz", sdist_sha=upstream.sdist_sha)
+    http.routes.clear()  # PyPI knows nothing
+    with pytest.raises(FetchError) as e:
+        fetch.obtain(settings)
+    msg = str(e.value)
+    assert "git " in msg and "archive " in msg and "pypi-sdist fake-llama==1.0" in msg
+    assert "unreachable" in msg and "not found" in msg
+    assert e.value.exit_code == 10
+    _no_leftovers(settings)
+
+
+def test_sdist_checksum_mismatch_names_both_hashes(settings: config.Settings, upstream: FakeUpstream,
+                                                   http: fakellama.HTTPFixture) -> None:
+    evil = upstream.sdist.read_bytes() + b"tampered"
+    http.routes[f"/files/{upstream.sdist.name}"] = fakellama.Route(evil)
+    with pytest.raises(ChecksumError) as e:
+        fetch.obtain(_only(settings, "pypi-sdist"))
+    import hashlib
+
+    assert hashlib.sha256(evil).hexdigest() in str(e.value)
+    assert upstream.sdist_sha in str(e.value)
+    assert e.value.exit_code == 11
+    _no_leftovers(settings)
+    assert not list(settings.cache_dir.rglob("*.part"))
+
+
+def test_registry_listing_another_checksum_is_refused(settings: config.Settings, upstream: FakeUpstream,
+                                                      http: fakellama.HTTPFixture) -> None:
+    data = json.loads(http.routes["/pypi/fake-llama/1.0/json"].body)
+    data["urls"][1]["digests"]["sha256"] = "f" * 64
+    http.json("/pypi/fake-llama/1.0/json", data)
+    with pytest.raises(ChecksumError, match="f{64}"):
+        fetch.obtain(_only(settings, "pypi-sdist"))
+    assert not any(p.startswith("/files/") for p in http.requests), "must not download after a listing mismatch"
+
+
+def test_corrupt_archive_fails_over_and_is_not_cached(settings: config.Settings, upstream: FakeUpstream,
+                                                      http: fakellama.HTTPFixture) -> None:
+    http.routes[f"/archive/{upstream.commit}.tar.gz"] = fakellama.Route(b"\x1f\x8b\x08garbage" * 100)
+    tree = fetch.obtain(_only(settings, "archive", "pypi-sdist"))
+    assert tree.origin.startswith("pypi-sdist")
+    _no_leftovers(settings)
+
+
+def test_corrupt_archive_alone_reports_it(settings: config.Settings, upstream: FakeUpstream,
+                                          http: fakellama.HTTPFixture) -> None:
+    http.routes[f"/archive/{upstream.commit}.tar.gz"] = fakellama.Route(b"not a tarball at all")
+    with pytest.raises(FetchError, match="corrupt"):
+        fetch.obtain(_only(settings, "archive"))
+    _no_leftovers(settings)
+
+
+def test_interrupted_download_leaves_nothing_trusted(settings: config.Settings, upstream: FakeUpstream,
+                                                     http: fakellama.HTTPFixture) -> None:
+    route = http.routes[f"/archive/{upstream.commit}.tar.gz"]
+    route.truncate = True
+    with pytest.raises(FetchError):
+        fetch.obtain(_only(settings, "archive"))
+    _no_leftovers(settings)
+    assert not list(settings.cache_dir.rglob("*.part"))
+    route.truncate = False  # the next run succeeds from scratch
+    assert fetch.obtain(_only(settings, "archive")).pinned
+
+
+def test_archive_that_is_not_llama_cpp_is_rejected(settings: config.Settings, upstream: FakeUpstream,
+                                                   http: fakellama.HTTPFixture, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    (other / "x").mkdir(parents=True)
+    (other / "x" / "README").write_text("hi")
+    bad = fakellama.make_archive(other, tmp_path / "bad.tar.gz", upstream.commit)
+    http.routes[f"/archive/{upstream.commit}.tar.gz"] = fakellama.Route(bad.read_bytes())
+    with pytest.raises(FetchError, match="not a llama.cpp tree"):
+        fetch.obtain(_only(settings, "archive"))
+    _no_leftovers(settings)
+
+
+def test_cache_hit_makes_no_network_call(settings: config.Settings, monkeypatch: pytest.MonkeyPatch,
+                                         upstream: FakeUpstream) -> None:
+    first = fetch.obtain(_only(settings, "pypi-sdist"))
+
+    def no_network(*a: object, **k: object) -> None:
+        raise AssertionError("network used on a cache hit")
+
+    monkeypatch.setattr(requests, "get", no_network)
+    monkeypatch.setattr(requests.Session, "request", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    second = fetch.obtain(_only(settings, "git", "archive", "pypi-sdist"))
+    assert second == first
+    # a local copy of the pinned sdist is recognised by its checksum and hits the cache too
+    assert fetch.obtain(settings, str(upstream.sdist)) == first
+
+
+def test_tree_without_metadata_is_not_trusted(settings: config.Settings, upstream: FakeUpstream) -> None:
+    fake = settings.cache_dir / "trees" / upstream.commit / "src"
+    fake.mkdir(parents=True)
+    (fake / "half-extracted").write_text("")
+    assert fetch.find_cached(settings, upstream.commit) is None
+
+
+def test_local_pinned_sdist_is_the_pinned_tree(settings: config.Settings, upstream: FakeUpstream,
+                                               http: fakellama.HTTPFixture) -> None:
+    tree = fetch.obtain(settings, str(upstream.sdist))
+    assert tree.pinned and tree.key == upstream.commit
+    assert http.requests == []
+    assert not (tree.path / ".git").exists()
+
+
+def test_local_clean_checkout_at_pinned_commit(settings: config.Settings, upstream: FakeUpstream) -> None:
+    tree = fetch.obtain(settings, str(upstream.repo))
+    assert tree.pinned and tree.commit == upstream.commit
+    assert not (tree.path / ".git").exists()
+    assert (tree.path / "tools" / "server" / "server.c").is_file()
+
+
+def test_checkout_at_other_commit_or_dirty_is_refused(settings: config.Settings, upstream: FakeUpstream,
+                                                      tmp_path: Path) -> None:
+    clone = tmp_path / "clone"
+    fakellama.git(tmp_path, "clone", "-q", str(upstream.repo), str(clone))
+    (clone / "src" / "llama.cpp").write_text("// local change\n")
+    with pytest.raises(SourceError, match="uncommitted changes") as e:
+        fetch.obtain(settings, str(clone))
+    assert e.value.exit_code == 12 and "--allow-unpinned" in str(e.value)
+    dirty = fetch.obtain(settings, str(clone), allow_unpinned=True)
+    assert not dirty.pinned and dirty.commit is None and dirty.key.startswith("tree-")
+    assert (dirty.path / "src" / "llama.cpp").read_text() == "// local change\n"
+
+    fakellama.git(clone, "commit", "-q", "-am", "local")
+    with pytest.raises(SourceError, match="not the pinned"):
+        fetch.obtain(settings, str(clone))
+    other = fetch.obtain(settings, str(clone), allow_unpinned=True)
+    assert other.commit == fakellama.git(clone, "rev-parse", "HEAD") and not other.pinned
+
+
+def test_non_llama_directory_is_refused(settings: config.Settings, tmp_path: Path) -> None:
+    d = tmp_path / "notllama"
+    d.mkdir()
+    (d / "README").write_text("hello")
+    with pytest.raises(SourceError, match="not a llama.cpp tree"):
+        fetch.obtain(settings, str(d), allow_unpinned=True)
+
+
+def test_missing_source_path(settings: config.Settings, tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="does not exist"):
+        fetch.obtain(settings, str(tmp_path / "nope.tar.gz"))
+
+
+def test_corrupt_local_tarball(settings: config.Settings, tmp_path: Path) -> None:
+    bad = tmp_path / "broken.tar.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00" + os.urandom(300))
+    with pytest.raises(SourceError, match="corrupt"):
+        fetch.obtain(settings, str(bad), allow_unpinned=True)
+    _no_leftovers(settings)
+
+
+def test_local_github_archive_of_pinned_commit(settings: config.Settings, upstream: FakeUpstream) -> None:
+    tree = fetch.obtain(settings, str(upstream.archive))
+    assert tree.pinned and tree.key == upstream.commit
+
+
+def test_registry_spec_of_another_version(settings: config.Settings, upstream: FakeUpstream,
+                                          http: fakellama.HTTPFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SourceError, match="allow-unpinned"):
+        fetch.obtain(settings, "fake-llama==2.0")
+    tree = fetch.obtain(settings, "fake-llama==2.0", allow_unpinned=True)
+    sha = fakellama.sha256(upstream.other_sdist)
+    assert tree.key == f"sha256-{sha}" and tree.archive_sha256 == sha
+    assert tree.commit == upstream.other_commit, "vendored commit read from the sdist's submodule HEAD"
+    assert not tree.pinned and (tree.path / "src" / "newer.c").is_file()
+    monkeypatch.setattr(requests, "get", lambda *a, **k: pytest.fail("network on cache hit"))
+    assert fetch.obtain(settings, "fake-llama==2.0", allow_unpinned=True) == tree
+
+
+def test_registry_spec_of_pinned_version_needs_no_flag(settings: config.Settings, upstream: FakeUpstream) -> None:
+    assert fetch.obtain(settings, "fake-llama==1.0").pinned
+
+
+def test_git_spec_with_ref(settings: config.Settings, upstream: FakeUpstream) -> None:
+    tree = fetch.obtain(settings, f"git+{upstream.repo.as_uri()}@b1")
+    assert tree.pinned and tree.commit == upstream.commit
+    # a bare ref resolves against the pinned upstream URL
+    assert fetch.obtain(settings, "b1") == tree
+
+
+def test_git_spec_of_unknown_ref(settings: config.Settings, upstream: FakeUpstream) -> None:
+    with pytest.raises(FetchError, match="could not fetch"):
+        fetch.obtain(settings, f"git+{upstream.repo.as_uri()}@no-such-tag")
+    _no_leftovers(settings)
+
+
+@pytest.mark.parametrize("spec,url,ref", [
+    ("git+https://github.com/ggml-org/llama.cpp@b11400", "https://github.com/ggml-org/llama.cpp", "b11400"),
+    ("git@github.com:ggml-org/llama.cpp.git", "git@github.com:ggml-org/llama.cpp.git", None),
+    ("https://example.com/x.git#main", "https://example.com/x.git", "main"),
+])
+def test_split_git_spec(spec: str, url: str, ref: str | None) -> None:
+    assert fetch._split_git_spec(spec) == (url, ref)
+
+
+def test_cache_that_cannot_be_created(make_settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    s = make_settings(cache_dir=str(blocker / "cache"))
+    with pytest.raises(CacheError, match="not writable") as e:
+        fetch.obtain(s)
+    assert e.value.exit_code == 13 and "GGML_BRIDGE_CACHE_DIR" in str(e.value)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores directory permissions")
+def test_read_only_cache(settings: config.Settings) -> None:
+    settings.cache_dir.mkdir(parents=True)
+    settings.cache_dir.chmod(0o555)
+    try:
+        with pytest.raises(CacheError):
+            fetch.obtain(settings)
+    finally:
+        settings.cache_dir.chmod(0o755)
+
+
+def test_read_only_cache_still_serves_hits(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = fetch.obtain(settings)
+
+    def refuse(*a: object, **k: object) -> None:
+        raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(fetch.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(fetch.tempfile, "mkdtemp", refuse)
+    assert fetch.obtain(settings) == tree
+
+
+def test_tree_digest_sees_content_and_exec_bit(tmp_path: Path) -> None:
+    (tmp_path / "a").write_text("x")
+    d1 = fetch.tree_digest(tmp_path)
+    (tmp_path / "a").chmod(0o755)
+    d2 = fetch.tree_digest(tmp_path)
+    (tmp_path / "a").write_text("y")
+    d3 = fetch.tree_digest(tmp_path)
+    assert len({d1, d2, d3}) == 3
