@@ -276,8 +276,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for /health (default: 600)")
     parser.add_argument("--server-log", type=Path, default=None, metavar="FILE",
                         help="also write the server log to FILE")
-    parser.add_argument("server_args", nargs=argparse.REMAINDER,
-                        help="arguments passed to llama-server (after an optional --)")
+    # Everything this parser does not know goes to llama-server, in order; after `--` everything does.
+    parser.allow_abbrev = False
+    parser.epilog = ("Other arguments (or all arguments after --) are passed to llama-server, e.g. "
+                     "ggml-bridge serve --bridge force -- -m model.gguf -ngl 99 --port 8080")
+    parse_known = parser.parse_known_args
+
+    def parse_args(args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+                   ) -> argparse.Namespace:
+        argv = list(sys.argv[1:] if args is None else args)
+        theirs: list[str] = []
+        if "--" in argv:
+            i = argv.index("--")
+            argv, theirs = argv[:i], argv[i + 1:]
+        ns, extra = parse_known(argv, namespace)
+        ns.server_args = list(extra) + theirs
+        return ns
+
+    parser.parse_args = parse_args  # type: ignore[method-assign]
 
 
 def _find_server(args: argparse.Namespace, settings: Any) -> Path:
@@ -293,7 +309,7 @@ def _find_server(args: argparse.Namespace, settings: Any) -> Path:
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:
-    server_args = list(args.server_args or [])
+    server_args = list(getattr(args, "server_args", None) or [])
     if server_args and server_args[0] == "--":
         server_args = server_args[1:]
     env = selector_env(args.bridge, args.batched, stats=not args.no_stats)

@@ -1,0 +1,465 @@
+"""serve: launcher against a fake llama-server (fast) and the real one (slow)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ggml_bridge import logparse, serve
+from ggml_bridge.errors import ServeError, UsageError
+
+# A fake llama-server / llama-perplexity: prints the contract log lines for the selectors it is given,
+# serves /health and /completion, writes a --kl-divergence-base file. FAKE_* variables steer it.
+FAKE = r'''
+import hashlib, json, os, signal, socket, struct, sys, threading, time
+from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+
+E = os.environ.get
+argv = sys.argv[1:]
+def opt(*names, default=None):
+    v = default
+    for i, a in enumerate(argv):
+        if a in names and i + 1 < len(argv):
+            v = argv[i + 1]
+    return v
+def say(s):
+    print(s, flush=True)
+def stats():
+    if E("GGML_CUDA_MAPPED_HOST_BRIDGE_STATS") == "1" and bridge_on:
+        say("ggml_cuda_mapped_host_bridge: stats: boundaries=%s bytes=4096 chunks=3 producer_waits=0 sync_copies=0 fallbacks=0"
+            % E("FAKE_BOUNDARIES", "7"))
+    if E("SAM3D_BATCHED_TRANSFERS_STATS") == "1" and batched_on:
+        say("llama_batched_transfers: stats: graphs=4 async_uploads=%s async_downloads=%s sync_uploads=0 "
+            "sync_downloads=0 bytes_up=10 bytes_down=20 fallbacks=0" % (E("FAKE_ASYNC_UP", "4"), E("FAKE_ASYNC_DOWN", "4")))
+    if E("SAM3D_BATCHED_TRANSFERS_STATS") == "1" and batched_inactive:
+        say("llama_batched_transfers: stats: graphs=4 async_uploads=0 async_downloads=0 sync_uploads=4 "
+            "sync_downloads=4 bytes_up=10 bytes_down=20 fallbacks=0")
+def perturbed():
+    w = E("FAKE_PERTURB_WHEN")  # "VAR=value": perturb outputs when that selector has that value
+    if not w:
+        return False
+    k, v = w.split("=", 1)
+    return E(k) == v
+
+tool = os.path.basename(sys.argv[0])
+say("main: build = 0 (fake)")
+ndev = int(E("FAKE_DEVICES", "0"))
+patched = E("FAKE_UNPATCHED") != "1"
+bsel, tsel = E("GGML_CUDA_MAPPED_HOST_BRIDGE"), E("SAM3D_BATCHED_TRANSFERS")
+bridge_on = batched_on = batched_inactive = False
+if ndev:
+    say("ggml_cuda_init: found %d CUDA devices (Total VRAM: 1 MiB):" % ndev)
+if patched and bsel is not None:
+    if bsel in ("1", "force"):
+        if E("FAKE_BRIDGE_INACTIVE"):
+            say("ggml_cuda_mapped_host_bridge: inactive: " + E("FAKE_BRIDGE_INACTIVE"))
+        else:
+            bridge_on = True
+            say("ggml_cuda_mapped_host_bridge: enabled (mode %s), %s slots x 64 MiB mapped pinned host memory"
+                % (E("FAKE_BRIDGE_MODE", bsel), E("FAKE_SLOTS", "4")))
+    elif bsel != "0":
+        say('ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="%s" (expected 0, 1 or force); bridge off' % bsel)
+for i in range(int(E("FAKE_USED_DEVICES", str(ndev)))):
+    say("llama_model_load_from_file_impl: using device CUDA%d (Fake GPU) (id%d) - 1000 MiB free" % (i, i))
+model = opt("-m", "--model")
+if model and not os.path.isfile(model):
+    say("gguf_init_from_file: failed to open GGUF file '%s' (No such file or directory)" % model)
+    say("llama_model_load: error loading model: llama_model_loader: failed to load model from %s" % model)
+    say("srv    load_model: failed to load model, '%s'" % model)
+    say("srv    main: exiting due to model loading error")
+    sys.exit(1)
+if patched and tsel == "1":
+    if E("FAKE_BATCHED_INACTIVE"):
+        batched_inactive = True
+        say("llama_batched_transfers: inactive: " + E("FAKE_BATCHED_INACTIVE"))
+    else:
+        batched_on = True
+        say("llama_batched_transfers: enabled, pinned pool up to 32 MiB")
+if E("FAKE_DIE_AT_START"):
+    say("/src/ggml/ggml.c:1234: GGML_ASSERT(fake) failed")
+    sys.exit(int(E("FAKE_DIE_AT_START")))
+
+def digest(*parts):
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(str(p).encode())
+    return h.digest()
+
+if tool.startswith("llama-perplexity"):
+    out = opt("--kl-divergence-base")
+    text = open(opt("-f")).read()
+    n_ctx, n_vocab = int(opt("-c")), 16
+    mdig = digest(open(model, "rb").read(), opt("-ub"))
+    with open(out, "wb") as f:
+        f.write(b"_logits_" + struct.pack("<iii", n_ctx, n_vocab, 2))
+        f.write(struct.pack("<%di" % (2 * n_ctx), *range(2 * n_ctx)))
+        nv = 2 * ((n_vocab + 1) // 2) + 4
+        for rec in range(2 * (n_ctx - 1 - n_ctx // 2)):
+            d = digest(mdig, text, rec)
+            body = bytearray(struct.pack("<ff", 0.001, -12.5) + d[: 2 * (nv - 4)].ljust(2 * (nv - 4), b"\0"))
+            if perturbed() and rec == 3:
+                body[8 + 2 * 5] ^= 1
+            f.write(bytes(body))
+    say("perplexity: calculating perplexity over 2 chunks, n_ctx=%d" % n_ctx)
+    stats()
+    sys.exit(int(E("FAKE_PPL_EXIT", "0")))
+
+host, port = opt("--host", default="127.0.0.1"), int(opt("--port", default="8080"))
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+try:
+    s.bind((host, port))
+except OSError:
+    say("srv          start: couldn't bind HTTP server socket, hostname: %s, port: %d" % (host, port))
+    say("srv           main: exiting due to HTTP server error")
+    sys.exit(1)
+s.close()
+ready_at = time.time() + float(E("FAKE_LOAD_S", "0.3"))
+mdig = digest(open(model, "rb").read() if model else b"", opt("-ub"))
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def _send(self, code, obj):
+        b = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def do_GET(self):
+        if self.path == "/health":
+            if time.time() < ready_at:
+                self._send(503, {"error": {"message": "Loading model"}})
+            else:
+                self._send(200, {"status": "ok"})
+        else:
+            self._send(404, {})
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        d = digest(mdig, req["prompt"])
+        toks = [b % 100 for b in d[: req.get("n_predict", 4)]]
+        lp = [-(b / 50.0) for b in d[8:8 + len(toks)]]
+        if perturbed() and len(req["prompt"].split()) > 10:
+            lp[2] = lp[2] - 1e-6
+        probs = [{"id": t, "token": "t%d" % t, "logprob": l, "top_logprobs": [{"id": t, "logprob": l}]}
+                 for t, l in zip(toks, lp)]
+        self._send(200, {"content": " ".join("t%d" % t for t in toks), "tokens": toks,
+                         "completion_probabilities": probs, "tokens_predicted": len(toks),
+                         "tokens_evaluated": len(req["prompt"].split()) + 1, "stop_type": "limit",
+                         "truncated": False, "timings": {"prompt_ms": time.time()}, "id_slot": 0})
+
+srv = ThreadingHTTPServer((host, port), H)
+def on_signal(signum, frame):
+    say("srv    operator(): cleaning up before exit...")
+    stats()
+    threading.Thread(target=srv.shutdown).start()
+signal.signal(signal.SIGTERM, on_signal)
+signal.signal(signal.SIGINT, on_signal)
+def later(delay, fn):
+    t = threading.Timer(delay, fn)
+    t.daemon = True
+    t.start()
+later(float(E("FAKE_LOAD_S", "0.3")), lambda: (say("srv  llama_server: model loaded"),
+      say("srv  llama_server: listening on http://%s:%d" % (host, port))))
+if E("FAKE_DIE_AFTER_S"):
+    later(float(E("FAKE_DIE_AFTER_S")), lambda: os._exit(3))
+srv.serve_forever()
+sys.exit(int(E("FAKE_EXIT_CODE", "0")))
+'''
+
+
+def write_fake_bin(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    for name in ("llama-server", "llama-perplexity"):
+        p = d / name
+        p.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE))
+        p.chmod(0o755)
+    return d
+
+
+def fake_model(d: Path) -> Path:
+    p = d / "m.gguf"
+    p.write_bytes(b"GGUF fake model")
+    return p
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("FAKE_"):
+            monkeypatch.delenv(k)
+    b = write_fake_bin(tmp_path / "bin")
+    return SimpleNamespace(bin=b, server=b / "llama-server", model=fake_model(tmp_path), tmp=tmp_path)
+
+
+def busy_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s, s.getsockname()[1]
+
+
+def srv_args(model, port):
+    return ["-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
+
+
+# --- selectors & rules --------------------------------------------------------------------------------
+
+def test_selector_env():
+    assert serve.selector_env("on", "off") == {
+        "GGML_CUDA_MAPPED_HOST_BRIDGE": "1", "SAM3D_BATCHED_TRANSFERS": "0",
+        "GGML_CUDA_MAPPED_HOST_BRIDGE_STATS": "1", "SAM3D_BATCHED_TRANSFERS_STATS": "1"}
+    assert serve.selector_env("force", "on", stats=False) == {
+        "GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "SAM3D_BATCHED_TRANSFERS": "1"}
+    assert serve.selector_env(None, None, stats=False) == {}
+    with pytest.raises(UsageError):
+        serve.selector_env("yes", None)
+
+
+def info(text):
+    return logparse.parse(text)
+
+
+ENABLED = "ggml_cuda_mapped_host_bridge: enabled (mode 1), 4 slots x 64 MiB mapped pinned host memory\n"
+TWO_DEV = "using device CUDA0 (A) (a) - 1 MiB free\nusing device CUDA1 (B) (b) - 1 MiB free\n"
+
+
+def test_engagement_rules():
+    e = serve.check_engagement(info(ENABLED + TWO_DEV), "on", None)
+    assert e.ok and "4 slots x 64 MiB" in e.notes[0] and "2 devices" in e.notes[0]
+    # multi-device, inactive -> error with the reason from the log
+    e = serve.check_engagement(info("ggml_cuda_mapped_host_bridge: inactive: peer access is faster\n" + TWO_DEV), "on", None)
+    assert not e.ok and "peer access is faster" in e.errors[0] and "2-device" in e.errors[0]
+    # multi-device, no line at all -> error
+    e = serve.check_engagement(info(TWO_DEV), "force", None)
+    assert not e.ok and "no ggml_cuda_mapped_host_bridge line" in e.errors[0]
+    # single device -> plain note, keeps serving
+    e = serve.check_engagement(info("ggml_cuda_mapped_host_bridge: inactive: single device\n"
+                                    "using device CUDA0 (A) (a) - 1 MiB free\n"), "on", None)
+    assert e.ok and "single device" in e.notes[0]
+    # force requested but mode 1 reported
+    e = serve.check_engagement(info(ENABLED + TWO_DEV), "force", None)
+    assert not e.ok
+    # off requested but enabled
+    assert not serve.check_engagement(info(ENABLED), "off", None).ok
+    # batched
+    e = serve.check_engagement(info("llama_batched_transfers: enabled, pinned pool up to 32 MiB\n"), None, "on")
+    assert e.ok and "32 MiB" in e.notes[0]
+    e = serve.check_engagement(info("llama_batched_transfers: inactive: no GPU\n"), None, "on")
+    assert e.ok and "no GPU" in e.notes[0]
+    assert not serve.check_engagement(info("llama_batched_transfers: enabled, pinned pool up to 32 MiB\n"), None, "off").ok
+    # invalid selector value reported by the server
+    assert not serve.check_engagement(info('ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="x"'), None, None).ok
+
+
+# --- Server against the fake --------------------------------------------------------------------------
+
+def test_server_starts_and_confirms_bridge(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_DEVICES", "2")
+    port = serve.free_port()
+    env = serve.selector_env("force", "on")
+    with serve.Server(fake.server, srv_args(fake.model, port), env=env, startup_timeout=20) as s:
+        assert s.health() == 200
+        e = serve.check_engagement(s.info(), "force", "on")
+        assert e.ok, e.errors
+        assert s.info().bridge.slots == 4
+        out = s.post("/completion", {"prompt": "a b c", "n_predict": 3})
+        assert b"tokens" in out
+    # stats are printed at teardown and captured
+    i = s.info()
+    assert i.bridge.total("boundaries") == 7 and i.batched.total("async_uploads") == 4
+    assert s.proc.returncode == 0
+
+
+def test_port_in_use(fake):
+    sock, port = busy_port()
+    try:
+        s = serve.Server(fake.server, srv_args(fake.model, port), startup_timeout=20)
+        with pytest.raises(ServeError) as ei:
+            s.start()
+        msg = str(ei.value)
+        assert f"port {port}" in msg and "already in use" in msg
+        assert "couldn't bind" in msg  # the server's own last lines are included
+    finally:
+        sock.close()
+
+
+def test_missing_model(fake):
+    s = serve.Server(fake.server, srv_args(fake.tmp / "nope.gguf", serve.free_port()), startup_timeout=20)
+    with pytest.raises(ServeError, match="model file not found"):
+        s.start()
+    assert s.proc is None  # not started at all
+
+
+def test_dies_during_startup(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_DIE_AT_START", "134")
+    s = serve.Server(fake.server, srv_args(fake.model, serve.free_port()), startup_timeout=20)
+    with pytest.raises(ServeError) as ei:
+        s.start()
+    msg = str(ei.value)
+    assert "exited during start-up (status 134)" in msg and "GGML_ASSERT(fake)" in msg
+
+
+def test_startup_timeout(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_LOAD_S", "30")
+    s = serve.Server(fake.server, srv_args(fake.model, serve.free_port()), startup_timeout=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(ServeError, match="did not become ready within 1s"):
+        s.start()
+    assert time.monotonic() - t0 < 15
+    assert s.proc.poll() is not None  # it was stopped
+
+
+def test_missing_binary(tmp_path):
+    with pytest.raises(ServeError, match="not found or not executable"):
+        serve.Server(tmp_path / "llama-server", ["--port", "1"]).start()
+
+
+def test_arg_value_and_url():
+    s = serve.Server("/x", ["-m", "a", "--host=0.0.0.0", "--port", "9999"])
+    assert s.port == 9999 and s.url == "http://0.0.0.0:9999" and s._probe == "http://127.0.0.1:9999"
+    s = serve.Server("/x", [])
+    assert s.port == 8080 and s.host == "127.0.0.1"
+    with pytest.raises(UsageError):
+        serve.Server("/x", ["--port", "abc"])
+
+
+# --- the CLI entry point ------------------------------------------------------------------------------
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_cli_parsing_passes_unknown_args_through():
+    a = parse(["--bridge", "force", "-m", "x.gguf", "-c", "256", "--batch-size", "8"])
+    assert a.bridge == "force" and a.server_args == ["-m", "x.gguf", "-c", "256", "--batch-size", "8"]
+    a = parse(["--check", "--", "--check", "-m", "y"])
+    assert a.check and a.server_args == ["--check", "-m", "y"]
+    assert parse([]).server_args == []
+
+
+def test_run_check_multi_device_not_engaged_fails(fake, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_DEVICES", "2")
+    monkeypatch.setenv("FAKE_BRIDGE_INACTIVE", "peer copies are direct")
+    a = parse(["--bridge", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, serve.free_port())])
+    with pytest.raises(ServeError) as ei:
+        serve.run(a, SimpleNamespace(cache_dir=fake.tmp))
+    assert "peer copies are direct" in str(ei.value) and ei.value.exit_code != 0
+
+
+def test_run_check_single_device_keeps_serving(fake, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_DEVICES", "1")
+    monkeypatch.setenv("FAKE_BRIDGE_INACTIVE", "one device")
+    port = serve.free_port()
+    a = parse(["--bridge", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, port)])
+    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    cap = capsys.readouterr()
+    assert f"http://127.0.0.1:{port}" in cap.out
+    assert "single device (one device)" in cap.err
+
+
+def _cli_proc(fake, extra_env, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
+    env.update(extra_env)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    code = ("import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
+            "p = argparse.ArgumentParser(); serve.add_arguments(p); a = p.parse_args(sys.argv[1:])\n"
+            "sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n")
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_url(p, timeout=20):
+    t0 = time.monotonic()
+    line = p.stdout.readline()
+    assert line.startswith("http://"), (line, p.stderr.read() if p.poll() is not None else "")
+    assert time.monotonic() - t0 < timeout
+    return line.strip()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_forwarded_and_exit_code_propagated(fake, sig):
+    port = serve.free_port()
+    p = _cli_proc(fake, {"FAKE_EXIT_CODE": "7"}, "--server", str(fake.server), *srv_args(fake.model, port))
+    try:
+        url = _wait_url(p)
+        assert url == f"http://127.0.0.1:{port}"
+        p.send_signal(sig)
+        rc = p.wait(20)
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc == 7, err  # the fake server's own exit status, passed through
+    assert "cleaning up before exit" in err  # the server got the signal and shut down itself
+    assert "exited with status 7" in err
+
+
+def test_server_dying_while_serving_propagates(fake):
+    p = _cli_proc(fake, {"FAKE_DIE_AFTER_S": "1.5"}, "--server", str(fake.server),
+                  *srv_args(fake.model, serve.free_port()))
+    try:
+        _wait_url(p)
+        assert p.wait(20) == 3
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+# --- the real llama-server ----------------------------------------------------------------------------
+
+def real_bin_dir() -> Path | None:
+    d = os.environ.get("GGML_BRIDGE_TEST_BIN_DIR")
+    if d and (Path(d) / "llama-server").is_file():
+        return Path(d)
+    try:
+        from ggml_bridge import build, config
+        return build.find_binary(config.load({}), "llama-server", variant="patched", backend="cpu").parent
+    except Exception:  # noqa: BLE001 - no build available: the slow tests skip
+        return None
+
+
+def real_vocab() -> Path | None:
+    from ggml_bridge import model
+    return model.find_vocab(os.environ.get("GGML_BRIDGE_TEST_UPSTREAM"), "/work/up",
+                            *(list(real_bin_dir().parents)[:4] if real_bin_dir() else []))
+
+
+@pytest.mark.slow
+def test_real_server_tiny_model(tmp_path):
+    from ggml_bridge import model
+    bd, vocab = real_bin_dir(), real_vocab()
+    if bd is None or vocab is None:
+        pytest.skip("no llama-server build (set GGML_BRIDGE_TEST_BIN_DIR) or no vocab GGUF")
+    m = model.ensure_model(tmp_path, "tiny", 1, vocab)
+    port = serve.free_port()
+    with serve.Server(bd / "llama-server", ["-m", str(m), "--port", str(port), "-c", "256", "-np", "1", "-t", "2"],
+                      env=serve.selector_env("off", "off"), startup_timeout=120) as s:
+        import json
+        a = json.loads(s.post("/completion", {"prompt": "the city of", "n_predict": 6, "temperature": 0,
+                                              "n_probs": 3, "ignore_eos": True}))
+        b = json.loads(s.post("/completion", {"prompt": "the city of", "n_predict": 6, "temperature": 0,
+                                              "n_probs": 3, "ignore_eos": True, "cache_prompt": False}))
+    assert a["tokens_predicted"] == 6 and a["content"] == b["content"]
+    assert all(-30 < p["logprob"] < 0 for p in a["completion_probabilities"])
+    assert s.proc.returncode == 0
+
+    # port already in use, with the real server's own words
+    sock, busy = busy_port()
+    try:
+        with pytest.raises(ServeError, match=f"port {busy}"):
+            serve.Server(bd / "llama-server", ["-m", str(m), "--port", str(busy)], startup_timeout=60).start()
+    finally:
+        sock.close()
