@@ -42,7 +42,7 @@ _GIT_CONFIG = {
 }
 _CONFLICT_LINE = re.compile(
     r"(patch failed|CONFLICT|does not exist in index|does not apply|fake ancestor|already exists|corrupt patch"
-    r"|Patch format detection failed|Failed to merge)",
+    r"|Patch format detection failed|Failed to merge|lacking or useless|No such file)",
 )
 MARKER = "patched.json"
 
@@ -236,6 +236,13 @@ def _conflict_details(repo, e) -> list[str]:  # type: ignore[no-untyped-def]
     for f in unmerged:
         detail.append(f"conflict in {f}")
     out = f"{e.stdout or ''}\n{e.stderr or ''}".replace("stdout: '", "").replace("stderr: '", "")
+    # which hunks fail to apply plainly (file:line), from the patch git am stopped at
+    failed_patch = Path(repo.git_dir) / "rebase-apply" / "patch"
+    if failed_patch.is_file():
+        try:
+            repo.git.apply("--check", "--verbose", str(failed_patch))
+        except Exception as check:  # noqa: BLE001 - the failure output is what we want
+            out += "\n" + str(getattr(check, "stderr", "") or "")
     for line in out.splitlines():
         line = line.strip().strip("'").strip()
         if _CONFLICT_LINE.search(line) and line not in detail:

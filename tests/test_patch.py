@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import git
+import pytest
+
+from conftest import FakeUpstream
+from fixtures import fakellama
+from ggml_bridge import config, fetch, patch
+from ggml_bridge.errors import PatchError
+
+
+def _add_conflict(settings: config.Settings, upstream: FakeUpstream) -> str:
+    name = upstream.patches.conflicting.name
+    shutil.copy(upstream.patches.conflicting, settings.patches_dir / name)
+    with open(settings.patches_dir / "series", "a") as fh:
+        fh.write(f"# the next one conflicts with 0001\n{name}\n")
+    return name
+
+
+def test_read_series_follows_series_file(tmp_path: Path) -> None:
+    for n in ("0001-a.patch", "0002-b.patch"):
+        (tmp_path / n).write_text(n)
+    (tmp_path / "series").write_text("# order\n0002-b.patch\n\n0001-a.patch  # first really\n")
+    s = patch.read_series(tmp_path)
+    assert s.names == ["0002-b.patch", "0001-a.patch"]
+    (tmp_path / "series").write_text("0001-a.patch\n0002-b.patch\n")
+    assert patch.read_series(tmp_path).hash != s.hash, "order is part of the series hash"
+
+
+def test_read_series_without_series_file_uses_numeric_order(tmp_path: Path) -> None:
+    for n in ("10-late.patch", "2-early.patch", "notes.txt"):
+        (tmp_path / n).write_text(n)
+    assert patch.read_series(tmp_path).names == ["2-early.patch", "10-late.patch"]
+
+
+def test_read_series_missing_dir_is_empty(tmp_path: Path) -> None:
+    s = patch.read_series(tmp_path / "none")
+    assert s.names == [] and len(s.hash) == 64
+
+
+def test_series_listing_missing_or_duplicate_patch(tmp_path: Path) -> None:
+    (tmp_path / "0001-a.patch").write_text("a")
+    (tmp_path / "series").write_text("0001-a.patch\n0002-gone.patch\n")
+    with pytest.raises(PatchError, match="0002-gone.patch"):
+        patch.read_series(tmp_path)
+    (tmp_path / "series").write_text("0001-a.patch\n0001-a.patch\n")
+    with pytest.raises(PatchError, match="more than once"):
+        patch.read_series(tmp_path)
+
+
+def test_series_hash_changes_with_content(tmp_path: Path) -> None:
+    (tmp_path / "0001-a.patch").write_text("a")
+    h1 = patch.read_series(tmp_path).hash
+    (tmp_path / "0001-a.patch").write_text("b")
+    assert patch.read_series(tmp_path).hash != h1
+
+
+def test_apply_series_makes_one_commit_per_patch(settings: config.Settings, upstream: FakeUpstream) -> None:
+    tree = fetch.obtain(settings)
+    p = patch.apply_series(settings, tree)
+    repo = git.Repo(p.path)
+    subjects = [c.summary for c in repo.iter_commits()]
+    assert subjects == ["add extra source", "bump version number", f"upstream {upstream.commit}"]
+    assert "= 2;" in (p.path / "src" / "llama.cpp").read_text()
+    assert (p.path / "src" / "extra.c").is_file()
+    assert not repo.is_dirty(untracked_files=True)
+    assert p.head == repo.head.commit.hexsha
+    marker = (p.path.parent / patch.MARKER).read_text()
+    assert p.series.hash in marker
+    # the pristine tree is untouched
+    assert "= 1;" in (tree.path / "src" / "llama.cpp").read_text()
+
+
+def test_apply_is_reproducible(make_settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    heads = set()
+    for i in range(2):
+        s = make_settings(cache_dir=str(tmp_path / f"cache{i}"))
+        heads.add(patch.apply_series(s, fetch.obtain(s)).head)
+    assert len(heads) == 1
+
+
+def test_rerun_with_unchanged_series_does_nothing(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = fetch.obtain(settings)
+    first = patch.apply_series(settings, tree)
+    monkeypatch.setattr(patch, "_apply_into", lambda *a: pytest.fail("re-applied an unchanged series"))
+    assert patch.apply_series(settings, tree) == first
+
+
+def test_changed_series_gets_a_new_work_tree(settings: config.Settings) -> None:
+    tree = fetch.obtain(settings)
+    first = patch.apply_series(settings, tree)
+    (settings.patches_dir / "series").write_text((settings.patches_dir / "series").read_text().splitlines()[0] + "\n")
+    second = patch.apply_series(settings, tree)
+    assert second.path != first.path and second.series.hash != first.series.hash
+    assert not (second.path / "src" / "extra.c").exists()
+
+
+def test_modified_work_tree_is_recreated(settings: config.Settings) -> None:
+    tree = fetch.obtain(settings)
+    first = patch.apply_series(settings, tree)
+    (first.path / "src" / "llama.cpp").write_text("scribbled\n")
+    again = patch.apply_series(settings, tree)
+    assert "= 2;" in (again.path / "src" / "llama.cpp").read_text()
+
+
+def test_conflicting_patch_is_reported_and_not_marked(settings: config.Settings, upstream: FakeUpstream) -> None:
+    name = _add_conflict(settings, upstream)
+    tree = fetch.obtain(settings)
+    with pytest.raises(PatchError) as e:
+        patch.apply_series(settings, tree)
+    msg = str(e.value)
+    assert name in msg and "src/llama.cpp" in msg
+    assert e.value.exit_code == 20
+    work = settings.cache_dir / "work"
+    assert not work.exists() or not any(work.iterdir()), "a failed series must not leave a patched tree"
+    assert not any((settings.cache_dir / "tmp").iterdir())
+
+
+def test_patch_that_cannot_apply_at_all(settings: config.Settings) -> None:
+    bad = settings.patches_dir / "0009-bogus.patch"
+    bad.write_text("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+                   "From: X <x@y>\nDate: Thu, 1 Jan 2000 00:00:00 +0000\nSubject: [PATCH] bogus\n\n---\n"
+                   "diff --git a/nope.c b/nope.c\nindex 1111111..2222222 100644\n--- a/nope.c\n+++ b/nope.c\n"
+                   "@@ -1 +1 @@\n-a\n+b\n")
+    (settings.patches_dir / "series").write_text(bad.name + "\n")
+    with pytest.raises(PatchError, match="0009-bogus.patch") as e:
+        patch.apply_series(settings, fetch.obtain(settings))
+    assert "nope.c" in str(e.value)
+
+
+def test_check_reports_without_writing(settings: config.Settings, upstream: FakeUpstream) -> None:
+    tree = fetch.obtain(settings)
+    ok = patch.check_series(settings, tree)
+    assert ok.ok and [r.status for r in ok.results] == ["applied", "applied"]
+    name = _add_conflict(settings, upstream)
+    # a fourth patch after the conflict is "not tried"
+    extra = settings.patches_dir / "0004-after.patch"
+    shutil.copy(upstream.patches.series[1], extra)
+    with open(settings.patches_dir / "series", "a") as fh:
+        fh.write("0004-after.patch\n")
+    report = patch.check_series(settings, tree)
+    assert not report.ok
+    assert [r.status for r in report.results] == ["applied", "applied", "failed", "not tried"]
+    text = report.render()
+    assert name in text and "src/llama.cpp" in text and "does NOT apply" in text
+    assert not (settings.cache_dir / "work").exists()
+
+
+def test_empty_series_is_the_upstream_commit(settings: config.Settings, upstream: FakeUpstream) -> None:
+    (settings.patches_dir / "series").write_text("")
+    p = patch.apply_series(settings, fetch.obtain(settings))
+    assert [c.summary for c in git.Repo(p.path).iter_commits()] == [f"upstream {upstream.commit}"]
+    assert fakellama.FILES["src/llama.cpp"] == (p.path / "src" / "llama.cpp").read_text()
