@@ -209,8 +209,9 @@ def detect_cuda() -> CudaToolkit | None:
     res = run([real, "--version"], check=False)
     m = re.search(r"release (\d+\.\d+)", res.stdout)
     version = m.group(1) if m else "unknown"
+    # only the toolkit of this nvcc (and one named explicitly) counts: CMake finds cuBLAS next to the compiler
     roots = _unique([real.parent.parent] + [Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT")
-                                             if os.environ.get(v)] + [Path("/usr/local/cuda")])
+                                             if os.environ.get(v)])
     header = None
     for root in roots:
         cands = [root / "include" / "cublas_v2.h", *sorted(root.glob("targets/*/include/cublas_v2.h"))]
@@ -336,12 +337,12 @@ class _Progress:
 
 
 def _failed(what: str, rc: int, log_file: Path, fix: str) -> BuildError:
-    lines = log_file.read_text(errors="replace").splitlines()
-    errors = [line for line in lines if _ERROR_LINE.search(line)][-12:]
-    tail = lines[-10:]
-    shown = errors + [line for line in tail if line not in errors]
+    """A BuildError quoting the log from its first error line (``FAILED:``, ``CMake Error``...) on."""
+    lines = log_file.read_text(errors="replace").splitlines()[-300:]
+    first = next((i for i, line in enumerate(lines) if _ERROR_LINE.search(line)), None)
+    shown = lines[first:first + 25] if first is not None else lines[-15:]
     return BuildError(what, why=f"exit status {rc}; full log: {log_file}; last error lines:\n    "
-                      + "\n    ".join(shown or ["(no output)"]), fix=fix)
+                      + "\n    ".join(line.rstrip() for line in shown or ["(no output)"]), fix=fix)
 
 
 def _completed(build_dir: Path, key: str) -> dict[str, Path] | None:

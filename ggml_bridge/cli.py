@@ -48,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ggml-bridge: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as e:  # argparse: --help, --version, usage errors (already printed)
+        return e.code if isinstance(e.code, int) else UsageError.exit_code
 
 
 def build_parser() -> argparse.ArgumentParser:

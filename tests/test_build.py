@@ -1,0 +1,236 @@
+"""Build tests on the fake llama.cpp: real CMake + Ninja + cc, a few seconds each."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import FakeUpstream
+from ggml_bridge import build, config
+from ggml_bridge.errors import BuildError, NotBuiltError, ToolchainError, UsageError
+
+
+def _run(binary: Path) -> str:
+    return subprocess.run([binary], check=True, capture_output=True, text=True).stdout
+
+
+def test_patched_build_end_to_end(settings: config.Settings, upstream: FakeUpstream) -> None:
+    res = build.ensure(settings)
+    assert not res.up_to_date and res.variant == "patched" and res.backend == "cpu"
+    assert set(res.binaries) == {"llama-server", "llama-bench"}, "llama-perplexity is not defined by the fixture"
+    assert _run(res.server) == "fake llama-server bridge=1\n", "the variant's CMake option reached the compile"
+    m = json.loads(res.manifest_path.read_text())
+    assert m["upstream"]["commit"] == upstream.commit and m["upstream"]["pinned"]
+    assert [p["name"] for p in m["patches"]] == [p.name for p in upstream.patches.series]
+    assert all(len(p["sha256"]) == 64 for p in m["patches"]) and len(m["series_hash"]) == 64
+    assert "-DGGML_CUDA_MAPPED_HOST_BRIDGE=ON" in m["cmake_args"] and "-DSAM3D_BATCHED_TRANSFERS=ON" in m["cmake_args"]
+    for opt in ("LLAMA_BUILD_TESTS", "LLAMA_BUILD_EXAMPLES", "LLAMA_OPENSSL"):
+        assert f"-D{opt}=OFF" in m["cmake_args"]
+    assert "-DLLAMA_CURL=OFF" not in m["cmake_args"], "only options the tree knows are passed"
+    assert "-DGGML_NATIVE=ON" in m["cmake_args"] and "-DCMAKE_BUILD_TYPE=Release" in m["cmake_args"]
+    assert set(m["toolchain"]) == {"cc", "cxx", "cmake", "ninja"}
+    assert m["binaries"]["llama-server"]["sha256"] and m["timestamp"].endswith("Z")
+    assert (res.build_dir / "build.log").read_text().count("Linking") >= 2
+    assert build.find_binary(settings, "llama-server", variant="patched", backend="cpu") == res.server
+    assert build.find_binary(settings, "llama-bench") == res.binaries["llama-bench"]
+    # the patched sources are the work tree
+    assert "/work/" in m["source_dir"]
+
+
+def test_unchanged_rebuild_configures_and_compiles_nothing(settings: config.Settings,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    first = build.ensure(settings)
+    monkeypatch.setattr(build, "_cmake", lambda *a: pytest.fail("configured again"))
+    monkeypatch.setattr(build, "_ninja", lambda *a: pytest.fail("compiled again"))
+    again = build.ensure(settings)
+    assert again.up_to_date and again.binaries == first.binaries
+
+
+def test_changed_options_get_their_own_build_dir(make_settings) -> None:  # type: ignore[no-untyped-def]
+    a = build.ensure(make_settings())
+    b = build.ensure(make_settings(build__native=False))
+    assert a.build_dir != b.build_dir
+    assert "-DGGML_NATIVE=OFF" in json.loads(b.manifest_path.read_text())["cmake_args"]
+
+
+def test_upstream_variant_has_no_patches(settings: config.Settings) -> None:
+    res = build.ensure(settings, "upstream")
+    assert _run(res.server) == "fake llama-server bridge=0\n"
+    m = json.loads(res.manifest_path.read_text())
+    assert m["patches"] == [] and m["series_hash"] is None
+    assert "/trees/" in m["source_dir"]
+    assert build.find_binary(settings, "llama-server", variant="upstream") == res.server
+    assert build.find_binary(settings, "llama-server", variant="upstream") != build.ensure(settings).server
+
+
+def test_upstream_nopeer_needs_cuda(settings: config.Settings) -> None:
+    with pytest.raises(UsageError, match="CUDA"):
+        build.ensure(settings, "upstream-nopeer")
+
+
+def test_extra_cmake_args_from_env_reach_cmake(make_settings, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    s = make_settings()
+    s2 = config.load({"cache_dir": str(s.cache_dir), "project_dir": str(s.project_dir), "build.backend": "cpu",
+                      "fetch.pypi_url": s.fetch.pypi_url}, env={"CMAKE_ARGS": "-DFIXTURE_EXTRA='a b'"})
+    res = build.ensure(s2)
+    m = json.loads(res.manifest_path.read_text())
+    assert m["cmake_args"][-1] == "-DFIXTURE_EXTRA=a b"
+    cache = (res.build_dir / "CMakeCache.txt").read_text()
+    assert "FIXTURE_EXTRA:UNINITIALIZED=a b" in cache
+
+
+def test_compile_error_shows_log_path_and_error_lines(settings: config.Settings, upstream: FakeUpstream,
+                                                      tmp_path: Path) -> None:
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(upstream.repo, broken, ignore=shutil.ignore_patterns(".git"))
+    (broken / "tools" / "server" / "server.c").write_text("int main(void) { return nonsense_symbol; }\n")
+    with pytest.raises(BuildError) as e:
+        build.ensure(settings, "upstream", source_spec=str(broken), allow_unpinned=True)
+    msg = str(e.value)
+    assert "compile failed" in msg and "build.log" in msg and "nonsense_symbol" in msg
+    assert e.value.exit_code == 31
+    assert not list(settings.cache_dir.glob("builds/*/" + build.COMPLETE_MARKER))
+    with pytest.raises(NotBuiltError):
+        build.find_binary(settings, "llama-server", variant="upstream", backend="cpu")
+
+
+def test_configure_error(settings: config.Settings, upstream: FakeUpstream, tmp_path: Path) -> None:
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(upstream.repo, broken, ignore=shutil.ignore_patterns(".git"))
+    with open(broken / "CMakeLists.txt", "a") as fh:
+        fh.write("message(FATAL_ERROR \"fixture says no\")\n")
+    with pytest.raises(BuildError, match="(?s)CMake configure failed.*CMake Error.*fixture says no"):
+        build.ensure(settings, "upstream", source_spec=str(broken), allow_unpinned=True)
+
+
+def test_tree_without_server_target(settings: config.Settings, upstream: FakeUpstream, tmp_path: Path) -> None:
+    import shutil
+
+    t = tmp_path / "noserver"
+    shutil.copytree(upstream.repo, t, ignore=shutil.ignore_patterns(".git"))
+    (t / "tools" / "server" / "CMakeLists.txt").write_text("# nothing\n")
+    with pytest.raises(BuildError, match="no llama-server target"):
+        build.ensure(settings, "upstream", source_spec=str(t), allow_unpinned=True)
+
+
+def test_missing_compiler(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with pytest.raises(ToolchainError, match="CC=/nonexistent/cc") as e:
+        build.ensure(settings)
+    assert e.value.exit_code == 30
+
+
+def test_no_compiler_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    with pytest.raises(ToolchainError, match="no C compiler found"):
+        build._compiler("CC", ("cc", "gcc"))
+
+
+def test_find_binary_before_any_build(settings: config.Settings) -> None:
+    with pytest.raises(NotBuiltError, match="ggml-bridge build") as e:
+        build.find_binary(settings, "llama-server", backend="cpu")
+    assert e.value.exit_code == 32
+
+
+def test_find_binary_of_a_target_not_built(settings: config.Settings) -> None:
+    build.ensure(settings)
+    with pytest.raises(NotBuiltError, match="no llama-perplexity"):
+        build.find_binary(settings, "llama-perplexity")
+
+
+def test_progress_logs_every_ten_percent(capsys: pytest.CaptureFixture[str]) -> None:
+    p = build._Progress(clock=lambda: 0.0)
+    for i in range(1, 201):
+        p(f"[{i}/200] Building CXX object x{i}.o")
+    p("FAILED: not a progress line")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "%]" in line]
+    assert [line.split("]")[0].strip("[ ") for line in lines] == [f"{n}%" for n in range(10, 101, 10)]
+
+
+def _fake_cuda(tmp_path: Path, with_cublas: bool) -> Path:
+    root = tmp_path / "cuda"
+    (root / "bin").mkdir(parents=True)
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n")
+    nvcc.chmod(0o755)
+    (root / "include").mkdir()
+    if with_cublas:
+        (root / "include" / "cublas_v2.h").write_text("")
+    return root
+
+
+def test_auto_backend_needs_nvcc_and_cublas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+    root = _fake_cuda(tmp_path, with_cublas=False)
+    monkeypatch.setenv("CUDACXX", str(root / "bin" / "nvcc"))
+    assert build.resolve_backend("auto")[0] == "cpu"
+    with pytest.raises(ToolchainError, match="cuBLAS"):
+        build.resolve_backend("cuda")
+    (root / "include" / "cublas_v2.h").write_text("")
+    backend, cuda = build.resolve_backend("auto")
+    assert backend == "cuda" and cuda is not None and cuda.version == "12.4"
+    assert cuda.cublas_header == root / "include" / "cublas_v2.h"
+
+
+def test_cuda_requested_without_nvcc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build, "_find_nvcc", lambda: None)
+    assert build.resolve_backend("auto") == ("cpu", None)
+    with pytest.raises(ToolchainError, match="nvcc was not found"):
+        build.resolve_backend("cuda")
+
+
+def test_nvcc_wrapper_script_is_resolved(tmp_path: Path) -> None:
+    root = _fake_cuda(tmp_path, with_cublas=True)
+    wrapper = tmp_path / "nvcc"
+    wrapper.write_text(f'#!/bin/sh\nexec {root}/bin/nvcc "$@"\n')
+    wrapper.chmod(0o755)
+    assert build._real_nvcc(wrapper) == (root / "bin" / "nvcc").resolve()
+
+
+def test_cuda_options(settings: config.Settings, tmp_path: Path) -> None:
+    root = _fake_cuda(tmp_path, with_cublas=True)
+    cuda = build.CudaToolkit(root / "bin" / "nvcc", root, "12.4", root / "include" / "cublas_v2.h")
+    tools = build.Toolchain(build.Tool(Path("cmake"), "3.25"), build.Tool(Path("ninja"), "1.11"),
+                            build.Tool(Path("/usr/bin/cc"), "gcc"), build.Tool(Path("/usr/bin/c++"), "g++"), cuda)
+    settings.build.cuda_arch = "90"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "CMakeLists.txt").write_text("option(LLAMA_CURL x OFF)\n")
+    args = build.cmake_args(settings, src, "upstream-nopeer", "cuda", tools)
+    assert "-DGGML_CUDA=ON" in args and "-DCMAKE_CUDA_ARCHITECTURES=90" in args
+    assert f"-DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}" in args
+    assert "-DGGML_CUDA_NO_PEER_COPY=ON" in args and "-DLLAMA_CURL=OFF" in args
+    assert "-DLLAMA_BUILD_TESTS=OFF" not in args
+
+
+def test_old_system_cmake_falls_back_to_pypi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    old = tmp_path / "cmake"
+    old.write_text("#!/bin/sh\necho 'cmake version 3.16.3'\n")
+    old.chmod(0o755)
+    new_dir = tmp_path / "pypi"
+    new_dir.mkdir()
+    new = new_dir / "cmake"
+    new.write_text("#!/bin/sh\necho 'cmake version 3.31.6'\n")
+    new.chmod(0o755)
+    monkeypatch.setattr(build.shutil, "which", lambda name: str(old))
+    monkeypatch.setattr(build, "_pypi_bin", lambda module, attr: new)
+    assert build.find_cmake() == build.Tool(new, "3.31.6")
+    monkeypatch.setattr(build, "_pypi_bin", lambda module, attr: None)
+    with pytest.raises(ToolchainError, match="3.16.3"):
+        build.find_cmake()
+
+
+def test_real_toolchain_is_usable() -> None:
+    cmake = build.find_cmake()
+    assert build._vtuple(cmake.version) >= build.MIN_CMAKE
+    assert os.access(build.find_ninja().path, os.X_OK)

@@ -1,0 +1,159 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, FakeUpstream
+from ggml_bridge import cli, config, errors
+
+
+@pytest.fixture
+def cli_env(settings: config.Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """Environment for main(): the fake project and its PyPI; returns the common leading argv."""
+    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(settings.project_dir))
+    monkeypatch.setenv("GGML_BRIDGE_PYPI_URL", settings.fetch.pypi_url)
+    monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
+    monkeypatch.chdir(tmp_path)
+    return ["--cache-dir", str(settings.cache_dir)]
+
+
+def test_fetch_prints_the_tree_path(cli_env: list[str], capsys: pytest.CaptureFixture[str],
+                                    upstream: FakeUpstream, settings: config.Settings) -> None:
+    assert cli.main([*cli_env, "fetch"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == str(settings.cache_dir / "trees" / upstream.commit / "src")
+    assert "==>" in out.err
+
+
+def test_options_after_the_subcommand(cli_env: list[str], capsys: pytest.CaptureFixture[str],
+                                      settings: config.Settings) -> None:
+    assert cli.main(["fetch", *cli_env, "-q"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith(str(settings.cache_dir)) and out.err == ""
+
+
+def test_patch_and_check(cli_env: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*cli_env, "patch", "--check"]) == 0
+    assert "all patches apply" in capsys.readouterr().out
+    assert cli.main([*cli_env, "patch"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert (path / "src" / "extra.c").is_file()
+
+
+def test_patch_check_failure_exit_code(cli_env: list[str], capsys: pytest.CaptureFixture[str],
+                                       settings: config.Settings, upstream: FakeUpstream) -> None:
+    import shutil
+
+    shutil.copy(upstream.patches.conflicting, settings.patches_dir)
+    with open(settings.patches_dir / "series", "a") as fh:
+        fh.write(upstream.patches.conflicting.name + "\n")
+    assert cli.main([*cli_env, "patch", "--check"]) == errors.PatchError.exit_code
+    assert "does NOT apply" in capsys.readouterr().out
+    assert cli.main([*cli_env, "patch"]) == errors.PatchError.exit_code
+    err = capsys.readouterr().err
+    assert f"patch error: patch {upstream.patches.conflicting.name} does not apply" in err
+
+
+def test_build_prints_server_path_last(cli_env: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*cli_env, "build", "--jobs", "2"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].endswith("/bin/llama-server") and Path(out[-1]).is_file()
+    assert cli.main([*cli_env, "build"]) == 0
+    cap = capsys.readouterr()
+    assert "up to date" in cap.err and cap.out.strip().splitlines()[-1] == out[-1]
+
+
+@pytest.mark.parametrize("argv,code,text", [
+    (["build", "--backend", "rocm"], 2, "unknown backend 'rocm'"),
+    (["build", "--variant", "shiny"], 2, "unknown variant 'shiny'"),
+    (["build", "--cuda-arch", "sm90"], 2, "invalid CUDA architecture"),
+    (["fetch", "--source", "/no/such/dir"], 12, "does not exist"),
+    (["fetch", "--bogus"], 2, "unrecognized arguments"),
+])
+def test_bad_input_exit_codes(cli_env: list[str], capsys: pytest.CaptureFixture[str], argv: list[str], code: int,
+                              text: str) -> None:
+    assert cli.main([*cli_env, *argv]) == code
+    assert text in capsys.readouterr().err
+
+
+def test_missing_compiler_exit_code(cli_env: list[str], capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    assert cli.main([*cli_env, "build"]) == errors.ToolchainError.exit_code
+    err = capsys.readouterr().err
+    assert "toolchain error" in err and "CXX" in err
+
+
+def test_unknown_config_key(cli_env: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "ggml-bridge.toml").write_text("[build]\nbakend = 'cpu'\n")
+    assert cli.main([*cli_env, "fetch"]) == 2
+    assert "unknown setting 'build.bakend'" in capsys.readouterr().err
+
+
+def test_no_command_shows_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "fetch" in capsys.readouterr().err
+
+
+def test_stage_module_missing_errors_cleanly(cli_env: list[str], capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(cli.DELEGATED, "nosuchstage", "a stage nobody wrote")
+    assert cli.main([*cli_env, "nosuchstage", "--anything"]) == 2
+    err = capsys.readouterr().err
+    assert "nosuchstage subcommand is not available" in err and "ggml_bridge.nosuchstage" in err
+
+
+def test_stage_module_is_imported_lazily_and_delegated(cli_env: list[str], capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       settings: config.Settings) -> None:
+    seen: dict[str, object] = {}
+    mod = types.ModuleType("ggml_bridge.fakestage")
+
+    def add_arguments(parser):  # type: ignore[no-untyped-def]
+        parser.add_argument("--model")
+        parser.add_argument("--backend")
+
+    def run(args, s):  # type: ignore[no-untyped-def]
+        seen.update(model=args.model, backend=args.backend, cache=s.cache_dir)
+        return 7
+
+    mod.add_arguments, mod.run = add_arguments, run  # type: ignore[attr-defined]
+    monkeypatch.setitem(cli.DELEGATED, "fakestage", "test stage")
+    monkeypatch.setitem(sys.modules, "ggml_bridge.fakestage", mod)
+    assert cli.main([*cli_env, "fakestage", "--model", "m.gguf", "--backend", "cpu"]) == 7
+    assert seen == {"model": "m.gguf", "backend": "cpu", "cache": settings.cache_dir}
+
+
+def test_stage_module_without_interface(cli_env: list[str], capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(cli.DELEGATED, "halfstage", "x")
+    monkeypatch.setitem(sys.modules, "ggml_bridge.halfstage", types.ModuleType("ggml_bridge.halfstage"))
+    assert cli.main([*cli_env, "halfstage"]) == 2
+    assert "does not define add_arguments, run" in capsys.readouterr().err
+
+
+def test_stage_modules_are_not_imported_at_startup() -> None:
+    code = ("import sys; from ggml_bridge import cli; cli.build_parser(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[-1] in cli.DELEGATED))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_console_script_entry_point() -> None:
+    import tomllib
+
+    data = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    assert data["project"]["scripts"]["ggml-bridge"] == "ggml_bridge.cli:main"
+    markers = " ".join(data["tool"]["pytest"]["ini_options"]["markers"])
+    assert "slow:" in markers and "gpu:" in markers
+    assert "--strict-markers" in data["tool"]["pytest"]["ini_options"]["addopts"]
+
+
+def test_python_m_runs_main() -> None:
+    res = subprocess.run([sys.executable, "-m", "ggml_bridge", "--version"], cwd=REPO_ROOT, capture_output=True,
+                         text=True)
+    assert res.returncode == 0 and res.stdout.startswith("ggml-bridge ")
