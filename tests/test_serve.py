@@ -178,11 +178,13 @@ sys.exit(int(E("FAKE_EXIT_CODE", "0")))
 '''
 
 
-def write_fake_bin(d: Path) -> Path:
+def write_fake_bin(d: Path, *, unpatched: bool = False) -> Path:
+    """The fake tools in ``d``; ``unpatched`` makes them print no patch lines (an upstream build)."""
     d.mkdir(parents=True, exist_ok=True)
+    prefix = "import os\nos.environ['FAKE_UNPATCHED'] = '1'\n" if unpatched else ""
     for name in ("llama-server", "llama-perplexity"):
         p = d / name
-        p.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE))
+        p.write_text(f"#!{sys.executable}\n" + prefix + textwrap.dedent(FAKE))
         p.chmod(0o755)
     return d
 

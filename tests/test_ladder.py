@@ -1,0 +1,465 @@
+"""ladder: file parsing, validity rules, byte comparison, and whole ladders against fake tools."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ggml_bridge import ladder, logparse, model
+from ggml_bridge.errors import LadderSetupError
+
+from test_serve import real_bin_dir, real_vocab, write_fake_bin  # noqa: E402 (pytest puts tests/ on sys.path)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_vocab(path: Path) -> Path:
+    """A small llama-spm-like vocabulary GGUF (no tensors): specials, bytes-free, the ladder's words."""
+    import gguf
+
+    tokens = ["<unk>", "<s>", "</s>"] + ["\u2581" + w for w in ladder.WORDS] + list("abcdefghijklmnopqrstuvwxyz.") + ["\u2581"]
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 3 + [-float(i) for i in range(len(tokens) - 3)])
+    w.add_token_types([2, 3, 3] + [1] * (len(tokens) - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    return path
+
+
+MICRO = 'shape = { name = "micro", n_embd = 32, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 64, n_ctx_train = 512 }'
+
+
+def write_ladder(path: Path, body: str) -> Path:
+    path.write_text(body)
+    return path
+
+
+# --- ladder files -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["cpu.toml", "cuda.toml"])
+def test_shipped_ladders_parse(name):
+    lad = ladder.load_ladder(ROOT / "ladders" / name)
+    assert lad.rungs
+    for r in lad.rungs:
+        assert r.reference in r.modes and len(r.modes) >= 2
+        assert max(r.prompts_words()) > r.ubatch  # at least one prompt longer than the ubatch
+        assert r.server_ctx() >= max(r.prompts_words()) + r.n_predict
+
+
+def test_cpu_ladder_is_upstream_vs_off_and_never_bridges():
+    lad = ladder.load_ladder(ROOT / "ladders" / "cpu.toml")
+    assert lad.backend == "cpu"
+    for r in lad.rungs:
+        assert r.reference == "upstream" and "off" in r.modes and r.devices == 0
+        assert not any(ladder.MODES[m].uses_bridge for m in r.modes)
+        if any(ladder.MODES[m].uses_batched for m in r.modes):
+            assert r.expect_batched == "inactive"
+    assert min(r.ubatch for r in lad.rungs) == 1
+
+
+def test_cuda_ladder_covers_the_rigs_and_boundary_sizes():
+    lad = ladder.load_ladder(ROOT / "ladders" / "cuda.toml")
+    rigs = {(r.devices, r.virtual_devices) for r in lad.rungs}
+    assert {(1, None), (2, None), (2, 6)} <= rigs
+    sizes = [r.shape.n_embd * r.ubatch * 4 for r in lad.rungs if r.multi_device]
+    assert min(sizes) <= 256 and max(sizes) >= 128 << 20
+    assert any(s == 64 << 20 for s in sizes)
+    for r in lad.rungs:
+        if r.multi_device:
+            assert {"bridge", "bridge-force", "batched", "both", "upstream"} <= set(r.modes)
+
+
+@pytest.mark.parametrize("body,match", [
+    ("[[rung]]\nname='a'\nshape='tiny'\nmodes=['off','nope']\n", "unknown mode"),
+    ("[[rung]]\nname='a'\nshape='tiny'\nbogus=1\n", "unknown key"),
+    ("[[rung]]\nname='a'\nshape='huge'\n", "unknown model shape"),
+    ("[[rung]]\nname='a'\nshape='tiny'\nubatch=64\nbatch=32\n", "ubatch <= batch"),
+    ("[[rung]]\nname='a'\nshape='tiny'\nsplit_mode='diagonal'\ndevices=2\n", "split_mode"),
+    ("[[rung]]\nname='a'\nshape='tiny'\nmodes=['off','bridge']\n", "need GPUs"),
+    ("[[rung]]\nname='a'\nshape='tiny'\nbatch=96\nubatch=32\nppl_ctx=64\n", "multiple"),
+    ("[[rung]]\nname='a'\nshape='tiny'\n[[rung]]\nname='a'\nshape='tiny'\n", "duplicate"),
+    ("name='x'\n", "no \\[\\[rung\\]\\]"),
+    ("[[rung]\n", "not valid TOML"),
+])
+def test_bad_ladder_files(tmp_path, body, match):
+    with pytest.raises(LadderSetupError, match=match):
+        ladder.load_ladder(write_ladder(tmp_path / "l.toml", body))
+
+
+def test_reference_is_added_and_inline_shape(tmp_path):
+    lad = ladder.load_ladder(write_ladder(tmp_path / "l.toml", f"[[rung]]\nname='a'\n{MICRO}\nmodes=['batched']\n"))
+    r = lad.rungs[0]
+    assert r.modes == ["off", "batched"] and r.shape.n_embd == 32
+
+
+# --- inputs -------------------------------------------------------------------------------------------
+
+def test_text_and_prompts_are_deterministic():
+    a = ladder.make_text(500, 7)
+    assert a == ladder.make_text(500, 7) and a != ladder.make_text(500, 8)
+    assert len(a.split()) == 500
+    r = ladder.Rung("r", model.get_shape("tiny"), ubatch=32, batch=64)
+    p = ladder.make_prompts(r, 7, None)
+    assert p == ladder.make_prompts(r, 7, None)
+    assert max(len(x.split()) for x in p) > 32 and min(len(x.split()) for x in p) == 1
+
+
+def test_words_are_single_tokens_in_the_upstream_vocab():
+    v = real_vocab()
+    if v is None:
+        pytest.skip("no upstream vocab GGUF")
+    toks = set(model.load_vocab(v).tokens)
+    missing = [w for w in ladder.WORDS if "\u2581" + w not in toks]
+    assert not missing
+
+
+# --- comparison ---------------------------------------------------------------------------------------
+
+def logits_file(path: Path, n_ctx=8, n_vocab=5, flip=None) -> Path:
+    nv = 2 * ((n_vocab + 1) // 2) + 4
+    recs = 2 * (n_ctx - 1 - n_ctx // 2)
+    b = bytearray(b"_logits_" + struct.pack("<iii", n_ctx, n_vocab, 2) + struct.pack(f"<{2 * n_ctx}i", *range(2 * n_ctx)))
+    for r in range(recs):
+        b += struct.pack("<ff", 0.5, -3.0) + struct.pack(f"<{nv - 4}H", *[(r * 7 + i) % 65536 for i in range(nv - 4)])
+    if flip is not None:
+        b[flip] ^= 0x01
+    path.write_bytes(bytes(b))
+    return path
+
+
+def test_first_difference(tmp_path):
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    a.write_bytes(b"x" * 5000)
+    b.write_bytes(b"x" * 5000)
+    assert ladder.first_difference(a, b, block=1024) == (None, 5000)
+    b.write_bytes(b"x" * 3000 + b"y" + b"x" * 1999)
+    assert ladder.first_difference(a, b, block=1024) == (3000, 3000)
+    b.write_bytes(b"x" * 4000)
+    assert ladder.first_difference(a, b, block=1024) == (4000, 4000)
+
+
+def test_describe_logits_difference(tmp_path):
+    n_ctx, n_vocab = 8, 5
+    tok_end = 20 + 4 * 2 * n_ctx
+    nv = 2 * ((n_vocab + 1) // 2) + 4
+    ref = logits_file(tmp_path / "ref", n_ctx, n_vocab)
+    # vocab entry 2 of record 3
+    off = tok_end + 3 * 2 * nv + 2 * (4 + 2)
+    other = logits_file(tmp_path / "o", n_ctx, n_vocab, flip=off)
+    c = ladder.compare_files(ref, other, "logits")
+    assert not c["identical"] and c["bytes_compared"] == off
+    d = c["first_difference"]
+    assert d["token_record"] == 3 and d["vocab_id"] == 2 and d["chunk"] == 1
+    assert d["reference"] == (3 * 7 + 2) and d["mode"] == (3 * 7 + 2) ^ 1
+    # a record header float
+    other = logits_file(tmp_path / "o2", n_ctx, n_vocab, flip=tok_end + 2 * nv + 1)
+    d = ladder.compare_files(ref, other, "logits")["first_difference"]
+    assert d["where"] == "record header scale" and d["reference"] == 0.5 and d["mode"] != 0.5
+    # token ids
+    other = logits_file(tmp_path / "o3", n_ctx, n_vocab, flip=20 + 4 * 5)
+    d = ladder.compare_files(ref, other, "logits")["first_difference"]
+    assert d["where"] == "token id 5"
+    assert ladder.compare_files(ref, logits_file(tmp_path / "same", n_ctx, n_vocab), "logits")["identical"]
+
+
+def test_describe_responses_difference(tmp_path):
+    def rec(i, toks, lps):
+        return ladder.canonical_response(json.dumps({
+            "content": "x", "tokens": toks, "tokens_predicted": len(toks), "timings": {"t": i * 1.5},
+            "completion_probabilities": [{"id": t, "logprob": l, "top_logprobs": [{"id": t, "logprob": l}]}
+                                         for t, l in zip(toks, lps)]}).encode(), i)
+
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    a.write_bytes(rec(0, [1, 2], [-1.0, -2.0]) + rec(1, [3, 4], [-1.0, -2.0]))
+    b.write_bytes(rec(0, [1, 2], [-1.0, -2.0]) + rec(1, [3, 4], [-1.0, -2.0000001]))
+    c = ladder.compare_files(a, b, "responses")
+    assert not c["identical"]
+    d = c["first_difference"]
+    assert d["request"] == 1 and d["where"] == "probabilities of generated token 1"
+    assert d["reference"]["logprob"] == -2.0 and d["mode"]["logprob"] == -2.0000001
+    b.write_bytes(rec(0, [1, 5], [-1.0, -2.0]) + rec(1, [3, 4], [-1.0, -2.0]))
+    d = ladder.compare_files(a, b, "responses")["first_difference"]
+    assert d["request"] == 0 and d["where"] == "generated token 1" and d["mode"] == 5
+    # timings are not part of the record
+    assert b"timings" not in rec(0, [1], [-1.0])
+
+
+# --- validity -----------------------------------------------------------------------------------------
+
+BR_EN = "ggml_cuda_mapped_host_bridge: enabled (mode {m}), 4 slots x 64 MiB mapped pinned host memory\n"
+BR_ST = "ggml_cuda_mapped_host_bridge: stats: boundaries={n} bytes=1 chunks=1 producer_waits=0 sync_copies=0 fallbacks=0\n"
+BT_EN = "llama_batched_transfers: enabled, pinned pool up to 32 MiB\n"
+BT_IN = "llama_batched_transfers: inactive: no device to batch to\n"
+BT_ST = ("llama_batched_transfers: stats: graphs=3 async_uploads={u} async_downloads={d} sync_uploads=0 "
+         "sync_downloads=0 bytes_up=1 bytes_down=1 fallbacks=0\n")
+DEV2 = "using device CUDA0 (A) (a) - 1 MiB free\nusing device CUDA1 (B) (b) - 1 MiB free\n"
+
+
+def rung(**kw):
+    kw.setdefault("devices", 2)
+    return ladder.Rung("r", model.get_shape("tiny"), ubatch=8, batch=32, **kw)
+
+
+def v(mode, r, **logs):
+    return ladder.validate_mode(ladder.MODES[mode], r, {k: logparse.parse(t) for k, t in logs.items()})
+
+
+def test_validity_bridge():
+    r = rung()
+    ok = v("bridge-force", r, server=BR_EN.format(m="force") + DEV2 + BR_ST.format(n=3),
+           perplexity=BR_EN.format(m="force") + DEV2 + BR_ST.format(n=5))
+    assert ok["ok"], ok["problems"]
+    assert ok["bridge"]["boundaries"] == 8 and ok["bridge"]["slots"] == {"server": 4, "perplexity": 4}
+    zero = v("bridge", r, server=BR_EN.format(m=1) + DEV2 + BR_ST.format(n=0), perplexity=BR_EN.format(m=1) + DEV2)
+    assert not zero["ok"] and any("boundaries=0" in p for p in zero["problems"])
+    nostats = v("bridge", r, server=BR_EN.format(m=1) + DEV2)
+    assert not nostats["ok"] and any("no bridge stats" in p for p in nostats["problems"])
+    missing = v("bridge", r, server=BR_EN.format(m=1) + DEV2 + BR_ST.format(n=1), perplexity=DEV2)
+    assert not missing["ok"] and any("perplexity: no bridge line" in p for p in missing["problems"])
+    wrongmode = v("bridge-force", r, server=BR_EN.format(m=1) + DEV2 + BR_ST.format(n=1))
+    assert not wrongmode["ok"]
+    onedev = v("bridge", r, server=BR_EN.format(m=1) + "using device CUDA0 (A) (a) - 1 MiB free\n" + BR_ST.format(n=1))
+    assert not onedev["ok"] and any("fewer than 2" in p for p in onedev["problems"])
+    # single-GPU rung: no counters needed, but the line is
+    single = rung(devices=1)
+    assert v("bridge", single, server=BR_EN.format(m=1) + BR_ST.format(n=0))["ok"]
+    assert not v("bridge", single, server="ggml_cuda_mapped_host_bridge: inactive: one device\n")["ok"]
+    either = rung(devices=1, expect_bridge="either")
+    res = v("bridge", either, server="ggml_cuda_mapped_host_bridge: inactive: one device\n")
+    assert res["ok"] and "not a bridge pass" in res["notes"][0]
+
+
+def test_validity_batched():
+    r = rung(devices=1)
+    assert v("batched", r, server=BT_EN + BT_ST.format(u=2, d=2), perplexity=BT_EN + BT_ST.format(u=1, d=1))["ok"]
+    res = v("batched", r, server=BT_EN + BT_ST.format(u=2, d=0))
+    assert not res["ok"] and any("async_downloads=0" in p for p in res["problems"])
+    res = v("batched", r, server=BT_EN + BT_ST.format(u=0, d=2))
+    assert not res["ok"] and any("async_uploads=0" in p for p in res["problems"])
+    assert not v("batched", r, server=BT_EN)["ok"]
+    assert not v("batched", r, server=BT_IN)["ok"]  # inactive where engaged is expected
+    cpu = rung(devices=0, expect_batched="inactive")
+    res = v("batched", cpu, server=BT_IN + BT_ST.format(u=0, d=0))
+    assert res["ok"] and "not a batched pass" in res["notes"][0]
+    assert not v("batched", cpu, server=BT_EN + BT_ST.format(u=1, d=1))["ok"]
+    assert not v("batched", cpu, server="")["ok"]  # no line at all is never a pass
+
+
+def test_validity_off_and_upstream():
+    r = rung(devices=1)
+    assert v("off", r, server="")["ok"]
+    assert not v("off", r, server=BR_EN.format(m=1))["ok"]
+    assert not v("off", r, server=BT_EN)["ok"]
+    assert v("upstream", r, server="")["ok"]
+    res = v("upstream", r, server="ggml_cuda_mapped_host_bridge: inactive: disabled\n")
+    assert not res["ok"] and "not an unpatched build" in res["problems"][0]
+
+
+# --- whole ladders against the fake tools -------------------------------------------------------------
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("FAKE_"):
+            monkeypatch.delenv(k)
+    monkeypatch.delenv("GGML_BRIDGE_VOCAB", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return SimpleNamespace(
+        tmp=tmp_path, vocab=make_vocab(tmp_path / "vocab.gguf"),
+        patched=write_fake_bin(tmp_path / "patched"), upstream=write_fake_bin(tmp_path / "upstream", unpatched=True),
+        settings=SimpleNamespace(cache_dir=tmp_path / "cache", project_dir=ROOT, build=SimpleNamespace(backend="cpu")))
+
+
+def run_ladder(e, body, *extra):
+    lf = write_ladder(e.tmp / "ladder.toml", body)
+    p = argparse.ArgumentParser()
+    ladder.add_arguments(p)
+    a = p.parse_args(["--ladder", str(lf), "--report", str(e.tmp / "report"), "--vocab", str(e.vocab),
+                      "--bin-dir-patched", str(e.patched), "--bin-dir-upstream", str(e.upstream),
+                      "--threads", "1", "--startup-timeout", "30", *extra])
+    rc = ladder.run(a, e.settings)
+    rep = json.loads((e.tmp / "report" / "report.json").read_text())
+    md = (e.tmp / "report" / "report.md").read_text()
+    return rc, rep, md
+
+
+GPU_LADDER = f"""
+name = "fake"
+backend = "cuda"
+[defaults]
+{MICRO}
+reference = "off"
+modes = ["off", "upstream", "bridge", "bridge-force", "batched", "both"]
+devices = 2
+ubatch = 8
+batch = 16
+ppl_ctx = 16
+env = {{ FAKE_DEVICES = "2" }}
+[[rung]]
+name = "two-gpus"
+"""
+
+
+def test_fake_gpu_ladder_passes(env, capsys):
+    rc, rep, md = run_ladder(env, GPU_LADDER)
+    r = rep["rungs"][0]
+    assert rc == 0, r["problems"]
+    assert rep["status"] == "pass" and r["status"] == "pass"
+    ref = r["modes"]["off"]
+    for name in ("upstream", "bridge", "bridge-force", "batched", "both"):
+        m = r["modes"][name]
+        assert m["responses"]["sha256"] == ref["responses"]["sha256"]
+        assert m["logits"]["sha256"] == ref["logits"]["sha256"]
+        assert m["compare"]["logits"]["identical"] and m["compare"]["logits"]["bytes_compared"] == ref["logits"]["bytes"]
+        assert m["compare"]["responses"]["identical"]
+        assert m["wall_s"] > 0
+    assert r["modes"]["both"]["validity"]["bridge"]["boundaries"] == 14  # server + perplexity
+    assert r["modes"]["batched"]["validity"]["batched"]["async_uploads"] == 8
+    assert r["modes"]["bridge"]["selectors"]["GGML_CUDA_MAPPED_HOST_BRIDGE"] == "1"
+    assert "| two-gpus |" in md and "PASS" in md
+    assert "[1/1] two-gpus: off vs upstream, bridge, bridge-force, batched, both: PASS" in capsys.readouterr().err
+    assert not list((env.tmp / "report").rglob("logits.bin"))  # removed after a pass
+
+
+def test_fake_mismatch_exits_1_with_first_difference(env):
+    body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_PERTURB_WHEN = "SAM3D_BATCHED_TRANSFERS=1"')
+    rc, rep, md = run_ladder(env, body)
+    r = rep["rungs"][0]
+    assert rc == 1 and rep["status"] == "fail" and r["status"] == "mismatch"
+    for name in ("batched", "both"):
+        c = r["modes"][name]["compare"]
+        assert not c["responses"]["identical"] and not c["logits"]["identical"]
+        assert c["logits"]["first_difference"]["token_record"] == 3
+        assert c["logits"]["first_difference"]["vocab_id"] == 5  # the fake flips entry 5 of record 3
+        assert "probabilities of generated token 2" in c["responses"]["first_difference"]["where"]
+    for name in ("upstream", "bridge", "bridge-force"):
+        assert r["modes"][name]["compare"]["logits"]["identical"]
+    assert "DIFFER" in md
+    assert list((env.tmp / "report").rglob("logits.bin"))  # kept for inspection
+
+
+def test_fake_no_boundaries_is_not_a_pass(env):
+    body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_BOUNDARIES = "0"')
+    rc, rep, _ = run_ladder(env, body)
+    r = rep["rungs"][0]
+    assert rc == 1 and r["status"] == "invalid"
+    assert any("boundaries=0" in p for p in r["problems"])
+    # outputs were identical: it is the missing evidence that fails it
+    assert all(m.get("compare", {}).get("logits", {}).get("identical", True) for m in r["modes"].values())
+
+
+def test_fake_no_async_transfers_is_not_a_pass(env):
+    body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_ASYNC_DOWN = "0"')
+    rc, rep, _ = run_ladder(env, body)
+    assert rc == 1 and any("async_downloads=0" in p for p in rep["rungs"][0]["problems"])
+
+
+def test_fake_cpu_ladder_with_inactive_batched(env):
+    body = f"""
+[defaults]
+{MICRO}
+reference = "upstream"
+ubatch = 4
+batch = 16
+ppl_ctx = 16
+[[rung]]
+name = "cpu-a"
+modes = ["upstream", "off"]
+[[rung]]
+name = "cpu-b"
+modes = ["upstream", "off", "batched"]
+expect_batched = "inactive"
+env = {{ FAKE_BATCHED_INACTIVE = "no GPU backend" }}
+"""
+    rc, rep, md = run_ladder(env, body)
+    assert rc == 0, [r["problems"] for r in rep["rungs"]]
+    b = rep["rungs"][1]["modes"]["batched"]["validity"]
+    assert b["batched"]["state"] == "inactive" and "not a batched pass" in b["notes"][0]
+    # without the inactive line, the same rung fails
+    rc, rep, _ = run_ladder(env, body.replace('env = { FAKE_BATCHED_INACTIVE = "no GPU backend" }', ""))
+    assert rc == 1 and rep["rungs"][1]["status"] == "invalid"
+
+
+def test_server_crash_is_a_setup_error(env):
+    body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_DIE_AT_START = "1"')
+    rc, rep, md = run_ladder(env, body)
+    r = rep["rungs"][0]
+    assert rc == 2 and r["status"] == "error"
+    assert "GGML_ASSERT(fake)" in r["modes"]["off"]["error"]
+
+
+def test_same_build_is_refused(env):
+    lf = write_ladder(env.tmp / "l.toml", GPU_LADDER)
+    p = argparse.ArgumentParser()
+    ladder.add_arguments(p)
+    a = p.parse_args(["--ladder", str(lf), "--vocab", str(env.vocab), "--report", str(env.tmp / "r"),
+                      "--bin-dir-patched", str(env.patched), "--bin-dir-upstream", str(env.patched)])
+    with pytest.raises(LadderSetupError, match="same build"):
+        ladder.run(a, env.settings)
+
+
+def test_missing_bin_dir_and_rung(env):
+    p = argparse.ArgumentParser()
+    ladder.add_arguments(p)
+    lf = write_ladder(env.tmp / "l.toml", GPU_LADDER)
+    a = p.parse_args(["--ladder", str(lf), "--bin-dir-patched", str(env.tmp / "nope"),
+                      "--bin-dir-upstream", str(env.upstream)])
+    with pytest.raises(LadderSetupError, match="not found in --bin-dir-patched"):
+        ladder.run(a, env.settings)
+    a = p.parse_args(["--ladder", str(lf), "--rung", "zzz"])
+    with pytest.raises(LadderSetupError, match="no rung named zzz"):
+        ladder.run(a, env.settings)
+
+
+# --- the real binaries --------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_real_cpu_rung(tmp_path):
+    bd = real_bin_dir()
+    vocab = real_vocab()
+    if bd is None or vocab is None or not (bd / "llama-perplexity").is_file():
+        pytest.skip("no llama-server/llama-perplexity build (set GGML_BRIDGE_TEST_BIN_DIR) or no vocab GGUF")
+    body = """
+[[rung]]
+name = "real-tiny"
+shape = "tiny"
+modes = ["upstream", "off"]
+reference = "upstream"
+ubatch = 16
+batch = 64
+ppl_ctx = 64
+n_predict = 4
+"""
+    lf = write_ladder(tmp_path / "l.toml", body)
+    p = argparse.ArgumentParser()
+    ladder.add_arguments(p)
+    a = p.parse_args(["--ladder", str(lf), "--report", str(tmp_path / "rep"), "--vocab", str(vocab),
+                      "--bin-dir-patched", str(bd), "--bin-dir-upstream", str(bd), "--allow-same-build",
+                      "--threads", "2"])
+    rc = ladder.run(a, SimpleNamespace(cache_dir=tmp_path / "cache"))
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    r = rep["rungs"][0]
+    assert rc == 0, r["problems"]
+    assert rep["binaries"]["same_build"] is True
+    c = r["modes"]["off"]["compare"]
+    assert c["logits"]["identical"] and c["logits"]["bytes_compared"] > 100_000
+    assert c["responses"]["identical"]
+    resp = (tmp_path / "rep" / "real-tiny" / "upstream" / "responses.jsonl").read_text().splitlines()
+    recs = [json.loads(x) for x in resp]
+    assert max(x["tokens_evaluated"] for x in recs) > 16  # a prompt longer than the ubatch
+    assert all(x["tokens_predicted"] == 4 for x in recs)
