@@ -537,9 +537,10 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo]) -> 
     if rung.multi_device:
         used = {p: i.n_devices for p, i in logs.items()}
         summary["devices_used"] = used
-        low = {p: n for p, n in used.items() if n < 2}
+        want = rung.n_devices
+        low = {p: n for p, n in used.items() if n < want}
         if low:
-            problems.append("the rung splits the model over devices but the log shows it on fewer than 2: " +
+            problems.append(f"the rung splits the model over {want} devices but the log shows it on fewer: " +
                             ", ".join(f"{p}: {n}" for p, n in low.items()))
     return {"ok": not problems, "problems": problems, "notes": notes, **summary}
 
@@ -583,8 +584,8 @@ def resolve_binaries(args: argparse.Namespace, settings: Any, backend: str, need
                     raise LadderSetupError(f"no {variant} {name}", why="the build stage is not available",
                                            fix=f"pass --bin-dir-{variant} DIR") from None
                 except FatalError as e:
-                    raise LadderSetupError(f"no {variant} {backend} build of {name}", why=str(e),
-                                           fix=f"run `ggml-bridge build` or pass --bin-dir-{variant} DIR") from None
+                    raise LadderSetupError(e.what, why=e.why,
+                                           fix=(e.fix + ", or pass" if e.fix else "pass") + f" --bin-dir-{variant} DIR") from None
             found[variant][name] = p
     same = False
     if "patched" in found and "upstream" in found:

@@ -101,6 +101,8 @@ PRESETS: dict[str, Shape] = {
     # still quick on CPU, a few more layers so a layer split has something to split
     "small": Shape("small", n_embd=256, n_layer=4, n_head=8, n_head_kv=4, n_ff=768, n_ctx_train=4096),
     "small-f32": Shape("small-f32", n_embd=384, n_layer=4, n_head=6, n_head_kv=2, n_ff=1024, n_ctx_train=4096, dtype="f32"),
+    # the largest the 2-core CPU ladder affords: 1024 x ubatch 512 x f32 = 2 MiB boundaries
+    "medium": Shape("medium", n_embd=1024, n_layer=4, n_head=16, n_head_kv=4, n_ff=2816, n_ctx_train=4096),
     # boundary activations of 8192 x ubatch 4096 x f32 = 128 MiB; few layers so it loads fast
     "wide": Shape("wide", n_embd=8192, n_layer=4, n_head=64, n_head_kv=8, n_ff=8192, n_ctx_train=8192),
     # ~1.1B params f16 (TinyLlama-like)

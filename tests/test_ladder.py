@@ -234,7 +234,9 @@ def test_validity_bridge():
     wrongmode = v("bridge-force", r, server=BR_EN.format(m=1) + DEV2 + BR_ST.format(n=1))
     assert not wrongmode["ok"]
     onedev = v("bridge", r, server=BR_EN.format(m=1) + "using device CUDA0 (A) (a) - 1 MiB free\n" + BR_ST.format(n=1))
-    assert not onedev["ok"] and any("fewer than 2" in p for p in onedev["problems"])
+    assert not onedev["ok"] and any("on fewer" in p for p in onedev["problems"])
+    six = rung(virtual_devices=6)
+    assert not v("bridge", six, server=BR_EN.format(m=1) + DEV2 + BR_ST.format(n=1))["ok"]  # 6-card rig seen as 2
     # single-GPU rung: no counters needed, but the line is
     single = rung(devices=1)
     assert v("bridge", single, server=BR_EN.format(m=1) + BR_ST.format(n=0))["ok"]
