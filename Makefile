@@ -1,0 +1,39 @@
+# `make build`: install ggml-bridge into a virtual environment and build llama-server on the defaults.
+# `make test`:  install with the test extras and run every test (slow ones fetch and build the real llama.cpp;
+#               gpu-marked ones skip without a GPU).
+# Inside an active virtualenv that one is used; otherwise .venv is created.
+
+PYTHON ?= python3
+VENV ?= $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+# The slow tests share one cache across runs (real builds take minutes); delete it to start from scratch.
+export GGML_BRIDGE_TEST_CACHE_DIR ?= $(CURDIR)/.cache-test
+
+.PHONY: help install build test test-fast clean
+
+help:
+	@echo "make build      install and run 'ggml-bridge build' (prints the llama-server path)"
+	@echo "make test       install with test extras and run all tests (incl. slow; gpu ones skip without a GPU)"
+	@echo "make test-fast  only the fast tests (-m 'not slow')"
+	@echo "make clean      remove .venv and the test cache"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+install: $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+
+build: install
+	$(BIN)/ggml-bridge build
+
+# pytest exits 5 when it collects nothing: make fails on that like on any other non-zero status.
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf .venv .cache-test .pytest_cache
