@@ -37,7 +37,7 @@ vocab=/tmp/ggml-bridge/src/models/ggml-vocab-llama-spm.gguf
 python3 - <<PY 2>&1 | tee -a "$OUT/summary.txt"
 import time
 from ggml_bridge.model import write_model
-for name in ("small", "wide"):
+for name in ("small", "wide", "bench-3b"):
     t=time.time(); write_model(f"/tmp/{name}.gguf", name, 1234, "$vocab", threads=16); print(name, "written in", round(time.time()-t,1), "s")
 PY
 python3 -c "
@@ -49,7 +49,7 @@ print(' '.join(random.choice(words) for _ in range(12000)))" > /tmp/text.txt
 ppl() { # tag model ub env...
     local tag=$1 model=$2 ub=$3; shift 3
     env "$@" GGML_CUDA_MAPPED_HOST_BRIDGE_STATS=1 timeout 240 "$bin/llama-perplexity" -m "$model" -f /tmp/text.txt -c 1024 -b 1024 -ub "$ub" \
-        -ngl 99 -sm layer --chunks 4 --kl-divergence-base "/tmp/kl-$tag.bin" > "/tmp/ppl-$tag.log" 2>&1
+        -ngl 99 -sm layer --chunks 4 -lv 4 --kl-divergence-base "/tmp/kl-$tag.bin" > "/tmp/ppl-$tag.log" 2>&1
     local rc=$?
     local sum=$(sha256sum "/tmp/kl-$tag.bin" 2>/dev/null | cut -c1-16)
     log "  ppl $tag rc=$rc sha=$sum $(grep -E 'mapped_host_bridge: (enabled|inactive|stats)|pipeline parallelism' "/tmp/ppl-$tag.log" | tr '\n' ' ')"
@@ -61,6 +61,7 @@ for m in small wide; do
     bin=$V/patched  ppl "$m-$ub-off" /tmp/$m.gguf $ub GGML_CUDA_MAPPED_HOST_BRIDGE=0
     bin=$V/patched  ppl "$m-$ub-on" /tmp/$m.gguf $ub GGML_CUDA_MAPPED_HOST_BRIDGE=1
     bin=$V/patched  ppl "$m-$ub-force" /tmp/$m.gguf $ub GGML_CUDA_MAPPED_HOST_BRIDGE=force
+    bin=$V/patched  ppl "$m-$ub-force-4v" /tmp/$m.gguf $ub GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_DEVICES=4
     bin=$V/patched  ppl "$m-$ub-force-6v" /tmp/$m.gguf $ub GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_DEVICES=6
     bin=$V/patched  ppl "$m-$ub-force-1gpu-3v" /tmp/$m.gguf $ub GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_DEVICES=3 CUDA_VISIBLE_DEVICES=0
     bin=$V/nopeer   ppl "$m-$ub-nopeer" /tmp/$m.gguf $ub
@@ -69,14 +70,25 @@ for m in small wide; do
 done
 tail -n 30 /tmp/ppl-wide-512-force.log > "$OUT/ppl-wide-force-tail.txt"
 
-log "bench wide (pp4096 ub512, tg128)"
-bb() { local tag=$1; shift; env "$@" timeout 200 "$bin/llama-bench" -m /tmp/wide.gguf -ngl 99 -sm layer -p 4096 -ub 512 -n 64 -r 3 -o md > "/tmp/bench-$tag.md" 2>"/tmp/bench-$tag.err"; log "  $tag rc=$? $(grep -E 'pp4096|tg64' /tmp/bench-$tag.md | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"; }
+log "boundary microbenchmark"
+"$T" --bench > "$OUT/microbench.csv" 2>/dev/null; log "  rc=$? (no P2P: peer = driver-staged)"
+GGML_CUDA_P2P=1 "$T" --bench | sed 's/^bench,peer,/bench,peer-p2p,/' | grep "^bench,peer-p2p" >> "$OUT/microbench.csv"; log "  rc=$? (P2P: peer = NVLink)"
+
+log "bench bench-3b (pp4096 ub512/ub4096, tg128, -sm layer, 2 GPUs)"
+bb() { local tag=$1; shift
+    env "$@" GGML_CUDA_MAPPED_HOST_BRIDGE_STATS=1 timeout 240 "$bin/llama-bench" -m /tmp/bench-3b.gguf -ngl 99 -sm layer -p 4096 -b 4096 -ub 512,4096 -n 128 -r 5 -o json -v > "/tmp/bench-$tag.json" 2>"/tmp/bench-$tag.err"
+    log "  $tag rc=$? $(python3 scripts/gpu/bench_summary.py /tmp/bench-$tag.json 2>&1) $(grep -E 'mapped_host_bridge: (enabled|inactive|stats)' /tmp/bench-$tag.err | tail -2 | tr '\n' ' ')"
+}
 bin=$V/upstream bb upstream-p2p GGML_CUDA_P2P=1
-bin=$V/upstream bb upstream-nop2p
-bin=$V/nopeer   bb nopeer
+bin=$V/upstream bb upstream-staged
+bin=$V/nopeer   bb upstream-nopeer
 bin=$V/patched  bb bridge-on GGML_CUDA_MAPPED_HOST_BRIDGE=1
-bin=$V/patched  bb bridge-force-p2p GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_P2P=1
-cat /tmp/bench-*.md > "$OUT/bench.md"
+bin=$V/patched  bb bridge-force GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_P2P=1
+bin=$V/patched  bb patched-off-p2p GGML_CUDA_MAPPED_HOST_BRIDGE=0 GGML_CUDA_P2P=1
+python3 - <<PY > "$OUT/bench.json"
+import json,glob,os
+print(json.dumps({os.path.basename(f)[6:-5]: json.load(open(f)) for f in sorted(glob.glob('/tmp/bench-*.json'))}, indent=1))
+PY
 for tool in memcheck racecheck synccheck; do
     log "compute-sanitizer $tool"
     timeout 100 compute-sanitizer --tool $tool --error-exitcode 3 "$T" --quick > "$OUT/san-$tool.txt" 2>&1
