@@ -443,6 +443,14 @@ def compare_files(ref: Path, other: Path, kind: str) -> dict[str, Any]:
 
 # --- validity --------------------------------------------------------------------------------------------
 
+def _state(n_engaged: int, n_inactive: int, n_procs: int) -> str:
+    if n_engaged == n_procs:
+        return "engaged"
+    if n_inactive == n_procs:
+        return "inactive"
+    return "absent" if n_engaged == n_inactive == 0 else "mixed"
+
+
 def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo]) -> dict[str, Any]:
     """Check the log-line contract for one mode across its processes (server, perplexity)."""
     problems: list[str] = []
@@ -474,7 +482,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo]) -> 
         want_mode = "force" if mode.bridge == "force" else "1"
         engaged = [p for p, i in logs.items() if i.bridge.enabled]
         inactive = {p: i.bridge.inactive_reason for p, i in logs.items() if i.bridge.inactive_reason is not None}
-        state = "engaged" if len(engaged) == len(logs) else ("inactive" if len(inactive) == len(logs) else "mixed")
+        state = _state(len(engaged), len(inactive), len(logs))
         summary["bridge"] = {"state": state, "slots": {p: logs[p].bridge.slots for p in engaged},
                              "slot_mib": {p: logs[p].bridge.slot_mib for p in engaged},
                              "inactive": inactive, "stats": bridge_stats,
@@ -505,7 +513,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo]) -> 
     if mode.uses_batched:
         engaged = [p for p, i in logs.items() if i.batched.enabled]
         inactive = {p: i.batched.inactive_reason for p, i in logs.items() if i.batched.inactive_reason is not None}
-        state = "engaged" if len(engaged) == len(logs) else ("inactive" if len(inactive) == len(logs) else "mixed")
+        state = _state(len(engaged), len(inactive), len(logs))
         summary["batched"] = {"state": state, "pool_mib": {p: logs[p].batched.pool_mib for p in engaged},
                               "inactive": inactive, "stats": batched_stats,
                               "async_uploads": tot(batched_stats, "async_uploads"),

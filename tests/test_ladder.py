@@ -465,3 +465,10 @@ n_predict = 4
     recs = [json.loads(x) for x in resp]
     assert max(x["tokens_evaluated"] for x in recs) > 16  # a prompt longer than the ubatch
     assert all(x["tokens_predicted"] == 4 for x in recs)
+
+
+def test_mechanism_state_names():
+    r = rung(devices=1)
+    assert v("batched", r, server="", perplexity="")["batched"]["state"] == "absent"
+    assert v("batched", r, server=BT_EN, perplexity="")["batched"]["state"] == "mixed"
+    assert v("batched", r, server=BT_IN, perplexity=BT_IN)["batched"]["state"] == "inactive"
