@@ -28,7 +28,9 @@ and on multi-device rungs its teardown counters must show ``boundaries>0`` (and 
 on more than one device); a batched mode needs its ``enabled`` line and ``async_uploads>0`` and
 ``async_downloads>0``. ``off`` must not show either mechanism enabled, and ``upstream`` must not print any
 patch line at all. A rung may declare ``expect_batched = "inactive"`` (CPU: nothing to batch to): the mode
-is then compared but reported as *inactive, as expected* and never counted as a batched pass.
+is then compared but reported as *inactive, as expected* and never counted as a batched pass;
+``expect_bridge`` likewise, and ``expect = { bridge = "either" }`` sets it for one mode (for every
+mechanism that mode uses). "either" accepts engaged or inactive and reports which.
 
 Exit status: 0 all rungs pass; 1 any mismatch or validity failure; 2 setup errors only.
 """
@@ -120,6 +122,7 @@ class Rung:
     reference: str = "off"
     expect_bridge: str = "engaged"
     expect_batched: str = "engaged"
+    expect: dict[str, str] = field(default_factory=dict)  # per mode, overrides expect_* for that mode
     n_predict: int = 8
     n_probs: int = 4
     prompt_words: list[int] | None = None
@@ -202,6 +205,11 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
     for k in ("expect_bridge", "expect_batched"):
         if getattr(r, k) not in EXPECT_VALUES:
             raise LadderSetupError(f"{where} ({r.name}): {k} must be one of {', '.join(EXPECT_VALUES)}")
+    r.expect = {str(k): str(v) for k, v in dict(r.expect).items()}
+    for k, val in r.expect.items():
+        if k not in r.modes or val not in EXPECT_VALUES:
+            raise LadderSetupError(f"{where} ({r.name}): expect.{k} = {val!r}: keys are the rung's modes, "
+                                   f"values one of {', '.join(EXPECT_VALUES)}")
     if r.split_mode not in SPLIT_MODES:
         raise LadderSetupError(f"{where} ({r.name}): split_mode must be one of {', '.join(SPLIT_MODES)}")
     if r.ubatch <= 0 or r.batch <= 0 or r.ubatch > r.batch:
@@ -487,7 +495,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo]) -> 
                              "slot_mib": {p: logs[p].bridge.slot_mib for p in engaged},
                              "inactive": inactive, "stats": bridge_stats,
                              "boundaries": tot(bridge_stats, "boundaries")}
-        expect = rung.expect_bridge
+        expect = rung.expect.get(mode.name, rung.expect_bridge)
         if state == "engaged":
             if expect == "inactive":
                 problems.append("bridge engaged but the rung expects it inactive")
@@ -518,7 +526,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo]) -> 
                               "inactive": inactive, "stats": batched_stats,
                               "async_uploads": tot(batched_stats, "async_uploads"),
                               "async_downloads": tot(batched_stats, "async_downloads")}
-        expect = rung.expect_batched
+        expect = rung.expect.get(mode.name, rung.expect_batched)
         if state == "engaged":
             if expect == "inactive":
                 problems.append("batched transfers engaged but the rung expects them inactive")
@@ -967,6 +975,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     _write_reports(rep, report_dir, time.monotonic() - t0)
     log(f"==> ladder {ladder.name}: {rep['status'].upper()} "
         f"({statuses.count('pass')}/{len(statuses)} rungs passed) in {rep['wall_s']:.1f}s")
+    if bins.same_build and "upstream" in needed:
+        log("    warning: patched and upstream binaries are the same build (--allow-same-build): the upstream "
+            "comparisons prove nothing about the patches")
     print(report_dir / "report.md")
     return rc
 

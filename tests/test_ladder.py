@@ -472,3 +472,16 @@ def test_mechanism_state_names():
     assert v("batched", r, server="", perplexity="")["batched"]["state"] == "absent"
     assert v("batched", r, server=BT_EN, perplexity="")["batched"]["state"] == "mixed"
     assert v("batched", r, server=BT_IN, perplexity=BT_IN)["batched"]["state"] == "inactive"
+
+
+def test_per_mode_expectations(tmp_path):
+    body = ("[[rung]]\nname='a'\nshape='tiny'\ndevices=2\nmodes=['off','bridge','bridge-force']\n"
+            "expect = { bridge = 'either' }\n")
+    r = ladder.load_ladder(write_ladder(tmp_path / "l.toml", body)).rungs[0]
+    inactive = "ggml_cuda_mapped_host_bridge: inactive: peer access is direct\n" + DEV2
+    assert v("bridge", r, server=inactive)["ok"]
+    assert not v("bridge-force", r, server=inactive)["ok"]
+    with pytest.raises(LadderSetupError, match="expect.both"):
+        ladder.load_ladder(write_ladder(tmp_path / "m.toml", body.replace("bridge = 'either'", "both = 'either'")))
+    with pytest.raises(LadderSetupError, match="expect.bridge"):
+        ladder.load_ladder(write_ladder(tmp_path / "n.toml", body.replace("'either'", "'maybe'")))

@@ -465,3 +465,24 @@ def test_real_server_tiny_model(tmp_path):
             serve.Server(bd / "llama-server", ["-m", str(m), "--port", str(busy)], startup_timeout=60).start()
     finally:
         sock.close()
+
+
+def test_runner_start_stop_kills_a_process_that_ignores_sigterm(tmp_path):
+    from ggml_bridge import runner
+    code = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('ready', flush=True)\ntime.sleep(60)\n")
+    seen = []
+    p = runner.start([sys.executable, "-c", code], on_line=seen.append, log_file=tmp_path / "log")
+    t0 = time.monotonic()
+    while "ready" not in seen and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    assert p.poll() is None
+    rc = p.stop(timeout=1.0)
+    assert rc == -signal.SIGKILL and time.monotonic() - t0 < 15
+    assert p.lines() == ["ready"] and (tmp_path / "log").read_text() == "ready\n"
+
+
+def test_runner_start_missing_binary(tmp_path):
+    from ggml_bridge import runner
+    with pytest.raises(ServeError, match="cannot run"):
+        runner.start([tmp_path / "nope"], error=ServeError)
