@@ -17,7 +17,8 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from . import __version__
 from . import fetch as fetchmod
@@ -121,17 +122,31 @@ def ensure(settings: Settings, variant: str | None = None, *, source_spec: str |
         return result
 
     fetchmod.ensure_cache_writable(settings)
-    build_dir.mkdir(parents=True, exist_ok=True)
-    (build_dir / COMPLETE_MARKER).unlink(missing_ok=True)
-    log_file = build_dir / "build.log"
-    log_file.write_text("")
-    with step(f"configure {variant}/{backend} ({len(args)} CMake options) in {build_dir}"):
-        _cmake(tools, src, build_dir, args, log_file)
-    targets = _select_targets(tools, build_dir, log_file)
-    jobs = settings.build.jobs or os.cpu_count() or 1
-    with step(f"build {', '.join(targets)} with {jobs} job(s)"):
-        _ninja(tools, build_dir, targets, jobs, log_file)
+    with _locked(build_dir.with_name(build_dir.name + ".lock")):
+        done = _completed(build_dir, key)  # another process may have finished it while we waited
+        if done is not None:
+            result = BuildResult(variant, backend, build_dir, build_dir / "bin", build_dir / "manifest.json", done, True)
+            _write_pointer(pointer, result, key)
+            return result
+        build_dir.mkdir(parents=True, exist_ok=True)
+        (build_dir / COMPLETE_MARKER).unlink(missing_ok=True)
+        log_file = build_dir / "build.log"
+        log_file.write_text("")
+        # a pristine tree has no .git: keep git (llama.cpp's build-info) from finding a repository above the cache
+        env = {"GIT_CEILING_DIRECTORIES": str(src.parent)}
+        with step(f"configure {variant}/{backend} ({len(args)} CMake options) in {build_dir}"):
+            _cmake(tools, src, build_dir, args, log_file, env)
+        targets = _select_targets(tools, build_dir, log_file)
+        jobs = settings.build.jobs or os.cpu_count() or 1
+        with step(f"build {', '.join(targets)} with {jobs} job(s)"):
+            _ninja(tools, build_dir, targets, jobs, log_file, env)
+        return _finish(tree, series, head, src, variant, backend, key, build_dir, args, tools, targets, pointer)
 
+
+def _finish(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None, src: Path, variant: str,
+            backend: str, key: str, build_dir: Path, args: list[str], tools: Toolchain, targets: list[str],
+            pointer: Path) -> BuildResult:
+    log_file = build_dir / "build.log"
     binaries = {t: build_dir / "bin" / t for t in targets}
     missing = [t for t, p in binaries.items() if not p.is_file()]
     if missing:
@@ -272,11 +287,12 @@ def build_key(tree: fetchmod.Tree, series: patchmod.Series | None, variant: str,
 # --------------------------------------------------------------------------------------------- steps
 
 
-def _cmake(tools: Toolchain, src: Path, build_dir: Path, args: list[str], log_file: Path) -> None:
+def _cmake(tools: Toolchain, src: Path, build_dir: Path, args: list[str], log_file: Path,
+           env: dict[str, str] | None = None) -> None:
     argv = [str(tools.cmake.path), "-S", str(src), "-B", str(build_dir), "-G", "Ninja",
             f"-DCMAKE_MAKE_PROGRAM={tools.ninja.path}", *args]
     _note(log_file, argv)
-    res = run(argv, check=False, log_file=log_file, error=BuildError)
+    res = run(argv, check=False, log_file=log_file, error=BuildError, env=env)
     if res.returncode != 0:
         raise _failed("CMake configure failed", res.returncode, log_file,
                       "check the options above (an unknown -D value, a missing dependency); CMAKE_ARGS adds options")
@@ -297,17 +313,32 @@ def _select_targets(tools: Toolchain, build_dir: Path, log_file: Path) -> list[s
     return chosen
 
 
-def _ninja(tools: Toolchain, build_dir: Path, targets: list[str], jobs: int, log_file: Path) -> None:
+def _ninja(tools: Toolchain, build_dir: Path, targets: list[str], jobs: int, log_file: Path,
+           env: dict[str, str] | None = None) -> None:
     progress = _Progress()
     argv = [str(tools.ninja.path), "-C", str(build_dir), "-j", str(jobs), *targets]
     _note(log_file, argv)
-    res = run(argv, check=False, log_file=log_file,
-              on_line=progress, error=BuildError)
+    res = run(argv, check=False, log_file=log_file, on_line=progress, error=BuildError, env=env)
     if res.returncode != 0:
         raise _failed("the compile failed", res.returncode, log_file, "fix the error above; the build resumes where "
                       "it stopped when re-run")
     if progress.total == 0:
         log("    ninja: nothing to do")
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """One build per build directory at a time (parallel test runs, two terminals)."""
+    import fcntl
+
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another process building in {lock_path.with_suffix('')}")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def _note(log_file: Path, argv: list[str]) -> None:

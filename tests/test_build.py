@@ -50,6 +50,27 @@ def test_unchanged_rebuild_configures_and_compiles_nothing(settings: config.Sett
     assert again.up_to_date and again.binaries == first.binaries
 
 
+def test_concurrent_builds_of_one_key_build_once(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    calls: list[int] = []
+    real_cmake = build._cmake
+
+    def slow_cmake(*a):  # type: ignore[no-untyped-def]
+        calls.append(threading.get_ident())
+        time.sleep(1)
+        return real_cmake(*a)
+
+    monkeypatch.setattr(build, "_cmake", slow_cmake)
+    with ThreadPoolExecutor(2) as ex:
+        results = list(ex.map(lambda _: build.ensure(settings), range(2)))
+    assert len(calls) == 1
+    assert sorted(r.up_to_date for r in results) == [False, True]
+    assert results[0].server == results[1].server
+
+
 def test_changed_options_get_their_own_build_dir(make_settings) -> None:  # type: ignore[no-untyped-def]
     a = build.ensure(make_settings())
     b = build.ensure(make_settings(build__native=False))
