@@ -28,7 +28,9 @@ from .errors import BuildError, NotBuiltError, ToolchainError, UsageError
 from .runner import log, run, step
 
 #: Targets built when the tree defines them, in this order. llama-server is required.
-WANTED_TARGETS = ("llama-server", "llama-bench", "llama-perplexity", "test-batched-transfers", "test-mapped-host-bridge")
+WANTED_TARGETS = (
+    "llama-server", "llama-bench", "llama-perplexity", "test-batched-transfers", "test-mapped-host-bridge",
+)
 REQUIRED_TARGETS = ("llama-server",)
 #: CMake options each variant adds (DESIGN.md "Build variants").
 VARIANT_OPTIONS: dict[str, dict[str, str]] = {
@@ -125,7 +127,8 @@ def ensure(settings: Settings, variant: str | None = None, *, source_spec: str |
     with _locked(build_dir.with_name(build_dir.name + ".lock")):
         done = _completed(build_dir, key)  # another process may have finished it while we waited
         if done is not None:
-            result = BuildResult(variant, backend, build_dir, build_dir / "bin", build_dir / "manifest.json", done, True)
+            result = BuildResult(variant, backend, build_dir, build_dir / "bin", build_dir / "manifest.json", done,
+                                 True)
             _write_pointer(pointer, result, key)
             return result
         build_dir.mkdir(parents=True, exist_ok=True)

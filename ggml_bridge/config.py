@@ -250,7 +250,8 @@ def _set(settings: Settings, key: str, value: Any, *, origin: str, base: Path) -
         if not dataclasses.is_dataclass(obj):
             raise UsageError(f"unknown setting {key!r} in {origin}")
     name = parts[-1]
-    known = {f.name: f for f in dataclasses.fields(obj) if f.name not in ("fetch", "build", "stage_options", "config_file")}
+    nested = ("fetch", "build", "stage_options", "config_file")
+    known = {f.name: f for f in dataclasses.fields(obj) if f.name not in nested}
     if name not in known:
         raise UsageError(
             f"unknown setting {key!r} in {origin}",

@@ -103,7 +103,8 @@ def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned:
     if spec.startswith(("git+", "git@")) or "://" in spec:
         url, ref = _split_git_spec(spec)
         return _from_git_spec(settings, pin, url, ref, allow_unpinned)
-    if spec.startswith((".", "/", "~")) or spec.endswith((".tar.gz", ".tgz", ".tar", ".zip")) or os.sep in spec and Path(spec).parent.exists():
+    looks_like_path = spec.startswith((".", "/", "~")) or spec.endswith((".tar.gz", ".tgz", ".tar", ".zip"))
+    if looks_like_path or (os.sep in spec and Path(spec).parent.exists()):
         raise SourceError(f"source {spec} does not exist", fix="pass an existing directory or tarball")
     if re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", spec):
         return _from_git_spec(settings, pin, pin.url, spec, allow_unpinned)
@@ -648,7 +649,7 @@ def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exce
             members = [m for m in tf.getmembers() if m.name.startswith(prefix) or m.name == subdir]
             if not members:
                 raise tarfile.TarError(f"archive has no {subdir}/")
-            tf.extractall(tmp, members=members, filter="data")
+            _safe_extractall(tf, tmp, members)
         os.rename(tmp / subdir, dest)
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES):
@@ -660,6 +661,21 @@ def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exce
         raise failed(msg) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _safe_extractall(tf: tarfile.TarFile, dest: Path, members: list[tarfile.TarInfo]) -> None:
+    """extractall that refuses paths or links escaping ``dest`` and special files (tarfile's "data" filter)."""
+    if hasattr(tarfile, "data_filter"):
+        tf.extractall(dest, members=members, filter="data")
+        return
+    for m in members:  # pragma: no cover - Python < 3.10.12 / 3.11.4
+        target = os.path.normpath(os.path.join(dest, m.name))
+        link = os.path.normpath(os.path.join(os.path.dirname(target), m.linkname)) if m.issym() else target
+        if not (m.isfile() or m.isdir() or m.issym()) or m.name.startswith("/") or not all(
+                p == os.path.abspath(dest) or p.startswith(os.path.abspath(dest) + os.sep)
+                for p in (os.path.abspath(target), os.path.abspath(link))):
+            raise tarfile.TarError(f"unsafe archive member {m.name!r}")
+    tf.extractall(dest, members=members)
 
 
 def _walk(root: Path) -> Iterator[tuple[str, Path]]:

@@ -208,7 +208,7 @@ def _apply_into(dest: Path, tree: Tree, series: Series) -> tuple[CheckReport, st
     repo = git.Repo(dest)
     try:
         with repo.git.custom_environment(**GIT_IDENTITY):
-            for patch, result in zip(series.patches, report.results):
+            for patch, result in zip(series.patches, report.results, strict=True):
                 log(f"+ git am --3way --keep-cr {patch.path}")
                 try:
                     repo.git.am("--3way", "--keep-cr", "--committer-date-is-author-date", str(patch.path))

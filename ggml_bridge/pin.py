@@ -63,7 +63,8 @@ def load(path: Path) -> Pin:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
-        raise UsageError(f"pin file {path} not found", fix="run from a ggml-bridge checkout or set GGML_BRIDGE_PROJECT_DIR") from None
+        raise UsageError(f"pin file {path} not found",
+                         fix="run from a ggml-bridge checkout or set GGML_BRIDGE_PROJECT_DIR") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"pin file {path} is not valid TOML", why=str(e)) from None
     try:

@@ -171,3 +171,15 @@ def real_build(real_settings: config.Settings, real_tree: object) -> Callable[[s
         return done[variant]
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _real_binaries_for_slow_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow tests of other stages find the real build through GGML_BRIDGE_TEST_BIN_DIR (and the vocab GGUF
+    through GGML_BRIDGE_TEST_UPSTREAM): build it here, once per session, unless the caller set them."""
+    if request.node.get_closest_marker("slow") is None or os.environ.get("GGML_BRIDGE_TEST_BIN_DIR"):
+        return
+    res = request.getfixturevalue("real_build")("patched")
+    monkeypatch.setenv("GGML_BRIDGE_TEST_BIN_DIR", str(res.bin_dir))
+    if not os.environ.get("GGML_BRIDGE_TEST_UPSTREAM"):
+        monkeypatch.setenv("GGML_BRIDGE_TEST_UPSTREAM", str(request.getfixturevalue("real_tree").path))

@@ -357,3 +357,19 @@ def test_real_fetch_of_the_pinned_tree(real_tree: fetch.Tree, real_settings: con
     monkeypatch.setattr(requests, "get", lambda *a, **k: pytest.fail("network on a cache hit"))
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("network on a cache hit"))
     assert fetch.obtain(real_settings) == real_tree
+
+
+def test_archive_escaping_its_directory_is_refused(settings: config.Settings, tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tf:
+        for name in ("llama.cpp-x/CMakeLists.txt", "llama.cpp-x/ggml/CMakeLists.txt", "llama.cpp-x/../../escaped"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(SourceError):
+        fetch.obtain(settings, str(evil), allow_unpinned=True)
+    assert not list(tmp_path.rglob("escaped"))
+    _no_leftovers(settings)
