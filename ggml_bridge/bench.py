@@ -1,0 +1,565 @@
+"""``ggml-bridge bench``: upstream P2P, upstream staged and no-peer paths, and our mechanisms, side by side.
+
+One run, one model, one set of llama-bench settings: every case is a (build variant, selectors) pair, and the
+cases are interleaved round by round (the order rotates each round) so that clock ramps and thermal drift fall
+on all of them alike. Every sample llama-bench reports is kept; a case's figure is the median of its samples
+and its spread the interquartile range. A difference smaller than the two spreads together is called noise.
+
+A mechanism case counts only if the mechanism says it engaged: the bridge's stats line must show boundaries,
+batching's must show async uploads and downloads. Otherwise the case is reported as *not engaged* and its
+figure is not used for ratios.
+
+On a CPU-only machine the GPU cases cannot be measured; the report says so and runs the CPU cases.
+A boundary microbenchmark (``test-mapped-host-bridge --bench``) measures copy throughput per boundary size
+for the bridge, upstream's peer copy and synchronous fallback, and the one-way pinned limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import logparse, runner
+from .errors import BenchError
+from .runner import log, step
+
+SELECTORS_OFF = {"GGML_CUDA_MAPPED_HOST_BRIDGE": "0", "SAM3D_BATCHED_TRANSFERS": "0"}
+STATS_ON = {"GGML_CUDA_MAPPED_HOST_BRIDGE_STATS": "1", "SAM3D_BATCHED_TRANSFERS_STATS": "1"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One column of the report: which build, which selectors, and what must be proven."""
+
+    name: str
+    #: build variant: ``upstream``, ``upstream-nopeer`` or ``patched``
+    variant: str
+    #: environment the case runs with (on top of the caller's)
+    env: dict[str, str]
+    #: ``bridge``, ``batched``, ``both`` or None: which engagement lines are required
+    mechanism: str | None
+    #: what the case is, for the report
+    description: str
+
+
+CASES: dict[str, Case] = {c.name: c for c in (
+    Case("p2p", "upstream", {"GGML_CUDA_P2P": "1"}, None,
+         "upstream, peer access enabled (NVLink / PCIe P2P)"),
+    Case("staged", "upstream", {}, None,
+         "upstream, cudaMemcpyPeerAsync without peer access (driver-staged)"),
+    Case("nopeer", "upstream-nopeer", {}, None,
+         "upstream GGML_CUDA_NO_PEER_COPY build (synchronous copy through malloc)"),
+    Case("off", "patched", dict(SELECTORS_OFF), None, "patched build, selectors 0"),
+    Case("bridge", "patched", {**SELECTORS_OFF, "GGML_CUDA_MAPPED_HOST_BRIDGE": "1"}, "bridge",
+         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 (peer access not enabled)"),
+    Case("bridge-force", "patched", {**SELECTORS_OFF, "GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "GGML_CUDA_P2P": "1"},
+         "bridge", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force with peer access enabled"),
+    Case("batched", "patched", {**SELECTORS_OFF, "SAM3D_BATCHED_TRANSFERS": "1"}, "batched",
+         "patched, SAM3D_BATCHED_TRANSFERS=1"),
+    Case("both", "patched", {"GGML_CUDA_MAPPED_HOST_BRIDGE": "1", "SAM3D_BATCHED_TRANSFERS": "1"}, "both",
+         "patched, bridge and batched transfers together"),
+    Case("upstream-cpu", "upstream", {}, None, "upstream CPU build"),
+)}
+
+#: Suites: which cases, on which devices, with which model and llama-bench settings.
+SUITES: dict[str, dict[str, Any]] = {
+    "multi-gpu": {
+        "cases": ["p2p", "staged", "nopeer", "off", "bridge", "bridge-force"],
+        "shape": "bench-3b", "devices": "all", "pp": 4096, "batch": 4096, "ubatch": [512, 4096], "tg": 128,
+        "about": "layer split across every visible GPU: one host round trip per boundary without peer access",
+    },
+    "batched": {
+        "cases": ["off", "batched"],
+        "shape": "bench-1b", "devices": "1", "pp": 512, "batch": 512, "ubatch": [512], "tg": 128,
+        "about": "one GPU: per-token graph inputs and logits, batched through the pinned pool or not",
+    },
+    "batched-multi": {
+        "cases": ["off", "batched", "bridge", "both"],
+        "shape": "bench-1b", "devices": "all", "pp": 512, "batch": 512, "ubatch": [512], "tg": 128,
+        "about": "layer split: batching composed with the bridge",
+    },
+    "cpu": {
+        "cases": ["upstream-cpu", "off", "batched"],
+        "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 32,
+        "about": "CPU only: the patches must cost nothing; batching has no device to batch to",
+    },
+}
+
+
+@dataclass
+class Sample:
+    case: str
+    test: str            # e.g. "pp4096/ub512", "tg128"
+    round: int
+    values: list[float]  # tokens per second, one per llama-bench repetition
+
+
+@dataclass
+class CaseRun:
+    case: str
+    round: int
+    rc: int
+    seconds: float
+    engaged: bool | None      # None: nothing to prove
+    engagement: str           # what the log said
+    log_tail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Summary:
+    case: str
+    test: str
+    n: int
+    median: float
+    q1: float
+    q3: float
+    lo: float
+    hi: float
+
+    @property
+    def spread(self) -> float:
+        return self.q3 - self.q1
+
+
+def summarize(case: str, test: str, values: Sequence[float]) -> Summary:
+    vals = sorted(values)
+    if not vals:
+        raise BenchError(f"no samples for {case} {test}")
+    if len(vals) >= 2:
+        q1, _, q3 = statistics.quantiles(vals, n=4, method="inclusive")
+    else:
+        q1 = q3 = vals[0]
+    return Summary(case, test, len(vals), statistics.median(vals), q1, q3, vals[0], vals[-1])
+
+
+def compare(a: Summary, b: Summary) -> dict[str, Any]:
+    """a relative to b: ratio of medians, and whether the difference is inside the spreads (noise)."""
+    ratio = a.median / b.median if b.median else float("nan")
+    noise = abs(a.median - b.median) <= (a.spread + b.spread)
+    return {"ratio": ratio, "noise": noise}
+
+
+def rotate(items: Sequence[str], k: int) -> list[str]:
+    k %= max(1, len(items))
+    return list(items[k:]) + list(items[:k])
+
+
+def test_key(r: dict[str, Any]) -> str:
+    if r.get("n_prompt"):
+        return f"pp{r['n_prompt']}/ub{r['n_ubatch']}"
+    return f"tg{r['n_gen']}"
+
+
+def _test_order(test: str) -> tuple[bool, int, int]:
+    """pp before tg, then by size and ubatch as numbers: pp4096/ub512 before pp4096/ub4096."""
+    head, _, ub = test.partition("/ub")
+    return (head[:2] != "pp", int(head[2:]), int(ub or 0))
+
+
+def engagement(case: Case, log_text: str) -> tuple[bool | None, str]:
+    """Did the mechanism the case is about engage? (None when the case proves nothing.)"""
+    if case.mechanism is None:
+        return None, ""
+    info = logparse.parse(log_text)
+    parts: list[str] = []
+    ok = True
+    if case.mechanism in ("bridge", "both"):
+        b = info.bridge
+        # the stats line is cumulative per process: the last one holds the run's totals
+        last = b.stats[-1] if b.stats else {}
+        crossed = last.get("boundaries", 0)
+        ok &= b.enabled and crossed > 0
+        parts.append(f"bridge {'enabled' if b.enabled else 'not enabled'} ({b.slots} slots), "
+                     f"boundaries={crossed} bytes={last.get('bytes', 0)}"
+                     + (f", inactive: {b.inactive_reason}" if b.inactive_reason else ""))
+    if case.mechanism in ("batched", "both"):
+        t = info.batched
+        last = t.stats[-1] if t.stats else {}
+        up, down = last.get("async_uploads", 0), last.get("async_downloads", 0)
+        ok &= t.enabled and up > 0 and down > 0
+        parts.append(f"batched {'enabled' if t.enabled else 'not enabled'}, async_uploads={up} "
+                     f"async_downloads={down} sync_uploads={last.get('sync_uploads', 0)}"
+                     + (f", inactive: {t.inactive_reason}" if t.inactive_reason else ""))
+    return ok, "; ".join(parts)
+
+
+def gpu_env() -> dict[str, Any]:
+    """GPU, driver and link from nvidia-smi (empty when there is none)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return {}
+    q = "index,name,driver_version,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max"
+    out = subprocess.run([smi, f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {}
+    keys = q.split(",")
+    gpus = [dict(zip(keys, [v.strip() for v in line.split(",")])) for line in out.stdout.strip().splitlines()]
+    topo = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True).stdout
+    return {"gpus": gpus, "topology": logparse.ANSI.sub("", topo)}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def resolve_bins(args: argparse.Namespace, settings: Any, variants: set[str]) -> dict[str, Path]:
+    """Directory holding llama-bench for each variant: --variants-dir, --bin-dir-*, or the build stage."""
+    dirs: dict[str, Path] = {}
+    sub = {"upstream": "upstream", "upstream-nopeer": "nopeer", "patched": "patched"}
+    for v in sorted(variants):
+        override = getattr(args, f"bin_dir_{v.replace('-', '_')}", None)
+        if override is None and args.variants_dir is not None:
+            override = Path(args.variants_dir) / sub[v]
+        if override is not None:
+            if not (Path(override) / "llama-bench").is_file():
+                raise BenchError(f"llama-bench not found in {override}", fix=f"build the {v} variant there")
+            dirs[v] = Path(override)
+            continue
+        from . import build  # the build stage needs git tooling only when it is used
+
+        try:
+            dirs[v] = build.find_binary(settings, "llama-bench", variant=v).parent
+        except Exception as e:  # NotBuiltError and friends: the case is skipped, the report says why
+            log(f"    no {v} build: {e}")
+    return dirs
+
+
+def run_case(bin_dir: Path, case: Case, model_path: Path, suite: dict[str, Any], reps: int,
+             base_env: dict[str, str], out_dir: Path, rnd: int, timeout: float) -> tuple[CaseRun, list[Sample]]:
+    ub = ",".join(str(u) for u in suite["ubatch"])
+    argv = [str(bin_dir / "llama-bench"), "-m", str(model_path), "-p", str(suite["pp"]), "-n", str(suite["tg"]),
+            "-b", str(suite["batch"]), "-ub", ub, "-r", str(reps), "-o", "json", "-v"]
+    if suite["devices"] != "cpu":
+        argv += ["-ngl", "99", "-sm", "layer"]
+    else:
+        argv += ["-ngl", "0"]
+    env = {**base_env, **STATS_ON, **case.env}
+    err_path = out_dir / f"{case.name}-r{rnd}.log"
+
+    t0 = time.monotonic()
+    res = runner.run(argv, env=env, check=False, error=BenchError, timeout=timeout)
+    seconds = time.monotonic() - t0
+    err_path.write_text(res.stderr)
+    engaged, what = engagement(case, res.stderr)
+    tail = [logparse.clean(x) for x in res.stderr.splitlines()[-15:]]
+    samples: list[Sample] = []
+    if res.returncode == 0:
+        try:
+            for r in json.loads(res.stdout):
+                samples.append(Sample(case.name, test_key(r), rnd, [float(x) for x in r["samples_ts"]]))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise BenchError(f"cannot read llama-bench output for case {case.name}", why=str(e),
+                             fix=f"see {err_path}") from None
+    return CaseRun(case.name, rnd, res.returncode, seconds, engaged, what, tail), samples
+
+
+def microbench(bin_dir: Path, base_env: dict[str, str], out_dir: Path) -> list[dict[str, Any]]:
+    """Copy throughput per boundary size, from test-mapped-host-bridge --bench (2+ devices)."""
+    exe = bin_dir / "test-mapped-host-bridge"
+    if not exe.is_file():
+        log("    no test-mapped-host-bridge in the patched build: microbenchmark skipped")
+        return []
+    rows: list[dict[str, Any]] = []
+    for label, extra in (("", {}), ("-p2p", {"GGML_CUDA_P2P": "1"})):
+        res = runner.run([str(exe), "--bench"], env={**base_env, **extra}, check=False, error=BenchError)
+        (out_dir / f"microbench{label}.csv").write_text(res.stdout)
+        if res.returncode != 0:
+            log(f"    microbenchmark{label} exited {res.returncode}")
+            continue
+        for line in res.stdout.splitlines():
+            f = line.split(",")
+            if len(f) != 7 or f[0] != "bench" or f[1] == "path":
+                continue
+            path = f[1] + ("-p2p" if label and f[1] == "peer" else "")
+            if label and f[1] != "peer":
+                continue   # the P2P run only changes the peer path
+            rows.append({"path": path, "bytes": int(f[2]), "iters": int(f[3]), "seconds": float(f[4]),
+                         "GBps": float(f[5]), "us_synced": float(f[6])})
+    return rows
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# ggml-bridge bench: {report['suite']}", "",
+             f"{report['date']} · {report['about']}", ""]
+    env = report["environment"]
+    for g in env.get("gpus", []):
+        lines.append(f"- GPU {g['index']}: {g['name']}, driver {g['driver_version']}, PCIe gen "
+                     f"{g['pcie.link.gen.max']} x{g['pcie.link.width.max']} (max)")
+    lines.append(f"- model: {report['model']['shape']} ({report['model']['path']})")
+    lines.append(f"- settings: {report['settings']}")
+    lines.append(f"- rounds: {report['rounds']} interleaved, llama-bench -r {report['reps']} per round; "
+                 "figure = median of all samples, ± = interquartile range; 'noise' = difference inside the spreads")
+    lines.append("")
+    for c in report["cases"]:
+        lines.append(f"- **{c['name']}**: {c['description']}; binaries {c['bin_dir']}"
+                     + (f"; engagement: {c['engagement']}" if c['engagement'] else ""))
+    lines.append("")
+    tests = report["tests"]
+    names = [c["name"] for c in report["cases"]]
+    refs = [r for r in ("p2p", "nopeer", "off") if r in names]
+    head = "| test | " + " | ".join(names) + " | " + " | ".join(f"vs {r}" for r in refs) + " |"
+    lines += [head, "|" + "---|" * (1 + len(names) + len(refs))]
+    for t in tests:
+        row = [t]
+        for n in names:
+            s = report["summary"].get(n, {}).get(t)
+            row.append(f"{s['median']:.1f} ± {s['q3'] - s['q1']:.1f}" if s else "—")
+        for r in refs:
+            cells = []
+            for n in names:
+                cmp = report["ratios"].get(r, {}).get(n, {}).get(t)
+                if cmp and n != r:
+                    cells.append(f"{n} {cmp['ratio']:.3f}{' (noise)' if cmp['noise'] else ''}")
+            row.append("<br>".join(cells) or "—")
+        lines.append("| " + " | ".join(row) + " |")
+    if report.get("not_engaged"):
+        lines += ["", "**Not engaged (figures not used):** " + ", ".join(report["not_engaged"])]
+    if report.get("skipped"):
+        lines += ["", "**Not measured:** " + "; ".join(report["skipped"])]
+    if report.get("microbench"):
+        lines += ["", "## Boundary copy throughput (GB/s; one copy + sync latency in µs)", ""]
+        paths = sorted({r["path"] for r in report["microbench"]})
+        sizes = sorted({r["bytes"] for r in report["microbench"]})
+        lines += ["| bytes | " + " | ".join(paths) + " |", "|" + "---|" * (len(paths) + 1)]
+        by = {(r["path"], r["bytes"]): r for r in report["microbench"]}
+        for sz in sizes:
+            cells = [f"{by[(p, sz)]['GBps']:.1f} ({by[(p, sz)]['us_synced']:.1f} µs)" if (p, sz) in by else "—"
+                     for p in paths]
+            lines.append(f"| {sz} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], out_dir: Path) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("    matplotlib is not installed: no plots")
+        return []
+    files: list[str] = []
+    names = [c["name"] for c in report["cases"]]
+    tests = report["tests"]
+    fig, axes = plt.subplots(1, len(tests), figsize=(4.2 * len(tests), 4), squeeze=False)
+    for ax, t in zip(axes[0], tests):
+        meds = [report["summary"].get(n, {}).get(t, {}).get("median", 0.0) for n in names]
+        errs = [(report["summary"].get(n, {}).get(t, {}).get("q3", 0.0)
+                 - report["summary"].get(n, {}).get(t, {}).get("q1", 0.0)) / 2 for n in names]
+        ax.bar(range(len(names)), meds, yerr=errs, color=["#6b7280" if n in ("p2p", "staged", "nopeer", "upstream-cpu")
+                                                          else "#0f766e" for n in names])
+        ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
+        ax.set_title(t)
+        ax.set_ylabel("tokens/s")
+    fig.suptitle(f"{report['suite']}: {report['model']['shape']} ({report['date'][:10]})")
+    fig.tight_layout()
+    fig.savefig(out_dir / "throughput.png", dpi=110)
+    plt.close(fig)
+    files.append("throughput.png")
+    mb = report.get("microbench") or []
+    if mb:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for p in sorted({r["path"] for r in mb}):
+            pts = sorted((r["bytes"], r["GBps"]) for r in mb if r["path"] == p)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p,
+                    linestyle="--" if p in ("d2h", "h2d") else "-")
+        one_way = [r["GBps"] for r in mb if r["path"] in ("d2h", "h2d")]
+        if one_way:
+            ax.axhline(min(max(r["GBps"] for r in mb if r["path"] == p) for p in ("d2h", "h2d")
+                           if any(r["path"] == p for r in mb)),
+                       color="k", linewidth=0.8, label="physical limit (one-way pinned)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("boundary bytes")
+        ax.set_ylabel("GB/s")
+        ax.legend(fontsize=8)
+        ax.set_title("copy throughput per boundary size")
+        fig.tight_layout()
+        fig.savefig(out_dir / "microbench.png", dpi=110)
+        plt.close(fig)
+        files.append("microbench.png")
+    return files
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--suite", choices=sorted(SUITES), default=None,
+                        help="which comparison (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)")
+    parser.add_argument("--cases", default=None, help="comma-separated subset of the suite's cases")
+    parser.add_argument("--variants-dir", type=Path, default=None, metavar="DIR",
+                        help="DIR/{upstream,nopeer,patched}/llama-bench, as scripts/gpu/build-cuda-variants.sh makes")
+    for v in ("upstream", "upstream-nopeer", "patched"):
+        parser.add_argument(f"--bin-dir-{v}", type=Path, default=None, metavar="DIR", help=f"llama-bench of {v}")
+    parser.add_argument("--model", type=Path, default=None, help="GGUF to use instead of the suite's random model")
+    parser.add_argument("--vocab", type=Path, default=None, help="vocabulary GGUF for the random model")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--reps", type=int, default=3, help="llama-bench -r per round (default 3)")
+    parser.add_argument("--virtual-devices", type=int, default=None, metavar="N",
+                        help="GGML_CUDA_DEVICES=N: emulate N cards on the visible GPUs")
+    parser.add_argument("--microbench", action=argparse.BooleanOptionalAction, default=True,
+                        help="boundary copy microbenchmark (needs 2+ devices)")
+    parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="report directory")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per llama-bench invocation")
+
+
+def n_gpus() -> int:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    out = subprocess.run([smi, "-L"], capture_output=True, text=True)
+    return len([x for x in out.stdout.splitlines() if x.startswith("GPU ")]) if out.returncode == 0 else 0
+
+
+def run(args: argparse.Namespace, settings: Any) -> int:
+    """Stage entry point (``ggml-bridge bench``)."""
+    return bench(args, settings)
+
+
+def bench(args: argparse.Namespace, settings: Any) -> int:
+    gpus = n_gpus()
+    suite_name = args.suite or ("multi-gpu" if gpus >= 2 else "batched" if gpus == 1 else "cpu")
+    suite = dict(SUITES[suite_name])
+    skipped: list[str] = []
+    if gpus == 0 and suite["devices"] != "cpu":
+        raise BenchError(f"suite {suite_name} needs CUDA GPUs and none is visible",
+                         fix="run it on a GPU machine, or use --suite cpu")
+    if gpus == 0:
+        skipped.append("no CUDA device: P2P, staged, no-peer and bridge throughput, and the boundary "
+                       "microbenchmark, need GPUs; only the CPU cases ran")
+    if suite["devices"] == "all" and gpus < 2 and not args.virtual_devices:
+        raise BenchError(f"suite {suite_name} needs 2+ GPUs (found {gpus})",
+                         fix="use --virtual-devices N to emulate cards, or --suite batched")
+    wanted = args.cases.split(",") if args.cases else suite["cases"]
+    unknown = [c for c in wanted if c not in CASES]
+    if unknown:
+        raise BenchError(f"unknown case(s) {', '.join(unknown)}", fix=f"cases: {', '.join(CASES)}")
+    cases = [CASES[c] for c in wanted]
+
+    bins = resolve_bins(args, settings, {c.variant for c in cases})
+    runnable = [c for c in cases if c.variant in bins]
+    for c in cases:
+        if c not in runnable:
+            skipped.append(f"{c.name}: no {c.variant} build")
+    if not runnable:
+        raise BenchError("no case can run: no build of any variant it needs",
+                         fix="build them (ggml-bridge build --variant ...) or pass --variants-dir")
+
+    base_env: dict[str, str] = {"NCCL_NVLS_ENABLE": "0"}
+    if suite["devices"] == "1":
+        base_env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    if args.virtual_devices:
+        base_env["GGML_CUDA_DEVICES"] = str(args.virtual_devices)
+
+    cache_dir = Path(getattr(settings, "cache_dir"))
+    if args.model is not None:
+        model_path = args.model
+    else:
+        from . import model as modelmod
+
+        vocab = args.vocab or modelmod.find_vocab(cache_dir, *[d.parent.parent for d in bins.values()])
+        if vocab is None:
+            raise BenchError("no vocabulary GGUF for the random model",
+                             fix=f"pass --vocab PATH/{modelmod.VOCAB_FILE} (in the upstream tree's models/)")
+        with step(f"model {suite['shape']}"):
+            model_path = modelmod.ensure_model(cache_dir, suite["shape"], 1234, vocab)
+
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = args.report or cache_dir / "reports" / f"bench-{suite_name}-{stamp}"
+    logs = out_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    runs: list[CaseRun] = []
+    samples: list[Sample] = []
+    names = [c.name for c in runnable]
+    for rnd in range(args.rounds):
+        for name in rotate(names, rnd):
+            c = CASES[name]
+            cr, ss = run_case(bins[c.variant], c, model_path, suite, args.reps, base_env, logs, rnd, args.timeout)
+            runs.append(cr)
+            samples += ss
+            figs = " ".join(f"{s.test}={statistics.median(s.values):.1f}" for s in ss)
+            log(f"    round {rnd + 1}/{args.rounds} {name:13s} rc={cr.rc} {cr.seconds:5.1f}s {figs}"
+                + ("" if cr.engaged is None else f" [{'engaged' if cr.engaged else 'NOT ENGAGED'}]"))
+
+    failed = sorted({r.case for r in runs if r.rc != 0})
+    not_engaged = sorted({r.case for r in runs if r.engaged is False})
+    tests = sorted({s.test for s in samples}, key=_test_order)
+    summary: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in names:
+        for t in tests:
+            vals = [v for s in samples if s.case == name and s.test == t for v in s.values]
+            if vals:
+                summary.setdefault(name, {})[t] = asdict(summarize(name, t, vals))
+    usable = [n for n in names if n not in failed and n not in not_engaged]
+    ratios: dict[str, dict[str, dict[str, Any]]] = {}
+    for ref in ("p2p", "nopeer", "off", "staged"):
+        if ref not in usable:
+            continue
+        for n in usable:
+            for t in tests:
+                if t in summary.get(n, {}) and t in summary.get(ref, {}):
+                    a = Summary(**summary[n][t])
+                    b = Summary(**summary[ref][t])
+                    ratios.setdefault(ref, {}).setdefault(n, {})[t] = compare(a, b)
+
+    micro: list[dict[str, Any]] = []
+    if args.microbench and "patched" in bins and (gpus >= 2 or args.virtual_devices):
+        with step("boundary microbenchmark"):
+            micro = microbench(bins["patched"], base_env, logs)
+
+    report = {
+        "suite": suite_name, "about": suite["about"], "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "host": platform.node(), "rounds": args.rounds, "reps": args.reps,
+        "settings": {k: suite[k] for k in ("pp", "batch", "ubatch", "tg", "devices")}
+        | ({"GGML_CUDA_DEVICES": args.virtual_devices} if args.virtual_devices else {}),
+        "model": {"shape": suite["shape"] if args.model is None else "user", "path": str(model_path)},
+        "environment": gpu_env(),
+        "cases": [{"name": c.name, "variant": c.variant, "env": c.env, "description": c.description,
+                   "bin_dir": str(bins[c.variant]), "llama_bench_sha256": _sha256(bins[c.variant] / "llama-bench"),
+                   "engagement": next((r.engagement for r in reversed(runs) if r.case == c.name), "")}
+                  for c in runnable],
+        "manifests": _manifests(bins),
+        "tests": tests, "summary": summary, "ratios": ratios, "samples": [asdict(s) for s in samples],
+        "runs": [asdict(r) for r in runs], "failed": failed, "not_engaged": not_engaged, "skipped": skipped,
+        "microbench": micro,
+    }
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=1))
+    (out_dir / "bench.md").write_text(render_markdown(report))
+    report["plots"] = plot(report, out_dir)
+    log(f"==> report: {out_dir / 'bench.md'}")
+    print(out_dir)
+    if failed:
+        raise BenchError(f"llama-bench failed for case(s) {', '.join(failed)}", fix=f"see the logs in {logs}")
+    if not_engaged:
+        raise BenchError(f"case(s) {', '.join(not_engaged)} did not engage their mechanism",
+                         why="their figures would be upstream's path under another name",
+                         fix=f"see the engagement lines in {out_dir / 'bench.md'} and the logs in {logs}")
+    return 0
+
+
+def _manifests(bins: dict[str, Path]) -> dict[str, Any]:
+    """Build manifests (upstream commit, patches) next to the binaries, where the build stage wrote them."""
+    out: dict[str, Any] = {}
+    for v, d in bins.items():
+        for cand in (d / "manifest.json", d.parent / "manifest.json", d.parent.parent / "manifest.json"):
+            if cand.is_file():
+                try:
+                    m = json.loads(cand.read_text())
+                except json.JSONDecodeError:
+                    continue
+                out[v] = {k: m.get(k) for k in ("upstream", "patches", "series_hash", "cmake_options") if k in m}
+                break
+    return out

@@ -1,0 +1,199 @@
+"""ggml-bridge bench against fake llama-bench / test-mapped-host-bridge programs: interleaving, statistics,
+ratios, engagement proof and report files. The real thing runs on GPU machines (docs/bench.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ggml_bridge import bench
+from ggml_bridge.errors import BenchError
+
+FAKE_BENCH = r'''#!PYTHON
+import json, os, sys
+args = sys.argv[1:]
+def opt(name, default=None):
+    return args[args.index(name) + 1] if name in args else default
+env = os.environ
+variant = os.path.basename(os.path.dirname(os.path.abspath(__file__)))
+mode = env.get("GGML_CUDA_MAPPED_HOST_BRIDGE", "")
+batched = env.get("SAM3D_BATCHED_TRANSFERS", "")
+with open(env["FAKE_ORDER"], "a") as f:
+    f.write(f"{variant} bridge={mode} p2p={env.get('GGML_CUDA_P2P', '')} batched={batched}\n")
+# throughput by case: nopeer 50, staged 85, p2p 100, off 99, bridge 97 (force 98), batched 103
+base = {"nopeer": 50.0, "upstream": 100.0 if env.get("GGML_CUDA_P2P") == "1" else 85.0, "patched": 99.0}[variant]
+engage = env.get("FAKE_NO_ENGAGE") != "1"
+if variant == "patched" and mode in ("1", "force"):
+    base = 97.0 if mode == "1" else 98.0
+    if engage:
+        print(f"ggml_cuda_mapped_host_bridge: enabled (mode {mode}), 4 slots x 64 MiB mapped pinned host memory", file=sys.stderr)
+        for n in (10, 20):   # cumulative per process: the last line holds the totals
+            print(f"ggml_cuda_mapped_host_bridge: stats: boundaries={n} bytes={n * 4096} chunks={n} producer_waits=0 sync_copies=0 fallbacks=0", file=sys.stderr)
+    else:
+        print("ggml_cuda_mapped_host_bridge: inactive: single device, no cross-device boundaries", file=sys.stderr)
+if variant == "patched" and batched == "1":
+    base = 103.0
+    print("llama_batched_transfers: enabled, pinned pool up to 32 MiB", file=sys.stderr)
+    print("llama_batched_transfers: stats: graphs=5 async_uploads=9 async_downloads=5 sync_uploads=0 sync_downloads=0 bytes_up=10 bytes_down=10 fallbacks=0", file=sys.stderr)
+if env.get("FAKE_FAIL") == variant:
+    print("boom", file=sys.stderr); sys.exit(3)
+reps = int(opt("-r", "1"))
+out = []
+for ub in opt("-ub", "512").split(","):
+    out.append({"n_prompt": int(opt("-p")), "n_gen": 0, "n_ubatch": int(ub), "avg_ts": base, "stddev_ts": 0.5,
+                "samples_ts": [base + 0.25 * (i - reps // 2) for i in range(reps)]})
+out.append({"n_prompt": 0, "n_gen": int(opt("-n")), "n_ubatch": int(opt("-ub", "512").split(",")[0]), "avg_ts": base / 10,
+            "stddev_ts": 0.1, "samples_ts": [base / 10] * reps})
+print(json.dumps(out))
+'''
+
+FAKE_MICRO = r'''#!PYTHON
+import os
+print("test-mapped-host-bridge: 2 device(s)")
+print("bench,path,bytes,iters,seconds,GB/s,us_per_copy_synced")
+for n in (4096, 1048576):
+    for p, gbps in (("bridge", 40.0), ("peer", 30.0 if os.environ.get("GGML_CUDA_P2P") != "1" else 300.0),
+                    ("sync-malloc", 3.0), ("d2h", 50.0), ("h2d", 49.0)):
+        print(f"bench,{p},{n},10,0.001,{gbps},12.5")
+'''
+
+
+def _exe(path: Path, text: str) -> None:
+    path.write_text(text.replace("#!PYTHON", "#!" + sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture
+def variants(tmp_path: Path) -> Path:
+    root = tmp_path / "variants"
+    for v in ("upstream", "nopeer", "patched"):
+        (root / v).mkdir(parents=True)
+        _exe(root / v / "llama-bench", FAKE_BENCH)
+    _exe(root / "patched" / "test-mapped-host-bridge", FAKE_MICRO)
+    return root
+
+
+def _args(**kw) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    ns = p.parse_args([])
+    for k, v in kw.items():
+        setattr(ns, k, v)
+    return ns
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    order = tmp_path / "order.txt"
+    monkeypatch.setenv("FAKE_ORDER", str(order))
+    monkeypatch.setattr(bench, "n_gpus", lambda: 2)
+    monkeypatch.setattr(bench, "gpu_env", lambda: {})
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    return SimpleNamespace(order=order, model=model, settings=SimpleNamespace(cache_dir=tmp_path / "cache"))
+
+
+def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
+    report_dir = tmp_path / "report"
+    args = _args(variants_dir=variants, model=env.model, rounds=3, reps=3, report=report_dir)
+    assert bench.bench(args, env.settings) == 0
+
+    order = env.order.read_text().splitlines() + []
+    # six cases in the multi-gpu suite, three rounds, each round rotated by one
+    assert len(order) == 18
+    first = [line.split()[0] + line.split()[1] for line in order]
+    assert first[0:6] != first[6:12] and sorted(first[0:6]) == sorted(first[6:12])
+    assert first[6:12] == first[1:6] + first[0:1]
+
+    rep = json.loads((report_dir / "bench.json").read_text())
+    assert rep["not_engaged"] == [] and rep["failed"] == []
+    s = rep["summary"]
+    assert s["p2p"]["pp4096/ub512"]["median"] == pytest.approx(100.0)
+    assert s["nopeer"]["pp4096/ub4096"]["median"] == pytest.approx(50.0)
+    assert s["bridge"]["pp4096/ub512"]["n"] == 9   # 3 rounds x 3 samples
+    r = rep["ratios"]
+    assert r["p2p"]["bridge"]["pp4096/ub512"]["ratio"] == pytest.approx(0.97)
+    assert r["p2p"]["bridge"]["pp4096/ub512"]["noise"] is False
+    assert r["nopeer"]["bridge"]["pp4096/ub512"]["ratio"] == pytest.approx(97.0 / 50.0)
+    # off (99) vs p2p (100) with IQR 0.25 each: 1.0 apart is outside the spreads
+    assert r["p2p"]["off"]["tg128"]["ratio"] == pytest.approx(0.99)
+    # engagement proof is the last (cumulative) stats line
+    bridge_case = next(c for c in rep["cases"] if c["name"] == "bridge")
+    assert "boundaries=20" in bridge_case["engagement"]
+    # microbenchmark rows, with the P2P run labelled separately
+    paths = {m["path"] for m in rep["microbench"]}
+    assert paths == {"bridge", "peer", "peer-p2p", "sync-malloc", "d2h", "h2d"}
+    md = (report_dir / "bench.md").read_text()
+    assert "| pp4096/ub512 |" in md and "bridge 0.970" in md and "Boundary copy throughput" in md
+    assert (report_dir / "throughput.png").stat().st_size > 1000
+    assert (report_dir / "microbench.png").stat().st_size > 1000
+
+
+def test_not_engaged_bridge_fails_and_is_reported(variants, env, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_NO_ENGAGE", "1")
+    report_dir = tmp_path / "r"
+    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=report_dir,
+                 cases="p2p,bridge", microbench=False)
+    with pytest.raises(BenchError, match="did not engage"):
+        bench.bench(args, env.settings)
+    rep = json.loads((report_dir / "bench.json").read_text())
+    assert rep["not_engaged"] == ["bridge"]
+    assert "bridge" not in rep["ratios"].get("p2p", {})
+    assert "inactive: single device" in rep["cases"][1]["engagement"]
+
+
+def test_failed_case_is_an_error(variants, env, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL", "nopeer")
+    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r",
+                 cases="p2p,nopeer", microbench=False)
+    with pytest.raises(BenchError, match="nopeer"):
+        bench.bench(args, env.settings)
+
+
+def test_batched_suite_requires_async_counts(variants, env, tmp_path):
+    args = _args(variants_dir=variants, model=env.model, rounds=2, reps=2, report=tmp_path / "r",
+                 suite="batched", microbench=False)
+    assert bench.bench(args, env.settings) == 0
+    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    assert rep["ratios"]["off"]["batched"]["tg128"]["ratio"] == pytest.approx(103.0 / 99.0)
+    order = env.order.read_text().splitlines()
+    assert all("patched" in line for line in order) and len(order) == 4
+
+
+def test_gpu_suite_without_gpu_says_what_it_cannot_measure(variants, env, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "n_gpus", lambda: 0)
+    with pytest.raises(BenchError, match="needs CUDA GPUs"):
+        bench.bench(_args(variants_dir=variants, model=env.model, suite="multi-gpu"), env.settings)
+
+
+def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
+    args = _args(bin_dir_patched=variants / "patched", model=env.model, rounds=1, reps=1,
+                 report=tmp_path / "r", cases="off,bridge", microbench=False)
+    args.variants_dir = None
+    assert bench.bench(args, env.settings) == 0
+    args = _args(bin_dir_patched=variants / "patched", model=env.model, rounds=1, reps=1,
+                 report=tmp_path / "r2", cases="p2p,bridge", microbench=False,
+                 bin_dir_upstream=tmp_path / "nothing-here")
+    with pytest.raises(BenchError, match="llama-bench not found"):
+        bench.bench(args, env.settings)
+
+
+def test_noise_is_called_noise():
+    a = bench.summarize("a", "t", [100, 101, 102, 103])
+    b = bench.summarize("b", "t", [101, 102, 103, 104])
+    assert bench.compare(a, b)["noise"] is True
+    c = bench.summarize("c", "t", [120, 121, 122, 123])
+    assert bench.compare(c, b)["noise"] is False
+    assert bench.compare(c, b)["ratio"] == pytest.approx(121.5 / 102.5)
+
+
+def test_rotate():
+    assert bench.rotate(["a", "b", "c"], 1) == ["b", "c", "a"]
+    assert bench.rotate(["a", "b", "c"], 3) == ["a", "b", "c"]
