@@ -141,6 +141,34 @@ def settings(make_settings: Callable[..., config.Settings]) -> config.Settings:
     return make_settings()
 
 
+def _gpu_unavailable() -> str | None:
+    """Why gpu-marked tests cannot run here (None when they can): an NVIDIA GPU and CUDA with cuBLAS are needed."""
+    import subprocess
+
+    try:
+        gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        gpus = ""
+    if "GPU" not in gpus:
+        return "no NVIDIA GPU (nvidia-smi -L lists none)"
+    from ggml_bridge import build
+
+    cuda = build.detect_cuda()
+    if cuda is None or cuda.cublas_header is None:
+        return "no CUDA toolkit with cuBLAS headers (nvcc + cublas_v2.h)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    reason = _gpu_unavailable()
+    if reason:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=f"gpu test: {reason}"))
+
+
 # --------------------------------------------------------------------------------------------- slow: real tree
 
 
@@ -176,8 +204,10 @@ def real_build(real_settings: config.Settings, real_tree: object) -> Callable[[s
 @pytest.fixture(autouse=True)
 def _real_binaries_for_slow_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Slow tests of other stages find the real build through GGML_BRIDGE_TEST_BIN_DIR (and the vocab GGUF
-    through GGML_BRIDGE_TEST_UPSTREAM): build it here, once per session, unless the caller set them."""
-    if request.node.get_closest_marker("slow") is None or os.environ.get("GGML_BRIDGE_TEST_BIN_DIR"):
+    through GGML_BRIDGE_TEST_UPSTREAM). Under `make test` / CI (GGML_BRIDGE_TEST_CACHE_DIR set) it is built here,
+    once per session, unless the caller set them; a bare `pytest` leaves them unset (those tests then skip)."""
+    if (request.node.get_closest_marker("slow") is None or os.environ.get("GGML_BRIDGE_TEST_BIN_DIR")
+            or not os.environ.get("GGML_BRIDGE_TEST_CACHE_DIR")):
         return
     res = request.getfixturevalue("real_build")("patched")
     monkeypatch.setenv("GGML_BRIDGE_TEST_BIN_DIR", str(res.bin_dir))

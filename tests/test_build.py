@@ -332,3 +332,17 @@ def test_real_upstream_build(real_build, real_settings: config.Settings) -> None
     assert "-DGGML_CUDA_MAPPED_HOST_BRIDGE=ON" not in m["cmake_args"]
     assert res.server != real_build("patched").server
     assert build.find_binary(real_settings, "llama-server", "upstream", "cpu") == res.server
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_real_cuda_build_is_picked_by_auto(real_settings: config.Settings, real_tree) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    s = dataclasses.replace(real_settings, build=dataclasses.replace(real_settings.build, backend="auto"))
+    res = build.ensure(s, "patched")
+    assert res.backend == "cuda"
+    m = json.loads(res.manifest_path.read_text())
+    assert "-DGGML_CUDA=ON" in m["cmake_args"] and "nvcc" in m["toolchain"]
+    devices = subprocess.run([res.server, "--list-devices"], capture_output=True, text=True, timeout=120)
+    assert "CUDA0" in devices.stdout + devices.stderr
