@@ -485,3 +485,14 @@ def test_per_mode_expectations(tmp_path):
         ladder.load_ladder(write_ladder(tmp_path / "m.toml", body.replace("bridge = 'either'", "both = 'either'")))
     with pytest.raises(LadderSetupError, match="expect.bridge"):
         ladder.load_ladder(write_ladder(tmp_path / "n.toml", body.replace("'either'", "'maybe'")))
+
+
+def test_cuda_ladder_bridge_expectations_follow_the_patch():
+    lad = ladder.load_ladder(ROOT / "ladders" / "cuda.toml")
+    for r in lad.rungs:
+        if r.devices == 1:
+            assert r.expect_bridge == "inactive"  # "inactive: single device" in every mode
+        else:
+            # force must engage; only mode 1 may decline
+            assert r.expect_bridge == "engaged" and r.expect == {"bridge": "either"}
+            assert r.expect_batched == "engaged"

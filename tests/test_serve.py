@@ -34,15 +34,20 @@ def opt(*names, default=None):
     return v
 def say(s):
     print(s, flush=True)
+# like llama.cpp's common log: ggml/llama INFO messages are "trace" (4); the default threshold is 3
+lv = int(opt("-lv", "--verbosity", "--log-verbosity", default=E("LLAMA_ARG_LOG_VERBOSITY", "3")))
+def info(s):
+    if lv >= 4:
+        say(s)
 def stats():
     if E("GGML_CUDA_MAPPED_HOST_BRIDGE_STATS") == "1" and bridge_on:
-        say("ggml_cuda_mapped_host_bridge: stats: boundaries=%s bytes=4096 chunks=3 producer_waits=0 sync_copies=0 fallbacks=0"
+        info("ggml_cuda_mapped_host_bridge: stats: boundaries=%s bytes=4096 chunks=3 producer_waits=0 sync_copies=0 fallbacks=0"
             % E("FAKE_BOUNDARIES", "7"))
     if E("SAM3D_BATCHED_TRANSFERS_STATS") == "1" and batched_on:
-        say("llama_batched_transfers: stats: graphs=4 async_uploads=%s async_downloads=%s sync_uploads=0 "
+        info("llama_batched_transfers: stats: graphs=4 async_uploads=%s async_downloads=%s sync_uploads=0 "
             "sync_downloads=0 bytes_up=10 bytes_down=20 fallbacks=0" % (E("FAKE_ASYNC_UP", "4"), E("FAKE_ASYNC_DOWN", "4")))
     if E("SAM3D_BATCHED_TRANSFERS_STATS") == "1" and batched_inactive:
-        say("llama_batched_transfers: stats: graphs=4 async_uploads=0 async_downloads=0 sync_uploads=4 "
+        info("llama_batched_transfers: stats: graphs=4 async_uploads=0 async_downloads=0 sync_uploads=4 "
             "sync_downloads=4 bytes_up=10 bytes_down=20 fallbacks=0")
 def perturbed():
     w = E("FAKE_PERTURB_WHEN")  # "VAR=value": perturb outputs when that selector has that value
@@ -58,19 +63,19 @@ patched = E("FAKE_UNPATCHED") != "1"
 bsel, tsel = E("GGML_CUDA_MAPPED_HOST_BRIDGE"), E("SAM3D_BATCHED_TRANSFERS")
 bridge_on = batched_on = batched_inactive = False
 if ndev:
-    say("ggml_cuda_init: found %d CUDA devices (Total VRAM: 1 MiB):" % ndev)
+    info("ggml_cuda_init: found %d CUDA devices (Total VRAM: 1 MiB):" % ndev)
 if patched and bsel is not None:
     if bsel in ("1", "force"):
         if E("FAKE_BRIDGE_INACTIVE"):
             say("ggml_cuda_mapped_host_bridge: inactive: " + E("FAKE_BRIDGE_INACTIVE"))
         else:
             bridge_on = True
-            say("ggml_cuda_mapped_host_bridge: enabled (mode %s), %s slots x 64 MiB mapped pinned host memory"
+            info("ggml_cuda_mapped_host_bridge: enabled (mode %s), %s slots x 64 MiB mapped pinned host memory"
                 % (E("FAKE_BRIDGE_MODE", bsel), E("FAKE_SLOTS", "4")))
     elif bsel != "0":
         say('ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="%s" (expected 0, 1 or force); bridge off' % bsel)
 for i in range(int(E("FAKE_USED_DEVICES", str(ndev)))):
-    say("llama_model_load_from_file_impl: using device CUDA%d (Fake GPU) (id%d) - 1000 MiB free" % (i, i))
+    info("llama_model_load_from_file_impl: using device CUDA%d (Fake GPU) (id%d) - 1000 MiB free" % (i, i))
 model = opt("-m", "--model")
 if model and not os.path.isfile(model):
     say("gguf_init_from_file: failed to open GGUF file '%s' (No such file or directory)" % model)
@@ -84,7 +89,7 @@ if patched and tsel == "1":
         say("llama_batched_transfers: inactive: " + E("FAKE_BATCHED_INACTIVE"))
     else:
         batched_on = True
-        say("llama_batched_transfers: enabled, pinned pool up to 32 MiB")
+        info("llama_batched_transfers: enabled, pinned pool up to 32 MiB")
 if E("FAKE_DIE_AT_START"):
     say("/src/ggml/ggml.c:1234: GGML_ASSERT(fake) failed")
     sys.exit(int(E("FAKE_DIE_AT_START")))
@@ -486,3 +491,25 @@ def test_runner_start_missing_binary(tmp_path):
     from ggml_bridge import runner
     with pytest.raises(ServeError, match="cannot run"):
         runner.start([tmp_path / "nope"], error=ServeError)
+
+
+def test_verbosity_added_unless_chosen(fake, monkeypatch, capsys):
+    monkeypatch.delenv("LLAMA_ARG_LOG_VERBOSITY", raising=False)
+    assert serve.with_verbosity(["-m", "x"]) == (["-lv", "4", "-m", "x"], 4)
+    assert serve.with_verbosity(["-lv", "2", "-m", "x"]) == (["-lv", "2", "-m", "x"], 2)
+    assert serve.with_verbosity(["--log-verbosity=5"]) == (["--log-verbosity=5"], 5)
+    assert serve.with_verbosity(["-v"])[0] == ["-v"]
+    assert serve.with_verbosity([], {"LLAMA_ARG_LOG_VERBOSITY": "3"}) == ([], 3)
+    # the fake, like llama.cpp, hides INFO lines at the default verbosity: with an explicit -lv 3 neither
+    # the enabled line nor the devices are visible, and the launcher says why
+    monkeypatch.setenv("FAKE_DEVICES", "2")
+    a = parse(["--bridge", "force", "--check", "--server", str(fake.server), "-lv", "3",
+               *srv_args(fake.model, serve.free_port())])
+    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    err = capsys.readouterr().err
+    assert "bridge engaged" not in err and "log verbosity 3 hides" in err
+    # ...and the launcher's default makes them visible
+    a = parse(["--bridge", "force", "--check", "--server", str(fake.server), *srv_args(fake.model, serve.free_port())])
+    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    err = capsys.readouterr().err
+    assert "bridge engaged: mode force, 4 slots x 64 MiB" in err and "model on 2 devices" in err
