@@ -91,8 +91,14 @@ class BuildResult:
 
 
 def ensure(settings: Settings, variant: str | None = None, *, source_spec: str | None = None,
-           allow_unpinned: bool = False) -> BuildResult:
-    """Fetch, patch (for ``patched``), configure and build; reuse an up-to-date build. Returns the binaries."""
+           allow_unpinned: bool = False, series: patchmod.Series | None = None,
+           record_latest: bool = True) -> BuildResult:
+    """Fetch, patch (for ``patched``), configure and build; reuse an up-to-date build. Returns the binaries.
+
+    ``source_spec``/``allow_unpinned`` are passed to :func:`ggml_bridge.fetch.obtain`; ``series`` replaces the
+    project's ``patches/`` (e.g. a rebased series); ``record_latest=False`` leaves the
+    ``latest-<variant>-<backend>.json`` pointer (what :func:`find_binary` returns) alone.
+    """
     variant = variant or settings.build.variant
     if variant not in VARIANT_OPTIONS:
         raise UsageError(f"unknown variant {variant!r}", fix=f"use one of: {', '.join(VARIANT_OPTIONS)}")
@@ -102,19 +108,18 @@ def ensure(settings: Settings, variant: str | None = None, *, source_spec: str |
                          why=f"the backend is {backend}", fix="use --backend cuda, or --variant upstream")
 
     tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
-    series: patchmod.Series | None = None
     if variant == "patched":
-        patched = patchmod.apply_series(settings, tree)
+        patched = patchmod.apply_series(settings, tree, series)
         series, src = patched.series, patched.path
         head = patched.head
     else:
-        src, head = tree.path, None
+        src, head, series = tree.path, None, None
 
     tools = find_toolchain(cuda)
     args = cmake_args(settings, src, variant, backend, tools)
     key = build_key(tree, series, variant, backend, args, tools)
     build_dir = settings.cache_dir / "builds" / f"{variant}-{backend}-{key[:16]}"
-    pointer = latest_path(settings, variant, backend)
+    pointer = latest_path(settings, variant, backend) if record_latest else None
 
     done = _completed(build_dir, key)
     if done is not None:
@@ -148,7 +153,7 @@ def ensure(settings: Settings, variant: str | None = None, *, source_spec: str |
 
 def _finish(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None, src: Path, variant: str,
             backend: str, key: str, build_dir: Path, args: list[str], tools: Toolchain, targets: list[str],
-            pointer: Path) -> BuildResult:
+            pointer: Path | None) -> BuildResult:
     log_file = build_dir / "build.log"
     binaries = {t: build_dir / "bin" / t for t in targets}
     missing = [t for t, p in binaries.items() if not p.is_file()]
@@ -429,7 +434,9 @@ def _manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | N
     }
 
 
-def _write_pointer(pointer: Path, result: BuildResult, key: str) -> None:
+def _write_pointer(pointer: Path | None, result: BuildResult, key: str) -> None:
+    if pointer is None:
+        return
     fetchmod.write_json_atomic(pointer, {
         "variant": result.variant, "backend": result.backend, "key": key, "build_dir": str(result.build_dir),
         "manifest": str(result.manifest_path), "binaries": {n: str(p) for n, p in result.binaries.items()},

@@ -88,6 +88,22 @@ def test_upstream_variant_has_no_patches(settings: config.Settings) -> None:
     assert build.find_binary(settings, "llama-server", variant="upstream") != build.ensure(settings).server
 
 
+def test_explicit_series_without_touching_latest(settings: config.Settings, upstream: FakeUpstream,
+                                                 tmp_path: Path) -> None:
+    """What rebase needs: build another series without changing what find_binary returns."""
+    import shutil
+
+    main = build.ensure(settings)
+    other_dir = tmp_path / "other-series"
+    other_dir.mkdir()
+    shutil.copy(upstream.patches.series[0], other_dir)
+    res = build.ensure(settings, series=build.patchmod.read_series(other_dir), record_latest=False)
+    assert res.build_dir != main.build_dir
+    assert [p["name"] for p in json.loads(res.manifest_path.read_text())["patches"]] == [
+        upstream.patches.series[0].name]
+    assert build.find_binary(settings, "llama-server") == main.server
+
+
 def test_upstream_nopeer_needs_cuda(settings: config.Settings) -> None:
     with pytest.raises(UsageError, match="CUDA"):
         build.ensure(settings, "upstream-nopeer")
