@@ -647,7 +647,9 @@ def _device_env(rung: Rung) -> dict[str, str]:
 
 def _common_args(rung: Rung, threads: int) -> list[str]:
     ngl = rung.gpu_layers if rung.gpu_layers is not None else (999 if rung.devices > 0 else 0)
-    a = ["-t", str(threads), "-ngl", str(ngl), "-b", str(rung.batch), "-ub", str(rung.ubatch)]
+    # -lv 4: the contract's INFO lines (bridge enabled/stats, "using device") are dropped below it
+    a = ["-lv", str(serve.CONTRACT_VERBOSITY), "-t", str(threads), "-ngl", str(ngl), "-b", str(rung.batch),
+         "-ub", str(rung.ubatch)]
     if rung.devices > 0:
         a += ["-sm", rung.split_mode]
     return a

@@ -44,6 +44,29 @@ BATCHED_VALUES = {"on": "1", "off": "0"}
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
+#: ggml/llama INFO messages (the bridge's "enabled" and "stats" lines, "using device") map to verbosity
+#: 4 ("trace") in llama.cpp's common log; the default threshold 3 drops them. Only WARN lines (the
+#: "inactive" ones) show without it.
+CONTRACT_VERBOSITY = 4
+VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity")
+VERBOSE_ALL_FLAGS = ("-v", "--verbose", "--log-verbose")
+
+
+def with_verbosity(args: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[list[str], int]:
+    """``args`` with ``-lv 4`` added unless the caller chose a verbosity; returns (args, effective level)."""
+    args = [str(a) for a in args]
+    if any(a in VERBOSE_ALL_FLAGS for a in args):
+        return args, 1 << 30
+    given = _arg_value(args, *VERBOSITY_FLAGS)
+    if given is None:
+        given = (env or {}).get("LLAMA_ARG_LOG_VERBOSITY", os.environ.get("LLAMA_ARG_LOG_VERBOSITY"))
+        if given is None:
+            return ["-lv", str(CONTRACT_VERBOSITY), *args], CONTRACT_VERBOSITY
+    try:
+        return args, int(given)
+    except ValueError:
+        return args, 0
+
 
 def selector_env(bridge: str | None, batched: str | None, *, stats: bool = True) -> dict[str, str]:
     """Environment for the selectors. ``None`` leaves a selector unset (the build's default)."""
@@ -142,8 +165,8 @@ class Server:
                  log_file: Path | None = None, echo: bool = False, startup_timeout: float = 600.0,
                  cwd: Path | None = None) -> None:
         self.binary = Path(binary)
-        self.server_args = [str(a) for a in server_args]
         self.env = dict(env or {})
+        self.server_args, self.verbosity = with_verbosity(server_args, self.env)
         self.log_file = log_file
         self.echo = echo
         self.startup_timeout = startup_timeout
@@ -341,6 +364,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
             rc = srv.proc.wait() if srv.proc else 1
             return _exit_status(rc)
         eng = check_engagement(srv.info(), args.bridge, args.batched)
+        if srv.verbosity < CONTRACT_VERBOSITY and (args.bridge in ("on", "force") or args.batched == "on"):
+            eng.notes.append(f"log verbosity {srv.verbosity} hides the 'enabled' and 'stats' lines "
+                             f"(they are INFO messages: use -lv {CONTRACT_VERBOSITY} or more)")
         for note in eng.notes:
             log(f"ggml-bridge: {note}")
         if not eng.ok:
