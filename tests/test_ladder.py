@@ -496,3 +496,37 @@ def test_cuda_ladder_bridge_expectations_follow_the_patch():
             # force must engage; only mode 1 may decline
             assert r.expect_bridge == "engaged" and r.expect == {"bridge": "either"}
             assert r.expect_batched == "engaged"
+
+
+def _gpu_count() -> int:
+    import shutil
+    import subprocess
+    if not shutil.which("nvidia-smi"):
+        return 0
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.parametrize("rung_name", ["2gpu-tiny-ub1", "2gpu-small-ub512"])
+def test_real_cuda_rungs(tmp_path, rung_name):
+    """Two rungs of the shipped CUDA ladder on real GPUs. Needs GGML_BRIDGE_TEST_CUDA_PATCHED and
+    GGML_BRIDGE_TEST_CUDA_UPSTREAM (bin dirs with llama-server and llama-perplexity) and 2 GPUs."""
+    pd, ud = os.environ.get("GGML_BRIDGE_TEST_CUDA_PATCHED"), os.environ.get("GGML_BRIDGE_TEST_CUDA_UPSTREAM")
+    vocab = os.environ.get("GGML_BRIDGE_VOCAB") or (str(real_vocab()) if real_vocab() else None)
+    if not (pd and ud and vocab):
+        pytest.skip("set GGML_BRIDGE_TEST_CUDA_PATCHED, GGML_BRIDGE_TEST_CUDA_UPSTREAM and GGML_BRIDGE_VOCAB")
+    if _gpu_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    p = argparse.ArgumentParser()
+    ladder.add_arguments(p)
+    a = p.parse_args(["--ladder", str(ROOT / "ladders" / "cuda.toml"), "--rung", rung_name,
+                      "--report", str(tmp_path / "rep"), "--vocab", vocab,
+                      "--bin-dir-patched", pd, "--bin-dir-upstream", ud])
+    rc = ladder.run(a, SimpleNamespace(cache_dir=tmp_path / "cache"))
+    r = json.loads((tmp_path / "rep" / "report.json").read_text())["rungs"][0]
+    assert rc == 0, r["problems"]
+    force = r["modes"]["bridge-force"]["validity"]["bridge"]
+    assert force["state"] == "engaged" and force["boundaries"] > 0
+    assert all(m.get("compare", {}).get("logits", {}).get("identical", True) for m in r["modes"].values())
