@@ -1,0 +1,560 @@
+"""rebase: synthetic upstreams for each outcome (clean, offsets, fuzz, already upstream, conflict), dirty trees, bad
+input, the CUDA check, the CI script; and (slow) the real llama.cpp trees of llama-cpp-python 0.3.35 and 0.3.34."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from fixtures import fakellama
+from ggml_bridge import cli, config, fetch, patch, pin as pinmod, rebase
+from ggml_bridge.errors import FetchError, PatchError, RebaseConflict, SourceError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEMO = "".join(f"int line{i} = {i};\n" for i in range(1, 31))
+DATE = "2031-01-02"
+
+
+@dataclass
+class Up:
+    repo: Path
+    base: str
+    patches: Path
+    commits: dict[str, str]
+
+
+def _set_line(path: Path, n: int, text: str) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    lines[n - 1] = text + "\n"
+    path.write_text("".join(lines))
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Up:
+    """An upstream with tag b1 (the pin), a two-patch series in our format, and one tag per outcome:
+    b2 clean, b3 offsets, b4 fuzz, b5 0001 already upstream, b6 0001 conflicts."""
+    root = tmp_path_factory.mktemp("rebase-up")
+    repo = root / "llama.cpp"
+    fakellama.write_tree(repo)
+    (repo / "src" / "demo.c").write_text(DEMO)
+    (repo / "ggml" / "src" / "ggml-cuda").mkdir(parents=True)
+    (repo / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu").write_text("// cuda backend\nint cuda_backend = 1;\n")
+    g = fakellama.git
+    g(repo, "init", "-q", "-b", "master")
+    g(repo, "add", "-A")
+    g(repo, "commit", "-q", "-m", "upstream b1")
+    g(repo, "tag", "b1")
+    base = g(repo, "rev-parse", "HEAD")
+
+    work = root / "work"
+    g(root, "clone", "-q", str(repo), str(work))
+    _set_line(work / "src" / "demo.c", 10, "int line10 = 100;")
+    msg1 = ("demo: line ten is one hundred\n\nBody text.\n\nOrigin: ggml-bridge, patches/0001-src-demo-ten.patch\n"
+            "Forwarded: no\nLast-Update: 2026-11-30\n")
+    g(work, "commit", "-q", "-a", "-m", msg1)
+    (work / "ggml" / "src" / "ggml-cuda" / "bridge.cu").write_text("int bridge = 1;\n")
+    with open(work / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu", "a") as fh:
+        fh.write("int uses_bridge = 1;\n")
+    g(work, "add", "-A")
+    msg2 = ("ggml-cuda: bridge source\n\nOrigin: ggml-bridge, patches/0002-ggml-cuda-bridge.patch\nForwarded: no\n"
+            "Last-Update: 2026-11-30\n")
+    g(work, "commit", "-q", "-m", msg2)
+    out = root / "fp"
+    g(work, "format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "-o", str(out), "b1..HEAD")
+    patches = root / "patches"
+    patches.mkdir()
+    for f, name in zip(sorted(out.glob("*.patch")), ("0001-src-demo-ten.patch", "0002-ggml-cuda-bridge.patch")):
+        shutil.move(f, patches / name)
+    (patches / "series").write_text("# our series\n0001-src-demo-ten.patch\n0002-ggml-cuda-bridge.patch\n")
+
+    commits = {"b1": base}
+
+    def target(tag: str, edit: Callable[[Path], None]) -> None:
+        g(repo, "checkout", "-q", "-b", f"t-{tag}", "b1")
+        edit(repo)
+        g(repo, "commit", "-q", "-a", "-m", f"upstream {tag}")
+        g(repo, "tag", tag)
+        commits[tag] = g(repo, "rev-parse", "HEAD")
+
+    target("b2", lambda r: (r / "include" / "llama.h").write_text("#pragma once\nint llama_version(void);\nint x;\n"))
+    target("b3", lambda r: (r / "src" / "demo.c").write_text("// new\n// header\n// lines\n// five\n// here\n" + DEMO))
+    target("b4", lambda r: _set_line(r / "src" / "demo.c", 7, "int line7 = 77;"))
+    target("b5", lambda r: _set_line(r / "src" / "demo.c", 10, "int line10 = 100;"))
+    target("b6", lambda r: _set_line(r / "src" / "demo.c", 10, "int line10 = -10;"))
+    g(repo, "checkout", "-q", "master")
+    return Up(repo, base, patches, commits)
+
+
+def _pin_text(up: Up) -> str:
+    expect = ", ".join(f'"{f}"' for f in fakellama.EXPECT_FILES)
+    return f"""[upstream]
+url = "{up.repo.as_uri()}"
+tag = "b1"
+commit = "{up.base}"
+expect_files = [{expect}]
+
+[[source]]
+kind = "git"
+url = "{up.repo.as_uri()}"
+"""
+
+
+@pytest.fixture
+def proj(tmp_path: Path, up: Up) -> Path:
+    """A project checkout (git, committed) pinned to b1 with the two-patch series."""
+    p = tmp_path / "project"
+    p.mkdir()
+    shutil.copytree(up.patches, p / "patches")
+    (p / "pin.toml").write_text(_pin_text(up))
+    fakellama.git(p, "init", "-q", "-b", "main")
+    fakellama.git(p, "add", "-A")
+    fakellama.git(p, "commit", "-q", "-m", "project")
+    return p
+
+
+@pytest.fixture
+def st(tmp_path: Path, proj: Path, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
+    for var in list(os.environ):
+        if var.startswith("GGML_BRIDGE_"):
+            monkeypatch.delenv(var)
+    # cli.main() reads these: never the real checkout or the user's cache
+    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(proj))
+    monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    return config.load({"cache_dir": str(tmp_path / "cache"), "project_dir": str(proj),
+                        "fetch.connect_timeout": 2.0, "build.backend": "cpu"}, env={}, cwd=tmp_path)
+
+
+def _snapshot(proj: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(proj)): p.read_bytes() for p in sorted(proj.rglob("*"))
+            if p.is_file() and ".git" not in p.relative_to(proj).parts and "build" not in p.relative_to(proj).parts}
+
+
+def _check(st: config.Settings, onto: str, **kw: object) -> rebase.RebaseReport:
+    return rebase.rebase(st, onto, rebase.Options(check=True, date=DATE, **kw))  # type: ignore[arg-type]
+
+
+def _statuses(rep: rebase.RebaseReport) -> list[str]:
+    return [r.status for r in rep.results]
+
+
+# --------------------------------------------------------------------------------------------- outcomes
+
+
+def test_check_clean_writes_nothing(st: config.Settings, proj: Path) -> None:
+    before = _snapshot(proj)
+    rep = _check(st, "b2")
+    assert _statuses(rep) == ["clean", "clean"] and rep.ok
+    assert rep.target_commit and "preimage blobs from the current pin" in rep.three_way
+    assert _snapshot(proj) == before
+    assert not (proj / "build").exists()
+
+
+def test_check_offsets(st: config.Settings) -> None:
+    rep = _check(st, "b3")
+    assert _statuses(rep) == ["offsets", "clean"]
+    assert rep.results[0].hunks == ["src/demo.c: Hunk #1 succeeded at 12 (offset 5 lines)"]
+
+
+def test_check_fuzz(st: config.Settings) -> None:
+    rep = _check(st, "b4")
+    assert _statuses(rep) == ["fuzz", "clean"]
+    assert any("with fuzz" in h for h in rep.results[0].hunks), rep.results[0].hunks
+
+
+def test_check_already_upstream(st: config.Settings) -> None:
+    rep = _check(st, "b5")
+    assert _statuses(rep) == ["upstream", "clean"] and rep.ok
+
+
+def test_check_conflict_reports_files_and_hunks(st: config.Settings, proj: Path) -> None:
+    before = _snapshot(proj)
+    rc = cli.main(["rebase", "--onto", "b6", "--check", "--cache-dir", str(st.cache_dir)])
+    assert rc == RebaseConflict.exit_code
+    rep = _check(st, "b6")
+    assert _statuses(rep) == ["conflict", "clean"]
+    bad = rep.results[0]
+    assert bad.conflicts == ["src/demo.c"]
+    assert any(h.startswith("src/demo.c: hunk @@ -7,7 +7,7 @@") for h in bad.hunks), bad.hunks
+    assert "tried without" not in " ".join(rep.results[1].detail)
+    assert _snapshot(proj) == before
+
+
+def test_merged_without_preimages_is_a_conflict_when_blobs_are_missing(st: config.Settings, up: Up) -> None:
+    """Without the old tree the 3-way merge has no blobs: b4 then fails where it merges with them."""
+    rep = _check(st, "b4", base_source=str(st.cache_dir / "nowhere"))
+    assert "without preimage blobs" in rep.three_way
+    assert rep.results[0].status == "conflict"
+
+
+# --------------------------------------------------------------------------------------------- writing
+
+
+def test_write_regenerates_series_and_pin(st: config.Settings, proj: Path, up: Up) -> None:
+    rep = rebase.rebase(st, "b3", rebase.Options(build=False, cuda_check=False, date=DATE))
+    assert rep.state == "rebased" and _statuses(rep) == ["offsets", "clean"]
+    pin = pinmod.load(proj / "pin.toml")
+    assert (pin.tag, pin.commit) == ("b3", up.commits["b3"])
+    assert [s.kind for s in pin.sources] == ["git"]
+    text = (proj / "patches" / "0001-src-demo-ten.patch").read_text()
+    assert text.startswith("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n")
+    assert f"Last-Update: {DATE}\n" in text and "Last-Update: 2026-11-30" not in text
+    assert "Subject: [PATCH] demo: line ten is one hundred\n" in text
+    assert "@@ -12,7 +12,7 @@" in text and not text.rstrip().endswith("2.39")  # moved hunk, no signature
+    assert (proj / "patches" / "series").read_text() == (up.patches / "series").read_text()
+    assert (proj / "build" / "rebase" / "report.json").is_file()
+    # the new pin + series applies with plain `ggml-bridge patch`
+    tree = fetch.obtain(st)
+    assert tree.commit == up.commits["b3"]
+    assert patch.check_series(st, tree).ok
+    # nothing left behind
+    assert not list(proj.glob(".rebase-stage-*")) and not list(proj.glob(".patches.old-*"))
+
+
+def test_rewrite_onto_same_base_is_stable(st: config.Settings, proj: Path, up: Up) -> None:
+    """Regenerating on the pinned base reproduces our files byte for byte, but for Last-Update."""
+    assert rebase.rebase(st, "b1", rebase.Options(build=False, date=DATE)).state == "up-to-date"
+    rebase.rebase(st, "b1", rebase.Options(build=False, cuda_check=False, date=DATE, force=True))
+    for name in ("0001-src-demo-ten.patch", "0002-ggml-cuda-bridge.patch"):
+        old = (up.patches / name).read_text().replace("Last-Update: 2026-11-30", f"Last-Update: {DATE}")
+        assert (proj / "patches" / name).read_text() == old
+
+
+def test_write_drops_patch_already_upstream(st: config.Settings, proj: Path) -> None:
+    rep = rebase.rebase(st, "b5", rebase.Options(build=False, cuda_check=False, date=DATE))
+    assert _statuses(rep) == ["upstream", "clean"]
+    assert not (proj / "patches" / "0001-src-demo-ten.patch").exists()
+    assert (proj / "patches" / "series").read_text() == "# our series\n0002-ggml-cuda-bridge.patch\n"
+    assert any("removed" in w for w in rep.written)
+
+
+def test_write_conflict_leaves_project_and_reports(st: config.Settings, proj: Path, up: Up) -> None:
+    before = _snapshot(proj)
+    rc = cli.main(["rebase", "--onto", "b6", "--no-build", "--cache-dir", str(st.cache_dir),
+                   "--report", str(proj.parent / "rep")])
+    assert rc == RebaseConflict.exit_code
+    assert _snapshot(proj) == before
+    data = json.loads((proj.parent / "rep" / "report.json").read_text())
+    assert data["state"] == "conflict" and data["ok"] is False
+    assert [r["status"] for r in data["results"]] == ["conflict", "clean"]
+    md = (proj.parent / "rep" / "report.md").read_text()
+    assert "| `0001-src-demo-ten.patch` | **conflict** | src/demo.c |" in md
+    wt = Path(data["worktree"])
+    assert (wt / ".git" / "rebase-apply").is_dir(), "the work tree is stopped inside git am"
+    assert "<<<<<<<" in (wt / "src" / "demo.c").read_text()
+    assert data["commands"][0] == f"cd {wt}"
+    assert any(c.startswith("git add -A && git am --continue") for c in data["commands"])
+    assert data["commands"][-1] == "ggml-bridge rebase --onto b6 --no-build"
+
+
+def test_following_the_commands_resolves_the_conflict(st: config.Settings, proj: Path, up: Up) -> None:
+    with pytest.raises(RebaseConflict):
+        rebase.rebase(st, "b6", rebase.Options(build=False, date=DATE))
+    data = json.loads((proj / "build" / "rebase" / "report.json").read_text())
+    wt = Path(data["worktree"])
+    _set_line(wt / "src" / "demo.c", 10, "int line10 = 100;")  # the resolution
+    g = fakellama.git
+    g(wt, "add", "-A")
+    subprocess.run(["git", "am", "--continue"], cwd=wt, check=True, capture_output=True,
+                   env=dict(os.environ, **fakellama.IDENTITY))
+    g(wt, "am", "--3way", str(proj / "patches" / "0002-ggml-cuda-bridge.patch"))
+    base = g(wt, "rev-list", "--max-parents=0", "HEAD")
+    g(wt, "format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "-o", str(wt.parent / "out"),
+      f"{base}..HEAD")
+    for f, name in zip(sorted((wt.parent / "out").glob("*.patch")), patch.read_series(proj / "patches").names):
+        shutil.copy(f, proj / "patches" / name)
+    g(proj, "commit", "-q", "-am", "resolved")
+    rep = rebase.rebase(st, "b6", rebase.Options(build=False, cuda_check=False, date=DATE))
+    assert rep.state == "rebased" and _statuses(rep) == ["clean", "clean"]
+    assert pinmod.load(proj / "pin.toml").commit == up.commits["b6"]
+
+
+# --------------------------------------------------------------------------------------------- dirty trees
+
+
+def test_dirty_project_refused_but_check_allowed(st: config.Settings, proj: Path) -> None:
+    with open(proj / "patches" / "0002-ggml-cuda-bridge.patch", "a") as fh:
+        fh.write("\n")
+    before = _snapshot(proj)
+    rc = cli.main(["rebase", "--onto", "b2", "--no-build", "--cache-dir", str(st.cache_dir)])
+    assert rc == rebase.DirtyProjectError.exit_code == 51
+    assert _snapshot(proj) == before
+    assert _statuses(_check(st, "b2")) == ["clean", "clean"]
+
+
+def test_dirty_target_checkout(st: config.Settings, proj: Path, up: Up, tmp_path: Path) -> None:
+    co = tmp_path / "checkout"
+    fakellama.git(tmp_path, "clone", "-q", "-b", "b2", str(up.repo), str(co))
+    (co / "src" / "demo.c").write_text("// local edit\n" + DEMO)
+    before = _snapshot(proj)
+    with pytest.raises(SourceError, match="uncommitted changes"):
+        rebase.rebase(st, str(co), rebase.Options(build=False, date=DATE))
+    assert _snapshot(proj) == before
+    assert _statuses(_check(st, str(co))) == ["offsets", "clean"]
+    fakellama.git(co, "checkout", "-q", "--", ".")  # clean again: now pinnable by its commit
+    rep = rebase.rebase(st, str(co), rebase.Options(build=False, cuda_check=False, date=DATE))
+    assert rep.state == "rebased" and pinmod.load(proj / "pin.toml").commit == up.commits["b2"]
+
+
+# --------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("case", ["unknown-ref", "unreachable", "not-llama", "missing-patch"])
+def test_bad_input_one_error_each(case: str, st: config.Settings, proj: Path, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    onto = {"unknown-ref": "b999",
+            "unreachable": f"git+http://127.0.0.1:{fakellama.closed_port()}/llama.cpp.git@b1",
+            "not-llama": str(tmp_path / "notllama"), "missing-patch": "b2"}[case]
+    (tmp_path / "notllama").mkdir()
+    (tmp_path / "notllama" / "README").write_text("hello\n")
+    if case == "missing-patch":
+        with open(proj / "patches" / "series", "a") as fh:
+            fh.write("0003-gone.patch\n")
+        fakellama.git(proj, "commit", "-q", "-am", "series names a missing patch")
+    before = _snapshot(proj)
+    rc = cli.main(["rebase", "--onto", onto, "--no-build", "--cache-dir", str(st.cache_dir)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    expected = {"unknown-ref": rebase.UnknownRefError, "unreachable": FetchError, "not-llama": SourceError,
+                "missing-patch": PatchError}[case]
+    assert rc == expected.exit_code, err
+    assert err.startswith(f"ggml-bridge: {expected.kind}: "), err
+    assert _snapshot(proj) == before
+
+
+def test_exit_codes_are_distinct() -> None:
+    codes = [rebase.UnknownRefError, FetchError, SourceError, PatchError, RebaseConflict, rebase.DirtyProjectError]
+    assert len({c.exit_code for c in codes}) == len(codes)
+
+
+def test_unknown_registry_version(st: config.Settings, proj: Path) -> None:
+    srv = fakellama.HTTPFixture().start()
+    try:
+        s = config.load({"cache_dir": str(st.cache_dir), "project_dir": str(proj), "fetch.pypi_url": srv.url},
+                        env={}, cwd=proj)
+        with pytest.raises(rebase.UnknownRefError, match="llama-cpp-python==9.9.9"):
+            rebase.rebase(s, "llama-cpp-python==9.9.9", rebase.Options(check=True))
+    finally:
+        srv.stop()
+
+
+# --------------------------------------------------------------------------------------------- registry pin
+
+
+def test_sdist_target_pins_version_and_sha256(st: config.Settings, proj: Path, up: Up, tmp_path: Path) -> None:
+    """A registry sdist (served by a fake PyPI) becomes a pypi-sdist source: version + sha256 are its identity."""
+    tree = tmp_path / "b3-tree"
+    fakellama.git(tmp_path, "clone", "-q", "-b", "b3", str(up.repo), str(tree))
+    sdist = fakellama.make_sdist(tree, tmp_path / "fake_llama-3.0.tar.gz", "fake_llama-3.0", up.commits["b3"])
+    srv = fakellama.HTTPFixture().start()
+    try:
+        srv.routes[f"/files/{sdist.name}"] = fakellama.Route(sdist.read_bytes())
+        srv.json("/pypi/fake-llama/3.0/json", {"urls": [{"filename": sdist.name, "packagetype": "sdist",
+                                                          "url": f"{srv.url}/files/{sdist.name}",
+                                                          "digests": {"sha256": fakellama.sha256(sdist)}}]})
+        s = config.load({"cache_dir": str(st.cache_dir), "project_dir": str(proj), "fetch.pypi_url": srv.url},
+                        env={}, cwd=proj)
+        rep = rebase.rebase(s, "fake-llama==3.0", rebase.Options(build=False, cuda_check=False, date=DATE))
+        assert _statuses(rep) == ["offsets", "clean"]
+        pin = pinmod.load(proj / "pin.toml")
+        assert pin.commit == up.commits["b3"]
+        sd = [x for x in pin.sources if x.kind == "pypi-sdist"]
+        assert len(sd) == 1 and (sd[0].version, sd[0].sha256) == ("3.0", fakellama.sha256(sdist))
+        assert sd[0].filename == sdist.name and sd[0].subdir == "fake_llama-3.0/vendor/llama.cpp"
+        # the local sdist file is recognised the same way
+        assert rebase._sdist_source(fetch.obtain(s, str(sdist), allow_unpinned=True), str(sdist)) == (
+            "fake-llama", "3.0", sdist.name)
+    finally:
+        srv.stop()
+
+
+# --------------------------------------------------------------------------------------------- CUDA check
+
+
+@dataclass
+class _Cuda:
+    nvcc: Path
+    root: Path
+    version: str
+    cublas_header: Path | None
+
+
+def test_cuda_check_skips_and_compiles(st: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rep = _check(st, "b2")
+    wt = tmp_path / "wt"
+    (wt / "ggml" / "src" / "ggml-cuda").mkdir(parents=True)
+    for f in ("bridge.cu", "ggml-cuda.cu"):
+        (wt / "ggml" / "src" / "ggml-cuda" / f).write_text("int x;\n")
+    monkeypatch.setattr(rebase, "_detect_cuda", lambda: None)
+    assert rebase.cuda_check(wt, rep, []).startswith("skipped: nvcc not found")
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/nvcc.args\nexit 0\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setattr(rebase, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", None))
+    line = rebase.cuda_check(wt, rep, [])
+    assert line.startswith("skipped: nvcc 13.0") and "cublas_v2.h" in line
+    inc = tmp_path / "cublas-inc"
+    inc.mkdir()
+    (inc / "cublas_v2.h").write_text("")
+    line = rebase.cuda_check(wt, rep, [inc])
+    assert line == "compiled with nvcc 13.0: ggml/src/ggml-cuda/bridge.cu, ggml/src/ggml-cuda/ggml-cuda.cu"
+    args = (tmp_path / "nvcc.args").read_text().splitlines()
+    assert len(args) == 2 and all(" -c " in f" {a} " and f"-I{inc}" in a and f"-I{wt}/ggml/include" in a
+                                  for a in args)
+    nvcc.write_text("#!/bin/sh\necho 'bridge.cu(1): error: boom' >&2\nexit 2\n")
+    assert rebase.cuda_check(wt, rep, [inc]).startswith("failed: nvcc -c ggml/src/ggml-cuda/bridge.cu")
+
+
+def test_write_with_cuda_failure_changes_nothing(st: config.Settings, proj: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'error: boom' >&2\nexit 2\n")
+    nvcc.chmod(0o755)
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "cublas_v2.h").write_text("")
+    monkeypatch.setattr(rebase, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", inc / "cublas_v2.h"))
+    before = _snapshot(proj)
+    with pytest.raises(rebase.BuildError, match="does not build"):
+        rebase.rebase(st, "b2", rebase.Options(build=False, cuda_check=True, date=DATE))
+    assert _snapshot(proj) == before
+    data = json.loads((proj / "build" / "rebase" / "report.json").read_text())
+    assert data["state"] == "build-failed" and data["build"]["cuda"].startswith("failed")
+
+
+# --------------------------------------------------------------------------------------------- CI script
+
+
+def _ci(proj: Path, st: config.Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_BRIDGE_", "GITHUB_"))}
+    env.update(GGML_BRIDGE_PROJECT_DIR=str(proj), GGML_BRIDGE_CACHE_DIR=str(st.cache_dir),
+               GGML_BRIDGE_PYTHON=sys.executable, PYTHONPATH=str(REPO_ROOT),
+               GITHUB_OUTPUT=str(proj.parent / "gh-output"))
+    return subprocess.run([str(REPO_ROOT / "ci" / "rebase.sh"), "--report", str(proj.parent / "ci"), *args],
+                          env=env, text=True, capture_output=True, timeout=300)
+
+
+def test_ci_script_success_then_up_to_date(st: config.Settings, proj: Path, up: Up) -> None:
+    cp = _ci(proj, st, "--onto", "b3", "--no-build", "--no-ladder")
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    rep = proj.parent / "ci"
+    assert (rep / "outcome").read_text().strip() == "rebased"
+    assert "outcome=rebased" in (proj.parent / "gh-output").read_text()
+    assert json.loads((rep / "report.json").read_text())["state"] == "rebased"
+    assert pinmod.load(proj / "pin.toml").commit == up.commits["b3"]
+    fakellama.git(proj, "commit", "-q", "-am", "rebase onto b3")
+    cp = _ci(proj, st, "--onto", "b3", "--no-build", "--no-ladder")
+    assert cp.returncode == 0 and (rep / "outcome").read_text().strip() == "up-to-date"
+
+
+def test_ci_script_newest_tag_conflict(st: config.Settings, proj: Path) -> None:
+    """Without --onto the script takes the newest bNNNN tag of the pinned URL: b6, which conflicts."""
+    before = _snapshot(proj)
+    cp = _ci(proj, st, "--no-build", "--no-ladder")
+    assert cp.returncode == 50, cp.stderr[-3000:]
+    rep = proj.parent / "ci"
+    assert (rep / "target").read_text().strip() == "b6"
+    assert (rep / "outcome").read_text().strip() == "conflict"
+    assert "conflict" in (rep / "report.md").read_text()
+    assert _snapshot(proj) == before
+
+
+def test_workflow_runs_the_script() -> None:
+    wf = (REPO_ROOT / "ci" / "rebase-upstream.yml").read_text()
+    assert "schedule:" in wf and "ci/rebase.sh" in wf
+    assert "gh pr create" in wf and "gh issue create" in wf
+    assert "ladders/cpu.toml" in (REPO_ROOT / "ci" / "rebase.sh").read_text()
+
+
+# --------------------------------------------------------------------------------------------- slow: real trees
+
+
+@pytest.fixture
+def _real_binaries_for_slow_tests() -> None:
+    """Override conftest's autouse fixture: this slow test builds nothing."""
+
+
+def _expected(new_tree: Path, old_tree: Path, patches: list[Path], scratch: Path) -> list[str]:
+    """Each patch's outcome, computed independently with plain git apply in a scratch repo of the new tree (old
+    blobs added with hash-object, the way a reviewer would do it by hand)."""
+    repo = scratch / "repo"
+    shutil.copytree(new_tree, repo, symlinks=True)
+    g = fakellama.git
+    g(repo, "init", "-q")
+    g(repo, "add", "-A", "--force")
+    g(repo, "commit", "-q", "-m", "new")
+    # preimages: apply the series onto a copy of the old tree's touched files
+    old = scratch / "old"
+    touched = sorted({m for p in patches for m in re.findall(r"^diff --git a/(\S+) ", p.read_text(), re.M)})
+    for rel in touched:
+        if (old_tree / rel).is_file():
+            (old / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(old_tree / rel, old / rel)
+    g(old, "init", "-q")
+    g(old, "add", "-A")
+    g(old, "commit", "-q", "-m", "old")
+    for p in patches:
+        g(old, "apply", "--index", str(p))
+        g(old, "commit", "-q", "-m", p.name)
+    g(repo, "fetch", "-q", str(old), "HEAD:refs/old")
+    out = []
+    for p in patches:
+        ok = subprocess.run(["git", "apply", "--check", "-v", str(p)], cwd=repo, capture_output=True, text=True)
+        if ok.returncode == 0:
+            out.append("offsets" if "(offset" in ok.stderr else "clean")
+            g(repo, "apply", "--index", str(p))
+        elif subprocess.run(["git", "apply", "--check", "--reverse", str(p)], cwd=repo).returncode == 0:
+            out.append("upstream")
+            continue
+        else:
+            fuzz = subprocess.run(["patch", "--dry-run", "--batch", "--forward", "-p1", "-i", str(p)], cwd=repo,
+                                  capture_output=True)
+            three = subprocess.run(["git", "apply", "--3way", str(p)], cwd=repo, capture_output=True, text=True)
+            if three.returncode != 0:
+                out.append("conflict")
+                g(repo, "reset", "-q", "--hard")
+                continue
+            out.append("fuzz" if fuzz.returncode == 0 else "merged")
+        g(repo, "commit", "-q", "-m", p.name, "--allow-empty")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.3.35", "0.3.34"])
+def test_real_llama_cpp_python_sdists(version: str, real_settings: config.Settings, tmp_path: Path) -> None:
+    onto = f"llama-cpp-python=={version}"
+    rep = rebase.rebase(real_settings, onto, rebase.Options(check=True, base_source=os.environ.get(
+        "GGML_BRIDGE_TEST_SOURCE") or None))
+    series = patch.read_series(real_settings.patches_dir)
+    new = fetch.obtain(real_settings, onto, allow_unpinned=True)
+    old = fetch.obtain(real_settings, os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
+    expected = _expected(new.path, old.path, [p.path for p in series.patches], tmp_path)
+    got = _statuses(rep)
+    print(f"\nllama-cpp-python {version} ({new.commit}):")
+    for r in rep.results:
+        print(f"  {r.status:<9} {r.name} {'; '.join(r.hunks[:4])}")
+    assert got == expected
+    assert rep.target_commit == new.commit and rep.target_commit.startswith(
+        {"0.3.35": "4df29be4f", "0.3.34": "e3546c794"}[version])
+    # and in write mode on a copy of the project: it writes exactly when the check says everything applies
+    proj = tmp_path / "project"
+    proj.mkdir()
+    shutil.copy(real_settings.pin_file, proj / "pin.toml")
+    shutil.copytree(real_settings.patches_dir, proj / "patches")
+    s = config.load({"cache_dir": str(real_settings.cache_dir), "project_dir": str(proj)}, env={}, cwd=tmp_path)
+    opts = rebase.Options(build=False, cuda_check=False, report_dir=tmp_path / "rep",
+                          base_source=os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
+    if rep.ok:
+        assert rebase.rebase(s, onto, opts).state == "rebased"
+        assert pinmod.load(proj / "pin.toml").commit == new.commit
+    else:
+        with pytest.raises(RebaseConflict):
+            rebase.rebase(s, onto, opts)
+        assert (proj / "pin.toml").read_bytes() == real_settings.pin_file.read_bytes()
