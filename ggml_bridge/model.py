@@ -7,7 +7,7 @@ activations stay finite and logits are far from degenerate.
 
 Writing is streamed: tensors are generated in fixed-size chunks, each chunk from its own PCG64 stream
 seeded by (seed, tensor name, chunk index), on a thread pool, and written in order, so a 3.3B f16
-model never sits in memory and takes about a minute on 16 cores.
+model never sits in memory (measured: ~45M params/s on one thread, ~75M/s on two, including the write).
 
 :func:`write_model` writes one file; :func:`ensure_model` caches by (shape, seed, vocab sha256) under
 ``<cache_dir>/models`` (temp file + rename, so a killed run leaves no half file behind).
