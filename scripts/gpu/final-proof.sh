@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Second GPU proof, for the lent 2-GPU machine (no network there): batched transfers (test program, logits),
+# the CUDA ladder (subset of rungs that fits one call), and the interleaved side-by-side bench.
+# Writes at most 8 files under $OUT (the device tool's limit); Markdown is re-rendered from the JSON.
+# Usage (repo root): OUT=/tmp/out scripts/gpu/final-proof.sh [rung ...]
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+repo=$(pwd)
+V=/tmp/variants
+export GGML_BRIDGE_CACHE_DIR=/tmp/gb-cache
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/summary.txt"; }
+rungs=("$@")
+[ ${#rungs[@]} -eq 0 ] && rungs=(2gpu-wide-ub4096-128MiB 6card-small-ub256 1gpu-small-ub512 2gpu-tiny-ub1)
+
+log "build variants"
+scripts/gpu/build-cuda-variants.sh .carry/upstream.tar.gz patches "$V" 90 2>&1 | tee -a "$OUT/summary.txt" \
+    || { tail -40 $V/build-patched.log >> "$OUT/summary.txt"; log "BUILD FAILED"; exit 1; }
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$repo
+vocab=/tmp/ggml-bridge/src/models/ggml-vocab-llama-spm.gguf
+
+T=$V/patched/test-batched-transfers
+if [ -x "$T" ]; then
+    for cfg in "1gpu CUDA_VISIBLE_DEVICES=0" "2gpu" "2gpu-bridge GGML_CUDA_MAPPED_HOST_BRIDGE=1"; do
+        set -- $cfg; name=$1; shift
+        log "test-batched-transfers $name"
+        env "$@" timeout 120 "$T" > /tmp/tb-$name.txt 2>&1; rc=$?
+        log "  rc=$rc $(tail -n 1 /tmp/tb-$name.txt)"
+        grep -E "FAIL|counters|stats|async" /tmp/tb-$name.txt | head -6 | tee -a "$OUT/summary.txt"
+        { echo "== $name rc=$rc"; cat /tmp/tb-$name.txt; } >> "$OUT/tests.txt"
+    done
+else
+    log "no test-batched-transfers target in the series"
+fi
+
+log "logits: batched off/on (1 and 2 GPUs), with the bridge"
+python3 -c "from ggml_bridge.model import write_model; write_model('/tmp/small.gguf','small',1234,'$vocab',threads=16)"
+python3 -c "
+import random
+random.seed(7)
+words=open('$repo/ggml_bridge/model.py').read().split()
+print(' '.join(random.choice(words) for _ in range(12000)))" > /tmp/text.txt
+ppl() { local tag=$1 bin=$2; shift 2
+    env "$@" GGML_CUDA_MAPPED_HOST_BRIDGE_STATS=1 SAM3D_BATCHED_TRANSFERS_STATS=1 timeout 120 "$bin/llama-perplexity" \
+        -m /tmp/small.gguf -f /tmp/text.txt -c 512 -b 512 -ub 128 -ngl 99 -sm layer --chunks 4 -lv 4 \
+        --kl-divergence-base "/tmp/kl-$tag.bin" > "/tmp/ppl-$tag.log" 2>&1
+    log "  $tag rc=$? sha=$(sha256sum /tmp/kl-$tag.bin | cut -c1-16) $(grep -E '(mapped_host_bridge|batched_transfers): (enabled|inactive|stats)' /tmp/ppl-$tag.log | sed 's/^.*\(ggml_cuda_mapped\|llama_batched\)/\1/' | tr '\n' ' ')"
+}
+ppl 1gpu-upstream $V/upstream CUDA_VISIBLE_DEVICES=0
+ppl 1gpu-off      $V/patched  CUDA_VISIBLE_DEVICES=0 SAM3D_BATCHED_TRANSFERS=0
+ppl 1gpu-batched  $V/patched  CUDA_VISIBLE_DEVICES=0 SAM3D_BATCHED_TRANSFERS=1
+ppl 2gpu-upstream $V/upstream
+ppl 2gpu-batched  $V/patched  SAM3D_BATCHED_TRANSFERS=1
+ppl 2gpu-both     $V/patched  SAM3D_BATCHED_TRANSFERS=1 GGML_CUDA_MAPPED_HOST_BRIDGE=1
+ppl 6v-both       $V/patched  SAM3D_BATCHED_TRANSFERS=1 GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_DEVICES=6
+
+log "CUDA ladder: ${rungs[*]}"
+rargs=(); for r in "${rungs[@]}"; do rargs+=(--rung "$r"); done
+timeout 200 python3 -m ggml_bridge ladder --ladder ladders/cuda.toml --bin-dir-patched $V/patched \
+    --bin-dir-upstream $V/upstream --vocab "$vocab" --report /tmp/ladder "${rargs[@]}" > /tmp/ladder.out 2>&1
+log "  ladder rc=$? $(grep -E 'PASS|FAIL|INVALID|rung' /tmp/ladder.out | tail -n 12 | tr '\n' ' ')"
+cp /tmp/ladder/report.json "$OUT/ladder.json" 2>/dev/null; cp /tmp/ladder/report.md "$OUT/ladder.md" 2>/dev/null; tail -n 60 /tmp/ladder.out >> "$OUT/summary.txt"
+
+log "bench multi-gpu (interleaved)"
+timeout 150 python3 -m ggml_bridge bench --variants-dir $V --suite multi-gpu --cases p2p,staged,nopeer,bridge \
+    --rounds 2 --reps 3 --no-microbench --vocab "$vocab" --report /tmp/bench-multi > /tmp/bench-multi.out 2>&1
+log "  rc=$? $(grep -E 'round|NOT ENGAGED' /tmp/bench-multi.out | tail -n 8 | tr '\n' ' ')"
+cp /tmp/bench-multi/bench.json "$OUT/bench-multi.json" 2>/dev/null
+
+log "bench batched (1 GPU, interleaved)"
+timeout 90 python3 -m ggml_bridge bench --variants-dir $V --suite batched --rounds 3 --reps 3 --no-microbench \
+    --vocab "$vocab" --report /tmp/bench-batched > /tmp/bench-batched.out 2>&1
+log "  rc=$? $(grep -E 'round|NOT ENGAGED|error' /tmp/bench-batched.out | tail -n 6 | tr '\n' ' ')"
+cp /tmp/bench-batched/bench.json "$OUT/bench-batched.json" 2>/dev/null
+log "done"
