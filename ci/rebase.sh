@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Move the patch series onto the newest upstream llama.cpp release tag (or --onto SPEC), build it, and run the CPU
-# ladder. Runnable locally from a checkout; ci/rebase-upstream.yml runs it on a schedule in GitHub Actions.
+# ladder. Runnable locally from a checkout; .github/workflows/rebase-upstream.yml runs it on a schedule in GitHub Actions.
 #
 # Usage: ci/rebase.sh [--onto SPEC] [--report DIR] [--no-build] [--no-ladder] [--check]
 #   SPEC      anything `ggml-bridge rebase --onto` takes; default: the newest bNNNN tag of the pinned upstream URL

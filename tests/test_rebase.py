@@ -467,7 +467,7 @@ def test_ci_script_newest_tag_conflict(st: config.Settings, proj: Path) -> None:
 
 
 def test_workflow_runs_the_script() -> None:
-    wf = (REPO_ROOT / "ci" / "rebase-upstream.yml").read_text()
+    wf = (REPO_ROOT / ".github" / "workflows" / "rebase-upstream.yml").read_text()
     assert "schedule:" in wf and "ci/rebase.sh" in wf
     assert "gh pr create" in wf and "gh issue create" in wf
     assert "ladders/cpu.toml" in (REPO_ROOT / "ci" / "rebase.sh").read_text()
