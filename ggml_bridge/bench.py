@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import hashlib
 import json
 import os
 import platform
@@ -32,6 +31,7 @@ from typing import Any, Sequence
 
 from . import logparse, runner
 from .errors import BenchError
+from .fetch import file_sha256
 from .runner import log, step
 
 SELECTORS_OFF = {"GGML_CUDA_MAPPED_HOST_BRIDGE": "0", "SAM3D_BATCHED_TRANSFERS": "0"}
@@ -207,14 +207,6 @@ def gpu_env() -> dict[str, Any]:
     gpus = [dict(zip(keys, [v.strip() for v in line.split(",")])) for line in out.stdout.strip().splitlines()]
     topo = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True).stdout
     return {"gpus": gpus, "topology": logparse.ANSI.sub("", topo)}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def resolve_bins(args: argparse.Namespace, settings: Any, variants: set[str]) -> dict[str, Path]:
@@ -528,7 +520,7 @@ def bench(args: argparse.Namespace, settings: Any) -> int:
         "model": {"shape": suite["shape"] if args.model is None else "user", "path": str(model_path)},
         "environment": gpu_env(),
         "cases": [{"name": c.name, "variant": c.variant, "env": c.env, "description": c.description,
-                   "bin_dir": str(bins[c.variant]), "llama_bench_sha256": _sha256(bins[c.variant] / "llama-bench"),
+                   "bin_dir": str(bins[c.variant]), "llama_bench_sha256": file_sha256(bins[c.variant] / "llama-bench"),
                    "engagement": next((r.engagement for r in reversed(runs) if r.case == c.name), "")}
                   for c in runnable],
         "manifests": _manifests(bins),
