@@ -11,7 +11,8 @@ V=/tmp/variants
 export GGML_BRIDGE_CACHE_DIR=/tmp/gb-cache
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/summary.txt"; }
 rungs=("$@")
-[ ${#rungs[@]} -eq 0 ] && rungs=(2gpu-wide-ub4096-128MiB 6card-small-ub256 1gpu-small-ub512 2gpu-tiny-ub1)
+[ ${#rungs[@]} -eq 0 ] && rungs=(2gpu-wide-ub4096-128MiB 6card-small-ub256 1gpu-small-ub512)
+rung_timeout=(80 60 45)
 
 log "build variants"
 scripts/gpu/build-cuda-variants.sh .carry/upstream.tar.gz patches "$V" 90 2>&1 | tee -a "$OUT/summary.txt" \
@@ -19,14 +20,15 @@ scripts/gpu/build-cuda-variants.sh .carry/upstream.tar.gz patches "$V" 90 2>&1 |
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$repo
 vocab=/tmp/ggml-bridge/src/models/ggml-vocab-llama-spm.gguf
 
+python3 -c "from ggml_bridge.model import write_model; write_model('/tmp/tiny.gguf','tiny',1,'$vocab'); write_model('/tmp/small.gguf','small',1234,'$vocab',threads=16)"
 T=$V/patched/test-batched-transfers
 if [ -x "$T" ]; then
-    for cfg in "1gpu CUDA_VISIBLE_DEVICES=0" "2gpu" "2gpu-bridge GGML_CUDA_MAPPED_HOST_BRIDGE=1"; do
+    for cfg in "1gpu CUDA_VISIBLE_DEVICES=0" "2gpu" "2gpu-bridge GGML_CUDA_MAPPED_HOST_BRIDGE=force"; do
         set -- $cfg; name=$1; shift
         log "test-batched-transfers $name"
-        env "$@" timeout 120 "$T" > /tmp/tb-$name.txt 2>&1; rc=$?
+        env "$@" timeout 60 "$T" --model /tmp/tiny.gguf > /tmp/tb-$name.txt 2>&1; rc=$?
         log "  rc=$rc $(tail -n 1 /tmp/tb-$name.txt)"
-        grep -E "FAIL|counters|stats|async" /tmp/tb-$name.txt | head -6 | tee -a "$OUT/summary.txt"
+        grep -E "FAIL|main: |stats|logits" /tmp/tb-$name.txt | head -10 | tee -a "$OUT/summary.txt"
         { echo "== $name rc=$rc"; cat /tmp/tb-$name.txt; } >> "$OUT/tests.txt"
     done
 else
@@ -34,7 +36,6 @@ else
 fi
 
 log "logits: batched off/on (1 and 2 GPUs), with the bridge"
-python3 -c "from ggml_bridge.model import write_model; write_model('/tmp/small.gguf','small',1234,'$vocab',threads=16)"
 python3 -c "
 import random
 random.seed(7)
@@ -55,20 +56,23 @@ ppl 2gpu-both     $V/patched  SAM3D_BATCHED_TRANSFERS=1 GGML_CUDA_MAPPED_HOST_BR
 ppl 6v-both       $V/patched  SAM3D_BATCHED_TRANSFERS=1 GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_DEVICES=6
 
 log "CUDA ladder: ${rungs[*]}"
-rargs=(); for r in "${rungs[@]}"; do rargs+=(--rung "$r"); done
-timeout 200 python3 -m ggml_bridge ladder --ladder ladders/cuda.toml --bin-dir-patched $V/patched \
-    --bin-dir-upstream $V/upstream --vocab "$vocab" --report /tmp/ladder "${rargs[@]}" > /tmp/ladder.out 2>&1
-log "  ladder rc=$? $(grep -E 'PASS|FAIL|INVALID|rung' /tmp/ladder.out | tail -n 12 | tr '\n' ' ')"
-cp /tmp/ladder/report.json "$OUT/ladder.json" 2>/dev/null; cp /tmp/ladder/report.md "$OUT/ladder.md" 2>/dev/null; tail -n 60 /tmp/ladder.out >> "$OUT/summary.txt"
+i=0
+for r in "${rungs[@]}"; do
+    i=$((i+1)); t=${rung_timeout[$((i-1))]:-60}
+    timeout $t python3 -m ggml_bridge ladder --ladder ladders/cuda.toml --bin-dir-patched $V/patched \
+        --bin-dir-upstream $V/upstream --vocab "$vocab" --report /tmp/ladder-$i --rung "$r" > /tmp/ladder-$i.out 2>&1
+    log "  ladder $r rc=$? $(grep -E 'PASS|FAIL|INVALID|MISMATCH' /tmp/ladder-$i.out | tail -n 3 | tr '\n' ' ')"
+    cp /tmp/ladder-$i/report.json "$OUT/ladder-$i.json" 2>/dev/null || tail -n 25 /tmp/ladder-$i.out >> "$OUT/summary.txt"
+done
 
 log "bench multi-gpu (interleaved)"
-timeout 150 python3 -m ggml_bridge bench --variants-dir $V --suite multi-gpu --cases p2p,staged,nopeer,bridge \
+timeout 100 python3 -m ggml_bridge bench --variants-dir $V --suite multi-gpu --cases p2p,staged,nopeer,bridge \
     --rounds 2 --reps 3 --no-microbench --vocab "$vocab" --report /tmp/bench-multi > /tmp/bench-multi.out 2>&1
 log "  rc=$? $(grep -E 'round|NOT ENGAGED' /tmp/bench-multi.out | tail -n 8 | tr '\n' ' ')"
 cp /tmp/bench-multi/bench.json "$OUT/bench-multi.json" 2>/dev/null
 
 log "bench batched (1 GPU, interleaved)"
-timeout 90 python3 -m ggml_bridge bench --variants-dir $V --suite batched --rounds 3 --reps 3 --no-microbench \
+timeout 60 python3 -m ggml_bridge bench --variants-dir $V --suite batched --rounds 3 --reps 3 --no-microbench \
     --vocab "$vocab" --report /tmp/bench-batched > /tmp/bench-batched.out 2>&1
 log "  rc=$? $(grep -E 'round|NOT ENGAGED|error' /tmp/bench-batched.out | tail -n 6 | tr '\n' ' ')"
 cp /tmp/bench-batched/bench.json "$OUT/bench-batched.json" 2>/dev/null
