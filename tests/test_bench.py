@@ -197,3 +197,13 @@ def test_noise_is_called_noise():
 def test_rotate():
     assert bench.rotate(["a", "b", "c"], 1) == ["b", "c", "a"]
     assert bench.rotate(["a", "b", "c"], 3) == ["a", "b", "c"]
+
+
+def test_plot_microbench_only(tmp_path):
+    """A report with no throughput figures (every case failed) still plots its microbenchmark."""
+    rows = [{"path": p, "bytes": n, "iters": 1, "seconds": 1.0, "GBps": g, "us_synced": 1.0}
+            for n in (4096, 1 << 20) for p, g in (("bridge", 40.0), ("d2h", 50.0), ("h2d", 49.0))]
+    rep = {"cases": [], "tests": [], "summary": {}, "microbench": rows, "suite": "x", "model": {"shape": "-"},
+           "date": "2026-11-30"}
+    assert bench.plot(rep, tmp_path) == ["microbench.png"]
+    assert (tmp_path / "microbench.png").stat().st_size > 1000
