@@ -59,6 +59,17 @@ def _fmt(args: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None, 
     return "+ " + prefix + " ".join(shlex.quote(str(a)) for a in args) + where
 
 
+def _prepare(args: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None,
+             cwd: Path | str | None) -> tuple[list[str], dict[str, str]]:
+    """Log the command line and return it with the full environment (ours plus the added variables)."""
+    argv = [str(a) for a in args]
+    log(_fmt(argv, env, cwd))
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    return argv, full_env
+
+
 def run(
     args: Sequence[str | os.PathLike[str]],
     *,
@@ -79,11 +90,7 @@ def run(
     With ``log_file`` or ``on_line`` the combined output is streamed line by line; the last lines are
     kept for the error message. A non-zero exit with ``check`` raises ``error``.
     """
-    argv = [str(a) for a in args]
-    log(_fmt(argv, env, cwd))
-    full_env = dict(os.environ)
-    if env:
-        full_env.update(env)
+    argv, full_env = _prepare(args, env, cwd)
     try:
         if log_file is not None or on_line is not None:
             tail: deque[str] = deque(maxlen=40)
@@ -242,11 +249,7 @@ def start(
     ``env`` holds only the added variables (they are logged). With ``new_session`` the child gets its
     own session/process group, so a terminal Ctrl-C reaches only us and we forward it exactly once.
     """
-    argv = [str(a) for a in args]
-    log(_fmt(argv, env, cwd))
-    full_env = dict(os.environ)
-    if env:
-        full_env.update(env)
+    argv, full_env = _prepare(args, env, cwd)
     try:
         popen = subprocess.Popen(
             argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
