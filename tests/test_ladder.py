@@ -467,6 +467,28 @@ n_predict = 4
     assert all(x["tokens_predicted"] == 4 for x in recs)
 
 
+@pytest.mark.slow
+def test_real_cpu_ladder_upstream_vs_patched(real_build, real_tree, tmp_path):  # type: ignore[no-untyped-def]
+    """The shipped CPU ladder (the one CI promises) on the session's real builds: the unpatched upstream build
+    against the patched build with every selector 0, byte for byte, every rung."""
+    patched, upstream = real_build("patched"), real_build("upstream")
+    assert patched.server != upstream.server
+    p = argparse.ArgumentParser()
+    ladder.add_arguments(p)
+    a = p.parse_args(["--ladder", str(ROOT / "ladders" / "cpu.toml"), "--report", str(tmp_path / "rep"),
+                      "--vocab", str(Path(real_tree.path) / "models" / model.VOCAB_FILE),
+                      "--bin-dir-patched", str(patched.bin_dir), "--bin-dir-upstream", str(upstream.bin_dir)])
+    rc = ladder.run(a, SimpleNamespace(cache_dir=tmp_path / "cache"))
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert rep["binaries"]["same_build"] is False
+    bad = {r["name"]: r["problems"] for r in rep["rungs"] if r["status"] != "pass"}
+    assert rc == 0 and not bad, bad
+    assert len(rep["rungs"]) >= 5
+    for r in rep["rungs"]:
+        c = r["modes"]["off"]["compare"]
+        assert c["logits"]["identical"] and c["responses"]["identical"]
+
+
 def test_mechanism_state_names():
     r = rung(devices=1)
     assert v("batched", r, server="", perplexity="")["batched"]["state"] == "absent"
