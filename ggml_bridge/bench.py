@@ -223,11 +223,20 @@ def resolve_bins(args: argparse.Namespace, settings: Any, variants: set[str]) ->
             dirs[v] = Path(override)
             continue
         from . import build  # the build stage needs git tooling only when it is used
+        from .errors import NotBuiltError, UsageError
 
         try:
             dirs[v] = build.find_binary(settings, "llama-bench", variant=v).parent
-        except Exception as e:  # NotBuiltError and friends: the case is skipped, the report says why
-            log(f"    no {v} build: {e}")
+            continue
+        except NotBuiltError as e:
+            if not args.build:
+                log(f"    no {v} build ({e.what}); --build would make it")
+                continue
+        try:
+            with step(f"build {v}"):
+                dirs[v] = build.ensure(settings, v).bin_dir
+        except UsageError as e:  # e.g. upstream-nopeer on a CPU-only machine: that case is skipped
+            log(f"    cannot build {v}: {e}")
     return dirs
 
 
@@ -404,6 +413,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DIR/{upstream,nopeer,patched}/llama-bench, as scripts/gpu/build-cuda-variants.sh makes")
     for v in ("upstream", "upstream-nopeer", "patched"):
         parser.add_argument(f"--bin-dir-{v}", type=Path, default=None, metavar="DIR", help=f"llama-bench of {v}")
+    parser.add_argument("--build", action=argparse.BooleanOptionalAction, default=True,
+                        help="build the variants that are missing (default; --no-build only reuses builds)")
     parser.add_argument("--model", type=Path, default=None, help="GGUF to use instead of the suite's random model")
     parser.add_argument("--vocab", type=Path, default=None, help="vocabulary GGUF for the random model")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")

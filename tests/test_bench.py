@@ -207,3 +207,35 @@ def test_plot_microbench_only(tmp_path):
            "date": "2026-11-30"}
     assert bench.plot(rep, tmp_path) == ["microbench.png"]
     assert (tmp_path / "microbench.png").stat().st_size > 1000
+
+
+def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monkeypatch):
+    """Without bin dirs the bench reuses the build stage's builds, builds what is missing (--build, the
+    default), and with --no-build skips those cases instead of inventing figures."""
+    from ggml_bridge import build
+    from ggml_bridge.errors import NotBuiltError
+
+    built: list[str] = []
+
+    def find_binary(settings, name, variant=None, backend=None):
+        if variant == "patched" and "patched" not in built:
+            raise NotBuiltError("no patched build")
+        return variants / {"upstream": "upstream", "patched": "patched"}[variant] / name
+
+    def ensure(settings, variant=None, **kw):
+        built.append(variant)
+        return SimpleNamespace(bin_dir=variants / "patched")
+
+    monkeypatch.setattr(build, "find_binary", find_binary)
+    monkeypatch.setattr(build, "ensure", ensure)
+    args = _args(model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases="p2p,bridge", microbench=False)
+    assert bench.bench(args, env.settings) == 0
+    assert built == ["patched"]
+
+    built.clear()
+    args = _args(model=env.model, rounds=1, reps=1, report=tmp_path / "r2", cases="p2p,bridge", microbench=False,
+                 build=False)
+    assert bench.bench(args, env.settings) == 0
+    rep = json.loads((tmp_path / "r2" / "bench.json").read_text())
+    assert built == [] and [c["name"] for c in rep["cases"]] == ["p2p"]
+    assert any("bridge: no patched build" in s for s in rep["skipped"])
