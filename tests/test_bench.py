@@ -105,7 +105,7 @@ def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     args = _args(variants_dir=variants, model=env.model, rounds=3, reps=3, report=report_dir)
     assert bench.bench(args, env.settings) == 0
 
-    order = env.order.read_text().splitlines() + []
+    order = env.order.read_text().splitlines()
     # six cases in the multi-gpu suite, three rounds, each round rotated by one
     assert len(order) == 18
     first = [line.split()[0] + line.split()[1] for line in order]
