@@ -515,8 +515,8 @@ def test_cuda_ladder_bridge_expectations_follow_the_patch():
         if r.devices == 1:
             assert r.expect_bridge == "inactive"  # "inactive: single device" in every mode
         else:
-            # force must engage; only mode 1 may decline
-            assert r.expect_bridge == "engaged" and r.expect == {"bridge": "either"}
+            # every bridge mode must engage: the ladder never enables peer access, so mode 1 routes too
+            assert r.expect_bridge == "engaged" and r.expect == {}
             assert r.expect_batched == "engaged"
 
 
