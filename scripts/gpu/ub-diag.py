@@ -4,6 +4,7 @@ repetition kept) over a set of (variant, selectors) cases, with nvidia-smi sampl
 repetitions can be matched with clocks, power and throttle reasons. GPU machine only; writes JSON lines.
 
 Usage: ub-diag.py VARIANTS MODEL OUT.jsonl [--ub 4096] [--pp 4096] [--rounds 3] [--reps 6] [--cases a,b]
+                  [--extra '-t 8' --tag -t8]
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--cases", default="p2p,bridge,bridge-c8M,bridge-c64M,bridge-force-p2p,staged")
+    ap.add_argument("--extra", default="", help="more llama-bench arguments, e.g. '-t 8'")
+    ap.add_argument("--tag", default="", help="appended to the case names in the output")
     args = ap.parse_args()
     cases = args.cases.split(",")
     for c in cases:
@@ -48,11 +51,11 @@ def main() -> int:
         for c in order:
             variant, env = CASES[c]
             argv = [os.path.join(args.variants, variant, "llama-bench"), "-m", args.model, "-p", str(args.pp), "-n", "0",
-                    "-b", str(args.pp), "-ub", str(args.ub), "-ngl", "99", "-sm", "layer", "-r", str(args.reps), "-o", "json"]
+                    "-b", str(args.pp), "-ub", str(args.ub), "-ngl", "99", "-sm", "layer", "-r", str(args.reps), "-o", "json"] + args.extra.split()
             t0 = time.time()
             p = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
             t1 = time.time()
-            rec = {"case": c, "round": r, "rc": p.returncode, "t0": t0, "t1": t1, "env": env}
+            rec = {"case": c + args.tag, "extra": args.extra, "round": r, "rc": p.returncode, "t0": t0, "t1": t1, "env": env}
             try:
                 res = json.loads(p.stdout)
                 rec["samples_ts"] = res[0]["samples_ts"]
@@ -62,7 +65,7 @@ def main() -> int:
             out.write(json.dumps(rec) + "\n")
             out.flush()
             ts = rec.get("samples_ts", [])
-            print(f"round {r} {c:18s} rc={p.returncode} {t1 - t0:5.1f}s " + " ".join(f"{x:8.0f}" for x in ts), flush=True)
+            print(f"round {r} {c + args.tag:22s} rc={p.returncode} {t1 - t0:5.1f}s " + " ".join(f"{x:8.0f}" for x in ts), flush=True)
     return 0
 
 
