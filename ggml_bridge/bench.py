@@ -150,6 +150,21 @@ def compare(a: Summary, b: Summary) -> dict[str, Any]:
     return {"ratio": ratio, "noise": noise}
 
 
+def paired_ratio(samples: Sequence[Sample], case: str, ref: str, test: str) -> tuple[float, int] | None:
+    """Median over the rounds that ran both cases of (median of case / median of ref) within the round, and the
+    number of such rounds. Cases of one round ran next to each other, so a drift of the machine between rounds
+    (clocks, a noisy neighbour) cancels here, while the pooled medians keep it; None without a common round."""
+    per: dict[int, dict[str, list[float]]] = {}
+    for s in samples:
+        if s.test == test and s.case in (case, ref) and s.values:
+            per.setdefault(s.round, {}).setdefault(s.case, []).extend(s.values)
+    ratios = [statistics.median(v[case]) / statistics.median(v[ref])
+              for v in per.values() if case in v and ref in v and statistics.median(v[ref])]
+    if not ratios:
+        return None
+    return statistics.median(ratios), len(ratios)
+
+
 def rotate(items: Sequence[str], k: int) -> list[str]:
     k %= max(1, len(items))
     return list(items[k:]) + list(items[:k])
@@ -304,7 +319,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines.append(f"- model: {report['model']['shape']} ({report['model']['path']})")
     lines.append(f"- settings: {report['settings']}")
     lines.append(f"- rounds: {report['rounds']} interleaved, llama-bench -r {report['reps']} per round; "
-                 "figure = median of all samples, ± = interquartile range; 'noise' = difference inside the spreads")
+                 "figure = median of all samples, ± = interquartile range; 'noise' = difference inside the spreads; "
+                 "'paired' = median over rounds of the ratio within a round")
     lines.append("")
     for c in report["cases"]:
         lines.append(f"- **{c['name']}**: {c['description']}; binaries {c['bin_dir']}"
@@ -325,7 +341,9 @@ def render_markdown(report: dict[str, Any]) -> str:
             for n in names:
                 cmp = report["ratios"].get(r, {}).get(n, {}).get(t)
                 if cmp and n != r:
-                    cells.append(f"{n} {cmp['ratio']:.3f}{' (noise)' if cmp['noise'] else ''}")
+                    notes = (["noise"] if cmp["noise"] else []) + \
+                        ([f"paired {cmp['paired']:.3f}"] if "paired" in cmp else [])
+                    cells.append(f"{n} {cmp['ratio']:.3f}" + (f" ({'; '.join(notes)})" if notes else ""))
             row.append("<br>".join(cells) or "—")
         lines.append("| " + " | ".join(row) + " |")
     if report.get("not_engaged"):
@@ -526,7 +544,11 @@ def bench(args: argparse.Namespace, settings: Any) -> int:
                 if t in summary.get(n, {}) and t in summary.get(ref, {}):
                     a = Summary(**summary[n][t])
                     b = Summary(**summary[ref][t])
-                    ratios.setdefault(ref, {}).setdefault(n, {})[t] = compare(a, b)
+                    cmp = compare(a, b)
+                    paired = paired_ratio(samples, n, ref, t)
+                    if paired is not None:
+                        cmp["paired"], cmp["paired_rounds"] = paired
+                    ratios.setdefault(ref, {}).setdefault(n, {})[t] = cmp
 
     micro: list[dict[str, Any]] = []
     if args.microbench and "patched" in bins and (gpus >= 2 or args.virtual_devices):

@@ -131,7 +131,9 @@ def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     paths = {m["path"] for m in rep["microbench"]}
     assert paths == {"bridge", "peer", "peer-p2p", "sync-malloc", "d2h", "h2d"}
     md = (report_dir / "bench.md").read_text()
-    assert "| pp4096/ub512 |" in md and "bridge 0.970" in md and "Boundary copy throughput" in md
+    assert "| pp4096/ub512 |" in md and "bridge 0.970 (paired 0.970)" in md and "Boundary copy throughput" in md
+    assert r["p2p"]["bridge"]["pp4096/ub512"]["paired"] == pytest.approx(0.97)
+    assert r["p2p"]["bridge"]["pp4096/ub512"]["paired_rounds"] == 3
     assert (report_dir / "throughput.png").stat().st_size > 1000
     assert (report_dir / "microbench.png").stat().st_size > 1000
 
@@ -239,3 +241,20 @@ def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monke
     rep = json.loads((tmp_path / "r2" / "bench.json").read_text())
     assert built == [] and [c["name"] for c in rep["cases"]] == ["p2p"]
     assert any("bridge: no patched build" in s for s in rep["skipped"])
+
+
+def test_paired_ratio_cancels_drift_between_rounds():
+    S = bench.Sample
+    # the machine slows by a third in round 1; within each round a runs at 0.96 of ref
+    samples = [S("ref", "pp", 0, [100.0, 101.0, 99.0]), S("a", "pp", 0, [96.0, 96.96, 95.04]),
+               S("ref", "pp", 1, [66.0, 67.0, 65.0]), S("a", "pp", 1, [63.36, 64.32, 62.4]),
+               S("a", "pp", 2, [10.0]),                      # a round without ref: not paired
+               S("ref", "tg", 0, [5.0]), S("a", "tg", 0, [6.0])]
+    ratio, rounds = bench.paired_ratio(samples, "a", "ref", "pp")
+    assert rounds == 2 and ratio == pytest.approx(0.96)
+    # the pooled medians mix the rounds and miss it
+    pooled = bench.compare(bench.summarize("a", "pp", [v for s in samples if s.case == "a" and s.test == "pp" for v in s.values]),
+                           bench.summarize("ref", "pp", [v for s in samples if s.case == "ref" and s.test == "pp" for v in s.values]))
+    assert abs(pooled["ratio"] - 0.96) > 0.05
+    assert bench.paired_ratio(samples, "a", "ref", "missing") is None
+    assert bench.paired_ratio(samples, "a", "nobody", "pp") is None
