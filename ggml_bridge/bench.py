@@ -256,10 +256,14 @@ def resolve_bins(args: argparse.Namespace, settings: Any, variants: set[str]) ->
 
 
 def run_case(bin_dir: Path, case: Case, model_path: Path, suite: dict[str, Any], reps: int,
-             base_env: dict[str, str], out_dir: Path, rnd: int, timeout: float) -> tuple[CaseRun, list[Sample]]:
+             base_env: dict[str, str], out_dir: Path, rnd: int, timeout: float,
+             warmup: int = 0) -> tuple[CaseRun, list[Sample]]:
+    """One llama-bench process for a case: reps + warmup repetitions per test, the first ``warmup`` of each
+    discarded (llama-bench's own warm-up is a short prompt, so the first full-size repetition still pays
+    first-call costs: measured on H200, the first pp512 repetition of a process ran at about half speed)."""
     ub = ",".join(str(u) for u in suite["ubatch"])
     argv = [str(bin_dir / "llama-bench"), "-m", str(model_path), "-p", str(suite["pp"]), "-n", str(suite["tg"]),
-            "-b", str(suite["batch"]), "-ub", ub, "-r", str(reps), "-o", "json", "-v"]
+            "-b", str(suite["batch"]), "-ub", ub, "-r", str(reps + warmup), "-o", "json", "-v"]
     if suite["devices"] != "cpu":
         argv += ["-ngl", "99", "-sm", "layer"]
     else:
@@ -277,7 +281,8 @@ def run_case(bin_dir: Path, case: Case, model_path: Path, suite: dict[str, Any],
     if res.returncode == 0:
         try:
             for r in json.loads(res.stdout):
-                samples.append(Sample(case.name, test_key(r), rnd, [float(x) for x in r["samples_ts"]]))
+                vals = [float(x) for x in r["samples_ts"]]
+                samples.append(Sample(case.name, test_key(r), rnd, vals[warmup:] if len(vals) > warmup else vals))
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise BenchError(f"cannot read llama-bench output for case {case.name}", why=str(e),
                              fix=f"see {err_path}") from None
@@ -318,7 +323,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                      f"{g['pcie.link.gen.max']} x{g['pcie.link.width.max']} (max)")
     lines.append(f"- model: {report['model']['shape']} ({report['model']['path']})")
     lines.append(f"- settings: {report['settings']}")
-    lines.append(f"- rounds: {report['rounds']} interleaved, llama-bench -r {report['reps']} per round; "
+    lines.append(f"- rounds: {report['rounds']} interleaved, {report['reps']} llama-bench repetitions kept per round "
+                 f"after {report.get('warmup_reps', 0)} discarded; "
                  "figure = median of all samples, ± = interquartile range; 'noise' = difference inside the spreads; "
                  "'paired' = median over rounds of the ratio within a round")
     lines.append("")
@@ -436,7 +442,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="GGUF to use instead of the suite's random model")
     parser.add_argument("--vocab", type=Path, default=None, help="vocabulary GGUF for the random model")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    parser.add_argument("--reps", type=int, default=3, help="llama-bench -r per round (default 3)")
+    parser.add_argument("--reps", type=int, default=3, help="llama-bench repetitions kept per round (default 3)")
+    parser.add_argument("--warmup-reps", type=int, default=1, metavar="N",
+                        help="repetitions run first and discarded in every llama-bench process (default 1)")
     parser.add_argument("--virtual-devices", type=int, default=None, metavar="N",
                         help="GGML_CUDA_DEVICES=N: emulate N cards on the visible GPUs")
     parser.add_argument("--microbench", action=argparse.BooleanOptionalAction, default=True,
@@ -459,6 +467,12 @@ def run(args: argparse.Namespace, settings: Any) -> int:
 
 
 def bench(args: argparse.Namespace, settings: Any) -> int:
+    from .errors import UsageError
+
+    if args.rounds < 1 or args.reps < 1 or args.warmup_reps < 0:
+        raise UsageError(f"bad counts: --rounds {args.rounds}, --reps {args.reps}, --warmup-reps {args.warmup_reps}",
+                         why="a report needs at least one round of at least one kept repetition",
+                         fix="use --rounds >= 1, --reps >= 1 and --warmup-reps >= 0")
     gpus = n_gpus()
     suite_name = args.suite or ("multi-gpu" if gpus >= 2 else "batched" if gpus == 1 else "cpu")
     suite = dict(SUITES[suite_name])
@@ -518,7 +532,8 @@ def bench(args: argparse.Namespace, settings: Any) -> int:
     for rnd in range(args.rounds):
         for name in rotate(names, rnd):
             c = CASES[name]
-            cr, ss = run_case(bins[c.variant], c, model_path, suite, args.reps, base_env, logs, rnd, args.timeout)
+            cr, ss = run_case(bins[c.variant], c, model_path, suite, args.reps, base_env, logs, rnd, args.timeout,
+                              warmup=args.warmup_reps)
             runs.append(cr)
             samples += ss
             figs = " ".join(f"{s.test}={statistics.median(s.values):.1f}" for s in ss)
@@ -557,7 +572,7 @@ def bench(args: argparse.Namespace, settings: Any) -> int:
 
     report = {
         "suite": suite_name, "about": suite["about"], "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        "host": platform.node(), "rounds": args.rounds, "reps": args.reps,
+        "host": platform.node(), "rounds": args.rounds, "reps": args.reps, "warmup_reps": args.warmup_reps,
         "settings": {k: suite[k] for k in ("pp", "batch", "ubatch", "tg", "devices")}
         | ({"GGML_CUDA_DEVICES": args.virtual_devices} if args.virtual_devices else {}),
         "model": {"shape": suite["shape"] if args.model is None else "user", "path": str(model_path)},

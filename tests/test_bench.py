@@ -47,8 +47,11 @@ if env.get("FAKE_FAIL") == variant:
 reps = int(opt("-r", "1"))
 out = []
 for ub in opt("-ub", "512").split(","):
+    ts = [base + 0.25 * (i - reps // 2) for i in range(reps)]
+    if env.get("FAKE_COLD_FIRST") == "1":
+        ts[0] = base / 2          # a first repetition that still pays first-call costs
     out.append({"n_prompt": int(opt("-p")), "n_gen": 0, "n_ubatch": int(ub), "avg_ts": base, "stddev_ts": 0.5,
-                "samples_ts": [base + 0.25 * (i - reps // 2) for i in range(reps)]})
+                "samples_ts": ts})
 out.append({"n_prompt": 0, "n_gen": int(opt("-n")), "n_ubatch": int(opt("-ub", "512").split(",")[0]), "avg_ts": base / 10,
             "stddev_ts": 0.1, "samples_ts": [base / 10] * reps})
 print(json.dumps(out))
@@ -258,3 +261,32 @@ def test_paired_ratio_cancels_drift_between_rounds():
     assert abs(pooled["ratio"] - 0.96) > 0.05
     assert bench.paired_ratio(samples, "a", "ref", "missing") is None
     assert bench.paired_ratio(samples, "a", "nobody", "pp") is None
+
+
+def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_COLD_FIRST", "1")
+    report_dir = tmp_path / "report"
+    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=2, report=report_dir, cases="p2p,bridge",
+                 microbench=False)
+    assert bench.bench(args, env.settings) == 0
+    rep = json.loads((report_dir / "bench.json").read_text())
+    assert rep["warmup_reps"] == 1
+    pp = [x for x in rep["samples"] if x["case"] == "p2p" and x["test"] == "pp4096/ub512"][0]
+    # llama-bench ran 3 repetitions; the cold first one (50.0) is gone, the two kept are full speed
+    assert pp["values"] == pytest.approx([100.0, 100.25])
+    assert "after 1 discarded" in (report_dir / "bench.md").read_text()
+
+    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=2, report=tmp_path / "r0", cases="p2p",
+                 microbench=False, warmup_reps=0)
+    assert bench.bench(args, env.settings) == 0
+    rep = json.loads((tmp_path / "r0" / "bench.json").read_text())
+    pp = [x for x in rep["samples"] if x["case"] == "p2p" and x["test"] == "pp4096/ub512"][0]
+    assert pp["values"] == pytest.approx([50.0, 100.0])   # without warm-up the cold repetition counts
+
+
+@pytest.mark.parametrize("kw", [dict(rounds=0), dict(reps=0), dict(warmup_reps=-1)])
+def test_bad_counts_are_usage_errors(variants, env, tmp_path, kw):
+    from ggml_bridge.errors import UsageError
+    with pytest.raises(UsageError) as e:
+        bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
+    assert e.value.exit_code == 2
