@@ -4,21 +4,13 @@
 # Writes at most 8 files under $OUT (the device tool's limit); Markdown is re-rendered from the JSON.
 # Usage (repo root): OUT=/tmp/out scripts/gpu/final-proof.sh [rung ...]
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-repo=$(pwd)
-V=/tmp/variants
-export GGML_BRIDGE_CACHE_DIR=/tmp/gb-cache
-log() { echo "[$(date +%T)] $*" | tee -a "$OUT/summary.txt"; }
+source scripts/gpu/common.sh
 rungs=("$@")
 [ ${#rungs[@]} -eq 0 ] && rungs=(2gpu-wide-ub4096-128MiB 6card-small-ub256 1gpu-small-ub512)
 rung_timeout=(80 60 45)
 
-log "build variants"
-scripts/gpu/build-cuda-variants.sh .carry/upstream.tar.gz patches "$V" 90 2>&1 | tee -a "$OUT/summary.txt" \
-    || { tail -40 $V/build-patched.log >> "$OUT/summary.txt"; log "BUILD FAILED"; exit 1; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$repo
-vocab=/tmp/ggml-bridge/src/models/ggml-vocab-llama-spm.gguf
+build_variants
+python_env
 
 python3 -c "from ggml_bridge.model import write_model; write_model('/tmp/tiny.gguf','tiny',1,'$vocab'); write_model('/tmp/small.gguf','small',1234,'$vocab',threads=16)"
 T=$V/patched/test-batched-transfers

@@ -4,14 +4,9 @@
 # rung, so a cut-off run still reports the rungs it finished). At most 8 files under $OUT.
 # Usage (repo root): OUT=/tmp/out scripts/gpu/ladder-serve.sh [rung ...]
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-repo=$(pwd); V=/tmp/variants
-export GGML_BRIDGE_CACHE_DIR=/tmp/gb-cache
-log() { echo "[$(date +%T)] $*" | tee -a "$OUT/summary.txt"; }
+source scripts/gpu/common.sh
 [ -x $V/patched/llama-server ] || { log "no build in $V: run verify-and-diagnose.sh first on this machine"; exit 2; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$repo
-vocab=/tmp/ggml-bridge/src/models/ggml-vocab-llama-spm.gguf
+python_env
 [ -f /tmp/small.gguf ] || python3 -c "from ggml_bridge.model import write_model; write_model('/tmp/small.gguf','small',1234,'$vocab',threads=16)"
 
 serve() { # name, expected rc, "ENV=.. ENV=..", serve args...

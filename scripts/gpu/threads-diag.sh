@@ -3,16 +3,9 @@
 # oversubscription? The same cases with llama-bench's default threads and with -t 8, rotating, nvidia-smi alongside;
 # then a longer interleaved batched-transfers tg bench on one GPU. At most 8 files under $OUT.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-repo=$(pwd); V=/tmp/variants
-export GGML_BRIDGE_CACHE_DIR=/tmp/gb-cache
-log() { echo "[$(date +%T)] $*" | tee -a "$OUT/summary.txt"; }
-log "build variants"
-scripts/gpu/build-cuda-variants.sh .carry/upstream.tar.gz patches "$V" 90 2>&1 | tee -a "$OUT/summary.txt" \
-    || { tail -40 $V/build-patched.log >> "$OUT/summary.txt"; log "BUILD FAILED"; exit 1; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$repo
-vocab=/tmp/ggml-bridge/src/models/ggml-vocab-llama-spm.gguf
+source scripts/gpu/common.sh
+build_variants
+python_env
 python3 -c "
 from ggml_bridge.model import write_model
 write_model('/tmp/bench-1b.gguf','bench-1b',1234,'$vocab',threads=16)

@@ -4,17 +4,10 @@
 # alongside, and bench batched transfers on 1 and 2 GPUs. At most 8 files under $OUT.
 # Usage (repo root): OUT=/tmp/out scripts/gpu/verify-and-diagnose.sh
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-repo=$(pwd); V=/tmp/variants
-export GGML_BRIDGE_CACHE_DIR=/tmp/gb-cache
-log() { echo "[$(date +%T)] $*" | tee -a "$OUT/summary.txt"; }
+source scripts/gpu/common.sh
 
-log "build variants"
-scripts/gpu/build-cuda-variants.sh .carry/upstream.tar.gz patches "$V" 90 2>&1 | tee -a "$OUT/summary.txt" \
-    || { tail -40 $V/build-patched.log >> "$OUT/summary.txt"; log "BUILD FAILED"; exit 1; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$repo
-vocab=/tmp/ggml-bridge/src/models/ggml-vocab-llama-spm.gguf
+build_variants
+python_env
 
 log "models"
 python3 -c "
