@@ -165,6 +165,21 @@ def paired_ratio(samples: Sequence[Sample], case: str, ref: str, test: str) -> t
     return statistics.median(ratios), len(ratios)
 
 
+def parse_cpu_list(text: str) -> set[int]:
+    """'0-15,32,40-41' -> {0..15, 32, 40, 41}; ValueError on anything else."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad CPU list item {part!r}")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise ValueError(f"bad CPU range {part!r}")
+        cpus.update(range(first, last + 1))
+    return cpus
+
+
 def rotate(items: Sequence[str], k: int) -> list[str]:
     k %= max(1, len(items))
     return list(items[k:]) + list(items[:k])
@@ -322,7 +337,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"- GPU {g['index']}: {g['name']}, driver {g['driver_version']}, PCIe gen "
                      f"{g['pcie.link.gen.max']} x{g['pcie.link.width.max']} (max)")
     lines.append(f"- model: {report['model']['shape']} ({report['model']['path']})")
-    lines.append(f"- settings: {report['settings']}")
+    lines.append(f"- settings: {report['settings']}" + (f"; CPUs {report['cpus']}" if report.get("cpus") else ""))
     lines.append(f"- rounds: {report['rounds']} interleaved, {report['reps']} llama-bench repetitions kept per round "
                  f"after {report.get('warmup_reps', 0)} discarded; "
                  "figure = median of all samples, ± = interquartile range; 'noise' = difference inside the spreads; "
@@ -443,6 +458,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", type=Path, default=None, help="vocabulary GGUF for the random model")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--reps", type=int, default=3, help="llama-bench repetitions kept per round (default 3)")
+    parser.add_argument("--cpus", default=None, metavar="LIST",
+                        help="run every case on these CPUs only, e.g. 0-15 (one socket): same placement for all")
     parser.add_argument("--warmup-reps", type=int, default=1, metavar="N",
                         help="repetitions run first and discarded in every llama-bench process (default 1)")
     parser.add_argument("--virtual-devices", type=int, default=None, metavar="N",
@@ -473,6 +490,23 @@ def bench(args: argparse.Namespace, settings: Any) -> int:
         raise UsageError(f"bad counts: --rounds {args.rounds}, --reps {args.reps}, --warmup-reps {args.warmup_reps}",
                          why="a report needs at least one round of at least one kept repetition",
                          fix="use --rounds >= 1, --reps >= 1 and --warmup-reps >= 0")
+    if not args.cpus:
+        return _bench(args, settings)
+    before = os.sched_getaffinity(0)
+    try:
+        cpus = parse_cpu_list(args.cpus)
+        os.sched_setaffinity(0, cpus)  # inherited by every llama-bench process of the run
+    except (ValueError, OSError) as e:
+        raise UsageError(f"cannot run on CPUs {args.cpus!r}", why=str(e),
+                         fix=f"give CPUs this process may use, e.g. 0-{(os.cpu_count() or 1) - 1}") from None
+    log(f"    every case runs on CPUs {args.cpus} ({len(cpus)} CPUs)")
+    try:
+        return _bench(args, settings)
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _bench(args: argparse.Namespace, settings: Any) -> int:
     gpus = n_gpus()
     suite_name = args.suite or ("multi-gpu" if gpus >= 2 else "batched" if gpus == 1 else "cpu")
     suite = dict(SUITES[suite_name])
@@ -573,6 +607,7 @@ def bench(args: argparse.Namespace, settings: Any) -> int:
     report = {
         "suite": suite_name, "about": suite["about"], "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "host": platform.node(), "rounds": args.rounds, "reps": args.reps, "warmup_reps": args.warmup_reps,
+        "cpus": args.cpus,
         "settings": {k: suite[k] for k in ("pp", "batch", "ubatch", "tg", "devices")}
         | ({"GGML_CUDA_DEVICES": args.virtual_devices} if args.virtual_devices else {}),
         "model": {"shape": suite["shape"] if args.model is None else "user", "path": str(model_path)},

@@ -26,7 +26,8 @@ variant = os.path.basename(os.path.dirname(os.path.abspath(__file__)))
 mode = env.get("GGML_CUDA_MAPPED_HOST_BRIDGE", "")
 batched = env.get("SAM3D_BATCHED_TRANSFERS", "")
 with open(env["FAKE_ORDER"], "a") as f:
-    f.write(f"{variant} bridge={mode} p2p={env.get('GGML_CUDA_P2P', '')} batched={batched}\n")
+    f.write(f"{variant} bridge={mode} p2p={env.get('GGML_CUDA_P2P', '')} batched={batched} "
+            f"cpus={','.join(map(str, sorted(os.sched_getaffinity(0))))}\n")
 # throughput by case: nopeer 50, staged 85, p2p 100, off 99, bridge 97 (force 98), batched 103
 base = {"nopeer": 50.0, "upstream": 100.0 if env.get("GGML_CUDA_P2P") == "1" else 85.0, "patched": 99.0}[variant]
 engage = env.get("FAKE_NO_ENGAGE") != "1"
@@ -290,3 +291,31 @@ def test_bad_counts_are_usage_errors(variants, env, tmp_path, kw):
     with pytest.raises(UsageError) as e:
         bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
     assert e.value.exit_code == 2
+
+
+def test_cpus_pin_every_case_and_are_restored(variants, env, tmp_path):
+    import os
+    mine = os.sched_getaffinity(0)
+    one = min(mine)
+    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases="p2p,bridge",
+                 microbench=False, cpus=str(one))
+    assert bench.bench(args, env.settings) == 0
+    lines = env.order.read_text().splitlines()
+    assert len(lines) == 2 and all(line.endswith(f"cpus={one}") for line in lines)
+    assert os.sched_getaffinity(0) == mine
+    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    assert rep["cpus"] == str(one) and f"CPUs {one}" in (tmp_path / "r" / "bench.md").read_text()
+
+
+@pytest.mark.parametrize("bad", ["x", "3-1", "1,,2", "100000"])
+def test_bad_cpu_lists_are_usage_errors(variants, env, tmp_path, bad):
+    import os
+    from ggml_bridge.errors import UsageError
+    mine = os.sched_getaffinity(0)
+    with pytest.raises(UsageError):
+        bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", cpus=bad), env.settings)
+    assert os.sched_getaffinity(0) == mine
+
+
+def test_parse_cpu_list():
+    assert bench.parse_cpu_list("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
