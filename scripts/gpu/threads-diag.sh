@@ -18,7 +18,7 @@ for i in 1 2; do
     timeout 100 python3 scripts/gpu/ub-diag.py "$V" /tmp/bench-3b.gguf "$OUT/diag.jsonl" --rounds 2 --reps 5 \
         --cases p2p,bridge,staged 2>&1 | tee -a "$OUT/summary.txt"
     timeout 100 python3 scripts/gpu/ub-diag.py "$V" /tmp/bench-3b.gguf "$OUT/diag.jsonl" --rounds 2 --reps 5 \
-        --cases p2p,bridge,staged --extra "-t 8" --tag "-t8" 2>&1 | tee -a "$OUT/summary.txt"
+        --cases p2p,bridge,staged --extra="-t 8" --tag=-t8 2>&1 | tee -a "$OUT/summary.txt"
 done
 kill $smi 2>/dev/null
 log "bench batched (1 GPU, interleaved)"

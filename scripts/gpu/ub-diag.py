@@ -4,7 +4,7 @@ repetition kept) over a set of (variant, selectors) cases, with nvidia-smi sampl
 repetitions can be matched with clocks, power and throttle reasons. GPU machine only; writes JSON lines.
 
 Usage: ub-diag.py VARIANTS MODEL OUT.jsonl [--ub 4096] [--pp 4096] [--rounds 3] [--reps 6] [--cases a,b]
-                  [--extra '-t 8' --tag -t8]
+                  [--extra='-t 8' --tag=-t8]   (values that start with '-' need the = form)
 """
 from __future__ import annotations
 
