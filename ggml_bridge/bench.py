@@ -89,6 +89,11 @@ SUITES: dict[str, dict[str, Any]] = {
         "shape": "bench-1b", "devices": "all", "pp": 512, "batch": 512, "ubatch": [512], "tg": 128,
         "about": "layer split: batching composed with the bridge",
     },
+    "batched-pipeline": {
+        "cases": ["off", "batched", "bridge", "both"],
+        "shape": "bench-1b", "devices": "all", "pp": 2048, "batch": 2048, "ubatch": [512], "tg": 0,
+        "about": "layer split with pipeline parallelism (4 ubatches per prompt): staged inputs must not stall it",
+    },
     "cpu": {
         "cases": ["upstream-cpu", "off"],
         "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 32,

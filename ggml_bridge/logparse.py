@@ -30,7 +30,7 @@ BATCHED_ENABLED = re.compile(BATCHED + r": enabled, pinned pool up to (?P<pool_m
 BATCHED_INACTIVE = re.compile(BATCHED + r": inactive: (?P<reason>.*?)\s*$")
 BATCHED_STATS = re.compile(BATCHED + r": stats: (?P<kv>(?:\s*\w+=\d+)+)")
 BATCHED_STATS_KEYS = ("graphs", "async_uploads", "async_downloads", "sync_uploads", "sync_downloads",
-                      "bytes_up", "bytes_down", "fallbacks")
+                      "bytes_up", "bytes_down", "fallbacks", "pool_waits", "pool_drains")
 
 _KV = re.compile(r"(\w+)=(\d+)")
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# GPU call on the warm 2-GPU machine after pipeline-verify.sh: the bridge's test program (2 GPUs, 4 virtual
+# devices), the GPUs' power and clock settings, the ub4096 placement question (placement-diag.sh), and more
+# interleaved rounds of the 1-GPU token-generation bench (batched against off). At most 8 files under $OUT.
+# Usage (repo root): OUT=/tmp/out scripts/gpu/diag-tg.sh
+set -uo pipefail
+source scripts/gpu/common.sh
+[ -x $V/patched/llama-bench ] || { log "no build in $V: run pipeline-verify.sh first on this machine"; exit 2; }
+python_env
+
+M=$V/patched/test-mapped-host-bridge
+for cfg in "2gpu" "4virt GGML_CUDA_DEVICES=4"; do
+    set -- $cfg; name=$1; shift
+    env "$@" timeout 90 "$M" > /tmp/tm-$name.txt 2>&1
+    log "test-mapped-host-bridge $name rc=$? $(tail -n 1 /tmp/tm-$name.txt)"
+    grep -E "FAIL|stats" /tmp/tm-$name.txt | head -5 | tee -a "$OUT/summary.txt"
+done
+nvidia-smi --query-gpu=index,power.limit,enforced.power.limit,power.default_limit,power.max_limit,clocks.max.sm,clocks.applications.graphics \
+    --format=csv 2>&1 | tee -a "$OUT/summary.txt"
+
+log "bench batched (1 GPU, tg, interleaved)"
+[ -f /tmp/bench-1b.gguf ] || python3 -c "from ggml_bridge.model import write_model; write_model('/tmp/bench-1b.gguf','bench-1b',1234,'$vocab',threads=16)"
+timeout 150 python3 -m ggml_bridge bench --variants-dir $V --suite batched --rounds 10 --reps 4 --no-microbench \
+    --model /tmp/bench-1b.gguf --report /tmp/bench-batched > /tmp/bench-batched.out 2>&1
+log "  rc=$? $(grep -E 'round|NOT ENGAGED|rror' /tmp/bench-batched.out | tail -n 20 | tr '\n' ' ')"
+cp /tmp/bench-batched/bench.json "$OUT/bench-batched.json" 2>/dev/null
+
+OUT=$OUT/placement scripts/gpu/placement-diag.sh
+log "done"
