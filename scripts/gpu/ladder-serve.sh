@@ -19,7 +19,7 @@ serve() { # name, expected rc, "ENV=.. ENV=..", serve args...
 serve 2gpu-bridge-on-batched 0 "" --bridge on --batched on
 serve 6card-bridge-force 0 "GGML_CUDA_DEVICES=6" --bridge force --batched on
 serve 1gpu-bridge-on 0 "CUDA_VISIBLE_DEVICES=0" --bridge on
-serve 2gpu-p2p-bridge-on-declines 1 "GGML_CUDA_P2P=1" --bridge on
+serve 2gpu-p2p-bridge-on-declines 40 "GGML_CUDA_P2P=1" --bridge on
 
 rungs=("$@")
 args=(); for r in "${rungs[@]}"; do args+=(--rung "$r"); done

@@ -29,7 +29,7 @@ done
 log "counters of one pipeline-parallel run (2 GPUs, pp2048 ub512, batched, then with the bridge)"
 for sel in "SAM3D_BATCHED_TRANSFERS=1" "SAM3D_BATCHED_TRANSFERS=1 GGML_CUDA_MAPPED_HOST_BRIDGE=1"; do
     env $sel SAM3D_BATCHED_TRANSFERS_STATS=1 GGML_CUDA_MAPPED_HOST_BRIDGE_STATS=1 timeout 60 $V/patched/llama-bench \
-        -m /tmp/bench-1b.gguf -p 2048 -b 2048 -ub 512 -n 0 -r 3 -o md > /tmp/pp-stats.txt 2>&1
+        -m /tmp/bench-1b.gguf -p 2048 -b 2048 -ub 512 -n 0 -r 3 -o md -v > /tmp/pp-stats.txt 2>&1
     log "  $sel rc=$? $(grep -E 'pp2048' /tmp/pp-stats.txt | tr -s ' ' | cut -c1-160)"
     grep -E "llama_batched_transfers: stats|mapped_host_bridge: stats|pipeline parallel" /tmp/pp-stats.txt | sort | uniq -c | head -6 | tee -a "$OUT/summary.txt"
 done
