@@ -5,7 +5,7 @@
 # time for build-cuda-variants.sh. Usage (repo root): OUT=/tmp/out scripts/gpu/quick-batched-test.sh
 set -uo pipefail
 source scripts/gpu/common.sh
-src=/tmp/qb/src; build=/tmp/qb/build
+src=/tmp/qb/src; build=/tmp/qb/build; vocab=$src/models/ggml-vocab-llama-spm.gguf
 rm -rf /tmp/qb && mkdir -p $src && tar xzf .carry/upstream.tar.gz -C $src --strip-components=1
 ( cd $src && while read -r p; do [ -n "$p" ] && git apply --whitespace=nowarn "$repo/patches/$p"; done < "$repo/patches/series" ) || { log "patches do not apply"; exit 1; }
 t0=$(date +%s)
