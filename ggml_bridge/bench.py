@@ -463,6 +463,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", type=Path, default=None, help="vocabulary GGUF for the random model")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--reps", type=int, default=3, help="llama-bench repetitions kept per round (default 3)")
+    parser.add_argument("--ubatch", default=None, metavar="LIST",
+                        help="ubatch sizes instead of the suite's, e.g. 4096 (shorter processes, so more rounds fit)")
+    parser.add_argument("--tg", type=int, default=None, metavar="N",
+                        help="generated tokens instead of the suite's; 0 skips token generation")
     parser.add_argument("--cpus", default=None, metavar="LIST",
                         help="run every case on these CPUs only, e.g. 0-15 (one socket): same placement for all")
     parser.add_argument("--warmup-reps", type=int, default=1, metavar="N",
@@ -495,6 +499,18 @@ def bench(args: argparse.Namespace, settings: Any) -> int:
         raise UsageError(f"bad counts: --rounds {args.rounds}, --reps {args.reps}, --warmup-reps {args.warmup_reps}",
                          why="a report needs at least one round of at least one kept repetition",
                          fix="use --rounds >= 1, --reps >= 1 and --warmup-reps >= 0")
+    ubatch = getattr(args, "ubatch", None)
+    if ubatch is not None:
+        try:
+            sizes = [int(x) for x in str(ubatch).split(",")]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            raise UsageError(f"bad --ubatch {ubatch!r}", why="it must list positive ubatch sizes",
+                             fix="e.g. --ubatch 4096 or --ubatch 512,4096")
+    if getattr(args, "tg", None) is not None and args.tg < 0:
+        raise UsageError(f"bad --tg {args.tg}", why="a negative number of generated tokens",
+                         fix="use --tg 0 to skip token generation, or a positive count")
     if not args.cpus:
         return _bench(args, settings)
     before = os.sched_getaffinity(0)
@@ -515,6 +531,10 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     gpus = n_gpus()
     suite_name = args.suite or ("multi-gpu" if gpus >= 2 else "batched" if gpus == 1 else "cpu")
     suite = dict(SUITES[suite_name])
+    if getattr(args, "ubatch", None) is not None:
+        suite["ubatch"] = [int(x) for x in str(args.ubatch).split(",")]
+    if getattr(args, "tg", None) is not None:
+        suite["tg"] = args.tg
     skipped: list[str] = []
     if gpus == 0 and suite["devices"] != "cpu":
         raise BenchError(f"suite {suite_name} needs CUDA GPUs and none is visible",

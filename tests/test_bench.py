@@ -53,8 +53,9 @@ for ub in opt("-ub", "512").split(","):
         ts[0] = base / 2          # a first repetition that still pays first-call costs
     out.append({"n_prompt": int(opt("-p")), "n_gen": 0, "n_ubatch": int(ub), "avg_ts": base, "stddev_ts": 0.5,
                 "samples_ts": ts})
-out.append({"n_prompt": 0, "n_gen": int(opt("-n")), "n_ubatch": int(opt("-ub", "512").split(",")[0]), "avg_ts": base / 10,
-            "stddev_ts": 0.1, "samples_ts": [base / 10] * reps})
+if int(opt("-n")) > 0:   # llama-bench runs no tg test with -n 0
+    out.append({"n_prompt": 0, "n_gen": int(opt("-n")), "n_ubatch": int(opt("-ub", "512").split(",")[0]), "avg_ts": base / 10,
+                "stddev_ts": 0.1, "samples_ts": [base / 10] * reps})
 print(json.dumps(out))
 '''
 
@@ -319,3 +320,21 @@ def test_bad_cpu_lists_are_usage_errors(variants, env, tmp_path, bad):
 
 def test_parse_cpu_list():
     assert bench.parse_cpu_list("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
+
+
+def test_ubatch_and_tg_override_the_suite(variants, env, tmp_path):
+    args = _args(variants_dir=variants, model=env.model, rounds=2, reps=1, report=tmp_path / "r", cases="p2p,bridge",
+                 microbench=False, ubatch="4096", tg=0)
+    assert bench.bench(args, env.settings) == 0
+    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    assert rep["tests"] == ["pp4096/ub4096"]          # no ub512, no tg: shorter processes
+    assert rep["settings"]["ubatch"] == [4096] and rep["settings"]["tg"] == 0
+    assert rep["ratios"]["p2p"]["bridge"]["pp4096/ub4096"]["ratio"] == pytest.approx(0.97)
+
+
+@pytest.mark.parametrize("kw", [dict(ubatch="0"), dict(ubatch="x"), dict(ubatch=""), dict(tg=-1)])
+def test_bad_ubatch_or_tg_are_usage_errors(variants, env, tmp_path, kw):
+    from ggml_bridge.errors import UsageError
+    with pytest.raises(UsageError) as e:
+        bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
+    assert e.value.exit_code == 2
