@@ -499,16 +499,16 @@ def bench(args: argparse.Namespace, settings: Any) -> int:
         raise UsageError(f"bad counts: --rounds {args.rounds}, --reps {args.reps}, --warmup-reps {args.warmup_reps}",
                          why="a report needs at least one round of at least one kept repetition",
                          fix="use --rounds >= 1, --reps >= 1 and --warmup-reps >= 0")
-    ubatch = getattr(args, "ubatch", None)
-    if ubatch is not None:
+    if args.ubatch is not None:
         try:
-            sizes = [int(x) for x in str(ubatch).split(",")]
+            sizes = [int(x) for x in str(args.ubatch).split(",")]
         except ValueError:
             sizes = []
         if not sizes or min(sizes) < 1:
-            raise UsageError(f"bad --ubatch {ubatch!r}", why="it must list positive ubatch sizes",
+            raise UsageError(f"bad --ubatch {args.ubatch!r}", why="it must list positive ubatch sizes",
                              fix="e.g. --ubatch 4096 or --ubatch 512,4096")
-    if getattr(args, "tg", None) is not None and args.tg < 0:
+        args = argparse.Namespace(**{**vars(args), "ubatch": sizes})  # parsed once; the caller's args unchanged
+    if args.tg is not None and args.tg < 0:
         raise UsageError(f"bad --tg {args.tg}", why="a negative number of generated tokens",
                          fix="use --tg 0 to skip token generation, or a positive count")
     if not args.cpus:
@@ -531,9 +531,9 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     gpus = n_gpus()
     suite_name = args.suite or ("multi-gpu" if gpus >= 2 else "batched" if gpus == 1 else "cpu")
     suite = dict(SUITES[suite_name])
-    if getattr(args, "ubatch", None) is not None:
-        suite["ubatch"] = [int(x) for x in str(args.ubatch).split(",")]
-    if getattr(args, "tg", None) is not None:
+    if args.ubatch is not None:
+        suite["ubatch"] = list(args.ubatch)
+    if args.tg is not None:
         suite["tg"] = args.tg
     skipped: list[str] = []
     if gpus == 0 and suite["devices"] != "cpu":
