@@ -19,3 +19,21 @@ build_variants() {
 python_env() {
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$repo
 }
+
+# run a model-free test program under each configuration "name [ENV=VALUE ...]": outcome and the lines matching
+# PATTERN to the summary, whole output to $OUT/tests.txt
+# usage: run_test_program BIN TIMEOUT PATTERN CONFIG... (BIN's extra arguments in $TEST_ARGS)
+run_test_program() {
+    local bin=$1 limit=$2 pattern=$3 prog cfg name rc; shift 3
+    prog=$(basename "$bin")
+    for cfg in "$@"; do
+        set -- $cfg; name=$1; shift
+        env "$@" timeout "$limit" "$bin" ${TEST_ARGS:-} > /tmp/$prog-$name.txt 2>&1; rc=$?
+        log "$prog $name rc=$rc $(tail -n 1 /tmp/$prog-$name.txt)"
+        grep -E "FAIL|$pattern" /tmp/$prog-$name.txt | head -8 | tee -a "$OUT/summary.txt"
+        { echo "== $prog $name"; cat /tmp/$prog-$name.txt; } >> "$OUT/tests.txt"
+    done
+}
+# the two programs of the series, with their usual model and summary lines
+test_batched() { TEST_ARGS="--model /tmp/tiny.gguf" run_test_program "$1" 60 "^(main|pipeline|second-gpu|mock-in-flight[a-z-]*): stats" "${@:2}"; }
+test_bridge()  { run_test_program "$1" 90 "stats" "${@:2}"; }

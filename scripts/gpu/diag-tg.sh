@@ -8,13 +8,7 @@ source scripts/gpu/common.sh
 [ -x $V/patched/llama-bench ] || { log "no build in $V: run pipeline-verify.sh first on this machine"; exit 2; }
 python_env
 
-M=$V/patched/test-mapped-host-bridge
-for cfg in "2gpu" "4virt GGML_CUDA_DEVICES=4"; do
-    set -- $cfg; name=$1; shift
-    env "$@" timeout 90 "$M" > /tmp/tm-$name.txt 2>&1
-    log "test-mapped-host-bridge $name rc=$? $(tail -n 1 /tmp/tm-$name.txt)"
-    grep -E "FAIL|stats" /tmp/tm-$name.txt | head -5 | tee -a "$OUT/summary.txt"
-done
+test_bridge $V/patched/test-mapped-host-bridge "2gpu" "4virt GGML_CUDA_DEVICES=4"
 nvidia-smi --query-gpu=index,power.limit,enforced.power.limit,power.default_limit,power.max_limit,clocks.max.sm,clocks.applications.graphics \
     --format=csv 2>&1 | tee -a "$OUT/summary.txt"
 

@@ -17,14 +17,7 @@ write_model('/tmp/tiny.gguf','tiny',1,'$vocab')
 write_model('/tmp/bench-1b.gguf','bench-1b',1234,'$vocab',threads=16)" 2>&1 | tail -3
 log "models written"
 
-T=$V/patched/test-batched-transfers
-for cfg in "1gpu CUDA_VISIBLE_DEVICES=0" "2gpu" "2gpu-bridge GGML_CUDA_MAPPED_HOST_BRIDGE=force"; do
-    set -- $cfg; name=$1; shift
-    env "$@" timeout 60 "$T" --model /tmp/tiny.gguf > /tmp/tb-$name.txt 2>&1
-    log "test-batched-transfers $name rc=$? $(tail -n 1 /tmp/tb-$name.txt)"
-    grep -E "FAIL|^(main|pipeline|second-gpu|mock-in-flight[a-z-]*): stats" /tmp/tb-$name.txt | head -8 | tee -a "$OUT/summary.txt"
-    { echo "== test-batched-transfers $name"; cat /tmp/tb-$name.txt; } >> "$OUT/tests.txt"
-done
+test_batched $V/patched/test-batched-transfers "1gpu CUDA_VISIBLE_DEVICES=0" "2gpu" "2gpu-bridge GGML_CUDA_MAPPED_HOST_BRIDGE=force"
 
 log "counters of one pipeline-parallel run (2 GPUs, pp2048 ub512, batched, then with the bridge)"
 for sel in "SAM3D_BATCHED_TRANSFERS=1" "SAM3D_BATCHED_TRANSFERS=1 GGML_CUDA_MAPPED_HOST_BRIDGE=1"; do

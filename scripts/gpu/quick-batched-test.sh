@@ -16,10 +16,5 @@ cmake -S $src -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMA
 log "test-batched-transfers built in $(( $(date +%s) - t0 ))s"
 python_env
 python3 -c "from ggml_bridge.model import write_model; write_model('/tmp/tiny.gguf','tiny',1,'$vocab')"
-for cfg in "1gpu CUDA_VISIBLE_DEVICES=0" "2gpu"; do
-    set -- $cfg; name=$1; shift
-    env "$@" timeout 60 $build/bin/test-batched-transfers --model /tmp/tiny.gguf > /tmp/tb-$name.txt 2>&1
-    log "test-batched-transfers $name rc=$? $(tail -n 1 /tmp/tb-$name.txt)"
-    grep -E "FAIL|^(main|pipeline|second-gpu|mock-in-flight[a-z-]*): stats" /tmp/tb-$name.txt | head -8 | tee -a "$OUT/summary.txt"
-done
+test_batched $build/bin/test-batched-transfers "1gpu CUDA_VISIBLE_DEVICES=0" "2gpu"
 rm -f $OUT/build.log

@@ -17,22 +17,8 @@ write_model('/tmp/bench-1b.gguf','bench-1b',1234,'$vocab',threads=16)
 write_model('/tmp/bench-3b.gguf','bench-3b',1234,'$vocab',threads=16)" 2>&1 | tail -3
 log "models written"
 
-T=$V/patched/test-batched-transfers
-for cfg in "1gpu CUDA_VISIBLE_DEVICES=0" "2gpu" "2gpu-bridge GGML_CUDA_MAPPED_HOST_BRIDGE=force"; do
-    set -- $cfg; name=$1; shift
-    env "$@" timeout 60 "$T" --model /tmp/tiny.gguf > /tmp/tb-$name.txt 2>&1
-    log "test-batched-transfers $name rc=$? $(tail -n 1 /tmp/tb-$name.txt)"
-    grep -E "FAIL|^(main|pipeline|second-gpu): stats" /tmp/tb-$name.txt | head -8 | tee -a "$OUT/summary.txt"
-    { echo "== test-batched-transfers $name"; cat /tmp/tb-$name.txt; } >> "$OUT/tests.txt"
-done
-M=$V/patched/test-mapped-host-bridge
-for cfg in "2gpu" "4virt GGML_CUDA_DEVICES=4"; do
-    set -- $cfg; name=$1; shift
-    env "$@" timeout 90 "$M" > /tmp/tm-$name.txt 2>&1
-    log "test-mapped-host-bridge $name rc=$? $(tail -n 1 /tmp/tm-$name.txt)"
-    grep -E "FAIL|stats" /tmp/tm-$name.txt | head -5 | tee -a "$OUT/summary.txt"
-    { echo "== test-mapped-host-bridge $name"; cat /tmp/tm-$name.txt; } >> "$OUT/tests.txt"
-done
+test_batched $V/patched/test-batched-transfers "1gpu CUDA_VISIBLE_DEVICES=0" "2gpu" "2gpu-bridge GGML_CUDA_MAPPED_HOST_BRIDGE=force"
+test_bridge $V/patched/test-mapped-host-bridge "2gpu" "4virt GGML_CUDA_DEVICES=4"
 
 log "ub4096 diagnosis (nvidia-smi sampled every 50 ms)"
 nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
