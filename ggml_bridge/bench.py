@@ -61,6 +61,8 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("nopeer", "upstream-nopeer", {}, None,
          "upstream GGML_CUDA_NO_PEER_COPY build (synchronous copy through malloc)"),
     Case("off", "patched", dict(SELECTORS_OFF), None, "patched build, selectors 0"),
+    Case("p2p-patched", "patched", {**SELECTORS_OFF, "GGML_CUDA_P2P": "1"}, None,
+         "patched build, selectors 0, peer access enabled: upstream's P2P path in our binary (a control)"),
     Case("bridge", "patched", {**SELECTORS_OFF, "GGML_CUDA_MAPPED_HOST_BRIDGE": "1"}, "bridge",
          "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 (peer access not enabled)"),
     Case("bridge-force", "patched", {**SELECTORS_OFF, "GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "GGML_CUDA_P2P": "1"},
@@ -119,6 +121,7 @@ class CaseRun:
     engaged: bool | None      # None: nothing to prove
     engagement: str           # what the log said
     log_tail: list[str] = field(default_factory=list)
+    started: float = 0.0      # wall clock (epoch seconds) when the process started: lines runs up with GPU telemetry
 
 
 @dataclass
@@ -291,6 +294,7 @@ def run_case(bin_dir: Path, case: Case, model_path: Path, suite: dict[str, Any],
     env = {**base_env, **STATS_ON, **case.env}
     err_path = out_dir / f"{case.name}-r{rnd}.log"
 
+    started = time.time()
     t0 = time.monotonic()
     res = runner.run(argv, env=env, check=False, error=BenchError, timeout=timeout)
     seconds = time.monotonic() - t0
@@ -306,7 +310,7 @@ def run_case(bin_dir: Path, case: Case, model_path: Path, suite: dict[str, Any],
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise BenchError(f"cannot read llama-bench output for case {case.name}", why=str(e),
                              fix=f"see {err_path}") from None
-    return CaseRun(case.name, rnd, res.returncode, seconds, engaged, what, tail), samples
+    return CaseRun(case.name, rnd, res.returncode, seconds, engaged, what, tail, started), samples
 
 
 def microbench(bin_dir: Path, base_env: dict[str, str], out_dir: Path) -> list[dict[str, Any]]:
@@ -343,6 +347,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                      f"{g['pcie.link.gen.max']} x{g['pcie.link.width.max']} (max)")
     lines.append(f"- model: {report['model']['shape']} ({report['model']['path']})")
     lines.append(f"- settings: {report['settings']}" + (f"; CPUs {report['cpus']}" if report.get("cpus") else ""))
+    if report.get("stopped"):
+        lines.append(f"- stopped early, {report['stopped']}")
     lines.append(f"- rounds: {report['rounds']} interleaved, {report['reps']} llama-bench repetitions kept per round "
                  f"after {report.get('warmup_reps', 0)} discarded; "
                  "figure = median of all samples, ± = interquartile range; 'noise' = difference inside the spreads; "
@@ -462,6 +468,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="GGUF to use instead of the suite's random model")
     parser.add_argument("--vocab", type=Path, default=None, help="vocabulary GGUF for the random model")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="start no round that would end past this many seconds (judged by the longest round so "
+                             "far): --rounds becomes a ceiling and the report says how many rounds ran")
     parser.add_argument("--reps", type=int, default=3, help="llama-bench repetitions kept per round (default 3)")
     parser.add_argument("--ubatch", default=None, metavar="LIST",
                         help="ubatch sizes instead of the suite's, e.g. 4096 (shorter processes, so more rounds fit)")
@@ -508,6 +517,9 @@ def bench(args: argparse.Namespace, settings: Any) -> int:
             raise UsageError(f"bad --ubatch {args.ubatch!r}", why="it must list positive ubatch sizes",
                              fix="e.g. --ubatch 4096 or --ubatch 512,4096")
         args = argparse.Namespace(**{**vars(args), "ubatch": sizes})  # parsed once; the caller's args unchanged
+    if args.time_budget is not None and not args.time_budget > 0:
+        raise UsageError(f"bad --time-budget {args.time_budget}", why="a budget must be a positive number of seconds",
+                         fix="e.g. --time-budget 500, or leave it out to run every round")
     if args.tg is not None and args.tg < 0:
         raise UsageError(f"bad --tg {args.tg}", why="a negative number of generated tokens",
                          fix="use --tg 0 to skip token generation, or a positive count")
@@ -588,7 +600,18 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     runs: list[CaseRun] = []
     samples: list[Sample] = []
     names = [c.name for c in runnable]
+    t_start = time.monotonic()
+    longest = 0.0
+    rounds_run = 0
+    stopped = ""
     for rnd in range(args.rounds):
+        elapsed = time.monotonic() - t_start
+        if args.time_budget is not None and rnd > 0 and elapsed + longest > args.time_budget:
+            stopped = (f"time budget: {rounds_run} of {args.rounds} rounds ran in {elapsed:.0f} s; another would "
+                       f"take ~{longest:.0f} s of the {args.time_budget:.0f} s budget")
+            log(f"    stopping: {stopped}")
+            break
+        t_round = time.monotonic()
         for name in rotate(names, rnd):
             c = CASES[name]
             cr, ss = run_case(bins[c.variant], c, model_path, suite, args.reps, base_env, logs, rnd, args.timeout,
@@ -598,6 +621,8 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
             figs = " ".join(f"{s.test}={statistics.median(s.values):.1f}" for s in ss)
             log(f"    round {rnd + 1}/{args.rounds} {name:13s} rc={cr.rc} {cr.seconds:5.1f}s {figs}"
                 + ("" if cr.engaged is None else f" [{'engaged' if cr.engaged else 'NOT ENGAGED'}]"))
+        longest = max(longest, time.monotonic() - t_round)
+        rounds_run += 1
 
     failed = sorted({r.case for r in runs if r.rc != 0})
     not_engaged = sorted({r.case for r in runs if r.engaged is False})
@@ -631,7 +656,8 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
 
     report = {
         "suite": suite_name, "about": suite["about"], "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        "host": platform.node(), "rounds": args.rounds, "reps": args.reps, "warmup_reps": args.warmup_reps,
+        "host": platform.node(), "rounds": rounds_run, "rounds_planned": args.rounds, "stopped": stopped,
+        "time_budget": args.time_budget, "reps": args.reps, "warmup_reps": args.warmup_reps,
         "cpus": args.cpus,
         "settings": {k: suite[k] for k in ("pp", "batch", "ubatch", "tg", "devices")}
         | ({"GGML_CUDA_DEVICES": args.virtual_devices} if args.virtual_devices else {}),

@@ -338,3 +338,41 @@ def test_bad_ubatch_or_tg_are_usage_errors(variants, env, tmp_path, kw):
     with pytest.raises(UsageError) as e:
         bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
     assert e.value.exit_code == 2
+
+
+def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
+    args = _args(variants_dir=variants, model=env.model, rounds=5, reps=1, report=tmp_path / "r", cases="p2p,bridge",
+                 microbench=False, time_budget=1e-6)
+    assert bench.bench(args, env.settings) == 0
+    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    # the first round always runs; the second would end past the budget
+    assert rep["rounds"] == 1 and rep["rounds_planned"] == 5
+    assert "1 of 5 rounds" in rep["stopped"]
+    assert {r["round"] for r in rep["runs"]} == {0}
+    assert "stopped early" in (tmp_path / "r" / "bench.md").read_text()
+    assert all(r["started"] > 0 for r in rep["runs"])
+    # a budget that is never reached runs every round and says nothing
+    args = _args(variants_dir=variants, model=env.model, rounds=3, reps=1, report=tmp_path / "r2", cases="p2p",
+                 microbench=False, time_budget=3600)
+    assert bench.bench(args, env.settings) == 0
+    rep = json.loads((tmp_path / "r2" / "bench.json").read_text())
+    assert rep["rounds"] == 3 and rep["stopped"] == ""
+
+
+@pytest.mark.parametrize("budget", [0, -5])
+def test_bad_time_budget_is_a_usage_error(variants, env, tmp_path, budget):
+    from ggml_bridge.errors import UsageError
+    with pytest.raises(UsageError) as e:
+        bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", time_budget=budget),
+                    env.settings)
+    assert e.value.exit_code == 2
+
+
+def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, env, tmp_path):
+    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r",
+                 cases="p2p,p2p-patched", microbench=False)
+    assert bench.bench(args, env.settings) == 0
+    lines = env.order.read_text().splitlines()
+    assert any(x.startswith("patched bridge=0 p2p=1 batched=0") for x in lines)
+    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    assert rep["ratios"]["p2p"]["p2p-patched"]["pp4096/ub512"]["ratio"] == pytest.approx(0.99)
