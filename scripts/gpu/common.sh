@@ -37,3 +37,38 @@ run_test_program() {
 # the two programs of the series, with their usual model and summary lines
 test_batched() { TEST_ARGS="--model /tmp/tiny.gguf" run_test_program "$1" 60 "^(main|pipeline|second-gpu|mock-in-flight[a-z-]*): stats" "${@:2}"; }
 test_bridge()  { run_test_program "$1" 90 "stats" "${@:2}"; }
+
+# write the random models /tmp/NAME.gguf that are not there yet, in one Python process (tiny: seed 1, others 1234)
+write_models() {
+    local missing=() n
+    for n in "$@"; do [ -f /tmp/$n.gguf ] || missing+=("$n"); done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    log "write models ${missing[*]}"
+    python3 -c "
+import sys
+from ggml_bridge.model import write_model
+for n in sys.argv[2:]:
+    write_model(f'/tmp/{n}.gguf', n, 1 if n == 'tiny' else 1234, sys.argv[1], threads=16)" "$vocab" "${missing[@]}" 2>&1 | tail -3
+}
+
+# one `ggml-bridge bench` of the variants in $V, into a fresh report folder (so that a failed run can never hand on
+# an earlier call's report): rc and the last round lines to the summary, then the report's table; the report to
+# $OUT/bench-NAME.json (its Markdown is rendered from it). usage: run_bench NAME TIMEOUT BENCH-ARGS...
+run_bench() {
+    local name=$1 limit=$2 rep rc; shift 2
+    rep=$(mktemp -d /tmp/bench-$name.XXXXXX)
+    timeout "$limit" python3 -m ggml_bridge bench --variants-dir $V --no-microbench --report $rep/report "$@" \
+        > $rep/out.txt 2>&1; rc=$?
+    log "  bench $name rc=$rc $(grep -E 'round|stopping|NOT ENGAGED|rror' $rep/out.txt | tail -n 20 | tr '\n' ' ')"
+    cp $rep/report/bench.json "$OUT/bench-$name.json" 2>/dev/null && grep "^|" $rep/report/bench.md | tee -a "$OUT/summary.txt"
+}
+
+# nvidia-smi sampled every MS milliseconds into FILE, a header line first, until stop_smi (throttle reasons left
+# out where the driver does not know that field). usage: start_smi FILE MS
+start_smi() {
+    local q=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active
+    nvidia-smi --query-gpu=$q --format=csv,noheader,nounits -c 1 >/dev/null 2>&1 || q=${q%,clocks_event_reasons.active}
+    echo "$q" > "$1"
+    nvidia-smi --query-gpu=$q --format=csv,noheader,nounits -lms "$2" >> "$1" 2>/dev/null & smi_pid=$!
+}
+stop_smi() { kill $smi_pid 2>/dev/null; }

@@ -13,11 +13,8 @@ nvidia-smi --query-gpu=index,power.limit,enforced.power.limit,power.default_limi
     --format=csv 2>&1 | tee -a "$OUT/summary.txt"
 
 log "bench batched (1 GPU, tg, interleaved)"
-[ -f /tmp/bench-1b.gguf ] || python3 -c "from ggml_bridge.model import write_model; write_model('/tmp/bench-1b.gguf','bench-1b',1234,'$vocab',threads=16)"
-timeout 150 python3 -m ggml_bridge bench --variants-dir $V --suite batched --rounds 10 --reps 4 --no-microbench \
-    --model /tmp/bench-1b.gguf --report /tmp/bench-batched > /tmp/bench-batched.out 2>&1
-log "  rc=$? $(grep -E 'round|NOT ENGAGED|rror' /tmp/bench-batched.out | tail -n 20 | tr '\n' ' ')"
-cp /tmp/bench-batched/bench.json "$OUT/bench-batched.json" 2>/dev/null
+write_models bench-1b
+run_bench batched 150 --suite batched --rounds 10 --reps 4 --model /tmp/bench-1b.gguf
 
 OUT=$OUT/placement scripts/gpu/placement-diag.sh
 log "done"

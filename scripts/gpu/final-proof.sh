@@ -12,7 +12,7 @@ rung_timeout=(80 60 45)
 build_variants
 python_env
 
-python3 -c "from ggml_bridge.model import write_model; write_model('/tmp/tiny.gguf','tiny',1,'$vocab'); write_model('/tmp/small.gguf','small',1234,'$vocab',threads=16)"
+write_models tiny small
 T=$V/patched/test-batched-transfers
 if [ -x "$T" ]; then
     for cfg in "1gpu CUDA_VISIBLE_DEVICES=0" "2gpu" "2gpu-bridge GGML_CUDA_MAPPED_HOST_BRIDGE=force"; do
@@ -58,14 +58,8 @@ for r in "${rungs[@]}"; do
 done
 
 log "bench multi-gpu (interleaved)"
-timeout 100 python3 -m ggml_bridge bench --variants-dir $V --suite multi-gpu --cases p2p,staged,nopeer,bridge \
-    --rounds 2 --reps 3 --no-microbench --vocab "$vocab" --report /tmp/bench-multi > /tmp/bench-multi.out 2>&1
-log "  rc=$? $(grep -E 'round|NOT ENGAGED' /tmp/bench-multi.out | tail -n 8 | tr '\n' ' ')"
-cp /tmp/bench-multi/bench.json "$OUT/bench-multi.json" 2>/dev/null
+run_bench multi 100 --suite multi-gpu --cases p2p,staged,nopeer,bridge --rounds 2 --reps 3 --vocab "$vocab"
 
 log "bench batched (1 GPU, interleaved)"
-timeout 60 python3 -m ggml_bridge bench --variants-dir $V --suite batched --rounds 3 --reps 3 --no-microbench \
-    --vocab "$vocab" --report /tmp/bench-batched > /tmp/bench-batched.out 2>&1
-log "  rc=$? $(grep -E 'round|NOT ENGAGED|error' /tmp/bench-batched.out | tail -n 6 | tr '\n' ' ')"
-cp /tmp/bench-batched/bench.json "$OUT/bench-batched.json" 2>/dev/null
+run_bench batched 60 --suite batched --rounds 3 --reps 3 --vocab "$vocab"
 log "done"

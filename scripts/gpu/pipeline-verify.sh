@@ -10,12 +10,7 @@ source scripts/gpu/common.sh
 build_variants
 python_env
 
-log "models"
-python3 -c "
-from ggml_bridge.model import write_model
-write_model('/tmp/tiny.gguf','tiny',1,'$vocab')
-write_model('/tmp/bench-1b.gguf','bench-1b',1234,'$vocab',threads=16)" 2>&1 | tail -3
-log "models written"
+write_models tiny bench-1b
 
 test_batched $V/patched/test-batched-transfers "1gpu CUDA_VISIBLE_DEVICES=0" "2gpu" "2gpu-bridge GGML_CUDA_MAPPED_HOST_BRIDGE=force"
 
@@ -28,9 +23,5 @@ for sel in "SAM3D_BATCHED_TRANSFERS=1" "SAM3D_BATCHED_TRANSFERS=1 GGML_CUDA_MAPP
 done
 
 log "bench batched-pipeline (2 GPUs, pp2048 ub512, interleaved)"
-timeout 200 python3 -m ggml_bridge bench --variants-dir $V --suite batched-pipeline --rounds 5 --reps 4 --no-microbench \
-    --model /tmp/bench-1b.gguf --report /tmp/bench-bp > /tmp/bench-bp.out 2>&1
-log "  rc=$? $(grep -E 'round|NOT ENGAGED|rror' /tmp/bench-bp.out | tail -n 20 | tr '\n' ' ')"
-cp /tmp/bench-bp/bench.json "$OUT/bench-batched-pipeline.json" 2>/dev/null
-cp /tmp/bench-bp/bench.md "$OUT/bench-batched-pipeline.md" 2>/dev/null
+run_bench batched-pipeline 200 --suite batched-pipeline --rounds 5 --reps 4 --model /tmp/bench-1b.gguf
 log "done"

@@ -15,6 +15,6 @@ cmake -S $src -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMA
     && ninja -C $build -j $(nproc) test-batched-transfers >> $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; log "BUILD FAILED"; exit 1; }
 log "test-batched-transfers built in $(( $(date +%s) - t0 ))s"
 python_env
-python3 -c "from ggml_bridge.model import write_model; write_model('/tmp/tiny.gguf','tiny',1,'$vocab')"
+write_models tiny
 test_batched $build/bin/test-batched-transfers "1gpu CUDA_VISIBLE_DEVICES=0" "2gpu"
 rm -f $OUT/build.log
