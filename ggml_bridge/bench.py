@@ -602,12 +602,11 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     names = [c.name for c in runnable]
     t_start = time.monotonic()
     longest = 0.0
-    rounds_run = 0
     stopped = ""
     for rnd in range(args.rounds):
         elapsed = time.monotonic() - t_start
         if args.time_budget is not None and rnd > 0 and elapsed + longest > args.time_budget:
-            stopped = (f"time budget: {rounds_run} of {args.rounds} rounds ran in {elapsed:.0f} s; another would "
+            stopped = (f"time budget: {rnd} of {args.rounds} rounds ran in {elapsed:.0f} s; another would "
                        f"take ~{longest:.0f} s of the {args.time_budget:.0f} s budget")
             log(f"    stopping: {stopped}")
             break
@@ -622,7 +621,7 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
             log(f"    round {rnd + 1}/{args.rounds} {name:13s} rc={cr.rc} {cr.seconds:5.1f}s {figs}"
                 + ("" if cr.engaged is None else f" [{'engaged' if cr.engaged else 'NOT ENGAGED'}]"))
         longest = max(longest, time.monotonic() - t_round)
-        rounds_run += 1
+    rounds_run = len({r.round for r in runs})   # every round runs every case
 
     failed = sorted({r.case for r in runs if r.rc != 0})
     not_engaged = sorted({r.case for r in runs if r.engaged is False})
