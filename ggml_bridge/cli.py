@@ -107,8 +107,10 @@ def _source_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _build_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--variant", metavar="{patched,upstream,upstream-nopeer}", default=None,
-                        help="what to build (default: patched)")
+    parser.add_argument("--variant", metavar="{patched,upstream,upstream-nopeer}[,...]", default=None,
+                        help="what to build (default: patched); a comma-separated list builds several")
+    parser.add_argument("--shared-tree", action="store_true",
+                        help="build the listed variants in one static tree, compiling shared objects once")
     parser.add_argument("--backend", metavar="{auto,cpu,cuda}", default=None,
                         help="auto = cuda when nvcc and cuBLAS headers are found, else cpu")
     parser.add_argument("--cuda-arch", metavar="ARCH", default=None, help="CMAKE_CUDA_ARCHITECTURES (default native)")
@@ -120,7 +122,7 @@ def _build_args(parser: argparse.ArgumentParser) -> None:
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "cache_dir": getattr(args, "cache_dir", None),
-        "build.variant": getattr(args, "variant", None),
+        "build.variant": _single_variant(getattr(args, "variant", None)),
         "build.backend": getattr(args, "backend", None),
         "build.cuda_arch": getattr(args, "cuda_arch", None),
         "build.jobs": getattr(args, "jobs", None),
@@ -153,13 +155,27 @@ def cmd_patch(args: argparse.Namespace, settings: config.Settings) -> int:
     return 0
 
 
+def _single_variant(value: str | None) -> str | None:
+    """A --variant list of several is the build command's business; settings hold one variant."""
+    return None if value is None or "," in value else value
+
+
 def cmd_build(args: argparse.Namespace, settings: config.Settings) -> int:
     from . import build
 
-    result = build.ensure(settings, source_spec=args.source, allow_unpinned=args.allow_unpinned)
-    for name, path in result.binaries.items():
-        runner.log(f"    {name}: {path}")
-    print(result.server)
+    variants = [v.strip() for v in (args.variant or settings.build.variant).split(",") if v.strip()]
+    if args.shared_tree:
+        results = build.ensure_shared(settings, variants, source_spec=args.source,
+                                      allow_unpinned=args.allow_unpinned)
+    else:
+        results = [build.ensure(settings, v, source_spec=args.source, allow_unpinned=args.allow_unpinned)
+                   for v in variants]
+    for result in results:
+        for name, path in result.binaries.items():
+            runner.log(f"    {result.variant} {name}: {path}")
+    # stdout: llama-server's path, one line per variant (the last is the last variant listed)
+    for result in sorted(results, key=lambda r: variants.index(r.variant)):
+        print(result.server)
     return 0
 
 

@@ -362,3 +362,40 @@ def test_real_cuda_build_is_picked_by_auto(real_settings: config.Settings, real_
     assert "-DGGML_CUDA=ON" in m["cmake_args"] and "nvcc" in m["toolchain"]
     devices = subprocess.run([res.server, "--list-devices"], capture_output=True, text=True, timeout=120)
     assert "CUDA0" in devices.stdout + devices.stderr
+
+
+def test_shared_tree_builds_each_variant_once_with_its_own_options(settings: config.Settings,
+                                                                   upstream: FakeUpstream,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    results = build.ensure_shared(settings, ["patched", "upstream"])
+    assert [r.variant for r in results] == ["upstream", "patched"], "upstream sources first, the series on top"
+    up, pa = results
+    assert up.build_dir.parent == pa.build_dir.parent and up.bin_dir != pa.bin_dir
+    # each variant's binary keeps its own options, also after the next variant rebuilt the tree
+    assert _run(up.server) == "fake llama-server bridge=0\n"
+    assert _run(pa.server) == "fake llama-server bridge=1\n"
+    mu, mp = (json.loads(r.manifest_path.read_text()) for r in results)
+    assert "-DGGML_CUDA_MAPPED_HOST_BRIDGE=ON" in mp["cmake_args"]
+    assert not any("MAPPED_HOST_BRIDGE" in a for a in mu["cmake_args"])
+    assert "-DBUILD_SHARED_LIBS=OFF" in mu["cmake_args"] and mu["patches"] == [] and len(mp["patches"]) == 2
+    assert mu["shared_tree"]["order"] == ["upstream", "patched"] and "series" in mp["shared_tree"]["made"]
+    assert mp["binaries"]["llama-server"]["sha256"] != mu["binaries"]["llama-server"]["sha256"]
+    # the series' files are in the shared sources, and the upstream variant was built before they were
+    shared_src = up.build_dir.parent / "src"
+    assert (shared_src / "src" / "extra.c").is_file() and "= 2;" in (shared_src / "src" / "llama.cpp").read_text()
+    # the usual pointers: find_binary, the ladder and the bench see these builds
+    assert build.find_binary(settings, "llama-server", variant="upstream", backend="cpu") == up.server
+    assert build.find_binary(settings, "llama-server", variant="patched", backend="cpu") == pa.server
+    # unchanged: nothing is configured or compiled again
+    monkeypatch.setattr(build, "_cmake", lambda *a: pytest.fail("configured again"))
+    monkeypatch.setattr(build, "_ninja", lambda *a: pytest.fail("compiled again"))
+    again = build.ensure_shared(settings, ["upstream", "patched"])
+    assert all(r.up_to_date for r in again) and [r.server for r in again] == [up.server, pa.server]
+
+
+def test_shared_tree_refuses_nopeer_without_cuda_and_unknown_variants(settings: config.Settings) -> None:
+    with pytest.raises(UsageError, match="only exists for the CUDA backend"):
+        build.ensure_shared(settings, ["upstream", "upstream-nopeer"])
+    with pytest.raises(UsageError, match="unknown variant"):
+        build.ensure_shared(settings, ["upstream", "pached"])
+

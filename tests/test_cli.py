@@ -67,6 +67,16 @@ def test_build_prints_server_path_last(cli_env: list[str], capsys: pytest.Captur
     assert "up to date" in cap.err and cap.out.strip().splitlines()[-1] == out[-1]
 
 
+
+def test_build_a_variant_list_in_one_tree(cli_env: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*cli_env, "build", "--variant", "patched,upstream", "--shared-tree", "-j", "2"]) == 0
+    out = capsys.readouterr().out.split()
+    assert len(out) == 2, "one llama-server path per variant, in the order given"
+    assert out[0].endswith("/patched/bin/llama-server") and out[1].endswith("/upstream/bin/llama-server")
+    run = [subprocess.run([p], capture_output=True, text=True, check=True).stdout for p in out]
+    assert run == ["fake llama-server bridge=1\n", "fake llama-server bridge=0\n"]
+    assert cli.main([*cli_env, "build", "--variant", "upstream,nope"]) == errors.UsageError.exit_code
+
 @pytest.mark.parametrize("argv,code,text", [
     (["build", "--backend", "rocm"], 2, "unknown backend 'rocm'"),
     (["build", "--variant", "shiny"], 2, "unknown variant 'shiny'"),
