@@ -92,12 +92,13 @@ class BuildResult:
 
 def ensure(settings: Settings, variant: str | None = None, *, source_spec: str | None = None,
            allow_unpinned: bool = False, series: patchmod.Series | None = None,
-           record_latest: bool = True) -> BuildResult:
+           record_latest: bool = True, discard_changes: bool = False) -> BuildResult:
     """Fetch, patch (for ``patched``), configure and build; reuse an up-to-date build. Returns the binaries.
 
     ``source_spec``/``allow_unpinned`` are passed to :func:`ggml_bridge.fetch.obtain`; ``series`` replaces the
     project's ``patches/`` (e.g. a rebased series); ``record_latest=False`` leaves the
-    ``latest-<variant>-<backend>.json`` pointer (what :func:`find_binary` returns) alone.
+    ``latest-<variant>-<backend>.json`` pointer (what :func:`find_binary` returns) alone; ``discard_changes``
+    lets :func:`ggml_bridge.patch.apply_series` delete a patched work tree holding edits.
     """
     variant = variant or settings.build.variant
     if variant not in VARIANT_OPTIONS:
@@ -109,7 +110,7 @@ def ensure(settings: Settings, variant: str | None = None, *, source_spec: str |
 
     tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
     if variant == "patched":
-        patched = patchmod.apply_series(settings, tree, series)
+        patched = patchmod.apply_series(settings, tree, series, discard_changes=discard_changes)
         series, src = patched.series, patched.path
         head = patched.head
     else:
