@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server", type=Path, default=None, help="llama-server (default: the latest patched CPU build)")
     ap.add_argument("--vocab", type=Path, default=None, help="ggml-vocab-llama-spm.gguf (default: found in the cache)")
     ap.add_argument("--report", type=Path, required=True, help="folder for soak.json and soak.md")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop sending after this long (the report says how many requests were sent)")
     ap.add_argument("--sample-every", type=int, default=250, help="requests between memory samples")
     ap.add_argument("--n-predict", type=int, default=8)
     ap.add_argument("--launcher", type=Path, default=ROOT,
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "ggml_bridge", "serve", "--server", str(server), "--server-log", str(server_log),
            "--", "-m", str(gguf), "--port", str(port), "-c", "512", "-np", "1", "-t", "2"]
     env = {**os.environ, "PYTHONPATH": str(args.launcher.resolve())}
-    launcher = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    launcher = subprocess.Popen(cmd, env=env, cwd=args.launcher, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     samples: list[dict] = []
     t_start = time.monotonic()
     try:
@@ -92,15 +94,21 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(samples[-1]), file=sys.stderr, flush=True)
 
         words = "the quick brown fox jumps over a lazy dog while the city sleeps under heavy rain".split()
+        sent = 0
         for i in range(args.requests):
+            if args.max_seconds is not None and time.monotonic() - t_start > args.max_seconds:
+                break
             if i in (0, 10) or (i and i % args.sample_every == 0):
                 sample(i)  # 0: just started; 10: after warm-up (the start figure)
-            prompt = " ".join(words[(i + k) % len(words)] for k in range(8 + i % 24))
+            # every prompt distinct, so llama-server's prompt cache keeps growing (and logs its list per request)
+            prompt = f"request {i}: " + " ".join(words[(i + k) % len(words)] for k in range(8 + i % 24))
             post(url, {"prompt": prompt, "n_predict": args.n_predict, "temperature": 0})
+            sent = i + 1
         time.sleep(1.0)  # let the pump drain the last request's lines
-        sample(args.requests)
+        args.requests = sent
+        sample(sent)
     finally:
-        launcher.send_signal(signal.SIGINT)
+        launcher.send_signal(signal.SIGTERM)
         try:
             rc = launcher.wait(60)
         except subprocess.TimeoutExpired:
