@@ -17,6 +17,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{end['launcher_rss_kib'] / 1024:.1f} MiB at the end ({report['launcher_rss_growth_kib'] / 1024:+.1f} MiB).\n\n"
         "| requests | s | launcher RSS MiB | llama-server RSS MiB | server log lines |\n|---|---|---|---|---|\n"
         + rows + "\n")
-    server_log.unlink(missing_ok=True)
+    shutil.rmtree(work, ignore_errors=True)  # the model and the server log (gigabytes after thousands of requests)
     print(args.report / "soak.md")
     return 0
 
