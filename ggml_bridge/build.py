@@ -92,12 +92,13 @@ class BuildResult:
 
 def ensure(settings: Settings, variant: str | None = None, *, source_spec: str | None = None,
            allow_unpinned: bool = False, series: patchmod.Series | None = None,
-           record_latest: bool = True) -> BuildResult:
+           record_latest: bool = True, discard_changes: bool = False) -> BuildResult:
     """Fetch, patch (for ``patched``), configure and build; reuse an up-to-date build. Returns the binaries.
 
     ``source_spec``/``allow_unpinned`` are passed to :func:`ggml_bridge.fetch.obtain`; ``series`` replaces the
     project's ``patches/`` (e.g. a rebased series); ``record_latest=False`` leaves the
-    ``latest-<variant>-<backend>.json`` pointer (what :func:`find_binary` returns) alone.
+    ``latest-<variant>-<backend>.json`` pointer (what :func:`find_binary` returns) alone; ``discard_changes``
+    lets :func:`ggml_bridge.patch.apply_series` delete a patched work tree holding edits.
     """
     variant = variant or settings.build.variant
     if variant not in VARIANT_OPTIONS:
@@ -109,7 +110,7 @@ def ensure(settings: Settings, variant: str | None = None, *, source_spec: str |
 
     tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
     if variant == "patched":
-        patched = patchmod.apply_series(settings, tree, series)
+        patched = patchmod.apply_series(settings, tree, series, discard_changes=discard_changes)
         series, src = patched.series, patched.path
         head = patched.head
     else:
@@ -557,7 +558,8 @@ NOPEER_LIBRARY = "ggml/src/ggml-cuda/libggml-cuda.a"
 
 
 def ensure_shared(settings: Settings, variants: list[str], *, source_spec: str | None = None,
-                  allow_unpinned: bool = False, series: patchmod.Series | None = None) -> list[BuildResult]:
+                  allow_unpinned: bool = False, series: patchmod.Series | None = None,
+                  discard_changes: bool = False) -> list[BuildResult]:
     """Build several variants in one static CMake tree, so that the objects they share compile once.
 
     The tree is configured once (with the patched variant's options, which upstream's CMakeLists ignore) and
@@ -579,7 +581,8 @@ def ensure_shared(settings: Settings, variants: list[str], *, source_spec: str |
                          why=f"the backend is {backend}", fix="use --backend cuda, or leave upstream-nopeer out")
 
     tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
-    patched = patchmod.apply_series(settings, tree, series) if "patched" in order else None
+    patched = (patchmod.apply_series(settings, tree, series, discard_changes=discard_changes)
+               if "patched" in order else None)
     tools = find_toolchain(cuda)
     # each variant is configured with its own options (the tree is re-configured when they change); static
     # libraries, so that a variant's binaries do not load the libraries the next variant rebuilds

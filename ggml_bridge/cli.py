@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from typing import Any, Callable, Sequence
 
@@ -30,6 +31,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ggml-bridge`` console script; returns the exit status."""
     parser = build_parser()
     try:
+        with runner.stop_children_on_signals():
+            return _main(parser, argv)
+    except runner.Interrupted as e:
+        print(f"ggml-bridge: interrupted by {signal.Signals(e.signum).name}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("ggml-bridge: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    try:
         args, rest = parser.parse_known_args(argv)
         if args.command is None:
             parser.print_help(sys.stderr)
@@ -45,9 +58,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FatalError as e:
         print(f"ggml-bridge: {e.kind}: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("ggml-bridge: interrupted", file=sys.stderr)
-        return 130
     except SystemExit as e:  # argparse: --help, --version, usage errors (already printed)
         return e.code if isinstance(e.code, int) else UsageError.exit_code
 
@@ -57,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ggml-bridge",
         description="Fetch the pinned llama.cpp, apply the patch series, build, launch and verify llama-server.",
         epilog="Exit codes: 0 ok, 1 mismatch, 2 usage, 10 fetch, 11 checksum, 12 bad source, 13 cache, "
-        "14 unknown ref, 20 patch, 30 toolchain, 31 build, 32 not built, 40 serve, 50 rebase conflict, "
+        "14 unknown ref, 20 patch, 21 work tree modified, 30 toolchain, 31 build, 32 not built, 40 serve, 50 rebase conflict, "
         "51 dirty project, 60 bench.",
     )
     parser.add_argument("--version", action="version", version=f"ggml-bridge {__version__}")
@@ -73,12 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     _source_args(p)
     p.add_argument("--check", action="store_true", help="report whether each patch applies, writing nothing")
+    _discard_arg(p)
     p.set_defaults(handler=cmd_patch)
 
     p = sub.add_parser("build", help="fetch + patch + CMake/Ninja build; prints the llama-server path last")
     _common(p)
     _source_args(p)
     _build_args(p)
+    _discard_arg(p)
     p.set_defaults(handler=cmd_build)
 
     for name, help_text in DELEGATED.items():
@@ -104,6 +116,11 @@ def _source_args(parser: argparse.ArgumentParser) -> None:
                         "instead of the pinned sources")
     parser.add_argument("--allow-unpinned", action="store_true",
                         help="accept a source that is not exactly the pinned commit")
+
+
+def _discard_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--discard-changes", action="store_true",
+                        help="delete edits found in the cached patched work tree (else they are an error, exit 21)")
 
 
 def _build_args(parser: argparse.ArgumentParser) -> None:
@@ -150,7 +167,7 @@ def cmd_patch(args: argparse.Namespace, settings: config.Settings) -> int:
         report = patch.check_series(settings, tree)
         print(report.render())
         return 0 if report.ok else PatchError.exit_code
-    patched = patch.apply_series(settings, tree)
+    patched = patch.apply_series(settings, tree, discard_changes=args.discard_changes)
     print(patched.path)
     return 0
 
@@ -166,10 +183,11 @@ def cmd_build(args: argparse.Namespace, settings: config.Settings) -> int:
     variants = [v.strip() for v in (args.variant or settings.build.variant).split(",") if v.strip()]
     if args.shared_tree:
         results = build.ensure_shared(settings, variants, source_spec=args.source,
-                                      allow_unpinned=args.allow_unpinned)
+                                      allow_unpinned=args.allow_unpinned,
+                                      discard_changes=args.discard_changes)
     else:
-        results = [build.ensure(settings, v, source_spec=args.source, allow_unpinned=args.allow_unpinned)
-                   for v in variants]
+        results = [build.ensure(settings, v, source_spec=args.source, allow_unpinned=args.allow_unpinned,
+                                discard_changes=args.discard_changes) for v in variants]
     for result in results:
         for name, path in result.binaries.items():
             runner.log(f"    {result.variant} {name}: {path}")

@@ -4,13 +4,15 @@ The config file is ``ggml-bridge.toml`` in the current directory, or the path gi
 ``GGML_BRIDGE_CONFIG``; failing both, a ``[tool.ggml-bridge]`` table of ``pyproject.toml`` in the current
 directory. Top-level keys are the fields of :class:`Settings`; ``[fetch]`` and ``[build]`` tables hold the
 fields of :class:`FetchSettings` and :class:`BuildSettings`. Tables named after a later stage
-(``[serve]``, ``[ladder]``, ``[rebase]``, ``[bench]``) are passed to that stage as-is in
-``Settings.stage_options``; any other unknown key is a :class:`~ggml_bridge.errors.UsageError`.
+(``[serve]``, ``[ladder]``, ``[rebase]``, ``[bench]``) are passed to that stage in ``Settings.stage_options``,
+holding only the keys that stage reads (:data:`STAGE_TABLES`); any other key, unknown or unused, is a
+:class:`~ggml_bridge.errors.UsageError`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import shlex
@@ -29,8 +31,9 @@ else:  # pragma: no cover
 BACKENDS = ("auto", "cpu", "cuda")
 VARIANTS = ("patched", "upstream", "upstream-nopeer")
 SOURCE_KINDS = ("git", "archive", "pypi-sdist")
-#: Tables of the config file that belong to stages whose modules validate them themselves.
-STAGE_TABLES = ("serve", "ladder", "rebase", "bench")
+#: Tables of the config file that belong to later stages, with the keys each stage reads from
+#: ``Settings.stage_options`` (none so far: their settings are command-line options). Any other key is an error.
+STAGE_TABLES: dict[str, tuple[str, ...]] = {"serve": (), "ladder": (), "rebase": (), "bench": ()}
 CONFIG_NAME = "ggml-bridge.toml"
 
 _CUDA_ARCH_RE = re.compile(r"^(native|all|all-major|\d+[a-z]?(-real|-virtual)?(;\d+[a-z]?(-real|-virtual)?)*)$")
@@ -162,7 +165,8 @@ def load(
         if env.get(var):
             _set(settings, key, env[var], origin=f"environment variable {var}", base=cwd)
     if env.get("CMAKE_ARGS"):
-        settings.build.cmake_args = shlex.split(env["CMAKE_ARGS"]) + settings.build.cmake_args
+        settings.build.cmake_args = (split_cmake_args(env["CMAKE_ARGS"], "environment variable CMAKE_ARGS")
+                                     + settings.build.cmake_args)
 
     for key, value in (overrides or {}).items():
         if value is not None:
@@ -170,6 +174,15 @@ def load(
 
     validate(settings)
     return settings
+
+
+def split_cmake_args(text: str, origin: str) -> list[str]:
+    """Split a CMAKE_ARGS-style string the way a POSIX shell would; unbalanced quotes are a usage error."""
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise UsageError(f"cannot split {origin}: {text!r}", why=f"{e} (unbalanced quotes)",
+                         fix="balance the quotes, e.g. CMAKE_ARGS='-DX=\"a b\"'") from None
 
 
 def validate(settings: Settings) -> None:
@@ -232,6 +245,12 @@ def _apply_table(settings: Settings, table: Mapping[str, Any], *, origin: str, b
         if key in STAGE_TABLES:
             if not isinstance(value, dict):
                 raise UsageError(f"[{key}] in {origin} must be a table")
+            unknown = sorted(set(value) - set(STAGE_TABLES[key]))
+            if unknown:
+                known = ", ".join(STAGE_TABLES[key]) or f"none yet: the {key} stage takes its settings as options"
+                raise UsageError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
+                                 f"{', '.join(f'{key}.{k}' for k in unknown)} in {origin}",
+                                 fix=f"known keys in [{key}]: {known}")
             settings.stage_options[key] = dict(value)
         elif key in ("fetch", "build"):
             if not isinstance(value, dict):
@@ -276,15 +295,23 @@ def _coerce(current: Any, value: Any, *, key: str, origin: str, base: Path) -> A
             raise bad from None
         if isinstance(value, bool) or (isinstance(value, float) and isinstance(current, int)):
             raise bad
+        if not math.isfinite(out):
+            raise UsageError(f"bad value {value!r} for {key!r} in {origin}", why="it must be a finite number")
         return out
     if isinstance(current, Path):
         if not isinstance(value, (str, os.PathLike)):
             raise bad
+        if not str(value).strip():
+            raise UsageError(f"empty path for {key!r} in {origin}",
+                             why="an empty value would silently mean the current directory",
+                             fix="give a directory, or leave the setting out for the default")
         p = Path(value).expanduser()
         return p if p.is_absolute() else (base / p)
     if isinstance(current, list):
         if isinstance(value, str):
-            return [v for v in re.split(r"[,\s]+", value) if v] if key != "build.cmake_args" else shlex.split(value)
+            if key == "build.cmake_args":
+                return split_cmake_args(value, f"{key!r} in {origin}")
+            return [v for v in re.split(r"[,\s]+", value) if v]
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return list(value)
         raise bad

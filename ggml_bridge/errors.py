@@ -78,6 +78,13 @@ class PatchError(FatalError):
     kind = "patch error"
 
 
+class WorkTreeModified(PatchError):
+    """The patched work tree in the cache holds the user's edits (changed, added or committed files)."""
+
+    exit_code = 21
+    kind = "work tree modified"
+
+
 class ToolchainError(FatalError):
     """A compiler, cmake, ninja or CUDA toolkit is missing or unusable."""
 

@@ -21,6 +21,7 @@ Anything other than the pinned tree needs ``allow_unpinned=True`` (``--allow-unp
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -188,10 +189,18 @@ def publish_dir(stage: Path, final: Path) -> Path:
 
 
 def write_json_atomic(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``path`` through a temporary file and a rename; CacheError when it cannot be written."""
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise CacheError(f"cannot write {path}", why=f"{type(e).__name__}: {e.strerror or e}",
+                         fix="fix the permissions of the cache directory, or point GGML_BRIDGE_CACHE_DIR "
+                         "(or --cache-dir) at a writable one") from None
 
 
 # --------------------------------------------------------------------------------------------- pinned tree
@@ -364,6 +373,15 @@ def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha:
     """An archive that is not byte-identical to a pinned one: a GitHub archive or an sdist of another version."""
     subdir, commit, layout = _inspect_archive(archive)
     pinned = layout == "archive" and commit == pin.commit  # GitHub archive of the pinned commit
+    if layout == "sdist" and commit == pin.commit and not allow_unpinned:
+        # the pinned commit's sdist, but not byte for byte the pinned file (re-compressed, repacked, tampered)
+        expected = [s.sha256 for s in pin.sources if s.kind == "pypi-sdist" and s.sha256]
+        raise ChecksumError(
+            f"{archive.name} claims the pinned commit {pin.commit[:12]} but is not the pinned sdist",
+            why=f"its sha256 is {sha}, the pinned sdist's is {' or '.join(expected) or 'not recorded'}; "
+            "only the pinned bytes are trusted (re-compressed or repacked archives are not)",
+            fix="use the original download (or let `ggml-bridge fetch` download it), or add --allow-unpinned",
+        )
     if not pinned and not allow_unpinned:
         raise SourceError(
             f"refusing {archive.name}",
@@ -651,6 +669,13 @@ def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exce
                 raise tarfile.TarError(f"archive has no {subdir}/")
             _safe_extractall(tf, tmp, members)
         os.rename(tmp / subdir, dest)
+    except _UNSAFE as e:
+        member = getattr(getattr(e, "tarinfo", None), "name", None) or str(e)
+        msg = f"archive {archive.name} has an unsafe archive member {member!r}"
+        why = "it would be written outside the tree (absolute path, ../, or a link or device escaping it)"
+        if issubclass(failed, SourceError):
+            raise SourceError(msg, why=why, fix="do not use this archive; it is not a llama.cpp release") from None
+        raise failed(msg, why=why) from None
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES):
             raise CacheError(f"cannot extract into {dest.parent}", why=str(e),
@@ -661,6 +686,15 @@ def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exce
         raise failed(msg) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _UnsafeMember(tarfile.TarError):
+    """A member that would land outside the destination (Python without tarfile's extraction filters)."""
+
+
+#: What an escaping member raises: tarfile's "data" filter errors (Python >= 3.11.4), or ours.
+_UNSAFE: tuple[type[Exception], ...] = (_UnsafeMember,) + ((tarfile.FilterError,) if hasattr(tarfile, "FilterError")
+                                                          else ())
 
 
 def _safe_extractall(tf: tarfile.TarFile, dest: Path, members: list[tarfile.TarInfo]) -> None:
@@ -674,7 +708,7 @@ def _safe_extractall(tf: tarfile.TarFile, dest: Path, members: list[tarfile.TarI
         if not (m.isfile() or m.isdir() or m.issym()) or m.name.startswith("/") or not all(
                 p == os.path.abspath(dest) or p.startswith(os.path.abspath(dest) + os.sep)
                 for p in (os.path.abspath(target), os.path.abspath(link))):
-            raise tarfile.TarError(f"unsafe archive member {m.name!r}")
+            raise _UnsafeMember(f"unsafe archive member {m.name!r}")
     tf.extractall(dest, members=members)
 
 

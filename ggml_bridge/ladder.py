@@ -695,7 +695,7 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
         res.logs["server"] = srv.info()
         if rc not in (0, None):
             raise ServeError(f"llama-server exited with status {rc} when stopped",
-                             why="last lines:\n    " + "\n    ".join(srv.lines()[-10:]))
+                             why="last lines:\n    " + "\n    ".join(srv.tail(10)))
         if rung.perplexity:
             logits = out / "logits.bin"
             logits.unlink(missing_ok=True)

@@ -187,6 +187,14 @@ def startup_failure_reason(info: LogInfo, rc: int | None) -> str:
         return f"out of memory during start-up: {info.oom_lines[0]}"
     if info.crash_lines:
         return f"llama-server crashed during start-up: {info.crash_lines[0]}"
-    if rc is not None and rc < 0:
+    if rc is None:
+        return "llama-server is still running but has not logged that it listens with /health answering 200"
+    if rc < 0:
         return f"llama-server was killed by signal {-rc} during start-up"
     return f"llama-server exited with status {rc} during start-up"
+
+
+def is_read(line: str) -> bool:
+    """Whether :func:`parse` takes anything from ``line``: the launcher keeps only such lines in memory (a
+    server at high verbosity prints about a thousand others per request; they go to the log file)."""
+    return parse([line]) != LogInfo()

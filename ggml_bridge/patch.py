@@ -9,6 +9,7 @@ never marked as patched. Re-running with an unchanged series does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import Settings
-from .errors import PatchError
+from .errors import PatchError, WorkTreeModified
 from .fetch import Tree, file_sha256, publish_dir, staging_dir
 from .runner import log, step
 
@@ -139,9 +140,14 @@ def work_key(tree: Tree, series: Series) -> str:
     return f"{tree.key}-{series.hash[:16]}"
 
 
-def apply_series(settings: Settings, tree: Tree, series: Series | None = None) -> PatchedTree:
-    """The patched work tree for (``tree``, ``series``): reused if already made, else created in the cache."""
+def apply_series(settings: Settings, tree: Tree, series: Series | None = None, *,
+                 discard_changes: bool = False) -> PatchedTree:
+    """The patched work tree for (``tree``, ``series``): reused if already made, else created in the cache.
+
+    A work tree holding edits (changed, untracked or committed files) is never deleted silently: that is a
+    :class:`WorkTreeModified` error naming the files, unless ``discard_changes``."""
     series = series if series is not None else read_series(settings.patches_dir)
+    _require_patches(series, settings.patches_dir)
     key = work_key(tree, series)
     final = settings.cache_dir / "work" / key
     existing = _load_existing(final, tree, series)
@@ -149,7 +155,15 @@ def apply_series(settings: Settings, tree: Tree, series: Series | None = None) -
         log(f"patch series {series.hash[:12]} ({len(series.patches)} patch(es)) already applied: {existing.path}")
         return existing
     if final.exists():
-        log(f"discarding stale or modified work tree {final}")
+        changed = local_changes(final)
+        if changed and not discard_changes:
+            shown = changed[:20] + ([f"... and {len(changed) - 20} more"] if len(changed) > 20 else [])
+            raise WorkTreeModified(
+                f"the patched work tree {final / 'src'} has local changes",
+                why="changed: " + ", ".join(shown) + "; it would have to be re-created from the series",
+                fix="move your edits into a patch (git format-patch) or copy them elsewhere, then re-run with "
+                "--discard-changes (`ggml-bridge patch --discard-changes`) to delete them")
+        log(f"discarding {'modified' if changed else 'stale'} work tree {final}")
         shutil.rmtree(final)
     with step(f"apply {len(series.patches)} patch(es) (series {series.hash[:12]}) onto {tree.commit_or_id[:12]}"):
         stage = staging_dir(settings, "work")
@@ -175,6 +189,7 @@ def apply_series(settings: Settings, tree: Tree, series: Series | None = None) -
 def check_series(settings: Settings, tree: Tree, series: Series | None = None) -> CheckReport:
     """Apply the series in a throwaway copy and report per patch; writes nothing to the cache."""
     series = series if series is not None else read_series(settings.patches_dir)
+    _require_patches(series, settings.patches_dir)
     with step(f"check {len(series.patches)} patch(es) (series {series.hash[:12]}) against {tree.commit_or_id[:12]}"):
         with tempfile.TemporaryDirectory(prefix="ggml-bridge-check-") as tmp:
             report, _ = _apply_into(Path(tmp) / "src", tree, series)
@@ -260,6 +275,43 @@ def _failure(report: CheckReport) -> PatchError:
         fix="rebase the patch onto this upstream (git am --3way, resolve, git format-patch), "
         "then re-run; `ggml-bridge patch --check` shows the whole series",
     )
+
+
+def _require_patches(series: Series, patches_dir: Path) -> None:
+    if not series.patches:
+        raise PatchError(f"the patch series in {patches_dir} is empty",
+                         why="patches/series lists no patch (or is missing and there is no *.patch); a patched "
+                         "build without patches would pass for one",
+                         fix="restore patches/ (e.g. git checkout patches), or build --variant upstream")
+
+
+def local_changes(final: Path) -> list[str]:
+    """Files of the work tree ``final/src`` that differ from what the series made: modified, deleted or
+    untracked files, and files touched by commits added after the series' head. [] for a tree that is not
+    (or no longer) a git repository of ours (a stale or broken one, safe to re-create)."""
+    import git
+
+    try:
+        head = json.loads((final / MARKER).read_text()).get("head")
+    except (OSError, ValueError):
+        head = None
+    try:
+        repo = git.Repo(final / "src")
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return []
+    try:
+        changed = [line[3:] for line in repo.git.status("--porcelain", "--untracked-files=all",
+                                                         "--no-renames").splitlines() if line.strip()]
+        now = repo.head.commit.hexsha if repo.head.is_valid() else "nothing"
+        if head and now != head:
+            with contextlib.suppress(git.GitCommandError):
+                changed += [f for f in repo.git.diff("--name-only", head, "HEAD").splitlines() if f]
+            changed.append(f"(HEAD moved from {head[:12]} to {now[:12]})")
+    except git.GitCommandError:
+        return []
+    finally:
+        repo.close()
+    return list(dict.fromkeys(changed))
 
 
 def _load_existing(final: Path, tree: Tree, series: Series) -> PatchedTree | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import IO, Callable, Iterator, Mapping, Sequence
 
 from .errors import FatalError
 
@@ -41,6 +42,138 @@ def step(title: str) -> Iterator[None]:
         log(f"    failed after {time.monotonic() - t0:.1f}s")
         raise
     log(f"    done in {time.monotonic() - t0:.1f}s")
+
+
+# --------------------------------------------------------------------------------------------- signals
+
+#: Signals after which nothing of ours may keep running: Ctrl-C / `kill -INT`, `kill` / timeout / CI cancel,
+#: terminal closed / ssh dropped.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal arrived; every child process had been stopped (and waited for) before this was raised."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+_stopping = False
+
+
+@contextmanager
+def stop_children_on_signals(grace: float = 10.0) -> Iterator[None]:
+    """While inside: SIGINT, SIGTERM and SIGHUP stop every descendant process (each process group of ours too),
+    wait until they are gone (SIGKILL after ``grace`` seconds), then raise :class:`Interrupted` in the main
+    thread, so that ``finally`` blocks (build locks, temporary trees) run only once nothing of ours runs.
+    A second signal during that clean-up is ignored. Handlers a stage installs itself (serve) take over inside."""
+    global _stopping
+
+    def handler(signum: int, _frame: object) -> None:
+        global _stopping
+        if _stopping:
+            return
+        _stopping = True
+        log(f"ggml-bridge: {signal.Signals(signum).name} received: stopping child processes")
+        stop_descendants(grace)
+        raise Interrupted(signum)
+
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    _stopping = False
+    old = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        _stopping = False
+
+
+def _proc_stat(pid: int) -> tuple[int, str, int, int] | None:
+    """(ppid, state, pgid, start time) of ``pid`` from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    return int(fields[1]), fields[0], int(fields[2]), int(fields[19])
+
+
+def descendants(root: int | None = None) -> dict[int, int]:
+    """Every live process below ``root`` (default: us), as pid -> start time (so a reused pid is not taken
+    for it later)."""
+    root = os.getpid() if root is None else root
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _proc_stat(int(entry))) is not None and st[1] not in "ZX":
+            children.setdefault(st[0], []).append((int(entry), st[3]))
+    out: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        for pid, started in children.get(todo.pop(), []):
+            if pid not in out:
+                out[pid] = started
+                todo.append(pid)
+    return out
+
+
+def _alive(pid: int, started: int) -> bool:
+    st = _proc_stat(pid)
+    return st is not None and st[3] == started and st[1] not in "ZX"
+
+
+def stop_descendants(grace: float = 10.0) -> None:
+    """SIGTERM every descendant and every process group they lead (ninja runs each compiler in its own group),
+    wait up to ``grace`` seconds for all of them to be gone, SIGKILL what is left and wait for that too.
+    Processes re-parented away (their parent died first) are still followed by pid and start time."""
+    own_group = os.getpgid(0)
+    seen: dict[int, int] = {}
+    signalled: set[tuple[int, int, int]] = set()
+
+    def signal_all(sig: int) -> None:
+        """Send ``sig`` once to each live descendant (and group) not yet sent it: a second SIGTERM would make
+        llama-server skip its graceful shutdown."""
+        seen.update(descendants())
+        groups = set()
+        for pid, started in list(seen.items()):
+            if not _alive(pid, started) or (sig, pid, started) in signalled:
+                continue
+            signalled.add((sig, pid, started))
+            st = _proc_stat(pid)
+            if st is not None and st[2] != own_group:
+                groups.add(st[2])
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        for pgid in groups:
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        deadline = time.monotonic() + wait_s
+        signal_all(sig)
+        while any(_alive(p, s) for p, s in seen.items()) or descendants():
+            if time.monotonic() > deadline:
+                break
+            signal_all(sig)  # late children of a dying parent
+            time.sleep(0.05)
+        else:
+            return
+        if sig == signal.SIGTERM:
+            log(f"ggml-bridge: child processes still running after {grace:.0f}s; killing them")
 
 
 @dataclass
@@ -101,13 +234,18 @@ def run(
                     text=True, errors="replace", bufsize=1,
                 )
                 assert proc.stdout is not None
-                for line in proc.stdout:
-                    if fh:
-                        fh.write(line)
-                    tail.append(line.rstrip("\n"))
-                    if on_line:
-                        on_line(line.rstrip("\n"))
-                rc = proc.wait(timeout=timeout)
+                try:
+                    for line in proc.stdout:
+                        if fh:
+                            fh.write(line)
+                        tail.append(line.rstrip("\n"))
+                        if on_line:
+                            on_line(line.rstrip("\n"))
+                    rc = proc.wait(timeout=timeout)
+                except BaseException:  # interrupted, or a timeout: the child does not outlive the call
+                    proc.kill()
+                    proc.wait()
+                    raise
             finally:
                 if fh:
                     fh.close()
@@ -137,20 +275,30 @@ def run(
 class Process:
     """A long-running child started by :func:`start` (e.g. llama-server).
 
-    A reader thread pumps its combined stdout/stderr line by line into ``log_file`` / ``on_line``, keeps
-    the last lines for error messages, and (with ``keep_lines``) every line for later parsing.
+    A reader thread pumps its combined stdout/stderr line by line into ``log_file`` / ``on_line`` and keeps
+    the last ``tail`` lines for error messages. ``keep`` chooses the lines kept for later parsing: ``True``
+    every line, or a predicate (e.g. "a line the engagement proof reads"). Memory stays bounded whatever the
+    child prints: at most ``KEEP_HEAD`` first and ``KEEP_TAIL`` last kept lines are held (the log file has all).
     """
 
-    def __init__(self, argv: list[str], popen: subprocess.Popen[str], *, log_file: Path | None,
-                 on_line: Callable[[str], None] | None, keep_lines: bool, tail: int) -> None:
+    KEEP_HEAD = 2000
+    KEEP_TAIL = 2000
+
+    def __init__(self, argv: list[str], popen: subprocess.Popen[str], *, log_fh: IO[str] | None,
+                 log_file: Path | None, on_line: Callable[[str], None] | None,
+                 keep: bool | Callable[[str], bool], tail: int) -> None:
         import threading
 
         self.args = argv
         self.popen = popen
         self.log_file = log_file
+        self._log_fh = log_fh
         self._on_line = on_line
-        self._keep = keep_lines
-        self._lines: list[str] = []
+        self._keep = keep
+        self._head: list[str] = []
+        self._kept_tail: deque[str] = deque(maxlen=self.KEEP_TAIL)
+        self.dropped = 0
+        """Kept lines dropped between the first KEEP_HEAD and the last KEEP_TAIL."""
         self._tail: deque[str] = deque(maxlen=tail)
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._pump, name=f"pump-{popen.pid}", daemon=True)
@@ -158,17 +306,23 @@ class Process:
 
     def _pump(self) -> None:
         assert self.popen.stdout is not None
-        fh = open(self.log_file, "a", encoding="utf-8") if self.log_file else None
+        fh = self._log_fh
         try:
             for raw in self.popen.stdout:
                 line = raw.rstrip("\n")
                 if fh:
                     fh.write(raw if raw.endswith("\n") else raw + "\n")
                     fh.flush()
+                keep = self._keep is True or (callable(self._keep) and self._keep(line))
                 with self._lock:
                     self._tail.append(line)
-                    if self._keep:
-                        self._lines.append(line)
+                    if keep:
+                        if len(self._head) < self.KEEP_HEAD:
+                            self._head.append(line)
+                        else:
+                            if len(self._kept_tail) == self._kept_tail.maxlen:
+                                self.dropped += 1
+                            self._kept_tail.append(line)
                 if self._on_line:
                     try:
                         self._on_line(line)
@@ -216,8 +370,9 @@ class Process:
         return self.wait()
 
     def lines(self) -> list[str]:
+        """The kept lines (see ``keep``), or the tail when nothing is kept."""
         with self._lock:
-            return list(self._lines) if self._keep else list(self._tail)
+            return self._head + list(self._kept_tail) if self._keep is not False else list(self._tail)
 
     def tail(self, n: int = 20) -> list[str]:
         with self._lock:
@@ -237,7 +392,7 @@ def start(
     env: Mapping[str, str] | None = None,
     log_file: Path | None = None,
     on_line: Callable[[str], None] | None = None,
-    keep_lines: bool = True,
+    keep: bool | Callable[[str], bool] = True,
     tail: int = 200,
     new_session: bool = True,
     error: type[FatalError] = FatalError,
@@ -248,8 +403,16 @@ def start(
 
     ``env`` holds only the added variables (they are logged). With ``new_session`` the child gets its
     own session/process group, so a terminal Ctrl-C reaches only us and we forward it exactly once.
+    ``log_file`` is opened before the child starts, so a path that cannot be written fails at once.
     """
     argv, full_env = _prepare(args, env, cwd)
+    fh = None
+    if log_file is not None:
+        try:
+            fh = open(log_file, "a", encoding="utf-8")
+        except OSError as e:
+            raise error(f"cannot write the log file {log_file}", why=e.strerror or str(e),
+                        fix="create its folder or choose another path") from None
     try:
         popen = subprocess.Popen(
             argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -257,5 +420,7 @@ def start(
             start_new_session=new_session,
         )
     except OSError as e:
+        if fh:
+            fh.close()
         raise error(what or f"cannot run {argv[0]}", why=str(e), fix=fix) from None
-    return Process(argv, popen, log_file=log_file, on_line=on_line, keep_lines=keep_lines, tail=tail)
+    return Process(argv, popen, log_fh=fh, log_file=log_file, on_line=on_line, keep=keep, tail=tail)

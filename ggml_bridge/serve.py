@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
@@ -164,7 +165,7 @@ class Server:
     def __init__(self, binary: Path | str, server_args: Sequence[str], *, env: Mapping[str, str] | None = None,
                  log_file: Path | None = None, echo: bool = False, startup_timeout: float = 600.0,
                  cwd: Path | None = None) -> None:
-        self.binary = Path(binary)
+        self.binary = Path(os.path.abspath(binary))  # "./llama-server" must not become a PATH lookup
         self.env = dict(env or {})
         self.server_args, self.verbosity = with_verbosity(server_args, self.env)
         self.log_file = log_file
@@ -179,6 +180,12 @@ class Server:
             self.port = int(port) if port is not None else DEFAULT_PORT
         except ValueError:
             raise UsageError(f"--port {port!r} is not a number") from None
+        if not 1 <= self.port <= 65535:
+            raise UsageError(f"--port {port}: not a TCP port the launcher can check",
+                             why="it must be 1..65535 (0, a random port, cannot be found to check /health)",
+                             fix=f"omit --port (default {DEFAULT_PORT}) or pass a free port")
+        if not math.isfinite(startup_timeout) or startup_timeout <= 0:
+            raise UsageError(f"--startup-timeout {startup_timeout}: must be a positive number of seconds")
         self.host = host
         probe = "127.0.0.1" if host in ("0.0.0.0", "", "localhost") else ("::1" if host == "::" else host)
         self._probe = f"http://[{probe}]:{self.port}" if ":" in probe else f"http://{probe}:{self.port}"
@@ -191,6 +198,9 @@ class Server:
         if not self.binary.is_file() or not os.access(self.binary, os.X_OK):
             raise ServeError(f"llama-server binary not found or not executable: {self.binary}",
                              fix="build it with `ggml-bridge build`, or pass --server PATH")
+        if self.log_file is not None and not Path(self.log_file).parent.is_dir():
+            raise UsageError(f"--server-log {self.log_file}: the folder {Path(self.log_file).parent} does not exist",
+                             why="llama-server was not started", fix="create the folder or choose another path")
         model = _arg_value(self.server_args, "-m", "--model")
         if model is not None and not Path(model).is_file():
             raise ServeError(f"model file not found: {model}", why="llama-server was not started",
@@ -200,7 +210,7 @@ class Server:
         self._precheck()
         on_line = (lambda line: print(line, file=sys.stderr, flush=True)) if self.echo else None
         self.proc = runner.start([self.binary, *self.server_args], env=self.env, log_file=self.log_file,
-                                 on_line=on_line, error=ServeError, cwd=self.cwd,
+                                 on_line=on_line, keep=logparse.is_read, error=ServeError, cwd=self.cwd,
                                  what=f"cannot start {self.binary}")
         try:
             self.wait_ready()
@@ -255,7 +265,12 @@ class Server:
         return self.proc.stop(timeout)
 
     def lines(self) -> list[str]:
+        """The log lines the engagement proof reads (not every line: see runner.Process)."""
         return self.proc.lines() if self.proc else []
+
+    def tail(self, n: int = 20) -> list[str]:
+        """The last ``n`` log lines, whatever they say (for error messages)."""
+        return self.proc.tail(n) if self.proc else []
 
     def info(self) -> logparse.LogInfo:
         return logparse.parse(self.lines())
@@ -340,17 +355,18 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     srv = Server(binary, server_args, env=env, log_file=args.server_log, echo=True,
                  startup_timeout=args.startup_timeout)
 
-    # Forward SIGINT/SIGTERM to the server (it runs in its own session, so it gets each signal once).
+    # Forward SIGINT/SIGTERM to the server (it runs in its own session, so it gets each signal once); SIGHUP
+    # (terminal closed, ssh dropped) stops it like SIGTERM: llama-server has no SIGHUP handler of its own.
     received: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
         received.append(signum)
         if srv.proc is not None:
-            srv.proc.send_signal(signum)
+            srv.proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
         else:
             raise KeyboardInterrupt
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         try:
             srv.start()

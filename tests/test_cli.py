@@ -167,3 +167,40 @@ def test_python_m_runs_main() -> None:
     res = subprocess.run([sys.executable, "-m", "ggml_bridge", "--version"], cwd=REPO_ROOT, capture_output=True,
                          text=True)
     assert res.returncode == 0 and res.stdout.startswith("ggml-bridge ")
+
+
+@pytest.mark.parametrize("argv", [["serve", "--help"], ["fetch"], ["build"], ["bench", "--help"]])
+def test_unbalanced_cmake_args_is_a_usage_error_for_every_command(cli_env: list[str], capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  argv: list[str]) -> None:
+    monkeypatch.setenv("CMAKE_ARGS", '-DFOO="bar')
+    assert cli.main([*cli_env, *argv]) == 2
+    err = capsys.readouterr().err
+    assert "usage error" in err and "CMAKE_ARGS" in err and "unbalanced quotes" in err and "Traceback" not in err
+
+
+def test_up_to_date_build_on_a_read_only_cache(cli_env: list[str], capsys: pytest.CaptureFixture[str],
+                                               settings: config.Settings) -> None:
+    assert cli.main([*cli_env, "build"]) == 0
+    capsys.readouterr()
+    # Tests run as root, whom permissions do not stop: a directory squatting the pointer's temporary name makes
+    # its write fail with an OSError just as a read-only file system does.
+    import os
+    (settings.cache_dir / f"latest-patched-cpu.json.{os.getpid()}.tmp").mkdir()
+    assert cli.main([*cli_env, "build"]) == errors.CacheError.exit_code
+    err = capsys.readouterr().err
+    assert "up to date" in err and "cache error: cannot write" in err and "latest-patched-cpu.json" in err
+    assert "GGML_BRIDGE_CACHE_DIR" in err
+
+
+def test_edited_work_tree_stops_patch_and_build(cli_env: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*cli_env, "patch"]) == 0
+    work = Path(capsys.readouterr().out.strip())
+    (work / "notes.txt").write_text("keep me\n")
+    for cmd in ("patch", "build"):
+        assert cli.main([*cli_env, cmd]) == errors.WorkTreeModified.exit_code
+        err = capsys.readouterr().err
+        assert "work tree modified" in err and "notes.txt" in err and "--discard-changes" in err
+    assert (work / "notes.txt").is_file()
+    assert cli.main([*cli_env, "patch", "--discard-changes"]) == 0
+    assert not (work / "notes.txt").exists()

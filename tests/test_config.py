@@ -84,10 +84,38 @@ def test_bad_env_value(tmp_path: Path) -> None:
         _load(tmp_path, {"GGML_BRIDGE_JOBS": "lots"})
 
 
-def test_stage_tables_are_passed_through(tmp_path: Path) -> None:
-    (tmp_path / "ggml-bridge.toml").write_text('[serve]\nport = 8099\n[ladder]\nfile = "x.toml"\n')
-    s = _load(tmp_path)
-    assert s.stage_options == {"serve": {"port": 8099}, "ladder": {"file": "x.toml"}}
+def test_stage_tables_hold_only_keys_their_stage_reads(tmp_path: Path) -> None:
+    (tmp_path / "ggml-bridge.toml").write_text("[serve]\n[ladder]\n")
+    assert _load(tmp_path).stage_options == {"serve": {}, "ladder": {}}
+    (tmp_path / "ggml-bridge.toml").write_text('[serve]\nfoo = 1\nport = 8099\n[ladder]\n')
+    with pytest.raises(UsageError, match=r"unknown settings serve.foo, serve.port in .*ggml-bridge.toml") as e:
+        _load(tmp_path)
+    assert e.value.exit_code == 2 and "[serve]" in str(e.value)
+
+
+@pytest.mark.parametrize("env,origin", [
+    ({"CMAKE_ARGS": "-DX='a b"}, "environment variable CMAKE_ARGS"),
+    ({"GGML_BRIDGE_CONFIG": "c.toml"}, "'build.cmake_args' in"),
+])
+def test_unbalanced_quotes_in_cmake_args_are_a_usage_error(tmp_path: Path, env: dict[str, str], origin: str) -> None:
+    (tmp_path / "c.toml").write_text("[build]\ncmake_args = \"-DY=\\\"oops\"\n")
+    with pytest.raises(UsageError, match="unbalanced quotes") as e:
+        _load(tmp_path, env)
+    assert origin in str(e.value)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_numbers_are_refused(tmp_path: Path, value: str) -> None:
+    with pytest.raises(UsageError, match="finite"):
+        _load(tmp_path, {"GGML_BRIDGE_CONNECT_TIMEOUT": value})
+
+
+def test_empty_cache_dir_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="empty path for 'cache_dir' in option --cache-dir"):
+        _load(tmp_path, overrides={"cache_dir": ""})
+    (tmp_path / "ggml-bridge.toml").write_text('cache_dir = " "\n')
+    with pytest.raises(UsageError, match="empty path"):
+        _load(tmp_path)
 
 
 def test_cmake_args_env_is_shlex_split(tmp_path: Path) -> None:

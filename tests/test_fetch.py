@@ -369,7 +369,24 @@ def test_archive_escaping_its_directory_is_refused(settings: config.Settings, tm
             info = tarfile.TarInfo(name)
             info.size = 1
             tf.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(SourceError):
+    with pytest.raises(SourceError, match="unsafe archive member 'llama.cpp-x/../../escaped'") as e:
         fetch.obtain(settings, str(evil), allow_unpinned=True)
+    assert "corrupt" not in str(e.value) and "download it again" not in str(e.value)
     assert not list(tmp_path.rglob("escaped"))
+    _no_leftovers(settings)
+
+
+def test_recompressed_pinned_sdist_is_a_checksum_mismatch(settings: config.Settings, upstream: FakeUpstream,
+                                                          tmp_path: Path) -> None:
+    import gzip
+
+    repacked = tmp_path / upstream.sdist.name
+    repacked.write_bytes(gzip.compress(gzip.decompress(upstream.sdist.read_bytes()), compresslevel=1, mtime=0))
+    sha = fakellama.sha256(repacked)
+    assert sha != upstream.sdist_sha
+    with pytest.raises(ChecksumError) as e:
+        fetch.obtain(settings, str(repacked))
+    msg = str(e.value)
+    assert e.value.exit_code == 11 and sha in msg and upstream.sdist_sha in msg
+    assert "not the pinned" in msg and "of commit" not in msg
     _no_leftovers(settings)

@@ -9,7 +9,7 @@ import pytest
 from conftest import FakeUpstream
 from fixtures import fakellama
 from ggml_bridge import config, fetch, patch
-from ggml_bridge.errors import PatchError
+from ggml_bridge.errors import PatchError, WorkTreeModified
 
 
 def _add_conflict(settings: config.Settings, upstream: FakeUpstream) -> str:
@@ -98,12 +98,37 @@ def test_changed_series_gets_a_new_work_tree(settings: config.Settings) -> None:
     assert not (second.path / "src" / "extra.c").exists()
 
 
-def test_modified_work_tree_is_recreated(settings: config.Settings) -> None:
+def test_modified_work_tree_is_refused_until_discarded(settings: config.Settings) -> None:
     tree = fetch.obtain(settings)
     first = patch.apply_series(settings, tree)
     (first.path / "src" / "llama.cpp").write_text("scribbled\n")
+    (first.path / "NOTES.md").write_text("my notes\n")
+    with pytest.raises(WorkTreeModified) as e:
+        patch.apply_series(settings, tree)
+    msg = str(e.value)
+    assert e.value.exit_code == 21 and "src/llama.cpp" in msg and "NOTES.md" in msg and "--discard-changes" in msg
+    assert (first.path / "NOTES.md").read_text() == "my notes\n", "nothing deleted"
+    again = patch.apply_series(settings, tree, discard_changes=True)
+    assert "= 2;" in (again.path / "src" / "llama.cpp").read_text() and not (again.path / "NOTES.md").exists()
+
+
+def test_commit_added_in_the_work_tree_is_refused(settings: config.Settings) -> None:
+    tree = fetch.obtain(settings)
+    first = patch.apply_series(settings, tree)
+    repo = git.Repo(first.path)
+    (first.path / "new.c").write_text("int n;\n")
+    repo.git.add("new.c")
+    repo.git.commit("-q", "-m", "mine")
+    with pytest.raises(WorkTreeModified, match=r"new\.c.*HEAD moved"):
+        patch.apply_series(settings, tree)
+
+
+def test_stale_work_tree_without_marker_is_recreated(settings: config.Settings) -> None:
+    tree = fetch.obtain(settings)
+    first = patch.apply_series(settings, tree)
+    (first.path.parent / patch.MARKER).unlink()  # e.g. left by an older version: not ours to keep
     again = patch.apply_series(settings, tree)
-    assert "= 2;" in (again.path / "src" / "llama.cpp").read_text()
+    assert (again.path.parent / patch.MARKER).is_file()
 
 
 def test_conflicting_patch_is_reported_and_not_marked(settings: config.Settings, upstream: FakeUpstream) -> None:
@@ -149,8 +174,15 @@ def test_check_reports_without_writing(settings: config.Settings, upstream: Fake
     assert not (settings.cache_dir / "work").exists()
 
 
-def test_empty_series_is_the_upstream_commit(settings: config.Settings, upstream: FakeUpstream) -> None:
-    (settings.patches_dir / "series").write_text("")
-    p = patch.apply_series(settings, fetch.obtain(settings))
-    assert [c.summary for c in git.Repo(p.path).iter_commits()] == [f"upstream {upstream.commit}"]
-    assert fakellama.FILES["src/llama.cpp"] == (p.path / "src" / "llama.cpp").read_text()
+@pytest.mark.parametrize("how", ["empty series", "no series, no patches"])
+def test_empty_series_is_an_error(settings: config.Settings, how: str) -> None:
+    if how == "empty series":
+        (settings.patches_dir / "series").write_text("# nothing\n")
+    else:
+        shutil.rmtree(settings.patches_dir)
+    tree = fetch.obtain(settings)
+    for attempt in (patch.apply_series, patch.check_series):
+        with pytest.raises(PatchError, match="is empty") as e:
+            attempt(settings, tree)
+        assert e.value.exit_code == 20 and "--variant upstream" in str(e.value)
+    assert not (settings.cache_dir / "work").exists()

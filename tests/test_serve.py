@@ -174,6 +174,8 @@ def later(delay, fn):
     t = threading.Timer(delay, fn)
     t.daemon = True
     t.start()
+for i in range(int(E("FAKE_NOISE", "0"))):  # what -lv 4 prints per request, a thousand lines each
+    say("slot update_slots: id  0 | task %d | prompt processing progress, n_tokens = %d" % (i, i))
 later(float(E("FAKE_LOAD_S", "0.3")), lambda: (say("srv  llama_server: model loaded"),
       say("srv  llama_server: listening on http://%s:%d" % (host, port))))
 if E("FAKE_DIE_AFTER_S"):
@@ -396,7 +398,7 @@ def _wait_url(p, timeout=20):
     return line.strip()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signal_forwarded_and_exit_code_propagated(fake, sig):
     port = serve.free_port()
     p = _cli_proc(fake, {"FAKE_EXIT_CODE": "7"}, "--server", str(fake.server), *srv_args(fake.model, port))
@@ -513,3 +515,87 @@ def test_verbosity_added_unless_chosen(fake, monkeypatch, capsys):
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
     err = capsys.readouterr().err
     assert "bridge engaged: mode force, 4 slots x 64 MiB" in err and "model on 2 devices" in err
+
+
+# --- faults (issue 15) ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_signal_during_startup_stops_the_server(fake, sig):
+    from ggml_bridge import runner
+    p = _cli_proc(fake, {"FAKE_LOAD_S": "60"}, "--server", str(fake.server), *srv_args(fake.model, serve.free_port()))
+    try:
+        t0 = time.monotonic()
+        while not runner.descendants(p.pid) and time.monotonic() - t0 < 20:
+            time.sleep(0.05)
+        tree = runner.descendants(p.pid)
+        assert tree, "the fake server never started"
+        time.sleep(0.5)  # into the start-up wait
+        p.send_signal(sig)
+        rc = p.wait(20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc == 128 + sig, p.stderr.read()
+    t0 = time.monotonic()
+    while any(runner._alive(pid, st) for pid, st in tree.items()) and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    assert not any(runner._alive(pid, st) for pid, st in tree.items()), "llama-server outlived the launcher"
+
+
+def test_relative_server_path_runs_that_file_not_one_on_path(fake, tmp_path, monkeypatch):
+    impostor = tmp_path / "path-bin" / "llama-server"
+    impostor.parent.mkdir()
+    impostor.write_text("#!/bin/sh\necho impostor; exit 99\n")
+    impostor.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{impostor.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(fake.bin)
+    a = parse(["--check", "--server", "./llama-server", *srv_args(fake.model, serve.free_port())])
+    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+
+
+def test_server_log_in_a_missing_folder_fails_before_starting(fake):
+    t0 = time.monotonic()
+    s = serve.Server(fake.server, srv_args(fake.model, serve.free_port()), log_file=fake.tmp / "nope" / "server.log",
+                     startup_timeout=10)
+    with pytest.raises(UsageError, match="--server-log .*nope.* does not exist"):
+        s.start()
+    assert s.proc is None and time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--port", "0"], "1..65535"), (["--port", "70000"], "1..65535"), (["--port=-1"], "1..65535"),
+])
+def test_ports_the_launcher_cannot_check_are_refused(fake, args, match):
+    with pytest.raises(UsageError, match=match):
+        serve.Server(fake.server, ["-m", str(fake.model), *args])
+
+
+@pytest.mark.parametrize("timeout", [-5.0, 0.0, float("nan")])
+def test_bad_startup_timeout_is_refused(fake, timeout):
+    with pytest.raises(UsageError, match="startup-timeout"):
+        serve.Server(fake.server, srv_args(fake.model, serve.free_port()), startup_timeout=timeout)
+
+
+def test_server_output_is_not_all_kept_in_memory(fake, monkeypatch, tmp_path):
+    """A long-running server prints ~1000 lines per request at -lv 4: only what the proof reads stays in memory;
+    the log file gets everything."""
+    monkeypatch.setenv("FAKE_DEVICES", "2")
+    monkeypatch.setenv("FAKE_NOISE", "20000")
+    log = tmp_path / "server.log"
+    with serve.Server(fake.server, srv_args(fake.model, serve.free_port()), log_file=log,
+                      env=serve.selector_env("force", None), startup_timeout=30) as s:
+        pass
+    kept = s.lines()
+    assert len(kept) < 50, len(kept)
+    info = s.info()
+    assert info.bridge.enabled and info.listening and info.n_devices == 2 and info.bridge.stats
+    assert sum(1 for _ in open(log)) > 20000
+
+
+def test_runner_keeps_a_bounded_head_and_tail(tmp_path, monkeypatch):
+    from ggml_bridge import runner
+    monkeypatch.setattr(runner.Process, "KEEP_HEAD", 5)
+    monkeypatch.setattr(runner.Process, "KEEP_TAIL", 5)
+    p = runner.start([sys.executable, "-c", "for i in range(1000): print(i)"], keep=True)
+    p.wait(20)
+    assert p.lines() == [str(i) for i in (*range(5), *range(995, 1000))] and p.dropped == 990

@@ -1,0 +1,123 @@
+"""Stop signals to `ggml-bridge build` and `patch --check` (issue 15 item 2): real process trees.
+
+A fake ninja (or git) on PATH spawns a small tree (a child, a grandchild in a shell, a child in its own process
+group, like ninja's compilers) and records the pids; the test then signals the launcher's pid only, as
+`kill PID`, `timeout` or a CI cancel do. Nothing of the tree may survive, the build lock must be free and the
+temporary trees gone, and the exit status is 128 + the signal.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+from ggml_bridge import config, runner
+
+TREE = r'''
+sleep 600 & echo $! >> "$PIDS"
+sh -c 'sleep 600 & echo $! >> "$PIDS"; wait' & echo $! >> "$PIDS"
+setsid sh -c 'echo $$ >> "$PIDS"; trap "" TERM; sleep 600' & echo $! >> "$PIDS"
+echo $$ >> "$PIDS"
+wait
+'''
+
+
+def _tool(bindir: Path, name: str, real: str, hang_when: str) -> None:
+    """``name`` on PATH: the real tool, except that a call whose arguments contain ``hang_when`` runs TREE."""
+    bindir.mkdir(exist_ok=True)
+    p = bindir / name
+    p.write_text(f'#!/bin/sh\ncase " $* " in *"{hang_when}"*) ;; *) exec {real} "$@";; esac\n'
+                 f'echo "[1/9] fake step"\n{TREE}')
+    p.chmod(0o755)
+
+
+def _launch(settings: config.Settings, tmp_path: Path, argv: list[str], **env: str) -> tuple[subprocess.Popen[str], Path]:
+    pids = tmp_path / "pids"
+    full = {k: v for k, v in os.environ.items() if not k.startswith("GGML_BRIDGE_") and k != "CMAKE_ARGS"}
+    full.update({"PIDS": str(pids), "PYTHONPATH": str(REPO_ROOT), "GGML_BRIDGE_PROJECT_DIR": str(settings.project_dir),
+                 "GGML_BRIDGE_PYPI_URL": settings.fetch.pypi_url, "GGML_BRIDGE_BACKEND": "cpu",
+                 "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", **env})
+    p = subprocess.Popen([sys.executable, "-m", "ggml_bridge", "--cache-dir", str(settings.cache_dir), *argv],
+                         env=full, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return p, pids
+
+
+def _tree_of(p: subprocess.Popen[str], pids: Path) -> dict[int, int]:
+    """Wait until the fake tool recorded its 5 pids; returns every process under the launcher then."""
+    t0 = time.monotonic()
+    while not (pids.is_file() and len(pids.read_text().split()) >= 5):
+        if p.poll() is not None or time.monotonic() - t0 > 120:
+            raise AssertionError(f"the fake tree never started: {p.communicate()[1][-3000:]}")
+        time.sleep(0.05)
+    tree = runner.descendants(p.pid)
+    recorded = {int(x) for x in pids.read_text().split()}
+    assert recorded <= set(tree), (recorded, tree)
+    return tree
+
+
+def _gone(tree: dict[int, int]) -> list[int]:
+    return [pid for pid, started in tree.items() if runner._alive(pid, started)]
+
+
+def _kill_leftovers(tree: dict[int, int]) -> None:
+    for pid in _gone(tree):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signal_to_build_stops_the_whole_tree_before_the_lock_is_released(settings: config.Settings, tmp_path: Path,
+                                                                          sig: int) -> None:
+    _tool(tmp_path / "bin", "ninja", shutil.which("ninja") or "ninja", "llama-server")
+    p, pids = _launch(settings, tmp_path, ["build", "-j", "2"])
+    tree = {}
+    try:
+        tree = _tree_of(p, pids)
+        p.send_signal(sig)  # the launcher's pid only
+        rc = p.wait(60)
+        err = p.stderr.read()
+        left = _gone(tree)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        _kill_leftovers(tree)
+    assert rc == 128 + sig, err
+    assert not left, f"still running after the launcher exited: {left}"
+    assert f"interrupted by {signal.Signals(sig).name}" in err and "Traceback" not in err
+    locks = list((settings.cache_dir / "builds").glob("*.lock"))
+    assert locks
+    for lock in locks:
+        with open(lock) as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: raises BlockingIOError if held
+
+
+def test_sigterm_to_patch_check_stops_git_and_removes_the_temporary_tree(settings: config.Settings,
+                                                                          tmp_path: Path) -> None:
+    _tool(tmp_path / "bin", "git-am-hangs", shutil.which("git") or "git", " am ")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    p, pids = _launch(settings, tmp_path, ["patch", "--check"], TMPDIR=str(tmpdir),
+                      GIT_PYTHON_GIT_EXECUTABLE=str(tmp_path / "bin" / "git-am-hangs"))
+    tree = {}
+    try:
+        tree = _tree_of(p, pids)
+        assert list(tmpdir.glob("ggml-bridge-check-*"))
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(60)
+        err = p.stderr.read()
+        left = _gone(tree)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        _kill_leftovers(tree)
+    assert rc == 128 + signal.SIGTERM, err
+    assert not left, f"still running after the launcher exited: {left}"
+    assert not list(tmpdir.glob("ggml-bridge-check-*")), "temporary tree left behind"
