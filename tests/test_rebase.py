@@ -17,7 +17,7 @@ import pytest
 
 from fixtures import fakellama
 from ggml_bridge import cli, config, fetch, patch, pin as pinmod, rebase
-from ggml_bridge.errors import FetchError, PatchError, RebaseConflict, SourceError
+from ggml_bridge.errors import FetchError, PatchError, RebaseConflict, SourceError, UsageError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO = "".join(f"int line{i} = {i};\n" for i in range(1, 31))
@@ -251,30 +251,59 @@ def test_write_conflict_leaves_project_and_reports(st: config.Settings, proj: Pa
     assert (wt / ".git" / "rebase-apply").is_dir(), "the work tree is stopped inside git am"
     assert "<<<<<<<" in (wt / "src" / "demo.c").read_text()
     assert data["commands"][0] == f"cd {wt}"
-    assert any(c.startswith("git add -A && git am --continue") for c in data["commands"])
-    assert data["commands"][-1] == "ggml-bridge rebase --onto b6 --no-build"
+    assert any(c.endswith("ggml-bridge rebase --continue   # applies the remaining patches, rewrites patches/ and "
+                          "pin.toml") for c in data["commands"]), data["commands"]
 
 
-def test_following_the_commands_resolves_the_conflict(st: config.Settings, proj: Path, up: Up) -> None:
-    with pytest.raises(RebaseConflict):
-        rebase.rebase(st, "b6", rebase.Options(build=False, date=DATE))
+def test_continue_after_resolving_rewrites_series_and_pin(st: config.Settings, proj: Path, up: Up) -> None:
+    """The worked example's flow on a fake tree: stop at the conflict, edit the file, --continue."""
+    before = _snapshot(proj)
+    rc = cli.main(["rebase", "--onto", "b6", "--no-build", "--date", DATE, "--cache-dir", str(st.cache_dir)])
+    assert rc == RebaseConflict.exit_code and _snapshot(proj) == before
     data = json.loads((proj / "build" / "rebase" / "report.json").read_text())
     wt = Path(data["worktree"])
-    _set_line(wt / "src" / "demo.c", 10, "int line10 = 100;")  # the resolution
-    g = fakellama.git
-    g(wt, "add", "-A")
-    subprocess.run(["git", "am", "--continue"], cwd=wt, check=True, capture_output=True,
-                   env=dict(os.environ, **fakellama.IDENTITY))
-    g(wt, "am", "--3way", str(proj / "patches" / "0002-ggml-cuda-bridge.patch"))
-    base = g(wt, "rev-list", "--max-parents=0", "HEAD")
-    g(wt, "format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "-o", str(wt.parent / "out"),
-      f"{base}..HEAD")
-    for f, name in zip(sorted((wt.parent / "out").glob("*.patch")), patch.read_series(proj / "patches").names):
-        shutil.copy(f, proj / "patches" / name)
-    g(proj, "commit", "-q", "-am", "resolved")
-    rep = rebase.rebase(st, "b6", rebase.Options(build=False, cuda_check=False, date=DATE))
-    assert rep.state == "rebased" and _statuses(rep) == ["clean", "clean"]
-    assert pinmod.load(proj / "pin.toml").commit == up.commits["b6"]
+    # --continue before the markers are gone: refused, nothing changes, the work tree stays
+    rc = cli.main(["rebase", "--continue", "--cache-dir", str(st.cache_dir)])
+    assert rc == RebaseConflict.exit_code and _snapshot(proj) == before and (wt / ".git" / "rebase-apply").is_dir()
+    text = (wt / "src" / "demo.c").read_text()
+    resolved = re.sub(r"<<<<<<<.*?>>>>>>>[^\n]*\n", "int line10 = 100;\n", text, flags=re.S)
+    (wt / "src" / "demo.c").write_text(resolved.replace("int line7 = 7;", "int line7 = -7;"))  # no git add
+    rc = cli.main(["rebase", "--continue", "--cache-dir", str(st.cache_dir)])
+    assert rc == 0
+    pin = pinmod.load(proj / "pin.toml")
+    assert (pin.tag, pin.commit) == ("b6", up.commits["b6"])
+    new = (proj / "patches" / "0001-src-demo-ten.patch").read_text()
+    assert "-int line10 = -10;\n" in new and "+int line10 = 100;\n" in new and f"Last-Update: {DATE}" in new
+    assert (proj / "patches" / "0002-ggml-cuda-bridge.patch").is_file()
+    rep = json.loads((proj / "build" / "rebase" / "report.json").read_text())
+    assert rep["state"] == "rebased" and [r["status"] for r in rep["results"]] == ["resolved", "clean"]
+    assert not wt.exists()
+    # the rewritten series applies with the plain patch stage on the new pin
+    tree = fetch.obtain(st)
+    patch.apply_series(st, tree)
+    # and there is nothing left to continue
+    rc = cli.main(["rebase", "--continue", "--cache-dir", str(st.cache_dir)])
+    assert rc == 2
+
+
+def test_abort_drops_the_work_tree(st: config.Settings, proj: Path) -> None:
+    before = _snapshot(proj)
+    with pytest.raises(RebaseConflict):
+        rebase.rebase(st, "b6", rebase.Options(build=False, date=DATE))
+    wt = Path(json.loads((proj / "build" / "rebase" / "report.json").read_text())["worktree"])
+    assert wt.is_dir()
+    assert cli.main(["rebase", "--abort", "--cache-dir", str(st.cache_dir)]) == 0
+    assert not wt.exists() and _snapshot(proj) == before
+
+
+def test_continue_refuses_a_changed_series(st: config.Settings, proj: Path) -> None:
+    with pytest.raises(RebaseConflict):
+        rebase.rebase(st, "b6", rebase.Options(build=False, date=DATE))
+    with open(proj / "patches" / "0002-ggml-cuda-bridge.patch", "a") as fh:
+        fh.write("\n")
+    fakellama.git(proj, "commit", "-q", "-am", "series changed meanwhile")
+    with pytest.raises(UsageError, match="patches/ changed since the rebase stopped"):
+        rebase.continue_rebase(st)
 
 
 # --------------------------------------------------------------------------------------------- dirty trees
@@ -370,7 +399,7 @@ def test_sdist_target_pins_version_and_sha256(st: config.Settings, proj: Path, u
         assert sd[0].filename == sdist.name and sd[0].subdir == "fake_llama-3.0/vendor/llama.cpp"
         # the local sdist file is recognised the same way
         assert rebase._sdist_source(fetch.obtain(s, str(sdist), allow_unpinned=True), str(sdist)) == (
-            "fake-llama", "3.0", sdist.name)
+            "fake-llama", "3.0", sdist.name, "fake_llama-3.0/vendor/llama.cpp")
     finally:
         srv.stop()
 
@@ -471,6 +500,8 @@ def test_workflow_runs_the_script() -> None:
     assert "schedule:" in wf and "ci/rebase.sh" in wf
     assert "gh pr create" in wf and "gh issue create" in wf
     assert "ladders/cpu.toml" in (REPO_ROOT / "ci" / "rebase.sh").read_text()
+    radar_wf = (REPO_ROOT / ".github" / "workflows" / "rebase-radar.yml").read_text()
+    assert "schedule:" in radar_wf and "ci/rebase.sh --radar" in radar_wf and "upload-artifact" in radar_wf
 
 
 # --------------------------------------------------------------------------------------------- slow: real trees
