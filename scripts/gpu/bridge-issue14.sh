@@ -42,7 +42,7 @@ for v in "GGML_CUDA_MAPPED_HOST_BRIDGE=yes" "GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_
 done
 GGML_SCHED_DEBUG=1 GGML_CUDA_MAPPED_HOST_BRIDGE=1 GGML_CUDA_MAPPED_HOST_BRIDGE_TRACE=1 GGML_CUDA_MAPPED_HOST_BRIDGE_STATS=1 \
     timeout 120 $V/patched/llama-perplexity -m /tmp/small.gguf -f /tmp/ggml-bridge/src/README.md -c 512 --chunks 1 \
-    -ngl 99 -sm layer -lv 4 > /tmp/ppl-trace.txt 2>&1
+    -ngl 99 -sm layer -lv 5 > /tmp/ppl-trace.txt 2>&1
 log "perplexity sched-debug+trace rc=$?: $(grep -c 'via mapped-host-bridge' /tmp/ppl-trace.txt) marked split inputs, $(grep -c 'bridge: trace: boundary' /tmp/ppl-trace.txt) trace lines; $(grep -E 'bridge: (enabled|stats)' /tmp/ppl-trace.txt | tr '\n' ' ')"
 grep -m3 'via mapped-host-bridge' /tmp/ppl-trace.txt | cut -c1-300 | tee -a "$OUT/summary.txt"
 grep -m3 'bridge: trace' /tmp/ppl-trace.txt | tee -a "$OUT/summary.txt"
