@@ -14,6 +14,7 @@ bridge         patched    1                               0
 bridge-force   patched    force                           0
 batched        patched    0                               1
 both           patched    force                           1
+bridge-typo    patched    yes (and _CHUNK_KIB=abc)        0
 =============  =========  ==============================  ========================
 
 For every mode the rung runs the real llama-server through :class:`serve.Server`, sends a fixed request
@@ -27,7 +28,9 @@ No vacuous passes: a bridge mode needs the bridge's ``enabled ... N slots x M Mi
 and on multi-device rungs its teardown counters must show ``boundaries>0`` (and the log must show the model
 on more than one device); a batched mode needs its ``enabled`` line and ``async_uploads>0`` and
 ``async_downloads>0``. ``off`` must not show either mechanism enabled, and ``upstream`` must not print any
-patch line at all. A rung may declare ``expect_batched = "inactive"`` (CPU: nothing to batch to): the mode
+patch line at all. ``bridge-typo`` sets invalid selector values: every process must report each of them
+rejected (with llama.cpp's default ``-fit``, whose probe demotes warnings) and the bridge must stay off;
+any other rejected value fails every mode. A rung may declare ``expect_batched = "inactive"`` (CPU: nothing to batch to): the mode
 is then compared but reported as *inactive, as expected* and never counted as a batched pass;
 ``expect_bridge`` likewise, and ``expect = { bridge = "either" }`` sets it for one mode (for every
 mechanism that mode uses). "either" accepts engaged or inactive and reports which.
@@ -68,6 +71,7 @@ class Mode:
     variant: str            # "patched" | "upstream"
     bridge: str | None      # serve.BRIDGE_VALUES key
     batched: str | None     # serve.BATCHED_VALUES key
+    rejected: tuple[tuple[str, str], ...] = ()  # selector values the binaries must reject, in every process
 
     @property
     def uses_bridge(self) -> bool:
@@ -80,7 +84,7 @@ class Mode:
     def env(self) -> dict[str, str]:
         if self.variant == "upstream":
             return {}
-        return serve.selector_env(self.bridge, self.batched, stats=True)
+        return {**serve.selector_env(self.bridge, self.batched, stats=True), **dict(self.rejected)}
 
 
 MODES: dict[str, Mode] = {
@@ -90,6 +94,9 @@ MODES: dict[str, Mode] = {
     "bridge-force": Mode("bridge-force", "patched", "force", "off"),
     "batched": Mode("batched", "patched", "off", "on"),
     "both": Mode("both", "patched", "force", "on"),
+    # typos: the bridge stays off and says so in every process, also past llama.cpp's fitting probe (-fit)
+    "bridge-typo": Mode("bridge-typo", "patched", None, "off",
+                        rejected=(("GGML_CUDA_MAPPED_HOST_BRIDGE", "yes"), ("GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB", "abc"))),
 }
 
 EXPECT_VALUES = ("engaged", "inactive", "either")
@@ -478,9 +485,14 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo]) -> 
             if info.bridge.seen or info.batched.seen or info.bridge.stats or info.batched.stats:
                 problems.append(f"{proc}: the upstream binary printed patch log lines: it is not an unpatched build")
     else:
+        want_rejected = dict(mode.rejected)
         for proc, info in logs.items():
-            if info.bridge.invalid_value is not None:
-                problems.append(f"{proc}: selector rejected: GGML_CUDA_MAPPED_HOST_BRIDGE=\"{info.bridge.invalid_value}\"")
+            for var, value in info.bridge.rejected.items():
+                if want_rejected.get(var) != value:
+                    problems.append(f"{proc}: selector rejected: {var}=\"{value}\"")
+            for var, value in want_rejected.items():
+                if info.bridge.rejected.get(var) != value:
+                    problems.append(f"{proc}: {var}=\"{value}\" is invalid but the log does not report it rejected")
             if not mode.uses_bridge and info.bridge.enabled:
                 problems.append(f"{proc}: bridge reported enabled in mode {mode.name} (selector 0)")
             if not mode.uses_batched and info.batched.enabled:

@@ -19,8 +19,9 @@ BRIDGE = "ggml_cuda_mapped_host_bridge"
 BRIDGE_ENABLED = re.compile(
     BRIDGE + r": enabled \(mode (?P<mode>1|force)\), (?P<slots>\d+) slots x (?P<slot_mib>\d+) MiB\b")
 BRIDGE_INACTIVE = re.compile(BRIDGE + r": inactive: (?P<reason>.*?)\s*$")
+#: any of the bridge's selectors (GGML_CUDA_MAPPED_HOST_BRIDGE, ..._CHUNK_KIB, ..._STRATEGY, ..._STATS, ..._TRACE)
 BRIDGE_INVALID = re.compile(
-    BRIDGE + r': ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="(?P<value>[^"]*)"')
+    BRIDGE + r': ignoring invalid (?P<var>GGML_CUDA_MAPPED_HOST_BRIDGE\w*)="(?P<value>[^"]*)"')
 BRIDGE_STATS = re.compile(BRIDGE + r": stats: (?P<kv>(?:\s*\w+=\d+)+)")
 BRIDGE_STATS_KEYS = ("boundaries", "bytes", "chunks", "producer_waits", "sync_copies", "fallbacks")
 
@@ -63,13 +64,13 @@ class BridgeInfo:
     slots: int | None = None
     slot_mib: int | None = None
     inactive_reason: str | None = None
-    invalid_value: str | None = None
-    enabled_lines: int = 0          # one per process that initialised CUDA
+    rejected: dict[str, str] = field(default_factory=dict)  # every rejected bridge selector -> its value
+    enabled_lines: int = 0          # one per set of CUDA backends
     stats: list[dict[str, int]] = field(default_factory=list)
 
     @property
     def seen(self) -> bool:
-        return self.enabled or self.inactive_reason is not None or self.invalid_value is not None
+        return self.enabled or self.inactive_reason is not None or bool(self.rejected)
 
     def total(self, key: str) -> int:
         return sum(s.get(key, 0) for s in self.stats)
@@ -129,7 +130,7 @@ def parse(lines: Iterable[str] | str) -> LogInfo:
             elif m := BRIDGE_STATS.search(line):
                 b.stats.append(_kv(m["kv"]))
             elif m := BRIDGE_INVALID.search(line):
-                b.invalid_value = m["value"]
+                b.rejected[m["var"]] = m["value"]
             elif m := BRIDGE_INACTIVE.search(line):
                 b.inactive_reason = m["reason"]
             continue

@@ -123,8 +123,8 @@ def check_engagement(info: logparse.LogInfo, bridge: str | None, batched: str | 
     eng = Engagement(info)
     ndev = info.n_devices if n_devices is None else n_devices
     b, t = info.bridge, info.batched
-    if b.invalid_value is not None:
-        eng.errors.append(f'the server rejected {BRIDGE_VAR}="{b.invalid_value}" (bridge off)')
+    for var, value in b.rejected.items():
+        eng.errors.append(f'the server rejected {var}="{value}"' + (" (bridge off)" if var == BRIDGE_VAR else ""))
     if bridge in ("on", "force"):
         if b.enabled:
             eng.notes.append(f"bridge engaged: mode {b.mode}, {b.slots} slots x {b.slot_mib} MiB mapped pinned host memory"

@@ -262,6 +262,23 @@ def test_validity_batched():
     assert not v("batched", cpu, server="")["ok"]  # no line at all is never a pass
 
 
+def test_validity_bridge_typo():
+    r = rung()
+    rej = ('ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="yes" (expected 0, 1 or force); bridge off\n'
+           'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="abc" (expected 64..65536); using 2048\n')
+    assert ladder.MODES["bridge-typo"].env()["GGML_CUDA_MAPPED_HOST_BRIDGE"] == "yes"
+    assert v("bridge-typo", r, server=rej + DEV2, perplexity=rej + DEV2)["ok"]
+    # silence in one process (the warning went to llama.cpp's muted fitting probe) is a failure
+    res = v("bridge-typo", r, server=rej + DEV2, perplexity=DEV2)
+    assert not res["ok"] and any("perplexity: GGML_CUDA_MAPPED_HOST_BRIDGE=\"yes\" is invalid but the log does not "
+                                 "report it rejected" in p for p in res["problems"])
+    res = v("bridge-typo", r, server=rej.splitlines()[0] + "\n" + DEV2)
+    assert not res["ok"] and any("_CHUNK_KIB=\"abc\"" in p for p in res["problems"])
+    assert not v("bridge-typo", r, server=rej + DEV2 + BR_EN.format(m=1))["ok"]  # the bridge must stay off
+    # an unexpected rejection fails any mode
+    assert not v("off", r, server=rej + DEV2)["ok"]
+
+
 def test_validity_off_and_upstream():
     r = rung(devices=1)
     assert v("off", r, server="")["ok"]
@@ -336,6 +353,21 @@ def test_fake_gpu_ladder_passes(env, capsys):
     assert "| two-gpus |" in md and "PASS" in md
     assert "[1/1] two-gpus: off vs upstream, bridge, bridge-force, batched, both: PASS" in capsys.readouterr().err
     assert not list((env.tmp / "report").rglob("logits.bin"))  # removed after a pass
+
+
+def test_fake_gpu_ladder_requires_the_rejection_in_every_process(env, monkeypatch):
+    body = GPU_LADDER.replace('modes = ["off", "upstream", "bridge", "bridge-force", "batched", "both"]',
+                              'modes = ["off", "bridge-typo"]')
+    rc, rep, _ = run_ladder(env, body)
+    r = rep["rungs"][0]
+    assert rc == 0 and r["status"] == "pass", r["problems"]
+    assert r["modes"]["bridge-typo"]["selectors"]["GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB"] == "abc"
+    # the series before issue 14 printed its rejections only once, into the fitting probe's muted log
+    monkeypatch.setenv("FAKE_FIT_SWALLOWS", "1")
+    rc, rep, _ = run_ladder(env, body)
+    r = rep["rungs"][0]
+    assert rc == 1 and r["status"] == "invalid"
+    assert any("does not report it rejected" in p for p in r["problems"])
 
 
 def test_fake_mismatch_exits_1_with_first_difference(env):
@@ -511,6 +543,8 @@ def test_per_mode_expectations(tmp_path):
 
 def test_cuda_ladder_bridge_expectations_follow_the_patch():
     lad = ladder.load_ladder(ROOT / "ladders" / "cuda.toml")
+    typo = {r.devices for r in lad.rungs if "bridge-typo" in r.modes}
+    assert typo == {1, 2}  # a rejected selector must be reported on one GPU and on a split
     for r in lad.rungs:
         if r.devices == 1:
             assert r.expect_bridge == "inactive"  # "inactive: single device" in every mode

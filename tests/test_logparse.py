@@ -53,8 +53,31 @@ def test_inactive_and_invalid():
     assert not info.batched.enabled and info.batched.inactive_reason == "no GPU backend in this context"
     bad = logparse.parse(
         'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="yes" (expected 0, 1 or force); bridge off')
-    assert bad.bridge.invalid_value == "yes" and not bad.bridge.enabled
+    assert bad.bridge.rejected == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "yes"} and not bad.bridge.enabled
     assert bad.bridge.inactive_reason is None
+
+
+def test_every_rejected_bridge_selector_is_kept():
+    # the lines the bridge prints with every set of CUDA backends (issue 14: a typo must be visible)
+    info = logparse.parse(
+        'W ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="" (expected 0, 1 or force); bridge off\n'
+        'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="63" (expected 64..65536); using 2048\n'
+        'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE_STRATEGY="both" (expected stream or dual); using dual\n')
+    assert info.bridge.rejected == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "", "GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB": "63",
+                                    "GGML_CUDA_MAPPED_HOST_BRIDGE_STRATEGY": "both"}
+    assert info.bridge.seen and not info.bridge.enabled and info.bridge.inactive_reason is None
+
+
+def test_state_line_with_deferred_pool_and_trace_lines():
+    info = logparse.parse(
+        "ggml_cuda_mapped_host_bridge: enabled (mode force), 4 slots x 64 MiB mapped pinned host memory (pinned at the "
+        "first routed copy), chunk 2048 KiB, strategy dual, 2 of 2 device pairs routed\n"
+        "ggml_cuda_mapped_host_bridge: trace: allocated 4 x 64 MiB mapped pinned host memory at the first routed copy\n"
+        "ggml_cuda_mapped_host_bridge: trace: boundary 0 device 0 -> 1 (GPU 0 -> 1), bytes 0..4096 of 4096: slot 0, "
+        "1 chunk(s) of 2048 KiB, producer none (slot unused), then D2H ...; consumer stream waits ...\n")
+    b = info.bridge
+    assert b.enabled and b.mode == "force" and b.slots == 4 and b.slot_mib == 64 and b.enabled_lines == 1
+    assert b.inactive_reason is None and b.rejected == {} and b.stats == []
 
 
 def test_unpatched_log_has_nothing():

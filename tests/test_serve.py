@@ -72,8 +72,12 @@ if patched and bsel is not None:
             bridge_on = True
             info("ggml_cuda_mapped_host_bridge: enabled (mode %s), %s slots x 64 MiB mapped pinned host memory"
                 % (E("FAKE_BRIDGE_MODE", bsel), E("FAKE_SLOTS", "4")))
-    elif bsel != "0":
+    elif bsel != "0" and not E("FAKE_FIT_SWALLOWS"):
         say('ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="%s" (expected 0, 1 or force); bridge off' % bsel)
+# FAKE_FIT_SWALLOWS: like the series before issue 14, rejections only reach the muted -fit probe's log
+chunk = E("GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB")
+if patched and ndev and chunk is not None and not (chunk.isdigit() and 64 <= int(chunk) <= 65536) and not E("FAKE_FIT_SWALLOWS"):
+    say('ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="%s" (expected 64..65536); using 2048' % chunk)
 for i in range(int(E("FAKE_USED_DEVICES", str(ndev)))):
     info("llama_model_load_from_file_impl: using device CUDA%d (Fake GPU) (id%d) - 1000 MiB free" % (i, i))
 model = opt("-m", "--model")
@@ -269,6 +273,10 @@ def test_engagement_rules():
     assert not serve.check_engagement(info("llama_batched_transfers: enabled, pinned pool up to 32 MiB\n"), None, "off").ok
     # invalid selector value reported by the server
     assert not serve.check_engagement(info('ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="x"'), None, None).ok
+    # any of the bridge's selectors: a rejected chunk size fails the check too, with the bridge on
+    e = serve.check_engagement(info(ENABLED + TWO_DEV + 'ggml_cuda_mapped_host_bridge: ignoring invalid '
+                                    'GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="abc" (expected 64..65536); using 2048\n'), "on", None)
+    assert not e.ok and 'GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="abc"' in e.errors[0]
 
 
 # --- Server against the fake --------------------------------------------------------------------------
