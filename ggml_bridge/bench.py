@@ -96,6 +96,19 @@ SUITES: dict[str, dict[str, Any]] = {
         "shape": "bench-1b", "devices": "all", "pp": 2048, "batch": 2048, "ubatch": [512], "tg": 0,
         "about": "layer split with pipeline parallelism (4 ubatches per prompt): staged inputs must not stall it",
     },
+    # issue 14 item 2: prompt processing with several ubatches in flight on many-device pipelines; batching
+    # must make nothing >= 1 % slower (it declines prompt-sized graphs) and keep its token-generation gain
+    "batched-pp-6dev": {
+        "cases": ["off", "batched", "bridge", "both"],
+        "shape": "bench-2b-6l", "devices": "all", "virtual_devices": 6, "pp": "512,4096", "batch": 4096,
+        "ubatch": [512], "tg": 128,
+        "about": "6 virtual devices on the visible GPUs (one layer each), -sm layer -ub 512 -b 4096: pipeline parallelism",
+    },
+    "batched-pp-2gpu": {
+        "cases": ["off", "batched", "bridge", "both"],
+        "shape": "bench-2b-6l", "devices": "all", "pp": "512,4096", "batch": 4096, "ubatch": [512], "tg": 128,
+        "about": "2 GPUs, -sm layer -ub 512 -b 4096: pipeline parallelism over two cards",
+    },
     "cpu": {
         "cases": ["upstream-cpu", "off"],
         "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 32,
@@ -225,9 +238,13 @@ def engagement(case: Case, log_text: str) -> tuple[bool | None, str]:
         t = info.batched
         last = t.stats[-1] if t.stats else {}
         up, down = last.get("async_uploads", 0), last.get("async_downloads", 0)
-        ok &= t.enabled and up > 0 and down > 0
-        parts.append(f"batched {'enabled' if t.enabled else 'not enabled'}, async_uploads={up} "
-                     f"async_downloads={down} sync_uploads={last.get('sync_uploads', 0)}"
+        declined = last.get("declined_graphs", 0)
+        # engaged: it staged uploads (token generation) or declined prompt-sized graphs by its policy; downloads
+        # into llama.cpp's pinned output buffer are upstream's own asynchronous ones (upstream_downloads)
+        ok &= t.enabled and (up > 0 or declined > 0)
+        parts.append(f"batched {'enabled' if t.enabled else 'not enabled'}, graphs={last.get('graphs', 0)} "
+                     f"declined_graphs={declined} async_uploads={up} async_downloads={down} "
+                     f"sync_uploads={last.get('sync_uploads', 0)} upstream_uploads={last.get('upstream_uploads', 0)}"
                      + (f", inactive: {t.inactive_reason}" if t.inactive_reason else ""))
     return ok, "; ".join(parts)
 
@@ -555,7 +572,8 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
         skipped.append("no CUDA device: P2P, staged, no-peer and bridge throughput, the boundary microbenchmark, "
                        "and batched transfers (they need a device with pinned host memory) cannot be measured "
                        "here; only the CPU cases ran")
-    if suite["devices"] == "all" and gpus < 2 and not args.virtual_devices:
+    virtual_devices = args.virtual_devices or suite.get("virtual_devices")
+    if suite["devices"] == "all" and gpus < 2 and not virtual_devices:
         raise BenchError(f"suite {suite_name} needs 2+ GPUs (found {gpus})",
                          fix="use --virtual-devices N to emulate cards, or --suite batched")
     wanted = args.cases.split(",") if args.cases else suite["cases"]
@@ -576,8 +594,8 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     base_env: dict[str, str] = {"NCCL_NVLS_ENABLE": "0"}
     if suite["devices"] == "1":
         base_env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-    if args.virtual_devices:
-        base_env["GGML_CUDA_DEVICES"] = str(args.virtual_devices)
+    if virtual_devices:
+        base_env["GGML_CUDA_DEVICES"] = str(virtual_devices)
 
     cache_dir = Path(getattr(settings, "cache_dir"))
     if args.model is not None:
@@ -649,7 +667,7 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
                     ratios.setdefault(ref, {}).setdefault(n, {})[t] = cmp
 
     micro: list[dict[str, Any]] = []
-    if args.microbench and "patched" in bins and (gpus >= 2 or args.virtual_devices):
+    if args.microbench and "patched" in bins and (gpus >= 2 or virtual_devices):
         with step("boundary microbenchmark"):
             micro = microbench(bins["patched"], base_env, logs)
 
@@ -659,7 +677,7 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
         "time_budget": args.time_budget, "reps": args.reps, "warmup_reps": args.warmup_reps,
         "cpus": args.cpus,
         "settings": {k: suite[k] for k in ("pp", "batch", "ubatch", "tg", "devices")}
-        | ({"GGML_CUDA_DEVICES": args.virtual_devices} if args.virtual_devices else {}),
+        | ({"GGML_CUDA_DEVICES": virtual_devices} if virtual_devices else {}),
         "model": {"shape": suite["shape"] if args.model is None else "user", "path": str(model_path)},
         "environment": gpu_env(),
         "cases": [{"name": c.name, "variant": c.variant, "env": c.env, "description": c.description,

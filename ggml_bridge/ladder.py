@@ -26,11 +26,13 @@ reference mode.
 
 No vacuous passes: a bridge mode needs the bridge's ``enabled ... N slots x M MiB`` line in every process,
 and on multi-device rungs its teardown counters must show ``boundaries>0`` (and the log must show the model
-on more than one device); a batched mode needs its ``enabled`` line and ``async_uploads>0`` and
-``async_downloads>0``. ``off`` must not show either mechanism enabled, and ``upstream`` must not print any
-patch line at all. ``bridge-typo`` sets invalid selector values: every process must report each of them
-rejected (with llama.cpp's default ``-fit``, whose probe demotes warnings) and the bridge must stay off;
-any other rejected value fails every mode. A rung may declare ``expect_batched = "inactive"`` (CPU: nothing to batch to): the mode
+on more than one device); a batched mode needs its ``enabled`` line and ``async_uploads>0`` (what batching
+itself staged; logits downloads into llama.cpp's pinned output buffer are upstream's own and counted apart),
+also live on the server's ``/metrics`` (``llamacpp:batched_async_uploads_total``) when it serves them. ``off``
+must not show either mechanism enabled, and ``upstream`` must not print any patch line at all. ``bridge-typo``
+sets invalid selector values: every process must report each of them rejected (with llama.cpp's default
+``-fit``, whose probe demotes warnings) and the bridge must stay off; any other rejected value fails every mode.
+A rung may declare ``expect_batched = "inactive"`` (CPU: nothing to batch to): the mode
 is then compared but reported as *inactive, as expected* and never counted as a batched pass;
 ``expect_bridge`` likewise, and ``expect = { bridge = "either" }`` sets it for one mode (for every
 mechanism that mode uses). "either" accepts engaged or inactive and reports which.
@@ -466,8 +468,10 @@ def _state(n_engaged: int, n_inactive: int, n_procs: int) -> str:
     return "absent" if n_engaged == n_inactive == 0 else "mixed"
 
 
-def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo]) -> dict[str, Any]:
-    """Check the log-line contract for one mode across its processes (server, perplexity)."""
+def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
+                  metrics: dict[str, int] | None = None) -> dict[str, Any]:
+    """Check the log-line contract for one mode across its processes (server, perplexity), and the server's live
+    counters on /metrics (``metrics``, when it served them)."""
     problems: list[str] = []
     notes: list[str] = []
     bridge_stats: list[dict[str, int]] = []
@@ -545,10 +549,16 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo]) -> 
             if not batched_stats:
                 problems.append("no batched-transfers stats line (SAM3D_BATCHED_TRANSFERS_STATS=1 was set)")
             else:
+                # async_* count only what batching staged: token generation's inputs. Logits go to llama.cpp's
+                # pinned output buffer, which upstream already downloads asynchronously (upstream_downloads)
                 if tot(batched_stats, "async_uploads") <= 0:
                     problems.append("batched counters show no async upload (async_uploads=0)")
-                if tot(batched_stats, "async_downloads") <= 0:
-                    problems.append("batched counters show no async download (async_downloads=0)")
+            if metrics is not None and mode.variant == "patched":
+                live = metrics.get("batched_async_uploads_total", 0)
+                summary["batched"]["metrics_async_uploads"] = live
+                if live <= 0:
+                    problems.append("/metrics shows no batched async upload (llamacpp:batched_async_uploads_total="
+                                    f"{metrics.get('batched_async_uploads_total', 'absent')})")
             if expect == "either":
                 notes.append("batched transfers engaged")
         elif state == "inactive" and expect in ("inactive", "either"):
@@ -674,6 +684,7 @@ class ModeRun:
     responses: Path | None = None
     logits: Path | None = None
     logs: dict[str, logparse.LogInfo] = field(default_factory=dict)
+    metrics: dict[str, int] | None = None  # the server's transfer counters on /metrics after the requests
     error: str | None = None
 
 
@@ -690,7 +701,7 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
     try:
         port = serve.free_port()
         sargs = ["-m", str(model_path), "--host", "127.0.0.1", "--port", str(port), "-c", str(rung.server_ctx()),
-                 "-np", "1", "--no-webui", *_common_args(rung, threads), *rung.server_args]
+                 "-np", "1", "--no-webui", "--metrics", *_common_args(rung, threads), *rung.server_args]
         slog = out / "server.log"
         slog.unlink(missing_ok=True)
         srv = serve.Server(server_bin, sargs, env=env, log_file=slog, startup_timeout=startup_timeout)
@@ -702,6 +713,7 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
                     fh.write(canonical_response(srv.post("/completion", request_payload(p, rung),
                                                          timeout=rung.timeout), i))
             res.responses = resp
+            res.metrics = srv.metrics()
         finally:
             rc = srv.stop()
         res.logs["server"] = srv.info()
@@ -777,7 +789,7 @@ def run_rung(rung: Rung, ladder: Ladder, bins: Binaries, vocab: Path, cache_dir:
             rep["status"] = "error"
             rep["problems"].append(f"{name}: {mr.error}")
         else:
-            v = validate_mode(mode, rung, mr.logs)
+            v = validate_mode(mode, rung, mr.logs, mr.metrics)
             entry["validity"] = v
             if not v["ok"]:
                 if rep["status"] == "pass":

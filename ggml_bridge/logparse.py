@@ -27,13 +27,30 @@ BRIDGE_STATS_KEYS = ("boundaries", "bytes", "chunks", "producer_waits", "sync_co
 
 # --- contract: batched pinned graph I/O transfers (llama context, LLAMA log) --------------------------
 BATCHED = "llama_batched_transfers"
-BATCHED_ENABLED = re.compile(BATCHED + r": enabled, pinned pool up to (?P<pool_mib>\d+) MiB\b")
+BATCHED_ENABLED = re.compile(BATCHED + r": enabled, pinned pool up to (?P<pool_mib>\d+) MiB\b"
+                             r"(?: per process, graphs of up to (?P<max_tokens>\d+) tokens staged)?")
 BATCHED_INACTIVE = re.compile(BATCHED + r": inactive: (?P<reason>.*?)\s*$")
-BATCHED_STATS = re.compile(BATCHED + r": stats: (?P<kv>(?:\s*\w+=\d+)+)")
-BATCHED_STATS_KEYS = ("graphs", "async_uploads", "async_downloads", "sync_uploads", "sync_downloads",
-                      "bytes_up", "bytes_down", "fallbacks", "pool_waits", "pool_drains")
+# async_* count only what batching staged, sync_* what it could not stage (fallbacks), upstream_* what it left on
+# upstream's path by design (declined graphs, inputs already on a device, downloads upstream already makes
+# asynchronously): a line without that split (an older patch) is not taken as batching's stats
+BATCHED_STATS_KEYS = ("graphs", "declined_graphs", "async_uploads", "async_downloads", "sync_uploads", "sync_downloads",
+                      "upstream_uploads", "upstream_downloads", "bytes_up", "bytes_down", "fallbacks", "pool_waits",
+                      "pool_drains")
+BATCHED_STATS = re.compile(BATCHED + r": stats: (?P<kv>" + " ".join(rf"{k}=\d+" for k in BATCHED_STATS_KEYS) + ")")
 
 _KV = re.compile(r"(\w+)=(\d+)")
+
+# --- contract: llama-server /metrics (patch 0005): llamacpp:bridge_<name>_total, llamacpp:batched_<name>_total ----
+METRIC_LINE = re.compile(r"^llamacpp:(?P<name>(?:bridge|batched)_\w+_total)\s+(?P<value>[0-9.eE+-]+)\s*$")
+
+
+def parse_metrics(text: str) -> dict[str, int]:
+    """The transfer counters of a Prometheus /metrics page, keyed ``batched_async_uploads_total`` etc."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if m := METRIC_LINE.match(line.strip()):
+            out[m["name"]] = int(float(m["value"]))
+    return out
 
 # --- upstream llama.cpp / llama-server lines ----------------------------------------------------------
 USING_DEVICE = re.compile(r"using device (?P<dev>\S+) \((?P<desc>[^)]*)\)")
@@ -80,6 +97,7 @@ class BridgeInfo:
 class BatchedInfo:
     enabled: bool = False
     pool_mib: int | None = None
+    max_tokens: int | None = None  # graphs of up to this many tokens are staged, larger ones declined
     inactive_reason: str | None = None
     enabled_lines: int = 0
     stats: list[dict[str, int]] = field(default_factory=list)
@@ -140,6 +158,7 @@ def parse(lines: Iterable[str] | str) -> LogInfo:
                 t.enabled = True
                 t.enabled_lines += 1
                 t.pool_mib = int(m["pool_mib"])
+                t.max_tokens = int(m["max_tokens"]) if m["max_tokens"] else None
             elif m := BATCHED_STATS.search(line):
                 t.stats.append(_kv(m["kv"]))
             elif m := BATCHED_INACTIVE.search(line):

@@ -108,6 +108,8 @@ PRESETS: dict[str, Shape] = {
     "wide": Shape("wide", n_embd=8192, n_layer=4, n_head=64, n_head_kv=8, n_ff=8192, n_ctx_train=8192),
     # ~1.1B params f16 (TinyLlama-like)
     "bench-1b": Shape("bench-1b", n_embd=2048, n_layer=22, n_head=32, n_head_kv=4, n_ff=5632, n_ctx_train=4096),
+    # ~2.0B params f16, 6 layers: one layer per device of a 6-device layer split (GGML_CUDA_DEVICES=6 on 2 GPUs)
+    "bench-2b-6l": Shape("bench-2b-6l", n_embd=5120, n_layer=6, n_head=40, n_head_kv=8, n_ff=13824, n_ctx_train=4096),
     # ~3.3B params f16
     "bench-3b": Shape("bench-3b", n_embd=8192, n_layer=4, n_head=64, n_head_kv=8, n_ff=22016, n_ctx_train=8192),
 }

@@ -237,6 +237,14 @@ class Server:
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
+    def metrics(self, timeout: float = 5.0) -> dict[str, int] | None:
+        """The transfer counters on /metrics (llama-server --metrics, patch 0005); None when it serves none."""
+        try:
+            with urllib.request.urlopen(self._probe + "/metrics", timeout=timeout) as r:
+                return logparse.parse_metrics(r.read().decode("utf-8", "replace"))
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
     def wait_ready(self) -> None:
         """Until /health answers 200 *and* our own process logged that it listens (so a different
         process already on the port cannot pass for us)."""
@@ -350,6 +358,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     server_args = list(getattr(args, "server_args", None) or [])
     if server_args and server_args[0] == "--":
         server_args = server_args[1:]
+    if args.check and "--metrics" not in server_args:
+        server_args.append("--metrics")  # --check reads the live counters too
     env = selector_env(args.bridge, args.batched, stats=not args.no_stats)
     binary = _find_server(args, settings)
     srv = Server(binary, server_args, env=env, log_file=args.server_log, echo=True,
@@ -391,6 +401,14 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         log(f"ggml-bridge: llama-server ready in {srv.ready_s:.1f}s (pid {srv.proc.pid})")
         print(srv.url, flush=True)
         if args.check:
+            live = srv.metrics() if "--metrics" in server_args else None
+            if live is not None and args.batched == "on" and srv.info().batched.enabled:
+                # the start-up warm-up decode is a staged graph: its counters must be live on /metrics
+                if live.get("batched_graphs_total", 0) <= 0:
+                    srv.stop()
+                    raise ServeError("batched transfers enabled but /metrics shows no staged graph",
+                                     why=f"llamacpp:batched_* on /metrics: {live or 'none'}")
+                log("ggml-bridge: /metrics: " + " ".join(f"{k}={v}" for k, v in live.items()))
             rc = srv.stop()
             info = srv.info()
             for s in info.bridge.stats:

@@ -42,7 +42,7 @@ if variant == "patched" and mode in ("1", "force"):
 if variant == "patched" and batched == "1":
     base = 103.0
     print("llama_batched_transfers: enabled, pinned pool up to 32 MiB", file=sys.stderr)
-    print("llama_batched_transfers: stats: graphs=5 async_uploads=9 async_downloads=5 sync_uploads=0 sync_downloads=0 bytes_up=10 bytes_down=10 fallbacks=0", file=sys.stderr)
+    print("llama_batched_transfers: stats: graphs=5 declined_graphs=0 async_uploads=9 async_downloads=5 sync_uploads=0 sync_downloads=0 upstream_uploads=0 upstream_downloads=0 bytes_up=10 bytes_down=10 fallbacks=0 pool_waits=0 pool_drains=0", file=sys.stderr)
 if env.get("FAKE_FAIL") == variant:
     print("boom", file=sys.stderr); sys.exit(3)
 reps = int(opt("-r", "1"))

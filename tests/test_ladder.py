@@ -205,8 +205,8 @@ BR_EN = "ggml_cuda_mapped_host_bridge: enabled (mode {m}), 4 slots x 64 MiB mapp
 BR_ST = "ggml_cuda_mapped_host_bridge: stats: boundaries={n} bytes=1 chunks=1 producer_waits=0 sync_copies=0 fallbacks=0\n"
 BT_EN = "llama_batched_transfers: enabled, pinned pool up to 32 MiB\n"
 BT_IN = "llama_batched_transfers: inactive: no device to batch to\n"
-BT_ST = ("llama_batched_transfers: stats: graphs=3 async_uploads={u} async_downloads={d} sync_uploads=0 "
-         "sync_downloads=0 bytes_up=1 bytes_down=1 fallbacks=0\n")
+BT_ST = ("llama_batched_transfers: stats: graphs=3 declined_graphs=0 async_uploads={u} async_downloads={d} sync_uploads=0 "
+         "sync_downloads=0 upstream_uploads=0 upstream_downloads=0 bytes_up=1 bytes_down=1 fallbacks=0 pool_waits=0 pool_drains=0\n")
 DEV2 = "using device CUDA0 (A) (a) - 1 MiB free\nusing device CUDA1 (B) (b) - 1 MiB free\n"
 
 
@@ -249,8 +249,14 @@ def test_validity_bridge():
 def test_validity_batched():
     r = rung(devices=1)
     assert v("batched", r, server=BT_EN + BT_ST.format(u=2, d=2), perplexity=BT_EN + BT_ST.format(u=1, d=1))["ok"]
-    res = v("batched", r, server=BT_EN + BT_ST.format(u=2, d=0))
-    assert not res["ok"] and any("async_downloads=0" in p for p in res["problems"])
+    # downloads into the pinned output buffer are upstream's own (upstream_downloads): not required as batched
+    assert v("batched", r, server=BT_EN + BT_ST.format(u=2, d=0))["ok"]
+    logs = {"server": logparse.parse(BT_EN + BT_ST.format(u=2, d=0))}
+    assert ladder.validate_mode(ladder.MODES["batched"], r, logs, {"batched_async_uploads_total": 5})["ok"]
+    res = ladder.validate_mode(ladder.MODES["batched"], r, logs, {"batched_async_uploads_total": 0})
+    assert not res["ok"] and any("/metrics" in p for p in res["problems"])
+    res = ladder.validate_mode(ladder.MODES["batched"], r, logs, {})  # a server without the metrics patch
+    assert not res["ok"] and any("absent" in p for p in res["problems"])
     res = v("batched", r, server=BT_EN + BT_ST.format(u=0, d=2))
     assert not res["ok"] and any("async_uploads=0" in p for p in res["problems"])
     assert not v("batched", r, server=BT_EN)["ok"]
@@ -398,9 +404,9 @@ def test_fake_no_boundaries_is_not_a_pass(env):
 
 
 def test_fake_no_async_transfers_is_not_a_pass(env):
-    body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_ASYNC_DOWN = "0"')
+    body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_ASYNC_UP = "0"')
     rc, rep, _ = run_ladder(env, body)
-    assert rc == 1 and any("async_downloads=0" in p for p in rep["rungs"][0]["problems"])
+    assert rc == 1 and any("async_uploads=0" in p for p in rep["rungs"][0]["problems"])
 
 
 def test_fake_cpu_ladder_with_inactive_batched(env):

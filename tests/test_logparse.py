@@ -14,7 +14,7 @@ llama_model_load_from_file_impl: using device CUDA1 (NVIDIA H200) (0000:3b:00.0)
 llama_batched_transfers: enabled, pinned pool up to 32 MiB
 main: server is listening on http://127.0.0.1:8080
 srv    load_model: model loaded
-llama_batched_transfers: stats: graphs=12 async_uploads=24 async_downloads=12 sync_uploads=0 sync_downloads=0 bytes_up=4096 bytes_down=128000 fallbacks=0
+llama_batched_transfers: stats: graphs=12 declined_graphs=0 async_uploads=24 async_downloads=12 sync_uploads=0 sync_downloads=0 upstream_uploads=0 upstream_downloads=0 bytes_up=4096 bytes_down=128000 fallbacks=0 pool_waits=0 pool_drains=0
 ggml_cuda_mapped_host_bridge: stats: boundaries=36 bytes=1048576 chunks=40 producer_waits=3 sync_copies=0 fallbacks=0
 """
 
@@ -36,6 +36,26 @@ def test_batched_enabled_and_stats():
     assert t.enabled and t.pool_mib == 32
     assert t.total("async_uploads") == 24 and t.total("async_downloads") == 12
     assert t.total("sync_uploads") == 0
+
+
+def test_batched_stats_keep_upstream_apart():
+    """The stats line says what batching staged (async), could not stage (sync) and left to upstream; a line of the
+    older contract, where upstream's own asynchronous logits download was counted as batched, is not taken."""
+    new = ("llama_batched_transfers: stats: graphs=3 declined_graphs=8 async_uploads=6 async_downloads=0 sync_uploads=0 "
+           "sync_downloads=0 upstream_uploads=40 upstream_downloads=11 bytes_up=64 bytes_down=0 fallbacks=0 "
+           "pool_waits=0 pool_drains=0")
+    t = logparse.parse([new]).batched
+    assert t.total("declined_graphs") == 8 and t.total("upstream_downloads") == 11 and t.total("async_downloads") == 0
+    old = ("llama_batched_transfers: stats: graphs=12 async_uploads=24 async_downloads=12 sync_uploads=0 "
+           "sync_downloads=0 bytes_up=4096 bytes_down=128000 fallbacks=0 pool_waits=0 pool_drains=0")
+    assert logparse.parse([old]).batched.stats == []
+
+
+def test_batched_enabled_line_with_policy():
+    line = ("llama_batched_transfers: enabled, pinned pool up to 32 MiB per process, graphs of up to 32 tokens staged "
+            "(larger ones keep upstream's path)")
+    t = logparse.parse([line]).batched
+    assert t.enabled and t.pool_mib == 32 and t.max_tokens == 32
 
 
 def test_mode_1_with_prefix_and_colours():

@@ -44,11 +44,11 @@ def stats():
         info("ggml_cuda_mapped_host_bridge: stats: boundaries=%s bytes=4096 chunks=3 producer_waits=0 sync_copies=0 fallbacks=0"
             % E("FAKE_BOUNDARIES", "7"))
     if E("SAM3D_BATCHED_TRANSFERS_STATS") == "1" and batched_on:
-        info("llama_batched_transfers: stats: graphs=4 async_uploads=%s async_downloads=%s sync_uploads=0 "
-            "sync_downloads=0 bytes_up=10 bytes_down=20 fallbacks=0" % (E("FAKE_ASYNC_UP", "4"), E("FAKE_ASYNC_DOWN", "4")))
+        info("llama_batched_transfers: stats: graphs=4 declined_graphs=0 async_uploads=%s async_downloads=%s sync_uploads=0 "
+            "sync_downloads=0 upstream_uploads=0 upstream_downloads=0 bytes_up=10 bytes_down=20 fallbacks=0 pool_waits=0 pool_drains=0" % (E("FAKE_ASYNC_UP", "4"), E("FAKE_ASYNC_DOWN", "4")))
     if E("SAM3D_BATCHED_TRANSFERS_STATS") == "1" and batched_inactive:
-        info("llama_batched_transfers: stats: graphs=4 async_uploads=0 async_downloads=0 sync_uploads=4 "
-            "sync_downloads=4 bytes_up=10 bytes_down=20 fallbacks=0")
+        info("llama_batched_transfers: stats: graphs=4 declined_graphs=0 async_uploads=0 async_downloads=0 sync_uploads=4 "
+            "sync_downloads=4 upstream_uploads=0 upstream_downloads=0 bytes_up=10 bytes_down=20 fallbacks=0 pool_waits=0 pool_drains=0")
 def perturbed():
     w = E("FAKE_PERTURB_WHEN")  # "VAR=value": perturb outputs when that selector has that value
     if not w:
@@ -146,7 +146,14 @@ class H(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(b)
     def do_GET(self):
-        if self.path == "/health":
+        if self.path == "/metrics" and "--metrics" in argv and E("FAKE_METRICS") is not None:
+            b = ("# TYPE llamacpp:batched_graphs_total counter\nllamacpp:batched_graphs_total %s\n"
+                 "llamacpp:batched_async_uploads_total %s\n" % (E("FAKE_METRICS"), E("FAKE_METRICS"))).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(b)))
+            self.end_headers()
+            self.wfile.write(b)
+        elif self.path == "/health":
             if time.time() < ready_at:
                 self._send(503, {"error": {"message": "Loading model"}})
             else:
@@ -387,6 +394,18 @@ def test_run_check_single_device_keeps_serving(fake, monkeypatch, capsys):
     assert "single device (one device)" in cap.err
 
 
+def test_run_check_reads_live_metrics(fake, monkeypatch, capsys):
+    """--check asks the server for /metrics and requires batching's live counters when it says it is enabled."""
+    monkeypatch.setenv("FAKE_METRICS", "3")
+    a = parse(["--batched", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, serve.free_port())])
+    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert "/metrics: batched_graphs_total=3 batched_async_uploads_total=3" in capsys.readouterr().err
+    monkeypatch.setenv("FAKE_METRICS", "0")
+    a = parse(["--batched", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, serve.free_port())])
+    with pytest.raises(ServeError, match="/metrics shows no staged graph"):
+        serve.run(a, SimpleNamespace(cache_dir=fake.tmp))
+
+
 def _cli_proc(fake, extra_env, *args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
     env.update(extra_env)
@@ -480,6 +499,33 @@ def test_real_server_tiny_model(tmp_path):
             serve.Server(bd / "llama-server", ["-m", str(m), "--port", str(busy)], startup_timeout=60).start()
     finally:
         sock.close()
+
+
+@pytest.mark.slow
+def test_real_server_metrics_grow(tmp_path):
+    """patch 0005: llama-server --metrics exports batching's process-wide counters, live, as they grow."""
+    import json
+    from ggml_bridge import model
+    bd, vocab = real_bin_dir(), real_vocab()
+    if bd is None or vocab is None:
+        pytest.skip("no llama-server build (set GGML_BRIDGE_TEST_BIN_DIR) or no vocab GGUF")
+    m = model.ensure_model(tmp_path, "tiny", 1, vocab)
+    port = serve.free_port()
+    with serve.Server(bd / "llama-server", ["-m", str(m), "--port", str(port), "-c", "256", "-np", "1", "-t", "2",
+                                            "--metrics"],
+                      env=serve.selector_env("off", "on"), startup_timeout=120) as s:
+        before = s.metrics()
+        s.post("/completion", {"prompt": "the city of", "n_predict": 8, "temperature": 0, "ignore_eos": True})
+        after = s.metrics()
+    names = ("graphs", "declined_graphs", "async_uploads", "async_downloads", "sync_uploads", "sync_downloads",
+             "upstream_uploads", "upstream_downloads", "bytes_up", "bytes_down", "fallbacks", "pool_waits",
+             "pool_drains")
+    assert before is not None and after is not None
+    assert sorted(after) == sorted(f"batched_{n}_total" for n in names), after
+    # every generated token is a graph of one token (staged, counted in graphs); on the CPU nothing reaches a
+    # device, so nothing is counted as an async transfer
+    assert after["batched_graphs_total"] >= before["batched_graphs_total"] + 7
+    assert after["batched_async_uploads_total"] == 0 and after["batched_async_downloads_total"] == 0
 
 
 def test_runner_start_stop_kills_a_process_that_ignores_sigterm(tmp_path):
