@@ -1,0 +1,315 @@
+"""rpc: endpoints, the RPC_CMD_HELLO check, local rpc-servers and serve's RPC hooks, against a fake
+ggml-rpc-server (fast) and the real one (slow, tests/test_ladder_rpc.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ggml_bridge import logparse, rpc, serve
+from ggml_bridge.errors import RpcError, ServeError, UsageError
+
+from test_serve import fake_model, write_fake_bin  # the fake llama-server
+
+FAKE_RPC = Path(__file__).parent / "fixtures" / "fakerpc.py"
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("FAKE_"):
+            monkeypatch.delenv(k)
+    b = write_fake_bin(tmp_path / "bin")
+    exe = b / rpc.RPC_SERVER
+    exe.write_text(f"#!{sys.executable}\n" + FAKE_RPC.read_text())
+    exe.chmod(0o755)
+    return SimpleNamespace(bin=b, server=b / "llama-server", rpc=exe, model=fake_model(tmp_path), tmp=tmp_path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); it is reaped by its parent, not running
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+# --- endpoints and protocol version ----------------------------------------------------------------------
+
+def test_parse_endpoints():
+    assert rpc.parse_endpoints("10.0.0.2:50052,h:1") == [rpc.Endpoint("10.0.0.2", 50052), rpc.Endpoint("h", 1)]
+    assert str(rpc.parse_endpoints("[::1]:5")[0]) == "[::1]:5"
+    for bad in ("h", "h:0", "h:70000", "h:x", ":5", "a:1,a:1"):
+        with pytest.raises(UsageError):
+            rpc.parse_endpoints(bad)
+
+
+def test_protocol_version_and_client_rule(tmp_path):
+    (tmp_path / "ggml" / "include").mkdir(parents=True)
+    (tmp_path / "ggml" / "include" / "ggml-rpc.h").write_text(
+        "#define RPC_PROTO_MAJOR_VERSION    7\n#define RPC_PROTO_MINOR_VERSION    2\n"
+        "#define RPC_PROTO_PATCH_VERSION    1\n")
+    assert rpc.protocol_version(tmp_path) == (7, 2, 1)
+    assert rpc.protocol_version(tmp_path / "nope") is None
+    assert rpc.compatible((7, 2, 0), (7, 1, 9)) and rpc.compatible((7, 2, 0), (7, 2, 5))
+    assert not rpc.compatible((7, 2, 0), (7, 3, 0)) and not rpc.compatible((7, 2, 0), (6, 0, 0))
+
+
+def test_real_tree_protocol_version():
+    up = os.environ.get("GGML_BRIDGE_TEST_UPSTREAM")
+    if not up or not Path(up, "ggml/include/ggml-rpc.h").is_file():
+        pytest.skip("no upstream tree (GGML_BRIDGE_TEST_UPSTREAM)")
+    assert rpc.protocol_version(up) == (7, 0, 0)
+
+
+# --- the handshake -----------------------------------------------------------------------------------------
+
+def test_hello_refused_is_fast_and_clear():
+    port = serve.free_port()
+    t0 = time.monotonic()
+    with pytest.raises(RpcError) as ei:
+        rpc.check_endpoints([rpc.Endpoint("127.0.0.1", port)], (7, 0, 0))
+    assert time.monotonic() - t0 < 5
+    assert f"127.0.0.1:{port}: connection refused" in str(ei.value) and ei.value.exit_code == 41
+
+
+def test_hello_silent_port_times_out():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RpcError) as ei:
+            rpc.hello(rpc.Endpoint("127.0.0.1", s.getsockname()[1]), timeout=1.0)
+        assert time.monotonic() - t0 < 4
+        assert "no answer to the RPC handshake" in str(ei.value)
+    finally:
+        s.close()
+
+
+def test_hello_unresolvable_host():
+    with pytest.raises(RpcError, match="cannot resolve host"):
+        rpc.hello(rpc.Endpoint("no-such-host.invalid", 50052), timeout=2.0)
+
+
+def _started(fake, env=None, devices=()):
+    full = {**os.environ, **(env or {})}
+    old = os.environ.copy()
+    os.environ.clear()
+    os.environ.update(full)
+    try:
+        return rpc.LocalRpcServer(fake.rpc, devices=devices).start(timeout=20)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+def test_version_mismatch_detected(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_RPC_VERSION", "8.0.0")
+    s = rpc.LocalRpcServer(fake.rpc).start(timeout=20)
+    try:
+        assert rpc.hello(s.endpoint) == (8, 0, 0)
+        with pytest.raises(RpcError) as ei:
+            rpc.check_endpoints([s.endpoint], (7, 0, 0))
+        assert "speaks RPC protocol 8.0.0, this llama-server 7.0.0" in str(ei.value)
+        assert rpc.check_endpoints([s.endpoint], (8, 0, 0)) == {s.endpoint: (8, 0, 0)}
+    finally:
+        s.stop()
+
+
+def test_not_an_rpc_server(fake):
+    # an HTTP-ish server: accepts, answers the first bytes with something else, closes
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+
+    import threading
+
+    def answer():
+        c, _ = s.accept()
+        c.recv(64)
+        c.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        c.close()
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(RpcError, match="not an rpc-server"):
+            rpc.hello(rpc.Endpoint("127.0.0.1", port), timeout=2.0)
+    finally:
+        s.close()
+
+
+# --- local rpc-servers -------------------------------------------------------------------------------------
+
+def test_local_server_state_and_counters(fake, monkeypatch):
+    monkeypatch.setenv("GGML_CUDA_MAPPED_HOST_BRIDGE", "1")
+    s = rpc.LocalRpcServer(fake.rpc, devices=["CPU"]).start(timeout=20)
+    try:
+        info = s.info()
+        assert info.version == "7.0.0" and info.devices == ["CPU"]
+        assert info.state["selector"] == "1" and info.state["endpoint"] == str(s.endpoint)
+        first = s.counters()
+        rpc.hello(s.endpoint)
+        second = s.counters()
+        # the fake counts the handshakes it answered: one more after our extra hello
+        assert second["rpc_commands"] == first["rpc_commands"] + 1
+        assert len(s.info().counters) == 2
+    finally:
+        rc = s.stop()
+    assert not s.alive() and rc is not None
+
+
+def test_upstream_server_is_never_sent_sigusr1(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_RPC_UPSTREAM", "1")
+    s = rpc.LocalRpcServer(fake.rpc).start(timeout=20)
+    try:
+        with pytest.raises(RpcError, match="upstream build without patch 0006"):
+            s.counters()
+        time.sleep(0.3)
+        assert s.alive()  # SIGUSR1 would have killed it
+    finally:
+        s.stop()
+
+
+def test_local_server_failing_at_start(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_RPC_FAIL", "1")
+    with pytest.raises(RpcError) as ei:
+        rpc.LocalRpcServer(fake.rpc).start(timeout=20)
+    assert "exited during start-up (status 1)" in str(ei.value) and "fake failure" in str(ei.value)
+
+
+def test_topology_start_failure_leaves_nothing_running(fake):
+    good = rpc.LocalRpcServer(fake.rpc)
+    bad = rpc.LocalRpcServer(fake.tmp / "missing-rpc-server")
+    topo = rpc.Topology([good, bad])
+    with pytest.raises(RpcError, match="not found"):
+        topo.start((7, 0, 0))
+    assert good.proc is not None and not _alive(good.proc.pid)
+
+
+def test_topology_describe_and_engagement():
+    def srv(devs, bridge_line):
+        s = rpc.LocalRpcServer("/x", devices=devs, port=50052 + len(devs))
+        lines = ["Starting RPC server v7.0.0", "Devices:"] + [f"  {d}: GPU (1000 MiB, 900 MiB free)" for d in devs]
+        lines.append(bridge_line)
+        s.proc = SimpleNamespace(lines=lambda: lines, poll=lambda: None)
+        return s
+
+    both = srv(["CUDA0", "CUDA1"], "ggml_cuda_mapped_host_bridge: inactive: no device pair needs it in mode 1")
+    one = srv(["CUDA0"], "ggml_cuda_mapped_host_bridge: inactive: single device, no cross-device boundaries")
+    topo = rpc.Topology([both, one], [rpc.Endpoint("10.0.0.9", 50052)])
+    line = topo.describe(["RPC0[127.0.0.1:50054]", "RPC1[127.0.0.1:50053]", "CUDA0", "CUDA1"])
+    assert line.startswith("rpc: over TCP: llama-server<->127.0.0.1:50054, llama-server<->127.0.0.1:50053, "
+                           "llama-server<->10.0.0.9:50052, rpc-server<->rpc-server")
+    assert "through the bridge: llama-server CUDA0<->CUDA1; inside 127.0.0.1:50054 CUDA0<->CUDA1" in line
+    notes, errors = topo.engagement("on")
+    assert len(errors) == 1 and "127.0.0.1:50054, which owns 2 GPUs" in errors[0]
+    assert any("no boundary inside it" in n for n in notes) and any("10.0.0.9:50052 not visible" in n for n in notes)
+    assert topo.engagement("off") == ([], [])
+    assert topo.server_args() == ["--rpc", "127.0.0.1:50054,127.0.0.1:50053,10.0.0.9:50052"]
+    assert rpc.front_devices(logparse.parse(["using device RPC0 (x)", "using device CUDA0 (y)"])) == 1
+
+
+def test_parse_rpc_log_lines():
+    text = ("Starting RPC server v7.0.0\n  endpoint       : 127.0.0.1:5\nDevices:\n"
+            "  CUDA0: NVIDIA H200 (143000 MiB, 142000 MiB free)\n"
+            "ggml_bridge_rpc: state: endpoint=127.0.0.1:5 pid=42 GGML_CUDA_MAPPED_HOST_BRIDGE=(unset) "
+            "bridge_counters=available counters_on=SIGUSR1 interval_s=0\n"
+            "ggml_bridge_rpc: counters: trigger=signal bridge=1 rpc_commands=9 rpc_copy_tensor=3 bridge_boundaries=3\n")
+    info = logparse.parse_rpc(text)
+    assert info.version == "7.0.0" and info.devices == ["CUDA0"]
+    assert info.state == {"endpoint": "127.0.0.1:5", "pid": "42", "selector": "(unset)", "counters": "available"}
+    assert info.latest == {"bridge": 1, "rpc_commands": 9, "rpc_copy_tensor": 3, "bridge_boundaries": 3}
+
+
+# --- serve with RPC ---------------------------------------------------------------------------------------
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def srv_args(model, port):
+    return ["-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
+
+
+def test_serve_rpc_local_check(fake, capsys):
+    log = fake.tmp / "logs" / "server.log"
+    log.parent.mkdir()
+    real = fake.server.with_name("llama-server.real")
+    fake.server.rename(real)
+    fake.server.write_text(f'#!/bin/sh\necho "$@" > {fake.tmp}/argv\nexec {real} "$@"\n')
+    fake.server.chmod(0o755)
+    a = parse(["--check", "--server", str(fake.server), "--rpc-local", "2", "--server-log", str(log),
+               *srv_args(fake.model, serve.free_port())])
+    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    err = capsys.readouterr().err
+    assert "rpc: over TCP: llama-server<->127.0.0.1:" in err
+    assert err.count("counters: bridge=0 rpc_commands=") == 2  # the launcher asked both servers
+    pids = [int(logparse.parse_rpc(p.read_text()).state["pid"]) for p in sorted(log.parent.glob("rpc-server-*.log"))]
+    assert len(pids) == 2 and not any(_alive(p) for p in pids)
+    ports = [logparse.parse_rpc(p.read_text()).state["endpoint"] for p in sorted(log.parent.glob("rpc-server-*.log"))]
+    assert f"--rpc {','.join(ports)}" in (fake.tmp / "argv").read_text()  # llama-server got the endpoints
+
+
+def test_rpc_given_to_llama_server_is_checked_too(fake):
+    a = parse(["--rpc", "127.0.0.1:1", "--", "--rpc", "127.0.0.1:2", "-m", "x"])
+    assert a.rpc == "127.0.0.1:1" and a.server_args == ["--rpc", "127.0.0.1:2", "-m", "x"]
+    topo = rpc.from_args(a, None, fake.server, {}, a.server_args)
+    assert a.server_args == ["-m", "x"] and topo.server_args() == ["--rpc", "127.0.0.1:1,127.0.0.1:2"]
+    assert rpc.take_rpc_arg(args := ["--rpc=h:3", "-ngl", "9"]) == "h:3" and args == ["-ngl", "9"]
+    assert rpc.from_args(parse([]), None, fake.server, {}, []) is None
+
+
+def test_serve_unreachable_endpoint_fails_before_llama_server(fake):
+    log = fake.tmp / "server.log"
+    port = serve.free_port()
+    a = parse(["--server", str(fake.server), "--rpc", f"127.0.0.1:{serve.free_port()}", "--server-log", str(log),
+               *srv_args(fake.model, port)])
+    t0 = time.monotonic()
+    with pytest.raises(RpcError, match="connection refused"):
+        serve.run(a, SimpleNamespace(cache_dir=fake.tmp))
+    assert time.monotonic() - t0 < 5
+    assert not log.exists()  # llama-server was never started
+
+
+def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
+    log = tmp_path / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
+    env.update(FAKE_RPC_DIE_AFTER_S="2.5", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    code = ("import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
+            "from ggml_bridge.errors import FatalError\n"
+            "p = argparse.ArgumentParser(); serve.add_arguments(p); a = p.parse_args(sys.argv[1:])\n"
+            "try:\n    sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n"
+            "except FatalError as e:\n    print(e, file=sys.stderr); sys.exit(e.exit_code)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, "--server", str(fake.server), "--rpc-local", "2",
+                          "--server-log", str(log), *srv_args(fake.model, serve.free_port())],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        rc = p.wait(30)
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc == 41, err
+    assert "killed by signal 9 while llama-server was serving" in err
+    pids = [int(logparse.parse_rpc(q.read_text()).state["pid"]) for q in sorted(tmp_path.glob("rpc-server-*.log"))]
+    server_pid = next(int(line.split("pid ")[1].split(")")[0]) for line in err.splitlines()
+                      if "llama-server ready in" in line)
+    assert len(pids) == 2 and not any(_alive(x) for x in pids + [server_pid])
