@@ -23,11 +23,14 @@ from test_serve import fake_model, write_fake_bin  # the fake llama-server
 FAKE_RPC = Path(__file__).parent / "fixtures" / "fakerpc.py"
 
 
+def _clear_fake_env(monkeypatch):
+    for k in [k for k in os.environ if k.startswith("FAKE_")]:
+        monkeypatch.delenv(k)
+
+
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    for k in list(os.environ):
-        if k.startswith("FAKE_"):
-            monkeypatch.delenv(k)
+    _clear_fake_env(monkeypatch)
     b = write_fake_bin(tmp_path / "bin")
     exe = b / rpc.RPC_SERVER
     exe.write_text(f"#!{sys.executable}\n" + FAKE_RPC.read_text())
@@ -313,3 +316,133 @@ def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
     server_pid = next(int(line.split("pid ")[1].split(")")[0]) for line in err.splitlines()
                       if "llama-server ready in" in line)
     assert len(pids) == 2 and not any(_alive(x) for x in pids + [server_pid])
+
+
+# --- ladder: rpc-* modes ------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+BANNER = "Starting RPC server v7.0.0\nDevices:\n"
+STATE = ("ggml_bridge_rpc: state: endpoint=127.0.0.1:5 pid=1 GGML_CUDA_MAPPED_HOST_BRIDGE=1 "
+         "bridge_counters=available counters_on=SIGUSR1 interval_s=0\n")
+BR_ON = ("ggml_cuda_mapped_host_bridge: enabled (mode 1), 4 slots x 64 MiB mapped pinned host memory, chunk 1024 KiB,"
+         " 2 of 2 device pairs routed\n")
+
+
+def _srv(devs, *lines):
+    return logparse.parse_rpc(BANNER + "".join(f"  {d}: dev (1 MiB, 1 MiB free)\n" for d in devs) + "".join(lines))
+
+
+def test_shipped_rpc_ladders_parse():
+    from ggml_bridge import ladder
+
+    cpu = ladder.load_ladder(ROOT / "ladders" / "rpc-cpu.toml")
+    assert all(r.rpc_servers == [["CPU"], ["CPU"]] and "rpc-off" in r.modes for r in cpu.rungs)
+    cuda = ladder.load_ladder(ROOT / "ladders" / "cuda.toml")
+    rpc_rungs = {r.name: r for r in cuda.rungs if r.rpc_servers}
+    assert [["CUDA0", "CUDA1"]] in [r.rpc_servers for r in rpc_rungs.values()]
+    assert [["CUDA0"], ["CUDA1"]] in [r.rpc_servers for r in rpc_rungs.values()]
+    assert all(r.reference == "off-1gpu" for r in rpc_rungs.values())
+
+
+def test_rpc_mode_needs_servers(tmp_path):
+    from ggml_bridge import ladder
+    from ggml_bridge.errors import LadderSetupError
+
+    f = tmp_path / "l.toml"
+    f.write_text('[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["off", "rpc-off"]\n')
+    with pytest.raises(LadderSetupError, match="rpc-\\* modes need rpc_servers"):
+        ladder.load_ladder(f)
+
+
+def test_validate_rpc():
+    from ggml_bridge import ladder
+
+    m = ladder.MODES
+    cnt = "ggml_bridge_rpc: counters: trigger=signal bridge=1 rpc_graph_compute={g} rpc_copy_tensor=4 bridge_boundaries={b}\n"
+    ok = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ON, cnt.format(g=3, b=4))})
+    assert ok["ok"], ok["problems"]
+    assert ok["servers"]["a"]["counters"]["bridge_boundaries"] == 4
+    zero = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ON, cnt.format(g=3, b=0))})
+    assert zero["problems"] == ["rpc-server a: bridge engaged but bridge_boundaries=0 (rpc_copy_tensor=4)"]
+    off = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0", "CUDA1"], STATE, cnt.format(g=3, b=0))})
+    assert "bridge not engaged on its 2 GPUs (no bridge line)" in off["problems"][0]
+    idle = ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], STATE, cnt.format(g=0, b=0))})
+    assert "computed no graph" in idle["problems"][0]
+    one = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0"], STATE, cnt.format(g=2, b=0))})
+    assert one["ok"] and "nothing for the bridge inside it" in one["notes"][0]
+    assert not ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], cnt.format(g=2, b=0))})["ok"]  # no state line
+    assert not ladder.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"], STATE)})["ok"]  # patch lines upstream
+    assert ladder.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"])})["ok"]
+
+
+# --- bench: the rpc suites ----------------------------------------------------------------------------------
+
+def _bench_variants(tmp_path):
+    from test_bench import FAKE_BENCH, _exe
+
+    root = tmp_path / "variants"
+    record = ('import os, sys\nopen(os.environ["FAKE_RPC_ORDER"], "a").write('
+              '"%s cvd=%r %s\\n" % (os.path.basename(os.path.dirname(os.path.abspath(__file__))), '
+              'os.environ.get("CUDA_VISIBLE_DEVICES"), " ".join(sys.argv[1:])))\n')
+    head, rest = FAKE_BENCH.split("\n", 1)
+    for v in ("upstream", "nopeer", "patched"):
+        (root / v).mkdir(parents=True)
+        _exe(root / v / "llama-bench", head + "\n" + record + rest)
+        _exe(root / v / rpc.RPC_SERVER, "#!PYTHON\n" + ("import os\nos.environ['FAKE_RPC_UPSTREAM'] = '1'\n"
+                                                       if v != "patched" else "") + FAKE_RPC.read_text())
+    return root
+
+
+@pytest.fixture
+def bench_env(tmp_path, monkeypatch):
+    from ggml_bridge import bench
+
+    _clear_fake_env(monkeypatch)
+    monkeypatch.setenv("FAKE_ORDER", str(tmp_path / "order.txt"))
+    monkeypatch.setenv("FAKE_RPC_ORDER", str(tmp_path / "rpc-order.txt"))
+    monkeypatch.setattr(bench, "n_gpus", lambda: 2)
+    monkeypatch.setattr(bench, "gpu_env", lambda: {})
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    return SimpleNamespace(variants=_bench_variants(tmp_path), model=tmp_path / "m.gguf", tmp=tmp_path,
+                           settings=SimpleNamespace(cache_dir=tmp_path / "cache"))
+
+
+def test_bench_rpc_suite(bench_env):
+    import json
+
+    from ggml_bridge import bench
+    from test_bench import _args
+
+    out = bench_env.tmp / "report"
+    args = _args(variants_dir=bench_env.variants, model=bench_env.model, rounds=2, reps=2, report=out, suite="rpc")
+    assert bench.bench(args, bench_env.settings) == 0
+    rep = json.loads((out / "bench.json").read_text())
+    assert rep["not_engaged"] == [] and rep["failed"] == []
+    assert set(rep["summary"]) == {"rpc-staged", "rpc-nopeer", "rpc-off", "rpc-bridge"}
+    eng = next(c for c in rep["cases"] if c["name"] == "rpc-bridge")["engagement"]
+    assert "rpc-server bridge enabled, boundaries=7" in eng
+    assert rep["ratios"]["rpc-staged"]["rpc-bridge"]
+    calls = (bench_env.tmp / "rpc-order.txt").read_text().splitlines()
+    assert len(calls) == 8 and all("cvd=''" in c and "--rpc 127.0.0.1:" in c and "-ngl 99" in c for c in calls)
+    # every case's own build served it: an upstream rpc-server for the upstream cases
+    logs = sorted(out.glob("**/rpc-staged-r*-rpc-server.log"))
+    assert logs and all(logparse.parse_rpc(p.read_text()).state is None for p in logs)
+
+
+def test_bench_rpc_bridge_not_engaged(bench_env, monkeypatch):
+    import json
+
+    from ggml_bridge import bench
+    from test_bench import _args
+
+    monkeypatch.setenv("FAKE_RPC_BRIDGE", "inactive")
+    out = bench_env.tmp / "report"
+    args = _args(variants_dir=bench_env.variants, model=bench_env.model, rounds=1, reps=1, report=out,
+                 suite="rpc", cases="rpc-off,rpc-bridge")
+    from ggml_bridge.errors import BenchError
+
+    with pytest.raises(BenchError, match="rpc-bridge"):
+        bench.bench(args, bench_env.settings)
+    rep = json.loads((out / "bench.json").read_text())
+    assert rep["not_engaged"] == ["rpc-bridge"]
+    assert "inactive: no device pair needs it" in next(c for c in rep["cases"] if c["name"] == "rpc-bridge")["engagement"]
