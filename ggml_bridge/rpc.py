@@ -337,6 +337,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"start N local {RPC_SERVER}s on 127.0.0.1 (a test topology) and use them")
     g.add_argument("--rpc-local-devices", action="append", default=None, metavar="DEV,DEV",
                    help="devices of one local rpc-server, e.g. CUDA0,CUDA1 (repeat per server; sets N)")
+    g.add_argument("--rpc-local-only", action="store_true",
+                   help="the GPUs are the local rpc-servers' alone: llama-server gets none (CUDA_VISIBLE_DEVICES=)")
     g.add_argument("--rpc-server", type=Path, default=None, metavar="PATH",
                    help=f"{RPC_SERVER} binary for --rpc-local (default: next to llama-server, else the build)")
 
@@ -393,6 +395,15 @@ def from_args(args: argparse.Namespace, settings: object, server_binary: Path, e
                             log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
              for i, d in enumerate(devices)]
     return Topology(local, remote)
+
+
+def front_env(args: argparse.Namespace) -> dict[str, str]:
+    """llama-server's extra environment: no GPU of its own with --rpc-local-only (a multi-host test topology)."""
+    if getattr(args, "rpc_local_only", False):
+        if not (getattr(args, "rpc_local", 0) or getattr(args, "rpc_local_devices", None)):
+            raise UsageError("--rpc-local-only needs local rpc-servers", fix="add --rpc-local N or --rpc-local-devices")
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    return {}
 
 
 def front_devices(info: logparse.LogInfo) -> int:

@@ -340,8 +340,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     binary = _find_server(args, settings)
     topo = rpc.from_args(args, settings, binary, env, server_args,
                          args.server_log.parent if args.server_log else None)
-    srv = Server(binary, server_args + (topo.server_args() if topo else []), env=env, log_file=args.server_log,
-                 echo=True, startup_timeout=args.startup_timeout)
+    srv = Server(binary, server_args + (topo.server_args() if topo else []), env={**env, **rpc.front_env(args)},
+                 log_file=args.server_log, echo=True, startup_timeout=args.startup_timeout)
 
     # Forward SIGINT/SIGTERM to the server (it runs in its own session, so it gets each signal once).
     received: list[int] = []

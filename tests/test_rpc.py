@@ -257,7 +257,8 @@ def test_serve_rpc_local_check(fake, capsys):
     log.parent.mkdir()
     real = fake.server.with_name("llama-server.real")
     fake.server.rename(real)
-    fake.server.write_text(f'#!/bin/sh\necho "$@" > {fake.tmp}/argv\nexec {real} "$@"\n')
+    fake.server.write_text(f'#!/bin/sh\necho "$@" > {fake.tmp}/argv\necho "[${{CUDA_VISIBLE_DEVICES-unset}}]" '
+                           f'> {fake.tmp}/cvd\nexec {real} "$@"\n')
     fake.server.chmod(0o755)
     a = parse(["--check", "--server", str(fake.server), "--rpc-local", "2", "--server-log", str(log),
                *srv_args(fake.model, serve.free_port())])
@@ -269,6 +270,14 @@ def test_serve_rpc_local_check(fake, capsys):
     assert len(pids) == 2 and not any(_alive(p) for p in pids)
     ports = [logparse.parse_rpc(p.read_text()).state["endpoint"] for p in sorted(log.parent.glob("rpc-server-*.log"))]
     assert f"--rpc {','.join(ports)}" in (fake.tmp / "argv").read_text()  # llama-server got the endpoints
+    assert (fake.tmp / "cvd").read_text().strip() == "[unset]"
+    # --rpc-local-only: the GPUs are the rpc-servers' alone
+    a = parse(["--check", "--server", str(fake.server), "--rpc-local", "1", "--rpc-local-only",
+               *srv_args(fake.model, serve.free_port())])
+    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert (fake.tmp / "cvd").read_text().strip() == "[]"
+    with pytest.raises(UsageError, match="needs local rpc-servers"):
+        serve.run(parse(["--rpc-local-only", "--server", str(fake.server)]), SimpleNamespace(cache_dir=fake.tmp))
 
 
 def test_rpc_given_to_llama_server_is_checked_too(fake):
