@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from ggml_bridge import logparse, rpc, serve
-from ggml_bridge.errors import RpcError, ServeError, UsageError
+from ggml_bridge.errors import RpcError, UsageError
 
 from test_serve import fake_model, write_fake_bin  # the fake llama-server
 
@@ -106,18 +105,6 @@ def test_hello_silent_port_times_out():
 def test_hello_unresolvable_host():
     with pytest.raises(RpcError, match="cannot resolve host"):
         rpc.hello(rpc.Endpoint("no-such-host.invalid", 50052), timeout=2.0)
-
-
-def _started(fake, env=None, devices=()):
-    full = {**os.environ, **(env or {})}
-    old = os.environ.copy()
-    os.environ.clear()
-    os.environ.update(full)
-    try:
-        return rpc.LocalRpcServer(fake.rpc, devices=devices).start(timeout=20)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
 
 
 def test_version_mismatch_detected(fake, monkeypatch):
