@@ -333,6 +333,8 @@ def test_shipped_rpc_ladders_parse():
 
     cpu = ladder.load_ladder(ROOT / "ladders" / "rpc-cpu.toml")
     assert all(r.rpc_servers == [["CPU"], ["CPU"]] and "rpc-off" in r.modes for r in cpu.rungs)
+    # the local reference must not use in-process-only CPU buffer types (AMX, repack): docs/rpc.md
+    assert all("--no-repack" in r.server_args and "--no-repack" in r.perplexity_args for r in cpu.rungs)
     cuda = ladder.load_ladder(ROOT / "ladders" / "cuda.toml")
     rpc_rungs = {r.name: r for r in cuda.rungs if r.rpc_servers}
     assert [["CUDA0", "CUDA1"]] in [r.rpc_servers for r in rpc_rungs.values()]
