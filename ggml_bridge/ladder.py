@@ -972,6 +972,13 @@ def markdown_report(rep: dict[str, Any]) -> str:
             if v.get("batched"):
                 tb = v["batched"]
                 mech.append(f"batched {tb['state']}, async up/down={tb['async_uploads']}/{tb['async_downloads']}")
+            for ep, srv in (v.get("rpc") or {}).items():
+                c = srv["counters"]
+                mech.append(f"rpc-server {ep} ({','.join(srv['devices'])}): graphs={c.get('rpc_graph_compute', '-')}"
+                            f" copy_tensor={c.get('rpc_copy_tensor', '-')} set/get MiB="
+                            f"{c.get('rpc_set_tensor_bytes', 0) / 2**20:.1f}/{c.get('rpc_get_tensor_bytes', 0) / 2**20:.1f}"
+                            + (f" bridge={'on' if srv['bridge_enabled'] else 'off'} "
+                               f"boundaries={c.get('bridge_boundaries', '-')}" if c.get("bridge") else ""))
             if m.get("error"):
                 mech.append(f"ERROR: {m['error'].splitlines()[0]}")
             mech += v.get("problems", [])
