@@ -116,8 +116,9 @@ SUITES: dict[str, dict[str, Any]] = {
     },
     "rpc-cpu": {
         "cases": ["off", "rpc-off"],
-        "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 16,
-        "about": "CPU: the same build local and behind one localhost rpc-server (the cost of the TCP hops)",
+        "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 16, "threads": 1,
+        "about": "CPU: the same build local and behind one localhost rpc-server (the cost of the TCP hops); one "
+                 "thread in both, so the comparison is not about thread counts (the defaults differ)",
     },
     "cpu": {
         "cases": ["upstream-cpu", "off"],
@@ -332,11 +333,13 @@ def run_case(bin_dir: Path, case: Case, model_path: Path, suite: dict[str, Any],
         argv += ["-ngl", "99", "-sm", "layer"]
     else:
         argv += ["-ngl", "0"]
+    if suite.get("threads"):
+        argv += ["-t", str(suite["threads"])]
     env = {**base_env, **STATS_ON, **case.env}
     err_path = out_dir / f"{case.name}-r{rnd}.log"
     topo = None
     if case.rpc:  # the server gets the GPUs and the selectors, llama-bench neither GPU nor bridge
-        topo = rpc.Topology([rpc.LocalRpcServer(bin_dir / rpc.RPC_SERVER, env=env,
+        topo = rpc.Topology([rpc.LocalRpcServer(bin_dir / rpc.RPC_SERVER, env=env, threads=suite.get("threads"),
                                                 log_file=out_dir / f"{case.name}-r{rnd}-rpc-server.log")])
         topo.start(rpc.expected_version(bin_dir / "llama-bench"))
         argv += topo.server_args()

@@ -444,3 +444,17 @@ def test_bench_rpc_bridge_not_engaged(bench_env, monkeypatch):
     rep = json.loads((out / "bench.json").read_text())
     assert rep["not_engaged"] == ["rpc-bridge"]
     assert "inactive: no device pair needs it" in next(c for c in rep["cases"] if c["name"] == "rpc-bridge")["engagement"]
+
+
+def test_bench_rpc_cpu_suite_pins_threads_on_both_sides(bench_env, monkeypatch, capsys):
+    from ggml_bridge import bench
+    from test_bench import _args
+
+    monkeypatch.setattr(bench, "n_gpus", lambda: 0)
+    args = _args(variants_dir=bench_env.variants, model=bench_env.model, rounds=1, reps=1,
+                 report=bench_env.tmp / "report", suite="rpc-cpu")
+    assert bench.bench(args, bench_env.settings) == 0
+    calls = (bench_env.tmp / "rpc-order.txt").read_text().splitlines()
+    assert len(calls) == 2 and all(" -t 1" in c for c in calls)
+    assert sum("--rpc 127.0.0.1:" in c and "-ngl 99" in c for c in calls) == 1
+    assert any(line.endswith(" -t 1") and rpc.RPC_SERVER in line for line in capsys.readouterr().err.splitlines())
