@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import logparse, runner
-from .errors import BenchError
+from . import logparse, rpc, runner
+from .errors import BenchError, RpcError
 from .fetch import file_sha256
 from .runner import log, step
 
@@ -51,6 +51,9 @@ class Case:
     mechanism: str | None
     #: what the case is, for the report
     description: str
+    #: the model on one local ggml-rpc-server of the case's build owning every GPU (or the CPU), llama-bench
+    #: with --rpc and no GPU of its own: boundaries between its GPUs are that server's COPY_TENSOR
+    rpc: bool = False
 
 
 CASES: dict[str, Case] = {c.name: c for c in (
@@ -72,6 +75,15 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("both", "patched", {"GGML_CUDA_MAPPED_HOST_BRIDGE": "1", "SAM3D_BATCHED_TRANSFERS": "1"}, "both",
          "patched, bridge and batched transfers together"),
     Case("upstream-cpu", "upstream", {}, None, "upstream CPU build"),
+    Case("rpc-staged", "upstream", {}, None,
+         "upstream rpc-server owning every GPU: server-side cudaMemcpyPeer without peer access", rpc=True),
+    Case("rpc-nopeer", "upstream-nopeer", {}, None,
+         "upstream GGML_CUDA_NO_PEER_COPY rpc-server owning every GPU", rpc=True),
+    Case("rpc-off", "patched", dict(SELECTORS_OFF), None, "patched rpc-server owning every GPU, selectors 0",
+         rpc=True),
+    Case("rpc-bridge", "patched", {**SELECTORS_OFF, "GGML_CUDA_MAPPED_HOST_BRIDGE": "1"}, "bridge",
+         "patched rpc-server owning every GPU, GGML_CUDA_MAPPED_HOST_BRIDGE=1: its copies through the bridge",
+         rpc=True),
 )}
 
 #: Suites: which cases, on which devices, with which model and llama-bench settings.
@@ -108,6 +120,18 @@ SUITES: dict[str, dict[str, Any]] = {
         "cases": ["off", "batched", "bridge", "both"],
         "shape": "bench-2b-6l", "devices": "all", "pp": "512,4096", "batch": 4096, "ubatch": [512], "tg": 128,
         "about": "2 GPUs, -sm layer -ub 512 -b 4096: pipeline parallelism over two cards",
+    },
+    "rpc": {
+        "cases": ["rpc-staged", "rpc-nopeer", "rpc-off", "rpc-bridge"],
+        "shape": "bench-1b", "devices": "all", "pp": 2048, "batch": 2048, "ubatch": [512, 2048], "tg": 32,
+        "about": "one rpc-server on localhost owning every GPU, llama-bench --rpc: the copies between its GPUs "
+                 "are server-side (RPC_CMD_COPY_TENSOR); the activations to and from llama-bench cross TCP",
+    },
+    "rpc-cpu": {
+        "cases": ["off", "rpc-off"],
+        "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 16, "threads": 1,
+        "about": "CPU: the same build local and behind one localhost rpc-server (the cost of the TCP hops); one "
+                 "thread in both, so the comparison is not about thread counts (the defaults differ)",
     },
     "cpu": {
         "cases": ["upstream-cpu", "off"],
@@ -249,6 +273,24 @@ def engagement(case: Case, log_text: str) -> tuple[bool | None, str]:
     return ok, "; ".join(parts)
 
 
+def rpc_engagement(case: Case, topo: rpc.Topology) -> tuple[bool | None, str]:
+    """The bridge inside the case's rpc-server: its enabled line and its counters (patch 0006, SIGUSR1)."""
+    if case.mechanism is None:
+        return None, ""
+    srv = topo.local[0]
+    try:
+        c = srv.counters()
+    except RpcError as e:
+        return False, str(e)
+    info = srv.info()
+    crossed = c.get("bridge_boundaries", 0)
+    return (info.bridge.enabled and crossed > 0,
+            f"rpc-server bridge {'enabled' if info.bridge.enabled else 'not enabled'}, boundaries={crossed} "
+            f"bytes={c.get('bridge_bytes', 0)} copy_tensor={c.get('rpc_copy_tensor', 0)}"
+            + ("" if c.get("bridge") else " (no bridge counters exported)")
+            + (f", inactive: {info.bridge.inactive_reason}" if info.bridge.inactive_reason else ""))
+
+
 def gpu_env() -> dict[str, Any]:
     """GPU, driver and link from nvidia-smi (empty when there is none)."""
     smi = shutil.which("nvidia-smi")
@@ -304,19 +346,32 @@ def run_case(bin_dir: Path, case: Case, model_path: Path, suite: dict[str, Any],
     ub = ",".join(str(u) for u in suite["ubatch"])
     argv = [str(bin_dir / "llama-bench"), "-m", str(model_path), "-p", str(suite["pp"]), "-n", str(suite["tg"]),
             "-b", str(suite["batch"]), "-ub", ub, "-r", str(reps + warmup), "-o", "json", "-v"]
-    if suite["devices"] != "cpu":
+    if suite["devices"] != "cpu" or case.rpc:
         argv += ["-ngl", "99", "-sm", "layer"]
     else:
         argv += ["-ngl", "0"]
+    if suite.get("threads"):
+        argv += ["-t", str(suite["threads"])]
     env = {**base_env, **STATS_ON, **case.env}
     err_path = out_dir / f"{case.name}-r{rnd}.log"
+    topo = None
+    if case.rpc:  # the server gets the GPUs and the selectors, llama-bench neither GPU nor bridge
+        topo = rpc.Topology([rpc.LocalRpcServer(bin_dir / rpc.RPC_SERVER, env=env, threads=suite.get("threads"),
+                                                log_file=out_dir / f"{case.name}-r{rnd}-rpc-server.log")])
+        topo.start(rpc.expected_version(bin_dir / "llama-bench"))
+        argv += topo.server_args()
+        env = {**env, "CUDA_VISIBLE_DEVICES": ""}
 
     started = time.time()
     t0 = time.monotonic()
-    res = runner.run(argv, env=env, check=False, error=BenchError, timeout=timeout)
-    seconds = time.monotonic() - t0
-    err_path.write_text(res.stderr)
-    engaged, what = engagement(case, res.stderr)
+    try:
+        res = runner.run(argv, env=env, check=False, error=BenchError, timeout=timeout)
+        seconds = time.monotonic() - t0
+        err_path.write_text(res.stderr)
+        engaged, what = engagement(case, res.stderr) if topo is None else rpc_engagement(case, topo)
+    finally:
+        if topo:
+            topo.stop()
     tail = [logparse.clean(x) for x in res.stderr.splitlines()[-15:]]
     samples: list[Sample] = []
     if res.returncode == 0:
@@ -652,7 +707,7 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
                 summary.setdefault(name, {})[t] = asdict(summarize(name, t, vals))
     usable = [n for n in names if n not in failed and n not in not_engaged]
     ratios: dict[str, dict[str, dict[str, Any]]] = {}
-    for ref in ("p2p", "nopeer", "off", "staged"):
+    for ref in ("p2p", "nopeer", "off", "staged", "rpc-nopeer", "rpc-staged", "rpc-off"):
         if ref not in usable:
             continue
         for n in usable:

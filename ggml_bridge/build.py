@@ -30,6 +30,7 @@ from .runner import log, run, step
 #: Targets built when the tree defines them, in this order. llama-server is required.
 WANTED_TARGETS = (
     "llama-server", "llama-bench", "llama-perplexity", "test-batched-transfers", "test-mapped-host-bridge",
+    "ggml-rpc-server",
 )
 REQUIRED_TARGETS = ("llama-server",)
 #: CMake options each variant adds (DESIGN.md "Build variants").
@@ -269,6 +270,7 @@ def cmake_args(settings: Settings, src: Path, variant: str, backend: str, tools:
     opts["CMAKE_C_COMPILER"] = str(tools.cc.path)
     opts["CMAKE_CXX_COMPILER"] = str(tools.cxx.path)
     opts["GGML_NATIVE"] = "ON" if settings.build.native else "OFF"
+    opts["GGML_RPC"] = "ON"  # every variant: llama-server --rpc and ggml-rpc-server (docs/rpc.md)
     if backend == "cuda":
         assert tools.cuda is not None
         opts["GGML_CUDA"] = "ON"

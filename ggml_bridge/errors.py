@@ -120,6 +120,13 @@ class ServeError(FatalError):
     kind = "serve error"
 
 
+class RpcError(ServeError):
+    """An RPC endpoint is unreachable, not an rpc-server, of another protocol version, or an rpc-server died."""
+
+    exit_code = 41
+    kind = "rpc error"
+
+
 class LadderSetupError(FatalError):
     """A ladder could not be set up (bad ladder file, missing binary, model generation failed)."""
 

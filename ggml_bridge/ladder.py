@@ -15,7 +15,17 @@ bridge-force   patched    force                           0
 batched        patched    0                               1
 both           patched    force                           1
 bridge-typo    patched    yes (and _CHUNK_KIB=abc)        0
+off-1gpu       patched    0                               0        (on one GPU whatever the rung's devices)
+rpc-off        patched    0                               0        (over local rpc-servers)
+rpc-bridge     patched    1                               0        (over local rpc-servers)
+rpc-upstream   upstream   (unset)                         (unset)  (over local rpc-servers)
 =============  =========  ==============================  ========================
+
+An ``rpc-*`` mode starts one ``ggml-rpc-server`` per entry of the rung's ``rpc_servers`` (each a device list,
+e.g. ``[["CPU"], ["CPU"]]`` or ``[["CUDA0", "CUDA1"]]``) with the rung's GPUs and the mode's selectors, and
+runs llama-server and llama-perplexity with ``--rpc`` and no GPU of their own; the servers' counters (patch
+0006, SIGUSR1) must show each served graph computations, and in ``rpc-bridge`` every server owning two or
+more GPUs must report the bridge engaged with ``bridge_boundaries>0`` (docs/rpc.md).
 
 For every mode the rung runs the real llama-server through :class:`serve.Server`, sends a fixed request
 set (greedy, ``n_probs``, prompts from one token up to longer than the ubatch) and records the responses
@@ -57,8 +67,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from . import logparse, model, runner, serve
-from .errors import FatalError, LadderSetupError, ServeError
+from . import logparse, model, rpc, runner, serve
+from .errors import FatalError, LadderSetupError, RpcError, ServeError
 from .runner import log
 
 if sys.version_info >= (3, 11):
@@ -74,6 +84,8 @@ class Mode:
     bridge: str | None      # serve.BRIDGE_VALUES key
     batched: str | None     # serve.BATCHED_VALUES key
     rejected: tuple[tuple[str, str], ...] = ()  # selector values the binaries must reject, in every process
+    rpc: bool = False       # the model on the rung's local rpc-servers
+    devices: int | None = None  # GPUs of this mode, instead of the rung's
 
     @property
     def uses_bridge(self) -> bool:
@@ -99,6 +111,10 @@ MODES: dict[str, Mode] = {
     # typos: the bridge stays off and says so in every process, also past llama.cpp's fitting probe (-fit)
     "bridge-typo": Mode("bridge-typo", "patched", None, "off",
                         rejected=(("GGML_CUDA_MAPPED_HOST_BRIDGE", "yes"), ("GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB", "abc"))),
+    "off-1gpu": Mode("off-1gpu", "patched", "off", "off", devices=1),
+    "rpc-off": Mode("rpc-off", "patched", "off", "off", rpc=True),
+    "rpc-bridge": Mode("rpc-bridge", "patched", "on", "off", rpc=True),
+    "rpc-upstream": Mode("rpc-upstream", "upstream", None, None, rpc=True),
 }
 
 EXPECT_VALUES = ("engaged", "inactive", "either")
@@ -141,6 +157,7 @@ class Rung:
     env: dict[str, str] = field(default_factory=dict)
     timeout: float = 1800.0
     perplexity: bool = True
+    rpc_servers: list[list[str]] = field(default_factory=list)  # device lists of the rpc-* modes' servers
 
     @property
     def n_devices(self) -> int:
@@ -231,6 +248,10 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
         raise LadderSetupError(f"{where} ({r.name}): ctx {r.server_ctx()} is too small for the longest prompt")
     if any(MODES[m].uses_bridge for m in r.modes) and r.devices <= 0:
         raise LadderSetupError(f"{where} ({r.name}): bridge modes need GPUs (devices >= 1)")
+    r.rpc_servers = [[str(d) for d in _as_list(x)] for x in _as_list(r.rpc_servers)]
+    if any(MODES[m].rpc for m in r.modes) and not r.rpc_servers:
+        raise LadderSetupError(f"{where} ({r.name}): rpc-* modes need rpc_servers (one device list per server)",
+                               fix='e.g. rpc_servers = [["CPU"], ["CPU"]]')
     r.server_args = [str(a) for a in r.server_args]
     r.perplexity_args = [str(a) for a in r.perplexity_args]
     r.env = {str(k): str(v) for k, v in r.env.items()}
@@ -601,8 +622,9 @@ def _dir_fingerprint(d: Path) -> str:
     return h.hexdigest()
 
 
-def resolve_binaries(args: argparse.Namespace, settings: Any, backend: str, needed: set[str]) -> Binaries:
-    names = ("llama-server", "llama-perplexity")
+def resolve_binaries(args: argparse.Namespace, settings: Any, backend: str, needed: set[str],
+                     with_rpc: bool = False) -> Binaries:
+    names = ("llama-server", "llama-perplexity") + ((rpc.RPC_SERVER,) if with_rpc else ())
     found: dict[str, dict[str, Path]] = {}
     for variant in ("patched", "upstream"):
         if variant not in needed:
@@ -686,6 +708,7 @@ class ModeRun:
     logs: dict[str, logparse.LogInfo] = field(default_factory=dict)
     metrics: dict[str, int] | None = None  # the server's transfer counters on /metrics after the requests
     error: str | None = None
+    rpc_servers: dict[str, logparse.RpcServerInfo] = field(default_factory=dict)  # by endpoint, rpc-* modes
 
 
 def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path: Path, prompts: list[str],
@@ -693,15 +716,25 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
     out.mkdir(parents=True, exist_ok=True)
     b = bins.patched if mode.variant == "patched" else bins.upstream
     server_bin, ppl_bin = b["llama-server"], b["llama-perplexity"]
+    rung = dataclasses.replace(rung, devices=mode.devices, virtual_devices=None) if mode.devices else rung
     env = {**_device_env(rung), **mode.env(), **rung.env}
     lib_dir = str(server_bin.resolve().parent)
     env["LD_LIBRARY_PATH"] = lib_dir + (":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else "")
     res = ModeRun(mode.name)
     t0 = time.monotonic()
+    topo = None
+    if mode.rpc:  # the GPUs belong to the rpc-servers; llama-server and llama-perplexity get none
+        topo = rpc.Topology([rpc.LocalRpcServer(b[rpc.RPC_SERVER], devices=d, env=env, threads=threads,
+                                                log_file=out / f"rpc-server-{i}.log")
+                             for i, d in enumerate(rung.rpc_servers)])
+        env = {**env, "CUDA_VISIBLE_DEVICES": ""}
+    extra = [*topo.server_args(), "-ngl", "999"] if topo else []
     try:
+        if topo:
+            topo.start(rpc.expected_version(server_bin))
         port = serve.free_port()
         sargs = ["-m", str(model_path), "--host", "127.0.0.1", "--port", str(port), "-c", str(rung.server_ctx()),
-                 "-np", "1", "--no-webui", "--metrics", *_common_args(rung, threads), *rung.server_args]
+                 "-np", "1", "--no-webui", "--metrics", *_common_args(rung, threads), *extra, *rung.server_args]
         slog = out / "server.log"
         slog.unlink(missing_ok=True)
         srv = serve.Server(server_bin, sargs, env=env, log_file=slog, startup_timeout=startup_timeout)
@@ -727,7 +760,7 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
             plog.unlink(missing_ok=True)
             pc = rung.perplexity_ctx()
             pargs = [ppl_bin, "-m", model_path, "-f", text_path, "-c", str(pc),
-                     *_common_args(rung, threads), "--kl-divergence-base", logits, *rung.perplexity_args]
+                     *_common_args(rung, threads), *extra, "--kl-divergence-base", logits, *rung.perplexity_args]
             r = runner.run(pargs, env=env, log_file=plog, error=ServeError, timeout=rung.timeout,
                            what=f"llama-perplexity failed in mode {mode.name}")
             res.logs["perplexity"] = logparse.parse(plog.read_text(errors="replace"))
@@ -735,10 +768,61 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
                 raise ServeError(f"llama-perplexity wrote no logits in mode {mode.name}",
                                  why="last lines:\n    " + r.stdout[-2000:].replace("\n", "\n    "))
             res.logits = logits
+        if topo and mode.variant == "patched":
+            topo.counters()  # one counters line per server, parsed below
     except FatalError as e:
-        res.error = str(e)
+        try:
+            rpc.raise_if_dead(topo, f"in mode {mode.name}")
+            res.error = str(e)
+        except RpcError as dead:
+            res.error = f"{dead} ({e})"
+    finally:
+        if topo:
+            topo.stop()
+            res.rpc_servers = {str(s.endpoint): s.info() for s in topo.local}
     res.wall_s = time.monotonic() - t0
     return res
+
+
+def validate_rpc(mode: Mode, servers: dict[str, logparse.RpcServerInfo]) -> dict[str, Any]:
+    """The rpc-servers of an rpc-* mode: each computed graphs (counters), and in rpc-bridge each one owning
+    two or more GPUs carried copies through the bridge."""
+    problems: list[str] = []
+    notes: list[str] = []
+    summary: dict[str, Any] = {}
+    for ep, info in servers.items():
+        gpus = [d for d in info.devices if d.startswith("CUDA")]
+        c = info.latest
+        summary[ep] = {"devices": info.devices, "counters": c, "bridge_enabled": info.bridge.enabled}
+        if mode.variant == "upstream":
+            if info.state is not None or info.bridge.seen:
+                problems.append(f"rpc-server {ep}: the upstream binary printed patch lines")
+            continue
+        if info.state is None:
+            problems.append(f"rpc-server {ep}: no 'ggml_bridge_rpc: state' line (not a patch-0006 build)")
+            continue
+        if not c:
+            problems.append(f"rpc-server {ep}: no counters line after SIGUSR1")
+            continue
+        if c.get("rpc_graph_compute", 0) <= 0:
+            problems.append(f"rpc-server {ep}: computed no graph (rpc_graph_compute=0): the model did not use it")
+        if not mode.uses_bridge:
+            if info.bridge.enabled:
+                problems.append(f"rpc-server {ep}: bridge enabled in mode {mode.name} (selector 0)")
+        elif len(gpus) > 1:
+            if not info.bridge.enabled:
+                problems.append(f"rpc-server {ep}: bridge not engaged on its {len(gpus)} GPUs ("
+                                + (f"inactive: {info.bridge.inactive_reason}" if info.bridge.inactive_reason
+                                   else "no bridge line") + ")")
+            elif not c.get("bridge"):
+                problems.append(f"rpc-server {ep}: the CUDA registry exports no bridge counters "
+                                "(0001 without ggml_backend_cuda_mapped_host_bridge_counters)")
+            elif c.get("bridge_boundaries", 0) <= 0:
+                problems.append(f"rpc-server {ep}: bridge engaged but bridge_boundaries=0 "
+                                f"(rpc_copy_tensor={c.get('rpc_copy_tensor', 0)})")
+        else:
+            notes.append(f"rpc-server {ep}: {len(gpus) or 'no'} GPU, nothing for the bridge inside it")
+    return {"ok": not problems, "problems": problems, "notes": notes, "servers": summary}
 
 
 def _artifact(path: Path | None) -> dict[str, Any] | None:
@@ -789,7 +873,13 @@ def run_rung(rung: Rung, ladder: Ladder, bins: Binaries, vocab: Path, cache_dir:
             rep["status"] = "error"
             rep["problems"].append(f"{name}: {mr.error}")
         else:
-            v = validate_mode(mode, rung, mr.logs, mr.metrics)
+            front = dataclasses.replace(mode, bridge="off" if mode.bridge else None) if mode.rpc else mode
+            v = validate_mode(front, dataclasses.replace(rung, devices=mode.devices, virtual_devices=None)
+                              if mode.devices else rung, mr.logs, mr.metrics)
+            if mode.rpc:
+                r = validate_rpc(mode, mr.rpc_servers)
+                v.update(ok=v["ok"] and r["ok"], problems=v["problems"] + r["problems"],
+                         notes=v["notes"] + r["notes"], rpc=r["servers"])
             entry["validity"] = v
             if not v["ok"]:
                 if rep["status"] == "pass":
@@ -906,6 +996,13 @@ def markdown_report(rep: dict[str, Any]) -> str:
             if v.get("batched"):
                 tb = v["batched"]
                 mech.append(f"batched {tb['state']}, async up/down={tb['async_uploads']}/{tb['async_downloads']}")
+            for ep, srv in (v.get("rpc") or {}).items():
+                c = srv["counters"]
+                mech.append(f"rpc-server {ep} ({','.join(srv['devices'])}): graphs={c.get('rpc_graph_compute', '-')}"
+                            f" copy_tensor={c.get('rpc_copy_tensor', '-')} set/get MiB="
+                            f"{c.get('rpc_set_tensor_bytes', 0) / 2**20:.1f}/{c.get('rpc_get_tensor_bytes', 0) / 2**20:.1f}"
+                            + (f" bridge={'on' if srv['bridge_enabled'] else 'off'} "
+                               f"boundaries={c.get('bridge_boundaries', '-')}" if c.get("bridge") else ""))
             if m.get("error"):
                 mech.append(f"ERROR: {m['error'].splitlines()[0]}")
             mech += v.get("problems", [])
@@ -960,7 +1057,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
                                    fix=f"rungs: {', '.join(r.name for r in rungs)}")
         rungs = [r for r in rungs if r.name in args.rung]
     needed = {MODES[m].variant for r in rungs for m in r.modes}
-    bins = resolve_binaries(args, settings, ladder.backend, needed)
+    bins = resolve_binaries(args, settings, ladder.backend, needed, any(MODES[m].rpc for r in rungs for m in r.modes))
     if bins.same_build and "upstream" in needed and "patched" in needed and not args.allow_same_build:
         raise LadderSetupError("the patched and upstream binaries are the same build",
                                why="comparing a build with itself proves nothing about the patches",

@@ -52,6 +52,16 @@ def parse_metrics(text: str) -> dict[str, int]:
             out[m["name"]] = int(float(m["value"]))
     return out
 
+
+# --- contract: ggml-rpc-server with patch 0006 (its stdout) --------------------------------------------
+RPC_STATE = re.compile(r"ggml_bridge_rpc: state: endpoint=(?P<endpoint>\S+) pid=(?P<pid>\d+) "
+                       r"GGML_CUDA_MAPPED_HOST_BRIDGE=(?P<selector>\S+) bridge_counters=(?P<counters>available|absent)")
+RPC_COUNTERS = re.compile(r"ggml_bridge_rpc: counters: trigger=(?P<trigger>\w+)(?P<kv>(?:\s+\w+=\d+)+)")
+#: upstream rpc-server lines: its banner, each device it serves, and an RPC client's version refusal
+RPC_STARTING = re.compile(r"Starting RPC server v(?P<version>\d+\.\d+\.\d+)")
+RPC_DEVICE = re.compile(r"^\s+(?P<dev>[A-Za-z]+\d*): (?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)")
+RPC_VERSION_MISMATCH = re.compile(r"RPC server version mismatch: (?P<version>\S+)")
+
 # --- upstream llama.cpp / llama-server lines ----------------------------------------------------------
 USING_DEVICE = re.compile(r"using device (?P<dev>\S+) \((?P<desc>[^)]*)\)")
 CUDA_FOUND = re.compile(r"ggml_cuda_init: found (?P<n>\d+) CUDA devices")
@@ -218,3 +228,36 @@ def is_read(line: str) -> bool:
     """Whether :func:`parse` takes anything from ``line``: the launcher keeps only such lines in memory (a
     server at high verbosity prints about a thousand others per request; they go to the log file)."""
     return parse([line]) != LogInfo()
+
+
+@dataclass
+class RpcServerInfo:
+    """What one ggml-rpc-server printed: upstream's banner and device list, patch 0006's state and counters,
+    and (through :func:`parse`) the bridge's own lines."""
+
+    version: str | None = None
+    devices: list[str] = field(default_factory=list)
+    state: dict[str, str] | None = None     # patch 0006's start line; None: an upstream rpc-server
+    counters: list[dict[str, int]] = field(default_factory=list)   # one per counters line, in order
+    bridge: BridgeInfo = field(default_factory=BridgeInfo)
+
+    @property
+    def latest(self) -> dict[str, int]:
+        return self.counters[-1] if self.counters else {}
+
+
+def parse_rpc(lines: Iterable[str] | str) -> RpcServerInfo:
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    lines = [clean(x) for x in lines]
+    out = RpcServerInfo(bridge=parse(lines).bridge)
+    for line in lines:
+        if m := RPC_STARTING.search(line):
+            out.version = m["version"]
+        elif m := RPC_STATE.search(line):
+            out.state = {k: v for k, v in m.groupdict().items()}
+        elif m := RPC_COUNTERS.search(line):
+            out.counters.append(_kv(m["kv"]))
+        elif out.version is not None and (m := RPC_DEVICE.search(line)):
+            out.devices.append(m["dev"])
+    return out

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import logparse, runner
+from . import logparse, rpc, runner
 from .errors import ServeError, UsageError
 from .runner import log
 
@@ -322,6 +322,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for /health (default: 600)")
     parser.add_argument("--server-log", type=Path, default=None, metavar="FILE",
                         help="also write the server log to FILE")
+    rpc.add_arguments(parser)
     # Everything this parser does not know goes to llama-server, in order; after `--` everything does.
     parser.allow_abbrev = False
     parser.epilog = ("Other arguments (or all arguments after --) are passed to llama-server, e.g. "
@@ -362,8 +363,10 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         server_args.append("--metrics")  # --check reads the live counters too
     env = selector_env(args.bridge, args.batched, stats=not args.no_stats)
     binary = _find_server(args, settings)
-    srv = Server(binary, server_args, env=env, log_file=args.server_log, echo=True,
-                 startup_timeout=args.startup_timeout)
+    topo = rpc.from_args(args, settings, binary, env, server_args,
+                         args.server_log.parent if args.server_log else None)
+    srv = Server(binary, server_args + (topo.server_args() if topo else []), env={**env, **rpc.front_env(args)},
+                 log_file=args.server_log, echo=True, startup_timeout=args.startup_timeout)
 
     # Forward SIGINT/SIGTERM to the server (it runs in its own session, so it gets each signal once); SIGHUP
     # (terminal closed, ssh dropped) stops it like SIGTERM: llama-server has no SIGHUP handler of its own.
@@ -379,8 +382,11 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         try:
+            if topo:
+                topo.start(rpc.expected_version(binary))
             srv.start()
         except (KeyboardInterrupt, ServeError):
+            rpc.raise_if_dead(topo, "during llama-server's start-up")
             if not received:
                 raise
             srv.stop()
@@ -389,7 +395,12 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         if received:  # a signal arrived just as it became ready: the server is shutting down
             rc = srv.proc.wait() if srv.proc else 1
             return _exit_status(rc)
-        eng = check_engagement(srv.info(), args.bridge, args.batched)
+        eng = check_engagement(srv.info(), args.bridge, args.batched,
+                               rpc.front_devices(srv.info()) if topo else None)
+        if topo:
+            notes, errors = topo.engagement(args.bridge)
+            eng.notes += [topo.describe(srv.info().devices), *notes]
+            eng.errors += errors
         if srv.verbosity < CONTRACT_VERBOSITY and (args.bridge in ("on", "force") or args.batched == "on"):
             eng.notes.append(f"log verbosity {srv.verbosity} hides the 'enabled' and 'stats' lines "
                              f"(they are INFO messages: use -lv {CONTRACT_VERBOSITY} or more)")
@@ -415,6 +426,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
                 log("ggml-bridge: bridge stats: " + " ".join(f"{k}={v}" for k, v in s.items()))
             for s in info.batched.stats:
                 log("ggml-bridge: batched stats: " + " ".join(f"{k}={v}" for k, v in s.items()))
+            for ep, c in (topo.counters() if topo else {}).items():
+                log(f"ggml-bridge: rpc-server {ep} counters: " + " ".join(f"{k}={v}" for k, v in c.items()))
             log(f"ggml-bridge: check passed; server stopped (status {rc})")
             return 0
         assert srv.proc is not None
@@ -423,14 +436,18 @@ def run(args: argparse.Namespace, settings: Any) -> int:
                 rc = srv.proc.wait(timeout=0.5)
                 break
             except Exception:  # noqa: BLE001 - TimeoutExpired: keep waiting (signals interrupt us here)
+                rpc.raise_if_dead(topo, "while llama-server was serving")
                 continue
         log(f"ggml-bridge: llama-server exited with status {rc}")
+        rpc.raise_if_dead(topo, "while llama-server was serving")
         return _exit_status(rc)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
         if srv.proc is not None and srv.proc.poll() is None:
             srv.stop()
+        if topo:
+            topo.stop()
 
 
 def _exit_status(rc: int | None) -> int:

@@ -34,6 +34,15 @@ S_SYNC = 10e-6      # one host synchronization + API round trip (upstream fallba
 BP_PAGEABLE = 9.7e9  # per-direction pageable staging bandwidth on the H200 host (sync-malloc, 16 MiB: 3.47 ms round trip)
 E_EVENT = 3e-6       # cross-device event wait
 
+# Network links between hosts (llama.cpp RPC over TCP, docs/rpc.md): (goodput of one TCP stream in bytes/s,
+# round trip of a small request in s). Assumed, not measured here: 10/25 GbE at ~94 % of line rate; 100 GbE
+# single-stream TCP without tuning rarely passes ~70 % of line rate.
+NETWORKS = {
+    "10 GbE": (1.17e9, 50e-6),
+    "25 GbE": (2.9e9, 35e-6),
+    "100 GbE": (8.75e9, 25e-6),
+}
+
 
 def t_seq(b: float, B: float, L: float) -> float:
     return 2 * S_SYNC + 2 * (L + b / min(B, BP_PAGEABLE))
@@ -41,6 +50,13 @@ def t_seq(b: float, B: float, L: float) -> float:
 
 def t_bridge(b: float, B: float, L: float) -> float:
     return 2 * L + E_EVENT + b / B + min(b, CHUNK) / B
+
+
+def t_tcp(b: float, Bn: float, rtt: float, B: float, L: float) -> float:
+    """One boundary between GPUs of two hosts: GET_TENSOR (a round trip, the data back to llama-server) and
+    SET_TENSOR (sent without a reply: ~half a round trip), one after the other, plus each server's own D2H or
+    H2D over its PCIe link (B, L); no overlap: the RPC backend has no async copy, so no pipeline parallelism."""
+    return 1.5 * rtt + 2 * b / Bn + 2 * (L + b / B)
 
 
 def fmt(t: float) -> str:
@@ -61,6 +77,24 @@ def tables() -> str:
                 seq_pp = n_ub * (D - 1) * t_seq(ub_b, B, L)
                 br_pp = (n_ub + D - 1) * (1 if D == 2 else 2) * ub_b / B
                 out.append(f"| {name} | {h} | {D} | {fmt(seq_tok)} | {fmt(br_tok)} | {fmt(seq_pp)} | {fmt(br_pp)} |")
+    return "\n".join(out)
+
+
+def network_tables() -> str:
+    """A boundary that crosses TCP next to one the bridge carries inside a host (two cards)."""
+    B5, L5 = LINKS["H200 PCIe Gen5 x16 (measured)"]
+    out = ["| boundary | link | hidden | per token | prompt 4096 @ ub512 |", "|---|---|---|---|---|"]
+    n_ub = 4096 // 512
+    for h in (4096, 8192):
+        tok_b, ub_b = h * 4, 512 * h * 4
+        for name, (Bn, rtt) in NETWORKS.items():
+            out.append(f"| between hosts (RPC, TCP; Gen5 x16 in each host) | {name} | {h} | "
+                       f"{fmt(t_tcp(tok_b, Bn, rtt, B5, L5))} | {fmt(n_ub * t_tcp(ub_b, Bn, rtt, B5, L5))} |")
+        for name, (B, L) in LINKS.items():
+            out.append(f"| inside a host, bridge (overlapped) | {name} | {h} | {fmt(t_bridge(tok_b, B, L))} | "
+                       f"{fmt((n_ub + 1) * ub_b / B)} |")
+            out.append(f"| inside a host, sequential staging | {name} | {h} | {fmt(t_seq(tok_b, B, L))} | "
+                       f"{fmt(n_ub * t_seq(ub_b, B, L))} |")
     return "\n".join(out)
 
 
@@ -88,6 +122,8 @@ def main() -> None:
     a = ap.parse_args()
     print("## Predicted transfer time added by the boundaries\n")
     print(tables())
+    print("\n## Network links (RPC between hosts) next to PCIe, one boundary, two cards\n")
+    print(network_tables())
     print("\n## Check against the H200 microbenchmark\n")
     print(check(a.microbench))
 

@@ -12,7 +12,7 @@ set -euo pipefail
 tarball=$1; patches=$(readlink -f "$2"); variants=$3; arch=${4:-90}
 src=${BUILD_ROOT:-/tmp/ggml-bridge}/src
 build=${BUILD_ROOT:-/tmp/ggml-bridge}/build
-targets=(llama-server llama-perplexity llama-bench)
+targets=(llama-server llama-perplexity llama-bench ggml-rpc-server)
 jobs=${JOBS:-$(nproc)}
 
 rm -rf "$src" && mkdir -p "$src" "$variants"
@@ -22,7 +22,7 @@ cd "$src"
 t0=$(date +%s)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DGGML_CUDA_MAPPED_HOST_BRIDGE=ON -DSAM3D_BATCHED_TRANSFERS=ON -Wno-dev > "$variants/cmake-upstream.log" 2>&1
+    -DGGML_CUDA_MAPPED_HOST_BRIDGE=ON -DSAM3D_BATCHED_TRANSFERS=ON -DGGML_RPC=ON -Wno-dev > "$variants/cmake-upstream.log" 2>&1
 ninja -C "$build" -j "$jobs" "${targets[@]}" > "$variants/build-upstream.log" 2>&1
 mkdir -p "$variants/upstream" && cp "${targets[@]/#/$build/bin/}" "$variants/upstream/"
 echo "upstream built in $(( $(date +%s) - t0 ))s"
