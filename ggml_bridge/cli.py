@@ -1,4 +1,4 @@
-"""Command line: ``ggml-bridge fetch|patch|build|serve|ladder|rebase|bench``.
+"""Command line: ``ggml-bridge fetch|patch|build|sdist|wheel|serve|ladder|rebase|bench``.
 
 Progress goes to stderr; stdout carries only results (a path, a report). ``main()`` is the only place that turns a
 :class:`~ggml_bridge.errors.FatalError` into an exit status.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import __version__, config, runner
@@ -81,6 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
     _build_args(p)
     p.set_defaults(handler=cmd_build)
 
+    p = sub.add_parser("sdist", help="write the sdist of ggml-bridge-server (patched tree + web UI, "
+                       "scikit-build-core); prints its path")
+    _common(p)
+    _source_args(p)
+    _dist_args(p)
+    p.set_defaults(handler=cmd_sdist)
+
+    p = sub.add_parser("wheel", help="write that sdist and build its platform wheel with pip, offline "
+                       "(CMAKE_ARGS=-DGGML_CUDA=ON for CUDA); prints the wheel's path")
+    _common(p)
+    _source_args(p)
+    _dist_args(p)
+    p.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
+    p.set_defaults(handler=cmd_wheel)
+
     for name, help_text in DELEGATED.items():
         p = sub.add_parser(name, help=help_text, add_help=False)  # its own parser handles -h
         _common(p)
@@ -115,6 +131,15 @@ def _build_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
     parser.add_argument("--no-native", dest="native", action="store_false", default=None,
                         help="do not optimise for this CPU (-DGGML_NATIVE=OFF)")
+    parser.add_argument("--no-ui", dest="ui", action="store_false", default=None,
+                        help="build llama-server without its web UI (otherwise built from tools/ui with npm)")
+
+
+def _dist_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", "-o", metavar="DIR", type=Path, default=Path("dist"),
+                        help="where to write (default: ./dist)")
+    parser.add_argument("--no-ui", dest="ui", action="store_false", default=None,
+                        help="without llama-server's web UI (otherwise built from tools/ui with npm)")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -125,6 +150,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "build.cuda_arch": getattr(args, "cuda_arch", None),
         "build.jobs": getattr(args, "jobs", None),
         "build.native": getattr(args, "native", None),
+        "build.ui": getattr(args, "ui", None),
     }
 
 
@@ -160,6 +186,22 @@ def cmd_build(args: argparse.Namespace, settings: config.Settings) -> int:
     for name, path in result.binaries.items():
         runner.log(f"    {name}: {path}")
     print(result.server)
+    return 0
+
+
+def cmd_sdist(args: argparse.Namespace, settings: config.Settings) -> int:
+    from . import wheel
+
+    made = wheel.make_sdist(settings, args.out, source_spec=args.source, allow_unpinned=args.allow_unpinned)
+    print(made.path)
+    return 0
+
+
+def cmd_wheel(args: argparse.Namespace, settings: config.Settings) -> int:
+    from . import wheel
+
+    made = wheel.make_sdist(settings, args.out, source_spec=args.source, allow_unpinned=args.allow_unpinned)
+    print(wheel.build_wheel(settings, made.path, args.out))
     return 0
 
 
