@@ -6,8 +6,8 @@ Upstream's CMake (``scripts/ui-assets.cmake``) provisions the UI in this order: 
 warning. We never let CMake download or run npm (both options are passed OFF by :mod:`build`); instead this
 module runs ``npm ci && npm run build`` once per UI source (the key hashes every file of ``tools/ui`` but its
 outputs), caches the result under ``<cache>/ui/<key>/dist`` and places it at ``tools/ui/dist`` of the tree
-while it is built (upstream's own entry for pre-built assets, priority 1 of its script). The build's manifest records the key and the hash of the
-assets (:meth:`UiAssets.manifest`).
+while it is built (upstream's own entry for pre-built assets, priority 1 of its script). The build's manifest
+records the key and the hash of the assets (:meth:`UiAssets.manifest`).
 
 Without npm and with no cached UI for the tree, :func:`ensure` stops with a ToolchainError that says how to go
 on; ``--no-ui`` (``[build] ui = false``, ``GGML_BRIDGE_UI=0``) builds a server without the UI after one warning
@@ -208,11 +208,13 @@ def _build(npm: str, root: Path, entry: Path, key: str, lock: Path) -> UiAssets:
             res = run(argv, cwd=work / "ui", check=False, log_file=log_file, env=env, error=BuildError)
             if res.returncode != 0:
                 tail = "\n    ".join(log_file.read_text(errors="replace").splitlines()[-15:])
-                raise BuildError(f"`npm {' '.join(argv[1:])}` failed for the web UI (exit status {res.returncode})", why=f"full log: {log_file}; last lines:\n    {tail}",
+                raise BuildError(f"`npm {' '.join(argv[1:])}` failed for the web UI (exit status {res.returncode})",
+                                 why=f"full log: {log_file}; last lines:\n    {tail}",
                                  fix="fix the error (npm needs the npm registry for `npm ci`), or build without "
                                  f"the UI: {OPT_OUT}")
     if not (out / "index.html").is_file():
-        raise BuildError("npm run build produced no index.html for the web UI", why=f"looked in {out}; log {log_file}")
+        raise BuildError("npm run build produced no index.html for the web UI",
+                         why=f"looked in {out}; log {log_file}")
     sha, n = dist_sha256(out)
     entry.mkdir(parents=True)
     out.rename(entry / "dist")

@@ -112,7 +112,8 @@ def main() -> int:
     w = res["wheel_path"]
     lines = ["| path | step | seconds |", "|---|---|---|",
              f"| wheel | venv | {w['venv_s']:.1f} |", f"| wheel | pip install (offline) | {w['pip_install_s']:.1f} |",
-             f"| wheel | start + first token | {w['first_token_s']:.1f} |", f"| wheel | **total** | **{w['total_s']:.1f}** |"]
+             f"| wheel | start + first token | {w['first_token_s']:.1f} |",
+             f"| wheel | **total** | **{w['total_s']:.1f}** |"]
     if "source_path" in res:
         s = res["source_path"]
         lines += [f"| source | ggml-bridge build (fetch, patch, UI, compile) | {s['build_s']:.1f} |",
