@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 from . import __version__
 from . import fetch as fetchmod
 from . import patch as patchmod
+from . import ui as uimod
 from .config import Settings
 from .errors import BuildError, NotBuiltError, ToolchainError, UsageError
 from .runner import log, run, step
@@ -39,8 +40,10 @@ VARIANT_OPTIONS: dict[str, dict[str, str]] = {
     "upstream": {},
     "upstream-nopeer": {"GGML_CUDA_NO_PEER_COPY": "ON"},
 }
-#: Turned OFF when the tree's CMakeLists mention them.
-OFF_IF_PRESENT = ("LLAMA_BUILD_TESTS", "LLAMA_BUILD_EXAMPLES", "LLAMA_CURL", "LLAMA_OPENSSL")
+#: Turned OFF when the tree's CMakeLists mention them. The web UI is never built by CMake (npm) nor downloaded
+#: (LLAMA_USE_PREBUILT_UI): :mod:`ggml_bridge.ui` builds it from the tree and places it where upstream embeds it.
+OFF_IF_PRESENT = ("LLAMA_BUILD_TESTS", "LLAMA_BUILD_EXAMPLES", "LLAMA_CURL", "LLAMA_OPENSSL", "LLAMA_BUILD_UI",
+                  "LLAMA_USE_PREBUILT_UI")
 MIN_CMAKE = (3, 21)
 MIN_NINJA = (1, 10)
 COMPLETE_MARKER = "ggml-bridge-complete.json"
@@ -118,8 +121,9 @@ def ensure(settings: Settings, variant: str | None = None, *, source_spec: str |
         src, head, series = tree.path, None, None
 
     tools = find_toolchain(cuda)
+    ui = uimod.ensure(settings, src)
     args = cmake_args(settings, src, variant, backend, tools)
-    key = build_key(tree, series, variant, backend, args, tools)
+    key = build_key(tree, series, variant, backend, args, tools, ui)
     build_dir = settings.cache_dir / "builds" / f"{variant}-{backend}-{key[:16]}"
     pointer = latest_path(settings, variant, backend) if record_latest else None
 
@@ -148,21 +152,23 @@ def ensure(settings: Settings, variant: str | None = None, *, source_spec: str |
             _cmake(tools, src, build_dir, args, log_file, env)
         targets = _select_targets(tools, build_dir, log_file)
         jobs = settings.build.jobs or os.cpu_count() or 1
-        with step(f"build {', '.join(targets)} with {jobs} job(s)"):
+        with step(f"build {', '.join(targets)} with {jobs} job(s)"), uimod.placed(settings, src, ui):
             _ninja(tools, build_dir, targets, jobs, log_file, env)
-        return _finish(tree, series, head, src, variant, backend, key, build_dir, args, tools, targets, pointer)
+        uimod.check_embedded(build_dir, ui)
+        return _finish(tree, series, head, src, variant, backend, key, build_dir, args, tools, targets, pointer,
+                       ui)
 
 
 def _finish(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None, src: Path, variant: str,
             backend: str, key: str, build_dir: Path, args: list[str], tools: Toolchain, targets: list[str],
-            pointer: Path | None) -> BuildResult:
+            pointer: Path | None, ui: uimod.UiAssets) -> BuildResult:
     log_file = build_dir / "build.log"
     binaries = {t: build_dir / "bin" / t for t in targets}
     missing = [t for t, p in binaries.items() if not p.is_file()]
     if missing:
         raise BuildError(f"the build finished but {', '.join(missing)} is missing from {build_dir / 'bin'}",
                          why=f"full log: {log_file}", fix="check the log; the tree may place binaries elsewhere")
-    manifest = _manifest(tree, series, head, src, variant, backend, key, build_dir, args, tools, binaries)
+    manifest = _manifest(tree, series, head, src, variant, backend, key, build_dir, args, tools, binaries, ui)
     manifest_path = build_dir / "manifest.json"
     fetchmod.write_json_atomic(manifest_path, manifest)
     fetchmod.write_json_atomic(build_dir / COMPLETE_MARKER,
@@ -286,8 +292,8 @@ def cmake_args(settings: Settings, src: Path, variant: str, backend: str, tools:
 
 
 def build_key(tree: fetchmod.Tree, series: patchmod.Series | None, variant: str, backend: str, args: list[str],
-              tools: Toolchain) -> str:
-    ident = {
+              tools: Toolchain, ui: uimod.UiAssets | None = None) -> str:
+    ident = {"ui": ui.sha256 if ui else None,
         "tree": tree.key, "content": tree.content_sha256, "series": series.hash if series else None,
         "variant": variant, "backend": backend, "cmake_args": args, "generator": "Ninja",
         "cc": tools.cc.version, "cxx": tools.cxx.version, "nvcc": tools.cuda.version if tools.cuda else None,
@@ -406,7 +412,7 @@ def _completed(build_dir: Path, key: str) -> dict[str, Path] | None:
 
 def _manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None, src: Path, variant: str,
               backend: str, key: str, build_dir: Path, args: list[str], tools: Toolchain,
-              binaries: dict[str, Path]) -> dict:
+              binaries: dict[str, Path], ui: uimod.UiAssets) -> dict:
     toolchain = {
         "cc": {"path": str(tools.cc.path), "version": tools.cc.version},
         "cxx": {"path": str(tools.cxx.path), "version": tools.cxx.version},
@@ -421,6 +427,20 @@ def _manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | N
         "variant": variant,
         "backend": backend,
         "key": key,
+        **source_manifest(tree, series, head),
+        "source_dir": str(src),
+        "build_dir": str(build_dir),
+        "cmake_args": args,
+        "ui": ui.manifest(),
+        "toolchain": toolchain,
+        "binaries": {n: {"path": str(p), "sha256": fetchmod.file_sha256(p)} for n, p in binaries.items()},
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def source_manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None) -> dict:
+    """What a manifest says about the sources: the upstream tree and the patch series applied to it."""
+    return {
         "upstream": {
             "commit": tree.commit, "id": tree.commit_or_id, "origin": tree.origin, "pinned": tree.pinned,
             "archive_sha256": tree.archive_sha256, "content_sha256": tree.content_sha256, "cache_key": tree.key,
@@ -428,12 +448,6 @@ def _manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | N
         "patches": [{"name": p.name, "sha256": p.sha256} for p in series.patches] if series else [],
         "series_hash": series.hash if series else None,
         "patched_head": head,
-        "source_dir": str(src),
-        "build_dir": str(build_dir),
-        "cmake_args": args,
-        "toolchain": toolchain,
-        "binaries": {n: {"path": str(p), "sha256": fetchmod.file_sha256(p)} for n, p in binaries.items()},
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 

@@ -1,4 +1,4 @@
-"""Command line: ``ggml-bridge fetch|patch|build|serve|ladder|rebase|bench``.
+"""Command line: ``ggml-bridge fetch|patch|build|sdist|wheel|serve|ladder|rebase|bench``.
 
 Progress goes to stderr; stdout carries only results (a path, a report). ``main()`` is the only place that turns a
 :class:`~ggml_bridge.errors.FatalError` into an exit status.
@@ -13,6 +13,7 @@ import argparse
 import importlib
 import signal
 import sys
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import __version__, config, runner
@@ -93,6 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
     _discard_arg(p)
     p.set_defaults(handler=cmd_build)
 
+    p = sub.add_parser("sdist", help="write the sdist of ggml-bridge-server (patched tree + web UI, "
+                       "scikit-build-core); prints its path")
+    _common(p)
+    _source_args(p)
+    _dist_args(p)
+    p.set_defaults(handler=cmd_sdist)
+
+    p = sub.add_parser("wheel", help="write that sdist and build its platform wheel with pip, offline "
+                       "(CMAKE_ARGS=-DGGML_CUDA=ON for CUDA); prints the wheel's path")
+    _common(p)
+    _source_args(p)
+    _dist_args(p)
+    p.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
+    p.set_defaults(handler=cmd_wheel)
+
     for name, help_text in DELEGATED.items():
         p = sub.add_parser(name, help=help_text, add_help=False)  # its own parser handles -h
         _common(p)
@@ -134,6 +150,15 @@ def _build_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
     parser.add_argument("--no-native", dest="native", action="store_false", default=None,
                         help="do not optimise for this CPU (-DGGML_NATIVE=OFF)")
+    parser.add_argument("--no-ui", dest="ui", action="store_false", default=None,
+                        help="build llama-server without its web UI (otherwise built from tools/ui with npm)")
+
+
+def _dist_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", "-o", metavar="DIR", type=Path, default=Path("dist"),
+                        help="where to write (default: ./dist)")
+    parser.add_argument("--no-ui", dest="ui", action="store_false", default=None,
+                        help="without llama-server's web UI (otherwise built from tools/ui with npm)")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,6 +169,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "build.cuda_arch": getattr(args, "cuda_arch", None),
         "build.jobs": getattr(args, "jobs", None),
         "build.native": getattr(args, "native", None),
+        "build.ui": getattr(args, "ui", None),
     }
 
 
@@ -194,6 +220,22 @@ def cmd_build(args: argparse.Namespace, settings: config.Settings) -> int:
     # stdout: llama-server's path, one line per variant (the last is the last variant listed)
     for result in sorted(results, key=lambda r: variants.index(r.variant)):
         print(result.server)
+    return 0
+
+
+def cmd_sdist(args: argparse.Namespace, settings: config.Settings) -> int:
+    from . import wheel
+
+    made = wheel.make_sdist(settings, args.out, source_spec=args.source, allow_unpinned=args.allow_unpinned)
+    print(made.path)
+    return 0
+
+
+def cmd_wheel(args: argparse.Namespace, settings: config.Settings) -> int:
+    from . import wheel
+
+    made = wheel.make_sdist(settings, args.out, source_spec=args.source, allow_unpinned=args.allow_unpinned)
+    print(wheel.build_wheel(settings, made.path, args.out))
     return 0
 
 

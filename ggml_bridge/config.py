@@ -75,6 +75,10 @@ class BuildSettings:
     native: bool = True
     """Pass -DGGML_NATIVE=ON (optimise for this machine's CPU)."""
 
+    ui: bool = True
+    """Embed llama-server's web UI, built from the tree's tools/ui with npm (never downloaded); false builds a
+    server without it (one warning line; the manifest says so)."""
+
     cmake_args: list[str] = field(default_factory=list)
     """Extra CMake arguments, appended last (the CMAKE_ARGS environment variable adds to these)."""
 
@@ -137,6 +141,7 @@ ENV_VARS: dict[str, str] = {
     "GGML_BRIDGE_CUDA_ARCH": "build.cuda_arch",
     "GGML_BRIDGE_JOBS": "build.jobs",
     "GGML_BRIDGE_NATIVE": "build.native",
+    "GGML_BRIDGE_UI": "build.ui",
 }
 
 

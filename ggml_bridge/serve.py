@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from . import logparse, rpc, runner
-from .errors import ServeError, UsageError
+from .errors import NotBuiltError, ServeError, UsageError
 from .runner import log
 
 BRIDGE_VAR = "GGML_CUDA_MAPPED_HOST_BRIDGE"
@@ -313,7 +313,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batched", choices=tuple(BATCHED_VALUES), default=None,
                         help=f"batched pinned graph I/O transfers: sets {BATCHED_VAR}=1|0 (default: unset)")
     parser.add_argument("--server", type=Path, default=None, metavar="PATH",
-                        help="llama-server binary (default: the patched build from `ggml-bridge build`)")
+                        help="llama-server binary (default: the patched build from `ggml-bridge build`, else "
+                        "an installed ggml-bridge-server wheel)")
     parser.add_argument("--check", action="store_true",
                         help="start, confirm what engaged, stop and exit (0: confirmed)")
     parser.add_argument("--no-stats", action="store_true",
@@ -353,6 +354,12 @@ def _find_server(args: argparse.Namespace, settings: Any) -> Path:
     except ImportError:
         raise ServeError("no llama-server binary", why="the build stage is not available",
                          fix="pass --server PATH") from None
+    except NotBuiltError:
+        from . import wheel  # no build: an installed ggml-bridge-server wheel, if any
+        found = wheel.installed_server(settings)
+        if found is None:
+            raise
+        return found
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:

@@ -1,0 +1,52 @@
+"""scikit-build-core metadata plugin: the version with a local tag naming the backend (+cpu, +cu130, ...).
+
+The backend follows CMAKE_ARGS as CMake sees it: -DGGML_CUDA=ON (any CMake true value) builds for CUDA, and
+the tag carries the CUDA toolkit's release (nvcc from $CUDACXX, PATH, $CUDA_HOME or /usr/local/cuda).
+CMakeLists.txt checks that the tag agrees with what CMake actually built.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+_TRUE = ("1", "on", "yes", "true", "y")
+_CUDA_ARG = re.compile(r"^-DGGML_CUDA(?::BOOL)?=(.*)$", re.IGNORECASE)
+
+
+def backend_tag(cmake_args: str | None = None) -> str:
+    value = None
+    for arg in shlex.split(os.environ.get("CMAKE_ARGS", "") if cmake_args is None else cmake_args):
+        m = _CUDA_ARG.match(arg)
+        if m:
+            value = m.group(1)
+    if value is None or value.strip().lower() not in _TRUE:
+        return "cpu"
+    return "cu" + _cuda_release().replace(".", "")
+
+
+def _cuda_release() -> str:
+    cands = [os.environ.get("CUDACXX"), shutil.which("nvcc"),
+             os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc") if os.environ.get("CUDA_HOME") else None,
+             "/usr/local/cuda/bin/nvcc"]
+    for nvcc in cands:
+        if nvcc and Path(nvcc).is_file():
+            out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False).stdout
+            m = re.search(r"release (\d+)\.(\d+)", out)
+            if m:
+                return m.group(1) + m.group(2)
+    raise RuntimeError("CMAKE_ARGS asks for -DGGML_CUDA=ON but no nvcc was found (looked at $CUDACXX, PATH, "
+                       "$CUDA_HOME/bin, /usr/local/cuda/bin): install the CUDA toolkit or drop -DGGML_CUDA=ON")
+
+
+def dynamic_metadata(field: str, settings: dict | None = None) -> str:
+    if field != "version":
+        raise RuntimeError(f"this plugin only provides the version, not {field!r}")
+    base = (settings or {}).get("base")
+    if not isinstance(base, str) or not base:
+        raise RuntimeError("[tool.scikit-build.metadata.version] needs base = \"X.Y.Z\"")
+    return f"{base}+{backend_tag()}"

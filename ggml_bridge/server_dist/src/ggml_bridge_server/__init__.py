@@ -1,0 +1,105 @@
+"""llama-server of the pinned llama.cpp with the ggml-bridge patch series (and its web UI), as a wheel.
+
+``get_binary_path()`` gives the path of llama-server (or of another shipped program), ``get_manifest()`` what
+was built from what, and the ``ggml-bridge-server`` console script execs llama-server with its arguments.
+The programs find their libraries in ``lib/`` next to ``bin/`` ($ORIGIN rpath).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["BackendUnavailable", "MissingFileError", "check_backend", "get_binary_path", "get_manifest", "main"]
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+BIN_DIR = PACKAGE_DIR / "bin"
+LIB_DIR = PACKAGE_DIR / "lib"
+REINSTALL = "reinstall the wheel: pip install --force-reinstall ggml-bridge-server (or the .whl file)"
+
+
+class MissingFileError(FileNotFoundError):
+    """A file this wheel installed is gone: the installation is damaged."""
+
+
+class BackendUnavailable(RuntimeError):
+    """The wheel was built for a backend this machine does not have (a CUDA wheel without a GPU)."""
+
+
+def get_manifest() -> dict:
+    """The sources (upstream commit, patch series, web UI hash) and the build (backend, programs) of this wheel."""
+    out = {}
+    for name in ("manifest.json", "build.json"):
+        path = PACKAGE_DIR / name
+        try:
+            data = json.loads(path.read_text())
+        except OSError:
+            raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: {path} is "
+                                   f"missing; {REINSTALL}") from None
+        if name == "build.json":
+            out["build"] = data
+        else:
+            out.update(data)
+    return out
+
+
+def get_binary_path(name: str = "llama-server") -> Path:
+    """Absolute path of a program shipped in this wheel; MissingFileError names what is missing."""
+    path = BIN_DIR / name
+    if not path.is_file():
+        shipped = ", ".join(sorted(p.name for p in BIN_DIR.iterdir())) if BIN_DIR.is_dir() else "nothing"
+        raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: {path} is missing "
+                               f"(bin/ holds: {shipped}); {REINSTALL}")
+    if not os.access(path, os.X_OK):
+        raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: {path} is not "
+                               f"executable; {REINSTALL}")
+    libs = get_manifest()["build"].get("libraries", [])
+    missing = [lib for lib in libs if not any(LIB_DIR.glob(f"lib{lib}.so*"))]
+    if missing:
+        raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: "
+                               f"{', '.join('lib' + m + '.so' for m in missing)} missing from {LIB_DIR}; {REINSTALL}")
+    return path
+
+
+def cuda_devices() -> int | None:
+    """How many CUDA devices the driver reports; None when there is no usable driver (libcuda)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    if cuda.cuInit(0) != 0:
+        return None
+    n = ctypes.c_int(0)
+    if cuda.cuDeviceGetCount(ctypes.byref(n)) != 0:
+        return None
+    return n.value
+
+
+def check_backend() -> str:
+    """The wheel's backend; BackendUnavailable when this machine cannot run it."""
+    build = get_manifest()["build"]
+    backend = build.get("backend", "unknown")
+    if backend == "cuda":
+        n = cuda_devices()
+        if not n:
+            why = "no NVIDIA driver (libcuda.so.1) could be loaded" if n is None else "the driver reports 0 devices"
+            raise BackendUnavailable(f"this ggml-bridge-server wheel ({build.get('version')}) is built for CUDA "
+                                     f"{build.get('cuda_version')}, and this machine has no usable GPU: {why}; "
+                                     "install the CPU wheel (+cpu) here, or run on a machine with an NVIDIA GPU")
+    return backend
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console script: exec llama-server with the given arguments."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        check_backend()
+        path = get_binary_path()
+    except (MissingFileError, BackendUnavailable) as e:
+        print(f"ggml-bridge-server: error: {e}", file=sys.stderr)
+        return 32 if isinstance(e, MissingFileError) else 40
+    os.execv(path, [str(path), *args])
+    return 1  # not reached
