@@ -20,7 +20,7 @@ tar xzf "$tarball" -C "$src" --strip-components=1
 cd "$src"
 
 t0=$(date +%s)
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DLLAMA_USE_PREBUILT_UI=OFF \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DGGML_CUDA_MAPPED_HOST_BRIDGE=ON -DSAM3D_BATCHED_TRANSFERS=ON -DGGML_RPC=ON -Wno-dev > "$variants/cmake-upstream.log" 2>&1
 ninja -C "$build" -j "$jobs" "${targets[@]}" > "$variants/build-upstream.log" 2>&1
