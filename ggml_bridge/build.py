@@ -605,8 +605,9 @@ def ensure_shared(settings: Settings, variants: list[str], *, source_spec: str |
     args = {v: [a for a in cmake_args(settings, patched.path if v == "patched" and patched else tree.path,
                                       "upstream" if v == "upstream-nopeer" else v, backend, tools)
                 if not a.startswith("-DBUILD_SHARED_LIBS=")] + ["-DBUILD_SHARED_LIBS=OFF"] for v in order}
+    ui = uimod.ensure(settings, tree.path)  # the series leaves tools/ui alone: one UI for every variant
     key = build_key(tree, patched.series if patched else None, "shared:" + ",".join(order), backend,
-                    [a for v in order for a in [v, *args[v]]], tools)
+                    [a for v in order for a in [v, *args[v]]], tools, ui)
     root = settings.cache_dir / "builds" / f"shared-{backend}-{key[:16]}"
 
     results = _shared_completed(root, order, backend, key)
@@ -614,7 +615,7 @@ def ensure_shared(settings: Settings, variants: list[str], *, source_spec: str |
         fetchmod.ensure_cache_writable(settings)
         with _locked(root.with_name(root.name + ".lock")):
             results = _shared_completed(root, order, backend, key) or _shared_build(
-                settings, tree, patched, order, backend, key, root, args, tools)
+                settings, tree, patched, order, backend, key, root, args, tools, ui)
     for r in results:
         _write_pointer(latest_path(settings, r.variant, backend), r, key)
     return results
@@ -634,7 +635,7 @@ def _shared_completed(root: Path, order: list[str], backend: str, key: str) -> l
 
 def _shared_build(settings: Settings, tree: fetchmod.Tree, patched: patchmod.PatchedTree | None, order: list[str],
                   backend: str, key: str, root: Path, args: dict[str, list[str]],
-                  tools: Toolchain) -> list[BuildResult]:
+                  tools: Toolchain, ui: uimod.UiAssets) -> list[BuildResult]:
     src, build_dir = root / "src", root / "build"
     build_dir.mkdir(parents=True, exist_ok=True)
     log_file = build_dir / "build.log"
@@ -662,14 +663,16 @@ def _shared_build(settings: Settings, tree: fetchmod.Tree, patched: patchmod.Pat
             configured = args[v]
         if v == "upstream-nopeer":
             if not upstream_built:  # nopeer alone: the upstream objects first
-                _ninja(tools, build_dir, _select_targets(tools, build_dir, log_file), jobs, log_file, env)
+                with uimod.placed(settings, src, ui):
+                    _ninja(tools, build_dir, _select_targets(tools, build_dir, log_file), jobs, log_file, env)
             targets = _select_targets(tools, build_dir, log_file)
             with step(f"upstream-nopeer: recompile ggml-cuda.cu with -DGGML_CUDA_NO_PEER_COPY, relink"):
                 bins = _nopeer_relink(tools, build_dir, root / v / "bin", targets, log_file, env)
         else:
             targets = _select_targets(tools, build_dir, log_file)
-            with step(f"{v}: build {', '.join(targets)} with {jobs} job(s)"):
+            with step(f"{v}: build {', '.join(targets)} with {jobs} job(s)"), uimod.placed(settings, src, ui):
                 _ninja(tools, build_dir, targets, jobs, log_file, env)
+            uimod.check_embedded(build_dir, ui)
             upstream_built = upstream_built or v == "upstream"
             bins = _copy_binaries(build_dir / "bin", root / v / "bin", targets)
         how = {"tree": str(root), "order": order,
@@ -680,7 +683,7 @@ def _shared_build(settings: Settings, tree: fetchmod.Tree, patched: patchmod.Pat
                                    "depends on them"}[v]}
         vargs = args[v] + (["-DGGML_CUDA_NO_PEER_COPY=ON"] if v == "upstream-nopeer" else [])
         results.append(_finish_shared(tree, patched if v == "patched" else None, v, backend, key, root / v, src,
-                                      vargs, tools, bins, how))
+                                      vargs, tools, bins, how, ui))
     return results
 
 
@@ -761,9 +764,9 @@ def _copy_binaries(src_bin: Path, dest_bin: Path, targets: list[str]) -> dict[st
 
 def _finish_shared(tree: fetchmod.Tree, patched: patchmod.PatchedTree | None, variant: str, backend: str, key: str,
                    out_dir: Path, src: Path, args: list[str], tools: Toolchain, binaries: dict[str, Path],
-                   how: dict) -> BuildResult:
+                   how: dict, ui: uimod.UiAssets) -> BuildResult:
     manifest = _manifest(tree, patched.series if patched else None, patched.head if patched else None,
-                         patched.path if patched else src, variant, backend, key, out_dir, args, tools, binaries)
+                         patched.path if patched else src, variant, backend, key, out_dir, args, tools, binaries, ui)
     manifest["shared_tree"] = how
     fetchmod.write_json_atomic(out_dir / "manifest.json", manifest)
     fetchmod.write_json_atomic(out_dir / COMPLETE_MARKER,
