@@ -29,67 +29,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import logparse, rpc, runner
-from .errors import BenchError, RpcError
+from . import logparse, modes, rpc, runner
+from .errors import BenchError, RpcError, UsageError
 from .fetch import file_sha256
 from .runner import log, step
 
-SELECTORS_OFF = {"GGML_CUDA_MAPPED_HOST_BRIDGE": "0", "SAM3D_BATCHED_TRANSFERS": "0"}
-STATS_ON = {"GGML_CUDA_MAPPED_HOST_BRIDGE_STATS": "1", "SAM3D_BATCHED_TRANSFERS_STATS": "1"}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One column of the report: which build, which selectors, and what must be proven."""
-
-    name: str
-    #: build variant: ``upstream``, ``upstream-nopeer`` or ``patched``
-    variant: str
-    #: environment the case runs with (on top of the caller's)
-    env: dict[str, str]
-    #: ``bridge``, ``batched``, ``both`` or None: which engagement lines are required
-    mechanism: str | None
-    #: what the case is, for the report
-    description: str
-    #: the model on one local ggml-rpc-server of the case's build owning every GPU (or the CPU), llama-bench
-    #: with --rpc and no GPU of its own: boundaries between its GPUs are that server's COPY_TENSOR
-    rpc: bool = False
-
-
-CASES: dict[str, Case] = {c.name: c for c in (
-    Case("p2p", "upstream", {"GGML_CUDA_P2P": "1"}, None,
-         "upstream, peer access enabled (NVLink / PCIe P2P)"),
-    Case("staged", "upstream", {}, None,
-         "upstream, cudaMemcpyPeerAsync without peer access (driver-staged)"),
-    Case("nopeer", "upstream-nopeer", {}, None,
-         "upstream GGML_CUDA_NO_PEER_COPY build (synchronous copy through malloc)"),
-    Case("off", "patched", dict(SELECTORS_OFF), None, "patched build, selectors 0"),
-    Case("p2p-patched", "patched", {**SELECTORS_OFF, "GGML_CUDA_P2P": "1"}, None,
-         "patched build, selectors 0, peer access enabled: upstream's P2P path in our binary (a control)"),
-    Case("bridge", "patched", {**SELECTORS_OFF, "GGML_CUDA_MAPPED_HOST_BRIDGE": "1"}, "bridge",
-         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 (peer access not enabled)"),
-    Case("bridge-force", "patched", {**SELECTORS_OFF, "GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "GGML_CUDA_P2P": "1"},
-         "bridge", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force with peer access enabled"),
-    Case("batched", "patched", {**SELECTORS_OFF, "SAM3D_BATCHED_TRANSFERS": "1"}, "batched",
-         "patched, SAM3D_BATCHED_TRANSFERS=1"),
-    Case("both", "patched", {"GGML_CUDA_MAPPED_HOST_BRIDGE": "1", "SAM3D_BATCHED_TRANSFERS": "1"}, "both",
-         "patched, bridge and batched transfers together"),
-    Case("upstream-cpu", "upstream", {}, None, "upstream CPU build"),
-    Case("rpc-staged", "upstream", {}, None,
-         "upstream rpc-server owning every GPU: server-side cudaMemcpyPeer without peer access", rpc=True),
-    Case("rpc-nopeer", "upstream-nopeer", {}, None,
-         "upstream GGML_CUDA_NO_PEER_COPY rpc-server owning every GPU", rpc=True),
-    Case("rpc-off", "patched", dict(SELECTORS_OFF), None, "patched rpc-server owning every GPU, selectors 0",
-         rpc=True),
-    Case("rpc-bridge", "patched", {**SELECTORS_OFF, "GGML_CUDA_MAPPED_HOST_BRIDGE": "1"}, "bridge",
-         "patched rpc-server owning every GPU, GGML_CUDA_MAPPED_HOST_BRIDGE=1: its copies through the bridge",
-         rpc=True),
-)}
+#: A case is a mode of :mod:`modes` (build variant, selectors, which mechanism must engage): one table for the
+#: ladder and the bench. ``rpc`` modes: the model on one local ggml-rpc-server of the case's build owning every
+#: GPU (or the CPU), llama-bench with --rpc and no GPU of its own: boundaries between its GPUs are that
+#: server's COPY_TENSOR.
+Case = modes.Mode
+CASES = modes.MODES
 
 #: Suites: which cases, on which devices, with which model and llama-bench settings.
 SUITES: dict[str, dict[str, Any]] = {
     "multi-gpu": {
-        "cases": ["p2p", "staged", "nopeer", "off", "bridge", "bridge-force"],
+        "cases": ["upstream-p2p", "upstream", "upstream-nopeer", "off", "bridge", "bridge-force-p2p"],
         "shape": "bench-3b", "devices": "all", "pp": 4096, "batch": 4096, "ubatch": [512, 4096], "tg": 128,
         "about": "layer split across every visible GPU: one host round trip per boundary without peer access",
     },
@@ -99,30 +54,30 @@ SUITES: dict[str, dict[str, Any]] = {
         "about": "one GPU: per-token graph inputs and logits, batched through the pinned pool or not",
     },
     "batched-multi": {
-        "cases": ["off", "batched", "bridge", "both"],
+        "cases": ["off", "batched", "bridge", "bridge-batched"],
         "shape": "bench-1b", "devices": "all", "pp": 512, "batch": 512, "ubatch": [512], "tg": 128,
         "about": "layer split: batching composed with the bridge",
     },
     "batched-pipeline": {
-        "cases": ["off", "batched", "bridge", "both"],
+        "cases": ["off", "batched", "bridge", "bridge-batched"],
         "shape": "bench-1b", "devices": "all", "pp": 2048, "batch": 2048, "ubatch": [512], "tg": 0,
         "about": "layer split with pipeline parallelism (4 ubatches per prompt): staged inputs must not stall it",
     },
     # issue 14 item 2: prompt processing with several ubatches in flight on many-device pipelines; batching
     # must make nothing >= 1 % slower (it declines prompt-sized graphs) and keep its token-generation gain
     "batched-pp-6dev": {
-        "cases": ["off", "batched", "bridge", "both"],
+        "cases": ["off", "batched", "bridge", "bridge-batched"],
         "shape": "bench-2b-6l", "devices": "all", "virtual_devices": 6, "pp": "512,4096", "batch": 4096,
         "ubatch": [512], "tg": 128,
         "about": "6 virtual devices on the visible GPUs (one layer each), -sm layer -ub 512 -b 4096: pipeline parallelism",
     },
     "batched-pp-2gpu": {
-        "cases": ["off", "batched", "bridge", "both"],
+        "cases": ["off", "batched", "bridge", "bridge-batched"],
         "shape": "bench-2b-6l", "devices": "all", "pp": "512,4096", "batch": 4096, "ubatch": [512], "tg": 128,
         "about": "2 GPUs, -sm layer -ub 512 -b 4096: pipeline parallelism over two cards",
     },
     "rpc": {
-        "cases": ["rpc-staged", "rpc-nopeer", "rpc-off", "rpc-bridge"],
+        "cases": ["rpc-upstream", "rpc-upstream-nopeer", "rpc-off", "rpc-bridge"],
         "shape": "bench-1b", "devices": "all", "pp": 2048, "batch": 2048, "ubatch": [512, 2048], "tg": 32,
         "about": "one rpc-server on localhost owning every GPU, llama-bench --rpc: the copies between its GPUs "
                  "are server-side (RPC_CMD_COPY_TENSOR); the activations to and from llama-bench cross TCP",
@@ -134,7 +89,7 @@ SUITES: dict[str, dict[str, Any]] = {
                  "thread in both, so the comparison is not about thread counts (the defaults differ)",
     },
     "cpu": {
-        "cases": ["upstream-cpu", "off"],
+        "cases": ["upstream", "off"],
         "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 32,
         "about": "CPU only: the patched build with its selectors off against upstream (the patches must cost nothing)",
     },
@@ -244,12 +199,12 @@ def _test_order(test: str) -> tuple[bool, int, int]:
 
 def engagement(case: Case, log_text: str) -> tuple[bool | None, str]:
     """Did the mechanism the case is about engage? (None when the case proves nothing.)"""
-    if case.mechanism is None:
+    if not case.mechanisms:
         return None, ""
     info = logparse.parse(log_text)
     parts: list[str] = []
     ok = True
-    if case.mechanism in ("bridge", "both"):
+    if "bridge" in case.mechanisms:
         b = info.bridge
         # the stats line is cumulative per process: the last one holds the run's totals
         last = b.stats[-1] if b.stats else {}
@@ -258,7 +213,7 @@ def engagement(case: Case, log_text: str) -> tuple[bool | None, str]:
         parts.append(f"bridge {'enabled' if b.enabled else 'not enabled'} ({b.slots} slots), "
                      f"boundaries={crossed} bytes={last.get('bytes', 0)}"
                      + (f", inactive: {b.inactive_reason}" if b.inactive_reason else ""))
-    if case.mechanism in ("batched", "both"):
+    if "batched" in case.mechanisms:
         t = info.batched
         last = t.stats[-1] if t.stats else {}
         up, down = last.get("async_uploads", 0), last.get("async_downloads", 0)
@@ -275,7 +230,7 @@ def engagement(case: Case, log_text: str) -> tuple[bool | None, str]:
 
 def rpc_engagement(case: Case, topo: rpc.Topology) -> tuple[bool | None, str]:
     """The bridge inside the case's rpc-server: its enabled line and its counters (patch 0006, SIGUSR1)."""
-    if case.mechanism is None:
+    if not case.mechanisms:
         return None, ""
     srv = topo.local[0]
     try:
@@ -320,7 +275,7 @@ def resolve_bins(args: argparse.Namespace, settings: Any, variants: set[str]) ->
             dirs[v] = Path(override)
             continue
         from . import build  # the build stage needs git tooling only when it is used
-        from .errors import NotBuiltError, UsageError
+        from .errors import NotBuiltError
 
         try:
             dirs[v] = build.find_binary(settings, "llama-bench", variant=v).parent
@@ -352,7 +307,7 @@ def run_case(bin_dir: Path, case: Case, model_path: Path, suite: dict[str, Any],
         argv += ["-ngl", "0"]
     if suite.get("threads"):
         argv += ["-t", str(suite["threads"])]
-    env = {**base_env, **STATS_ON, **case.env}
+    env = {**base_env, **modes.STATS_ON, **case.env()}
     err_path = out_dir / f"{case.name}-r{rnd}.log"
     topo = None
     if case.rpc:  # the server gets the GPUs and the selectors, llama-bench neither GPU nor bridge
@@ -392,7 +347,7 @@ def microbench(bin_dir: Path, base_env: dict[str, str], out_dir: Path) -> list[d
         log("    no test-mapped-host-bridge in the patched build: microbenchmark skipped")
         return []
     rows: list[dict[str, Any]] = []
-    for label, extra in (("", {}), ("-p2p", {"GGML_CUDA_P2P": "1"})):
+    for label, extra in (("", {}), ("-p2p", {modes.CUDA_P2P: "1"})):
         res = runner.run([str(exe), "--bench"], env={**base_env, **extra}, check=False, error=BenchError)
         (out_dir / f"microbench{label}.csv").write_text(res.stdout)
         if res.returncode != 0:
@@ -432,7 +387,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines.append("")
     tests = report["tests"]
     names = [c["name"] for c in report["cases"]]
-    refs = [r for r in ("p2p", "nopeer", "off") if r in names]
+    refs = [r for r in ("upstream-p2p", "upstream-nopeer", "off") if r in names]
     head = "| test | " + " | ".join(names) + " | " + " | ".join(f"vs {r}" for r in refs) + " |"
     lines += [head, "|" + "---|" * (1 + len(names) + len(refs))]
     for t in tests:
@@ -493,7 +448,7 @@ def _plot_throughput(plt: Any, report: dict[str, Any], names: list[str], tests: 
         meds = [report["summary"].get(n, {}).get(t, {}).get("median", 0.0) for n in names]
         errs = [(report["summary"].get(n, {}).get(t, {}).get("q3", 0.0)
                  - report["summary"].get(n, {}).get(t, {}).get("q1", 0.0)) / 2 for n in names]
-        ax.bar(range(len(names)), meds, yerr=errs, color=["#6b7280" if n in ("p2p", "staged", "nopeer", "upstream-cpu")
+        ax.bar(range(len(names)), meds, yerr=errs, color=["#6b7280" if n in CASES and not modes.VARIANTS[CASES[n].variant].patched
                                                           else "#0f766e" for n in names])
         ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
         ax.set_title(t)
@@ -574,7 +529,6 @@ def run(args: argparse.Namespace, settings: Any) -> int:
 
 
 def bench(args: argparse.Namespace, settings: Any) -> int:
-    from .errors import UsageError
 
     if args.rounds < 1 or args.reps < 1 or args.warmup_reps < 0:
         raise UsageError(f"bad counts: --rounds {args.rounds}, --reps {args.reps}, --warmup-reps {args.warmup_reps}",
@@ -632,10 +586,14 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
         raise BenchError(f"suite {suite_name} needs 2+ GPUs (found {gpus})",
                          fix="use --virtual-devices N to emulate cards, or --suite batched")
     wanted = args.cases.split(",") if args.cases else suite["cases"]
-    unknown = [c for c in wanted if c not in CASES]
-    if unknown:
-        raise BenchError(f"unknown case(s) {', '.join(unknown)}", fix=f"cases: {', '.join(CASES)}")
-    cases = [CASES[c] for c in wanted]
+    try:  # current names (older ones with a deprecation note, see modes.ALIASES)
+        cases = [modes.lookup(c, "--cases") for c in wanted]
+    except UsageError as e:
+        raise BenchError(e.what, why=e.why, fix=e.fix) from None
+    odd = [c.name for c in cases if c.devices or c.rejected]
+    if odd:
+        raise BenchError(f"mode(s) {', '.join(odd)} are ladder checks, not bench cases",
+                         fix=f"cases: {', '.join(n for n, m in CASES.items() if not (m.devices or m.rejected))}")
 
     bins = resolve_bins(args, settings, {c.variant for c in cases})
     runnable = [c for c in cases if c.variant in bins]
@@ -646,11 +604,11 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
         raise BenchError("no case can run: no build of any variant it needs",
                          fix="build them (ggml-bridge build --variant ...) or pass --variants-dir")
 
-    base_env: dict[str, str] = {"NCCL_NVLS_ENABLE": "0"}
+    base_env: dict[str, str] = {modes.NCCL_NVLS: "0"}
     if suite["devices"] == "1":
         base_env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     if virtual_devices:
-        base_env["GGML_CUDA_DEVICES"] = str(virtual_devices)
+        base_env[modes.CUDA_DEVICES] = str(virtual_devices)
 
     cache_dir = Path(getattr(settings, "cache_dir"))
     if args.model is not None:
@@ -707,7 +665,7 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
                 summary.setdefault(name, {})[t] = asdict(summarize(name, t, vals))
     usable = [n for n in names if n not in failed and n not in not_engaged]
     ratios: dict[str, dict[str, dict[str, Any]]] = {}
-    for ref in ("p2p", "nopeer", "off", "staged", "rpc-nopeer", "rpc-staged", "rpc-off"):
+    for ref in ("upstream-p2p", "upstream-nopeer", "off", "upstream", "rpc-upstream-nopeer", "rpc-upstream", "rpc-off"):
         if ref not in usable:
             continue
         for n in usable:
@@ -732,10 +690,10 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
         "time_budget": args.time_budget, "reps": args.reps, "warmup_reps": args.warmup_reps,
         "cpus": args.cpus,
         "settings": {k: suite[k] for k in ("pp", "batch", "ubatch", "tg", "devices")}
-        | ({"GGML_CUDA_DEVICES": virtual_devices} if virtual_devices else {}),
+        | ({modes.CUDA_DEVICES: virtual_devices} if virtual_devices else {}),
         "model": {"shape": suite["shape"] if args.model is None else "user", "path": str(model_path)},
         "environment": gpu_env(),
-        "cases": [{"name": c.name, "variant": c.variant, "env": c.env, "description": c.description,
+        "cases": [{"name": c.name, "variant": c.variant, "env": c.env(), "description": c.about,
                    "bin_dir": str(bins[c.variant]), "llama_bench_sha256": file_sha256(bins[c.variant] / "llama-bench"),
                    "engagement": next((r.engagement for r in reversed(runs) if r.case == c.name), "")}
                   for c in runnable],

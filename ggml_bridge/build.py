@@ -20,7 +20,7 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from . import __version__
+from . import __version__, modes
 from . import fetch as fetchmod
 from . import patch as patchmod
 from . import ui as uimod
@@ -35,11 +35,7 @@ WANTED_TARGETS = (
 )
 REQUIRED_TARGETS = ("llama-server",)
 #: CMake options each variant adds (DESIGN.md "Build variants").
-VARIANT_OPTIONS: dict[str, dict[str, str]] = {
-    "patched": {"GGML_CUDA_MAPPED_HOST_BRIDGE": "ON", "SAM3D_BATCHED_TRANSFERS": "ON"},
-    "upstream": {},
-    "upstream-nopeer": {"GGML_CUDA_NO_PEER_COPY": "ON"},
-}
+VARIANT_OPTIONS: dict[str, dict[str, str]] = {v.name: dict(v.cmake) for v in modes.VARIANTS.values()}
 #: Turned OFF when the tree's CMakeLists mention them. The web UI is never built by CMake (npm) nor downloaded
 #: (LLAMA_USE_PREBUILT_UI): :mod:`ggml_bridge.ui` builds it from the tree and places it where upstream embeds it.
 OFF_IF_PRESENT = ("LLAMA_BUILD_TESTS", "LLAMA_BUILD_EXAMPLES", "LLAMA_CURL", "LLAMA_OPENSSL", "LLAMA_BUILD_UI",

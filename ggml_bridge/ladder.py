@@ -5,21 +5,26 @@ in CI, ``ladders/cuda.toml`` on GPU machines). Each rung names a model shape (ge
 cached: :mod:`model`), the devices, ubatch/batch sizes and the *modes* to compare. A mode is a binary
 (patched or upstream build) plus selector values:
 
-=============  =========  ==============================  ========================
-mode           binaries   GGML_CUDA_MAPPED_HOST_BRIDGE    SAM3D_BATCHED_TRANSFERS
-=============  =========  ==============================  ========================
-upstream       upstream   (unset)                         (unset)
-off            patched    0                               0
-bridge         patched    1                               0
-bridge-force   patched    force                           0
-batched        patched    0                               1
-both           patched    force                           1
-bridge-typo    patched    yes (and _CHUNK_KIB=abc)        0
-off-1gpu       patched    0                               0        (on one GPU whatever the rung's devices)
-rpc-off        patched    0                               0        (over local rpc-servers)
-rpc-bridge     patched    1                               0        (over local rpc-servers)
-rpc-upstream   upstream   (unset)                         (unset)  (over local rpc-servers)
-=============  =========  ==============================  ========================
+==================== =========  ==============================  ========================
+mode                 binaries   GGML_CUDA_MAPPED_HOST_BRIDGE    SAM3D_BATCHED_TRANSFERS
+==================== =========  ==============================  ========================
+upstream             upstream   (unset)                         (unset)
+off                  patched    0                               0
+bridge               patched    1                               0
+bridge-force         patched    force                           0
+batched              patched    0                               1
+bridge-batched       patched    1                               1
+bridge-force-batched patched    force                           1
+bridge-typo          patched    yes (and _CHUNK_KIB=abc)        0
+off-1gpu             patched    0                               0        (on one GPU whatever the rung's devices)
+rpc-off              patched    0                               0        (over local rpc-servers)
+rpc-bridge           patched    1                               0        (over local rpc-servers)
+rpc-upstream         upstream   (unset)                         (unset)  (over local rpc-servers)
+==================== =========  ==============================  ========================
+
+The table is :data:`ggml_bridge.modes.MODES` (shared with the bench); the ladder runs the modes of the
+patched and upstream builds. ``both`` (bridge=force with batching here, bridge=1 in the bench) is refused
+with both new names.
 
 An ``rpc-*`` mode starts one ``ggml-rpc-server`` per entry of the rung's ``rpc_servers`` (each a device list,
 e.g. ``[["CPU"], ["CPU"]]`` or ``[["CUDA0", "CUDA1"]]``) with the rung's GPUs and the mode's selectors, and
@@ -67,8 +72,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from . import logparse, model, rpc, runner, serve
-from .errors import FatalError, LadderSetupError, RpcError, ServeError
+from . import logparse, model, modes, rpc, runner, serve
+from .modes import MODES, VARIANTS, Mode
+from .errors import FatalError, LadderSetupError, RpcError, ServeError, UsageError
 from .runner import log
 
 if sys.version_info >= (3, 11):
@@ -76,46 +82,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-
-@dataclass(frozen=True)
-class Mode:
-    name: str
-    variant: str            # "patched" | "upstream"
-    bridge: str | None      # serve.BRIDGE_VALUES key
-    batched: str | None     # serve.BATCHED_VALUES key
-    rejected: tuple[tuple[str, str], ...] = ()  # selector values the binaries must reject, in every process
-    rpc: bool = False       # the model on the rung's local rpc-servers
-    devices: int | None = None  # GPUs of this mode, instead of the rung's
-
-    @property
-    def uses_bridge(self) -> bool:
-        return self.bridge in ("on", "force")
-
-    @property
-    def uses_batched(self) -> bool:
-        return self.batched == "on"
-
-    def env(self) -> dict[str, str]:
-        if self.variant == "upstream":
-            return {}
-        return {**serve.selector_env(self.bridge, self.batched, stats=True), **dict(self.rejected)}
-
-
-MODES: dict[str, Mode] = {
-    "upstream": Mode("upstream", "upstream", None, None),
-    "off": Mode("off", "patched", "off", "off"),
-    "bridge": Mode("bridge", "patched", "on", "off"),
-    "bridge-force": Mode("bridge-force", "patched", "force", "off"),
-    "batched": Mode("batched", "patched", "off", "on"),
-    "both": Mode("both", "patched", "force", "on"),
-    # typos: the bridge stays off and says so in every process, also past llama.cpp's fitting probe (-fit)
-    "bridge-typo": Mode("bridge-typo", "patched", None, "off",
-                        rejected=(("GGML_CUDA_MAPPED_HOST_BRIDGE", "yes"), ("GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB", "abc"))),
-    "off-1gpu": Mode("off-1gpu", "patched", "off", "off", devices=1),
-    "rpc-off": Mode("rpc-off", "patched", "off", "off", rpc=True),
-    "rpc-bridge": Mode("rpc-bridge", "patched", "on", "off", rpc=True),
-    "rpc-upstream": Mode("rpc-upstream", "upstream", None, None, rpc=True),
-}
 
 EXPECT_VALUES = ("engaged", "inactive", "either")
 SPLIT_MODES = ("none", "layer", "row", "tensor")
@@ -217,13 +183,17 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
         r = Rung(**merged)
     except TypeError as e:
         raise LadderSetupError(f"{where}: {e}") from None
-    r.modes = [str(m) for m in _as_list(r.modes)]
-    bad = [m for m in r.modes if m not in MODES]
-    if bad:
-        raise LadderSetupError(f"{where} ({r.name}): unknown mode(s) {', '.join(bad)}",
-                               fix=f"modes are {', '.join(MODES)}")
-    if r.reference not in MODES:
-        raise LadderSetupError(f"{where} ({r.name}): unknown reference mode {r.reference!r}")
+    try:  # current names (older ones with a deprecation note, see modes.ALIASES)
+        r.modes = [modes.canonical(str(m), f"{where} ({r.name})") for m in _as_list(r.modes)]
+        r.reference = modes.canonical(str(r.reference), f"{where} ({r.name}) reference")
+        r.expect = {modes.canonical(str(k), f"{where} ({r.name}) expect"): v for k, v in dict(r.expect).items()}
+    except UsageError as e:
+        raise LadderSetupError(e.what, why=e.why, fix=e.fix) from None
+    other = [m for m in r.modes if MODES[m].variant not in ("patched", "upstream")]
+    if other:
+        raise LadderSetupError(f"{where} ({r.name}): mode(s) {', '.join(other)} need the "
+                               f"{MODES[other[0]].variant} build", why="the ladder compares the patched and "
+                               "upstream builds only", fix="use modes of those two builds")
     if r.reference not in r.modes:
         r.modes.insert(0, r.reference)
     if len(r.modes) < 2:
@@ -505,7 +475,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
     def tot(stats: list[dict[str, int]], key: str) -> int:
         return sum(s.get(key, 0) for s in stats)
 
-    if mode.variant == "upstream":
+    if not VARIANTS[mode.variant].patched:
         for proc, info in logs.items():
             if info.bridge.seen or info.batched.seen or info.bridge.stats or info.batched.stats:
                 problems.append(f"{proc}: the upstream binary printed patch log lines: it is not an unpatched build")
@@ -683,7 +653,7 @@ def _device_env(rung: Rung) -> dict[str, str]:
             raise LadderSetupError(f"rung {rung.name} needs {rung.devices} GPUs; CUDA_VISIBLE_DEVICES={visible}")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[:rung.devices])
         if rung.virtual_devices:
-            env["GGML_CUDA_DEVICES"] = str(rung.virtual_devices)
+            env[modes.CUDA_DEVICES] = str(rung.virtual_devices)
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
@@ -794,7 +764,7 @@ def validate_rpc(mode: Mode, servers: dict[str, logparse.RpcServerInfo]) -> dict
         gpus = [d for d in info.devices if d.startswith("CUDA")]
         c = info.latest
         summary[ep] = {"devices": info.devices, "counters": c, "bridge_enabled": info.bridge.enabled}
-        if mode.variant == "upstream":
+        if not VARIANTS[mode.variant].patched:
             if info.state is not None or info.bridge.seen:
                 problems.append(f"rpc-server {ep}: the upstream binary printed patch lines")
             continue

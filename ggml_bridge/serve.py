@@ -30,17 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import logparse, rpc, runner
+from . import logparse, modes, rpc, runner
 from .errors import NotBuiltError, ServeError, UsageError
 from .runner import log
 
-BRIDGE_VAR = "GGML_CUDA_MAPPED_HOST_BRIDGE"
-BRIDGE_STATS_VAR = "GGML_CUDA_MAPPED_HOST_BRIDGE_STATS"
-BATCHED_VAR = "SAM3D_BATCHED_TRANSFERS"
-BATCHED_STATS_VAR = "SAM3D_BATCHED_TRANSFERS_STATS"
-
-BRIDGE_VALUES = {"on": "1", "off": "0", "force": "force"}
-BATCHED_VALUES = {"on": "1", "off": "0"}
+# the selectors and their values are defined once, in modes.py
+BRIDGE_VAR, BRIDGE_STATS_VAR = modes.BRIDGE, modes.BRIDGE_STATS
+BATCHED_VAR, BATCHED_STATS_VAR = modes.BATCHED, modes.BATCHED_STATS
+BRIDGE_VALUES, BATCHED_VALUES = modes.BRIDGE_VALUES, modes.BATCHED_VALUES
+selector_env = modes.selector_env
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -67,23 +65,6 @@ def with_verbosity(args: Sequence[str], env: Mapping[str, str] | None = None) ->
         return args, int(given)
     except ValueError:
         return args, 0
-
-
-def selector_env(bridge: str | None, batched: str | None, *, stats: bool = True) -> dict[str, str]:
-    """Environment for the selectors. ``None`` leaves a selector unset (the build's default)."""
-    env: dict[str, str] = {}
-    if bridge is not None:
-        if bridge not in BRIDGE_VALUES:
-            raise UsageError(f"--bridge must be one of {', '.join(BRIDGE_VALUES)}, not {bridge!r}")
-        env[BRIDGE_VAR] = BRIDGE_VALUES[bridge]
-    if batched is not None:
-        if batched not in BATCHED_VALUES:
-            raise UsageError(f"--batched must be one of {', '.join(BATCHED_VALUES)}, not {batched!r}")
-        env[BATCHED_VAR] = BATCHED_VALUES[batched]
-    if stats:
-        env[BRIDGE_STATS_VAR] = "1"
-        env[BATCHED_STATS_VAR] = "1"
-    return env
 
 
 def _arg_value(args: Sequence[str], *names: str) -> str | None:

@@ -120,15 +120,15 @@ def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     rep = json.loads((report_dir / "bench.json").read_text())
     assert rep["not_engaged"] == [] and rep["failed"] == []
     s = rep["summary"]
-    assert s["p2p"]["pp4096/ub512"]["median"] == pytest.approx(100.0)
-    assert s["nopeer"]["pp4096/ub4096"]["median"] == pytest.approx(50.0)
+    assert s["upstream-p2p"]["pp4096/ub512"]["median"] == pytest.approx(100.0)
+    assert s["upstream-nopeer"]["pp4096/ub4096"]["median"] == pytest.approx(50.0)
     assert s["bridge"]["pp4096/ub512"]["n"] == 9   # 3 rounds x 3 samples
     r = rep["ratios"]
-    assert r["p2p"]["bridge"]["pp4096/ub512"]["ratio"] == pytest.approx(0.97)
-    assert r["p2p"]["bridge"]["pp4096/ub512"]["noise"] is False
-    assert r["nopeer"]["bridge"]["pp4096/ub512"]["ratio"] == pytest.approx(97.0 / 50.0)
+    assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["ratio"] == pytest.approx(0.97)
+    assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["noise"] is False
+    assert r["upstream-nopeer"]["bridge"]["pp4096/ub512"]["ratio"] == pytest.approx(97.0 / 50.0)
     # off (99) vs p2p (100) with IQR 0.25 each: 1.0 apart is outside the spreads
-    assert r["p2p"]["off"]["tg128"]["ratio"] == pytest.approx(0.99)
+    assert r["upstream-p2p"]["off"]["tg128"]["ratio"] == pytest.approx(0.99)
     # engagement proof is the last (cumulative) stats line
     bridge_case = next(c for c in rep["cases"] if c["name"] == "bridge")
     assert "boundaries=20" in bridge_case["engagement"]
@@ -137,8 +137,8 @@ def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     assert paths == {"bridge", "peer", "peer-p2p", "sync-malloc", "d2h", "h2d"}
     md = (report_dir / "bench.md").read_text()
     assert "| pp4096/ub512 |" in md and "bridge 0.970 (paired 0.970)" in md and "Boundary copy throughput" in md
-    assert r["p2p"]["bridge"]["pp4096/ub512"]["paired"] == pytest.approx(0.97)
-    assert r["p2p"]["bridge"]["pp4096/ub512"]["paired_rounds"] == 3
+    assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["paired"] == pytest.approx(0.97)
+    assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["paired_rounds"] == 3
     assert (report_dir / "throughput.png").stat().st_size > 1000
     assert (report_dir / "microbench.png").stat().st_size > 1000
 
@@ -147,19 +147,19 @@ def test_not_engaged_bridge_fails_and_is_reported(variants, env, tmp_path, monke
     monkeypatch.setenv("FAKE_NO_ENGAGE", "1")
     report_dir = tmp_path / "r"
     args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=report_dir,
-                 cases="p2p,bridge", microbench=False)
+                 cases="upstream-p2p,bridge", microbench=False)
     with pytest.raises(BenchError, match="did not engage"):
         bench.bench(args, env.settings)
     rep = json.loads((report_dir / "bench.json").read_text())
     assert rep["not_engaged"] == ["bridge"]
-    assert "bridge" not in rep["ratios"].get("p2p", {})
+    assert "bridge" not in rep["ratios"].get("upstream-p2p", {})
     assert "inactive: single device" in rep["cases"][1]["engagement"]
 
 
 def test_failed_case_is_an_error(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "nopeer")
     args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r",
-                 cases="p2p,nopeer", microbench=False)
+                 cases="upstream-p2p,upstream-nopeer", microbench=False)
     with pytest.raises(BenchError, match="nopeer"):
         bench.bench(args, env.settings)
 
@@ -186,7 +186,7 @@ def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
     args.variants_dir = None
     assert bench.bench(args, env.settings) == 0
     args = _args(bin_dir_patched=variants / "patched", model=env.model, rounds=1, reps=1,
-                 report=tmp_path / "r2", cases="p2p,bridge", microbench=False,
+                 report=tmp_path / "r2", cases="upstream-p2p,bridge", microbench=False,
                  bin_dir_upstream=tmp_path / "nothing-here")
     with pytest.raises(BenchError, match="llama-bench not found"):
         bench.bench(args, env.settings)
@@ -235,16 +235,16 @@ def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monke
 
     monkeypatch.setattr(build, "find_binary", find_binary)
     monkeypatch.setattr(build, "ensure", ensure)
-    args = _args(model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases="p2p,bridge", microbench=False)
+    args = _args(model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases="upstream-p2p,bridge", microbench=False)
     assert bench.bench(args, env.settings) == 0
     assert built == ["patched"]
 
     built.clear()
-    args = _args(model=env.model, rounds=1, reps=1, report=tmp_path / "r2", cases="p2p,bridge", microbench=False,
+    args = _args(model=env.model, rounds=1, reps=1, report=tmp_path / "r2", cases="upstream-p2p,bridge", microbench=False,
                  build=False)
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r2" / "bench.json").read_text())
-    assert built == [] and [c["name"] for c in rep["cases"]] == ["p2p"]
+    assert built == [] and [c["name"] for c in rep["cases"]] == ["upstream-p2p"]
     assert any("bridge: no patched build" in s for s in rep["skipped"])
 
 
@@ -268,21 +268,21 @@ def test_paired_ratio_cancels_drift_between_rounds():
 def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_COLD_FIRST", "1")
     report_dir = tmp_path / "report"
-    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=2, report=report_dir, cases="p2p,bridge",
+    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=2, report=report_dir, cases="upstream-p2p,bridge",
                  microbench=False)
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((report_dir / "bench.json").read_text())
     assert rep["warmup_reps"] == 1
-    pp = [x for x in rep["samples"] if x["case"] == "p2p" and x["test"] == "pp4096/ub512"][0]
+    pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
     # llama-bench ran 3 repetitions; the cold first one (50.0) is gone, the two kept are full speed
     assert pp["values"] == pytest.approx([100.0, 100.25])
     assert "after 1 discarded" in (report_dir / "bench.md").read_text()
 
-    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=2, report=tmp_path / "r0", cases="p2p",
+    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=2, report=tmp_path / "r0", cases="upstream-p2p",
                  microbench=False, warmup_reps=0)
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r0" / "bench.json").read_text())
-    pp = [x for x in rep["samples"] if x["case"] == "p2p" and x["test"] == "pp4096/ub512"][0]
+    pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
     assert pp["values"] == pytest.approx([50.0, 100.0])   # without warm-up the cold repetition counts
 
 
@@ -298,7 +298,7 @@ def test_cpus_pin_every_case_and_are_restored(variants, env, tmp_path):
     import os
     mine = os.sched_getaffinity(0)
     one = min(mine)
-    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases="p2p,bridge",
+    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases="upstream-p2p,bridge",
                  microbench=False, cpus=str(one))
     assert bench.bench(args, env.settings) == 0
     lines = env.order.read_text().splitlines()
@@ -323,13 +323,13 @@ def test_parse_cpu_list():
 
 
 def test_ubatch_and_tg_override_the_suite(variants, env, tmp_path):
-    args = _args(variants_dir=variants, model=env.model, rounds=2, reps=1, report=tmp_path / "r", cases="p2p,bridge",
+    args = _args(variants_dir=variants, model=env.model, rounds=2, reps=1, report=tmp_path / "r", cases="upstream-p2p,bridge",
                  microbench=False, ubatch="4096", tg=0)
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
     assert rep["tests"] == ["pp4096/ub4096"]          # no ub512, no tg: shorter processes
     assert rep["settings"]["ubatch"] == [4096] and rep["settings"]["tg"] == 0
-    assert rep["ratios"]["p2p"]["bridge"]["pp4096/ub4096"]["ratio"] == pytest.approx(0.97)
+    assert rep["ratios"]["upstream-p2p"]["bridge"]["pp4096/ub4096"]["ratio"] == pytest.approx(0.97)
 
 
 @pytest.mark.parametrize("kw", [dict(ubatch="0"), dict(ubatch="x"), dict(ubatch=""), dict(tg=-1)])
@@ -341,7 +341,7 @@ def test_bad_ubatch_or_tg_are_usage_errors(variants, env, tmp_path, kw):
 
 
 def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
-    args = _args(variants_dir=variants, model=env.model, rounds=5, reps=1, report=tmp_path / "r", cases="p2p,bridge",
+    args = _args(variants_dir=variants, model=env.model, rounds=5, reps=1, report=tmp_path / "r", cases="upstream-p2p,bridge",
                  microbench=False, time_budget=1e-6)
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
@@ -352,7 +352,7 @@ def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
     assert "stopped early" in (tmp_path / "r" / "bench.md").read_text()
     assert all(r["started"] > 0 for r in rep["runs"])
     # a budget that is never reached runs every round and says nothing
-    args = _args(variants_dir=variants, model=env.model, rounds=3, reps=1, report=tmp_path / "r2", cases="p2p",
+    args = _args(variants_dir=variants, model=env.model, rounds=3, reps=1, report=tmp_path / "r2", cases="upstream-p2p",
                  microbench=False, time_budget=3600)
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r2" / "bench.json").read_text())
@@ -370,9 +370,9 @@ def test_bad_time_budget_is_a_usage_error(variants, env, tmp_path, budget):
 
 def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, env, tmp_path):
     args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r",
-                 cases="p2p,p2p-patched", microbench=False)
+                 cases="upstream-p2p,off-p2p", microbench=False)
     assert bench.bench(args, env.settings) == 0
     lines = env.order.read_text().splitlines()
     assert any(x.startswith("patched bridge=0 p2p=1 batched=0") for x in lines)
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
-    assert rep["ratios"]["p2p"]["p2p-patched"]["pp4096/ub512"]["ratio"] == pytest.approx(0.99)
+    assert rep["ratios"]["upstream-p2p"]["off-p2p"]["pp4096/ub512"]["ratio"] == pytest.approx(0.99)

@@ -79,7 +79,7 @@ def test_cuda_ladder_covers_the_rigs_and_boundary_sizes():
     assert any(s == 64 << 20 for s in sizes)
     for r in lad.rungs:
         if r.multi_device and not r.rpc_servers:  # the RPC rungs: tests/test_rpc.py
-            assert {"bridge", "bridge-force", "batched", "both", "upstream"} <= set(r.modes)
+            assert {"bridge", "bridge-force", "batched", "bridge-force-batched", "upstream"} <= set(r.modes)
 
 
 @pytest.mark.parametrize("body,match", [
@@ -329,7 +329,7 @@ backend = "cuda"
 [defaults]
 {MICRO}
 reference = "off"
-modes = ["off", "upstream", "bridge", "bridge-force", "batched", "both"]
+modes = ["off", "upstream", "bridge", "bridge-force", "batched", "bridge-force-batched"]
 devices = 2
 ubatch = 8
 batch = 16
@@ -346,23 +346,23 @@ def test_fake_gpu_ladder_passes(env, capsys):
     assert rc == 0, r["problems"]
     assert rep["status"] == "pass" and r["status"] == "pass"
     ref = r["modes"]["off"]
-    for name in ("upstream", "bridge", "bridge-force", "batched", "both"):
+    for name in ("upstream", "bridge", "bridge-force", "batched", "bridge-force-batched"):
         m = r["modes"][name]
         assert m["responses"]["sha256"] == ref["responses"]["sha256"]
         assert m["logits"]["sha256"] == ref["logits"]["sha256"]
         assert m["compare"]["logits"]["identical"] and m["compare"]["logits"]["bytes_compared"] == ref["logits"]["bytes"]
         assert m["compare"]["responses"]["identical"]
         assert m["wall_s"] > 0
-    assert r["modes"]["both"]["validity"]["bridge"]["boundaries"] == 14  # server + perplexity
+    assert r["modes"]["bridge-force-batched"]["validity"]["bridge"]["boundaries"] == 14  # server + perplexity
     assert r["modes"]["batched"]["validity"]["batched"]["async_uploads"] == 8
     assert r["modes"]["bridge"]["selectors"]["GGML_CUDA_MAPPED_HOST_BRIDGE"] == "1"
     assert "| two-gpus |" in md and "PASS" in md
-    assert "[1/1] two-gpus: off vs upstream, bridge, bridge-force, batched, both: PASS" in capsys.readouterr().err
+    assert "[1/1] two-gpus: off vs upstream, bridge, bridge-force, batched, bridge-force-batched: PASS" in capsys.readouterr().err
     assert not list((env.tmp / "report").rglob("logits.bin"))  # removed after a pass
 
 
 def test_fake_gpu_ladder_requires_the_rejection_in_every_process(env, monkeypatch):
-    body = GPU_LADDER.replace('modes = ["off", "upstream", "bridge", "bridge-force", "batched", "both"]',
+    body = GPU_LADDER.replace('modes = ["off", "upstream", "bridge", "bridge-force", "batched", "bridge-force-batched"]',
                               'modes = ["off", "bridge-typo"]')
     rc, rep, _ = run_ladder(env, body)
     r = rep["rungs"][0]
@@ -381,7 +381,7 @@ def test_fake_mismatch_exits_1_with_first_difference(env):
     rc, rep, md = run_ladder(env, body)
     r = rep["rungs"][0]
     assert rc == 1 and rep["status"] == "fail" and r["status"] == "mismatch"
-    for name in ("batched", "both"):
+    for name in ("batched", "bridge-force-batched"):
         c = r["modes"][name]["compare"]
         assert not c["responses"]["identical"] and not c["logits"]["identical"]
         assert c["logits"]["first_difference"]["token_record"] == 3
@@ -541,8 +541,8 @@ def test_per_mode_expectations(tmp_path):
     inactive = "ggml_cuda_mapped_host_bridge: inactive: peer access is direct\n" + DEV2
     assert v("bridge", r, server=inactive)["ok"]
     assert not v("bridge-force", r, server=inactive)["ok"]
-    with pytest.raises(LadderSetupError, match="expect.both"):
-        ladder.load_ladder(write_ladder(tmp_path / "m.toml", body.replace("bridge = 'either'", "both = 'either'")))
+    with pytest.raises(LadderSetupError, match="expect.batched"):  # a mode the rung does not run
+        ladder.load_ladder(write_ladder(tmp_path / "m.toml", body.replace("bridge = 'either'", "batched = 'either'")))
     with pytest.raises(LadderSetupError, match="expect.bridge"):
         ladder.load_ladder(write_ladder(tmp_path / "n.toml", body.replace("'either'", "'maybe'")))
 

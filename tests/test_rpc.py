@@ -416,14 +416,14 @@ def test_bench_rpc_suite(bench_env):
     assert bench.bench(args, bench_env.settings) == 0
     rep = json.loads((out / "bench.json").read_text())
     assert rep["not_engaged"] == [] and rep["failed"] == []
-    assert set(rep["summary"]) == {"rpc-staged", "rpc-nopeer", "rpc-off", "rpc-bridge"}
+    assert set(rep["summary"]) == {"rpc-upstream", "rpc-upstream-nopeer", "rpc-off", "rpc-bridge"}
     eng = next(c for c in rep["cases"] if c["name"] == "rpc-bridge")["engagement"]
     assert "rpc-server bridge enabled, boundaries=7" in eng
-    assert rep["ratios"]["rpc-staged"]["rpc-bridge"]
+    assert rep["ratios"]["rpc-upstream"]["rpc-bridge"]
     calls = (bench_env.tmp / "rpc-order.txt").read_text().splitlines()
     assert len(calls) == 8 and all("cvd=''" in c and "--rpc 127.0.0.1:" in c and "-ngl 99" in c for c in calls)
     # every case's own build served it: an upstream rpc-server for the upstream cases
-    logs = sorted(out.glob("**/rpc-staged-r*-rpc-server.log"))
+    logs = sorted(out.glob("**/rpc-upstream-r*-rpc-server.log"))
     assert logs and all(logparse.parse_rpc(p.read_text()).state is None for p in logs)
 
 

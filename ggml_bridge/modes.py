@@ -1,0 +1,180 @@
+"""Selectors, build variants and modes: the one table ladder, bench, serve and build derive from.
+
+*Selectors* are the environment variables the patched build reads (docs/DESIGN.md, "Runtime selectors").
+A *build variant* is (our series applied or not) + CMake options. A *mode* is a variant plus selector values
+plus which mechanism must prove that it engaged: the ladder compares modes byte for byte, the bench measures
+them side by side, ``serve --bridge/--batched`` sets the same selectors.
+
+Mode names say what they set: ``upstream*`` run the unpatched build, ``off`` the patched one with both
+selectors 0, ``bridge`` = ``GGML_CUDA_MAPPED_HOST_BRIDGE=1``, ``bridge-force`` = ``force``, ``batched`` =
+``SAM3D_BATCHED_TRANSFERS=1``, ``*-p2p`` add ``GGML_CUDA_P2P=1`` (peer access enabled), ``rpc-*`` put the model
+on local ``ggml-rpc-server`` processes. Older names are accepted with a deprecation note (:data:`ALIASES`);
+``both`` meant bridge=force in the ladder and bridge=1 in the bench, so it is refused with both new names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from .errors import UsageError
+from .runner import log
+
+# --- selectors (environment variables the patched build reads) --------------------------------------------
+
+BRIDGE = "GGML_CUDA_MAPPED_HOST_BRIDGE"                       # 0|1|force
+BRIDGE_CHUNK_KIB = "GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB"   # 64..65536
+BRIDGE_STRATEGY = "GGML_CUDA_MAPPED_HOST_BRIDGE_STRATEGY"     # stream|dual
+BRIDGE_STATS = "GGML_CUDA_MAPPED_HOST_BRIDGE_STATS"           # 0|1: stats line at teardown
+BRIDGE_TRACE = "GGML_CUDA_MAPPED_HOST_BRIDGE_TRACE"           # 0|1: one line per routed slot span
+BATCHED = "SAM3D_BATCHED_TRANSFERS"                           # 0|1
+BATCHED_STATS = "SAM3D_BATCHED_TRANSFERS_STATS"               # 0|1: stats line at context teardown
+RPC_STATS_INTERVAL = "GGML_BRIDGE_RPC_STATS_INTERVAL"         # seconds between ggml-rpc-server counter lines
+#: upstream's own variables the modes and suites set
+CUDA_P2P = "GGML_CUDA_P2P"                                    # 1: enable peer access between the GPUs
+CUDA_DEVICES = "GGML_CUDA_DEVICES"                            # N: emulate N cards on the visible GPUs
+NCCL_NVLS = "NCCL_NVLS_ENABLE"                                # 0 on the lent machines (NVLink multicast off)
+
+#: ``--bridge`` / ``--batched`` words -> selector values
+BRIDGE_VALUES = {"on": "1", "off": "0", "force": "force"}
+BATCHED_VALUES = {"on": "1", "off": "0"}
+#: both selectors 0, and both counters on
+SELECTORS_OFF = {BRIDGE: "0", BATCHED: "0"}
+STATS_ON = {BRIDGE_STATS: "1", BATCHED_STATS: "1"}
+
+
+def selector_env(bridge: str | None, batched: str | None, *, stats: bool = True) -> dict[str, str]:
+    """Environment for the selectors. ``None`` leaves a selector unset (the build's default)."""
+    env: dict[str, str] = {}
+    if bridge is not None:
+        if bridge not in BRIDGE_VALUES:
+            raise UsageError(f"--bridge must be one of {', '.join(BRIDGE_VALUES)}, not {bridge!r}")
+        env[BRIDGE] = BRIDGE_VALUES[bridge]
+    if batched is not None:
+        if batched not in BATCHED_VALUES:
+            raise UsageError(f"--batched must be one of {', '.join(BATCHED_VALUES)}, not {batched!r}")
+        env[BATCHED] = BATCHED_VALUES[batched]
+    if stats:
+        env.update(STATS_ON)
+    return env
+
+
+# --- build variants ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    patched: bool                      # our series applied
+    cmake: Mapping[str, str]           # CMake options the variant adds (every variant adds -DGGML_RPC=ON)
+    subdir: str                        # its folder under bench's --variants-dir
+    about: str
+
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("patched", True, {BRIDGE: "ON", BATCHED: "ON"}, "patched", "our series applied, both mechanisms compiled in"),
+    Variant("upstream", False, {}, "upstream", "no patches: the reference for 'the patches change nothing'"),
+    Variant("upstream-nopeer", False, {"GGML_CUDA_NO_PEER_COPY": "ON"}, "nopeer",
+            "no patches, GGML_CUDA_NO_PEER_COPY (synchronous copy through malloc; CUDA only)"),
+)}
+
+
+# --- modes ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    variant: str                                # a VARIANTS key
+    bridge: str | None                          # a BRIDGE_VALUES key; None: unset
+    batched: str | None                         # a BATCHED_VALUES key; None: unset
+    about: str
+    p2p: bool = False                           # GGML_CUDA_P2P=1
+    rejected: tuple[tuple[str, str], ...] = ()  # invalid selector values every process must report rejected
+    rpc: bool = False                           # the model on local ggml-rpc-servers (they get GPUs and selectors)
+    devices: int | None = None                  # GPUs of this mode, instead of the rung's (ladder)
+
+    @property
+    def uses_bridge(self) -> bool:
+        return self.bridge in ("on", "force")
+
+    @property
+    def uses_batched(self) -> bool:
+        return self.batched == "on"
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        """Which mechanisms must prove that they engaged: ``()``, ``("bridge",)``, ``("batched",)`` or both."""
+        return (("bridge",) if self.uses_bridge else ()) + (("batched",) if self.uses_batched else ())
+
+    def env(self, *, stats: bool = True) -> dict[str, str]:
+        """The mode's environment: selectors (with their counters when ``stats``) for a patched variant,
+        GGML_CUDA_P2P for the *-p2p modes, and the rejected values of a typo mode."""
+        env = {CUDA_P2P: "1"} if self.p2p else {}
+        if VARIANTS[self.variant].patched:
+            env.update(selector_env(self.bridge, self.batched, stats=stats))
+        return {**env, **dict(self.rejected)}
+
+
+def _m(name: str, variant: str, bridge: str | None, batched: str | None, about: str, **kw: object) -> Mode:
+    return Mode(name, variant, bridge, batched, about, **kw)  # type: ignore[arg-type]
+
+
+MODES: dict[str, Mode] = {m.name: m for m in (
+    _m("upstream", "upstream", None, None,
+       "upstream build (on GPUs: cudaMemcpyPeerAsync without peer access, driver-staged)"),
+    _m("upstream-p2p", "upstream", None, None, "upstream build, peer access enabled (NVLink / PCIe P2P)", p2p=True),
+    _m("upstream-nopeer", "upstream-nopeer", None, None,
+       "upstream GGML_CUDA_NO_PEER_COPY build (synchronous copy through malloc)"),
+    _m("off", "patched", "off", "off", "patched build, selectors 0"),
+    _m("off-p2p", "patched", "off", "off",
+       "patched build, selectors 0, peer access enabled: upstream's P2P path in our binary (a control)", p2p=True),
+    _m("off-1gpu", "patched", "off", "off", "patched build, selectors 0, on one GPU whatever the rung's devices",
+       devices=1),
+    _m("bridge", "patched", "on", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 (peer access not enabled)"),
+    _m("bridge-force", "patched", "force", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force"),
+    _m("bridge-force-p2p", "patched", "force", "off",
+       "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force with peer access enabled", p2p=True),
+    _m("batched", "patched", "off", "on", "patched, SAM3D_BATCHED_TRANSFERS=1"),
+    _m("bridge-batched", "patched", "on", "on", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 and SAM3D_BATCHED_TRANSFERS=1"),
+    _m("bridge-force-batched", "patched", "force", "on",
+       "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force and SAM3D_BATCHED_TRANSFERS=1"),
+    # typos: the bridge stays off and says so in every process, also past llama.cpp's fitting probe (-fit)
+    _m("bridge-typo", "patched", None, "off", f"patched, invalid {BRIDGE}=yes and {BRIDGE_CHUNK_KIB}=abc",
+       rejected=((BRIDGE, "yes"), (BRIDGE_CHUNK_KIB, "abc"))),
+    _m("rpc-upstream", "upstream", None, None,
+       "upstream rpc-server(s) (one owning every GPU: server-side cudaMemcpyPeer without peer access)", rpc=True),
+    _m("rpc-upstream-nopeer", "upstream-nopeer", None, None, "upstream GGML_CUDA_NO_PEER_COPY rpc-server", rpc=True),
+    _m("rpc-off", "patched", "off", "off", "patched rpc-server(s), selectors 0", rpc=True),
+    _m("rpc-bridge", "patched", "on", "off",
+       "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=1: copies between a server's GPUs through the bridge",
+       rpc=True),
+)}
+
+#: older names -> current ones (accepted with a deprecation note)
+ALIASES: dict[str, str] = {
+    "p2p": "upstream-p2p", "staged": "upstream", "nopeer": "upstream-nopeer", "upstream-cpu": "upstream",
+    "p2p-patched": "off-p2p", "rpc-staged": "rpc-upstream", "rpc-nopeer": "rpc-upstream-nopeer",
+}
+#: older names that meant different things in different tables: refused, naming the candidates
+AMBIGUOUS: dict[str, tuple[str, ...]] = {
+    "both": ("bridge-force-batched", "bridge-batched"),
+}
+
+
+def lookup(name: str, where: str = "") -> Mode:
+    """The mode called ``name`` (or an older alias of it, with a deprecation note); UsageError otherwise."""
+    if name in MODES:
+        return MODES[name]
+    at = f" ({where})" if where else ""
+    if name in ALIASES:
+        log(f"    warning{at}: mode {name!r} is deprecated, it is now called {ALIASES[name]!r}")
+        return MODES[ALIASES[name]]
+    if name in AMBIGUOUS:
+        options = " or ".join(f"{n!r} ({MODES[n].about})" for n in AMBIGUOUS[name])
+        raise UsageError(f"mode {name!r}{at} is no longer accepted",
+                         why="it meant bridge=force with batching in the ladder and bridge=1 in the bench",
+                         fix=f"use {options}")
+    raise UsageError(f"unknown mode {name!r}{at}", fix=f"modes: {', '.join(MODES)}")
+
+
+def canonical(name: str, where: str = "") -> str:
+    return lookup(name, where).name

@@ -1,0 +1,80 @@
+"""The one table of selectors, variants and modes, and what ladder, bench, serve and build derive from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ggml_bridge import bench, build, ladder, modes, serve
+from ggml_bridge.errors import BenchError, LadderSetupError, UsageError
+
+
+def test_mode_environments_say_what_their_names_say():
+    env = {n: m.env(stats=False) for n, m in modes.MODES.items()}
+    assert env["upstream"] == {} and env["rpc-upstream"] == {}
+    assert env["upstream-p2p"] == {"GGML_CUDA_P2P": "1"}
+    assert env["off"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "0", "SAM3D_BATCHED_TRANSFERS": "0"}
+    assert env["bridge"]["GGML_CUDA_MAPPED_HOST_BRIDGE"] == "1"
+    assert env["bridge-force"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "SAM3D_BATCHED_TRANSFERS": "0"}
+    assert env["bridge-force-p2p"] == {**env["bridge-force"], "GGML_CUDA_P2P": "1"}
+    assert env["bridge-batched"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "1", "SAM3D_BATCHED_TRANSFERS": "1"}
+    assert env["bridge-force-batched"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "SAM3D_BATCHED_TRANSFERS": "1"}
+    assert env["bridge-typo"]["GGML_CUDA_MAPPED_HOST_BRIDGE"] == "yes"
+    assert modes.MODES["off"].env()["GGML_CUDA_MAPPED_HOST_BRIDGE_STATS"] == "1"
+    for name, m in modes.MODES.items():
+        assert ("-p2p" in name) == m.p2p == ("GGML_CUDA_P2P" in env[name]), name
+        assert name.startswith("rpc-") == m.rpc, name
+        assert ("bridge" in m.mechanisms) == (name.startswith(("bridge", "rpc-bridge")) and name != "bridge-typo")
+        assert ("batched" in m.mechanisms) == name.endswith("batched"), name
+        assert m.variant in modes.VARIANTS
+
+
+def test_old_names_are_accepted_with_a_note_and_both_is_refused(capsys):
+    assert modes.lookup("p2p").name == "upstream-p2p"
+    assert modes.lookup("rpc-staged").name == "rpc-upstream"
+    assert "deprecated" in capsys.readouterr().err
+    with pytest.raises(UsageError) as e:
+        modes.lookup("both")
+    assert "bridge-force-batched" in e.value.fix and "bridge-batched" in e.value.fix
+    with pytest.raises(UsageError, match="unknown mode"):
+        modes.lookup("bridgee")
+
+
+def test_ladder_files_use_current_names(tmp_path: Path):
+    root = Path(__file__).resolve().parent.parent / "ladders"
+    for f in root.glob("*.toml"):
+        for r in ladder.load_ladder(f).rungs:
+            assert set(r.modes) <= set(modes.MODES), (f, r.modes)
+    old = tmp_path / "old.toml"
+    old.write_text('[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["staged", "off"]\nreference = "off"\n'
+                   'expect = { staged = "either" }\n')
+    r = ladder.load_ladder(old).rungs[0]
+    assert r.modes == ["upstream", "off"] and r.expect == {"upstream": "either"}
+    old.write_text('[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["off", "both"]\n')
+    with pytest.raises(LadderSetupError, match="no longer accepted"):
+        ladder.load_ladder(old)
+    old.write_text('[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["off", "upstream-nopeer"]\n')
+    with pytest.raises(LadderSetupError, match="upstream-nopeer build"):
+        ladder.load_ladder(old)
+
+
+def test_bench_serve_and_build_derive_from_the_table():
+    assert bench.CASES is modes.MODES
+    for suite in bench.SUITES.values():
+        assert set(suite["cases"]) <= set(modes.MODES)
+    assert serve.selector_env is modes.selector_env and serve.BRIDGE_VAR == modes.BRIDGE
+    assert build.VARIANT_OPTIONS == {n: dict(v.cmake) for n, v in modes.VARIANTS.items()}
+    assert build.VARIANT_OPTIONS["patched"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "ON", "SAM3D_BATCHED_TRANSFERS": "ON"}
+
+
+def test_bench_refuses_ladder_only_modes(tmp_path, monkeypatch):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    monkeypatch.setattr(bench, "n_gpus", lambda: 0)
+    for cases, msg in (("off,bridge-typo", "ladder checks"), ("off,both", "no longer accepted")):
+        args = p.parse_args(["--suite", "cpu", "--cases", cases, "--report", str(tmp_path / "r")])
+        with pytest.raises(BenchError, match=msg):
+            bench.bench(args, None)
