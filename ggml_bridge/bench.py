@@ -263,24 +263,20 @@ def gpu_env() -> dict[str, Any]:
 
 def resolve_bins(args: argparse.Namespace, settings: Any, variants: set[str]) -> dict[str, Path]:
     """Directory holding llama-bench for each variant: --variants-dir, --bin-dir-*, or the build stage."""
+    from . import build  # the build stage needs git tooling only when it is used
+    from .errors import NotBuiltError
+
     dirs: dict[str, Path] = {}
-    sub = {"upstream": "upstream", "upstream-nopeer": "nopeer", "patched": "patched"}
     for v in sorted(variants):
         override = getattr(args, f"bin_dir_{v.replace('-', '_')}", None)
         if override is None and args.variants_dir is not None:
-            override = Path(args.variants_dir) / sub[v]
-        if override is not None:
-            if not (Path(override) / "llama-bench").is_file():
-                raise BenchError(f"llama-bench not found in {override}", fix=f"build the {v} variant there")
-            dirs[v] = Path(override)
-            continue
-        from . import build  # the build stage needs git tooling only when it is used
-        from .errors import NotBuiltError
-
+            override = Path(args.variants_dir) / modes.VARIANTS[v].subdir
         try:
-            dirs[v] = build.find_binary(settings, "llama-bench", variant=v).parent
+            dirs[v] = build.locate(settings, v, "llama-bench", override).parent
             continue
         except NotBuiltError as e:
+            if override is not None:
+                raise BenchError(f"llama-bench not found in {override}", fix=f"build the {v} variant there") from None
             if not args.build:
                 log(f"    no {v} build ({e.what}); --build would make it")
                 continue

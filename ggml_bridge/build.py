@@ -199,6 +199,30 @@ def find_binary(settings: Settings, name: str, variant: str | None = None, backe
     return Path(path)
 
 
+def locate(settings: Settings, variant: str, name: str, override_dir: Path | str | None = None, *,
+           backend: str | None = None, installed: bool = False) -> Path:
+    """The one binary locator: ``name`` of build ``variant`` in ``override_dir`` when the user gave one (a
+    ``--bin-dir-*`` option), else from the latest build (:func:`find_binary`), else, with ``installed`` and the
+    patched variant, from an installed ggml-bridge-server wheel. Raises NotBuiltError."""
+    if override_dir is not None:
+        path = Path(override_dir) / name
+        if not path.is_file():
+            raise NotBuiltError(f"{name} not found in {override_dir}",
+                                fix=f"point the option at a directory holding the {variant} build's {name}")
+        return path
+    try:
+        return find_binary(settings, name, variant=variant, backend=backend)
+    except NotBuiltError:
+        if not (installed and variant == "patched"):
+            raise
+        from . import wheel  # no build: an installed ggml-bridge-server wheel, if any
+
+        found = wheel.installed_server(settings, name)
+        if found is None:
+            raise
+        return found
+
+
 def latest_path(settings: Settings, variant: str, backend: str) -> Path:
     return settings.cache_dir / f"latest-{variant}-{backend}.json"
 

@@ -72,7 +72,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from . import logparse, model, modes, rpc, runner, serve
+from . import build, logparse, model, modes, rpc, runner, serve
 from .modes import MODES, VARIANTS, Mode
 from .errors import FatalError, LadderSetupError, RpcError, ServeError, UsageError
 from .runner import log
@@ -602,20 +602,13 @@ def resolve_binaries(args: argparse.Namespace, settings: Any, backend: str, need
         override = getattr(args, f"bin_dir_{variant}", None)
         found[variant] = {}
         for name in names:
-            if override is not None:
-                p = Path(override) / name
-                if not p.is_file():
-                    raise LadderSetupError(f"{name} not found in --bin-dir-{variant} {override}")
-            else:
-                try:
-                    from . import build
-                    p = Path(build.find_binary(settings, name, variant=variant, backend=backend))
-                except ImportError:
-                    raise LadderSetupError(f"no {variant} {name}", why="the build stage is not available",
-                                           fix=f"pass --bin-dir-{variant} DIR") from None
-                except FatalError as e:
-                    raise LadderSetupError(e.what, why=e.why,
-                                           fix=(e.fix + ", or pass" if e.fix else "pass") + f" --bin-dir-{variant} DIR") from None
+            try:
+                p = build.locate(settings, variant, name, override, backend=backend)
+            except FatalError as e:
+                if override is not None:
+                    raise LadderSetupError(f"{name} not found in --bin-dir-{variant} {override}") from None
+                raise LadderSetupError(e.what, why=e.why,
+                                       fix=(e.fix + ", or pass" if e.fix else "pass") + f" --bin-dir-{variant} DIR") from None
             found[variant][name] = p
     same = False
     if "patched" in found and "upstream" in found:

@@ -389,8 +389,7 @@ def from_args(args: argparse.Namespace, settings: object, server_binary: Path, e
     if n and not Path(binary).is_file():
         from . import build
 
-        binary = build.find_binary(settings, RPC_SERVER, variant="patched",  # type: ignore[arg-type]
-                                   backend=getattr(getattr(settings, "build", None), "backend", "auto"))
+        binary = build.locate(settings, "patched", RPC_SERVER)  # type: ignore[arg-type]
     local = [LocalRpcServer(binary, devices=d, env=env,
                             log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
              for i, d in enumerate(devices)]

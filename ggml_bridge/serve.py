@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from . import logparse, modes, rpc, runner
-from .errors import NotBuiltError, ServeError, UsageError
+from .errors import ServeError, UsageError
 from .runner import log
 
 # the selectors and their values are defined once, in modes.py
@@ -325,24 +325,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.parse_args = parse_args  # type: ignore[method-assign]
 
 
-def _find_server(args: argparse.Namespace, settings: Any) -> Path:
-    if args.server is not None:
-        return Path(args.server)
-    try:
-        from . import build  # written by the build stage
-        backend = getattr(getattr(settings, "build", None), "backend", "auto")
-        return Path(build.find_binary(settings, "llama-server", variant="patched", backend=backend))
-    except ImportError:
-        raise ServeError("no llama-server binary", why="the build stage is not available",
-                         fix="pass --server PATH") from None
-    except NotBuiltError:
-        from . import wheel  # no build: an installed ggml-bridge-server wheel, if any
-        found = wheel.installed_server(settings)
-        if found is None:
-            raise
-        return found
-
-
 def run(args: argparse.Namespace, settings: Any) -> int:
     server_args = list(getattr(args, "server_args", None) or [])
     if server_args and server_args[0] == "--":
@@ -350,7 +332,10 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     if args.check and "--metrics" not in server_args:
         server_args.append("--metrics")  # --check reads the live counters too
     env = selector_env(args.bridge, args.batched, stats=not args.no_stats)
-    binary = _find_server(args, settings)
+    from . import build  # the build's patched llama-server, else an installed ggml-bridge-server wheel's
+
+    binary = Path(args.server) if args.server is not None else build.locate(settings, "patched", "llama-server",
+                                                                             installed=True)
     topo = rpc.from_args(args, settings, binary, env, server_args,
                          args.server_log.parent if args.server_log else None)
     srv = Server(binary, server_args + (topo.server_args() if topo else []), env={**env, **rpc.front_env(args)},

@@ -399,3 +399,38 @@ def test_shared_tree_refuses_nopeer_without_cuda_and_unknown_variants(settings: 
     with pytest.raises(UsageError, match="unknown variant"):
         build.ensure_shared(settings, ["upstream", "pached"])
 
+
+
+def test_locate_override_build_pointer_and_installed_wheel(settings: config.Settings, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """build.locate is the one binary locator of ladder, bench, serve and rpc: --bin-dir first, then the
+    latest build, then (serve only: installed=True) an installed ggml-bridge-server wheel."""
+    import sys
+    import types
+
+    d = tmp_path / "bins"
+    d.mkdir()
+    (d / "llama-bench").write_text("")
+    assert build.locate(settings, "upstream", "llama-bench", d) == d / "llama-bench"
+    with pytest.raises(NotBuiltError, match=f"llama-server not found in {d}"):
+        build.locate(settings, "upstream", "llama-server", d)
+    with pytest.raises(NotBuiltError, match="no patched/cpu build"):
+        build.locate(settings, "patched", "llama-server", backend="cpu")
+    # an installed wheel: used only when asked for, and only for the patched variant
+    wheel_bin = tmp_path / "wheel-llama-server"
+    wheel_bin.write_text("")
+    fake = types.SimpleNamespace(check_backend=lambda: "cpu", get_binary_path=lambda name: wheel_bin,
+                                 get_manifest=lambda: {"build": {"version": "0+cpu"}},
+                                 MissingFileError=LookupError, BackendUnavailable=RuntimeError)
+    monkeypatch.setitem(sys.modules, "ggml_bridge_server", fake)
+    with pytest.raises(NotBuiltError):
+        build.locate(settings, "patched", "llama-server", backend="cpu")
+    with pytest.raises(NotBuiltError):
+        build.locate(settings, "upstream", "llama-server", backend="cpu", installed=True)
+    assert build.locate(settings, "patched", "llama-server", backend="cpu", installed=True) == wheel_bin
+    # a build wins over the wheel
+    built = tmp_path / "built-llama-server"
+    built.write_text("")
+    build.latest_path(settings, "patched", "cpu").parent.mkdir(parents=True, exist_ok=True)
+    build.latest_path(settings, "patched", "cpu").write_text(json.dumps({"binaries": {"llama-server": str(built)}}))
+    assert build.locate(settings, "patched", "llama-server", backend="cpu", installed=True) == built
