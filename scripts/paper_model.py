@@ -118,7 +118,7 @@ def check(microbench: Path | None) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--microbench", type=Path, default=Path("docs/results/2026-11-30-h200x2-call3/microbench.csv"))
+    ap.add_argument("--microbench", type=Path, default=Path("results/2026-11-30-h200x2-s1-tests-sanitizers-microbench/microbench.csv"))
     a = ap.parse_args()
     print("## Predicted transfer time added by the boundaries\n")
     print(tables())

@@ -5,7 +5,7 @@ ggml-bridge-server wheel, offline). Each then starts llama-server on the same ti
 the first token of a /completion. The model is written beforehand (the same file for both paths, not timed).
 
     python scripts/wheel_timing.py --wheel dist/ggml_bridge_server-0.1.0+cpu-py3-none-linux_x86_64.whl \
-        --vocab PATH/ggml-vocab-llama-spm.gguf --out docs/results/wheel-timing [--skip-source]
+        --vocab PATH/ggml-vocab-llama-spm.gguf --out results/<date>-cpu-wheel-timing [--skip-source]
 
 Writes timing.json and timing.md into --out. Run it on an otherwise idle machine for figures worth quoting;
 the load average at start and end is recorded.
