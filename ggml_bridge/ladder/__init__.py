@@ -1,0 +1,76 @@
+"""Byte-exact comparison ladder: the patches must change nothing but speed.
+
+``ggml-bridge ladder [--ladder FILE] [--report DIR]`` reads a ladder TOML file (``ladders/cpu.toml`` runs
+in CI, ``ladders/cuda.toml`` on GPU machines). Each rung names a model shape (generated, deterministic,
+cached: :mod:`model`), the devices, ubatch/batch sizes and the *modes* to compare. A mode is a binary
+(patched or upstream build) plus selector values:
+
+==================== =========  ==============================  ========================
+mode                 binaries   GGML_CUDA_MAPPED_HOST_BRIDGE    SAM3D_BATCHED_TRANSFERS
+==================== =========  ==============================  ========================
+upstream             upstream   (unset)                         (unset)
+off                  patched    0                               0
+bridge               patched    1                               0
+bridge-force         patched    force                           0
+batched              patched    0                               1
+bridge-batched       patched    1                               1
+bridge-force-batched patched    force                           1
+bridge-typo          patched    yes (and _CHUNK_KIB=abc)        0
+off-1gpu             patched    0                               0        (on one GPU whatever the rung's devices)
+rpc-off              patched    0                               0        (over local rpc-servers)
+rpc-bridge           patched    1                               0        (over local rpc-servers)
+rpc-upstream         upstream   (unset)                         (unset)  (over local rpc-servers)
+==================== =========  ==============================  ========================
+
+The table is :data:`ggml_bridge.modes.MODES` (shared with the bench); the ladder runs the modes of the
+patched and upstream builds. ``both`` (bridge=force with batching here, bridge=1 in the bench) is refused
+with both new names.
+
+An ``rpc-*`` mode starts one ``ggml-rpc-server`` per entry of the rung's ``rpc_servers`` (each a device list,
+e.g. ``[["CPU"], ["CPU"]]`` or ``[["CUDA0", "CUDA1"]]``) with the rung's GPUs and the mode's selectors, and
+runs llama-server and llama-perplexity with ``--rpc`` and no GPU of their own; the servers' counters (patch
+0006, SIGUSR1) must show each served graph computations, and in ``rpc-bridge`` every server owning two or
+more GPUs must report the bridge engaged with ``bridge_boundaries>0`` (docs/rpc.md).
+
+For every mode the rung runs the real llama-server through :class:`serve.Server`, sends a fixed request
+set (greedy, ``n_probs``, prompts from one token up to longer than the ubatch) and records the responses
+(canonical JSON, volatile fields such as timings dropped); then runs ``llama-perplexity
+--kl-divergence-base FILE`` on a fixed generated text, which dumps the (16-bit quantised) log-probabilities
+of every evaluated token. Both artifacts of every mode are compared byte for byte with the rung's
+reference mode.
+
+No vacuous passes: a bridge mode needs the bridge's ``enabled ... N slots x M MiB`` line in every process,
+and on multi-device rungs its teardown counters must show ``boundaries>0`` (and the log must show the model
+on more than one device); a batched mode needs its ``enabled`` line and ``async_uploads>0`` (what batching
+itself staged; logits downloads into llama.cpp's pinned output buffer are upstream's own and counted apart),
+also live on the server's ``/metrics`` (``llamacpp:batched_async_uploads_total``) when it serves them. ``off``
+must not show either mechanism enabled, and ``upstream`` must not print any patch line at all. ``bridge-typo``
+sets invalid selector values: every process must report each of them rejected (with llama.cpp's default
+``-fit``, whose probe demotes warnings) and the bridge must stay off; any other rejected value fails every mode.
+A rung may declare ``expect_batched = "inactive"`` (CPU: nothing to batch to): the mode
+is then compared but reported as *inactive, as expected* and never counted as a batched pass;
+``expect_bridge`` likewise, and ``expect = { bridge = "either" }`` sets it for one mode (for every
+mechanism that mode uses). "either" accepts engaged or inactive and reports which.
+
+Exit status: 0 all rungs pass; 1 any mismatch or validity failure; 2 setup errors only.
+"""
+
+from __future__ import annotations
+
+# the ladder, split along its stages; every name stays importable as ggml_bridge.ladder.NAME
+from ..modes import MODES, Mode
+from .schema import (  # noqa: F401
+    EXPECT_VALUES, Ladder, RUNG_KEYS, Rung, SPLIT_MODES, load_ladder, parse_rung, _as_list,
+)
+from .inputs import (  # noqa: F401
+    RESULT_KEYS, WORDS, canonical_response, make_prompts, make_text, make_words, request_payload,
+)
+from .diff import (  # noqa: F401
+    compare_files, describe_logits_diff, describe_responses_diff, first_difference, sha256_file, _read_at,
+)
+from .validity import validate_mode, validate_rpc, _state  # noqa: F401
+from .report import markdown_report, progress_line, _human  # noqa: F401
+from .orchestrate import (  # noqa: F401
+    Binaries, ModeRun, add_arguments, default_ladder, resolve_binaries, run, run_mode, run_rung, _artifact,
+    _common_args, _device_env, _dir_fingerprint, _find_vocab, _write_reports,
+)

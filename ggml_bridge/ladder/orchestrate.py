@@ -1,0 +1,383 @@
+"""Orchestration: binaries, one mode's processes, one rung, and the ``ggml-bridge ladder`` command."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import build, logparse, model, modes, rpc, runner, serve
+from ..modes import MODES, Mode
+from ..errors import FatalError, LadderSetupError, RpcError, ServeError
+from ..runner import log
+from .schema import Ladder, Rung, load_ladder
+from .inputs import canonical_response, make_prompts, make_text, request_payload
+from .diff import compare_files, sha256_file
+from .validity import validate_mode, validate_rpc
+from .report import markdown_report, progress_line
+
+
+@dataclass
+class Binaries:
+    patched: dict[str, Path]
+    upstream: dict[str, Path]
+    same_build: bool = False
+
+
+def _dir_fingerprint(d: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(d.iterdir()):
+        if p.is_file() and not p.is_symlink():
+            h.update(p.name.encode())
+            h.update(model.file_sha256(p).encode())
+    return h.hexdigest()
+
+
+def resolve_binaries(args: argparse.Namespace, settings: Any, backend: str, needed: set[str],
+                     with_rpc: bool = False) -> Binaries:
+    names = ("llama-server", "llama-perplexity") + ((rpc.RPC_SERVER,) if with_rpc else ())
+    found: dict[str, dict[str, Path]] = {}
+    for variant in ("patched", "upstream"):
+        if variant not in needed:
+            continue
+        override = getattr(args, f"bin_dir_{variant}", None)
+        found[variant] = {}
+        for name in names:
+            try:
+                p = build.locate(settings, variant, name, override, backend=backend)
+            except FatalError as e:
+                if override is not None:
+                    raise LadderSetupError(f"{name} not found in --bin-dir-{variant} {override}") from None
+                raise LadderSetupError(e.what, why=e.why,
+                                       fix=(e.fix + ", or pass" if e.fix else "pass") + f" --bin-dir-{variant} DIR") from None
+            found[variant][name] = p
+    same = False
+    if "patched" in found and "upstream" in found:
+        dp = found["patched"]["llama-server"].resolve().parent
+        du = found["upstream"]["llama-server"].resolve().parent
+        same = dp == du or _dir_fingerprint(dp) == _dir_fingerprint(du)
+    return Binaries(found.get("patched", {}), found.get("upstream", {}), same)
+
+
+def _find_vocab(args: argparse.Namespace, settings: Any, bins: Binaries) -> Path:
+    if getattr(args, "vocab", None):
+        p = Path(args.vocab)
+        if not p.is_file():
+            raise LadderSetupError(f"--vocab {p} not found")
+        return p
+    roots: list[Path] = []
+    for d in list(bins.patched.values())[:1] + list(bins.upstream.values())[:1]:
+        roots += list(d.resolve().parents)[:5]
+    found = model.find_vocab(*roots)
+    if found is None:
+        cache = getattr(settings, "cache_dir", None)
+        found = model.find_vocab(cache) if cache else None
+    if found is None:
+        raise LadderSetupError(f"cannot find the upstream vocabulary models/{model.VOCAB_FILE}",
+                               fix="pass --vocab PATH or set GGML_BRIDGE_VOCAB (it is in the upstream tree's models/)")
+    return found
+
+
+def _device_env(rung: Rung) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if rung.devices > 0:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [x for x in visible.split(",") if x.strip()] if visible else [str(i) for i in range(rung.devices)]
+        if len(ids) < rung.devices:
+            raise LadderSetupError(f"rung {rung.name} needs {rung.devices} GPUs; CUDA_VISIBLE_DEVICES={visible}")
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[:rung.devices])
+        if rung.virtual_devices:
+            env[modes.CUDA_DEVICES] = str(rung.virtual_devices)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _common_args(rung: Rung, threads: int) -> list[str]:
+    ngl = rung.gpu_layers if rung.gpu_layers is not None else (999 if rung.devices > 0 else 0)
+    # -lv 4: the contract's INFO lines (bridge enabled/stats, "using device") are dropped below it
+    a = ["-lv", str(serve.CONTRACT_VERBOSITY), "-t", str(threads), "-ngl", str(ngl), "-b", str(rung.batch),
+         "-ub", str(rung.ubatch)]
+    if rung.devices > 0:
+        a += ["-sm", rung.split_mode]
+    return a
+
+
+@dataclass
+class ModeRun:
+    mode: str
+    wall_s: float = 0.0
+    responses: Path | None = None
+    logits: Path | None = None
+    logs: dict[str, logparse.LogInfo] = field(default_factory=dict)
+    metrics: dict[str, int] | None = None  # the server's transfer counters on /metrics after the requests
+    error: str | None = None
+    rpc_servers: dict[str, logparse.RpcServerInfo] = field(default_factory=dict)  # by endpoint, rpc-* modes
+
+
+def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path: Path, prompts: list[str],
+             out: Path, threads: int, startup_timeout: float) -> ModeRun:
+    out.mkdir(parents=True, exist_ok=True)
+    b = bins.patched if mode.variant == "patched" else bins.upstream
+    server_bin, ppl_bin = b["llama-server"], b["llama-perplexity"]
+    rung = dataclasses.replace(rung, devices=mode.devices, virtual_devices=None) if mode.devices else rung
+    env = {**_device_env(rung), **mode.env(), **rung.env}
+    lib_dir = str(server_bin.resolve().parent)
+    env["LD_LIBRARY_PATH"] = lib_dir + (":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else "")
+    res = ModeRun(mode.name)
+    t0 = time.monotonic()
+    topo = None
+    if mode.rpc:  # the GPUs belong to the rpc-servers; llama-server and llama-perplexity get none
+        topo = rpc.Topology([rpc.LocalRpcServer(b[rpc.RPC_SERVER], devices=d, env=env, threads=threads,
+                                                log_file=out / f"rpc-server-{i}.log")
+                             for i, d in enumerate(rung.rpc_servers)])
+        env = {**env, "CUDA_VISIBLE_DEVICES": ""}
+    extra = [*topo.server_args(), "-ngl", "999"] if topo else []
+    try:
+        if topo:
+            topo.start(rpc.expected_version(server_bin))
+        port = serve.free_port()
+        sargs = ["-m", str(model_path), "--host", "127.0.0.1", "--port", str(port), "-c", str(rung.server_ctx()),
+                 "-np", "1", "--no-webui", "--metrics", *_common_args(rung, threads), *extra, *rung.server_args]
+        slog = out / "server.log"
+        slog.unlink(missing_ok=True)
+        srv = serve.Server(server_bin, sargs, env=env, log_file=slog, startup_timeout=startup_timeout)
+        srv.start()
+        try:
+            resp = out / "responses.jsonl"
+            with open(resp, "wb") as fh:
+                for i, p in enumerate(prompts):
+                    fh.write(canonical_response(srv.post("/completion", request_payload(p, rung),
+                                                         timeout=rung.timeout), i))
+            res.responses = resp
+            res.metrics = srv.metrics()
+        finally:
+            rc = srv.stop()
+        res.logs["server"] = srv.info()
+        if rc not in (0, None):
+            raise ServeError(f"llama-server exited with status {rc} when stopped",
+                             why="last lines:\n    " + "\n    ".join(srv.tail(10)))
+        if rung.perplexity:
+            logits = out / "logits.bin"
+            logits.unlink(missing_ok=True)
+            plog = out / "perplexity.log"
+            plog.unlink(missing_ok=True)
+            pc = rung.perplexity_ctx()
+            pargs = [ppl_bin, "-m", model_path, "-f", text_path, "-c", str(pc),
+                     *_common_args(rung, threads), *extra, "--kl-divergence-base", logits, *rung.perplexity_args]
+            r = runner.run(pargs, env=env, log_file=plog, error=ServeError, timeout=rung.timeout,
+                           what=f"llama-perplexity failed in mode {mode.name}")
+            res.logs["perplexity"] = logparse.parse(plog.read_text(errors="replace"))
+            if not logits.is_file() or logits.stat().st_size <= 20:
+                raise ServeError(f"llama-perplexity wrote no logits in mode {mode.name}",
+                                 why="last lines:\n    " + r.stdout[-2000:].replace("\n", "\n    "))
+            res.logits = logits
+        if topo and mode.variant == "patched":
+            topo.counters()  # one counters line per server, parsed below
+    except FatalError as e:
+        try:
+            rpc.raise_if_dead(topo, f"in mode {mode.name}")
+            res.error = str(e)
+        except RpcError as dead:
+            res.error = f"{dead} ({e})"
+    finally:
+        if topo:
+            topo.stop()
+            res.rpc_servers = {str(s.endpoint): s.info() for s in topo.local}
+    res.wall_s = time.monotonic() - t0
+    return res
+
+
+def _artifact(path: Path | None) -> dict[str, Any] | None:
+    if path is None or not path.is_file():
+        return None
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def run_rung(rung: Rung, ladder: Ladder, bins: Binaries, vocab: Path, cache_dir: Path, report_dir: Path,
+             threads: int, startup_timeout: float, keep_logits: bool) -> dict[str, Any]:
+    t0 = time.monotonic()
+    rep: dict[str, Any] = {
+        "name": rung.name, "shape": dataclasses.asdict(rung.shape), "seed": rung.seed,
+        "devices": rung.devices, "virtual_devices": rung.virtual_devices, "split_mode": rung.split_mode,
+        "multi_device": rung.multi_device, "ubatch": rung.ubatch, "batch": rung.batch, "ctx": rung.server_ctx(),
+        "ppl_ctx": rung.perplexity_ctx(), "reference": rung.reference, "modes": {}, "status": "pass",
+        "problems": [],
+    }
+    out = report_dir / rung.name
+    try:
+        vt = model.load_vocab(vocab)
+        rep["n_params"] = rung.shape.n_params(len(vt.tokens))
+        rep["boundary_mib_f32"] = rung.shape.n_embd * rung.ubatch * 4 / (1 << 20)
+        mpath = model.ensure_model(cache_dir, rung.shape, rung.seed, vocab)
+        rep["model"] = str(mpath)
+        out.mkdir(parents=True, exist_ok=True)
+        text = out / "text.txt"
+        pc = rung.perplexity_ctx()
+        text.write_text(make_text(2 * pc + pc // 2 + 64, ladder.text_seed, vt.tokens), encoding="utf-8")
+        prompts = make_prompts(rung, ladder.text_seed, vt.tokens)
+        rep["prompt_words"] = rung.prompts_words()
+    except FatalError as e:
+        rep.update(status="error", error=str(e), wall_s=time.monotonic() - t0)
+        return rep
+
+    runs: dict[str, ModeRun] = {}
+    order = [rung.reference] + [m for m in rung.modes if m != rung.reference]
+    for name in order:
+        mode = MODES[name]
+        runner.log(f"    {rung.name}: mode {name}")
+        mr = run_mode(mode, rung, bins, mpath, text, prompts, out / name, threads, startup_timeout)
+        runs[name] = mr
+        entry: dict[str, Any] = {"wall_s": round(mr.wall_s, 2), "variant": mode.variant,
+                                 "selectors": mode.env(),
+                                 "responses": _artifact(mr.responses), "logits": _artifact(mr.logits)}
+        if mr.error:
+            entry["error"] = mr.error
+            rep["status"] = "error"
+            rep["problems"].append(f"{name}: {mr.error}")
+        else:
+            front = dataclasses.replace(mode, bridge="off" if mode.bridge else None) if mode.rpc else mode
+            v = validate_mode(front, dataclasses.replace(rung, devices=mode.devices, virtual_devices=None)
+                              if mode.devices else rung, mr.logs, mr.metrics)
+            if mode.rpc:
+                r = validate_rpc(mode, mr.rpc_servers)
+                v.update(ok=v["ok"] and r["ok"], problems=v["problems"] + r["problems"],
+                         notes=v["notes"] + r["notes"], rpc=r["servers"])
+            entry["validity"] = v
+            if not v["ok"]:
+                if rep["status"] == "pass":
+                    rep["status"] = "invalid"
+                rep["problems"] += [f"{name}: {p}" for p in v["problems"]]
+        rep["modes"][name] = entry
+        if name == rung.reference and mr.error:
+            break  # nothing to compare against
+
+    ref = runs.get(rung.reference)
+    if ref is not None and not ref.error:
+        for name, mr in runs.items():
+            if name == rung.reference or mr.error:
+                continue
+            cmp: dict[str, Any] = {}
+            for kind, a, b in (("responses", ref.responses, mr.responses), ("logits", ref.logits, mr.logits)):
+                if a is None or b is None:
+                    continue
+                c = compare_files(a, b, kind)
+                cmp[kind] = c
+                if not c["identical"]:
+                    rep["status"] = "mismatch"
+                    fd = c.get("first_difference", {})
+                    rep["problems"].append(f"{name}: {kind} differ from {rung.reference} at byte {fd.get('offset')}"
+                                           f" ({fd.get('where')})")
+            rep["modes"][name]["compare"] = cmp
+
+    if not keep_logits and rep["status"] in ("pass", "invalid"):
+        for mr in runs.values():
+            if mr.logits and mr.logits.exists():
+                mr.logits.unlink()
+    rep["wall_s"] = round(time.monotonic() - t0, 2)
+    return rep
+
+
+def default_ladder(settings: Any) -> Path:
+    backend = getattr(getattr(settings, "build", None), "backend", "cpu")
+    name = "cuda.toml" if backend == "cuda" else "cpu.toml"
+    here = Path(__file__).resolve().parent  # ggml_bridge/ladder
+    for root in (getattr(settings, "project_dir", None), here.parent.parent, here.parent / "_data"):
+        if root is not None and (Path(root) / "ladders" / name).is_file():
+            return Path(root) / "ladders" / name
+    raise LadderSetupError(f"no ladders/{name} found", fix="pass --ladder FILE")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ladder", type=Path, default=None, metavar="FILE",
+                        help="ladder TOML (default: ladders/cpu.toml, or ladders/cuda.toml when the backend is cuda)")
+    parser.add_argument("--report", type=Path, default=None, metavar="DIR",
+                        help="report directory (default: <cache>/reports/<ladder>-<time>)")
+    parser.add_argument("--bin-dir-patched", type=Path, default=None, metavar="DIR",
+                        help="directory with the patched llama-server and llama-perplexity (skips the build stage)")
+    parser.add_argument("--bin-dir-upstream", type=Path, default=None, metavar="DIR",
+                        help="directory with the unpatched llama-server and llama-perplexity")
+    parser.add_argument("--rung", action="append", default=None, metavar="NAME",
+                        help="run only this rung (repeatable)")
+    parser.add_argument("--vocab", type=Path, default=None, metavar="GGUF",
+                        help=f"vocabulary GGUF (default: models/{model.VOCAB_FILE} of the upstream tree)")
+    parser.add_argument("--threads", type=int, default=None, help="-t for every process (default: all cores)")
+    parser.add_argument("--startup-timeout", type=float, default=900.0, metavar="S",
+                        help="seconds to wait for each llama-server to become ready (default: 900)")
+    parser.add_argument("--keep-logits", action="store_true",
+                        help="keep the logits dumps of passing rungs (they are kept on mismatch)")
+    parser.add_argument("--allow-same-build", action="store_true",
+                        help="allow identical patched and upstream binaries (development only: such a "
+                             "comparison proves nothing about the patches)")
+
+
+def run(args: argparse.Namespace, settings: Any) -> int:
+    ladder = load_ladder(args.ladder or default_ladder(settings))
+    rungs = ladder.rungs
+    if args.rung:
+        unknown = set(args.rung) - {r.name for r in rungs}
+        if unknown:
+            raise LadderSetupError(f"no rung named {', '.join(sorted(unknown))} in {ladder.path}",
+                                   fix=f"rungs: {', '.join(r.name for r in rungs)}")
+        rungs = [r for r in rungs if r.name in args.rung]
+    needed = {MODES[m].variant for r in rungs for m in r.modes}
+    bins = resolve_binaries(args, settings, ladder.backend, needed, any(MODES[m].rpc for r in rungs for m in r.modes))
+    if bins.same_build and "upstream" in needed and "patched" in needed and not args.allow_same_build:
+        raise LadderSetupError("the patched and upstream binaries are the same build",
+                               why="comparing a build with itself proves nothing about the patches",
+                               fix="point --bin-dir-upstream at an unpatched build (or pass --allow-same-build "
+                                   "for development)")
+    vocab = _find_vocab(args, settings, bins)
+    cache_dir = Path(getattr(settings, "cache_dir"))
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    report_dir = Path(args.report) if args.report else cache_dir / "reports" / f"{ladder.name}-{stamp}"
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LadderSetupError(f"cannot create report directory {report_dir}", why=str(e)) from None
+    threads = args.threads or os.cpu_count() or 1
+    rep: dict[str, Any] = {
+        "ladder": ladder.name, "file": str(ladder.path), "backend": ladder.backend, "started": stamp,
+        "vocab": str(vocab), "threads": threads,
+        "binaries": {"patched": str(next(iter(bins.patched.values())).parent) if bins.patched else None,
+                     "upstream": str(next(iter(bins.upstream.values())).parent) if bins.upstream else None,
+                     "same_build": bins.same_build},
+        "rungs": [],
+    }
+    log(f"==> ladder {ladder.name}: {len(rungs)} rung(s) from {ladder.path}; report in {report_dir}")
+    t0 = time.monotonic()
+    for i, rung in enumerate(rungs, 1):
+        r = run_rung(rung, ladder, bins, vocab, cache_dir, report_dir, threads, args.startup_timeout,
+                     args.keep_logits)
+        rep["rungs"].append(r)
+        log(progress_line(i, len(rungs), r))
+        _write_reports(rep, report_dir, time.monotonic() - t0)  # partial report after every rung
+    statuses = [r["status"] for r in rep["rungs"]]
+    if any(s in ("mismatch", "invalid") for s in statuses):
+        rep["status"], rc = "fail", 1
+    elif "error" in statuses:
+        rep["status"], rc = "error", 2
+    else:
+        rep["status"], rc = "pass", 0
+    _write_reports(rep, report_dir, time.monotonic() - t0)
+    log(f"==> ladder {ladder.name}: {rep['status'].upper()} "
+        f"({statuses.count('pass')}/{len(statuses)} rungs passed) in {rep['wall_s']:.1f}s")
+    if bins.same_build and "upstream" in needed:
+        log("    warning: patched and upstream binaries are the same build (--allow-same-build): the upstream "
+            "comparisons prove nothing about the patches")
+    print(report_dir / "report.md")
+    return rc
+
+
+def _write_reports(rep: dict[str, Any], report_dir: Path, wall: float) -> None:
+    rep["wall_s"] = round(wall, 2)
+    rep.setdefault("status", "running")
+    (report_dir / "report.json").write_text(json.dumps(rep, indent=2, default=str) + "\n", encoding="utf-8")
+    (report_dir / "report.md").write_text(markdown_report(rep), encoding="utf-8")

@@ -1,0 +1,102 @@
+"""Reports: the progress line and the Markdown rendering of report.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _human(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def progress_line(i: int, n: int, rep: dict[str, Any]) -> str:
+    ref = rep["reference"]
+    others = [m for m in rep["modes"] if m != ref]
+    total = sum(c.get("bytes_compared", 0) for m in others for c in rep["modes"][m].get("compare", {}).values())
+    verdict = {"pass": "PASS", "mismatch": "MISMATCH", "invalid": "INVALID", "error": "ERROR"}[rep["status"]]
+    extra = ""
+    notes = [n for m in rep["modes"].values() for n in (m.get("validity") or {}).get("notes", [])]
+    if notes:
+        extra = f" [{notes[0]}]"
+    if rep["problems"]:
+        extra += f" -- {rep['problems'][0]}"
+    return (f"[{i}/{n}] {rep['name']}: {ref} vs {', '.join(others) or '-'}: {verdict}, "
+            f"{_human(total)} compared, {rep.get('wall_s', 0):.1f}s{extra}")
+
+
+def markdown_report(rep: dict[str, Any]) -> str:
+    L = [f"# Ladder `{rep['ladder']}`: {rep['status'].upper()}", "",
+         f"- file: `{rep['file']}`", f"- started: {rep['started']}", f"- wall time: {rep['wall_s']:.1f}s",
+         f"- patched binaries: `{rep['binaries'].get('patched')}`",
+         f"- upstream binaries: `{rep['binaries'].get('upstream')}`"]
+    if rep["binaries"].get("same_build"):
+        L.append("- **warning: patched and upstream binaries are the same build; upstream-vs-patched "
+                 "comparisons prove nothing about the patches**")
+    L += ["", "| rung | shape | devices | ub/b | reference | status | bytes compared | wall |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in rep["rungs"]:
+        dev = "cpu" if not r["devices"] else f"{r['devices']} GPU" + (f" as {r['virtual_devices']} cards"
+                                                                      if r.get("virtual_devices") else "")
+        total = sum(c.get("bytes_compared", 0) for m in r["modes"].values() for c in m.get("compare", {}).values())
+        L.append(f"| {r['name']} | {r['shape']['name']} ({r['shape']['n_embd']}x{r['shape']['n_layer']}, "
+                 f"{r['shape']['dtype']}) | {dev} {r['split_mode'] if r['devices'] else ''} | "
+                 f"{r['ubatch']}/{r['batch']} | {r['reference']} | {r['status']} | {_human(total)} | "
+                 f"{r.get('wall_s', 0):.1f}s |")
+    for r in rep["rungs"]:
+        L += ["", f"## {r['name']}: {r['status']}", ""]
+        if r.get("error"):
+            L += [f"setup error: {r['error']}", ""]
+        if r.get("n_params"):
+            L.append(f"model: {r['n_params'] / 1e6:.1f}M params, seed {r['seed']}, boundary activation "
+                     f"{r['boundary_mib_f32']:.2f} MiB f32 (n_embd x ubatch); server ctx {r['ctx']}, "
+                     f"perplexity ctx {r['ppl_ctx']}")
+            L.append("")
+        L += ["| mode | responses sha256 | logits sha256 | vs reference | mechanism | wall |",
+              "|---|---|---|---|---|---|"]
+        for name, m in r["modes"].items():
+            rs = (m.get("responses") or {}).get("sha256", "-")[:16]
+            ls = (m.get("logits") or {}).get("sha256", "-")[:16]
+            if name == r["reference"]:
+                vs = "reference"
+            elif "compare" in m:
+                parts = []
+                for kind, c in m["compare"].items():
+                    if c["identical"]:
+                        parts.append(f"{kind} identical ({_human(c['bytes_compared'])})")
+                    else:
+                        fd = c.get("first_difference", {})
+                        parts.append(f"{kind} DIFFER at byte {fd.get('offset')}: {fd.get('where')} "
+                                     f"ref={fd.get('reference')} mode={fd.get('mode')}")
+                vs = "; ".join(parts)
+            else:
+                vs = "not compared"
+            v = m.get("validity") or {}
+            mech = []
+            if v.get("bridge"):
+                bb = v["bridge"]
+                slots = sorted(set(bb["slots"].values()))
+                mech.append(f"bridge {bb['state']}" + (f", {slots[0]} slots" if slots else "") +
+                            f", boundaries={bb['boundaries']}")
+            if v.get("batched"):
+                tb = v["batched"]
+                mech.append(f"batched {tb['state']}, async up/down={tb['async_uploads']}/{tb['async_downloads']}")
+            for ep, srv in (v.get("rpc") or {}).items():
+                c = srv["counters"]
+                mech.append(f"rpc-server {ep} ({','.join(srv['devices'])}): graphs={c.get('rpc_graph_compute', '-')}"
+                            f" copy_tensor={c.get('rpc_copy_tensor', '-')} set/get MiB="
+                            f"{c.get('rpc_set_tensor_bytes', 0) / 2**20:.1f}/{c.get('rpc_get_tensor_bytes', 0) / 2**20:.1f}"
+                            + (f" bridge={'on' if srv['bridge_enabled'] else 'off'} "
+                               f"boundaries={c.get('bridge_boundaries', '-')}" if c.get("bridge") else ""))
+            if m.get("error"):
+                mech.append(f"ERROR: {m['error'].splitlines()[0]}")
+            mech += v.get("problems", [])
+            L.append(f"| {name} | `{rs}` | `{ls}` | {vs} | {'; '.join(mech) or '-'} | {m['wall_s']:.1f}s |")
+        if r["problems"]:
+            L += ["", "Problems:", ""] + [f"- {p}" for p in r["problems"]]
+    return "\n".join(L) + "\n"

@@ -1,0 +1,191 @@
+"""The ladder file: rungs, their keys and checks (TOML -> :class:`Ladder`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import model, modes
+from ..modes import MODES
+from ..errors import FatalError, LadderSetupError, UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+EXPECT_VALUES = ("engaged", "inactive", "either")
+SPLIT_MODES = ("none", "layer", "row", "tensor")
+
+
+@dataclass
+class Rung:
+    name: str
+    shape: model.Shape
+    seed: int = 1234
+    devices: int = 0                    # GPUs (CUDA_VISIBLE_DEVICES first N); 0 = CPU only
+    virtual_devices: int | None = None  # GGML_CUDA_DEVICES: virtual cards over the GPUs
+    split_mode: str = "layer"
+    gpu_layers: int | None = None       # -ngl; default 999 with devices, 0 without
+    ubatch: int = 512
+    batch: int = 2048
+    ctx: int | None = None              # server -c; default fits the longest prompt
+    ppl_ctx: int | None = None          # llama-perplexity -c; default = batch if it divides, else ubatch
+    modes: list[str] = field(default_factory=lambda: ["upstream", "off"])
+    reference: str = "off"
+    expect_bridge: str = "engaged"
+    expect_batched: str = "engaged"
+    expect: dict[str, str] = field(default_factory=dict)  # per mode, overrides expect_* for that mode
+    n_predict: int = 8
+    n_probs: int = 4
+    prompt_words: list[int] | None = None
+    threads: int | None = None
+    server_args: list[str] = field(default_factory=list)
+    perplexity_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float = 1800.0
+    perplexity: bool = True
+    rpc_servers: list[list[str]] = field(default_factory=list)  # device lists of the rpc-* modes' servers
+
+    @property
+    def n_devices(self) -> int:
+        """Devices the model is meant to be split over (virtual cards count)."""
+        if self.devices <= 0 or self.split_mode == "none":
+            return 0 if self.devices <= 0 else 1
+        return self.virtual_devices or self.devices
+
+    @property
+    def multi_device(self) -> bool:
+        return self.n_devices > 1
+
+    def prompts_words(self) -> list[int]:
+        if self.prompt_words:
+            return list(self.prompt_words)
+        ub = self.ubatch
+        sizes = [1, 12, max(2, ub // 2), ub + 17]
+        if ub <= 64:
+            sizes.append(3 * ub + 5)
+        return sorted(set(sizes))
+
+    def server_ctx(self) -> int:
+        if self.ctx:
+            return self.ctx
+        need = max(self.prompts_words()) + self.n_predict + 64
+        need = int(need * 1.1)
+        return max(256, (need + 255) // 256 * 256)
+
+    def perplexity_ctx(self) -> int:
+        if self.ppl_ctx:
+            return self.ppl_ctx
+        return self.batch if self.batch >= 16 else max(16, self.ubatch)
+
+
+def _as_list(v: Any) -> list[Any]:
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+RUNG_KEYS = {f.name for f in dataclasses.fields(Rung)}
+
+
+def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
+    merged = {**defaults, **d}
+    unknown = set(merged) - RUNG_KEYS
+    if unknown:
+        raise LadderSetupError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}",
+                               fix=f"allowed keys: {', '.join(sorted(RUNG_KEYS))}")
+    if "name" not in merged:
+        raise LadderSetupError(f"{where}: a rung needs a name")
+    if "shape" not in merged:
+        raise LadderSetupError(f"{where} ({merged['name']}): a rung needs a shape")
+    try:
+        merged["shape"] = model.get_shape(merged["shape"])
+    except FatalError as e:
+        raise LadderSetupError(f"{where} ({merged['name']}): {e}") from None
+    try:
+        r = Rung(**merged)
+    except TypeError as e:
+        raise LadderSetupError(f"{where}: {e}") from None
+    try:  # current names (older ones with a deprecation note, see modes.ALIASES)
+        r.modes = [modes.canonical(str(m), f"{where} ({r.name})") for m in _as_list(r.modes)]
+        r.reference = modes.canonical(str(r.reference), f"{where} ({r.name}) reference")
+        r.expect = {modes.canonical(str(k), f"{where} ({r.name}) expect"): v for k, v in dict(r.expect).items()}
+    except UsageError as e:
+        raise LadderSetupError(e.what, why=e.why, fix=e.fix) from None
+    other = [m for m in r.modes if MODES[m].variant not in ("patched", "upstream")]
+    if other:
+        raise LadderSetupError(f"{where} ({r.name}): mode(s) {', '.join(other)} need the "
+                               f"{MODES[other[0]].variant} build", why="the ladder compares the patched and "
+                               "upstream builds only", fix="use modes of those two builds")
+    if r.reference not in r.modes:
+        r.modes.insert(0, r.reference)
+    if len(r.modes) < 2:
+        raise LadderSetupError(f"{where} ({r.name}): a rung compares at least two modes")
+    for k in ("expect_bridge", "expect_batched"):
+        if getattr(r, k) not in EXPECT_VALUES:
+            raise LadderSetupError(f"{where} ({r.name}): {k} must be one of {', '.join(EXPECT_VALUES)}")
+    r.expect = {str(k): str(v) for k, v in dict(r.expect).items()}
+    for k, val in r.expect.items():
+        if k not in r.modes or val not in EXPECT_VALUES:
+            raise LadderSetupError(f"{where} ({r.name}): expect.{k} = {val!r}: keys are the rung's modes, "
+                                   f"values one of {', '.join(EXPECT_VALUES)}")
+    if r.split_mode not in SPLIT_MODES:
+        raise LadderSetupError(f"{where} ({r.name}): split_mode must be one of {', '.join(SPLIT_MODES)}")
+    if r.ubatch <= 0 or r.batch <= 0 or r.ubatch > r.batch:
+        raise LadderSetupError(f"{where} ({r.name}): need 0 < ubatch <= batch (got {r.ubatch}, {r.batch})")
+    pc = r.perplexity_ctx()
+    if not (r.batch < pc or r.batch % pc == 0):
+        raise LadderSetupError(f"{where} ({r.name}): llama-perplexity needs batch < ppl_ctx or batch a multiple "
+                               f"of ppl_ctx (batch {r.batch}, ppl_ctx {pc})")
+    if r.server_ctx() < max(r.prompts_words()) + r.n_predict + 16:
+        raise LadderSetupError(f"{where} ({r.name}): ctx {r.server_ctx()} is too small for the longest prompt")
+    if any(MODES[m].uses_bridge for m in r.modes) and r.devices <= 0:
+        raise LadderSetupError(f"{where} ({r.name}): bridge modes need GPUs (devices >= 1)")
+    r.rpc_servers = [[str(d) for d in _as_list(x)] for x in _as_list(r.rpc_servers)]
+    if any(MODES[m].rpc for m in r.modes) and not r.rpc_servers:
+        raise LadderSetupError(f"{where} ({r.name}): rpc-* modes need rpc_servers (one device list per server)",
+                               fix='e.g. rpc_servers = [["CPU"], ["CPU"]]')
+    r.server_args = [str(a) for a in r.server_args]
+    r.perplexity_args = [str(a) for a in r.perplexity_args]
+    r.env = {str(k): str(v) for k, v in r.env.items()}
+    return r
+
+
+@dataclass
+class Ladder:
+    name: str
+    path: Path
+    backend: str
+    rungs: list[Rung]
+    description: str = ""
+    text_seed: int = 7
+
+
+def load_ladder(path: Path) -> Ladder:
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LadderSetupError(f"ladder file not found: {path}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise LadderSetupError(f"ladder file {path} is not valid TOML", why=str(e)) from None
+    known = {"name", "description", "backend", "defaults", "rung", "text_seed"}
+    unknown = set(data) - known
+    if unknown:
+        raise LadderSetupError(f"{path}: unknown top-level key(s) {', '.join(sorted(unknown))}")
+    defaults = data.get("defaults", {})
+    rungs_raw = data.get("rung", [])
+    if not rungs_raw:
+        raise LadderSetupError(f"{path}: no [[rung]] entries")
+    rungs = [parse_rung(r, defaults, f"{path} rung {i + 1}") for i, r in enumerate(rungs_raw)]
+    names = [r.name for r in rungs]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise LadderSetupError(f"{path}: duplicate rung name(s) {', '.join(sorted(dup))}")
+    backend = data.get("backend", "cpu")
+    if backend not in ("cpu", "cuda"):
+        raise LadderSetupError(f"{path}: backend must be cpu or cuda")
+    return Ladder(name=data.get("name", Path(path).stem), path=Path(path), backend=backend, rungs=rungs,
+                  description=data.get("description", ""), text_seed=int(data.get("text_seed", 7)))

@@ -1,0 +1,174 @@
+"""Validity rules: no vacuous pass. What every process's log (and /metrics, and the rpc-servers' counters)
+must show for a mode to count."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import logparse
+from ..modes import VARIANTS, Mode
+from .schema import Rung
+
+
+def _state(n_engaged: int, n_inactive: int, n_procs: int) -> str:
+    if n_engaged == n_procs:
+        return "engaged"
+    if n_inactive == n_procs:
+        return "inactive"
+    return "absent" if n_engaged == n_inactive == 0 else "mixed"
+
+
+def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
+                  metrics: dict[str, int] | None = None) -> dict[str, Any]:
+    """Check the log-line contract for one mode across its processes (server, perplexity), and the server's live
+    counters on /metrics (``metrics``, when it served them)."""
+    problems: list[str] = []
+    notes: list[str] = []
+    bridge_stats: list[dict[str, int]] = []
+    batched_stats: list[dict[str, int]] = []
+    for proc, info in logs.items():
+        bridge_stats += info.bridge.stats
+        batched_stats += info.batched.stats
+    summary: dict[str, Any] = {"bridge": None, "batched": None}
+
+    def tot(stats: list[dict[str, int]], key: str) -> int:
+        return sum(s.get(key, 0) for s in stats)
+
+    if not VARIANTS[mode.variant].patched:
+        for proc, info in logs.items():
+            if info.bridge.seen or info.batched.seen or info.bridge.stats or info.batched.stats:
+                problems.append(f"{proc}: the upstream binary printed patch log lines: it is not an unpatched build")
+    else:
+        want_rejected = dict(mode.rejected)
+        for proc, info in logs.items():
+            for var, value in info.bridge.rejected.items():
+                if want_rejected.get(var) != value:
+                    problems.append(f"{proc}: selector rejected: {var}=\"{value}\"")
+            for var, value in want_rejected.items():
+                if info.bridge.rejected.get(var) != value:
+                    problems.append(f"{proc}: {var}=\"{value}\" is invalid but the log does not report it rejected")
+            if not mode.uses_bridge and info.bridge.enabled:
+                problems.append(f"{proc}: bridge reported enabled in mode {mode.name} (selector 0)")
+            if not mode.uses_batched and info.batched.enabled:
+                problems.append(f"{proc}: batched transfers reported enabled in mode {mode.name} (selector 0)")
+
+    if mode.uses_bridge:
+        want_mode = "force" if mode.bridge == "force" else "1"
+        engaged = [p for p, i in logs.items() if i.bridge.enabled]
+        inactive = {p: i.bridge.inactive_reason for p, i in logs.items() if i.bridge.inactive_reason is not None}
+        state = _state(len(engaged), len(inactive), len(logs))
+        summary["bridge"] = {"state": state, "slots": {p: logs[p].bridge.slots for p in engaged},
+                             "slot_mib": {p: logs[p].bridge.slot_mib for p in engaged},
+                             "inactive": inactive, "stats": bridge_stats,
+                             "boundaries": tot(bridge_stats, "boundaries")}
+        expect = rung.expect.get(mode.name, rung.expect_bridge)
+        if state == "engaged":
+            if expect == "inactive":
+                problems.append("bridge engaged but the rung expects it inactive")
+            for p in engaged:
+                if logs[p].bridge.mode != want_mode:
+                    problems.append(f"{p}: bridge mode {logs[p].bridge.mode}, expected {want_mode}")
+            if rung.multi_device:
+                if not bridge_stats:
+                    problems.append("no bridge stats line (GGML_CUDA_MAPPED_HOST_BRIDGE_STATS=1 was set)")
+                elif tot(bridge_stats, "boundaries") <= 0:
+                    problems.append("bridge counters show no boundary crossed (boundaries=0) on a multi-device rung")
+            if expect == "either":
+                notes.append("bridge engaged")
+        elif state == "inactive" and expect in ("inactive", "either"):
+            notes.append("bridge inactive as the rung expects (" + "; ".join(sorted(set(inactive.values()))) +
+                         "): compared, not a bridge pass")
+        else:
+            missing = [p for p in logs if p not in engaged]
+            why = "; ".join(f"{p}: " + (f"inactive: {inactive[p]}" if p in inactive else "no bridge line")
+                            for p in missing)
+            problems.append(f"bridge not engaged ({why})")
+
+    if mode.uses_batched:
+        engaged = [p for p, i in logs.items() if i.batched.enabled]
+        inactive = {p: i.batched.inactive_reason for p, i in logs.items() if i.batched.inactive_reason is not None}
+        state = _state(len(engaged), len(inactive), len(logs))
+        summary["batched"] = {"state": state, "pool_mib": {p: logs[p].batched.pool_mib for p in engaged},
+                              "inactive": inactive, "stats": batched_stats,
+                              "async_uploads": tot(batched_stats, "async_uploads"),
+                              "async_downloads": tot(batched_stats, "async_downloads")}
+        expect = rung.expect.get(mode.name, rung.expect_batched)
+        if state == "engaged":
+            if expect == "inactive":
+                problems.append("batched transfers engaged but the rung expects them inactive")
+            if not batched_stats:
+                problems.append("no batched-transfers stats line (SAM3D_BATCHED_TRANSFERS_STATS=1 was set)")
+            else:
+                # async_* count only what batching staged: token generation's inputs. Logits go to llama.cpp's
+                # pinned output buffer, which upstream already downloads asynchronously (upstream_downloads)
+                if tot(batched_stats, "async_uploads") <= 0:
+                    problems.append("batched counters show no async upload (async_uploads=0)")
+            if metrics is not None and mode.variant == "patched":
+                live = metrics.get("batched_async_uploads_total", 0)
+                summary["batched"]["metrics_async_uploads"] = live
+                if live <= 0:
+                    problems.append("/metrics shows no batched async upload (llamacpp:batched_async_uploads_total="
+                                    f"{metrics.get('batched_async_uploads_total', 'absent')})")
+            if expect == "either":
+                notes.append("batched transfers engaged")
+        elif state == "inactive" and expect in ("inactive", "either"):
+            if tot(batched_stats, "async_uploads") or tot(batched_stats, "async_downloads"):
+                problems.append("batched transfers inactive but async transfers were counted")
+            notes.append("batched transfers inactive as the rung expects (" +
+                         "; ".join(sorted(set(inactive.values()))) + "): compared, not a batched pass")
+        else:
+            missing = [p for p in logs if p not in engaged]
+            why = "; ".join(f"{p}: " + (f"inactive: {inactive[p]}" if p in inactive else "no batched-transfers line")
+                            for p in missing)
+            problems.append(f"batched transfers not engaged ({why})")
+
+    if rung.multi_device:
+        used = {p: i.n_devices for p, i in logs.items()}
+        summary["devices_used"] = used
+        want = rung.n_devices
+        low = {p: n for p, n in used.items() if n < want}
+        if low:
+            problems.append(f"the rung splits the model over {want} devices but the log shows it on fewer: " +
+                            ", ".join(f"{p}: {n}" for p, n in low.items()))
+    return {"ok": not problems, "problems": problems, "notes": notes, **summary}
+
+
+def validate_rpc(mode: Mode, servers: dict[str, logparse.RpcServerInfo]) -> dict[str, Any]:
+    """The rpc-servers of an rpc-* mode: each computed graphs (counters), and in rpc-bridge each one owning
+    two or more GPUs carried copies through the bridge."""
+    problems: list[str] = []
+    notes: list[str] = []
+    summary: dict[str, Any] = {}
+    for ep, info in servers.items():
+        gpus = [d for d in info.devices if d.startswith("CUDA")]
+        c = info.latest
+        summary[ep] = {"devices": info.devices, "counters": c, "bridge_enabled": info.bridge.enabled}
+        if not VARIANTS[mode.variant].patched:
+            if info.state is not None or info.bridge.seen:
+                problems.append(f"rpc-server {ep}: the upstream binary printed patch lines")
+            continue
+        if info.state is None:
+            problems.append(f"rpc-server {ep}: no 'ggml_bridge_rpc: state' line (not a patch-0006 build)")
+            continue
+        if not c:
+            problems.append(f"rpc-server {ep}: no counters line after SIGUSR1")
+            continue
+        if c.get("rpc_graph_compute", 0) <= 0:
+            problems.append(f"rpc-server {ep}: computed no graph (rpc_graph_compute=0): the model did not use it")
+        if not mode.uses_bridge:
+            if info.bridge.enabled:
+                problems.append(f"rpc-server {ep}: bridge enabled in mode {mode.name} (selector 0)")
+        elif len(gpus) > 1:
+            if not info.bridge.enabled:
+                problems.append(f"rpc-server {ep}: bridge not engaged on its {len(gpus)} GPUs ("
+                                + (f"inactive: {info.bridge.inactive_reason}" if info.bridge.inactive_reason
+                                   else "no bridge line") + ")")
+            elif not c.get("bridge"):
+                problems.append(f"rpc-server {ep}: the CUDA registry exports no bridge counters "
+                                "(0001 without ggml_backend_cuda_mapped_host_bridge_counters)")
+            elif c.get("bridge_boundaries", 0) <= 0:
+                problems.append(f"rpc-server {ep}: bridge engaged but bridge_boundaries=0 "
+                                f"(rpc_copy_tensor={c.get('rpc_copy_tensor', 0)})")
+        else:
+            notes.append(f"rpc-server {ep}: {len(gpus) or 'no'} GPU, nothing for the bridge inside it")
+    return {"ok": not problems, "problems": problems, "notes": notes, "servers": summary}
