@@ -3,11 +3,8 @@ ratios, engagement proof and report files. The real thing runs on GPU machines (
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import stat
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,83 +12,12 @@ import pytest
 
 from ggml_bridge import bench
 from ggml_bridge.errors import BenchError
-
-FAKE_BENCH = r'''#!PYTHON
-import json, os, sys
-args = sys.argv[1:]
-def opt(name, default=None):
-    return args[args.index(name) + 1] if name in args else default
-env = os.environ
-variant = os.path.basename(os.path.dirname(os.path.abspath(__file__)))
-mode = env.get("GGML_CUDA_MAPPED_HOST_BRIDGE", "")
-batched = env.get("SAM3D_BATCHED_TRANSFERS", "")
-with open(env["FAKE_ORDER"], "a") as f:
-    f.write(f"{variant} bridge={mode} p2p={env.get('GGML_CUDA_P2P', '')} batched={batched} "
-            f"cpus={','.join(map(str, sorted(os.sched_getaffinity(0))))}\n")
-# throughput by case: nopeer 50, staged 85, p2p 100, off 99, bridge 97 (force 98), batched 103
-base = {"nopeer": 50.0, "upstream": 100.0 if env.get("GGML_CUDA_P2P") == "1" else 85.0, "patched": 99.0}[variant]
-engage = env.get("FAKE_NO_ENGAGE") != "1"
-if variant == "patched" and mode in ("1", "force"):
-    base = 97.0 if mode == "1" else 98.0
-    if engage:
-        print(f"ggml_cuda_mapped_host_bridge: enabled (mode {mode}), 4 slots x 64 MiB mapped pinned host memory", file=sys.stderr)
-        for n in (10, 20):   # cumulative per process: the last line holds the totals
-            print(f"ggml_cuda_mapped_host_bridge: stats: boundaries={n} bytes={n * 4096} chunks={n} producer_waits=0 sync_copies=0 fallbacks=0", file=sys.stderr)
-    else:
-        print("ggml_cuda_mapped_host_bridge: inactive: single device, no cross-device boundaries", file=sys.stderr)
-if variant == "patched" and batched == "1":
-    base = 103.0
-    print("llama_batched_transfers: enabled, pinned pool up to 32 MiB", file=sys.stderr)
-    print("llama_batched_transfers: stats: graphs=5 declined_graphs=0 async_uploads=9 async_downloads=5 sync_uploads=0 sync_downloads=0 upstream_uploads=0 upstream_downloads=0 bytes_up=10 bytes_down=10 fallbacks=0 pool_waits=0 pool_drains=0", file=sys.stderr)
-if env.get("FAKE_FAIL") == variant:
-    print("boom", file=sys.stderr); sys.exit(3)
-reps = int(opt("-r", "1"))
-out = []
-for ub in opt("-ub", "512").split(","):
-    ts = [base + 0.25 * (i - reps // 2) for i in range(reps)]
-    if env.get("FAKE_COLD_FIRST") == "1":
-        ts[0] = base / 2          # a first repetition that still pays first-call costs
-    out.append({"n_prompt": int(opt("-p")), "n_gen": 0, "n_ubatch": int(ub), "avg_ts": base, "stddev_ts": 0.5,
-                "samples_ts": ts})
-if int(opt("-n")) > 0:   # llama-bench runs no tg test with -n 0
-    out.append({"n_prompt": 0, "n_gen": int(opt("-n")), "n_ubatch": int(opt("-ub", "512").split(",")[0]), "avg_ts": base / 10,
-                "stddev_ts": 0.1, "samples_ts": [base / 10] * reps})
-print(json.dumps(out))
-'''
-
-FAKE_MICRO = r'''#!PYTHON
-import os
-print("test-mapped-host-bridge: 2 device(s)")
-print("bench,path,bytes,iters,seconds,GB/s,us_per_copy_synced")
-for n in (4096, 1048576):
-    for p, gbps in (("bridge", 40.0), ("peer", 30.0 if os.environ.get("GGML_CUDA_P2P") != "1" else 300.0),
-                    ("sync-malloc", 3.0), ("d2h", 50.0), ("h2d", 49.0)):
-        print(f"bench,{p},{n},10,0.001,{gbps},12.5")
-'''
-
-
-def _exe(path: Path, text: str) -> None:
-    path.write_text(text.replace("#!PYTHON", "#!" + sys.executable))
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
-
+from helpers import bench_args as _args
+from helpers import write_exe, write_fake_variants
 
 @pytest.fixture
 def variants(tmp_path: Path) -> Path:
-    root = tmp_path / "variants"
-    for v in ("upstream", "nopeer", "patched"):
-        (root / v).mkdir(parents=True)
-        _exe(root / v / "llama-bench", FAKE_BENCH)
-    _exe(root / "patched" / "test-mapped-host-bridge", FAKE_MICRO)
-    return root
-
-
-def _args(**kw) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    bench.add_arguments(p)
-    ns = p.parse_args([])
-    for k, v in kw.items():
-        setattr(ns, k, v)
-    return ns
+    return write_fake_variants(tmp_path / "variants")
 
 
 @pytest.fixture
@@ -376,3 +302,4 @@ def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, env, tm
     assert any(x.startswith("patched bridge=0 p2p=1 batched=0") for x in lines)
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
     assert rep["ratios"]["upstream-p2p"]["off-p2p"]["pp4096/ub512"]["ratio"] == pytest.approx(0.99)
+

@@ -14,7 +14,7 @@ import pytest
 from ggml_bridge import ladder, logparse, model
 from ggml_bridge.errors import LadderSetupError
 
-from test_serve import real_bin_dir, real_vocab, write_fake_bin  # noqa: E402 (pytest puts tests/ on sys.path)
+from helpers import real_bin_dir, real_vocab, write_fake_bin
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,7 @@ import pytest
 
 from ggml_bridge import ladder, logparse, model, rpc, serve
 
-from test_serve import real_bin_dir, real_vocab
+from helpers import real_bin_dir, real_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

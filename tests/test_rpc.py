@@ -17,9 +17,7 @@ import pytest
 from ggml_bridge import logparse, rpc, serve
 from ggml_bridge.errors import RpcError, UsageError
 
-from test_serve import fake_model, write_fake_bin  # the fake llama-server
-
-FAKE_RPC = Path(__file__).parent / "fixtures" / "fakerpc.py"
+from helpers import FAKE_RPC, bench_args, fake_model, write_fake_bin, write_fake_variants
 
 
 def _clear_fake_env(monkeypatch):
@@ -376,19 +374,10 @@ def test_validate_rpc():
 # --- bench: the rpc suites ----------------------------------------------------------------------------------
 
 def _bench_variants(tmp_path):
-    from test_bench import FAKE_BENCH, _exe
-
-    root = tmp_path / "variants"
     record = ('import os, sys\nopen(os.environ["FAKE_RPC_ORDER"], "a").write('
               '"%s cvd=%r %s\\n" % (os.path.basename(os.path.dirname(os.path.abspath(__file__))), '
               'os.environ.get("CUDA_VISIBLE_DEVICES"), " ".join(sys.argv[1:])))\n')
-    head, rest = FAKE_BENCH.split("\n", 1)
-    for v in ("upstream", "nopeer", "patched"):
-        (root / v).mkdir(parents=True)
-        _exe(root / v / "llama-bench", head + "\n" + record + rest)
-        _exe(root / v / rpc.RPC_SERVER, "#!PYTHON\n" + ("import os\nos.environ['FAKE_RPC_UPSTREAM'] = '1'\n"
-                                                       if v != "patched" else "") + FAKE_RPC.read_text())
-    return root
+    return write_fake_variants(tmp_path / "variants", prefix=record, rpc_server=rpc.RPC_SERVER)
 
 
 @pytest.fixture
@@ -409,10 +398,9 @@ def test_bench_rpc_suite(bench_env):
     import json
 
     from ggml_bridge import bench
-    from test_bench import _args
 
     out = bench_env.tmp / "report"
-    args = _args(variants_dir=bench_env.variants, model=bench_env.model, rounds=2, reps=2, report=out, suite="rpc")
+    args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, rounds=2, reps=2, report=out, suite="rpc")
     assert bench.bench(args, bench_env.settings) == 0
     rep = json.loads((out / "bench.json").read_text())
     assert rep["not_engaged"] == [] and rep["failed"] == []
@@ -431,11 +419,10 @@ def test_bench_rpc_bridge_not_engaged(bench_env, monkeypatch):
     import json
 
     from ggml_bridge import bench
-    from test_bench import _args
 
     monkeypatch.setenv("FAKE_RPC_BRIDGE", "inactive")
     out = bench_env.tmp / "report"
-    args = _args(variants_dir=bench_env.variants, model=bench_env.model, rounds=1, reps=1, report=out,
+    args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, rounds=1, reps=1, report=out,
                  suite="rpc", cases="rpc-off,rpc-bridge")
     from ggml_bridge.errors import BenchError
 
@@ -448,10 +435,9 @@ def test_bench_rpc_bridge_not_engaged(bench_env, monkeypatch):
 
 def test_bench_rpc_cpu_suite_pins_threads_on_both_sides(bench_env, monkeypatch, capsys):
     from ggml_bridge import bench
-    from test_bench import _args
 
     monkeypatch.setattr(bench, "n_gpus", lambda: 0)
-    args = _args(variants_dir=bench_env.variants, model=bench_env.model, rounds=1, reps=1,
+    args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, rounds=1, reps=1,
                  report=bench_env.tmp / "report", suite="rpc-cpu")
     assert bench.bench(args, bench_env.settings) == 0
     calls = (bench_env.tmp / "rpc-order.txt").read_text().splitlines()

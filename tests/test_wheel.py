@@ -19,7 +19,7 @@ import pytest
 from ggml_bridge import cli, config, wheel
 from ggml_bridge.errors import NotBuiltError, ServeError, ToolchainError
 
-from test_serve import fake_model, write_fake_bin
+from helpers import fake_model, write_fake_bin
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "ggml_bridge" / "server_dist"
