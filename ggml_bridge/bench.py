@@ -12,6 +12,12 @@ figure is not used for ratios.
 On a CPU-only machine the GPU cases cannot be measured; the report says so and runs the CPU cases.
 A boundary microbenchmark (``test-mapped-host-bridge --bench``) measures copy throughput per boundary size
 for the bridge, upstream's peer copy and synchronous fallback, and the one-way pinned limits.
+
+Pooling: every round runs every case; per case and test the report pools all kept samples into a median and
+interquartile range, and per pair of cases the *paired* ratio (median over rounds of the ratio within a round)
+with a 95 % bootstrap interval that resamples whole rounds. ``--smi [MS]`` samples nvidia-smi while the cases run
+and records, per llama-bench process, the GPUs' clocks, utilisation, peak power and temperature and throttle
+reasons (``logs/smi.csv`` and a table in the report). The report carries the build manifest of every variant.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -114,6 +121,7 @@ class CaseRun:
     engagement: str           # what the log said
     log_tail: list[str] = field(default_factory=list)
     started: float = 0.0      # wall clock (epoch seconds) when the process started: lines runs up with GPU telemetry
+    gpus: dict[str, dict[str, Any]] = field(default_factory=dict)  # --smi: GPU state while it ran, by GPU index
 
 
 @dataclass
@@ -163,6 +171,23 @@ def paired_ratio(samples: Sequence[Sample], case: str, ref: str, test: str) -> t
     if not ratios:
         return None
     return statistics.median(ratios), len(ratios)
+
+
+def paired_interval(samples: Sequence[Sample], case: str, ref: str, test: str, resamples: int = 2000,
+                    seed: int = 1234) -> tuple[float, float] | None:
+    """95 % bootstrap interval of :func:`paired_ratio` that resamples whole rounds (the samples of one process
+    are not independent); None with fewer than 3 common rounds."""
+    per: dict[int, dict[str, list[float]]] = {}
+    for s in samples:
+        if s.test == test and s.case in (case, ref) and s.values:
+            per.setdefault(s.round, {}).setdefault(s.case, []).extend(s.values)
+    ratios = [statistics.median(v[case]) / statistics.median(v[ref])
+              for v in per.values() if case in v and ref in v and statistics.median(v[ref])]
+    if len(ratios) < 3:
+        return None
+    rng = random.Random(seed)
+    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return boot[int(0.025 * (resamples - 1))], boot[int(0.975 * (resamples - 1))]
 
 
 def parse_cpu_list(text: str) -> set[int]:
@@ -259,6 +284,122 @@ def gpu_env() -> dict[str, Any]:
     gpus = [dict(zip(keys, [v.strip() for v in line.split(",")])) for line in out.stdout.strip().splitlines()]
     topo = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True).stdout
     return {"gpus": gpus, "topology": logparse.ANSI.sub("", topo)}
+
+
+#: what --smi samples (nvidia-smi --query-gpu); the throttle reasons are left out where the driver lacks them
+SMI_FIELDS = ("index", "clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "utilization.gpu",
+              "clocks_event_reasons.active")
+
+
+class Telemetry:
+    """``--smi``: nvidia-smi sampled every ``interval_ms`` while the cases run, every line stamped with our
+    clock when it arrives (written to ``csv``), so each llama-bench process can be matched with the GPUs'
+    clocks, power, temperatures and throttle reasons while it ran (:meth:`during`)."""
+
+    def __init__(self, csv: Path, interval_ms: int) -> None:
+        self.csv = csv
+        self.interval_ms = interval_ms
+        self.rows: list[tuple[float, dict[str, str]]] = []
+        self.fields: list[str] = []
+        self.proc: runner.Process | None = None
+
+    def start(self) -> "Telemetry":
+        smi = shutil.which("nvidia-smi")
+        if not smi:
+            raise BenchError("--smi needs nvidia-smi and there is none on PATH",
+                             fix="run on the GPU machine, or leave out --smi")
+        fields = list(SMI_FIELDS)
+        probe = runner.run([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-c", "1"],
+                           check=False, error=BenchError)
+        if probe.returncode != 0:
+            fields.remove("clocks_event_reasons.active")
+        self.fields = fields
+        self.csv.write_text("time," + ",".join(fields) + "\n")
+        self.proc = runner.start([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                                  "-lms", str(self.interval_ms)], on_line=self._line, keep=False,
+                                 error=BenchError)
+        deadline = time.monotonic() + 10  # the first process is sampled from its start
+        while not self.rows and time.monotonic() < deadline and self.proc.popen.poll() is None:
+            time.sleep(0.01)
+        if not self.rows:
+            self.stop()
+            raise BenchError("--smi: nvidia-smi printed no sample", fix=f"see `{smi} --query-gpu=...` by hand, "
+                             "or leave out --smi")
+        return self
+
+    def _line(self, line: str) -> None:
+        values = [v.strip() for v in line.split(",")]
+        if len(values) != len(self.fields):
+            return
+        now = time.time()
+        self.rows.append((now, dict(zip(self.fields, values))))
+        with open(self.csv, "a", encoding="utf-8") as f:
+            f.write(f"{now:.3f}," + ",".join(values) + "\n")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop(timeout=5)
+            self.proc = None
+
+    def during(self, t0: float, t1: float) -> dict[str, dict[str, Any]]:
+        """Per GPU over [t0, t1], the samples where it computed (utilisation >= 50 %; all when none did): the
+        median SM and memory clocks and utilisation, the peak power and temperature, the throttle reasons."""
+        out: dict[str, dict[str, Any]] = {}
+        by_gpu: dict[str, list[dict[str, str]]] = {}
+        for t, r in self.rows:
+            if t0 <= t <= t1:
+                by_gpu.setdefault(r.get("index", "?"), []).append(r)
+        for gpu, rows in sorted(by_gpu.items()):
+            busy = [r for r in rows if _num(r.get("utilization.gpu")) >= 50] or rows
+            rec: dict[str, Any] = {"n": len(busy)}
+            for key, field_name, agg in (("sm_mhz", "clocks.sm", statistics.median),
+                                         ("mem_mhz", "clocks.mem", statistics.median),
+                                         ("util_pct", "utilization.gpu", statistics.median),
+                                         ("power_w_peak", "power.draw", max),
+                                         ("temp_c_peak", "temperature.gpu", max)):
+                xs = [_num(r.get(field_name)) for r in busy]
+                xs = [x for x in xs if x == x]  # NaN: "[N/A]"
+                if xs:
+                    rec[key] = agg(xs)
+            reasons = [r["clocks_event_reasons.active"] for r in busy if "clocks_event_reasons.active" in r]
+            if reasons:
+                rec["reasons"] = {k: reasons.count(k) for k in sorted(set(reasons))}
+            out[gpu] = rec
+        return out
+
+
+def _num(text: str | None) -> float:
+    try:
+        return float(text) if text is not None else float("nan")
+    except ValueError:
+        return float("nan")
+
+
+def smi_table(report: dict[str, Any]) -> list[str]:
+    """Markdown: per case and GPU, the median over its processes of what :meth:`Telemetry.during` recorded."""
+    keys = ("sm_mhz", "mem_mhz", "util_pct", "power_w_peak", "temp_c_peak")
+    lines = ["", "## GPU state while the cases ran (--smi; median over each case's processes)", "",
+             "| case | GPU | processes | SM MHz | memory MHz | utilisation % | peak W | peak °C | throttle reasons |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in report["cases"]:
+        per_gpu: dict[str, list[dict[str, Any]]] = {}
+        for r in report["runs"]:
+            if r["case"] == c["name"]:
+                for g, rec in r.get("gpus", {}).items():
+                    per_gpu.setdefault(g, []).append(rec)
+        for g, recs in sorted(per_gpu.items()):
+            cells = []
+            for k in keys:
+                xs = [x[k] for x in recs if k in x]
+                cells.append(f"{statistics.median(xs):.0f}" if xs else "—")
+            reasons: dict[str, int] = {}
+            for x in recs:
+                for k, v in x.get("reasons", {}).items():
+                    reasons[k] = reasons.get(k, 0) + v
+            total = sum(reasons.values()) or 1
+            rs = ", ".join(f"{k} {100 * v / total:.0f} %" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+            lines.append(f"| {c['name']} | {g} | {len(recs)} | " + " | ".join(cells) + f" | {rs or '—'} |")
+    return lines
 
 
 def resolve_bins(args: argparse.Namespace, settings: Any, variants: set[str]) -> dict[str, Path]:
@@ -375,7 +516,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines.append(f"- rounds: {report['rounds']} interleaved, {report['reps']} llama-bench repetitions kept per round "
                  f"after {report.get('warmup_reps', 0)} discarded; "
                  "figure = median of all samples, ± = interquartile range; 'noise' = difference inside the spreads; "
-                 "'paired' = median over rounds of the ratio within a round")
+                 "'paired' = median over rounds of the ratio within a round [95 % bootstrap interval over rounds]")
     lines.append("")
     for c in report["cases"]:
         lines.append(f"- **{c['name']}**: {c['description']}; binaries {c['bin_dir']}"
@@ -397,7 +538,9 @@ def render_markdown(report: dict[str, Any]) -> str:
                 cmp = report["ratios"].get(r, {}).get(n, {}).get(t)
                 if cmp and n != r:
                     notes = (["noise"] if cmp["noise"] else []) + \
-                        ([f"paired {cmp['paired']:.3f}"] if "paired" in cmp else [])
+                        ([f"paired {cmp['paired']:.3f}" + (" [{:.3f}, {:.3f}]".format(*cmp["paired_ci95"])
+                                                           if "paired_ci95" in cmp else "")]
+                         if "paired" in cmp else [])
                     cells.append(f"{n} {cmp['ratio']:.3f}" + (f" ({'; '.join(notes)})" if notes else ""))
             row.append("<br>".join(cells) or "—")
         lines.append("| " + " | ".join(row) + " |")
@@ -405,6 +548,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", "**Not engaged (figures not used):** " + ", ".join(report["not_engaged"])]
     if report.get("skipped"):
         lines += ["", "**Not measured:** " + "; ".join(report["skipped"])]
+    if report.get("smi"):
+        lines += smi_table(report)
     if report.get("microbench"):
         lines += ["", "## Boundary copy throughput (GB/s; one copy + sync latency in µs)", ""]
         paths = sorted({r["path"] for r in report["microbench"]})
@@ -483,7 +628,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="which comparison (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)")
     parser.add_argument("--cases", default=None, help="comma-separated subset of the suite's cases")
     parser.add_argument("--variants-dir", type=Path, default=None, metavar="DIR",
-                        help="DIR/{upstream,nopeer,patched}/llama-bench, as scripts/gpu/build-cuda-variants.sh makes")
+                        help="DIR/{upstream,nopeer,patched}/llama-bench: one folder per build variant")
     for v in ("upstream", "upstream-nopeer", "patched"):
         parser.add_argument(f"--bin-dir-{v}", type=Path, default=None, metavar="DIR", help=f"llama-bench of {v}")
     parser.add_argument("--build", action=argparse.BooleanOptionalAction, default=True,
@@ -507,6 +652,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GGML_CUDA_DEVICES=N: emulate N cards on the visible GPUs")
     parser.add_argument("--microbench", action=argparse.BooleanOptionalAction, default=True,
                         help="boundary copy microbenchmark (needs 2+ devices)")
+    parser.add_argument("--smi", nargs="?", type=int, const=100, default=None, metavar="MS",
+                        help="sample nvidia-smi every MS milliseconds (default 100) while the cases run: every "
+                             "process's GPU clocks, power, temperature and throttle reasons go into the report")
     parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="report directory")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per llama-bench invocation")
 
@@ -542,6 +690,9 @@ def bench(args: argparse.Namespace, settings: Any) -> int:
     if args.time_budget is not None and not args.time_budget > 0:
         raise UsageError(f"bad --time-budget {args.time_budget}", why="a budget must be a positive number of seconds",
                          fix="e.g. --time-budget 500, or leave it out to run every round")
+    if getattr(args, "smi", None) is not None and not 10 <= args.smi <= 60000:
+        raise UsageError(f"bad --smi {args.smi}", why="nvidia-smi samples every 10 ms to 60 s",
+                         fix="e.g. --smi 100, or --smi alone for every 100 ms")
     if args.tg is not None and args.tg < 0:
         raise UsageError(f"bad --tg {args.tg}", why="a negative number of generated tokens",
                          fix="use --tg 0 to skip token generation, or a positive count")
@@ -627,27 +778,13 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     runs: list[CaseRun] = []
     samples: list[Sample] = []
     names = [c.name for c in runnable]
-    t_start = time.monotonic()
-    longest = 0.0
+    smi = Telemetry(logs / "smi.csv", args.smi).start() if getattr(args, "smi", None) is not None else None
     stopped = ""
-    for rnd in range(args.rounds):
-        elapsed = time.monotonic() - t_start
-        if args.time_budget is not None and rnd > 0 and elapsed + longest > args.time_budget:
-            stopped = (f"time budget: {rnd} of {args.rounds} rounds ran in {elapsed:.0f} s; another would "
-                       f"take ~{longest:.0f} s of the {args.time_budget:.0f} s budget")
-            log(f"    stopping: {stopped}")
-            break
-        t_round = time.monotonic()
-        for name in rotate(names, rnd):
-            c = CASES[name]
-            cr, ss = run_case(bins[c.variant], c, model_path, suite, args.reps, base_env, logs, rnd, args.timeout,
-                              warmup=args.warmup_reps)
-            runs.append(cr)
-            samples += ss
-            figs = " ".join(f"{s.test}={statistics.median(s.values):.1f}" for s in ss)
-            log(f"    round {rnd + 1}/{args.rounds} {name:13s} rc={cr.rc} {cr.seconds:5.1f}s {figs}"
-                + ("" if cr.engaged is None else f" [{'engaged' if cr.engaged else 'NOT ENGAGED'}]"))
-        longest = max(longest, time.monotonic() - t_round)
+    try:
+        stopped = _rounds(args, runnable, bins, model_path, suite, base_env, logs, runs, samples, smi)
+    finally:
+        if smi is not None:
+            smi.stop()
     rounds_run = len({r.round for r in runs})   # every round runs every case
 
     failed = sorted({r.case for r in runs if r.rc != 0})
@@ -673,6 +810,9 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
                     paired = paired_ratio(samples, n, ref, t)
                     if paired is not None:
                         cmp["paired"], cmp["paired_rounds"] = paired
+                        ci = paired_interval(samples, n, ref, t)
+                        if ci is not None:
+                            cmp["paired_ci95"] = list(ci)
                     ratios.setdefault(ref, {}).setdefault(n, {})[t] = cmp
 
     micro: list[dict[str, Any]] = []
@@ -697,6 +837,8 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
         "tests": tests, "summary": summary, "ratios": ratios, "samples": [asdict(s) for s in samples],
         "runs": [asdict(r) for r in runs], "failed": failed, "not_engaged": not_engaged, "skipped": skipped,
         "microbench": micro,
+        "smi": ({"interval_ms": smi.interval_ms, "fields": smi.fields, "samples": len(smi.rows),
+                 "file": "logs/smi.csv"} if smi is not None else None),
     }
     (out_dir / "bench.json").write_text(json.dumps(report, indent=1))
     (out_dir / "bench.md").write_text(render_markdown(report))
@@ -712,8 +854,41 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
+def _rounds(args: argparse.Namespace, runnable: list[Case], bins: dict[str, Path], model_path: Path,
+            suite: dict[str, Any], base_env: dict[str, str], logs: Path, runs: list[CaseRun],
+            samples: list[Sample], smi: Telemetry | None) -> str:
+    """The interleaved rounds (the order rotates each round), until --rounds or the --time-budget; appends to
+    ``runs`` and ``samples``; returns why it stopped early ("" if it did not)."""
+    names = [c.name for c in runnable]
+    t_start = time.monotonic()
+    longest = 0.0
+    stopped = ""
+    for rnd in range(args.rounds):
+        elapsed = time.monotonic() - t_start
+        if args.time_budget is not None and rnd > 0 and elapsed + longest > args.time_budget:
+            stopped = (f"time budget: {rnd} of {args.rounds} rounds ran in {elapsed:.0f} s; another would "
+                       f"take ~{longest:.0f} s of the {args.time_budget:.0f} s budget")
+            log(f"    stopping: {stopped}")
+            break
+        t_round = time.monotonic()
+        for name in rotate(names, rnd):
+            c = CASES[name]
+            cr, ss = run_case(bins[c.variant], c, model_path, suite, args.reps, base_env, logs, rnd, args.timeout,
+                              warmup=args.warmup_reps)
+            if smi is not None:
+                cr.gpus = smi.during(cr.started, cr.started + cr.seconds)
+            runs.append(cr)
+            samples += ss
+            figs = " ".join(f"{s.test}={statistics.median(s.values):.1f}" for s in ss)
+            log(f"    round {rnd + 1}/{args.rounds} {name:13s} rc={cr.rc} {cr.seconds:5.1f}s {figs}"
+                + ("" if cr.engaged is None else f" [{'engaged' if cr.engaged else 'NOT ENGAGED'}]"))
+        longest = max(longest, time.monotonic() - t_round)
+    return stopped
+
+
 def _manifests(bins: dict[str, Path]) -> dict[str, Any]:
-    """Build manifests (upstream commit, patches) next to the binaries, where the build stage wrote them."""
+    """The build manifest of every variant (upstream commit, patches, series hash, cmake_args, ...), from next to
+    its binaries where the build stage wrote it: what the figures were measured on."""
     out: dict[str, Any] = {}
     for v, d in bins.items():
         for cand in (d / "manifest.json", d.parent / "manifest.json", d.parent.parent / "manifest.json"):
@@ -722,6 +897,6 @@ def _manifests(bins: dict[str, Path]) -> dict[str, Any]:
                     m = json.loads(cand.read_text())
                 except json.JSONDecodeError:
                     continue
-                out[v] = {k: m.get(k) for k in ("upstream", "patches", "series_hash", "cmake_options") if k in m}
+                out[v] = {"file": str(cand), **m}
                 break
     return out

@@ -13,7 +13,7 @@ import pytest
 from ggml_bridge import bench
 from ggml_bridge.errors import BenchError
 from helpers import bench_args as _args
-from helpers import write_exe, write_fake_variants
+from helpers import FAKE_SMI, write_exe, write_fake_variants
 
 @pytest.fixture
 def variants(tmp_path: Path) -> Path:
@@ -62,9 +62,10 @@ def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     paths = {m["path"] for m in rep["microbench"]}
     assert paths == {"bridge", "peer", "peer-p2p", "sync-malloc", "d2h", "h2d"}
     md = (report_dir / "bench.md").read_text()
-    assert "| pp4096/ub512 |" in md and "bridge 0.970 (paired 0.970)" in md and "Boundary copy throughput" in md
+    assert "| pp4096/ub512 |" in md and "bridge 0.970 (paired 0.970 [0.970, 0.970])" in md and "Boundary copy throughput" in md
     assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["paired"] == pytest.approx(0.97)
     assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["paired_rounds"] == 3
+    assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["paired_ci95"] == pytest.approx([0.97, 0.97])
     assert (report_dir / "throughput.png").stat().st_size > 1000
     assert (report_dir / "microbench.png").stat().st_size > 1000
 
@@ -303,3 +304,62 @@ def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, env, tm
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
     assert rep["ratios"]["upstream-p2p"]["off-p2p"]["pp4096/ub512"]["ratio"] == pytest.approx(0.99)
 
+
+def test_report_carries_the_build_manifests(variants, env, tmp_path):
+    """A GPU report had "manifests": {}: _manifests copied "cmake_options", the build writes "cmake_args"."""
+    manifest = {"variant": "patched", "backend": "cuda", "upstream": {"commit": "0c1e570"}, "series_hash": "ab" * 32,
+                "patches": [{"name": "0001-x.patch", "sha256": "cd" * 32}],
+                "cmake_args": ["-DGGML_CUDA_MAPPED_HOST_BRIDGE=ON", "-DSAM3D_BATCHED_TRANSFERS=ON", "-DGGML_RPC=ON"]}
+    (variants / "patched" / "manifest.json").write_text(json.dumps(manifest))
+    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r",
+                 cases="upstream-p2p,bridge", microbench=False)
+    assert bench.bench(args, env.settings) == 0
+    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    got = rep["manifests"]["patched"]
+    assert got["cmake_args"] == manifest["cmake_args"] and got["series_hash"] == manifest["series_hash"]
+    assert got["upstream"] == manifest["upstream"] and got["file"] == str(variants / "patched" / "manifest.json")
+    assert "upstream" not in rep["manifests"]  # no manifest next to that build: none invented
+
+
+@pytest.mark.parametrize("reasons", [True, False])
+def test_smi_records_the_gpu_state_of_every_process(variants, env, tmp_path, monkeypatch, reasons):
+    bindir = tmp_path / "smi-bin"
+    bindir.mkdir()
+    write_exe(bindir / "nvidia-smi", FAKE_SMI.read_text())
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLEEP_S", "0.3")
+    if not reasons:
+        monkeypatch.setenv("FAKE_SMI_NO_REASONS", "1")
+    args = _args(variants_dir=variants, model=env.model, rounds=2, reps=1, report=tmp_path / "r",
+                 cases="upstream-p2p,bridge", microbench=False, smi=20)
+    assert bench.bench(args, env.settings) == 0
+    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    assert rep["smi"]["samples"] > 0 and rep["smi"]["file"] == "logs/smi.csv"
+    assert ("clocks_event_reasons.active" in rep["smi"]["fields"]) == reasons
+    assert len(rep["runs"]) == 4
+    for r in rep["runs"]:  # every process was sampled while it ran, on both GPUs
+        assert set(r["gpus"]) == {"0", "1"}, r
+        g = r["gpus"]["0"]
+        assert g["n"] >= 1 and g["sm_mhz"] == 1980 and g["power_w_peak"] == 350.5 and g["temp_c_peak"] == 45
+        assert (g.get("reasons") == {"0x0000000000000004": g["n"]}) if reasons else "reasons" not in g
+    md = (tmp_path / "r" / "bench.md").read_text()
+    assert "GPU state while the cases ran" in md and "| bridge | 1 | 2 | 1980 | 2619 | 97 | 350 | 45 |" in md
+    assert (tmp_path / "r" / "logs" / "smi.csv").read_text().count("\n") == rep["smi"]["samples"] + 1
+
+
+def test_smi_without_nvidia_smi_is_one_clear_error(variants, env, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r",
+                 cases="upstream-p2p", microbench=False, smi=100)
+    with pytest.raises(BenchError, match="--smi needs nvidia-smi"):
+        bench.bench(args, env.settings)
+
+
+def test_paired_ratio_interval_resamples_rounds():
+    samples = [bench.Sample(c, "t", r, [v]) for r, (a, b) in enumerate([(100, 97), (90, 88), (110, 106), (95, 93)])
+               for c, v in (("ref", a), ("x", b))]
+    point, n = bench.paired_ratio(samples, "x", "ref", "t")
+    lo, hi = bench.paired_interval(samples, "x", "ref", "t")
+    ratios = [97 / 100, 88 / 90, 106 / 110, 93 / 95]
+    assert n == 4 and min(ratios) <= lo <= point <= hi <= max(ratios)
+    assert bench.paired_interval(samples[:4], "x", "ref", "t") is None  # two rounds: no interval
