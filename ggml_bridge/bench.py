@@ -158,16 +158,21 @@ def compare(a: Summary, b: Summary) -> dict[str, Any]:
     return {"ratio": ratio, "noise": noise}
 
 
-def paired_ratio(samples: Sequence[Sample], case: str, ref: str, test: str) -> tuple[float, int] | None:
-    """Median over the rounds that ran both cases of (median of case / median of ref) within the round, and the
-    number of such rounds. Cases of one round ran next to each other, so a drift of the machine between rounds
-    (clocks, a noisy neighbour) cancels here, while the pooled medians keep it; None without a common round."""
+def _round_ratios(samples: Sequence[Sample], case: str, ref: str, test: str) -> list[float]:
+    """Per round that ran both cases: median of case / median of ref within the round."""
     per: dict[int, dict[str, list[float]]] = {}
     for s in samples:
         if s.test == test and s.case in (case, ref) and s.values:
             per.setdefault(s.round, {}).setdefault(s.case, []).extend(s.values)
-    ratios = [statistics.median(v[case]) / statistics.median(v[ref])
-              for v in per.values() if case in v and ref in v and statistics.median(v[ref])]
+    return [statistics.median(v[case]) / statistics.median(v[ref])
+            for v in per.values() if case in v and ref in v and statistics.median(v[ref])]
+
+
+def paired_ratio(samples: Sequence[Sample], case: str, ref: str, test: str) -> tuple[float, int] | None:
+    """Median over the rounds that ran both cases of (median of case / median of ref) within the round, and the
+    number of such rounds. Cases of one round ran next to each other, so a drift of the machine between rounds
+    (clocks, a noisy neighbour) cancels here, while the pooled medians keep it; None without a common round."""
+    ratios = _round_ratios(samples, case, ref, test)
     if not ratios:
         return None
     return statistics.median(ratios), len(ratios)
@@ -177,12 +182,7 @@ def paired_interval(samples: Sequence[Sample], case: str, ref: str, test: str, r
                     seed: int = 1234) -> tuple[float, float] | None:
     """95 % bootstrap interval of :func:`paired_ratio` that resamples whole rounds (the samples of one process
     are not independent); None with fewer than 3 common rounds."""
-    per: dict[int, dict[str, list[float]]] = {}
-    for s in samples:
-        if s.test == test and s.case in (case, ref) and s.values:
-            per.setdefault(s.round, {}).setdefault(s.case, []).extend(s.values)
-    ratios = [statistics.median(v[case]) / statistics.median(v[ref])
-              for v in per.values() if case in v and ref in v and statistics.median(v[ref])]
+    ratios = _round_ratios(samples, case, ref, test)
     if len(ratios) < 3:
         return None
     rng = random.Random(seed)

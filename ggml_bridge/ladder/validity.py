@@ -18,6 +18,14 @@ def _state(n_engaged: int, n_inactive: int, n_procs: int) -> str:
     return "absent" if n_engaged == n_inactive == 0 else "mixed"
 
 
+def _not_engaged(what: str, no_line: str, logs: dict[str, logparse.LogInfo], engaged: list[str],
+                 inactive: dict[str, str]) -> str:
+    """The problem line of a mechanism that did not engage in every process: why, per process."""
+    why = "; ".join(f"{p}: " + (f"inactive: {inactive[p]}" if p in inactive else no_line)
+                    for p in logs if p not in engaged)
+    return f"{what} not engaged ({why})"
+
+
 def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
                   metrics: dict[str, int] | None = None) -> dict[str, Any]:
     """Check the log-line contract for one mode across its processes (server, perplexity), and the server's live
@@ -79,10 +87,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
             notes.append("bridge inactive as the rung expects (" + "; ".join(sorted(set(inactive.values()))) +
                          "): compared, not a bridge pass")
         else:
-            missing = [p for p in logs if p not in engaged]
-            why = "; ".join(f"{p}: " + (f"inactive: {inactive[p]}" if p in inactive else "no bridge line")
-                            for p in missing)
-            problems.append(f"bridge not engaged ({why})")
+            problems.append(_not_engaged("bridge", "no bridge line", logs, engaged, inactive))
 
     if mode.uses_batched:
         engaged = [p for p, i in logs.items() if i.batched.enabled]
@@ -117,10 +122,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
             notes.append("batched transfers inactive as the rung expects (" +
                          "; ".join(sorted(set(inactive.values()))) + "): compared, not a batched pass")
         else:
-            missing = [p for p in logs if p not in engaged]
-            why = "; ".join(f"{p}: " + (f"inactive: {inactive[p]}" if p in inactive else "no batched-transfers line")
-                            for p in missing)
-            problems.append(f"batched transfers not engaged ({why})")
+            problems.append(_not_engaged("batched transfers", "no batched-transfers line", logs, engaged, inactive))
 
     if rung.multi_device:
         used = {p: i.n_devices for p, i in logs.items()}
