@@ -17,7 +17,8 @@ Pooling: every round runs every case; per case and test the report pools all kep
 interquartile range, and per pair of cases the *paired* ratio (median over rounds of the ratio within a round)
 with a 95 % bootstrap interval that resamples whole rounds. ``--smi [MS]`` samples nvidia-smi while the cases run
 and records, per llama-bench process, the GPUs' clocks, utilisation, peak power and temperature and throttle
-reasons (``logs/smi.csv`` and a table in the report). The report carries the build manifest of every variant.
+reasons (``logs/smi.csv`` and a table in the report). ``--pool REPORT...`` runs nothing and pools the rounds of
+several reports of one suite and settings into one. The report carries the build manifest of every variant.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import shutil
 import statistics
 import subprocess
 import time
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -511,6 +513,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                      f"{g['pcie.link.gen.max']} x{g['pcie.link.width.max']} (max)")
     lines.append(f"- model: {report['model']['shape']} ({report['model']['path']})")
     lines.append(f"- settings: {report['settings']}" + (f"; CPUs {report['cpus']}" if report.get("cpus") else ""))
+    if report.get("pooled_from"):
+        lines.append(f"- pooled from {len(report['pooled_from'])} reports: " + ", ".join(report["pooled_from"]))
     if report.get("stopped"):
         lines.append(f"- stopped early, {report['stopped']}")
     lines.append(f"- rounds: {report['rounds']} interleaved, {report['reps']} llama-bench repetitions kept per round "
@@ -524,7 +528,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines.append("")
     tests = report["tests"]
     names = [c["name"] for c in report["cases"]]
-    refs = [r for r in ("upstream-p2p", "upstream-nopeer", "off") if r in names]
+    refs = references(names, ("upstream-p2p", "upstream-nopeer", "off"))
     head = "| test | " + " | ".join(names) + " | " + " | ".join(f"vs {r}" for r in refs) + " |"
     lines += [head, "|" + "---|" * (1 + len(names) + len(refs))]
     for t in tests:
@@ -655,6 +659,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smi", nargs="?", type=int, const=100, default=None, metavar="MS",
                         help="sample nvidia-smi every MS milliseconds (default 100) while the cases run: every "
                              "process's GPU clocks, power, temperature and throttle reasons go into the report")
+    parser.add_argument("--pool", type=Path, nargs="+", default=None, metavar="REPORT",
+                        help="run nothing: pool the rounds of these bench.json reports (same suite and settings, "
+                             "e.g. two GPU calls) into one report in --report")
     parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="report directory")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per llama-bench invocation")
 
@@ -673,6 +680,11 @@ def run(args: argparse.Namespace, settings: Any) -> int:
 
 
 def bench(args: argparse.Namespace, settings: Any) -> int:
+    if getattr(args, "pool", None):
+        if args.report is None:
+            raise UsageError("--pool needs --report DIR", why="the pooled report is a new report",
+                             fix="e.g. --pool a/bench.json b/bench.json --report pooled")
+        return pool_reports(args.pool, args.report)
 
     if args.rounds < 1 or args.reps < 1 or args.warmup_reps < 0:
         raise UsageError(f"bad counts: --rounds {args.rounds}, --reps {args.reps}, --warmup-reps {args.warmup_reps}",
@@ -785,35 +797,7 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     finally:
         if smi is not None:
             smi.stop()
-    rounds_run = len({r.round for r in runs})   # every round runs every case
-
-    failed = sorted({r.case for r in runs if r.rc != 0})
-    not_engaged = sorted({r.case for r in runs if r.engaged is False})
-    tests = sorted({s.test for s in samples}, key=_test_order)
-    summary: dict[str, dict[str, dict[str, Any]]] = {}
-    for name in names:
-        for t in tests:
-            vals = [v for s in samples if s.case == name and s.test == t for v in s.values]
-            if vals:
-                summary.setdefault(name, {})[t] = asdict(summarize(name, t, vals))
-    usable = [n for n in names if n not in failed and n not in not_engaged]
-    ratios: dict[str, dict[str, dict[str, Any]]] = {}
-    for ref in ("upstream-p2p", "upstream-nopeer", "off", "upstream", "rpc-upstream-nopeer", "rpc-upstream", "rpc-off"):
-        if ref not in usable:
-            continue
-        for n in usable:
-            for t in tests:
-                if t in summary.get(n, {}) and t in summary.get(ref, {}):
-                    a = Summary(**summary[n][t])
-                    b = Summary(**summary[ref][t])
-                    cmp = compare(a, b)
-                    paired = paired_ratio(samples, n, ref, t)
-                    if paired is not None:
-                        cmp["paired"], cmp["paired_rounds"] = paired
-                        ci = paired_interval(samples, n, ref, t)
-                        if ci is not None:
-                            cmp["paired_ci95"] = list(ci)
-                    ratios.setdefault(ref, {}).setdefault(n, {})[t] = cmp
+    pooled = pool(names, samples, runs)
 
     micro: list[dict[str, Any]] = []
     if args.microbench and "patched" in bins and (gpus >= 2 or virtual_devices):
@@ -822,7 +806,7 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
 
     report = {
         "suite": suite_name, "about": suite["about"], "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        "host": platform.node(), "rounds": rounds_run, "rounds_planned": args.rounds, "stopped": stopped,
+        "host": platform.node(), "rounds": pooled["rounds"], "rounds_planned": args.rounds, "stopped": stopped,
         "time_budget": args.time_budget, "reps": args.reps, "warmup_reps": args.warmup_reps,
         "cpus": args.cpus,
         "settings": {k: suite[k] for k in ("pp", "batch", "ubatch", "tg", "devices")}
@@ -834,8 +818,7 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
                    "engagement": next((r.engagement for r in reversed(runs) if r.case == c.name), "")}
                   for c in runnable],
         "manifests": _manifests(bins),
-        "tests": tests, "summary": summary, "ratios": ratios, "samples": [asdict(s) for s in samples],
-        "runs": [asdict(r) for r in runs], "failed": failed, "not_engaged": not_engaged, "skipped": skipped,
+        **pooled, "samples": [asdict(s) for s in samples], "runs": [asdict(r) for r in runs], "skipped": skipped,
         "microbench": micro,
         "smi": ({"interval_ms": smi.interval_ms, "fields": smi.fields, "samples": len(smi.rows),
                  "file": "logs/smi.csv"} if smi is not None else None),
@@ -845,12 +828,101 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     report["plots"] = plot(report, out_dir)
     log(f"==> report: {out_dir / 'bench.md'}")
     print(out_dir)
+    failed, not_engaged = pooled["failed"], pooled["not_engaged"]
     if failed:
         raise BenchError(f"llama-bench failed for case(s) {', '.join(failed)}", fix=f"see the logs in {logs}")
     if not_engaged:
         raise BenchError(f"case(s) {', '.join(not_engaged)} did not engage their mechanism",
                          why="their figures would be upstream's path under another name",
                          fix=f"see the engagement lines in {out_dir / 'bench.md'} and the logs in {logs}")
+    return 0
+
+
+#: reference cases of the ratios, in this order
+REFERENCES = ("upstream-p2p", "upstream-nopeer", "off", "upstream", "rpc-upstream-nopeer", "rpc-upstream", "rpc-off")
+
+
+def references(names: Sequence[str], among: Sequence[str] = REFERENCES) -> list[str]:
+    """The reference cases present in ``names``, by their current or older name (reports of earlier runs)."""
+    old = {new: [o for o, n in modes.ALIASES.items() if n == new] for new in among}
+    return [n for ref in among for n in [ref, *old[ref]] if n in names]
+
+
+def pool(names: Sequence[str], samples: Sequence[Sample], runs: Sequence[CaseRun]) -> dict[str, Any]:
+    """All rounds pooled: per case and test the median and quartiles of every kept sample, and against each
+    reference case the ratio of medians and the paired ratio with its interval (cases that failed or did not
+    engage are left out of the ratios)."""
+    failed = sorted({r.case for r in runs if r.rc != 0})
+    not_engaged = sorted({r.case for r in runs if r.engaged is False})
+    tests = sorted({s.test for s in samples}, key=_test_order)
+    summary: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in names:
+        for t in tests:
+            vals = [v for s in samples if s.case == name and s.test == t for v in s.values]
+            if vals:
+                summary.setdefault(name, {})[t] = asdict(summarize(name, t, vals))
+    usable = [n for n in names if n not in failed and n not in not_engaged]
+    ratios: dict[str, dict[str, dict[str, Any]]] = {}
+    for ref in references(usable):
+        for n in usable:
+            for t in tests:
+                if t in summary.get(n, {}) and t in summary.get(ref, {}):
+                    cmp = compare(Summary(**summary[n][t]), Summary(**summary[ref][t]))
+                    paired = paired_ratio(samples, n, ref, t)
+                    if paired is not None:
+                        cmp["paired"], cmp["paired_rounds"] = paired
+                        ci = paired_interval(samples, n, ref, t)
+                        if ci is not None:
+                            cmp["paired_ci95"] = list(ci)
+                    ratios.setdefault(ref, {}).setdefault(n, {})[t] = cmp
+    return {"rounds": len({r.round for r in runs}), "tests": tests, "summary": summary, "ratios": ratios,
+            "failed": failed, "not_engaged": not_engaged}
+
+
+def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
+    """``bench --pool REPORT...``: the rounds of several reports of the same suite and settings (e.g. two GPU
+    calls) pooled into one report, their rounds numbered one after the other; nothing is run."""
+    reports = []
+    for p in paths:
+        f = Path(p) / "bench.json" if Path(p).is_dir() else Path(p)
+        try:
+            reports.append((f, json.loads(f.read_text())))
+        except (OSError, json.JSONDecodeError) as e:
+            raise BenchError(f"cannot read the bench report {f}", why=str(e),
+                             fix="pass bench.json files (or their folders) written by ggml-bridge bench") from None
+    first = reports[0][1]
+    envs = {c["name"]: c.get("env") for c in first["cases"]}
+    for f, rep in reports[1:]:
+        same = {k: rep.get(k) == first.get(k) for k in ("suite", "settings", "reps", "warmup_reps")}
+        same["model"] = rep.get("model", {}).get("shape") == first.get("model", {}).get("shape")
+        same["cases"] = all(envs.get(c["name"], c.get("env")) == c.get("env") for c in rep["cases"])
+        if not all(same.values()):
+            raise BenchError(f"{f} was not measured like {reports[0][0]}",
+                             why="they differ in " + ", ".join(k for k, v in same.items() if not v),
+                             fix="pool only reports of one suite, model, settings and case definitions")
+    samples: list[Sample] = []
+    runs: list[CaseRun] = []
+    fields = {f.name for f in dataclasses.fields(CaseRun)}
+    offset = 0
+    cases: dict[str, dict[str, Any]] = {}
+    for _, rep in reports:
+        samples += [Sample(**{**x, "round": x["round"] + offset}) for x in rep["samples"]]
+        runs += [CaseRun(**{k: v for k, v in {**x, "round": x["round"] + offset}.items() if k in fields})
+                 for x in rep["runs"]]
+        offset += 1 + max([x["round"] for x in rep["runs"]], default=-1)
+        for c in rep["cases"]:
+            cases.setdefault(c["name"], c)
+    pooled = pool(list(cases), samples, runs)
+    report = {**first, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(), "host": platform.node(),
+              "pooled_from": [str(f) for f, _ in reports], "rounds_planned": offset, "stopped": "",
+              "cases": list(cases.values()), **pooled, "samples": [asdict(s) for s in samples],
+              "runs": [asdict(r) for r in runs], "microbench": [],
+              "manifests_by_report": {str(f): rep.get("manifests", {}) for f, rep in reports}}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=1))
+    (out_dir / "bench.md").write_text(render_markdown(report))
+    log(f"==> pooled {len(reports)} reports, {pooled['rounds']} rounds: {out_dir / 'bench.md'}")
+    print(out_dir)
     return 0
 
 

@@ -363,3 +363,39 @@ def test_paired_ratio_interval_resamples_rounds():
     ratios = [97 / 100, 88 / 90, 106 / 110, 93 / 95]
     assert n == 4 and min(ratios) <= lo <= point <= hi <= max(ratios)
     assert bench.paired_interval(samples[:4], "x", "ref", "t") is None  # two rounds: no interval
+
+
+def test_pool_reports_numbers_rounds_one_after_the_other(variants, env, tmp_path):
+    for name in ("a", "b"):
+        args = _args(variants_dir=variants, model=env.model, rounds=2, reps=2, report=tmp_path / name,
+                     cases="upstream-p2p,bridge", microbench=False)
+        assert bench.bench(args, env.settings) == 0
+    assert bench.bench(_args(pool=[tmp_path / "a", tmp_path / "b" / "bench.json"], report=tmp_path / "p"),
+                       env.settings) == 0
+    rep = json.loads((tmp_path / "p" / "bench.json").read_text())
+    assert rep["rounds"] == 4 and sorted({r["round"] for r in rep["runs"]}) == [0, 1, 2, 3]
+    assert rep["summary"]["bridge"]["pp4096/ub512"]["n"] == 8  # 2 reports x 2 rounds x 2 samples
+    cmp = rep["ratios"]["upstream-p2p"]["bridge"]["pp4096/ub512"]
+    assert cmp["paired_rounds"] == 4 and cmp["ratio"] == pytest.approx(0.97, rel=1e-3) and "paired_ci95" in cmp
+    assert len(rep["pooled_from"]) == 2 and set(rep["manifests_by_report"]) == set(rep["pooled_from"])
+    assert "pooled from 2 reports" in (tmp_path / "p" / "bench.md").read_text()
+
+
+def test_pool_refuses_reports_measured_differently(variants, env, tmp_path):
+    for name, ub in (("a", "512"), ("b", "4096")):
+        args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / name,
+                     cases="upstream-p2p", microbench=False, ubatch=ub)
+        assert bench.bench(args, env.settings) == 0
+    with pytest.raises(BenchError, match="was not measured like") as e:
+        bench.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), env.settings)
+    assert "settings" in e.value.why
+    with pytest.raises(BenchError, match="cannot read the bench report"):
+        bench.bench(_args(pool=[tmp_path / "a", tmp_path / "nothing"], report=tmp_path / "p"), env.settings)
+    assert not (tmp_path / "p").exists()
+
+
+def test_references_by_current_or_older_name():
+    """Reports of earlier runs (pooled with --pool) name the references p2p, nopeer, staged."""
+    assert bench.references(["bridge", "off", "upstream-p2p"]) == ["upstream-p2p", "off"]
+    assert bench.references(["nopeer", "bridge", "p2p"]) == ["p2p", "nopeer"]
+    assert bench.references(["staged", "bridge"], ("upstream-p2p", "upstream-nopeer", "off")) == []
