@@ -399,7 +399,8 @@ def smi_table(report: dict[str, Any]) -> list[str]:
                 for k, v in x.get("reasons", {}).items():
                     reasons[k] = reasons.get(k, 0) + v
             total = sum(reasons.values()) or 1
-            rs = ", ".join(f"{k} {100 * v / total:.0f} %" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+            top = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
+            rs = ", ".join(f"{k} {100 * v / total:.0f} %" for k, v in top)
             lines.append(f"| {c['name']} | {g} | {len(recs)} | " + " | ".join(cells) + f" | {rs or '—'} |")
     return lines
 
@@ -593,8 +594,8 @@ def _plot_throughput(plt: Any, report: dict[str, Any], names: list[str], tests: 
         meds = [report["summary"].get(n, {}).get(t, {}).get("median", 0.0) for n in names]
         errs = [(report["summary"].get(n, {}).get(t, {}).get("q3", 0.0)
                  - report["summary"].get(n, {}).get(t, {}).get("q1", 0.0)) / 2 for n in names]
-        ax.bar(range(len(names)), meds, yerr=errs, color=["#6b7280" if n in CASES and not modes.VARIANTS[CASES[n].variant].patched
-                                                          else "#0f766e" for n in names])
+        grey = [n in CASES and not modes.VARIANTS[CASES[n].variant].patched for n in names]  # upstream builds
+        ax.bar(range(len(names)), meds, yerr=errs, color=["#6b7280" if g else "#0f766e" for g in grey])
         ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
         ax.set_title(t)
         ax.set_ylabel("tokens/s")

@@ -71,7 +71,8 @@ class Variant:
 
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant("patched", True, {BRIDGE: "ON", BATCHED: "ON"}, "patched", "our series applied, both mechanisms compiled in"),
+    Variant("patched", True, {BRIDGE: "ON", BATCHED: "ON"}, "patched",
+            "our series applied, both mechanisms compiled in"),
     Variant("upstream", False, {}, "upstream", "no patches: the reference for 'the patches change nothing'"),
     Variant("upstream-nopeer", False, {"GGML_CUDA_NO_PEER_COPY": "ON"}, "nopeer",
             "no patches, GGML_CUDA_NO_PEER_COPY (synchronous copy through malloc; CUDA only)"),
@@ -114,39 +115,36 @@ class Mode:
         return {**env, **dict(self.rejected)}
 
 
-def _m(name: str, variant: str, bridge: str | None, batched: str | None, about: str, **kw: object) -> Mode:
-    return Mode(name, variant, bridge, batched, about, **kw)  # type: ignore[arg-type]
-
-
 MODES: dict[str, Mode] = {m.name: m for m in (
-    _m("upstream", "upstream", None, None,
-       "upstream build (on GPUs: cudaMemcpyPeerAsync without peer access, driver-staged)"),
-    _m("upstream-p2p", "upstream", None, None, "upstream build, peer access enabled (NVLink / PCIe P2P)", p2p=True),
-    _m("upstream-nopeer", "upstream-nopeer", None, None,
-       "upstream GGML_CUDA_NO_PEER_COPY build (synchronous copy through malloc)"),
-    _m("off", "patched", "off", "off", "patched build, selectors 0"),
-    _m("off-p2p", "patched", "off", "off",
-       "patched build, selectors 0, peer access enabled: upstream's P2P path in our binary (a control)", p2p=True),
-    _m("off-1gpu", "patched", "off", "off", "patched build, selectors 0, on one GPU whatever the rung's devices",
-       devices=1),
-    _m("bridge", "patched", "on", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 (peer access not enabled)"),
-    _m("bridge-force", "patched", "force", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force"),
-    _m("bridge-force-p2p", "patched", "force", "off",
-       "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force with peer access enabled", p2p=True),
-    _m("batched", "patched", "off", "on", "patched, SAM3D_BATCHED_TRANSFERS=1"),
-    _m("bridge-batched", "patched", "on", "on", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 and SAM3D_BATCHED_TRANSFERS=1"),
-    _m("bridge-force-batched", "patched", "force", "on",
-       "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force and SAM3D_BATCHED_TRANSFERS=1"),
+    Mode("upstream", "upstream", None, None,
+         "upstream build (on GPUs: cudaMemcpyPeerAsync without peer access, driver-staged)"),
+    Mode("upstream-p2p", "upstream", None, None, "upstream build, peer access enabled (NVLink / PCIe P2P)", p2p=True),
+    Mode("upstream-nopeer", "upstream-nopeer", None, None,
+         "upstream GGML_CUDA_NO_PEER_COPY build (synchronous copy through malloc)"),
+    Mode("off", "patched", "off", "off", "patched build, selectors 0"),
+    Mode("off-p2p", "patched", "off", "off",
+         "patched build, selectors 0, peer access enabled: upstream's P2P path in our binary (a control)", p2p=True),
+    Mode("off-1gpu", "patched", "off", "off", "patched build, selectors 0, on one GPU whatever the rung's devices",
+         devices=1),
+    Mode("bridge", "patched", "on", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 (peer access not enabled)"),
+    Mode("bridge-force", "patched", "force", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force"),
+    Mode("bridge-force-p2p", "patched", "force", "off",
+         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force with peer access enabled", p2p=True),
+    Mode("batched", "patched", "off", "on", "patched, SAM3D_BATCHED_TRANSFERS=1"),
+    Mode("bridge-batched", "patched", "on", "on",
+         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 and SAM3D_BATCHED_TRANSFERS=1"),
+    Mode("bridge-force-batched", "patched", "force", "on",
+         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force and SAM3D_BATCHED_TRANSFERS=1"),
     # typos: the bridge stays off and says so in every process, also past llama.cpp's fitting probe (-fit)
-    _m("bridge-typo", "patched", None, "off", f"patched, invalid {BRIDGE}=yes and {BRIDGE_CHUNK_KIB}=abc",
-       rejected=((BRIDGE, "yes"), (BRIDGE_CHUNK_KIB, "abc"))),
-    _m("rpc-upstream", "upstream", None, None,
-       "upstream rpc-server(s) (one owning every GPU: server-side cudaMemcpyPeer without peer access)", rpc=True),
-    _m("rpc-upstream-nopeer", "upstream-nopeer", None, None, "upstream GGML_CUDA_NO_PEER_COPY rpc-server", rpc=True),
-    _m("rpc-off", "patched", "off", "off", "patched rpc-server(s), selectors 0", rpc=True),
-    _m("rpc-bridge", "patched", "on", "off",
-       "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=1: copies between a server's GPUs through the bridge",
-       rpc=True),
+    Mode("bridge-typo", "patched", None, "off", f"patched, invalid {BRIDGE}=yes and {BRIDGE_CHUNK_KIB}=abc",
+         rejected=((BRIDGE, "yes"), (BRIDGE_CHUNK_KIB, "abc"))),
+    Mode("rpc-upstream", "upstream", None, None,
+         "upstream rpc-server(s) (one owning every GPU: server-side cudaMemcpyPeer without peer access)", rpc=True),
+    Mode("rpc-upstream-nopeer", "upstream-nopeer", None, None, "upstream GGML_CUDA_NO_PEER_COPY rpc-server", rpc=True),
+    Mode("rpc-off", "patched", "off", "off", "patched rpc-server(s), selectors 0", rpc=True),
+    Mode("rpc-bridge", "patched", "on", "off",
+         "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=1: copies between a server's GPUs through the bridge",
+         rpc=True),
 )}
 
 #: older names -> current ones (accepted with a deprecation note)

@@ -55,8 +55,8 @@ def resolve_binaries(args: argparse.Namespace, settings: Any, backend: str, need
             except FatalError as e:
                 if override is not None:
                     raise LadderSetupError(f"{name} not found in --bin-dir-{variant} {override}") from None
-                raise LadderSetupError(e.what, why=e.why,
-                                       fix=(e.fix + ", or pass" if e.fix else "pass") + f" --bin-dir-{variant} DIR") from None
+                fix = (e.fix + ", or pass" if e.fix else "pass") + f" --bin-dir-{variant} DIR"
+                raise LadderSetupError(e.what, why=e.why, fix=fix) from None
             found[variant][name] = p
     same = False
     if "patched" in found and "upstream" in found:
