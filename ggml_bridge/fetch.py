@@ -271,18 +271,29 @@ def _fetch_pinned_archive(settings: Settings, pin: pinmod.Pin, src: pinmod.Sourc
 
 def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
     assert src.package and src.version and src.filename and src.sha256
-    url, registry_sha = _pypi_sdist_url(settings, src.package, src.version, src.filename)
-    if registry_sha and registry_sha != src.sha256:
-        raise ChecksumError(
-            f"PyPI lists {src.filename} with sha256 {registry_sha}",
-            why=f"pin.toml expects {src.sha256}",
-            fix="the registry file changed or the pin is wrong: check pin.toml before trusting either",
-        )
+    # an sdist already in <cache>/sdists/ (an earlier download, the radar, or copied there for a machine without
+    # network) is used when its sha256 is pin.toml's: no registry request at all
+    kept = settings.cache_dir / "sdists" / src.filename
+    if kept.is_file() and file_sha256(kept) == src.sha256:
+        log(f"    {src.filename} found in {kept.parent} (sha256 as in pin.toml): no download")
+    else:
+        kept = None
+        url, registry_sha = _pypi_sdist_url(settings, src.package, src.version, src.filename)
+        if registry_sha and registry_sha != src.sha256:
+            raise ChecksumError(
+                f"PyPI lists {src.filename} with sha256 {registry_sha}",
+                why=f"pin.toml expects {src.sha256}",
+                fix="the registry file changed or the pin is wrong: check pin.toml before trusting either",
+            )
     stage = staging_dir(settings, pin.key[:16])
     try:
-        archive, sha = _download(settings, url, stage / src.filename, src.sha256)
+        if kept is not None:
+            archive, sha = kept, src.sha256
+        else:
+            archive, sha = _download(settings, url, stage / src.filename, src.sha256)
         _extract(archive, stage / "src", subdir=src.subdir or _sdist_subdir(src.filename), failed=SourceError)
-        archive.unlink()
+        if kept is None:
+            archive.unlink()
         return _finish(settings, pin, stage, key=pin.key, commit=pin.commit, pinned=True,
                        origin=f"pypi-sdist {src.package}=={src.version} (sha256 {sha})", archive_sha256=sha)
     except BaseException:

@@ -79,6 +79,30 @@ def test_pinned_from_registry_sdist(settings: config.Settings, upstream: FakeUps
     assert (tree.path / "include" / "llama.h").is_file()
 
 
+def test_pinned_sdist_in_the_cache_is_used_without_the_registry(settings: config.Settings, upstream: FakeUpstream,
+                                                                http: fakellama.HTTPFixture) -> None:
+    """A machine without network (the GPU machines) with the pinned sdist copied into <cache>/sdists/: the tree
+    comes from that file, checked against pin.toml's sha256, and no request reaches the registry."""
+    kept = settings.cache_dir / "sdists" / upstream.sdist.name
+    kept.parent.mkdir(parents=True)
+    shutil.copy(upstream.sdist, kept)
+    http.routes.clear()  # the registry knows nothing: any request would fail the fetch
+    tree = fetch.obtain(_only(settings, "pypi-sdist"))
+    assert tree.pinned and tree.archive_sha256 == upstream.sdist_sha
+    assert not http.requests and kept.is_file()
+    assert (tree.path / "include" / "llama.h").is_file()
+
+
+def test_a_wrong_file_in_the_sdist_cache_is_not_trusted(settings: config.Settings, upstream: FakeUpstream,
+                                                        http: fakellama.HTTPFixture) -> None:
+    kept = settings.cache_dir / "sdists" / upstream.sdist.name
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(upstream.sdist.read_bytes() + b"tampered")
+    tree = fetch.obtain(_only(settings, "pypi-sdist"))
+    assert tree.archive_sha256 == upstream.sdist_sha
+    assert "/pypi/fake-llama/1.0/json" in http.requests
+
+
 def test_all_three_sources_give_the_same_content(make_settings, upstream: FakeUpstream, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     digests = set()
     for kind in ("git", "archive", "pypi-sdist"):
