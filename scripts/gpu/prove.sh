@@ -37,6 +37,21 @@ gb() { python3 -m ggml_bridge "$@"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv,noheader | tee -a "$OUT/summary.txt"
+# one GPU: no NO_PEER_COPY variant (nothing to copy between GPUs), virtual cards (GGML_CUDA_DEVICES) with the bridge
+# forced stand in for the second card, ladders/cuda-1gpu.toml, and only the one-GPU bench suite
+ngpu=$(nvidia-smi -L | grep -c '^GPU')
+if [ "$ngpu" -ge 2 ]; then
+    variants=upstream,upstream-nopeer,patched ladder_file=ladders/cuda.toml
+    first_rungs="2gpu-small-ub512 6card-small-ub256 2gpu-wide-ub4096-128MiB"
+    rest_rungs="1gpu-small-ub512 2gpu-tiny-ub1 2gpu-wide-ub2048-64MiB 6card-wide-ub4096-128MiB 2gpu-1b-ub2048 1gpu-1b-ub512 6card-1b-ub1024"
+    bridge_test_env=()
+else
+    variants=upstream,patched ladder_file=ladders/cuda-1gpu.toml
+    first_rungs="1gpu-small-ub512 2virt-small-ub512 6virt-small-ub256 2virt-wide-ub4096-128MiB"
+    rest_rungs="1gpu-1b-ub512"
+    bridge_test_env=(GGML_CUDA_DEVICES=4 GGML_CUDA_MAPPED_HOST_BRIDGE=force)
+fi
+log "$ngpu GPU(s): variants $variants, ladder $ladder_file"
 nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
 git log -1 --format='project commit %H %s' 2>/dev/null | tee -a "$OUT/summary.txt" || true
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -46,7 +61,7 @@ mkdir -p "$GGML_BRIDGE_CACHE_DIR/sdists" && cp .carry/*.tar.gz "$GGML_BRIDGE_CAC
 
 if want build; then
     step build 200 400 gb build --backend cuda --cuda-arch 90 --no-ui --shared-tree \
-        --variant upstream,upstream-nopeer,patched
+        --variant "$variants"
     grep -E "^==>|done in|up to date|error|Error" "$OUT/build.txt" | tail -n 30 | tee -a "$OUT/summary.txt"
     mkdir -p "$OUT/manifests"
     for v in upstream upstream-nopeer patched; do
@@ -59,17 +74,17 @@ bindir() {
     python3 -c "import json,sys,os; print(os.path.dirname(json.load(open(sys.argv[1]))['binaries']['llama-server']))" \
         "$GGML_BRIDGE_CACHE_DIR/latest-$1-cuda.json" 2>/dev/null
 }
-pbin=$(bindir patched) && ubin=$(bindir upstream) && nbin=$(bindir upstream-nopeer) \
-    || { log "the three CUDA builds are not all there: stopping"; exit 1; }
+pbin=$(bindir patched) && ubin=$(bindir upstream) || { log "the CUDA builds are not there: stopping"; exit 1; }
+nbin=$(bindir upstream-nopeer) || nbin=
 bins=(--bin-dir-patched "$pbin" --bin-dir-upstream "$ubin")
 vocab=$(find "$GGML_BRIDGE_CACHE_DIR/trees" -path '*/models/ggml-vocab-llama-spm.gguf' | head -n 1)
 
 if want tests; then
     # the bridge on both GPUs (every size class, both strategies' paths, ordering), then rejected values after
     # a muted first set of backends, the strategy's rejection naming the strategy in use
-    step test-bridge-2gpu 25 90 "$pbin/test-mapped-host-bridge"
-    tail -n 1 "$OUT/test-bridge-2gpu.txt" | tee -a "$OUT/summary.txt"
-    step test-bridge-rejected 8 60 env GGML_CUDA_MAPPED_HOST_BRIDGE=yes GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB=abc \
+    step test-bridge 25 90 env "${bridge_test_env[@]}" "$pbin/test-mapped-host-bridge"
+    tail -n 1 "$OUT/test-bridge.txt" | tee -a "$OUT/summary.txt"
+    step test-bridge-rejected 8 60 env "${bridge_test_env[@]}" GGML_CUDA_MAPPED_HOST_BRIDGE=yes GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB=abc \
         GGML_CUDA_MAPPED_HOST_BRIDGE_STRATEGY=both "$pbin/test-mapped-host-bridge" --quick
     grep -E "rejected|FAIL|passed" "$OUT/test-bridge-rejected.txt" | tee -a "$OUT/summary.txt"
     python3 -c "from ggml_bridge.model import write_model; import sys; write_model('/tmp/tiny.gguf', 'tiny', 1, sys.argv[1])" \
@@ -81,35 +96,33 @@ fi
 # one ladder report per rung, so that a rung cut short by the budget leaves the others' reports whole
 ladder_rung() {
     local r=$1 need=$2
-    step "ladder-$r" "$need" 200 gb ladder --ladder ladders/cuda.toml --rung "$r" --vocab "$vocab" \
+    step "ladder-$r" "$need" 200 gb ladder --ladder "$ladder_file" --rung "$r" --vocab "$vocab" \
         "${bins[@]}" --report "$OUT/ladder/$r"
     grep -E "^\[|==> ladder" "$OUT/ladder-$r.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
     rm -f "$OUT"/ladder/"$r"/*.bin 2>/dev/null
 }
 if want ladder; then
-    for r in 2gpu-small-ub512 6card-small-ub256 2gpu-wide-ub4096-128MiB; do ladder_rung "$r" 45; done
+    for r in $first_rungs; do ladder_rung "$r" 45; done
 fi
 
 bench_suite() {
     local name=$1 need=$2 budget=$3; shift 3
     step "bench-$name" "$need" $((budget + 90)) gb bench --no-build --no-microbench --time-budget "$budget" \
-        --vocab "$vocab" "${bins[@]}" --bin-dir-upstream-nopeer "$nbin" --report "$OUT/bench/$name" "$@"
+        --vocab "$vocab" "${bins[@]}" ${nbin:+--bin-dir-upstream-nopeer "$nbin"} --report "$OUT/bench/$name" "$@"
     grep "^|" "$OUT/bench/$name/bench.md" 2>/dev/null | tee -a "$OUT/summary.txt"
 }
 if want bench; then
     # the targets: bridge >= 0.95x P2P and >= 1.9x NO_PEER_COPY at pp4096 (ub512, ub4096), tg >= 0.98x
-    bench_suite multi-gpu 80 100 --suite multi-gpu --cases p2p,nopeer,off,bridge --rounds 6
+    [ "$ngpu" -ge 2 ] && bench_suite multi-gpu 80 100 --suite multi-gpu --cases p2p,nopeer,off,bridge --rounds 6
     # batching on one GPU: token generation gains, nothing >= 1 % slower
     bench_suite batched 45 45 --suite batched --rounds 10
 fi
 
-if want rpc; then
+if want rpc && [ "$ngpu" -ge 2 ]; then
     for r in rpc1x2gpu-small-ub512 rpc2x1gpu-small-ub512; do ladder_rung "$r" 40; done
 fi
 
 if want ladder-rest; then
-    for r in 1gpu-small-ub512 2gpu-tiny-ub1 2gpu-wide-ub2048-64MiB 6card-wide-ub4096-128MiB 2gpu-1b-ub2048 1gpu-1b-ub512 6card-1b-ub1024; do
-        ladder_rung "$r" 45
-    done
+    for r in $rest_rungs; do ladder_rung "$r" 45; done
 fi
 log "done, $(left)s of the budget left"
