@@ -33,7 +33,7 @@ step() {
     log "  $name rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)')"
     return $rc
 }
-gb() { python3 -m ggml_bridge "$@"; }
+gb=(python3 -m ggml_bridge)  # `timeout` runs programs, not shell functions
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv,noheader | tee -a "$OUT/summary.txt"
@@ -60,7 +60,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 mkdir -p "$GGML_BRIDGE_CACHE_DIR/sdists" && cp .carry/*.tar.gz "$GGML_BRIDGE_CACHE_DIR/sdists/"
 
 if want build; then
-    step build 200 400 gb build --backend cuda --cuda-arch 90 --no-ui --shared-tree \
+    step build 200 400 "${gb[@]}" build --backend cuda --cuda-arch 90 --no-ui --shared-tree \
         --variant "$variants"
     grep -E "^==>|done in|up to date|error|Error" "$OUT/build.txt" | tail -n 30 | tee -a "$OUT/summary.txt"
     mkdir -p "$OUT/manifests"
@@ -96,7 +96,7 @@ fi
 # one ladder report per rung, so that a rung cut short by the budget leaves the others' reports whole
 ladder_rung() {
     local r=$1 need=$2
-    step "ladder-$r" "$need" 200 gb ladder --ladder "$ladder_file" --rung "$r" --vocab "$vocab" \
+    step "ladder-$r" "$need" 200 "${gb[@]}" ladder --ladder "$ladder_file" --rung "$r" --vocab "$vocab" \
         "${bins[@]}" --report "$OUT/ladder/$r"
     grep -E "^\[|==> ladder" "$OUT/ladder-$r.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
     rm -f "$OUT"/ladder/"$r"/*.bin 2>/dev/null
@@ -107,7 +107,7 @@ fi
 
 bench_suite() {
     local name=$1 need=$2 budget=$3; shift 3
-    step "bench-$name" "$need" $((budget + 90)) gb bench --no-build --no-microbench --time-budget "$budget" \
+    step "bench-$name" "$need" $((budget + 90)) "${gb[@]}" bench --no-build --no-microbench --time-budget "$budget" \
         --vocab "$vocab" "${bins[@]}" ${nbin:+--bin-dir-upstream-nopeer "$nbin"} --report "$OUT/bench/$name" "$@"
     grep "^|" "$OUT/bench/$name/bench.md" 2>/dev/null | tee -a "$OUT/summary.txt"
 }
