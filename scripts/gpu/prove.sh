@@ -7,7 +7,7 @@
 #   4. `ggml-bridge bench` suites (bridge vs upstream P2P / NO_PEER_COPY on 2 GPUs, batched on 1 GPU);
 #   5. the RPC rungs;
 # each step only when the time left (BUDGET seconds from the start) allows it, so that a short call still returns
-# complete reports of what it ran. Everything goes to $OUT (summary.txt first).
+# complete reports of what it ran. $OUT gets summary.txt and results.tar.gz (every report, log and manifest).
 #
 # Carry (git-ignored, see scripts/gpu/README.md): .carry/<sdist named in pin.toml> and .whl/ (gitpython, gitdb,
 # smmap, gguf wheels for Python 3.12).
@@ -33,6 +33,12 @@ step() {
     log "  $name rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)')"
     return $rc
 }
+# a lent machine returns only a few files of $OUT: on every exit, everything but the summary becomes one archive
+bundle() {
+    tar czf /tmp/prove-results.tar.gz -C "$OUT" --exclude=./summary.txt . \
+        && find "$OUT" -mindepth 1 ! -name summary.txt -delete && mv /tmp/prove-results.tar.gz "$OUT/results.tar.gz"
+}
+trap bundle EXIT
 gb=(python3 -m ggml_bridge)  # `timeout` runs programs, not shell functions
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -53,7 +59,8 @@ else
 fi
 log "$ngpu GPU(s): variants $variants, ladder $ladder_file"
 nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
-git log -1 --format='project commit %H %s' 2>/dev/null | tee -a "$OUT/summary.txt" || true
+# (no `git log` here: the checkout's copy on a lent machine may carry stale git metadata; the manifests say
+# exactly what was built: upstream identity, patch hashes and series hash, CMake options)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$repo || { log "cannot install the carried wheels"; exit 1; }
 # the pinned sdist, where `ggml-bridge fetch` looks before the network (it checks the sha256 of pin.toml)
