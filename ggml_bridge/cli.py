@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import __version__, config, runner
+from . import __version__, config, errors, runner
 from .errors import FatalError, PatchError, ToolchainError, UsageError
 
 #: Subcommands implemented by separate stage modules: name -> one-line help.
@@ -67,9 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ggml-bridge",
         description="Fetch the pinned llama.cpp, apply the patch series, build, launch and verify llama-server.",
-        epilog="Exit codes: 0 ok, 1 mismatch, 2 usage, 10 fetch, 11 checksum, 12 bad source, 13 cache, "
-        "14 unknown ref, 20 patch, 21 work tree modified, 30 toolchain, 31 build, 32 not built, 40 serve, "
-        "50 rebase conflict, 51 dirty project, 52 radar incomplete, 60 bench.",
+        epilog=errors.epilog(),
     )
     parser.add_argument("--version", action="version", version=f"ggml-bridge {__version__}")
     _common(parser, suppress=False)

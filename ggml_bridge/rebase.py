@@ -51,12 +51,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import cache
 from . import fetch as fetchmod
 from . import patch as patchmod
 from . import pin as pinmod
 from .config import Settings
-from .errors import (BuildError, FatalError, FetchError, PatchError, RebaseConflict, SourceError, ToolchainError,
-                     UnknownRefError, UsageError)
+from .errors import (BuildError, DirtyProjectError, FatalError, FetchError, PatchError, RebaseConflict, SourceError,
+                     ToolchainError, UnknownRefError, UsageError)
 from . import runner
 from .runner import log, step
 
@@ -72,13 +73,6 @@ _UNKNOWN_REF_HINTS = ("couldn't find remote ref", "not our ref", "not found on",
                       "unknown revision", "no such ref", "invalid refspec", "bad revision")
 #: Environment of the git commands whose output lands in the series: no user/system config may change it.
 _GIT_PLAIN = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
-
-
-class DirtyProjectError(FatalError):
-    """``pin.toml`` or ``patches/`` has uncommitted changes that a rebase would overwrite."""
-
-    exit_code = 51
-    kind = "dirty project"
 
 
 # --------------------------------------------------------------------------------------------- report
@@ -302,9 +296,8 @@ def rebase(settings: Settings, onto: str, opts: Options | None = None) -> Rebase
         _write_report(report, opts.report_dir)
         return report
 
-    stage = fetchmod.staging_dir(settings, "rebase")
-    keep_stage = False
-    try:
+    # the stage is removed when the block ends unless _handoff moved it to the cache (a stopped rebase)
+    with cache.staging(settings.cache_dir, "rebase") as stage:
         wt = stage / "src"
         with step(f"rebase {len(series.patches)} patch(es) onto {tree.commit_or_id[:12]} ({onto})"):
             base = patchmod.init_upstream_repo(wt, tree)
@@ -317,7 +310,6 @@ def rebase(settings: Settings, onto: str, opts: Options | None = None) -> Rebase
             if not opts.check:
                 assert first_conflict is not None
                 report.worktree = str(_handoff(settings, stage, wt, series, first_conflict, tree))
-                keep_stage = True
                 _save_state(settings, report, series, opts, base=base, stopped=first_conflict[0], date=date)
             report.commands = _commands(settings, onto, report, series, base, opts)
             paths = _write_report(report, opts.report_dir)
@@ -331,9 +323,6 @@ def rebase(settings: Settings, onto: str, opts: Options | None = None) -> Rebase
         _write_series_and_pin(settings, wt, base, series, pin, tree, commit, report, opts, date)
         _write_report(report, opts.report_dir)
         return report
-    finally:
-        if not keep_stage:
-            shutil.rmtree(stage, ignore_errors=True)
 
 
 def _conflict_error(report: RebaseReport, paths: list[Path]) -> RebaseConflict:
@@ -364,7 +353,7 @@ def _save_state(settings: Settings, report: RebaseReport, series: patchmod.Serie
     o = dataclasses.asdict(opts)
     o["cuda_include"] = [str(p) for p in opts.cuda_include]
     o["report_dir"] = str(opts.report_dir) if opts.report_dir else None
-    fetchmod.write_json_atomic(_state_path(settings), {
+    cache.write_json_atomic(_state_path(settings), {
         "project": str(settings.project_dir.resolve()), "onto": report.onto, "worktree": report.worktree,
         "base": base, "stopped": stopped, "series_hash": series.hash, "date": date, "options": o,
         "report": report.to_json()})
@@ -641,7 +630,7 @@ def _apply_one(wt: Path, path: Path, out: PatchOutcome) -> PatchOutcome:
     if not out.hunks:
         out.hunks = _failed_hunks(_git(wt, "apply", "--check", "-v", str(path))[1], hunks_by_file)
     out.detail += [line.strip() for line in text.splitlines()
-                   if patchmod._CONFLICT_LINE.search(line) and not line.startswith("+ ")][:10]
+                   if patchmod.CONFLICT_LINE.search(line) and not line.startswith("+ ")][:10]
     _git(wt, "am", "--abort")
     return out
 
@@ -735,7 +724,7 @@ def _handoff(settings: Settings, stage: Path, wt: Path, series: patchmod.Series,
     if final.exists():
         shutil.rmtree(final)
     shutil.rmtree(stage / "preimage", ignore_errors=True)
-    fetchmod.publish_dir(stage, final)
+    cache.publish_dir(stage, final)
     return final / "src"
 
 
@@ -826,22 +815,14 @@ def _seed_pinned_tree(settings: Settings, tree: fetchmod.Tree, commit: str) -> b
         return True
     if tree.commit != commit and tree.key != commit:
         return False
-    stage = fetchmod.staging_dir(settings, commit[:12])
-    try:
+    with cache.staging(settings.cache_dir, commit[:12]) as stage:
         try:
             shutil.copytree(tree.path, stage / "src", symlinks=True, copy_function=os.link)
         except OSError:
             shutil.rmtree(stage / "src", ignore_errors=True)
             shutil.copytree(tree.path, stage / "src", symlinks=True)
-        meta = dataclasses.asdict(dataclasses.replace(tree, key=commit, pinned=True,
-                                                      path=settings.cache_dir / "trees" / commit / "src"))
-        meta["path"] = str(meta["path"])
-        meta["created"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        (stage / "tree.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        fetchmod.publish_dir(stage, settings.cache_dir / "trees" / commit)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+        fetchmod.publish_tree(settings, stage, dataclasses.replace(
+            tree, key=commit, pinned=True, path=settings.cache_dir / "trees" / commit / "src"))
     return fetchmod.find_cached(settings, commit) is not None
 
 

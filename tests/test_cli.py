@@ -204,3 +204,53 @@ def test_edited_work_tree_stops_patch_and_build(cli_env: list[str], capsys: pyte
     assert (work / "notes.txt").is_file()
     assert cli.main([*cli_env, "patch", "--discard-changes"]) == 0
     assert not (work / "notes.txt").exists()
+
+
+# --------------------------------------------------------------------------------------------- exit codes
+
+
+def test_readme_exit_table_is_generated_from_errors() -> None:
+    """README's table is `python -m ggml_bridge.errors --markdown`; fix with `--update README.md`."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    start, end = errors.readme_section(text)
+    assert text[start:end] == errors.markdown_table(), "run: python -m ggml_bridge.errors --update README.md"
+
+
+def test_update_readme_rewrites_only_the_table(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n## Exit codes\n\n| code | meaning |\n|---|---|\n| 0 | old |\n\n## Next\n\ntext\n")
+    assert errors.update_readme(readme) is True
+    text = readme.read_text()
+    assert text.startswith("# x\n\n## Exit codes\n\n| code | class | meaning |") and text.endswith("\n\n## Next\n\ntext\n")
+    assert "| 51 | `DirtyProjectError` |" in text and "| 14 | `UnknownRefError` |" in text
+    assert errors.update_readme(readme) is False
+
+
+def test_help_epilog_lists_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the epilog
+    assert errors.epilog() in out
+    for row in errors.exit_table():
+        assert f" {row.code} {row.label}" in out
+
+
+def test_every_error_class_and_exit_code_lives_in_errors() -> None:
+    """No FatalError subclass or exit_code outside errors.py; each class has a meaning for the table."""
+    import ast
+
+    pkg = REPO_ROOT / "ggml_bridge"
+    for py in pkg.rglob("*.py"):
+        if py.name == "errors.py" and py.parent == pkg:
+            continue
+        for node in ast.walk(ast.parse(py.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+                assert not bases & ({c.__name__ for c in errors.error_classes()} | {"FatalError"}), \
+                    f"{py.relative_to(REPO_ROOT)}: class {node.name} belongs in errors.py"
+            if isinstance(node, ast.Assign):
+                names = {getattr(t, "id", getattr(t, "attr", "")) for t in node.targets}
+                assert "exit_code" not in names, f"{py.relative_to(REPO_ROOT)}:{node.lineno}: exit code outside errors.py"
+    for cls in errors.error_classes():
+        assert cls.meaning, f"{cls.__name__} has no meaning for the exit-code table"
+    codes = [r.code for r in errors.exit_table()]
+    assert len(codes) == len(set(codes)) and {"0", "1", "14", "51", "52", "128+N"} <= set(codes)

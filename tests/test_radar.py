@@ -173,7 +173,7 @@ def test_radar_offline_never_reports_unchecked_builds_clean(st: config.Settings,
     assert rep.listing.startswith("cached listing of ")
     assert [(b.build, b.checked) for b in rep.builds] == [(6, False), (4, False), (3, True), (2, False)]
     assert rep.builds[2].patches["0001-src-demo-ten.patch"] == "offsets"
-    assert rep.exit_code == radar.EXIT_INCOMPLETE == 52
+    assert rep.exit_code == radar.EXIT_RADAR_INCOMPLETE == 52
     assert "not checked (never counted as clean): b6, b4, b2" in rep.to_markdown()
     assert all(b.reason for b in rep.builds if not b.checked)
     registry.srv.start()  # the fixture stops it again
