@@ -398,8 +398,8 @@ def test_sdist_target_pins_version_and_sha256(st: config.Settings, proj: Path, u
         assert len(sd) == 1 and (sd[0].version, sd[0].sha256) == ("3.0", fakellama.sha256(sdist))
         assert sd[0].filename == sdist.name and sd[0].subdir == "fake_llama-3.0/vendor/llama.cpp"
         # the local sdist file is recognised the same way
-        assert rebase._sdist_source(fetch.obtain(s, str(sdist), allow_unpinned=True), str(sdist)) == (
-            "fake-llama", "3.0", sdist.name, "fake_llama-3.0/vendor/llama.cpp")
+        assert rebase.sdist_source(fetch.obtain(s, str(sdist), allow_unpinned=True), str(sdist)) == pinmod.SdistSource(
+            "fake-llama", "3.0", sdist.name, "fake_llama-3.0/vendor/llama.cpp", fakellama.sha256(sdist))
     finally:
         srv.stop()
 
@@ -421,12 +421,12 @@ def test_cuda_check_skips_and_compiles(st: config.Settings, tmp_path: Path, monk
     (wt / "ggml" / "src" / "ggml-cuda").mkdir(parents=True)
     for f in ("bridge.cu", "ggml-cuda.cu"):
         (wt / "ggml" / "src" / "ggml-cuda" / f).write_text("int x;\n")
-    monkeypatch.setattr(rebase, "_detect_cuda", lambda: None)
+    monkeypatch.setattr(rebase.checks, "_detect_cuda", lambda: None)
     assert rebase.cuda_check(wt, rep, []).startswith("skipped: nvcc not found")
     nvcc = tmp_path / "nvcc"
     nvcc.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/nvcc.args\nexit 0\n")
     nvcc.chmod(0o755)
-    monkeypatch.setattr(rebase, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", None))
+    monkeypatch.setattr(rebase.checks, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", None))
     line = rebase.cuda_check(wt, rep, [])
     assert line.startswith("skipped: nvcc 13.0") and "cublas_v2.h" in line
     inc = tmp_path / "cublas-inc"
@@ -449,7 +449,7 @@ def test_write_with_cuda_failure_changes_nothing(st: config.Settings, proj: Path
     inc = tmp_path / "inc"
     inc.mkdir()
     (inc / "cublas_v2.h").write_text("")
-    monkeypatch.setattr(rebase, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", inc / "cublas_v2.h"))
+    monkeypatch.setattr(rebase.checks, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", inc / "cublas_v2.h"))
     before = _snapshot(proj)
     with pytest.raises(rebase.BuildError, match="does not build"):
         rebase.rebase(st, "b2", rebase.Options(build=False, cuda_check=True, date=DATE))
