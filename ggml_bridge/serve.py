@@ -324,24 +324,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-log", type=Path, default=None, metavar="FILE",
                         help="also write the server log to FILE")
     rpc.add_arguments(parser)
-    # Everything this parser does not know goes to llama-server, in order; after `--` everything does.
-    parser.allow_abbrev = False
+    # Everything this parser does not know goes to llama-server, in order (the command registry's passthrough into
+    # args.server_args, cli.COMMANDS["serve"]); after `--` everything does.
     parser.epilog = ("Other arguments (or all arguments after --) are passed to llama-server, e.g. "
                      "ggml-bridge serve --bridge force -- -m model.gguf -ngl 99 --port 8080")
-    parse_known = parser.parse_known_args
-
-    def parse_args(args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-                   ) -> argparse.Namespace:
-        argv = list(sys.argv[1:] if args is None else args)
-        theirs: list[str] = []
-        if "--" in argv:
-            i = argv.index("--")
-            argv, theirs = argv[:i], argv[i + 1:]
-        ns, extra = parse_known(argv, namespace)
-        ns.server_args = list(extra) + theirs
-        return ns
-
-    parser.parse_args = parse_args  # type: ignore[method-assign]
 
 
 def _find_server(args: argparse.Namespace, settings: Any) -> Path:

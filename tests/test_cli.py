@@ -111,7 +111,8 @@ def test_no_command_shows_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_stage_module_missing_errors_cleanly(cli_env: list[str], capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(cli.DELEGATED, "nosuchstage", "a stage nobody wrote")
+    monkeypatch.setitem(cli.COMMANDS, "nosuchstage", cli.Command("nosuchstage", "a stage nobody wrote",
+                                                                 *cli.stage("nosuchstage")))
     assert cli.main([*cli_env, "nosuchstage", "--anything"]) == 2
     err = capsys.readouterr().err
     assert "nosuchstage subcommand is not available" in err and "ggml_bridge.nosuchstage" in err
@@ -132,15 +133,30 @@ def test_stage_module_is_imported_lazily_and_delegated(cli_env: list[str], capsy
         return 7
 
     mod.add_arguments, mod.run = add_arguments, run  # type: ignore[attr-defined]
-    monkeypatch.setitem(cli.DELEGATED, "fakestage", "test stage")
+    monkeypatch.setitem(cli.COMMANDS, "fakestage", cli.Command("fakestage", "test stage", *cli.stage("fakestage")))
     monkeypatch.setitem(sys.modules, "ggml_bridge.fakestage", mod)
     assert cli.main([*cli_env, "fakestage", "--model", "m.gguf", "--backend", "cpu"]) == 7
     assert seen == {"model": "m.gguf", "backend": "cpu", "cache": settings.cache_dir}
 
 
+def test_every_command_parses_the_same_way(capsys: pytest.CaptureFixture[str]) -> None:
+    """One registry: each command's -h comes from its own parser (stage modules included), and only a
+    passthrough command collects unknown arguments."""
+    assert list(cli.COMMANDS) == ["fetch", "patch", "build", "sdist", "wheel", "serve", "ladder", "rebase", "bench"]
+    for name in ("build", "rebase"):
+        assert cli.main([name, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: ggml-bridge {name}") and "--cache-dir" in out
+        assert ("--shared-tree" in out) == (name == "build") and ("--onto" in out) == (name == "rebase")
+    assert cli.main(["fetch", "--bogus"]) == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+    ns = cli.parse_command(cli.COMMANDS["serve"], ["--bridge", "force", "-m", "x.gguf", "--", "--check", "-c", "8"])
+    assert ns.bridge == "force" and ns.server_args == ["-m", "x.gguf", "--check", "-c", "8"]
+
+
 def test_stage_module_without_interface(cli_env: list[str], capsys: pytest.CaptureFixture[str],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(cli.DELEGATED, "halfstage", "x")
+    monkeypatch.setitem(cli.COMMANDS, "halfstage", cli.Command("halfstage", "x", *cli.stage("halfstage")))
     monkeypatch.setitem(sys.modules, "ggml_bridge.halfstage", types.ModuleType("ggml_bridge.halfstage"))
     assert cli.main([*cli_env, "halfstage"]) == 2
     assert "does not define add_arguments, run" in capsys.readouterr().err
@@ -148,7 +164,7 @@ def test_stage_module_without_interface(cli_env: list[str], capsys: pytest.Captu
 
 def test_stage_modules_are_not_imported_at_startup() -> None:
     code = ("import sys; from ggml_bridge import cli; cli.build_parser(); "
-            "print(sorted(m for m in sys.modules if m.split('.')[-1] in cli.DELEGATED))")
+            "print(sorted(m for m in sys.modules if m.split('.')[-1] in cli.COMMANDS and m != 'ggml_bridge.cli'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
