@@ -13,6 +13,7 @@ command's own parser; a command with ``passthrough`` collects what its parser do
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import signal
 import sys
@@ -38,6 +39,9 @@ class Command:
     passthrough: str | None = None
     #: Settings overrides from the parsed arguments (``config.load``'s ``overrides``), besides --cache-dir.
     overrides: Callable[[argparse.Namespace], dict[str, Any]] | None = None
+    #: The command's settings section (``config.Settings.<name>``): an option left unset (None) takes the value of
+    #: the section's field of the same name (defaults -> config file -> environment -> command line).
+    section: str | None = None
 
 
 #: Every subcommand, in ``--help`` order (filled by :func:`register` below).
@@ -74,7 +78,7 @@ def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         # with --help), and loaded again when the command's own options override some of them
         overrides: dict[str, Any] = {"cache_dir": getattr(args, "cache_dir", None)}
         settings = config.load(overrides, config_path=getattr(args, "config", None))
-        parse_command(command, rest, args)
+        parse_command(command, rest, args, settings)
         runner.set_quiet(bool(getattr(args, "quiet", False)))
         if command.overrides is not None:
             overrides.update(command.overrides(args))
@@ -111,19 +115,26 @@ def command_parser(command: Command) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_command(command: Command, argv: Sequence[str], namespace: argparse.Namespace | None = None
-                  ) -> argparse.Namespace:
-    """Parse a command's arguments (into ``namespace``, which keeps the global options already parsed)."""
+def parse_command(command: Command, argv: Sequence[str], namespace: argparse.Namespace | None = None,
+                  settings: config.Settings | None = None) -> argparse.Namespace:
+    """Parse a command's arguments (into ``namespace``, which keeps the global options already parsed); options
+    left unset take their value from the command's settings section (of ``settings``, else its defaults)."""
     parser = command_parser(command)
     argv = list(argv)
     if command.passthrough is None:
-        return parser.parse_args(argv, namespace)
-    theirs: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, theirs = argv[:i], argv[i + 1:]
-    ns, extra = parser.parse_known_args(argv, namespace)
-    setattr(ns, command.passthrough, list(extra) + theirs)
+        ns = parser.parse_args(argv, namespace)
+    else:
+        theirs: list[str] = []
+        if "--" in argv:
+            i = argv.index("--")
+            argv, theirs = argv[:i], argv[i + 1:]
+        ns, extra = parser.parse_known_args(argv, namespace)
+        setattr(ns, command.passthrough, list(extra) + theirs)
+    if command.section is not None:
+        section = getattr(settings if settings is not None else config.Settings(), command.section)
+        for f in dataclasses.fields(section):
+            if getattr(ns, f.name, None) is None:
+                setattr(ns, f.name, getattr(section, f.name))
     return ns
 
 
@@ -322,7 +333,7 @@ for _c in (
     Command("wheel", "write that sdist and build its platform wheel with pip, offline (CMAKE_ARGS=-DGGML_CUDA=ON "
             "for CUDA); prints the wheel's path", _wheel_args, cmd_wheel, overrides=_overrides),
     Command("serve", "launch llama-server and prove the requested mechanisms engaged", *stage("serve"),
-            passthrough="server_args"),
+            passthrough="server_args", section="serve"),
     Command("ladder", "run the comparison ladder and write a JSON+Markdown report", *stage("ladder")),
     Command("rebase", "move the patch series onto another upstream", *stage("rebase")),
     Command("bench", "side-by-side llama-bench report", *stage("bench")),

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from . import logparse, rpc, runner
+from .config import Settings
 from .errors import NotBuiltError, ServeError, UsageError
 from .runner import log
 
@@ -319,8 +320,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start, confirm what engaged, stop and exit (0: confirmed)")
     parser.add_argument("--no-stats", action="store_true",
                         help="do not set the *_STATS=1 selectors (no counters at teardown)")
-    parser.add_argument("--startup-timeout", type=float, default=600.0, metavar="S",
-                        help="seconds to wait for /health (default: 600)")
+    parser.add_argument("--startup-timeout", type=float, default=None, metavar="S",
+                        help="seconds to wait for /health (default: [serve] startup_timeout of the config file, 600)")
     parser.add_argument("--server-log", type=Path, default=None, metavar="FILE",
                         help="also write the server log to FILE")
     rpc.add_arguments(parser)
@@ -348,7 +349,7 @@ def _find_server(args: argparse.Namespace, settings: Any) -> Path:
         return found
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     server_args = list(getattr(args, "server_args", None) or [])
     if server_args and server_args[0] == "--":
         server_args = server_args[1:]

