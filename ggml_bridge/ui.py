@@ -218,7 +218,7 @@ def _build(npm: str, root: Path, entry: Path, key: str, lock: Path) -> UiAssets:
     out.rename(entry / "dist")
     source = f"tools/ui of the tree, package-lock.json sha256 {cache.file_sha256(lock)}"
     cache.write_json_atomic(entry / DONE, {"key": key, "sha256": sha, "files": n, "source": source,
-                                              "built_with": versions, "seconds": round(time.monotonic() - t0, 1)})
+                                           "built_with": versions, "seconds": round(time.monotonic() - t0, 1)})
     shutil.rmtree(work, ignore_errors=True)
     log(f"web UI built: {n} files, sha256 {sha[:16]} ({time.monotonic() - t0:.0f}s)")
     return UiAssets(key, entry / "dist", sha, n, source, tools=versions)

@@ -42,12 +42,10 @@ hand-off), :mod:`.report` (the report model and options), :mod:`.probe` (git pro
 
 from __future__ import annotations
 
-from ..errors import BuildError, DirtyProjectError, RebaseConflict, UnknownRefError
 from .checks import cuda_check
 from .report import APPLIED, STATUSES, Options, PatchOutcome, RebaseReport
 from .job import abort, add_arguments, continue_rebase, rebase, run
 from .series import sdist_source
 
-__all__ = ["APPLIED", "STATUSES", "BuildError", "DirtyProjectError", "Options", "PatchOutcome", "RebaseConflict",
-           "RebaseReport", "UnknownRefError", "abort", "add_arguments", "continue_rebase", "cuda_check", "rebase",
-           "run", "sdist_source"]
+__all__ = ["APPLIED", "STATUSES", "Options", "PatchOutcome", "RebaseReport", "abort", "add_arguments",
+           "continue_rebase", "cuda_check", "rebase", "run", "sdist_source"]
