@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from . import logparse, rpc, runner
 from .errors import BenchError, RpcError
-from .fetch import file_sha256
+from .cache import file_sha256
 from .runner import log, step
 
 SELECTORS_OFF = {"GGML_CUDA_MAPPED_HOST_BRIDGE": "0", "SAM3D_BATCHED_TRANSFERS": "0"}

@@ -12,7 +12,7 @@ import requests
 
 from conftest import REPO_ROOT, FakeUpstream, write_pin
 from fixtures import fakellama
-from ggml_bridge import config, fetch, pin
+from ggml_bridge import cache, config, fetch, pin
 from ggml_bridge.errors import CacheError, ChecksumError, FetchError, SourceError, UnknownRefError, UsageError
 
 
@@ -349,8 +349,8 @@ def test_read_only_cache_still_serves_hits(settings: config.Settings, monkeypatc
     def refuse(*a: object, **k: object) -> None:
         raise PermissionError(13, "Read-only file system")
 
-    monkeypatch.setattr(fetch.tempfile, "mkstemp", refuse)
-    monkeypatch.setattr(fetch.tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(cache.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(cache.tempfile, "mkdtemp", refuse)
     assert fetch.obtain(settings) == tree
 
 
