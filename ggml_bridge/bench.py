@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import logparse, modes, rpc, runner
+from .cache import file_sha256
 from .errors import BenchError, RpcError, UsageError
-from .fetch import file_sha256
 from .runner import log, step
 
 #: A case is a mode of :mod:`modes` (build variant, selectors, which mechanism must engage): one table for the

@@ -17,10 +17,9 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable
 
-from . import __version__, modes
+from . import __version__, cache, modes
 from . import fetch as fetchmod
 from . import patch as patchmod
 from . import ui as uimod
@@ -130,8 +129,8 @@ def ensure(settings: Settings, variant: str | None = None, *, source_spec: str |
         _write_pointer(pointer, result, key)
         return result
 
-    fetchmod.ensure_cache_writable(settings)
-    with _locked(build_dir.with_name(build_dir.name + ".lock")):
+    cache.ensure_writable(settings.cache_dir)
+    with cache.entry_lock(build_dir.with_name(build_dir.name + ".lock")):
         done = _completed(build_dir, key)  # another process may have finished it while we waited
         if done is not None:
             result = BuildResult(variant, backend, build_dir, build_dir / "bin", build_dir / "manifest.json", done,
@@ -166,9 +165,9 @@ def _finish(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | Non
                          why=f"full log: {log_file}", fix="check the log; the tree may place binaries elsewhere")
     manifest = _manifest(tree, series, head, src, variant, backend, key, build_dir, args, tools, binaries, ui)
     manifest_path = build_dir / "manifest.json"
-    fetchmod.write_json_atomic(manifest_path, manifest)
-    fetchmod.write_json_atomic(build_dir / COMPLETE_MARKER,
-                               {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}})
+    cache.write_json_atomic(manifest_path, manifest)
+    cache.write_json_atomic(build_dir / COMPLETE_MARKER,
+                            {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}})
     result = BuildResult(variant, backend, build_dir, build_dir / "bin", manifest_path, binaries, False)
     _write_pointer(pointer, result, key)
     log(f"manifest: {manifest_path}")
@@ -363,21 +362,6 @@ def _ninja(tools: Toolchain, build_dir: Path, targets: list[str], jobs: int, log
         log("    ninja: nothing to do")
 
 
-@contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """One build per build directory at a time (parallel test runs, two terminals)."""
-    import fcntl
-
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for another process building in {lock_path.with_suffix('')}")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
-
-
 def _note(log_file: Path, argv: list[str]) -> None:
     with open(log_file, "a", encoding="utf-8") as fh:
         fh.write("+ " + " ".join(shlex.quote(a) for a in argv) + "\n")
@@ -424,7 +408,7 @@ def _completed(build_dir: Path, key: str) -> dict[str, Path] | None:
     out = {}
     for name, sha in marker["binaries"].items():
         path = build_dir / "bin" / name
-        if not path.is_file() or fetchmod.file_sha256(path) != sha:
+        if not path.is_file() or cache.file_sha256(path) != sha:
             return None
         out[name] = path
     return out
@@ -453,7 +437,7 @@ def _manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | N
         "cmake_args": args,
         "ui": ui.manifest(),
         "toolchain": toolchain,
-        "binaries": {n: {"path": str(p), "sha256": fetchmod.file_sha256(p)} for n, p in binaries.items()},
+        "binaries": {n: {"path": str(p), "sha256": cache.file_sha256(p)} for n, p in binaries.items()},
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -474,7 +458,7 @@ def source_manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: s
 def _write_pointer(pointer: Path | None, result: BuildResult, key: str) -> None:
     if pointer is None:
         return
-    fetchmod.write_json_atomic(pointer, {
+    cache.write_json_atomic(pointer, {
         "variant": result.variant, "backend": result.backend, "key": key, "build_dir": str(result.build_dir),
         "manifest": str(result.manifest_path), "binaries": {n: str(p) for n, p in result.binaries.items()},
     })
@@ -632,8 +616,8 @@ def ensure_shared(settings: Settings, variants: list[str], *, source_spec: str |
 
     results = _shared_completed(root, order, backend, key)
     if results is None:
-        fetchmod.ensure_cache_writable(settings)
-        with _locked(root.with_name(root.name + ".lock")):
+        cache.ensure_writable(settings.cache_dir)
+        with cache.entry_lock(root.with_name(root.name + ".lock")):
             results = _shared_completed(root, order, backend, key) or _shared_build(
                 settings, tree, patched, order, backend, key, root, args, tools, ui)
     for r in results:
@@ -788,8 +772,8 @@ def _finish_shared(tree: fetchmod.Tree, patched: patchmod.PatchedTree | None, va
     manifest = _manifest(tree, patched.series if patched else None, patched.head if patched else None,
                          patched.path if patched else src, variant, backend, key, out_dir, args, tools, binaries, ui)
     manifest["shared_tree"] = how
-    fetchmod.write_json_atomic(out_dir / "manifest.json", manifest)
-    fetchmod.write_json_atomic(out_dir / COMPLETE_MARKER,
-                               {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}})
+    cache.write_json_atomic(out_dir / "manifest.json", manifest)
+    cache.write_json_atomic(out_dir / COMPLETE_MARKER,
+                            {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}})
     log(f"    {variant}: {out_dir / 'bin'} (manifest {out_dir / 'manifest.json'})")
     return BuildResult(variant, backend, out_dir, out_dir / "bin", out_dir / "manifest.json", binaries, False)

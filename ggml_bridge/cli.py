@@ -3,29 +3,54 @@
 Progress goes to stderr; stdout carries only results (a path, a report). ``main()`` is the only place that turns a
 :class:`~ggml_bridge.errors.FatalError` into an exit status.
 
-Later stages (serve, ladder, rebase, bench) live in their own modules, imported only when their subcommand runs.
-Each exposes ``add_arguments(parser)`` and ``run(args, settings) -> int``.
+Every subcommand is one :class:`Command` in :data:`COMMANDS`: name, help, ``add_arguments(parser)`` and
+``run(args, settings) -> int``. Stage modules (serve, ladder, rebase, bench) are imported only when their command
+runs (:func:`stage`). Parsing is the same for all: the global options and the command name first, then the
+command's own parser; a command with ``passthrough`` collects what its parser does not know (and everything after
+``--``) into that attribute, in order (``serve`` hands it to llama-server).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import __version__, config, runner
+from . import __version__, config, errors, runner
 from .errors import FatalError, PatchError, ToolchainError, UsageError
 
-#: Subcommands implemented by separate stage modules: name -> one-line help.
-DELEGATED = {
-    "serve": "launch llama-server and prove the requested mechanisms engaged",
-    "ladder": "run the comparison ladder and write a JSON+Markdown report",
-    "rebase": "move the patch series onto another upstream",
-    "bench": "side-by-side llama-bench report",
-}
+Run = Callable[[argparse.Namespace, config.Settings], int]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Run
+    #: Namespace attribute that receives the arguments the command's parser does not know (else they are an error).
+    passthrough: str | None = None
+    #: Settings overrides from the parsed arguments (``config.load``'s ``overrides``), besides --cache-dir.
+    overrides: Callable[[argparse.Namespace], dict[str, Any]] | None = None
+    #: The command's settings section (``config.Settings.<name>``): an option left unset (None) takes the value of
+    #: the section's field of the same name (defaults -> config file -> environment -> command line).
+    section: str | None = None
+
+
+#: Every subcommand, in ``--help`` order (filled by :func:`register` below).
+COMMANDS: dict[str, Command] = {}
+
+
+def register(command: Command) -> Command:
+    COMMANDS[command.name] = command
+    return command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,14 +73,17 @@ def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return UsageError.exit_code
-        if rest and args.command not in DELEGATED:
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        command = COMMANDS[args.command]
+        # the settings are checked before the command parses (a bad config file or CMAKE_ARGS is an error even
+        # with --help), and loaded again when the command's own options override some of them
+        overrides: dict[str, Any] = {"cache_dir": getattr(args, "cache_dir", None)}
+        settings = config.load(overrides, config_path=getattr(args, "config", None))
+        parse_command(command, rest, args, settings)
         runner.set_quiet(bool(getattr(args, "quiet", False)))
-        settings = config.load(_overrides(args), config_path=getattr(args, "config", None))
-        if args.command in DELEGATED:
-            return _run_stage(args.command, rest, settings)
-        handler: Callable[[argparse.Namespace, config.Settings], int] = args.handler
-        return handler(args, settings)
+        if command.overrides is not None:
+            overrides.update(command.overrides(args))
+            settings = config.load(overrides, config_path=getattr(args, "config", None))
+        return int(command.run(args, settings))
     except FatalError as e:
         print(f"ggml-bridge: {e.kind}: {e}", file=sys.stderr)
         return e.exit_code
@@ -64,55 +92,50 @@ def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The first pass: global options and the command name (each command's options are :func:`parse_command`'s)."""
     parser = argparse.ArgumentParser(
         prog="ggml-bridge",
         description="Fetch the pinned llama.cpp, apply the patch series, build, launch and verify llama-server.",
-        epilog="Exit codes: 0 ok, 1 mismatch, 2 usage, 10 fetch, 11 checksum, 12 bad source, 13 cache, "
-        "14 unknown ref, 20 patch, 21 work tree modified, 30 toolchain, 31 build, 32 not built, 40 serve, "
-        "50 rebase conflict, 51 dirty project, 52 radar incomplete, 60 bench.",
+        epilog=errors.epilog(),
     )
     parser.add_argument("--version", action="version", version=f"ggml-bridge {__version__}")
     _common(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    p = sub.add_parser("fetch", help="obtain the pinned upstream tree (cached); prints its path")
-    _common(p)
-    _source_args(p)
-    p.set_defaults(handler=cmd_fetch)
-
-    p = sub.add_parser("patch", help="apply the patch series onto the upstream tree; prints the work tree path")
-    _common(p)
-    _source_args(p)
-    p.add_argument("--check", action="store_true", help="report whether each patch applies, writing nothing")
-    _discard_arg(p)
-    p.set_defaults(handler=cmd_patch)
-
-    p = sub.add_parser("build", help="fetch + patch + CMake/Ninja build; prints the llama-server path last")
-    _common(p)
-    _source_args(p)
-    _build_args(p)
-    _discard_arg(p)
-    p.set_defaults(handler=cmd_build)
-
-    p = sub.add_parser("sdist", help="write the sdist of ggml-bridge-server (patched tree + web UI, "
-                       "scikit-build-core); prints its path")
-    _common(p)
-    _source_args(p)
-    _dist_args(p)
-    p.set_defaults(handler=cmd_sdist)
-
-    p = sub.add_parser("wheel", help="write that sdist and build its platform wheel with pip, offline "
-                       "(CMAKE_ARGS=-DGGML_CUDA=ON for CUDA); prints the wheel's path")
-    _common(p)
-    _source_args(p)
-    _dist_args(p)
-    p.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
-    p.set_defaults(handler=cmd_wheel)
-
-    for name, help_text in DELEGATED.items():
-        p = sub.add_parser(name, help=help_text, add_help=False)  # its own parser handles -h
-        _common(p)
+    for command in COMMANDS.values():
+        _common(sub.add_parser(command.name, help=command.help, add_help=False))  # -h: the command's own parser
     return parser
+
+
+def command_parser(command: Command) -> argparse.ArgumentParser:
+    """The parser of one command (``ggml-bridge NAME -h`` shows it)."""
+    parser = argparse.ArgumentParser(prog=f"ggml-bridge {command.name}", description=command.help,
+                                     allow_abbrev=command.passthrough is None)
+    _common(parser)
+    command.add_arguments(parser)
+    return parser
+
+
+def parse_command(command: Command, argv: Sequence[str], namespace: argparse.Namespace | None = None,
+                  settings: config.Settings | None = None) -> argparse.Namespace:
+    """Parse a command's arguments (into ``namespace``, which keeps the global options already parsed); options
+    left unset take their value from the command's settings section (of ``settings``, else its defaults)."""
+    parser = command_parser(command)
+    argv = list(argv)
+    if command.passthrough is None:
+        ns = parser.parse_args(argv, namespace)
+    else:
+        theirs: list[str] = []
+        if "--" in argv:
+            i = argv.index("--")
+            argv, theirs = argv[:i], argv[i + 1:]
+        ns, extra = parser.parse_known_args(argv, namespace)
+        setattr(ns, command.passthrough, list(extra) + theirs)
+    if command.section is not None:
+        section = getattr(settings if settings is not None else config.Settings(), command.section)
+        for f in dataclasses.fields(section):
+            if getattr(ns, f.name, None) is None:
+                setattr(ns, f.name, getattr(section, f.name))
+    return ns
 
 
 def _common(parser: argparse.ArgumentParser, *, suppress: bool = True) -> None:
@@ -163,7 +186,6 @@ def _dist_args(parser: argparse.ArgumentParser) -> None:
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "cache_dir": getattr(args, "cache_dir", None),
         "build.variant": _single_variant(getattr(args, "variant", None)),
         "build.backend": getattr(args, "backend", None),
         "build.cuda_arch": getattr(args, "cuda_arch", None),
@@ -239,12 +261,16 @@ def cmd_wheel(args: argparse.Namespace, settings: config.Settings) -> int:
     return 0
 
 
-def _run_stage(name: str, rest: list[str], settings: config.Settings) -> int:
-    module = _load_stage(name)
-    parser = argparse.ArgumentParser(prog=f"ggml-bridge {name}", description=DELEGATED[name])
-    module.add_arguments(parser)
-    args = parser.parse_args(rest)
-    return int(module.run(args, settings))
+def stage(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Run]:
+    """(add_arguments, run) of the stage module ``ggml_bridge.<name>``, each importing the module when called."""
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        _load_stage(name).add_arguments(parser)
+
+    def run(args: argparse.Namespace, settings: config.Settings) -> int:
+        return int(_load_stage(name).run(args, settings))
+
+    return add_arguments, run
 
 
 def _load_stage(name: str) -> Any:
@@ -264,6 +290,55 @@ def _load_stage(name: str) -> Any:
         raise UsageError(f"the {name} subcommand is not available in this installation",
                          why=f"{modname} does not define {', '.join(missing)}()")
     return module
+
+
+# --------------------------------------------------------------------------------------------- the registry
+
+
+def _fetch_args(parser: argparse.ArgumentParser) -> None:
+    _source_args(parser)
+
+
+def _patch_args(parser: argparse.ArgumentParser) -> None:
+    _source_args(parser)
+    parser.add_argument("--check", action="store_true", help="report whether each patch applies, writing nothing")
+    _discard_arg(parser)
+
+
+def _build_cmd_args(parser: argparse.ArgumentParser) -> None:
+    _source_args(parser)
+    _build_args(parser)
+    _discard_arg(parser)
+
+
+def _sdist_args(parser: argparse.ArgumentParser) -> None:
+    _source_args(parser)
+    _dist_args(parser)
+
+
+def _wheel_args(parser: argparse.ArgumentParser) -> None:
+    _sdist_args(parser)
+    parser.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
+
+
+for _c in (
+    Command("fetch", "obtain the pinned upstream tree (cached); prints its path", _fetch_args, cmd_fetch,
+            overrides=_overrides),
+    Command("patch", "apply the patch series onto the upstream tree; prints the work tree path", _patch_args,
+            cmd_patch, overrides=_overrides),
+    Command("build", "fetch + patch + CMake/Ninja build; prints the llama-server path last", _build_cmd_args,
+            cmd_build, overrides=_overrides),
+    Command("sdist", "write the sdist of ggml-bridge-server (patched tree + web UI, scikit-build-core); prints its "
+            "path", _sdist_args, cmd_sdist, overrides=_overrides),
+    Command("wheel", "write that sdist and build its platform wheel with pip, offline (CMAKE_ARGS=-DGGML_CUDA=ON "
+            "for CUDA); prints the wheel's path", _wheel_args, cmd_wheel, overrides=_overrides),
+    Command("serve", "launch llama-server and prove the requested mechanisms engaged", *stage("serve"),
+            passthrough="server_args", section="serve"),
+    Command("ladder", "run the comparison ladder and write a JSON+Markdown report", *stage("ladder")),
+    Command("rebase", "move the patch series onto another upstream", *stage("rebase")),
+    Command("bench", "side-by-side llama-bench report", *stage("bench")),
+):
+    register(_c)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,11 +2,11 @@
 
 The config file is ``ggml-bridge.toml`` in the current directory, or the path given by ``--config`` /
 ``GGML_BRIDGE_CONFIG``; failing both, a ``[tool.ggml-bridge]`` table of ``pyproject.toml`` in the current
-directory. Top-level keys are the fields of :class:`Settings`; ``[fetch]`` and ``[build]`` tables hold the
-fields of :class:`FetchSettings` and :class:`BuildSettings`. Tables named after a later stage
-(``[serve]``, ``[ladder]``, ``[rebase]``, ``[bench]``) are passed to that stage in ``Settings.stage_options``,
-holding only the keys that stage reads (:data:`STAGE_TABLES`); any other key, unknown or unused, is a
-:class:`~ggml_bridge.errors.UsageError`.
+directory. Top-level keys are the fields of :class:`Settings`; each table is one stage's section, a small
+dataclass that stage reads: ``[fetch]`` :class:`FetchSettings`, ``[build]`` :class:`BuildSettings`, ``[serve]``
+:class:`ServeSettings`, ``[rebase]`` :class:`RebaseSettings`. Any other key or table (``[ladder]`` and ``[bench]``
+read nothing from the file: their settings are command-line options) is a :class:`~ggml_bridge.errors.UsageError`
+naming the key and the file, so no setting is silently ignored.
 """
 
 from __future__ import annotations
@@ -31,11 +31,14 @@ else:  # pragma: no cover
 BACKENDS = ("auto", "cpu", "cuda")
 VARIANTS = ("patched", "upstream", "upstream-nopeer")
 SOURCE_KINDS = ("git", "archive", "pypi-sdist")
-#: Tables of the config file that belong to later stages, with the keys each stage reads from
-#: ``Settings.stage_options`` (none so far: their settings are command-line options). Any other key is an error.
-STAGE_TABLES: dict[str, tuple[str, ...]] = {"serve": (), "ladder": (), "rebase": (), "bench": ()}
+#: Sections of Settings (config tables), each a dataclass its stage reads.
+SECTIONS = ("fetch", "build", "serve", "rebase")
+#: Stages that read no settings from the config file (a table for them is an error saying so).
+OPTION_ONLY_STAGES = ("ladder", "bench")
 CONFIG_NAME = "ggml-bridge.toml"
 
+#: List settings whose items are paths (relative ones resolved against the config file's directory).
+_PATH_LISTS = ("rebase.cuda_include",)
 _CUDA_ARCH_RE = re.compile(r"^(native|all|all-major|\d+[a-z]?(-real|-virtual)?(;\d+[a-z]?(-real|-virtual)?)*)$")
 
 
@@ -84,6 +87,23 @@ class BuildSettings:
 
 
 @dataclass
+class ServeSettings:
+    """How ``ggml-bridge serve`` waits for llama-server (its options override these)."""
+
+    startup_timeout: float = 600.0
+    """Seconds to wait for llama-server's /health (``--startup-timeout``)."""
+
+
+@dataclass
+class RebaseSettings:
+    """Machine-specific settings of ``ggml-bridge rebase``."""
+
+    cuda_include: list[Path] = field(default_factory=list)
+    """Include directories for the nvcc compile check, e.g. cuBLAS headers from a wheel (``--cuda-include`` adds
+    to these)."""
+
+
+@dataclass
 class Settings:
     """Everything a stage needs to know; built by :func:`load`."""
 
@@ -99,8 +119,11 @@ class Settings:
     build: BuildSettings = field(default_factory=BuildSettings)
     """Build settings ([build] table)."""
 
-    stage_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Raw [serve]/[ladder]/[rebase]/[bench] tables, validated by those stages."""
+    serve: ServeSettings = field(default_factory=ServeSettings)
+    """Serve settings ([serve] table)."""
+
+    rebase: RebaseSettings = field(default_factory=RebaseSettings)
+    """Rebase settings ([rebase] table)."""
 
     config_file: Path | None = None
     """The config file that was read, if any."""
@@ -142,6 +165,7 @@ ENV_VARS: dict[str, str] = {
     "GGML_BRIDGE_JOBS": "build.jobs",
     "GGML_BRIDGE_NATIVE": "build.native",
     "GGML_BRIDGE_UI": "build.ui",
+    "GGML_BRIDGE_SERVE_STARTUP_TIMEOUT": "serve.startup_timeout",
 }
 
 
@@ -204,7 +228,7 @@ def validate(settings: Settings) -> None:
         )
     if b.jobs < 0:
         raise UsageError(f"invalid job count {b.jobs}", why="it must be 0 (one per core) or more")
-    if f.connect_timeout <= 0 or f.read_timeout <= 0:
+    if f.connect_timeout <= 0 or f.read_timeout <= 0 or settings.serve.startup_timeout <= 0:
         raise UsageError("timeouts must be positive")
 
 
@@ -247,17 +271,11 @@ def _parse_toml(path: Path) -> dict[str, Any]:
 
 def _apply_table(settings: Settings, table: Mapping[str, Any], *, origin: str, base: Path) -> None:
     for key, value in table.items():
-        if key in STAGE_TABLES:
-            if not isinstance(value, dict):
-                raise UsageError(f"[{key}] in {origin} must be a table")
-            unknown = sorted(set(value) - set(STAGE_TABLES[key]))
-            if unknown:
-                known = ", ".join(STAGE_TABLES[key]) or f"none yet: the {key} stage takes its settings as options"
-                raise UsageError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
-                                 f"{', '.join(f'{key}.{k}' for k in unknown)} in {origin}",
-                                 fix=f"known keys in [{key}]: {known}")
-            settings.stage_options[key] = dict(value)
-        elif key in ("fetch", "build"):
+        if key in OPTION_ONLY_STAGES:
+            raise UsageError(f"[{key}] in {origin} is not a settings table",
+                             why=f"the {key} stage reads nothing from the config file: a key there would be ignored",
+                             fix=f"remove it and pass its settings as options (ggml-bridge {key} --help)")
+        if key in SECTIONS:
             if not isinstance(value, dict):
                 raise UsageError(f"[{key}] in {origin} must be a table")
             for sub, subval in value.items():
@@ -274,7 +292,7 @@ def _set(settings: Settings, key: str, value: Any, *, origin: str, base: Path) -
         if not dataclasses.is_dataclass(obj):
             raise UsageError(f"unknown setting {key!r} in {origin}")
     name = parts[-1]
-    nested = ("fetch", "build", "stage_options", "config_file")
+    nested = (*SECTIONS, "config_file")
     known = {f.name: f for f in dataclasses.fields(obj) if f.name not in nested}
     if name not in known:
         raise UsageError(
@@ -316,10 +334,12 @@ def _coerce(current: Any, value: Any, *, key: str, origin: str, base: Path) -> A
         if isinstance(value, str):
             if key == "build.cmake_args":
                 return split_cmake_args(value, f"{key!r} in {origin}")
-            return [v for v in re.split(r"[,\s]+", value) if v]
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return list(value)
-        raise bad
+            value = [v for v in re.split(r"[,\s]+", value) if v]
+        if not (isinstance(value, list) and all(isinstance(v, (str, os.PathLike)) for v in value)):
+            raise bad
+        if key in _PATH_LISTS:
+            return [_coerce(Path(), v, key=key, origin=origin, base=base) for v in value]
+        return [str(v) for v in value]
     if isinstance(current, str):
         if not isinstance(value, (str, int)) or isinstance(value, bool):
             raise bad

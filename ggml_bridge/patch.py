@@ -20,7 +20,8 @@ from pathlib import Path
 
 from .config import Settings
 from .errors import PatchError, WorkTreeModified
-from .fetch import Tree, file_sha256, publish_dir, staging_dir
+from . import cache
+from .fetch import Tree
 from .runner import log, step
 
 #: Identity and date of every commit we make, so the same inputs give the same commit ids.
@@ -41,7 +42,7 @@ _GIT_CONFIG = {
     ("commit", "gpgsign"): "false",
     ("am", "threeWay"): "true",
 }
-_CONFLICT_LINE = re.compile(
+CONFLICT_LINE = re.compile(
     r"(patch failed|CONFLICT|does not exist in index|does not apply|fake ancestor|already exists|corrupt patch"
     r"|Patch format detection failed|Failed to merge|lacking or useless|No such file)",
 )
@@ -131,7 +132,7 @@ def read_series(patches_dir: Path) -> Series:
         names = sorted((p.name for p in patches_dir.glob("*.patch")), key=_natural_key)
     else:
         names = []
-    patches = tuple(PatchFile(n, patches_dir / n, file_sha256(patches_dir / n)) for n in names)
+    patches = tuple(PatchFile(n, patches_dir / n, cache.file_sha256(patches_dir / n)) for n in names)
     h = hashlib.sha256("".join(f"{p.name} {p.sha256}\n" for p in patches).encode())
     return Series(patches, h.hexdigest())
 
@@ -166,8 +167,7 @@ def apply_series(settings: Settings, tree: Tree, series: Series | None = None, *
         log(f"discarding {'modified' if changed else 'stale'} work tree {final}")
         shutil.rmtree(final)
     with step(f"apply {len(series.patches)} patch(es) (series {series.hash[:12]}) onto {tree.commit_or_id[:12]}"):
-        stage = staging_dir(settings, "work")
-        try:
+        with cache.staging(settings.cache_dir, "work") as stage:
             report, head = _apply_into(stage / "src", tree, series)
             if not report.ok:
                 raise _failure(report)
@@ -177,10 +177,7 @@ def apply_series(settings: Settings, tree: Tree, series: Series | None = None, *
                 "patches": [{"name": p.name, "sha256": p.sha256} for p in series.patches],
             }
             (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-            publish_dir(stage, final)
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
+            cache.publish_dir(stage, final)
     for r in report.results:
         log(f"    applied {r.name}")
     return PatchedTree(final / "src", tree, series, head, key)
@@ -260,7 +257,7 @@ def _conflict_details(repo, e) -> list[str]:  # type: ignore[no-untyped-def]
             out += "\n" + str(getattr(check, "stderr", "") or "")
     for line in out.splitlines():
         line = line.strip().strip("'").strip()
-        if _CONFLICT_LINE.search(line) and line not in detail:
+        if CONFLICT_LINE.search(line) and line not in detail:
             detail.append(line)
     if not detail:
         detail = [line.strip() for line in out.splitlines() if line.strip()][-5:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -132,3 +133,86 @@ def _source(d: dict) -> Source:
     if kind not in ("git", "archive", "pypi-sdist"):
         raise ValueError(f"unknown source kind {kind!r}")
     return src
+
+
+# --------------------------------------------------------------------------------------------- writing
+
+
+@dataclass(frozen=True)
+class SdistSource:
+    """A registry sdist that vendors the tree: the ``pypi-sdist`` source of a pin."""
+
+    package: str
+    version: str
+    filename: str
+    subdir: str
+    sha256: str | None
+
+
+def render(old: Pin, *, url: str, tag: str, commit: str | None, number: int | None, sdist: SdistSource | None,
+           date: str, onto: str) -> str:
+    """pin.toml text for a new upstream (written by ``ggml-bridge rebase --onto ONTO``): git + GitHub archive sources
+    of the commit when it is known (first: users with GitHub access get the commit itself), and the registry sdist
+    when the tree came from one (its version and sha256 are its identity; without a commit it is the only source, and
+    ``upstream.build`` names the llama.cpp build ``number``). ``old`` gives the expected files and the previous pin."""
+    q = json.dumps
+    lines = [
+        "# The upstream llama.cpp this project is pinned to, and every way to obtain its tree.",
+        "# `ggml-bridge fetch` tries the [[source]] entries in order and stops at the first that works.",
+        f"# Written by `ggml-bridge rebase --onto {onto}` on {date} (previous pin: {old.ident}).",
+        "",
+        "[upstream]",
+        f"url = {q(url)}",
+        f"tag = {q(tag)}",
+    ]
+    if number is not None:
+        lines.append(f"build = {number}")
+    if commit:
+        lines.append(f"commit = {q(commit)}")
+    else:
+        lines += [
+            "# No commit: the sdist below records none (no .git, no build-info). Its build number and sha256 are the",
+            "# identity. Re-run the rebase with --commit SHA once the commit of this build is known: the git and",
+            "# GitHub-archive sources of the commit are then written first.",
+        ]
+    lines += [
+        "# Files every llama.cpp tree of this era has: a tree that lacks one is rejected (wrong or corrupt source).",
+        "expect_files = [",
+        *[f"    {q(f)}," for f in old.expect_files],
+        "]",
+    ]
+    if commit:
+        lines += [
+            "",
+            "# git: fetch exactly the pinned commit (identity: the commit itself).",
+            "[[source]]",
+            'kind = "git"',
+            f"url = {q(url)}",
+        ]
+    gh = re.match(r"^https://github\.com/([^/]+/[^/]+?)(\.git)?/?$", url)
+    if gh and commit:
+        lines += [
+            "",
+            "# GitHub's archive tarball of the commit; its bytes are not promised stable, so its sha256 is unknown",
+            "# and the extracted tree is verified instead.",
+            "[[source]]",
+            'kind = "archive"',
+            f"url = {q(f'https://github.com/{gh.group(1)}/archive/{commit}.tar.gz')}",
+            'sha256 = "unknown"',
+            f"subdir = {q(f'llama.cpp-{commit}')}",
+        ]
+    if sdist is not None:
+        lines += [
+            "",
+            f"# Registry mirror: the sdist of {sdist.package} {sdist.version} vendors this tree under "
+            f"{sdist.subdir.split('/', 1)[1]};",
+            "# its version and sha256 are its identity.",
+            "[[source]]",
+            'kind = "pypi-sdist"',
+            f"package = {q(sdist.package)}",
+            f"version = {q(sdist.version)}",
+            f"filename = {q(sdist.filename)}",
+            f"sha256 = {q(sdist.sha256)}",
+            f"subdir = {q(sdist.subdir)}",
+        ]
+    return "\n".join(lines) + "\n"

@@ -20,22 +20,20 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import cache
 from . import fetch as fetchmod
 from . import patch as patchmod
 from . import pin as pinmod
 from .config import Settings
-from .errors import FatalError, RebaseConflict, UsageError
+from .errors import EXIT_RADAR_INCOMPLETE, FatalError, RebaseConflict, UsageError
 from .runner import log
 
-#: Exit status when some build could not be checked and none conflicts.
-EXIT_INCOMPLETE = 52
 _NEW_FILE_RE = re.compile(r"^new file mode ", re.M)
 
 
@@ -108,7 +106,7 @@ class RadarReport:
         if self.conflicting:
             return RebaseConflict.exit_code
         if self.unchecked or not self.listing.startswith("registry"):
-            return EXIT_INCOMPLETE
+            return EXIT_RADAR_INCOMPLETE
         return 0
 
     @property
@@ -254,9 +252,7 @@ def write(rep: RadarReport, report_dir: Path) -> list[Path]:
     out = []
     for name, text in (("radar.md", rep.to_markdown()), ("radar.json", json.dumps(rep.to_json(), indent=2) + "\n")):
         path = report_dir / name
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        cache.write_text_atomic(path, text)
         out.append(path)
     log(f"radar report: {out[0]} and {out[1]}")
     return out

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from . import logparse, modes, rpc, runner
+from .config import Settings
 from .errors import ServeError, UsageError
 from .runner import log
 
@@ -300,32 +301,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start, confirm what engaged, stop and exit (0: confirmed)")
     parser.add_argument("--no-stats", action="store_true",
                         help="do not set the *_STATS=1 selectors (no counters at teardown)")
-    parser.add_argument("--startup-timeout", type=float, default=600.0, metavar="S",
-                        help="seconds to wait for /health (default: 600)")
+    parser.add_argument("--startup-timeout", type=float, default=None, metavar="S",
+                        help="seconds to wait for /health (default: [serve] startup_timeout of the config file, 600)")
     parser.add_argument("--server-log", type=Path, default=None, metavar="FILE",
                         help="also write the server log to FILE")
     rpc.add_arguments(parser)
-    # Everything this parser does not know goes to llama-server, in order; after `--` everything does.
-    parser.allow_abbrev = False
+    # Everything this parser does not know goes to llama-server, in order (the command registry's passthrough into
+    # args.server_args, cli.COMMANDS["serve"]); after `--` everything does.
     parser.epilog = ("Other arguments (or all arguments after --) are passed to llama-server, e.g. "
                      "ggml-bridge serve --bridge force -- -m model.gguf -ngl 99 --port 8080")
-    parse_known = parser.parse_known_args
-
-    def parse_args(args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-                   ) -> argparse.Namespace:
-        argv = list(sys.argv[1:] if args is None else args)
-        theirs: list[str] = []
-        if "--" in argv:
-            i = argv.index("--")
-            argv, theirs = argv[:i], argv[i + 1:]
-        ns, extra = parse_known(argv, namespace)
-        ns.server_args = list(extra) + theirs
-        return ns
-
-    parser.parse_args = parse_args  # type: ignore[method-assign]
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     server_args = list(getattr(args, "server_args", None) or [])
     if server_args and server_args[0] == "--":
         server_args = server_args[1:]

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from . import fetch as fetchmod
+from . import cache
 from .config import Settings
 from .errors import BuildError, ToolchainError, UsageError
 from .runner import log, run, step
@@ -68,7 +68,7 @@ def source_key(tree_src: Path) -> str:
     h = hashlib.sha256()
     for path in sorted(_source_files(root)):
         rel = path.relative_to(root).as_posix()
-        h.update(rel.encode() + b"\0" + fetchmod.file_sha256(path).encode() + b"\n")
+        h.update(rel.encode() + b"\0" + cache.file_sha256(path).encode() + b"\n")
     return h.hexdigest()
 
 
@@ -77,7 +77,7 @@ def dist_sha256(dist: Path) -> tuple[str, int]:
     h = hashlib.sha256()
     files = sorted(p for p in dist.rglob("*") if p.is_file())
     for p in files:
-        h.update(p.relative_to(dist).as_posix().encode() + b"\0" + fetchmod.file_sha256(p).encode() + b"\n")
+        h.update(p.relative_to(dist).as_posix().encode() + b"\0" + cache.file_sha256(p).encode() + b"\n")
     return h.hexdigest(), len(files)
 
 
@@ -108,11 +108,10 @@ def ensure(settings: Settings, tree_src: Path) -> UiAssets:
                              fix="install Node.js >= 18 with npm (Debian: apt-get install nodejs npm), or build "
                              f"without the UI: {OPT_OUT}")
     _check_node()
-    fetchmod.ensure_cache_writable(settings)
+    cache.ensure_writable(settings.cache_dir)
     entry.parent.mkdir(parents=True, exist_ok=True)
-    from .build import _locked  # one build per cache entry, as for compiled builds
 
-    with _locked(entry.with_name(entry.name + ".lock")):
+    with cache.entry_lock(entry.with_name(entry.name + ".lock")):
         cached = _load(entry, key)
         if cached is not None:
             return cached
@@ -126,10 +125,9 @@ def placed(settings: Settings, tree_src: Path, ui: UiAssets) -> Iterator[None]:
     if not ui.managed:
         yield
         return
-    from .build import _locked
 
     target = tree_src / UI_DIR / "dist"
-    with _locked(tree_src.parent / "ui-dist.lock"):
+    with cache.entry_lock(tree_src.parent / "ui-dist.lock"):
         if target.exists() or target.is_symlink():
             if not _inside(target, settings.cache_dir):
                 raise UsageError(f"the source tree already has {target}",
@@ -218,9 +216,9 @@ def _build(npm: str, root: Path, entry: Path, key: str, lock: Path) -> UiAssets:
     sha, n = dist_sha256(out)
     entry.mkdir(parents=True)
     out.rename(entry / "dist")
-    source = f"tools/ui of the tree, package-lock.json sha256 {fetchmod.file_sha256(lock)}"
-    fetchmod.write_json_atomic(entry / DONE, {"key": key, "sha256": sha, "files": n, "source": source,
-                                              "built_with": versions, "seconds": round(time.monotonic() - t0, 1)})
+    source = f"tools/ui of the tree, package-lock.json sha256 {cache.file_sha256(lock)}"
+    cache.write_json_atomic(entry / DONE, {"key": key, "sha256": sha, "files": n, "source": source,
+                                           "built_with": versions, "seconds": round(time.monotonic() - t0, 1)})
     shutil.rmtree(work, ignore_errors=True)
     log(f"web UI built: {n} files, sha256 {sha[:16]} ({time.monotonic() - t0:.0f}s)")
     return UiAssets(key, entry / "dist", sha, n, source, tools=versions)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from . import __version__
 from . import build as buildmod
+from . import cache
 from . import fetch as fetchmod
 from . import patch as patchmod
 from . import ui as uimod
@@ -81,11 +82,10 @@ def make_sdist(settings: Settings, out_dir: Path, *, source_spec: str | None = N
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / sdist_filename(version)
-    tmp = target.with_name(target.name + ".part")
     count = 0
     with step(f"sdist {target.name}: {len(tracked)} files of the patched tree"
               + (f", web UI {ui.sha256[:16]} ({ui.files} files)" if ui.dist else ", no web UI")):
-        try:
+        with cache.atomic_path(target) as tmp:
             with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=MTIME,
                                                       compresslevel=6) as gz, \
                     tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -103,9 +103,6 @@ def make_sdist(settings: Settings, out_dir: Path, *, source_spec: str | None = N
                         _add_file(tar, p, f"{root}/vendor/llama.cpp/{uimod.UI_DIR.as_posix()}/dist/"
                                   f"{p.relative_to(ui.dist).as_posix()}")
                         count += 1
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
     count += len(generated) + len(tracked)
     log(f"sdist: {target} ({target.stat().st_size / 1e6:.1f} MB, {count} files)")
     return Sdist(target, version, count, ui)

@@ -111,7 +111,8 @@ def test_no_command_shows_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_stage_module_missing_errors_cleanly(cli_env: list[str], capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(cli.DELEGATED, "nosuchstage", "a stage nobody wrote")
+    monkeypatch.setitem(cli.COMMANDS, "nosuchstage", cli.Command("nosuchstage", "a stage nobody wrote",
+                                                                 *cli.stage("nosuchstage")))
     assert cli.main([*cli_env, "nosuchstage", "--anything"]) == 2
     err = capsys.readouterr().err
     assert "nosuchstage subcommand is not available" in err and "ggml_bridge.nosuchstage" in err
@@ -132,15 +133,30 @@ def test_stage_module_is_imported_lazily_and_delegated(cli_env: list[str], capsy
         return 7
 
     mod.add_arguments, mod.run = add_arguments, run  # type: ignore[attr-defined]
-    monkeypatch.setitem(cli.DELEGATED, "fakestage", "test stage")
+    monkeypatch.setitem(cli.COMMANDS, "fakestage", cli.Command("fakestage", "test stage", *cli.stage("fakestage")))
     monkeypatch.setitem(sys.modules, "ggml_bridge.fakestage", mod)
     assert cli.main([*cli_env, "fakestage", "--model", "m.gguf", "--backend", "cpu"]) == 7
     assert seen == {"model": "m.gguf", "backend": "cpu", "cache": settings.cache_dir}
 
 
+def test_every_command_parses_the_same_way(capsys: pytest.CaptureFixture[str]) -> None:
+    """One registry: each command's -h comes from its own parser (stage modules included), and only a
+    passthrough command collects unknown arguments."""
+    assert list(cli.COMMANDS) == ["fetch", "patch", "build", "sdist", "wheel", "serve", "ladder", "rebase", "bench"]
+    for name in ("build", "rebase"):
+        assert cli.main([name, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: ggml-bridge {name}") and "--cache-dir" in out
+        assert ("--shared-tree" in out) == (name == "build") and ("--onto" in out) == (name == "rebase")
+    assert cli.main(["fetch", "--bogus"]) == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+    ns = cli.parse_command(cli.COMMANDS["serve"], ["--bridge", "force", "-m", "x.gguf", "--", "--check", "-c", "8"])
+    assert ns.bridge == "force" and ns.server_args == ["-m", "x.gguf", "--check", "-c", "8"]
+
+
 def test_stage_module_without_interface(cli_env: list[str], capsys: pytest.CaptureFixture[str],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(cli.DELEGATED, "halfstage", "x")
+    monkeypatch.setitem(cli.COMMANDS, "halfstage", cli.Command("halfstage", "x", *cli.stage("halfstage")))
     monkeypatch.setitem(sys.modules, "ggml_bridge.halfstage", types.ModuleType("ggml_bridge.halfstage"))
     assert cli.main([*cli_env, "halfstage"]) == 2
     assert "does not define add_arguments, run" in capsys.readouterr().err
@@ -148,7 +164,7 @@ def test_stage_module_without_interface(cli_env: list[str], capsys: pytest.Captu
 
 def test_stage_modules_are_not_imported_at_startup() -> None:
     code = ("import sys; from ggml_bridge import cli; cli.build_parser(); "
-            "print(sorted(m for m in sys.modules if m.split('.')[-1] in cli.DELEGATED))")
+            "print(sorted(m for m in sys.modules if m.split('.')[-1] in cli.COMMANDS and m != 'ggml_bridge.cli'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -204,3 +220,72 @@ def test_edited_work_tree_stops_patch_and_build(cli_env: list[str], capsys: pyte
     assert (work / "notes.txt").is_file()
     assert cli.main([*cli_env, "patch", "--discard-changes"]) == 0
     assert not (work / "notes.txt").exists()
+
+
+# --------------------------------------------------------------------------------------------- exit codes
+
+
+def test_readme_exit_table_is_generated_from_errors() -> None:
+    """README's table is `python -m ggml_bridge.errors --markdown`; fix with `--update README.md`."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    start, end = errors.readme_section(text)
+    assert text[start:end] == errors.markdown_table(), "run: python -m ggml_bridge.errors --update README.md"
+
+
+def test_update_readme_rewrites_only_the_table(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n## Exit codes\n\n| code | meaning |\n|---|---|\n| 0 | old |\n\n## Next\n\ntext\n")
+    assert errors.update_readme(readme) is True
+    text = readme.read_text()
+    assert text.startswith("# x\n\n## Exit codes\n\n| code | class | meaning |") and text.endswith("\n\n## Next\n\ntext\n")
+    assert "| 51 | `DirtyProjectError` |" in text and "| 14 | `UnknownRefError` |" in text
+    assert errors.update_readme(readme) is False
+
+
+def test_help_epilog_lists_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the epilog
+    assert errors.epilog() in out
+    for row in errors.exit_table():
+        assert f" {row.code} {row.label}" in out
+
+
+def test_every_error_class_and_exit_code_lives_in_errors() -> None:
+    """No FatalError subclass or exit_code outside errors.py; each class has a meaning for the table."""
+    import ast
+
+    pkg = REPO_ROOT / "ggml_bridge"
+    for py in pkg.rglob("*.py"):
+        if py.name == "errors.py" and py.parent == pkg:
+            continue
+        for node in ast.walk(ast.parse(py.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+                assert not bases & ({c.__name__ for c in errors.error_classes()} | {"FatalError"}), \
+                    f"{py.relative_to(REPO_ROOT)}: class {node.name} belongs in errors.py"
+            if isinstance(node, ast.Assign):
+                names = {getattr(t, "id", getattr(t, "attr", "")) for t in node.targets}
+                assert "exit_code" not in names, f"{py.relative_to(REPO_ROOT)}:{node.lineno}: exit code outside errors.py"
+    for cls in errors.error_classes():
+        assert cls.meaning, f"{cls.__name__} has no meaning for the exit-code table"
+    codes = [r.code for r in errors.exit_table()]
+    assert len(codes) == len(set(codes)) and {"0", "1", "14", "51", "52", "128+N"} <= set(codes)
+
+
+def test_settings_sections_reach_the_stages(cli_env: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            settings: config.Settings) -> None:
+    """[serve] startup_timeout and [rebase] cuda_include from the config file are what the stages get; options win
+    (serve) or add (rebase)."""
+    import importlib
+
+    (tmp_path / "ggml-bridge.toml").write_text('[serve]\nstartup_timeout = 12.5\n[rebase]\ncuda_include = ["cfg"]\n')
+    s = config.load({}, cwd=tmp_path)
+    serve_cmd = cli.COMMANDS["serve"]
+    assert cli.parse_command(serve_cmd, ["-m", "x"], settings=s).startup_timeout == 12.5
+    assert cli.parse_command(serve_cmd, ["--startup-timeout", "3", "-m", "x"], settings=s).startup_timeout == 3.0
+    assert cli.parse_command(serve_cmd, []).startup_timeout == config.ServeSettings().startup_timeout
+    job = importlib.import_module("ggml_bridge.rebase.job")
+    seen = []
+    monkeypatch.setattr(job, "rebase", lambda st, onto, opts: seen.append(opts) or job.RebaseReport(onto))
+    assert cli.main([*cli_env, "rebase", "--onto", "b2", "--check", "--cuda-include", "opt"]) == 0
+    assert seen[0].cuda_include == [tmp_path / "cfg", Path("opt")]

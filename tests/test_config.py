@@ -84,13 +84,23 @@ def test_bad_env_value(tmp_path: Path) -> None:
         _load(tmp_path, {"GGML_BRIDGE_JOBS": "lots"})
 
 
-def test_stage_tables_hold_only_keys_their_stage_reads(tmp_path: Path) -> None:
-    (tmp_path / "ggml-bridge.toml").write_text("[serve]\n[ladder]\n")
-    assert _load(tmp_path).stage_options == {"serve": {}, "ladder": {}}
-    (tmp_path / "ggml-bridge.toml").write_text('[serve]\nfoo = 1\nport = 8099\n[ladder]\n')
-    with pytest.raises(UsageError, match=r"unknown settings serve.foo, serve.port in .*ggml-bridge.toml") as e:
+def test_stage_sections_are_read_and_unread_tables_are_errors(tmp_path: Path) -> None:
+    (tmp_path / "ggml-bridge.toml").write_text('[serve]\nstartup_timeout = 30\n[rebase]\ncuda_include = ["inc"]\n')
+    s = _load(tmp_path)
+    assert s.serve.startup_timeout == 30.0 and s.rebase.cuda_include == [tmp_path / "inc"]
+    assert _load(tmp_path, {"GGML_BRIDGE_SERVE_STARTUP_TIMEOUT": "45"}).serve.startup_timeout == 45.0
+    (tmp_path / "ggml-bridge.toml").write_text('[serve]\nfoo = 1\n')
+    with pytest.raises(UsageError, match=r"unknown setting 'serve.foo' in .*ggml-bridge.toml") as e:
         _load(tmp_path)
-    assert e.value.exit_code == 2 and "[serve]" in str(e.value)
+    assert e.value.exit_code == 2 and "startup_timeout" in str(e.value)
+    for stage in ("ladder", "bench"):  # they read nothing from the file: even an empty table would mislead
+        (tmp_path / "ggml-bridge.toml").write_text(f"[{stage}]\n")
+        with pytest.raises(UsageError, match=rf"\[{stage}\] in .*ggml-bridge.toml is not a settings table") as e:
+            _load(tmp_path)
+        assert e.value.exit_code == 2 and f"ggml-bridge {stage} --help" in str(e.value)
+    (tmp_path / "ggml-bridge.toml").write_text('[serve]\nstartup_timeout = 0\n')
+    with pytest.raises(UsageError, match="timeouts must be positive"):
+        _load(tmp_path)
 
 
 @pytest.mark.parametrize("env,origin", [

@@ -12,7 +12,7 @@ import requests
 
 from conftest import REPO_ROOT, FakeUpstream, write_pin
 from fixtures import fakellama
-from ggml_bridge import config, fetch, pin
+from ggml_bridge import cache, config, fetch, pin
 from ggml_bridge.errors import CacheError, ChecksumError, FetchError, SourceError, UnknownRefError, UsageError
 
 
@@ -77,6 +77,30 @@ def test_pinned_from_registry_sdist(settings: config.Settings, upstream: FakeUps
     assert not (tree.path / ".git").exists(), "the sdist's gitlink .git file must be removed"
     assert not (tree.path / "pyproject.toml").exists(), "only vendor/llama.cpp is the tree"
     assert (tree.path / "include" / "llama.h").is_file()
+
+
+def test_pinned_sdist_in_the_cache_is_used_without_the_registry(settings: config.Settings, upstream: FakeUpstream,
+                                                                http: fakellama.HTTPFixture) -> None:
+    """A machine without network (the GPU machines) with the pinned sdist copied into <cache>/sdists/: the tree
+    comes from that file, checked against pin.toml's sha256, and no request reaches the registry."""
+    kept = settings.cache_dir / "sdists" / upstream.sdist.name
+    kept.parent.mkdir(parents=True)
+    shutil.copy(upstream.sdist, kept)
+    http.routes.clear()  # the registry knows nothing: any request would fail the fetch
+    tree = fetch.obtain(_only(settings, "pypi-sdist"))
+    assert tree.pinned and tree.archive_sha256 == upstream.sdist_sha
+    assert not http.requests and kept.is_file()
+    assert (tree.path / "include" / "llama.h").is_file()
+
+
+def test_a_wrong_file_in_the_sdist_cache_is_not_trusted(settings: config.Settings, upstream: FakeUpstream,
+                                                        http: fakellama.HTTPFixture) -> None:
+    kept = settings.cache_dir / "sdists" / upstream.sdist.name
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(upstream.sdist.read_bytes() + b"tampered")
+    tree = fetch.obtain(_only(settings, "pypi-sdist"))
+    assert tree.archive_sha256 == upstream.sdist_sha
+    assert "/pypi/fake-llama/1.0/json" in http.requests
 
 
 def test_all_three_sources_give_the_same_content(make_settings, upstream: FakeUpstream, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -325,8 +349,8 @@ def test_read_only_cache_still_serves_hits(settings: config.Settings, monkeypatc
     def refuse(*a: object, **k: object) -> None:
         raise PermissionError(13, "Read-only file system")
 
-    monkeypatch.setattr(fetch.tempfile, "mkstemp", refuse)
-    monkeypatch.setattr(fetch.tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(cache.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(cache.tempfile, "mkdtemp", refuse)
     assert fetch.obtain(settings) == tree
 
 

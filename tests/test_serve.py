@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -14,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import logparse, serve
+from ggml_bridge import cli, logparse, serve
 from ggml_bridge.errors import ServeError, UsageError
 from helpers import fake_model, real_bin_dir, real_vocab, write_fake_bin
 
@@ -166,9 +165,7 @@ def test_arg_value_and_url():
 # --- the CLI entry point ------------------------------------------------------------------------------
 
 def parse(argv):
-    p = argparse.ArgumentParser()
-    serve.add_arguments(p)
-    return p.parse_args(argv)
+    return cli.parse_command(cli.COMMANDS["serve"], argv)  # serve's arguments, llama-server's into server_args
 
 
 def test_cli_parsing_passes_unknown_args_through():
@@ -216,7 +213,7 @@ def _cli_proc(fake, extra_env, *args):
     env.update(extra_env)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     code = ("import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
-            "p = argparse.ArgumentParser(); serve.add_arguments(p); a = p.parse_args(sys.argv[1:])\n"
+            "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
             "sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n")
     return subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

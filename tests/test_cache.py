@@ -1,0 +1,61 @@
+"""The cache primitives every stage writes through (ggml_bridge/cache.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ggml_bridge import cache
+from ggml_bridge.errors import CacheError
+
+
+def test_staging_is_removed_on_error_and_published_on_success(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError):
+        with cache.staging(tmp_path, "x") as stage:
+            (stage / "half").write_text("written before the failure")
+            raise RuntimeError("boom")
+    assert not stage.exists()
+    with cache.staging(tmp_path, "x") as stage:
+        (stage / "src").mkdir()
+        final = cache.publish_dir(stage, tmp_path / "trees" / "k")
+    assert (final / "src").is_dir() and not stage.exists()
+    assert list((tmp_path / "tmp").iterdir()) == []  # nothing left behind either way
+
+
+def test_publish_keeps_the_first_writer(tmp_path: Path) -> None:
+    final = tmp_path / "entry"
+    final.mkdir()
+    (final / "theirs").write_text("1")
+    with cache.staging(tmp_path, "x") as stage:
+        (stage / "mine").write_text("2")
+        cache.publish_dir(stage, final)
+    assert sorted(p.name for p in final.iterdir()) == ["theirs"]
+
+
+def test_atomic_path_leaves_old_file_on_failure(tmp_path: Path) -> None:
+    target = tmp_path / "f.json"
+    cache.write_json_atomic(target, {"a": 1})
+    with pytest.raises(RuntimeError):
+        with cache.atomic_path(target) as tmp:
+            tmp.write_text("partial")
+            raise RuntimeError("boom")
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_write_json_atomic_reports_cache_error(tmp_path: Path) -> None:
+    (tmp_path / "blocked").write_text("a file where a directory is needed")
+    with pytest.raises(CacheError, match="cannot write"):
+        cache.write_json_atomic(tmp_path / "blocked" / "x.json", {})
+
+
+def test_tree_record_round_trip_needs_src(tmp_path: Path) -> None:
+    entry = tmp_path / "trees" / "k"
+    entry.mkdir(parents=True)
+    cache.write_tree_record(entry, {"key": "k", "path": entry / "src"})
+    assert cache.read_tree_record(entry) is None  # no src/: not a complete entry
+    (entry / "src").mkdir()
+    rec = cache.read_tree_record(entry)
+    assert rec is not None and rec["key"] == "k" and rec["path"] == entry / "src" and rec["created"].endswith("Z")
