@@ -120,7 +120,7 @@ bench_suite() {
 }
 if want bench; then
     # the targets: bridge >= 0.95x P2P and >= 1.9x NO_PEER_COPY at pp4096 (ub512, ub4096), tg >= 0.98x
-    [ "$ngpu" -ge 2 ] && bench_suite multi-gpu 80 100 --suite multi-gpu --cases p2p,nopeer,off,bridge --rounds 6
+    [ "$ngpu" -ge 2 ] && bench_suite multi-gpu 80 100 --suite multi-gpu --cases upstream-p2p,upstream-nopeer,off,bridge --rounds 6
     # batching on one GPU: token generation gains, nothing >= 1 % slower
     bench_suite batched 45 45 --suite batched --rounds 10
 fi
