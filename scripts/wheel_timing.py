@@ -175,7 +175,7 @@ def report(res: dict, out: Path) -> str:
                 lines.append(f"| {i} | {name} | {p['venv_s']:.1f} | {p['pip_install_s']:.1f} | "
                              f"{p.get('build_s', 0):.1f} | {p['first_token_s']:.2f} | **{p['total_s']:.1f}** | "
                              f"{p['load_before']} / {p['load_after']} |")
-        if rnd.get("source") and rnd.get("wheel"):
+        if rnd.get("source", {}).get("total_s") and rnd.get("wheel"):
             lines.append(f"| {i} | **source / wheel** | | | | | **{rnd['source']['total_s'] / rnd['wheel']['total_s']:.0f}x** | |")
     if res.get("throughput"):
         t = res["throughput"]
@@ -208,6 +208,8 @@ def main() -> int:
     ap.add_argument("--throughput-model", default="small")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--n-predict", type=int, default=64)
+    ap.add_argument("--source-server", type=Path,
+                    help="throughput only: the wheel's llama-server against this already built one (no timing rounds)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="wheel-timing-"))
@@ -223,7 +225,7 @@ def main() -> int:
                  "wheel_bytes": args.wheel.stat().st_size, "rounds": []}
     gguf = model.ensure_model(work / "models", "tiny", 1, args.vocab)
     try:
-        for i in range(args.rounds):
+        for i in range(0 if args.source_server else args.rounds):
             # alternate which path goes first, so a trend in the machine's load hits both
             order = ["wheel", "source"] if i % 2 == 0 else ["source", "wheel"]
             rnd: dict = {"order": order if not args.skip_source else ["wheel"]}
@@ -233,7 +235,11 @@ def main() -> int:
                     shutil.rmtree(work / f"src-cache-{i - 1}", ignore_errors=True)  # keep only the newest build
                 rnd[name] = wheel_path(work, args.wheel, gguf) if name == "wheel" else source_path(work, gguf, str(i))
                 print(report(res, args.out), flush=True)
-        if args.throughput_rounds and not args.skip_source:
+        if args.source_server:
+            res["source_server"] = str(args.source_server)
+            res["rounds"].append({"order": ["wheel"], "wheel": wheel_path(work, args.wheel, gguf)})
+            res["rounds"][-1]["source"] = {"server": str(args.source_server)}
+        if args.throughput_rounds and (args.source_server or not args.skip_source):
             big = model.ensure_model(work / "models", args.throughput_model, 1234, args.vocab)
             bins = {"wheel": Path(res["rounds"][-1]["wheel"]["server"]),
                     "source": Path(res["rounds"][-1]["source"]["server"])}
