@@ -54,8 +54,10 @@ def parse_metrics(text: str) -> dict[str, int]:
 
 
 # --- contract: ggml-rpc-server with patch 0006 (its stdout) --------------------------------------------
+#: patch 0006's state line, printed once at start
 RPC_STATE = re.compile(r"ggml_bridge_rpc: state: endpoint=(?P<endpoint>\S+) pid=(?P<pid>\d+) "
                        r"GGML_CUDA_MAPPED_HOST_BRIDGE=(?P<selector>\S+) bridge_counters=(?P<counters>available|absent)")
+#: patch 0006's counters line (on SIGUSR1, periodically with an interval, and at exit)
 RPC_COUNTERS = re.compile(r"ggml_bridge_rpc: counters: trigger=(?P<trigger>\w+)(?P<kv>(?:\s+\w+=\d+)+)")
 #: upstream rpc-server lines: its banner, each device it serves, and an RPC client's version refusal
 RPC_STARTING = re.compile(r"Starting RPC server v(?P<version>\d+\.\d+\.\d+)")
@@ -63,16 +65,27 @@ RPC_DEVICE = re.compile(r"^\s+(?P<dev>[A-Za-z]+\d*): (?P<desc>.*) \((?P<total>\d
 RPC_VERSION_MISMATCH = re.compile(r"RPC server version mismatch: (?P<version>\S+)")
 
 # --- upstream llama.cpp / llama-server lines ----------------------------------------------------------
+#: llama.cpp: each device a model is placed on
 USING_DEVICE = re.compile(r"using device (?P<dev>\S+) \((?P<desc>[^)]*)\)")
+#: ggml-cuda: how many CUDA devices (physical, or virtual with GGML_CUDA_DEVICES) the process sees
 CUDA_FOUND = re.compile(r"ggml_cuda_init: found (?P<n>\d+) CUDA devices")
+#: llama-server: the port is taken (serve retries on another)
 BIND_FAILED = re.compile(r"couldn't bind HTTP server socket, hostname: (?P<host>\S+), port: (?P<port>\d+)")
+#: the model file cannot be opened, and why
 GGUF_OPEN_FAILED = re.compile(r"failed to open GGUF file '(?P<path>[^']*)' \((?P<why>[^)]*)\)")
+#: the loader's own reason, when it gives one
 MODEL_LOAD_ERROR = re.compile(r"error loading model: (?P<why>.*?)\s*$")
+#: the model did not load (with or without a reason)
 MODEL_LOAD_FAILED = re.compile(r"failed to load model|exiting due to model loading error")
+#: llama-server gave up on its HTTP server
 HTTP_ERROR_EXIT = re.compile(r"exiting due to HTTP server error")
+#: llama-server is ready: the address it listens on
 LISTENING = re.compile(r"(?:server is listening on|listening on) (?P<addr>\S+)")
+#: the model is loaded (server-side)
 MODEL_LOADED = re.compile(r"\bmodel loaded\b")
+#: out of memory on a device or in a pinned allocation
 OOM = re.compile(r"out of memory|failed to allocate|cudaMalloc failed", re.I)
+#: a crash: ggml assertion or abort, segfault, uncaught C++ exception
 ASSERT = re.compile(r"GGML_ASSERT|GGML_ABORT|Segmentation fault|terminate called", re.I)
 
 

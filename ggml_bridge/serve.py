@@ -117,24 +117,29 @@ def check_engagement(info: logparse.LogInfo, bridge: str | None, batched: str | 
             why = (f"the server says: inactive: {b.inactive_reason}" if b.inactive_reason is not None
                    else "the server printed no ggml_cuda_mapped_host_bridge line (binary without the patch, or not a CUDA build?)")
             eng.errors.append(f"bridge requested but not engaged on a {ndev}-device split; {why}")
-        elif b.inactive_reason is not None:
-            eng.notes.append(f"bridge not engaged: single device ({b.inactive_reason}); serving anyway")
         else:
-            eng.notes.append("bridge not engaged: single device or CPU, and the server printed no bridge line "
-                             "(binary without the patch, or not a CUDA build); serving anyway")
+            eng.notes.append(_not_engaged("bridge", b.inactive_reason and f"single device ({b.inactive_reason})",
+                                          "single device or CPU, and the server printed no bridge line "
+                                          "(binary without the patch, or not a CUDA build)"))
     elif bridge == "off" and b.enabled:
         eng.errors.append(f"bridge requested off but the server reports it enabled (mode {b.mode})")
     if batched == "on":
         if t.enabled:
             eng.notes.append(f"batched transfers engaged: pinned pool up to {t.pool_mib} MiB")
-        elif t.inactive_reason is not None:
-            eng.notes.append(f"batched transfers not engaged: {t.inactive_reason}; serving anyway")
         else:
-            eng.notes.append("batched transfers not confirmed: the server printed no llama_batched_transfers line "
-                             "(binary without the patch?); serving anyway")
+            eng.notes.append(_not_engaged("batched transfers", t.inactive_reason,
+                                          "the server printed no llama_batched_transfers line (binary without the patch?)"))
     elif batched == "off" and t.enabled:
         eng.errors.append("batched transfers requested off but the server reports them enabled")
     return eng
+
+
+def _not_engaged(what: str, reason: str | None, no_line: str) -> str:
+    """The note for a mechanism that was asked for but may rightly stay off here (one device, CPU): the server's own
+    reason when it gave one, else what was missing from its log."""
+    if reason:
+        return f"{what} not engaged: {reason}; serving anyway"
+    return f"{what} not confirmed: {no_line}; serving anyway"
 
 
 def _fmt_tail(lines: Sequence[str]) -> str:
