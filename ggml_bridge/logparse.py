@@ -53,17 +53,6 @@ def parse_metrics(text: str) -> dict[str, int]:
     return out
 
 
-# --- contract: ggml-rpc-server with patch 0006 (its stdout) --------------------------------------------
-#: patch 0006's state line, printed once at start
-RPC_STATE = re.compile(r"ggml_bridge_rpc: state: endpoint=(?P<endpoint>\S+) pid=(?P<pid>\d+) "
-                       r"GGML_CUDA_MAPPED_HOST_BRIDGE=(?P<selector>\S+) bridge_counters=(?P<counters>available|absent)")
-#: patch 0006's counters line (on SIGUSR1, periodically with an interval, and at exit)
-RPC_COUNTERS = re.compile(r"ggml_bridge_rpc: counters: trigger=(?P<trigger>\w+)(?P<kv>(?:\s+\w+=\d+)+)")
-#: upstream rpc-server lines: its banner, each device it serves, and an RPC client's version refusal
-RPC_STARTING = re.compile(r"Starting RPC server v(?P<version>\d+\.\d+\.\d+)")
-RPC_DEVICE = re.compile(r"^\s+(?P<dev>[A-Za-z]+\d*): (?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)")
-RPC_VERSION_MISMATCH = re.compile(r"RPC server version mismatch: (?P<version>\S+)")
-
 # --- upstream llama.cpp / llama-server lines ----------------------------------------------------------
 #: llama.cpp: each device a model is placed on
 USING_DEVICE = re.compile(r"using device (?P<dev>\S+) \((?P<desc>[^)]*)\)")
@@ -241,6 +230,18 @@ def is_read(line: str) -> bool:
     """Whether :func:`parse` takes anything from ``line``: the launcher keeps only such lines in memory (a
     server at high verbosity prints about a thousand others per request; they go to the log file)."""
     return parse([line]) != LogInfo()
+
+
+# --- contract: ggml-rpc-server with patch 0006 (its stdout) --------------------------------------------
+#: patch 0006's state line, printed once at start
+RPC_STATE = re.compile(r"ggml_bridge_rpc: state: endpoint=(?P<endpoint>\S+) pid=(?P<pid>\d+) "
+                       r"GGML_CUDA_MAPPED_HOST_BRIDGE=(?P<selector>\S+) bridge_counters=(?P<counters>available|absent)")
+#: patch 0006's counters line (on SIGUSR1, periodically with an interval, and at exit)
+RPC_COUNTERS = re.compile(r"ggml_bridge_rpc: counters: trigger=(?P<trigger>\w+)(?P<kv>(?:\s+\w+=\d+)+)")
+#: upstream rpc-server lines: its banner, each device it serves, and an RPC client's version refusal
+RPC_STARTING = re.compile(r"Starting RPC server v(?P<version>\d+\.\d+\.\d+)")
+RPC_DEVICE = re.compile(r"^\s+(?P<dev>[A-Za-z]+\d*): (?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)")
+RPC_VERSION_MISMATCH = re.compile(r"RPC server version mismatch: (?P<version>\S+)")
 
 
 @dataclass
