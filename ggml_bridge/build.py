@@ -330,7 +330,7 @@ def _cmake(tools: Toolchain, src: Path, build_dir: Path, args: list[str], log_fi
     _note(log_file, argv)
     res = run(argv, check=False, log_file=log_file, error=BuildError, env=env)
     if res.returncode != 0:
-        raise _failed("CMake configure failed", res.returncode, log_file,
+        raise build_failed("CMake configure failed", res.returncode, log_file,
                       "check the options above (an unknown -D value, a missing dependency); CMAKE_ARGS adds options")
 
 
@@ -351,12 +351,12 @@ def _select_targets(tools: Toolchain, build_dir: Path, log_file: Path) -> list[s
 
 def _ninja(tools: Toolchain, build_dir: Path, targets: list[str], jobs: int, log_file: Path,
            env: dict[str, str] | None = None) -> None:
-    progress = _Progress()
+    progress = Progress()
     argv = [str(tools.ninja.path), "-C", str(build_dir), "-j", str(jobs), *targets]
     _note(log_file, argv)
     res = run(argv, check=False, log_file=log_file, on_line=progress, error=BuildError, env=env)
     if res.returncode != 0:
-        raise _failed("the compile failed", res.returncode, log_file, "fix the error above; the build resumes where "
+        raise build_failed("the compile failed", res.returncode, log_file, "fix the error above; the build resumes where "
                       "it stopped when re-run")
     if progress.total == 0:
         log("    ninja: nothing to do")
@@ -367,7 +367,7 @@ def _note(log_file: Path, argv: list[str]) -> None:
         fh.write("+ " + " ".join(shlex.quote(a) for a in argv) + "\n")
 
 
-class _Progress:
+class Progress:
     """Logs ``[ 40%] 88/220`` once per 10% of ninja's ``[n/N]`` lines."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -388,7 +388,7 @@ class _Progress:
             log(f"    [{decile * 10:3d}%] {n}/{total} ({self.clock() - self.t0:.0f}s)")
 
 
-def _failed(what: str, rc: int, log_file: Path, fix: str) -> BuildError:
+def build_failed(what: str, rc: int, log_file: Path, fix: str) -> BuildError:
     """A BuildError quoting the log from its first error line (``FAILED:``, ``CMake Error``...) on."""
     lines = log_file.read_text(errors="replace").splitlines()[-300:]
     first = next((i for i, line in enumerate(lines) if _ERROR_LINE.search(line)), None)
@@ -750,7 +750,7 @@ def _shell(command: str, cwd: Path, log_file: Path, env: dict[str, str]) -> None
     _note(log_file, ["sh", "-c", command])
     res = run(["sh", "-c", command], cwd=cwd, check=False, log_file=log_file, error=BuildError, env=env)
     if res.returncode != 0:
-        raise _failed("a NO_PEER_COPY compile or link failed", res.returncode, log_file,
+        raise build_failed("a NO_PEER_COPY compile or link failed", res.returncode, log_file,
                       "check the log; or build upstream-nopeer without --shared-tree")
 
 

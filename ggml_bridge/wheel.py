@@ -121,13 +121,13 @@ def build_wheel(settings: Settings, sdist: Path, out_dir: Path) -> Path:
            "CMAKE_BUILD_PARALLEL_LEVEL": str(settings.build.jobs or os.cpu_count() or 1)}
     log_file = out_dir / f"{sdist.name}.wheel.log"
     log_file.write_text("")
-    progress = buildmod._Progress()
+    progress = buildmod.Progress()
     argv = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index", "-v",
             "-w", str(out_dir), str(sdist)]
     with step(f"pip wheel {sdist.name} (scikit-build-core, CMAKE_ARGS={env['CMAKE_ARGS'] or '(none)'})"):
         res = run(argv, check=False, log_file=log_file, env=env, on_line=progress, error=BuildError)
     if res.returncode != 0:
-        raise buildmod._failed("building the server wheel failed", res.returncode, log_file,
+        raise buildmod.build_failed("building the server wheel failed", res.returncode, log_file,
                                "fix the error above; CMAKE_ARGS passes CMake options (e.g. -DGGML_CUDA=ON)")
     made = sorted(set(out_dir.glob(f"{PACKAGE}-*.whl")) - before, key=lambda p: p.stat().st_mtime)
     if not made:

@@ -185,7 +185,7 @@ def test_find_binary_of_a_target_not_built(settings: config.Settings) -> None:
 
 
 def test_progress_logs_every_ten_percent(capsys: pytest.CaptureFixture[str]) -> None:
-    p = build._Progress(clock=lambda: 0.0)
+    p = build.Progress(clock=lambda: 0.0)
     for i in range(1, 201):
         p(f"[{i}/200] Building CXX object x{i}.o")
     p("FAILED: not a progress line")
