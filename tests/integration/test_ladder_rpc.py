@@ -20,7 +20,7 @@ from ggml_bridge import ladder, logparse, model, rpc, serve
 
 from helpers import real_bin_dir, real_vocab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 

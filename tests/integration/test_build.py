@@ -1,0 +1,102 @@
+"""Build tests on the real pinned llama.cpp (slow; the fake llama.cpp ones are in tests/unit/test_build.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ggml_bridge import build, config
+
+
+# --------------------------------------------------------------------------------------------- slow: the real thing
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, {}
+
+
+@pytest.mark.slow
+def test_real_cpu_build_serves_a_request(real_build, real_settings: config.Settings, real_tree,  # type: ignore[no-untyped-def]
+                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    res = real_build("patched")
+    assert {"llama-server", "llama-bench", "llama-perplexity"} <= set(res.binaries)
+    m = json.loads(res.manifest_path.read_text())
+    assert m["upstream"]["commit"] == real_tree.commit and m["series_hash"]
+    assert [p["name"] for p in m["patches"]] == build.patchmod.read_series(real_settings.patches_dir).names
+    monkeypatch.setattr(build, "_cmake", lambda *a: pytest.fail("configured again"))
+    assert build.ensure(real_settings, "patched").up_to_date
+    assert build.find_binary(real_settings, "llama-server", "patched", "cpu") == res.server
+
+    model = pytest.importorskip("ggml_bridge.model", reason="ggml_bridge.model (write_model) is not written yet")
+    vocab = model.find_vocab(real_tree.path)
+    assert vocab is not None, "the upstream tree ships models/ggml-vocab-llama-spm.gguf"
+    gguf = model.ensure_model(real_settings.cache_dir, "tiny", 1, vocab)
+    port = _free_port()
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([res.server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-c", "256",
+                             "-t", "2", "-np", "1"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            try:
+                if _http(f"http://127.0.0.1:{port}/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "llama-server did not become healthy"
+            time.sleep(0.5)
+        status, out = _http(f"http://127.0.0.1:{port}/completion",
+                            {"prompt": "Hello", "n_predict": 4, "temperature": 0, "seed": 1})
+        assert status == 200 and isinstance(out.get("content"), str)
+        assert out.get("tokens_predicted", 0) >= 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+@pytest.mark.slow
+def test_real_upstream_build(real_build, real_settings: config.Settings) -> None:  # type: ignore[no-untyped-def]
+    res = real_build("upstream")
+    m = json.loads(res.manifest_path.read_text())
+    assert m["patches"] == [] and m["series_hash"] is None
+    assert "-DGGML_CUDA_MAPPED_HOST_BRIDGE=ON" not in m["cmake_args"]
+    assert res.server != real_build("patched").server
+    assert build.find_binary(real_settings, "llama-server", "upstream", "cpu") == res.server
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_real_cuda_build_is_picked_by_auto(real_settings: config.Settings, real_tree) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    s = dataclasses.replace(real_settings, build=dataclasses.replace(real_settings.build, backend="auto"))
+    res = build.ensure(s, "patched")
+    assert res.backend == "cuda"
+    m = json.loads(res.manifest_path.read_text())
+    assert "-DGGML_CUDA=ON" in m["cmake_args"] and "nvcc" in m["toolchain"]
+    devices = subprocess.run([res.server, "--list-devices"], capture_output=True, text=True, timeout=120)
+    assert "CUDA0" in devices.stdout + devices.stderr

@@ -1,0 +1,30 @@
+"""fetch of the real pinned llama.cpp (slow; the fake upstream ones are in tests/unit/test_fetch.py)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import requests
+
+from ggml_bridge import config, fetch, pin
+
+
+# --------------------------------------------------------------------------------------------- slow: the real thing
+
+
+@pytest.mark.slow
+def test_real_fetch_of_the_pinned_tree(real_tree: fetch.Tree, real_settings: config.Settings,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pinned upstream from the real sources (GitHub is tried first; the PyPI sdist where it is unreachable)."""
+    p = pin.load(real_settings.pin_file)
+    assert real_tree.pinned and real_tree.commit == p.commit
+    for f in p.expect_files:
+        assert (real_tree.path / f).is_file(), f
+    assert not (real_tree.path / ".git").exists()
+    assert real_tree.origin.split()[0] in ("git", "archive", "pypi-sdist")
+    if real_tree.origin.startswith("pypi-sdist"):
+        assert real_tree.archive_sha256 == p.sources[2].sha256
+    monkeypatch.setattr(requests, "get", lambda *a, **k: pytest.fail("network on a cache hit"))
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("network on a cache hit"))
+    assert fetch.obtain(real_settings) == real_tree

@@ -1,0 +1,104 @@
+"""rebase onto the real llama.cpp trees of llama-cpp-python 0.3.35 and 0.3.34 (slow; the synthetic upstreams are in
+tests/unit/test_rebase.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fixtures import fakellama
+from ggml_bridge import config, fetch, patch, pin as pinmod, rebase
+from ggml_bridge.errors import RebaseConflict
+from unit.test_rebase import _statuses
+
+
+# --------------------------------------------------------------------------------------------- slow: real trees
+
+
+@pytest.fixture
+def _real_binaries_for_slow_tests() -> None:
+    """Override conftest's autouse fixture: this slow test builds nothing."""
+
+
+def _expected(new_tree: Path, old_tree: Path, patches: list[Path], scratch: Path) -> list[str]:
+    """Each patch's outcome, computed independently with plain git apply in a scratch repo of the new tree (old
+    blobs added with hash-object, the way a reviewer would do it by hand)."""
+    repo = scratch / "repo"
+    shutil.copytree(new_tree, repo, symlinks=True)
+    g = fakellama.git
+    g(repo, "init", "-q")
+    g(repo, "add", "-A", "--force")
+    g(repo, "commit", "-q", "-m", "new")
+    # preimages: apply the series onto a copy of the old tree's touched files
+    old = scratch / "old"
+    touched = sorted({m for p in patches for m in re.findall(r"^diff --git a/(\S+) ", p.read_text(), re.M)})
+    for rel in touched:
+        if (old_tree / rel).is_file():
+            (old / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(old_tree / rel, old / rel)
+    g(old, "init", "-q")
+    g(old, "add", "-A")
+    g(old, "commit", "-q", "-m", "old")
+    for p in patches:
+        g(old, "apply", "--index", str(p))
+        g(old, "commit", "-q", "-m", p.name)
+    g(repo, "fetch", "-q", str(old), "HEAD:refs/old")
+    out = []
+    for p in patches:
+        ok = subprocess.run(["git", "apply", "--check", "-v", str(p)], cwd=repo, capture_output=True, text=True)
+        if ok.returncode == 0:
+            out.append("offsets" if "(offset" in ok.stderr else "clean")
+            g(repo, "apply", "--index", str(p))
+        elif subprocess.run(["git", "apply", "--check", "--reverse", str(p)], cwd=repo).returncode == 0:
+            out.append("upstream")
+            continue
+        else:
+            fuzz = subprocess.run(["patch", "--dry-run", "--batch", "--forward", "-p1", "-i", str(p)], cwd=repo,
+                                  capture_output=True)
+            three = subprocess.run(["git", "apply", "--3way", str(p)], cwd=repo, capture_output=True, text=True)
+            if three.returncode != 0:
+                out.append("conflict")
+                g(repo, "reset", "-q", "--hard")
+                continue
+            out.append("fuzz" if fuzz.returncode == 0 else "merged")
+        g(repo, "commit", "-q", "-m", p.name, "--allow-empty")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.3.35", "0.3.34"])
+def test_real_llama_cpp_python_sdists(version: str, real_settings: config.Settings, tmp_path: Path) -> None:
+    onto = f"llama-cpp-python=={version}"
+    rep = rebase.rebase(real_settings, onto, rebase.Options(check=True, base_source=os.environ.get(
+        "GGML_BRIDGE_TEST_SOURCE") or None))
+    series = patch.read_series(real_settings.patches_dir)
+    new = fetch.obtain(real_settings, onto, allow_unpinned=True)
+    old = fetch.obtain(real_settings, os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
+    expected = _expected(new.path, old.path, [p.path for p in series.patches], tmp_path)
+    got = _statuses(rep)
+    print(f"\nllama-cpp-python {version} ({new.commit}):")
+    for r in rep.results:
+        print(f"  {r.status:<9} {r.name} {'; '.join(r.hunks[:4])}")
+    assert got == expected
+    assert rep.target_commit == new.commit and rep.target_commit.startswith(
+        {"0.3.35": "4df29be4f", "0.3.34": "e3546c794"}[version])
+    # and in write mode on a copy of the project: it writes exactly when the check says everything applies
+    proj = tmp_path / "project"
+    proj.mkdir()
+    shutil.copy(real_settings.pin_file, proj / "pin.toml")
+    shutil.copytree(real_settings.patches_dir, proj / "patches")
+    s = config.load({"cache_dir": str(real_settings.cache_dir), "project_dir": str(proj)}, env={}, cwd=tmp_path)
+    opts = rebase.Options(build=False, cuda_check=False, report_dir=tmp_path / "rep",
+                          base_source=os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
+    if rep.ok:
+        assert rebase.rebase(s, onto, opts).state == "rebased"
+        assert pinmod.load(proj / "pin.toml").commit == new.commit
+    else:
+        with pytest.raises(RebaseConflict):
+            rebase.rebase(s, onto, opts)
+        assert (proj / "pin.toml").read_bytes() == real_settings.pin_file.read_bytes()
