@@ -24,7 +24,7 @@ def test_real_fetch_of_the_pinned_tree(real_tree: fetch.Tree, real_settings: con
     assert not (real_tree.path / ".git").exists()
     assert real_tree.origin.split()[0] in ("git", "archive", "pypi-sdist")
     if real_tree.origin.startswith("pypi-sdist"):
-        assert real_tree.archive_sha256 == p.sources[2].sha256
+        assert real_tree.archive_sha256 == next(s.sha256 for s in p.sources if s.kind == "pypi-sdist")
     monkeypatch.setattr(requests, "get", lambda *a, **k: pytest.fail("network on a cache hit"))
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("network on a cache hit"))
     assert fetch.obtain(real_settings) == real_tree

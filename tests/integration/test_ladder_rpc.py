@@ -94,7 +94,7 @@ def _serve_proc(args, env_extra=None):
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
     code = ("import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
             "from ggml_bridge.errors import FatalError\n"
-            "p = argparse.ArgumentParser(); serve.add_arguments(p); a = p.parse_args(sys.argv[1:])\n"
+            "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
             "try:\n    sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n"
             "except FatalError as e:\n    print(e, file=sys.stderr); sys.exit(e.exit_code)\n")
     return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=env, stdout=subprocess.PIPE,
