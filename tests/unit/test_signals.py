@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -73,15 +74,16 @@ def _kill_leftovers(tree: dict[int, int]) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_signal_to_build_stops_the_whole_tree_before_the_lock_is_released(settings: config.Settings, tmp_path: Path,
-                                                                          sig: int) -> None:
-    _tool(tmp_path / "bin", "ninja", shutil.which("ninja") or "ninja", "llama-server")
-    p, pids = _launch(settings, tmp_path, ["build", "-j", "2"])
-    tree = {}
+def _signal_and_wait(p: subprocess.Popen[str], pids: Path, sig: int,
+                     while_running: Callable[[], object] = lambda: None) -> str:
+    """Once the launcher's process tree is up (and ``while_running`` holds), send ``sig`` to the launcher's pid
+    only; the launcher must exit with 128 + sig and leave no process of its tree running. Returns its stderr.
+    Whatever happens, nothing of the tree is left behind by the test."""
+    tree: dict[int, int] = {}
     try:
         tree = _tree_of(p, pids)
-        p.send_signal(sig)  # the launcher's pid only
+        while_running()
+        p.send_signal(sig)
         rc = p.wait(60)
         err = p.stderr.read()
         left = _gone(tree)
@@ -91,6 +93,15 @@ def test_signal_to_build_stops_the_whole_tree_before_the_lock_is_released(settin
         _kill_leftovers(tree)
     assert rc == 128 + sig, err
     assert not left, f"still running after the launcher exited: {left}"
+    return err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signal_to_build_stops_the_whole_tree_before_the_lock_is_released(settings: config.Settings, tmp_path: Path,
+                                                                          sig: int) -> None:
+    _tool(tmp_path / "bin", "ninja", shutil.which("ninja") or "ninja", "llama-server")
+    p, pids = _launch(settings, tmp_path, ["build", "-j", "2"])
+    err = _signal_and_wait(p, pids, sig)
     assert f"interrupted by {signal.Signals(sig).name}" in err and "Traceback" not in err
     locks = list((settings.cache_dir / "builds").glob("*.lock"))
     assert locks
@@ -106,18 +117,9 @@ def test_sigterm_to_patch_check_stops_git_and_removes_the_temporary_tree(setting
     tmpdir.mkdir()
     p, pids = _launch(settings, tmp_path, ["patch", "--check"], TMPDIR=str(tmpdir),
                       GIT_PYTHON_GIT_EXECUTABLE=str(tmp_path / "bin" / "git-am-hangs"))
-    tree = {}
-    try:
-        tree = _tree_of(p, pids)
+
+    def temporary_tree_exists() -> None:
         assert list(tmpdir.glob("ggml-bridge-check-*"))
-        p.send_signal(signal.SIGTERM)
-        rc = p.wait(60)
-        err = p.stderr.read()
-        left = _gone(tree)
-    finally:
-        if p.poll() is None:
-            p.kill()
-        _kill_leftovers(tree)
-    assert rc == 128 + signal.SIGTERM, err
-    assert not left, f"still running after the launcher exited: {left}"
+
+    _signal_and_wait(p, pids, signal.SIGTERM, while_running=temporary_tree_exists)
     assert not list(tmpdir.glob("ggml-bridge-check-*")), "temporary tree left behind"
