@@ -12,13 +12,18 @@ from unit.test_serve import busy_port
 
 # --- the real llama-server ----------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_real_server_tiny_model(tmp_path):
+def _real_tiny(tmp_path):
+    """The real llama-server's folder and a tiny random-weight model (skips without a build or a vocab)."""
     from ggml_bridge import model
     bd, vocab = real_bin_dir(), real_vocab()
     if bd is None or vocab is None:
         pytest.skip("no llama-server build (set GGML_BRIDGE_TEST_BIN_DIR) or no vocab GGUF")
-    m = model.ensure_model(tmp_path, "tiny", 1, vocab)
+    return bd, model.ensure_model(tmp_path, "tiny", 1, vocab)
+
+
+@pytest.mark.slow
+def test_real_server_tiny_model(tmp_path):
+    bd, m = _real_tiny(tmp_path)
     port = serve.free_port()
     with serve.Server(bd / "llama-server", ["-m", str(m), "--port", str(port), "-c", "256", "-np", "1", "-t", "2"],
                       env=serve.selector_env("off", "off"), startup_timeout=120) as s:
@@ -44,11 +49,7 @@ def test_real_server_tiny_model(tmp_path):
 def test_real_server_metrics_grow(tmp_path):
     """patch 0005: llama-server --metrics exports batching's process-wide counters, live, as they grow."""
     import json
-    from ggml_bridge import model
-    bd, vocab = real_bin_dir(), real_vocab()
-    if bd is None or vocab is None:
-        pytest.skip("no llama-server build (set GGML_BRIDGE_TEST_BIN_DIR) or no vocab GGUF")
-    m = model.ensure_model(tmp_path, "tiny", 1, vocab)
+    bd, m = _real_tiny(tmp_path)
     port = serve.free_port()
     with serve.Server(bd / "llama-server", ["-m", str(m), "--port", str(port), "-c", "256", "-np", "1", "-t", "2",
                                             "--metrics"],
