@@ -96,8 +96,8 @@ if want tests; then
     grep -E "rejected|FAIL|passed" "$OUT/test-bridge-rejected.txt" | tee -a "$OUT/summary.txt"
     python3 -c "from ggml_bridge.model import write_model; import sys; write_model('/tmp/tiny.gguf', 'tiny', 1, sys.argv[1])" \
         "$vocab" > /dev/null 2>&1
-    step test-batched-2gpu 10 60 "$pbin/test-batched-transfers" --model /tmp/tiny.gguf
-    grep -E "passed|FAIL" "$OUT/test-batched-2gpu.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
+    step test-batched 10 60 "$pbin/test-batched-transfers" --model /tmp/tiny.gguf
+    grep -E "passed|FAIL" "$OUT/test-batched.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
 fi
 
 # one ladder report per rung, so that a rung cut short by the budget leaves the others' reports whole
