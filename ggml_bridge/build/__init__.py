@@ -28,6 +28,14 @@ from .steps import (COMPLETE_MARKER, OFF_IF_PRESENT, REQUIRED_TARGETS, VARIANT_O
 from .toolchain import (MIN_CMAKE, MIN_NINJA, CudaToolkit, Tool, Toolchain, detect_cuda, find_cmake, find_ninja,
                         find_toolchain, resolve_backend)
 
+__all__ = [
+    "COMPLETE_MARKER", "MIN_CMAKE", "MIN_NINJA", "NOPEER_LIBRARY", "NOPEER_OBJECT", "OFF_IF_PRESENT",
+    "REQUIRED_TARGETS", "SHARED_ORDER", "VARIANT_OPTIONS", "WANTED_TARGETS", "BuildResult", "CudaToolkit", "Progress",
+    "Tool", "Toolchain", "build_failed", "build_key", "cmake_args", "detect_cuda", "ensure", "ensure_shared",
+    "find_binary", "find_cmake", "find_ninja", "find_toolchain", "installed_server", "latest_path", "locate",
+    "resolve_backend", "source_manifest",
+]
+
 
 # --------------------------------------------------------------------------------------------- public API
 

