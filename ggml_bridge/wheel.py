@@ -33,9 +33,10 @@ from . import fetch as fetchmod
 from . import patch as patchmod
 from . import ui as uimod
 from .config import Settings
-from .errors import BuildError, NotBuiltError, ServeError, ToolchainError, UsageError
+from .errors import BuildError, ToolchainError, UsageError
 from .build import steps as buildmod
-from .build.installed import DIST_NAME, installed_server
+from .build.installed import DIST_NAME
+from .build.installed import installed_server as installed_server  # re-exported: the lookup lives below build
 from .runner import log, run, step
 
 PACKAGE = "ggml_bridge_server"
