@@ -21,7 +21,6 @@ import json
 import math
 import os
 import signal
-import socket
 import sys
 import time
 import urllib.error
@@ -31,8 +30,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from . import logparse, modes, rpc, runner
+from .cli_options import add_rpc_arguments
 from .config import Settings
 from .errors import ServeError, UsageError
+from .net import DEFAULT_HOST as DEFAULT_HOST  # re-exported
+from .net import free_port as free_port  # re-exported: tests, scripts and the ladder pick ports with it
 from .runner import log
 
 # the selectors and their values are defined once, in modes.py
@@ -41,7 +43,6 @@ BATCHED_VAR, BATCHED_STATS_VAR = modes.BATCHED, modes.BATCHED_STATS
 BRIDGE_VALUES, BATCHED_VALUES = modes.BRIDGE_VALUES, modes.BATCHED_VALUES
 selector_env = modes.selector_env
 
-DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
 #: ggml/llama INFO messages (the bridge's "enabled" and "stats" lines, "using device") map to verbosity
@@ -78,12 +79,6 @@ def _arg_value(args: Sequence[str], *names: str) -> str | None:
             elif a.startswith(n + "=") and n.startswith("--"):
                 val = a.split("=", 1)[1]
     return val
-
-
-def free_port(host: str = DEFAULT_HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -310,7 +305,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for /health (default: [serve] startup_timeout of the config file, 600)")
     parser.add_argument("--server-log", type=Path, default=None, metavar="FILE",
                         help="also write the server log to FILE")
-    rpc.add_arguments(parser)
+    add_rpc_arguments(parser)
     # Everything this parser does not know goes to llama-server, in order (the command registry's passthrough into
     # args.server_args, cli.COMMANDS["serve"]); after `--` everything does.
     parser.epilog = ("Other arguments (or all arguments after --) are passed to llama-server, e.g. "
