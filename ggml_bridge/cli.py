@@ -261,6 +261,16 @@ def cmd_wheel(args: argparse.Namespace, settings: config.Settings) -> int:
     return 0
 
 
+def cmd_rebase(args: argparse.Namespace, settings: config.Settings) -> int:
+    """``rebase``, and ``rebase --radar``: the radar runs rebase's check on every newer build, so it sits above
+    rebase and is dispatched here rather than by rebase itself."""
+    if getattr(args, "radar", False):
+        from . import radar
+
+        return radar.run(settings, report_dir=args.report, limit=args.radar_limit, as_json=args.json)
+    return int(_load_stage("rebase").run(args, settings))
+
+
 def stage(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Run]:
     """(add_arguments, run) of the stage module ``ggml_bridge.<name>``, each importing the module when called."""
 
@@ -335,7 +345,7 @@ for _c in (
     Command("serve", "launch llama-server and prove the requested mechanisms engaged", *stage("serve"),
             passthrough="server_args", section="serve"),
     Command("ladder", "run the comparison ladder and write a JSON+Markdown report", *stage("ladder")),
-    Command("rebase", "move the patch series onto another upstream", *stage("rebase")),
+    Command("rebase", "move the patch series onto another upstream", stage("rebase")[0], cmd_rebase),
     Command("bench", "side-by-side llama-bench report", *stage("bench")),
 ):
     register(_c)

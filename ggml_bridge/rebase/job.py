@@ -71,10 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:  # noqa: A001 - the stage interface
-    if args.radar:
-        from .. import radar
-
-        return radar.run(settings, report_dir=args.report, limit=args.radar_limit, as_json=args.json)
     if args.abort:
         abort(settings)
         return 0
