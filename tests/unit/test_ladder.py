@@ -14,7 +14,7 @@ import pytest
 from ggml_bridge import ladder, logparse, model
 from ggml_bridge.errors import LadderSetupError
 
-from helpers import real_vocab, write_fake_bin
+from helpers import real_vocab, write_fake_bin, write_ladder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,11 +40,6 @@ def make_vocab(path: Path) -> Path:
 
 
 MICRO = 'shape = { name = "micro", n_embd = 32, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 64, n_ctx_train = 512 }'
-
-
-def write_ladder(path: Path, body: str) -> Path:
-    path.write_text(body)
-    return path
 
 
 # --- ladder files -------------------------------------------------------------------------------------
