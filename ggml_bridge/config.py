@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import modes
 from .errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -29,7 +30,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 BACKENDS = ("auto", "cpu", "cuda")
-VARIANTS = ("patched", "upstream", "upstream-nopeer")
 SOURCE_KINDS = ("git", "archive", "pypi-sdist")
 #: Sections of Settings (config tables), each a dataclass its stage reads.
 SECTIONS = ("fetch", "build", "serve", "rebase")
@@ -63,7 +63,7 @@ class FetchSettings:
 class BuildSettings:
     """How llama-server and the other tools are configured and compiled."""
 
-    variant: str = "patched"
+    variant: str = modes.PATCHED
     """patched (series applied, our CMake options ON), upstream, or upstream-nopeer (CUDA only)."""
 
     backend: str = "auto"
@@ -217,7 +217,7 @@ def split_cmake_args(text: str, origin: str) -> list[str]:
 def validate(settings: Settings) -> None:
     b, f = settings.build, settings.fetch
     _choice(b.backend, BACKENDS, "backend")
-    _choice(b.variant, VARIANTS, "variant")
+    _choice(b.variant, tuple(modes.VARIANTS), "variant")
     for kind in f.sources:
         _choice(kind, SOURCE_KINDS, "fetch source kind")
     if not _CUDA_ARCH_RE.match(b.cuda_arch):

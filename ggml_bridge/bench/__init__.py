@@ -159,7 +159,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cases", default=None, help="comma-separated subset of the suite's cases")
     parser.add_argument("--variants-dir", type=Path, default=None, metavar="DIR",
                         help="DIR/{upstream,nopeer,patched}/llama-bench: one folder per build variant")
-    for v in ("upstream", "upstream-nopeer", "patched"):
+    for v in modes.VARIANTS:
         parser.add_argument(f"--bin-dir-{v}", type=Path, default=None, metavar="DIR", help=f"llama-bench of {v}")
     parser.add_argument("--build", action=argparse.BooleanOptionalAction, default=True,
                         help="build the variants that are missing (default; --no-build only reuses builds)")
@@ -318,9 +318,9 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     pooled = pool(names, samples, runs)
 
     micro: list[dict[str, Any]] = []
-    if args.microbench and "patched" in bins and (gpus >= 2 or virtual_devices):
+    if args.microbench and modes.PATCHED in bins and (gpus >= 2 or virtual_devices):
         with step("boundary microbenchmark"):
-            micro = microbench(bins["patched"], base_env, logs)
+            micro = microbench(bins[modes.PATCHED], base_env, logs)
 
     report = {
         "suite": suite_name, "about": suite["about"], "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),

@@ -12,17 +12,17 @@ import json
 import os
 from pathlib import Path
 
-from .. import cache
+from .. import cache, modes
 from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import ui as uimod
 from ..config import Settings
-from ..errors import BuildError, NotBuiltError, UsageError
+from ..errors import BuildError, NotBuiltError
 from ..runner import log, step
 from .installed import installed_server
-from .shared import NOPEER_LIBRARY, NOPEER_OBJECT, SHARED_ORDER, ensure_shared
+from .shared import NOPEER_LIBRARY, NOPEER_OBJECT, SHARED_ORDER, SHARED_RECIPES, ensure_shared
 from . import steps
-from .steps import (COMPLETE_MARKER, OFF_IF_PRESENT, REQUIRED_TARGETS, VARIANT_OPTIONS, WANTED_TARGETS,
+from .steps import (COMPLETE_MARKER, OFF_IF_PRESENT, REQUIRED_TARGETS, WANTED_TARGETS,
                     BuildResult, Progress, completed, manifest_for, select_targets, write_pointer,
                     build_failed, build_key, cmake_args, latest_path, source_manifest)
 from .toolchain import (MIN_CMAKE, MIN_NINJA, CudaToolkit, Tool, Toolchain, detect_cuda, find_cmake, find_ninja,
@@ -30,7 +30,7 @@ from .toolchain import (MIN_CMAKE, MIN_NINJA, CudaToolkit, Tool, Toolchain, dete
 
 __all__ = [
     "COMPLETE_MARKER", "MIN_CMAKE", "MIN_NINJA", "NOPEER_LIBRARY", "NOPEER_OBJECT", "OFF_IF_PRESENT",
-    "REQUIRED_TARGETS", "SHARED_ORDER", "VARIANT_OPTIONS", "WANTED_TARGETS", "BuildResult", "CudaToolkit", "Progress",
+    "REQUIRED_TARGETS", "SHARED_ORDER", "SHARED_RECIPES", "WANTED_TARGETS", "BuildResult", "CudaToolkit", "Progress",
     "Tool", "Toolchain", "build_failed", "build_key", "cmake_args", "detect_cuda", "ensure", "ensure_shared",
     "find_binary", "find_cmake", "find_ninja", "find_toolchain", "installed_server", "latest_path", "locate",
     "resolve_backend", "source_manifest",
@@ -51,15 +51,12 @@ def ensure(settings: Settings, variant: str | None = None, *, source_spec: str |
     lets :func:`ggml_bridge.patch.apply_series` delete a patched work tree holding edits.
     """
     variant = variant or settings.build.variant
-    if variant not in VARIANT_OPTIONS:
-        raise UsageError(f"unknown variant {variant!r}", fix=f"use one of: {', '.join(VARIANT_OPTIONS)}")
+    v = modes.variant(variant)
     backend, cuda = resolve_backend(settings.build.backend)
-    if variant == "upstream-nopeer" and backend != "cuda":
-        raise UsageError("variant upstream-nopeer only exists for the CUDA backend",
-                         why=f"the backend is {backend}", fix="use --backend cuda, or --variant upstream")
+    modes.check_backend(v, backend, fix="use --backend cuda, or --variant upstream")
 
     tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
-    if variant == "patched":
+    if v.patched:
         patched = patchmod.apply_series(settings, tree, series, discard_changes=discard_changes)
         series, src = patched.series, patched.path
         head = patched.head
@@ -163,7 +160,7 @@ def locate(settings: Settings, variant: str, name: str, override_dir: Path | str
     try:
         return find_binary(settings, name, variant=variant, backend=backend)
     except NotBuiltError:
-        if not (installed and variant == "patched"):
+        if not (installed and variant == modes.PATCHED):  # the wheel carries the patched build
             raise
         found = installed_server(settings, name)  # no build: an installed ggml-bridge-server wheel, if any
         if found is None:

@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .. import cache
+from .. import cache, modes
 from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import ui as uimod
@@ -15,13 +15,19 @@ from ..config import Settings
 from ..errors import BuildError, UsageError
 from ..runner import log, run, step
 from . import steps
-from .steps import (COMPLETE_MARKER, VARIANT_OPTIONS, BuildResult, completed, manifest_for, note,
+from .steps import (COMPLETE_MARKER, BuildResult, completed, manifest_for, note,
                     select_targets, write_pointer, build_failed, build_key, cmake_args, latest_path)
 from .toolchain import Toolchain, find_toolchain, resolve_backend
 
-#: The order in which a shared tree passes through the variants: the upstream sources first, NO_PEER_COPY as a
-#: recompile of the one object that reads the macro, then the series applied on top (only its files recompile).
-SHARED_ORDER = ("upstream", "upstream-nopeer", "patched")
+#: How a shared tree makes each variant it can build, in the order it passes through them: the upstream sources
+#: first, NO_PEER_COPY as a recompile of the one object that reads the macro, then the series applied on top (only
+#: its files recompile). A variant of :data:`ggml_bridge.modes.VARIANTS` missing here is refused.
+SHARED_RECIPES: dict[str, str] = {
+    modes.UPSTREAM: "built from the pristine sources",
+    modes.UPSTREAM_NOPEER: "upstream objects, {object} recompiled with -DGGML_CUDA_NO_PEER_COPY, tools relinked",
+    modes.PATCHED: "the series' files copied over the upstream sources, ninja rebuilt what depends on them",
+}
+SHARED_ORDER = tuple(SHARED_RECIPES)
 #: The one upstream source that reads GGML_CUDA_NO_PEER_COPY, and its static library.
 NOPEER_OBJECT = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/ggml-cuda.cu.o"
 NOPEER_LIBRARY = "ggml/src/ggml-cuda/libggml-cuda.a"
@@ -40,24 +46,26 @@ def ensure_shared(settings: Settings, variants: list[str], *, source_spec: str |
     was made) and the usual ``latest-<variant>-<backend>.json`` pointer. Static linking keeps each variant's
     binaries independent of the libraries the next variant rebuilds.
     """
-    unknown = [v for v in variants if v not in VARIANT_OPTIONS]
-    if unknown or not variants:
-        raise UsageError(f"unknown variant {', '.join(unknown) or '(none)'}",
-                         fix=f"use one or more of: {', '.join(VARIANT_OPTIONS)}")
+    if not variants:
+        raise UsageError("no variant to build", fix=f"use one or more of: {', '.join(modes.VARIANTS)}")
+    for name in variants:
+        if modes.variant(name).name not in SHARED_RECIPES:
+            raise UsageError(f"variant {name} cannot be built in a shared tree",
+                             why=f"the shared tree knows how to make {', '.join(SHARED_ORDER)}",
+                             fix=f"build {name} without --shared-tree")
     order = [v for v in SHARED_ORDER if v in variants]
     backend, cuda = resolve_backend(settings.build.backend)
-    if "upstream-nopeer" in order and backend != "cuda":
-        raise UsageError("variant upstream-nopeer only exists for the CUDA backend",
-                         why=f"the backend is {backend}", fix="use --backend cuda, or leave upstream-nopeer out")
+    for name in order:
+        modes.check_backend(modes.variant(name), backend, fix=f"use --backend cuda, or leave {name} out")
 
     tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
     patched = (patchmod.apply_series(settings, tree, series, discard_changes=discard_changes)
-               if "patched" in order else None)
+               if modes.PATCHED in order else None)
     tools = find_toolchain(cuda)
     # each variant is configured with its own options (the tree is re-configured when they change); static
     # libraries, so that a variant's binaries do not load the libraries the next variant rebuilds
-    args = {v: [a for a in cmake_args(settings, patched.path if v == "patched" and patched else tree.path,
-                                      "upstream" if v == "upstream-nopeer" else v, backend, tools)
+    args = {v: [a for a in cmake_args(settings, patched.path if v == modes.PATCHED and patched else tree.path,
+                                      modes.UPSTREAM if v == modes.UPSTREAM_NOPEER else v, backend, tools)
                 if not a.startswith("-DBUILD_SHARED_LIBS=")] + ["-DBUILD_SHARED_LIBS=OFF"] for v in order}
     ui = uimod.ensure(settings, tree.path)  # the series leaves tools/ui alone: one UI for every variant
     key = build_key(tree, patched.series if patched else None, "shared:" + ",".join(order), backend,
@@ -107,7 +115,7 @@ def _shared_build(settings: Settings, tree: fetchmod.Tree, patched: patchmod.Pat
     upstream_built = False
     configured: list[str] | None = None
     for v in order:
-        if v == "patched":
+        if v == modes.PATCHED:
             assert patched is not None
             changed = _overlay_series(patched, src)
             log(f"    the series changes {len(changed)} file(s) of the tree")
@@ -115,28 +123,23 @@ def _shared_build(settings: Settings, tree: fetchmod.Tree, patched: patchmod.Pat
             with step(f"configure {v}/{backend} ({len(args[v])} CMake options) in {build_dir}"):
                 steps.configure(tools, src, build_dir, args[v], log_file, env)
             configured = args[v]
-        if v == "upstream-nopeer":
+        if v == modes.UPSTREAM_NOPEER:
             if not upstream_built:  # nopeer alone: the upstream objects first
                 with uimod.placed(settings, src, ui):
                     steps.compile_targets(tools, build_dir, select_targets(tools, build_dir, log_file), jobs, log_file, env)
             targets = select_targets(tools, build_dir, log_file)
-            with step(f"upstream-nopeer: recompile ggml-cuda.cu with -DGGML_CUDA_NO_PEER_COPY, relink"):
+            with step("upstream-nopeer: recompile ggml-cuda.cu with -DGGML_CUDA_NO_PEER_COPY, relink"):
                 bins = _nopeer_relink(tools, build_dir, root / v / "bin", targets, log_file, env)
         else:
             targets = select_targets(tools, build_dir, log_file)
             with step(f"{v}: build {', '.join(targets)} with {jobs} job(s)"), uimod.placed(settings, src, ui):
                 steps.compile_targets(tools, build_dir, targets, jobs, log_file, env)
             uimod.check_embedded(build_dir, ui)
-            upstream_built = upstream_built or v == "upstream"
+            upstream_built = upstream_built or v == modes.UPSTREAM
             bins = _copy_binaries(build_dir / "bin", root / v / "bin", targets)
-        how = {"tree": str(root), "order": order,
-               "made": {"upstream": "built from the pristine sources",
-                        "upstream-nopeer": f"upstream objects, {NOPEER_OBJECT} recompiled with "
-                                           "-DGGML_CUDA_NO_PEER_COPY, tools relinked",
-                        "patched": "the series' files copied over the upstream sources, ninja rebuilt what "
-                                   "depends on them"}[v]}
-        vargs = args[v] + (["-DGGML_CUDA_NO_PEER_COPY=ON"] if v == "upstream-nopeer" else [])
-        results.append(_finish_shared(tree, patched if v == "patched" else None, v, backend, key, root / v, src,
+        how = {"tree": str(root), "order": order, "made": SHARED_RECIPES[v].format(object=NOPEER_OBJECT)}
+        vargs = args[v] + (["-DGGML_CUDA_NO_PEER_COPY=ON"] if v == modes.UPSTREAM_NOPEER else [])
+        results.append(_finish_shared(tree, patched if v == modes.PATCHED else None, v, backend, key, root / v, src,
                                       vargs, tools, bins, how, ui))
     return results
 

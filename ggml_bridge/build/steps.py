@@ -27,8 +27,6 @@ WANTED_TARGETS = (
     "ggml-rpc-server",
 )
 REQUIRED_TARGETS = ("llama-server",)
-#: CMake options each variant adds (DESIGN.md "Build variants").
-VARIANT_OPTIONS: dict[str, dict[str, str]] = {v.name: dict(v.cmake) for v in modes.VARIANTS.values()}
 #: Turned OFF when the tree's CMakeLists mention them. The web UI is never built by CMake (npm) nor downloaded
 #: (LLAMA_USE_PREBUILT_UI): :mod:`ggml_bridge.ui` builds it from the tree and places it where upstream embeds it.
 OFF_IF_PRESENT = ("LLAMA_BUILD_TESTS", "LLAMA_BUILD_EXAMPLES", "LLAMA_CURL", "LLAMA_OPENSSL", "LLAMA_BUILD_UI",
@@ -77,7 +75,7 @@ def cmake_args(settings: Settings, src: Path, variant: str, backend: str, tools:
         opts["CMAKE_CUDA_ARCHITECTURES"] = settings.build.cuda_arch
     else:
         opts["GGML_CUDA"] = "OFF"
-    for name, value in VARIANT_OPTIONS[variant].items():
+    for name, value in modes.variant(variant).cmake.items():
         if not re.search(rf"\b{name}\b", text):
             log(f"note: {name} is not defined by this tree's CMakeLists (yet); passing it anyway")
         opts[name] = value

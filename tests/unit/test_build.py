@@ -343,3 +343,29 @@ def test_locate_override_build_pointer_and_installed_wheel(settings: config.Sett
     build.latest_path(settings, "patched", "cpu").parent.mkdir(parents=True, exist_ok=True)
     build.latest_path(settings, "patched", "cpu").write_text(json.dumps({"binaries": {"llama-server": str(built)}}))
     assert build.locate(settings, "patched", "llama-server", backend="cpu", installed=True) == built
+
+
+def test_a_patched_variant_is_decided_by_the_table_not_its_name(settings: config.Settings, upstream: FakeUpstream,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second patched variant in modes.VARIANTS is built with the series applied (the build once compared the
+    name with "patched") and with its own CMake options."""
+    from ggml_bridge import modes
+
+    monkeypatch.setitem(modes.VARIANTS, "patched-debug", modes.Variant(
+        "patched-debug", True, {**modes.VARIANTS["patched"].cmake, "CMAKE_BUILD_TYPE": "Debug"}, "patched-debug",
+        "the series, a debug build"))
+    res = build.ensure(settings, "patched-debug")
+    m = json.loads(res.manifest_path.read_text())
+    assert [p["name"] for p in m["patches"]] == [p.name for p in upstream.patches.series]
+    assert _run(res.server) == "fake llama-server bridge=1\n" and "-DCMAKE_BUILD_TYPE=Debug" in m["cmake_args"]
+
+
+def test_shared_tree_refuses_a_variant_it_cannot_build(settings: config.Settings,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variant the shared tree has no recipe for is an error naming it (it was silently left out)."""
+    from ggml_bridge import modes
+
+    monkeypatch.setitem(modes.VARIANTS, "upstream-lto", modes.Variant(
+        "upstream-lto", False, {"GGML_LTO": "ON"}, "lto", "no patches, link-time optimisation"))
+    with pytest.raises(UsageError, match="upstream-lto cannot be built in a shared tree"):
+        build.ensure_shared(settings, ["upstream", "upstream-lto"])

@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 #: (a package, e.g. ``build``, is one entry: its submodules share its floor). Every module must be listed.
 FLOORS: list[set[str]] = [
     {"ggml_bridge", "errors", "net", "cli_options", "logparse"},  # no project imports (the root: __version__)
-    {"runner", "config", "pin"},  # the subprocess runner and the settings
-    {"cache", "modes"},  # the cache primitives; the table of variants, selectors and modes
+    {"runner", "modes", "config", "pin"},  # the subprocess runner; the table of variants, selectors and modes;
+    # the settings and the pin
+    {"cache"},  # the cache primitives
     {"fetch", "model", "ui"},  # upstream trees, the GGUF writer, the web UI assets
     {"patch"},  # the series applied to a tree
     {"build"},  # CMake + Ninja builds; the installed-wheel lookup
