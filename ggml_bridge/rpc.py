@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from . import logparse, runner
 from .errors import RpcError, UsageError
 from .cli_options import RPC_SERVER
+from .engagement import BRIDGE, engaged
 from .net import free_port
 
 if TYPE_CHECKING:
@@ -312,10 +313,11 @@ class Topology:
             info = s.info()
             gpus = [d for d in info.devices if d.startswith("CUDA")]
             where = f"{RPC_SERVER} on {s.endpoint}"
-            if info.bridge.enabled:
+            v = engaged(BRIDGE, info.bridge)
+            if v.engaged:
                 notes.append(f"bridge engaged in {where}: mode {info.bridge.mode}, {len(gpus)} GPUs")
             elif len(gpus) > 1:
-                why = (f"it says: inactive: {info.bridge.inactive_reason}" if info.bridge.inactive_reason
+                why = (f"it says: inactive: {v.reason}" if v.reason
                        else "it printed no ggml_cuda_mapped_host_bridge line (an upstream build?)")
                 errors.append(f"bridge requested but not engaged in {where}, which owns {len(gpus)} GPUs; {why}")
             else:

@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 
 from . import logparse, modes, rpc, runner
 from .cli_options import add_rpc_arguments
+from .engagement import BATCHED, BRIDGE, engaged
 from .config import Settings
 from .errors import ServeError, UsageError
 from .net import DEFAULT_HOST as DEFAULT_HOST  # re-exported
@@ -102,29 +103,30 @@ def check_engagement(info: logparse.LogInfo, bridge: str | None, batched: str | 
     b, t = info.bridge, info.batched
     for var, value in b.rejected.items():
         eng.errors.append(f'the server rejected {var}="{value}"' + (" (bridge off)" if var == BRIDGE_VAR else ""))
+    vb, vt = engaged(BRIDGE, b), engaged(BATCHED, t)
     if bridge in ("on", "force"):
-        if b.enabled:
+        if vb.engaged:
             eng.notes.append(f"bridge engaged: mode {b.mode}, {b.slots} slots x {b.slot_mib} MiB mapped pinned host memory"
                              + (f", model on {ndev} devices" if ndev else ""))
             if bridge == "force" and b.mode != "force":
                 eng.errors.append(f"bridge requested in mode force but the server reports mode {b.mode}")
         elif ndev > 1:
-            why = (f"the server says: inactive: {b.inactive_reason}" if b.inactive_reason is not None
+            why = (f"the server says: inactive: {vb.reason}" if vb.reason is not None
                    else "the server printed no ggml_cuda_mapped_host_bridge line (binary without the patch, or not a CUDA build?)")
             eng.errors.append(f"bridge requested but not engaged on a {ndev}-device split; {why}")
         else:
-            eng.notes.append(_not_engaged("bridge", b.inactive_reason and f"single device ({b.inactive_reason})",
+            eng.notes.append(_not_engaged("bridge", vb.reason and f"single device ({vb.reason})",
                                           "single device or CPU, and the server printed no bridge line "
                                           "(binary without the patch, or not a CUDA build)"))
-    elif bridge == "off" and b.enabled:
+    elif bridge == "off" and vb.engaged:
         eng.errors.append(f"bridge requested off but the server reports it enabled (mode {b.mode})")
     if batched == "on":
-        if t.enabled:
+        if vt.engaged:
             eng.notes.append(f"batched transfers engaged: pinned pool up to {t.pool_mib} MiB")
         else:
-            eng.notes.append(_not_engaged("batched transfers", t.inactive_reason,
+            eng.notes.append(_not_engaged("batched transfers", vt.reason,
                                           "the server printed no llama_batched_transfers line (binary without the patch?)"))
-    elif batched == "off" and t.enabled:
+    elif batched == "off" and vt.engaged:
         eng.errors.append("batched transfers requested off but the server reports them enabled")
     return eng
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .. import logparse, modes, rpc, runner
+from ..engagement import BATCHED, BRIDGE, engaged
 from ..errors import BenchError, RpcError
 from ..runner import log
 from .stats import CaseRun, Sample, test_key
@@ -37,7 +38,7 @@ def engagement(case: Case, log_text: str) -> tuple[bool | None, str]:
         # the stats line is cumulative per process: the last one holds the run's totals
         last = b.stats[-1] if b.stats else {}
         crossed = last.get("boundaries", 0)
-        ok &= b.enabled and crossed > 0
+        ok &= engaged(BRIDGE, b, last).engaged
         parts.append(f"bridge {'enabled' if b.enabled else 'not enabled'} ({b.slots} slots), "
                      f"boundaries={crossed} bytes={last.get('bytes', 0)}"
                      + (f", inactive: {b.inactive_reason}" if b.inactive_reason else ""))
@@ -48,7 +49,7 @@ def engagement(case: Case, log_text: str) -> tuple[bool | None, str]:
         declined = last.get("declined_graphs", 0)
         # engaged: it staged uploads (token generation) or declined prompt-sized graphs by its policy; downloads
         # into llama.cpp's pinned output buffer are upstream's own asynchronous ones (upstream_downloads)
-        ok &= t.enabled and (up > 0 or declined > 0)
+        ok &= engaged(BATCHED, t, last).engaged
         parts.append(f"batched {'enabled' if t.enabled else 'not enabled'}, graphs={last.get('graphs', 0)} "
                      f"declined_graphs={declined} async_uploads={up} async_downloads={down} "
                      f"sync_uploads={last.get('sync_uploads', 0)} upstream_uploads={last.get('upstream_uploads', 0)}"
@@ -67,7 +68,7 @@ def rpc_engagement(case: Case, topo: rpc.Topology) -> tuple[bool | None, str]:
         return False, str(e)
     info = srv.info()
     crossed = c.get("bridge_boundaries", 0)
-    return (info.bridge.enabled and crossed > 0,
+    return (engaged(BRIDGE, info.bridge, c).engaged,
             f"rpc-server bridge {'enabled' if info.bridge.enabled else 'not enabled'}, boundaries={crossed} "
             f"bytes={c.get('bridge_bytes', 0)} copy_tensor={c.get('rpc_copy_tensor', 0)}"
             + ("" if c.get("bridge") else " (no bridge counters exported)")
