@@ -3,11 +3,9 @@ publication, and the one content digest of a tree (:func:`tree_digest`)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
-import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -64,15 +62,7 @@ def publish_tree(settings: Settings, stage: Path, tree: Tree) -> Tree:
 
 def tree_digest(root: Path) -> str:
     """sha256 over (relative path, executable bit or symlink target, file sha256) of every file, sorted."""
-    h = hashlib.sha256()
-    for rel, full in _walk(root):
-        st = full.lstat()
-        if stat.S_ISLNK(st.st_mode):
-            entry = f"{rel}\0l\0{os.readlink(full)}\n"
-        else:
-            entry = f"{rel}\0{'x' if st.st_mode & 0o111 else 'f'}\0{cache.file_sha256(full)}\n"
-        h.update(entry.encode("utf-8", "surrogateescape"))
-    return h.hexdigest()
+    return cache.dir_digest(root, (full for _, full in _walk(root)), kinds=True)
 
 
 def _finish(settings: Settings, pin: pinmod.Pin, stage: Path, *, key: str, commit: str | None, pinned: bool,
