@@ -357,7 +357,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     if any(s in ("mismatch", "invalid") for s in statuses):
         rep["status"], rc = "fail", 1
     elif "error" in statuses:
-        rep["status"], rc = "error", 2
+        rep["status"], rc = "error", LadderSetupError.exit_code
     else:
         rep["status"], rc = "pass", 0
     _write_reports(rep, report_dir, time.monotonic() - t0)

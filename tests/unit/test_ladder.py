@@ -434,7 +434,7 @@ def test_server_crash_is_a_setup_error(env):
     body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_DIE_AT_START = "1"')
     rc, rep, md = run_ladder(env, body)
     r = rep["rungs"][0]
-    assert rc == 2 and r["status"] == "error"
+    assert rc == LadderSetupError.exit_code and r["status"] == "error"
     assert "GGML_ASSERT(fake)" in r["modes"]["off"]["error"]
 
 
