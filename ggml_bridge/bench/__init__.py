@@ -37,9 +37,20 @@ from ..cache import file_sha256
 from ..errors import BenchError, UsageError
 from ..runner import log, step
 from .report import plot, pool_reports, render_markdown, smi_table
-from .stats import (REFERENCES, CaseRun, Sample, Summary, compare, paired_interval, paired_ratio, pool, references,
-                    summarize, test_key)
 from .running import engagement, microbench, rotate, rounds, rpc_engagement, run_case
+from .stats import (
+    REFERENCES,
+    CaseRun,
+    Sample,
+    Summary,
+    compare,
+    paired_interval,
+    paired_ratio,
+    pool,
+    references,
+    summarize,
+    test_key,
+)
 from .telemetry import SMI_FIELDS, Telemetry, gpu_env, n_gpus
 
 __all__ = [
@@ -287,7 +298,7 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     if virtual_devices:
         base_env[modes.CUDA_DEVICES] = str(virtual_devices)
 
-    cache_dir = Path(getattr(settings, "cache_dir"))
+    cache_dir = Path(settings.cache_dir)
     if args.model is not None:
         model_path = args.model
     else:

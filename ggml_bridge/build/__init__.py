@@ -19,14 +19,38 @@ from .. import ui as uimod
 from ..config import Settings
 from ..errors import BuildError, NotBuiltError
 from ..runner import log, step
+from . import steps
 from .installed import installed_server
 from .shared import NOPEER_LIBRARY, NOPEER_OBJECT, SHARED_ORDER, SHARED_RECIPES, ensure_shared
-from . import steps
-from .steps import (COMPLETE_MARKER, OFF_IF_PRESENT, REQUIRED_TARGETS, WANTED_TARGETS,
-                    BuildResult, Progress, completed, manifest_for, select_targets, write_pointer,
-                    build_failed, build_key, cmake_args, latest_path, source_manifest)
-from .toolchain import (MIN_CMAKE, MIN_NINJA, CudaToolkit, Tool, Toolchain, detect_cuda, find_cmake, find_ninja,
-                        find_toolchain, resolve_backend)
+from .steps import (
+    COMPLETE_MARKER,
+    OFF_IF_PRESENT,
+    REQUIRED_TARGETS,
+    WANTED_TARGETS,
+    BuildResult,
+    Progress,
+    build_failed,
+    build_key,
+    cmake_args,
+    completed,
+    latest_path,
+    manifest_for,
+    select_targets,
+    source_manifest,
+    write_pointer,
+)
+from .toolchain import (
+    MIN_CMAKE,
+    MIN_NINJA,
+    CudaToolkit,
+    Tool,
+    Toolchain,
+    detect_cuda,
+    find_cmake,
+    find_ninja,
+    find_toolchain,
+    resolve_backend,
+)
 
 __all__ = [
     "COMPLETE_MARKER", "MIN_CMAKE", "MIN_NINJA", "NOPEER_LIBRARY", "NOPEER_OBJECT", "OFF_IF_PRESENT",

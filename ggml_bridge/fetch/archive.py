@@ -12,6 +12,7 @@ import socket
 import tarfile
 import zlib
 from pathlib import Path
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -72,7 +73,7 @@ def _pypi_sdist_url(settings: Settings, package: str, version: str, filename: st
     ``releases``. Relative file URLs (some mirrors) are resolved against the API URL.
     """
     base = settings.fetch.pypi_url.rstrip("/")
-    files: list[dict] | None = None
+    files: list[dict[str, Any]] | None = None
     api = ""
     for api in (f"{base}/pypi/{package}/{version}/json", f"{base}/pypi/{package}/json"):
         try:
@@ -191,7 +192,7 @@ def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exce
         why = "it would be written outside the tree (absolute path, ../, or a link or device escaping it)"
         if issubclass(failed, SourceError):
             raise SourceError(msg, why=why, fix="do not use this archive; it is not a llama.cpp release") from None
-        raise failed(msg, why=why) from None
+        raise failed(msg, why=why) from None  # type: ignore[call-arg]  # _Failed takes no why: issue 27 fixes it
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES):
             raise CacheError(f"cannot extract into {dest.parent}", why=str(e),

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import build, cache, logparse, model, modes, rpc, runner, serve
-from ..modes import MODES, Mode
 from ..errors import FatalError, LadderSetupError, RpcError, ServeError
+from ..modes import MODES, Mode
 from ..runner import log
-from .schema import Ladder, Rung, load_ladder
-from .inputs import canonical_response, make_prompts, make_text, request_payload
 from .diff import compare_files, sha256_file
-from .validity import validate_mode, validate_rpc
+from .inputs import canonical_response, make_prompts, make_text, request_payload
 from .report import markdown_report, progress_line
+from .schema import Ladder, Rung, load_ladder
+from .validity import validate_mode, validate_rpc
 
 
 @dataclass
@@ -164,7 +164,7 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
             plog = out / "perplexity.log"
             plog.unlink(missing_ok=True)
             pc = rung.perplexity_ctx()
-            pargs = [ppl_bin, "-m", model_path, "-f", text_path, "-c", str(pc),
+            pargs: list[str | Path] = [ppl_bin, "-m", model_path, "-f", text_path, "-c", str(pc),
                      *_common_args(rung, threads), *extra, "--kl-divergence-base", logits, *rung.perplexity_args]
             r = runner.run(pargs, env=env, log_file=plog, error=ServeError, timeout=rung.timeout,
                            what=f"llama-perplexity failed in mode {mode.name}")
@@ -329,7 +329,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
                                fix="point --bin-dir-upstream at an unpatched build (or pass --allow-same-build "
                                    "for development)")
     vocab = _find_vocab(args, settings, bins)
-    cache_dir = Path(getattr(settings, "cache_dir"))
+    cache_dir = Path(settings.cache_dir)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     report_dir = Path(args.report) if args.report else cache_dir / "reports" / f"{ladder.name}-{stamp}"
     try:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FakeUpstream
 from ggml_bridge import build, config
 from ggml_bridge.errors import BuildError, NotBuiltError, ToolchainError, UsageError
+
+from conftest import FakeUpstream
 
 
 def _run(binary: Path) -> str:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, FakeUpstream
 from ggml_bridge import cli, config, errors
+
+from conftest import REPO_ROOT, FakeUpstream
 
 
 @pytest.fixture
