@@ -1,5 +1,5 @@
 """ggml-bridge bench against fake llama-bench / test-mapped-host-bridge programs: interleaving, statistics,
-ratios, engagement proof and report files. The real thing runs on GPU machines (docs/bench.md)."""
+ratios, engagement proof and report files. The real thing runs on GPU machines (results/2026-11-30-h200x2-bench.md)."""
 
 from __future__ import annotations
 
