@@ -92,7 +92,7 @@ def real_bin_dir() -> Path | None:
 
 def real_vocab() -> Path | None:
     from ggml_bridge import model
-    return model.find_vocab(os.environ.get("GGML_BRIDGE_TEST_UPSTREAM"), "/work/up",
+    return model.find_vocab(os.environ.get("GGML_BRIDGE_TEST_UPSTREAM"),
                             *(list(real_bin_dir().parents)[:4] if real_bin_dir() else []))
 
 
