@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import build, cache, logparse, model, modes, rpc, runner, serve
+from ..config import Settings
 from ..errors import FatalError, LadderSetupError, RpcError, ServeError
 from ..modes import MODES, Mode
 from ..runner import log
@@ -34,7 +35,7 @@ def _dir_fingerprint(d: Path) -> str:
     return cache.dir_digest(d, sorted(p for p in d.iterdir() if p.is_file() and not p.is_symlink()))
 
 
-def resolve_binaries(args: argparse.Namespace, settings: Any, backend: str, needed: set[str],
+def resolve_binaries(args: argparse.Namespace, settings: Settings, backend: str, needed: set[str],
                      with_rpc: bool = False) -> Binaries:
     names = ("llama-server", "llama-perplexity") + ((rpc.RPC_SERVER,) if with_rpc else ())
     found: dict[str, dict[str, Path]] = {}
@@ -60,7 +61,7 @@ def resolve_binaries(args: argparse.Namespace, settings: Any, backend: str, need
     return Binaries(found.get("patched", {}), found.get("upstream", {}), same)
 
 
-def _find_vocab(args: argparse.Namespace, settings: Any, bins: Binaries) -> Path:
+def _find_vocab(args: argparse.Namespace, settings: Settings, bins: Binaries) -> Path:
     if getattr(args, "vocab", None):
         p = Path(args.vocab)
         if not p.is_file():
@@ -279,7 +280,7 @@ def run_rung(rung: Rung, ladder: Ladder, bins: Binaries, vocab: Path, cache_dir:
     return rep
 
 
-def default_ladder(settings: Any) -> Path:
+def default_ladder(settings: Settings) -> Path:
     backend = getattr(getattr(settings, "build", None), "backend", "cpu")
     name = "cuda.toml" if backend == "cuda" else "cpu.toml"
     here = Path(__file__).resolve().parent  # ggml_bridge/ladder
@@ -312,7 +313,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "comparison proves nothing about the patches)")
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     ladder = load_ladder(args.ladder or default_ladder(settings))
     rungs = ladder.rungs
     if args.rung:
