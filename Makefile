@@ -39,8 +39,10 @@ lint: install
 test: install lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The fast tests mostly wait on small processes (fake llama-server, git, cmake): FAST_JOBS pytest-xdist workers.
+FAST_JOBS ?= 2
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n $(FAST_JOBS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf .venv .cache-test .pytest_cache
