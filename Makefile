@@ -15,7 +15,7 @@ export GGML_BRIDGE_TEST_CACHE_DIR ?= $(CURDIR)/.cache-test
 help:
 	@echo "make build      install and run 'ggml-bridge build' (prints the llama-server path)"
 	@echo "make test       install with test extras and run all tests (incl. slow; gpu ones skip without a GPU)"
-	@echo "make test-fast  only the fast tests (-m 'not slow')"
+	@echo "make test-fast  only the fast tests (-m 'not slow'), on FAST_JOBS=2 pytest-xdist workers"
 	@echo "make lint       ruff check, ruff format --check, mypy (strict on ggml_bridge/); make test runs it first"
 	@echo "make clean      remove .venv and the test cache"
 
