@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import logparse
-from ..modes import VARIANTS, Mode
+from ..modes import BRIDGE_VALUES, VARIANTS, Mode
 from .schema import Rung
 
 
@@ -61,7 +61,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
                 problems.append(f"{proc}: batched transfers reported enabled in mode {mode.name} (selector 0)")
 
     if mode.uses_bridge:
-        want_mode = "force" if mode.bridge == "force" else "1"
+        want_mode = BRIDGE_VALUES[mode.bridge]
         engaged = [p for p, i in logs.items() if i.bridge.enabled]
         inactive = {p: i.bridge.inactive_reason for p, i in logs.items() if i.bridge.inactive_reason is not None}
         state = _state(len(engaged), len(inactive), len(logs))
@@ -78,7 +78,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
                     problems.append(f"{p}: bridge mode {logs[p].bridge.mode}, expected {want_mode}")
             if rung.multi_device:
                 if not bridge_stats:
-                    problems.append("no bridge stats line (GGML_CUDA_MAPPED_HOST_BRIDGE_STATS=1 was set)")
+                    problems.append("no bridge stats line (printed when the last CUDA backend is freed)")
                 elif tot(bridge_stats, "boundaries") <= 0:
                     problems.append("bridge counters show no boundary crossed (boundaries=0) on a multi-device rung")
             if expect == "either":
