@@ -17,13 +17,16 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # --- contract: mapped pinned host bridge (CUDA backend, GGML log) -------------------------------------
 BRIDGE = "ggml_cuda_mapped_host_bridge"
 BRIDGE_ENABLED = re.compile(
-    BRIDGE + r": enabled \(mode (?P<mode>1|force)\), (?P<slots>\d+) slots x (?P<slot_mib>\d+) MiB\b")
+    BRIDGE + r": enabled \(mode (?P<mode>1|auto|force)\), (?P<slots>\d+) slots x (?P<slot_mib>\d+) MiB\b")
 BRIDGE_INACTIVE = re.compile(BRIDGE + r": inactive: (?P<reason>.*?)\s*$")
-#: any of the bridge's selectors (GGML_CUDA_MAPPED_HOST_BRIDGE, ..._CHUNK_KIB, ..._STRATEGY, ..._STATS, ..._TRACE)
+#: the bridge's selector (GGML_CUDA_MAPPED_HOST_BRIDGE; the series before issue 26 had ..._CHUNK_KIB and others)
 BRIDGE_INVALID = re.compile(
     BRIDGE + r': ignoring invalid (?P<var>GGML_CUDA_MAPPED_HOST_BRIDGE\w*)="(?P<value>[^"]*)"')
 BRIDGE_STATS = re.compile(BRIDGE + r": stats: (?P<kv>(?:\s*\w+=\d+)+)")
-BRIDGE_STATS_KEYS = ("boundaries", "bytes", "chunks", "producer_waits", "sync_copies", "fallbacks")
+BRIDGE_STATS_KEYS = ("boundaries", "bytes", "chunks", "producer_waits", "sync_copies", "fallbacks", "pairs_bridge",
+                     "pairs_upstream")
+#: one line per pair of GPUs and set of backends: the bridge or upstream's copy, and why
+BRIDGE_PAIR = re.compile(BRIDGE + r": GPU (?P<src>\d+) -> GPU (?P<dst>\d+): (?P<route>bridge|upstream) \((?P<why>[^)]*)\)")
 
 # --- contract: batched pinned graph I/O transfers (llama context, LLAMA log) --------------------------
 BATCHED = "llama_batched_transfers"
@@ -89,13 +92,14 @@ def _kv(text: str) -> dict[str, int]:
 @dataclass
 class BridgeInfo:
     enabled: bool = False
-    mode: str | None = None         # "1" or "force"
+    mode: str | None = None         # "1", "auto" or "force"
     slots: int | None = None
     slot_mib: int | None = None
     inactive_reason: str | None = None
     rejected: dict[str, str] = field(default_factory=dict)  # every rejected bridge selector -> its value
     enabled_lines: int = 0          # one per set of CUDA backends
     stats: list[dict[str, int]] = field(default_factory=list)
+    pairs: dict[tuple[int, int], str] = field(default_factory=dict)  # (src GPU, dst GPU) -> "bridge" | "upstream"
 
     @property
     def seen(self) -> bool:
@@ -161,6 +165,8 @@ def parse(lines: Iterable[str] | str) -> LogInfo:
                 b.stats.append(_kv(m["kv"]))
             elif m := BRIDGE_INVALID.search(line):
                 b.rejected[m["var"]] = m["value"]
+            elif m := BRIDGE_PAIR.search(line):
+                b.pairs[(int(m["src"]), int(m["dst"]))] = m["route"]
             elif m := BRIDGE_INACTIVE.search(line):
                 b.inactive_reason = m["reason"]
             continue

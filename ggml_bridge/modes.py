@@ -6,7 +6,8 @@ plus which mechanism must prove that it engaged: the ladder compares modes byte 
 them side by side, ``serve --bridge/--batched`` sets the same selectors.
 
 Mode names say what they set: ``upstream*`` run the unpatched build, ``off`` the patched one with both
-selectors 0, ``bridge`` = ``GGML_CUDA_MAPPED_HOST_BRIDGE=1``, ``bridge-force`` = ``force``, ``batched`` =
+selectors 0, ``bridge`` = ``GGML_CUDA_MAPPED_HOST_BRIDGE=auto`` (the recommended setting: the bridge wherever peer
+access is not enabled), ``bridge-force`` = ``force``, ``batched`` =
 ``SAM3D_BATCHED_TRANSFERS=1``, ``*-p2p`` add ``GGML_CUDA_P2P=1`` (peer access enabled), ``rpc-*`` put the model
 on local ``ggml-rpc-server`` processes. Older names are accepted with a deprecation note (:data:`ALIASES`);
 ``both`` meant bridge=force in the ladder and bridge=1 in the bench, so it is refused with both new names.
@@ -22,11 +23,7 @@ from .runner import log
 
 # --- selectors (environment variables the patched build reads) --------------------------------------------
 
-BRIDGE = "GGML_CUDA_MAPPED_HOST_BRIDGE"                       # 0|1|force
-BRIDGE_CHUNK_KIB = "GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB"   # 64..65536
-BRIDGE_STRATEGY = "GGML_CUDA_MAPPED_HOST_BRIDGE_STRATEGY"     # stream|dual
-BRIDGE_STATS = "GGML_CUDA_MAPPED_HOST_BRIDGE_STATS"           # 0|1: stats line at teardown
-BRIDGE_TRACE = "GGML_CUDA_MAPPED_HOST_BRIDGE_TRACE"           # 0|1: one line per routed slot span
+BRIDGE = "GGML_CUDA_MAPPED_HOST_BRIDGE"                       # 0|1|auto|force (its only setting; stats line always)
 BATCHED = "SAM3D_BATCHED_TRANSFERS"                           # 0|1
 BATCHED_STATS = "SAM3D_BATCHED_TRANSFERS_STATS"               # 0|1: stats line at context teardown
 RPC_STATS_INTERVAL = "GGML_BRIDGE_RPC_STATS_INTERVAL"         # seconds between ggml-rpc-server counter lines
@@ -36,11 +33,11 @@ CUDA_DEVICES = "GGML_CUDA_DEVICES"                            # N: emulate N car
 NCCL_NVLS = "NCCL_NVLS_ENABLE"                                # 0 on the lent machines (NVLink multicast off)
 
 #: ``--bridge`` / ``--batched`` words -> selector values
-BRIDGE_VALUES = {"on": "1", "off": "0", "force": "force"}
+BRIDGE_VALUES = {"on": "1", "off": "0", "auto": "auto", "force": "force"}
 BATCHED_VALUES = {"on": "1", "off": "0"}
 #: both selectors 0, and both counters on
 SELECTORS_OFF = {BRIDGE: "0", BATCHED: "0"}
-STATS_ON = {BRIDGE_STATS: "1", BATCHED_STATS: "1"}
+STATS_ON = {BATCHED_STATS: "1"}
 
 
 def selector_env(bridge: str | None, batched: str | None, *, stats: bool = True) -> dict[str, str]:
@@ -118,7 +115,7 @@ class Mode:
 
     @property
     def uses_bridge(self) -> bool:
-        return self.bridge in ("on", "force")
+        return self.bridge in ("on", "auto", "force")
 
     @property
     def uses_batched(self) -> bool:
@@ -149,24 +146,23 @@ MODES: dict[str, Mode] = {m.name: m for m in (
          "patched build, selectors 0, peer access enabled: upstream's P2P path in our binary (a control)", p2p=True),
     Mode("off-1gpu", "patched", "off", "off", "patched build, selectors 0, on one GPU whatever the rung's devices",
          devices=1),
-    Mode("bridge", "patched", "on", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 (peer access not enabled)"),
+    Mode("bridge", "patched", "auto", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=auto (peer access not enabled)"),
     Mode("bridge-force", "patched", "force", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force"),
     Mode("bridge-force-p2p", "patched", "force", "off",
          "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force with peer access enabled", p2p=True),
     Mode("batched", "patched", "off", "on", "patched, SAM3D_BATCHED_TRANSFERS=1"),
-    Mode("bridge-batched", "patched", "on", "on",
-         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 and SAM3D_BATCHED_TRANSFERS=1"),
+    Mode("bridge-batched", "patched", "auto", "on",
+         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=auto and SAM3D_BATCHED_TRANSFERS=1"),
     Mode("bridge-force-batched", "patched", "force", "on",
          "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force and SAM3D_BATCHED_TRANSFERS=1"),
     # typos: the bridge stays off and says so in every process, also past llama.cpp's fitting probe (-fit)
-    Mode("bridge-typo", "patched", None, "off", f"patched, invalid {BRIDGE}=yes and {BRIDGE_CHUNK_KIB}=abc",
-         rejected=((BRIDGE, "yes"), (BRIDGE_CHUNK_KIB, "abc"))),
+    Mode("bridge-typo", "patched", None, "off", f"patched, invalid {BRIDGE}=yes", rejected=((BRIDGE, "yes"),)),
     Mode("rpc-upstream", "upstream", None, None,
          "upstream rpc-server(s) (one owning every GPU: server-side cudaMemcpyPeer without peer access)", rpc=True),
     Mode("rpc-upstream-nopeer", "upstream-nopeer", None, None, "upstream GGML_CUDA_NO_PEER_COPY rpc-server", rpc=True),
     Mode("rpc-off", "patched", "off", "off", "patched rpc-server(s), selectors 0", rpc=True),
-    Mode("rpc-bridge", "patched", "on", "off",
-         "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=1: copies between a server's GPUs through the bridge",
+    Mode("rpc-bridge", "patched", "auto", "off",
+         "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=auto: copies between a server's GPUs through the bridge",
          rpc=True),
 )}
 

@@ -39,7 +39,7 @@ from .net import free_port as free_port  # re-exported: tests, scripts and the l
 from .runner import log
 
 # the selectors and their values are defined once, in modes.py
-BRIDGE_VAR, BRIDGE_STATS_VAR = modes.BRIDGE, modes.BRIDGE_STATS
+BRIDGE_VAR = modes.BRIDGE
 BATCHED_VAR, BATCHED_STATS_VAR = modes.BATCHED, modes.BATCHED_STATS
 BRIDGE_VALUES, BATCHED_VALUES = modes.BRIDGE_VALUES, modes.BATCHED_VALUES
 selector_env = modes.selector_env
@@ -294,7 +294,7 @@ class Server:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bridge", choices=tuple(BRIDGE_VALUES), default=None,
-                        help=f"mapped pinned host bridge: sets {BRIDGE_VAR}=1|0|force (default: unset)")
+                        help=f"mapped pinned host bridge: sets {BRIDGE_VAR}=1|0|auto|force (default: unset)")
     parser.add_argument("--batched", choices=tuple(BATCHED_VALUES), default=None,
                         help=f"batched pinned graph I/O transfers: sets {BATCHED_VAR}=1|0 (default: unset)")
     parser.add_argument("--server", type=Path, default=None, metavar="PATH",

@@ -137,9 +137,10 @@ def microbench(bin_dir: Path, base_env: dict[str, str], out_dir: Path) -> list[d
             log(f"    microbenchmark{label} exited {res.returncode}")
             continue
         for line in res.stdout.splitlines():
-            f = line.split(",")
-            if len(f) != 7 or f[0] != "bench" or f[1] == "path":
+            f = line.split(",")  # bench,path,bytes,iters,seconds,GB/s,us[,chunks]
+            if len(f) < 7 or f[0] != "bench" or f[1] == "path":
                 continue
+            f[1] = "peer" if f[1] == "upstream" else f[1]  # the bridge off: upstream's copy (named so since issue 26)
             path = f[1] + ("-p2p" if label and f[1] == "peer" else "")
             if label and f[1] != "peer":
                 continue   # the P2P run only changes the peer path

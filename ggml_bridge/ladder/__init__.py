@@ -10,15 +10,15 @@ mode                 binaries   GGML_CUDA_MAPPED_HOST_BRIDGE    SAM3D_BATCHED_TR
 ==================== =========  ==============================  ========================
 upstream             upstream   (unset)                         (unset)
 off                  patched    0                               0
-bridge               patched    1                               0
+bridge               patched    auto                            0
 bridge-force         patched    force                           0
 batched              patched    0                               1
-bridge-batched       patched    1                               1
+bridge-batched       patched    auto                            1
 bridge-force-batched patched    force                           1
-bridge-typo          patched    yes (and _CHUNK_KIB=abc)        0
+bridge-typo          patched    yes                             0
 off-1gpu             patched    0                               0        (on one GPU whatever the rung's devices)
 rpc-off              patched    0                               0        (over local rpc-servers)
-rpc-bridge           patched    1                               0        (over local rpc-servers)
+rpc-bridge           patched    auto                            0        (over local rpc-servers)
 rpc-upstream         upstream   (unset)                         (unset)  (over local rpc-servers)
 ==================== =========  ==============================  ========================
 

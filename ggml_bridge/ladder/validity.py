@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import logparse
 from ..engagement import BATCHED, BRIDGE, INACTIVE, engaged
-from ..modes import VARIANTS, Mode
+from ..modes import BRIDGE_VALUES, VARIANTS, Mode
 from .schema import Rung
 
 
@@ -62,7 +62,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
                 problems.append(f"{proc}: batched transfers reported enabled in mode {mode.name} (selector 0)")
 
     if mode.uses_bridge:
-        want_mode = "force" if mode.bridge == "force" else "1"
+        want_mode = BRIDGE_VALUES[mode.bridge]
         verdicts = {p: engaged(BRIDGE, i.bridge) for p, i in logs.items()}
         on = [p for p, v in verdicts.items() if v.engaged]
         inactive = {p: v.reason for p, v in verdicts.items() if v.state == INACTIVE and v.reason is not None}
@@ -80,7 +80,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
                     problems.append(f"{p}: bridge mode {logs[p].bridge.mode}, expected {want_mode}")
             if rung.multi_device:
                 if not bridge_stats:
-                    problems.append("no bridge stats line (GGML_CUDA_MAPPED_HOST_BRIDGE_STATS=1 was set)")
+                    problems.append("no bridge stats line (printed when the last CUDA backend is freed)")
                 elif tot(bridge_stats, "boundaries") <= 0:
                     problems.append("bridge counters show no boundary crossed (boundaries=0) on a multi-device rung")
             if expect == "either":

@@ -86,12 +86,12 @@ tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: st
 vocab=$tree/models/ggml-vocab-llama-spm.gguf
 
 if want tests; then
-    # the bridge on both GPUs (every size class, both strategies' paths, ordering), then rejected values after
-    # a muted first set of backends, the strategy's rejection naming the strategy in use
+    # the bridge on both GPUs (every size class, both pipelines, ordering, pool release), then a rejected value
+    # after a muted first set of backends
     step test-bridge 25 90 env "${bridge_test_env[@]}" "$pbin/test-mapped-host-bridge"
     tail -n 1 "$OUT/test-bridge.txt" | tee -a "$OUT/summary.txt"
-    step test-bridge-rejected 8 60 env "${bridge_test_env[@]}" GGML_CUDA_MAPPED_HOST_BRIDGE=yes GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB=abc \
-        GGML_CUDA_MAPPED_HOST_BRIDGE_STRATEGY=both "$pbin/test-mapped-host-bridge" --quick
+    step test-bridge-rejected 8 60 env "${bridge_test_env[@]}" GGML_CUDA_MAPPED_HOST_BRIDGE=yes \
+        "$pbin/test-mapped-host-bridge" --quick
     grep -E "rejected|FAIL|passed" "$OUT/test-bridge-rejected.txt" | tee -a "$OUT/summary.txt"
     python3 -c "from ggml_bridge.model import write_model; import sys; write_model('/tmp/tiny.gguf', 'tiny', 1, sys.argv[1])" \
         "$vocab" > /dev/null 2>&1

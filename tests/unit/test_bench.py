@@ -62,7 +62,7 @@ def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     assert "boundaries=20" in bridge_case["engagement"]
     # microbenchmark rows, with the P2P run labelled separately
     paths = {m["path"] for m in rep["microbench"]}
-    assert paths == {"bridge", "peer", "peer-p2p", "sync-malloc", "d2h", "h2d"}
+    assert paths == {"bridge*", "peer", "peer-p2p", "stream@8192K", "d2h", "h2d"}
     md = (report_dir / "bench.md").read_text()
     assert "| pp4096/ub512 |" in md and "bridge 0.970 (paired 0.970 [0.970, 0.970])" in md and "Boundary copy throughput" in md
     assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["paired"] == pytest.approx(0.97)

@@ -80,12 +80,26 @@ def test_inactive_and_invalid():
 def test_every_rejected_bridge_selector_is_kept():
     # the lines the bridge prints with every set of CUDA backends (issue 14: a typo must be visible)
     info = logparse.parse(
-        'W ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="" (expected 0, 1 or force); bridge off\n'
-        'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="63" (expected 64..65536); using 2048\n'
-        'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE_STRATEGY="both" (expected stream or dual); using dual\n')
-    assert info.bridge.rejected == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "", "GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB": "63",
-                                    "GGML_CUDA_MAPPED_HOST_BRIDGE_STRATEGY": "both"}
+        'W ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="" (expected 0, 1, auto or force); bridge off\n'
+        'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="63" (expected 64..65536); using 2048\n')
+    assert info.bridge.rejected == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "", "GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB": "63"}
     assert info.bridge.seen and not info.bridge.enabled and info.bridge.inactive_reason is None
+
+
+def test_auto_mode_state_pair_decisions_and_stats():
+    # issue 26: one line per pair of GPUs with the decision; the stats line has the pair counters
+    info = logparse.parse(
+        "ggml_cuda_mapped_host_bridge: GPU 0 -> GPU 1: bridge (peer access not enabled: the driver would stage the copy "
+        "through host memory)\n"
+        "ggml_cuda_mapped_host_bridge: GPU 1 -> GPU 0: upstream (peer access enabled: direct peer copy)\n"
+        "ggml_cuda_mapped_host_bridge: enabled (mode auto), 4 slots x 64 MiB pinned host memory (pinned at the first "
+        "routed copy), chunks by boundary size, 1 of 2 device pairs routed\n"
+        "ggml_cuda_mapped_host_bridge: stats: boundaries=3 bytes=12 chunks=3 producer_waits=0 sync_copies=0 fallbacks=0 "
+        "pairs_bridge=1 pairs_upstream=1\n")
+    b = info.bridge
+    assert b.enabled and b.mode == "auto" and b.slots == 4 and b.slot_mib == 64
+    assert b.pairs == {(0, 1): "bridge", (1, 0): "upstream"}
+    assert b.stats == [dict(zip(logparse.BRIDGE_STATS_KEYS, (3, 12, 3, 0, 0, 0, 1, 1)))]
 
 
 def test_state_line_with_deferred_pool_and_trace_lines():
