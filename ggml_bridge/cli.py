@@ -256,8 +256,13 @@ def cmd_sdist(args: argparse.Namespace, settings: config.Settings) -> int:
 def cmd_wheel(args: argparse.Namespace, settings: config.Settings) -> int:
     from . import wheel
 
+    wplan = wheel.plan(settings, cpu_variants=[v for v in (args.cpu_variants or "").split(",") if v])
     made = wheel.make_sdist(settings, args.out, source_spec=args.source, allow_unpinned=args.allow_unpinned)
-    print(wheel.build_wheel(settings, made.path, args.out))
+    raw = wheel.build_wheel(settings, made.path, args.out / "unrepaired", wplan)
+    repaired = wheel.repair_wheel(raw, args.out, wplan.runtime)
+    if args.index is not None:
+        wheel.write_index(args.index, [repaired.path, made.path])
+    print(repaired.path)
     return 0
 
 
@@ -319,6 +324,15 @@ def _sdist_args(parser: argparse.ArgumentParser) -> None:
 def _wheel_args(parser: argparse.ArgumentParser) -> None:
     _sdist_args(parser)
     parser.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
+    parser.add_argument("--backend", metavar="{cpu,cuda}", default=None,
+                        help="cpu (default: portable, every CPU variant) or cuda (every architecture of "
+                             "build_support/cuda_runtime.json the toolkit accepts, NVIDIA runtime wheels as deps)")
+    parser.add_argument("--cuda-arch", metavar="LIST", default=None,
+                        help="CMAKE_CUDA_ARCHITECTURES instead of the wheel's list, e.g. '86-real;90-real;120-virtual'")
+    parser.add_argument("--cpu-variants", metavar="LIST", default=None,
+                        help="only these CPU variants, comma-separated (e.g. x64,haswell; default: all)")
+    parser.add_argument("--index", metavar="DIR", type=Path, default=None,
+                        help="also write the wheel and the sdist into a PEP 503 simple index DIR/simple")
 
 
 for _c in (
