@@ -10,12 +10,13 @@ PYTEST_ARGS ?=
 # The slow tests share one cache across runs (real builds take minutes); delete it to start from scratch.
 export GGML_BRIDGE_TEST_CACHE_DIR ?= $(CURDIR)/.cache-test
 
-.PHONY: help install build test test-fast clean
+.PHONY: help install build test test-fast lint-workflows clean
 
 help:
 	@echo "make build      install and run 'ggml-bridge build' (prints the llama-server path)"
 	@echo "make test       install with test extras and run all tests (incl. slow; gpu ones skip without a GPU)"
 	@echo "make test-fast  only the fast tests (-m 'not slow')"
+	@echo "make lint-workflows  actionlint + zizmor --offline on .github/workflows (part of make test)"
 	@echo "make clean      remove .venv and the test cache"
 
 $(BIN)/python:
@@ -29,8 +30,14 @@ build: install
 	$(BIN)/ggml-bridge build
 
 # pytest exits 5 when it collects nothing: make fails on that like on any other non-zero status.
-test: install
+test: install lint-workflows
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# GitHub workflows: actionlint (syntax, contexts, action runtimes) and zizmor's offline security audit (pinned
+# actions, persisted credentials, template injection): a broken workflow fails here, not first on GitHub.
+lint-workflows: install
+	$(BIN)/actionlint .github/workflows/*.yml
+	$(BIN)/zizmor --offline .github/workflows/
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
