@@ -239,6 +239,25 @@ def test_serve_with_a_cuda_wheel_and_no_gpu_is_one_clear_error(installed: Path, 
     assert len(err) == 1 and "built for CUDA 13.0" in err[0] and "no usable GPU" in err[0], err
 
 
+def test_a_cuda_wheel_without_its_runtime_wheels_is_one_clear_error(installed: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = fake_install(installed, backend="cuda")
+    # sonames no system has (this machine has a CUDA runtime but no cuBLAS): only the wheel's folders can help
+    build = json.loads((pkg / "build.json").read_text())
+    (pkg / "build.json").write_text(json.dumps({**build, "cuda_libs": ["libgbtest-cudart.so.13",
+                                                                       "libgbtest-cublas.so.13"]}))
+    import ggml_bridge_server as gbs
+
+    monkeypatch.setattr(gbs, "cuda_devices", lambda: 1)  # a GPU is there; its runtime wheels are not (--no-deps)
+    with pytest.raises(gbs.BackendUnavailable, match=r"libgbtest-cudart\.so\.13, libgbtest-cublas\.so\.13 cannot be found"):
+        gbs.check_backend()
+    # what nvidia-cuda-runtime / nvidia-cublas 13 install: site-packages/nvidia/cu13/lib/<soname>
+    (installed / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    for so in ("libgbtest-cudart.so.13", "libgbtest-cublas.so.13"):
+        (installed / "nvidia" / "cu13" / "lib" / so).write_bytes(b"\x7fELF")
+    assert gbs.check_backend() == "cuda"
+
+
 def test_no_gpu_here_is_detected_as_none() -> None:
     sys.path.insert(0, str(TEMPLATES / "src"))
     try:
@@ -329,10 +348,11 @@ def test_the_cuda_backend_rpath_points_into_the_runtime_wheels(tmp_path: Path) -
     script = tmp_path / "t.cmake"
     script.write_text(f'include("{TEMPLATES}/build_support/cuda_rpath.cmake")\n'
                       'foreach (m 13 12)\n  gb_cuda_rpath(r ${m})\n  message("${m}=${r}")\nendforeach()\n'
-                      'gb_cuda_rpath(r 11)\n')
+                      'gb_cuda_libs(l 13)\nmessage("libs=${l}")\ngb_cuda_rpath(r 11)\n')
     out = subprocess.run(["cmake", "-P", str(script)], capture_output=True, text=True)
     assert "13=;$ORIGIN/../../nvidia/cu13/lib\n" in out.stderr
     assert "12=;$ORIGIN/../../nvidia/cuda_runtime/lib;$ORIGIN/../../nvidia/cublas/lib\n" in out.stderr
+    assert "libs=libcudart.so.13;libcublas.so.13;libcublasLt.so.13\n" in out.stderr
     assert out.returncode != 0 and "names no runtime wheels for CUDA 11" in " ".join(out.stderr.split())
 
 

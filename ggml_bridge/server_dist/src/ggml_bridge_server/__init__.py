@@ -91,7 +91,24 @@ def check_backend() -> str:
             raise BackendUnavailable(f"this ggml-bridge-server wheel ({build.get('version')}) is built for CUDA "
                                      f"{build.get('cuda_version')}, and this machine has no usable GPU: {why}; "
                                      "install the CPU wheel (+cpu) here, or run on a machine with an NVIDIA GPU")
+        missing = [lib for lib in build.get("cuda_libs", []) if not _loadable(lib)]
+        if missing:
+            raise BackendUnavailable(f"this ggml-bridge-server wheel ({build.get('version')}) needs NVIDIA's CUDA "
+                                     f"runtime libraries, and {', '.join(missing)} cannot be found (not in "
+                                     f"{PACKAGE_DIR.parent / 'nvidia'}, nor on the system); install the wheel with "
+                                     "its dependencies (pip install nvidia-cuda-runtime nvidia-cublas), not --no-deps")
     return backend
+
+
+def _loadable(soname: str) -> bool:
+    """A CUDA runtime library where the wheel's RPATH looks (site-packages/nvidia/...), or loadable system-wide."""
+    if any((PACKAGE_DIR.parent / "nvidia").glob(f"**/lib/{soname}")):
+        return True
+    try:
+        ctypes.CDLL(soname)
+    except OSError:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
