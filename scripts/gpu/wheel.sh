@@ -19,6 +19,7 @@ export PYTHONUNBUFFERED=1 GGML_BRIDGE_CACHE_DIR=${GGML_BRIDGE_CACHE_DIR:-/tmp/gb
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 ARCHS=${ARCHS:-86-real;90-real;120-virtual}
 VARIANTS=${VARIANTS:-x64,haswell}
+BUILD_LIMIT=${BUILD_LIMIT:-470}   # seconds for build + repair: leaves the install and serve checks ~80 s of 560
 repo=$(pwd)
 log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/summary.txt"; }
 fail() { log "FAILED: $*"; exit 1; }
@@ -32,8 +33,12 @@ sdist=$(ls .carry/ggml_bridge_server-*.tar.gz) || fail "no carried sdist"
 
 log "wheel: --backend cuda --cuda-arch '$ARCHS' --cpu-variants $VARIANTS ($(nproc) cores)"
 start=$SECONDS
-python3 -m ggml_bridge wheel --backend cuda --cuda-arch "$ARCHS" --cpu-variants "$VARIANTS" --sdist "$sdist" \
-    --out /tmp/dist > "$OUT/wheel.txt" 2>&1 || { tail -n 40 "$OUT/wheel.txt"; fail "ggml-bridge wheel"; }
+timeout --kill-after=5 "$BUILD_LIMIT" python3 -m ggml_bridge wheel --backend cuda --cuda-arch "$ARCHS" \
+    --cpu-variants "$VARIANTS" --sdist "$sdist" --out /tmp/dist > "$OUT/wheel.txt" 2>&1
+rc=$?
+grep -E "^==>|done in|CMAKE_CUDA_ARCHITECTURES|repaired|error" "$OUT/wheel.txt" | tail -n 20 >> "$OUT/summary.txt"
+[ $rc -eq 124 ] && fail "the build did not finish in ${BUILD_LIMIT} s (try fewer ARCHS)"
+[ $rc -eq 0 ] || { tail -n 40 "$OUT/wheel.txt"; fail "ggml-bridge wheel rc=$rc"; }
 whl=$(ls /tmp/dist/ggml_bridge_server-*manylinux*.whl)
 log "built + repaired in $((SECONDS - start)) s: $(basename "$whl") $(du -m "$whl" | cut -f1) MB"
 cp /tmp/dist/*.auditwheel.txt "$OUT/"
