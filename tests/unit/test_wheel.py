@@ -411,3 +411,13 @@ def test_repair_of_a_wheel_auditwheel_refuses_is_one_build_error(tmp_path: Path)
     with pytest.raises(BuildError, match="auditwheel could not repair the server wheel"):
         wheel.repair_wheel(tiny_wheel(tmp_path / "in", tag="py3-none-linux_x86_64"), tmp_path / "out")
     assert not list((tmp_path / "out").glob("*.whl"))
+
+
+def test_wheel_from_a_missing_sdist_is_one_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ggml_bridge.errors import UsageError
+
+    rc = cli.main(["--cache-dir", str(tmp_path / "c"), "wheel", "--sdist", str(tmp_path / "nope.tar.gz"), "--out",
+                   str(tmp_path / "dist")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == UsageError.exit_code and len(err) == 1 and "nope.tar.gz: no such file" in err[0], err
+    assert not (tmp_path / "dist").exists()
