@@ -61,7 +61,8 @@ def main() -> int:
             res = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "LD_LIBRARY_PATH": ""})
             log = res.stdout + res.stderr
             (a.out / f"{shape}-{side}.log").write_text(" ".join(argv) + "\n" + log)
-            loaded = re.findall(r"loaded CPU backend from (\S+)", log)
+            # the loaded CPU module's features, as llama prints them (x64: none of SSE/AVX)
+            loaded = re.findall(r"system_info: .*\| (CPU : [^\n]*)", log)
             ppl = re.findall(r"Final estimate: PPL = ([0-9.]+)", log)
             row[side] = {"rc": res.returncode, "sha256": hashlib.sha256(dump.read_bytes()).hexdigest()
                          if dump.is_file() else None, "bytes": dump.stat().st_size if dump.is_file() else 0,
@@ -86,7 +87,7 @@ def main() -> int:
         md.append(f"| {r['shape']} | {r['ctx']} | {r['batch']} | {r['ubatch']} | {r['upstream']['bytes']} | "
                   f"`{(r['upstream']['sha256'] or '')[:16]}`{'' if r['identical'] else ' / `' + (r['patched']['sha256'] or '')[:16] + '`'} | "
                   f"{r['upstream']['ppl']} | {'yes' if r['identical'] else '**no**'} |")
-    md += ["", "CPU backend loaded: upstream " + ", ".join(sorted({p for r in rows for p in r['upstream']['cpu_backend']}))
+    md += ["", "CPU features of the loaded module (system_info): upstream " + ", ".join(sorted({p for r in rows for p in r['upstream']['cpu_backend']}))
            + "; patched " + ", ".join(sorted({p for r in rows for p in r['patched']['cpu_backend']}))]
     (a.out / "results.md").write_text("\n".join(md) + "\n")
     return 0 if ok else 1
