@@ -2,7 +2,7 @@
 # The multi-arch CUDA wheel on a lent GPU machine without network, through the product's own CLI:
 #   1. `ggml-bridge wheel --backend cuda --cuda-arch "$ARCHS"` from the carried sdist (two real architectures and a
 #      PTX fallback by default), auditwheel repair (libcuda.so.1, libcudart/libcublas(Lt).so.13 excluded);
-#   2. a fresh venv: the repaired wheel installed with --no-deps (NVIDIA's runtime wheels are not carried: cuBLAS
+#   2. a fresh site folder: the repaired wheel installed with --no-deps (NVIDIA's runtime wheels are not carried: cuBLAS
 #      alone is several hundred MB), and in their place a stand-in site-packages/nvidia/cu13/lib holding links to
 #      the toolkit's libcudart/libcublas/libcublasLt, so that the wheel's RPATH (not LD_LIBRARY_PATH) finds them;
 #   3. ldd of every ELF in the installed package; `ggml-bridge-server --version`;
@@ -43,9 +43,10 @@ whl=$(ls /tmp/dist/ggml_bridge_server-*manylinux*.whl)
 log "built + repaired in $((SECONDS - start)) s: $(basename "$whl") $(du -m "$whl" | cut -f1) MB"
 cp /tmp/dist/*.auditwheel.txt "$OUT/"
 
-python3 -m venv --without-pip /tmp/venv 2>/dev/null || python3 -m venv /tmp/venv
-site=$(/tmp/venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-python3 -m pip install -q --no-index --no-deps --target "$site" "$whl" || fail "install"
+# a fresh, empty site folder (the machine may lack python3-venv): only the wheel in it, and the stand-in below
+site=/tmp/wheel-site
+rm -rf "$site"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$whl" || fail "install"
 cuda_lib=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
 mkdir -p "$site/nvidia/cu13/lib"
 for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
@@ -75,7 +76,7 @@ PY
 gguf=$(ls /tmp/models/*.gguf | head -n 1)
 log "serve --check: installed wheel, bridge forced on 4 virtual devices, batched on"
 cd /tmp && GGML_CUDA_DEVICES=4 GGML_BRIDGE_BACKEND=cuda GGML_BRIDGE_CACHE_DIR=/tmp/no-build \
-    /tmp/venv/bin/python -m ggml_bridge serve --check --bridge force --batched on -- -m "$gguf" -ngl 999 -sm layer \
+    PYTHONPATH="$site:/tmp/site:$repo" python3 -m ggml_bridge serve --check --bridge force --batched on -- -m "$gguf" -ngl 999 -sm layer \
     --port 18123 -c 512 > "$OUT/serve-check.txt" 2>&1
 rc=$?
 cd "$repo"
