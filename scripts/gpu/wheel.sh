@@ -67,13 +67,8 @@ done
 grep -E "libcudart|libcublas" "$OUT/ldd.txt" | sort -u | head -n 6 | tee -a "$OUT/summary.txt"
 "$pkg/bin/llama-server" --version >> "$OUT/summary.txt" 2>&1 || fail "--version"
 
-python3 - <<'PY' || fail "model"
-from pathlib import Path
-from ggml_bridge import model
-import glob
-print(model.ensure_model(Path("/tmp/models"), "small", 1, glob.glob(".carry/*.gguf")[0]))
-PY
-gguf=$(ls /tmp/models/*.gguf | head -n 1)
+gguf=$(python3 -c "import glob; from ggml_bridge import model; \
+print(model.ensure_model('/tmp/models', 'small', 1, glob.glob('.carry/ggml-vocab-*.gguf')[0]))") || fail "model"
 log "serve --check: installed wheel, bridge forced on 4 virtual devices, batched on"
 cd /tmp && GGML_CUDA_DEVICES=4 GGML_BRIDGE_BACKEND=cuda GGML_BRIDGE_CACHE_DIR=/tmp/no-build \
     PYTHONPATH="$site:/tmp/site:$repo" python3 -m ggml_bridge serve --check --bridge force --batched on -- -m "$gguf" -ngl 999 -sm layer \
