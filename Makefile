@@ -10,13 +10,14 @@ PYTEST_ARGS ?=
 # The slow tests share one cache across runs (real builds take minutes); delete it to start from scratch.
 export GGML_BRIDGE_TEST_CACHE_DIR ?= $(CURDIR)/.cache-test
 
-.PHONY: help install build lint test test-fast clean
+.PHONY: help install build lint lint-workflows test test-fast clean
 
 help:
 	@echo "make build      install and run 'ggml-bridge build' (prints the llama-server path)"
 	@echo "make test       install with test extras and run all tests (incl. slow; gpu ones skip without a GPU)"
 	@echo "make test-fast  only the fast tests (-m 'not slow'), on FAST_JOBS=2 pytest-xdist workers"
 	@echo "make lint       ruff check, ruff format --check, mypy (strict on ggml_bridge/); make test runs it first"
+	@echo "make lint-workflows  actionlint + zizmor --offline on .github/workflows (part of make test)"
 	@echo "make clean      remove .venv and the test cache"
 
 $(BIN)/python:
@@ -36,8 +37,14 @@ lint: install
 	$(BIN)/mypy
 
 # pytest exits 5 when it collects nothing: make fails on that like on any other non-zero status.
-test: install lint
+test: install lint lint-workflows
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# GitHub workflows: actionlint (syntax, contexts, action runtimes) and zizmor's offline security audit (pinned
+# actions, persisted credentials, template injection): a broken workflow fails here, not first on GitHub.
+lint-workflows: install
+	$(BIN)/actionlint .github/workflows/*.yml
+	$(BIN)/zizmor --offline .github/workflows/
 
 # The fast tests mostly wait on small processes (fake llama-server, git, cmake): FAST_JOBS pytest-xdist workers.
 FAST_JOBS ?= 2

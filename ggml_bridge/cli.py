@@ -264,8 +264,18 @@ def cmd_sdist(args: argparse.Namespace, settings: config.Settings) -> int:
 def cmd_wheel(args: argparse.Namespace, settings: config.Settings) -> int:
     from . import wheel
 
-    made = wheel.make_sdist(settings, args.out, source_spec=args.source, allow_unpinned=args.allow_unpinned)
-    print(wheel.build_wheel(settings, made.path, args.out))
+    wplan = wheel.plan(settings, cpu_variants=[v for v in (args.cpu_variants or "").split(",") if v])
+    if args.sdist is not None:
+        if not args.sdist.is_file():
+            raise UsageError(f"--sdist {args.sdist}: no such file", fix="pass the sdist `ggml-bridge sdist` wrote")
+        sdist = args.sdist
+    else:
+        sdist = wheel.make_sdist(settings, args.out, source_spec=args.source, allow_unpinned=args.allow_unpinned).path
+    raw = wheel.build_wheel(settings, sdist, args.out / "unrepaired", wplan)
+    repaired = wheel.repair_wheel(raw, args.out, wplan.runtime)
+    if args.index is not None:
+        wheel.write_index(args.index, [repaired.path, sdist])
+    print(repaired.path)
     return 0
 
 
@@ -343,6 +353,17 @@ def _sdist_args(parser: argparse.ArgumentParser) -> None:
 def _wheel_args(parser: argparse.ArgumentParser) -> None:
     _sdist_args(parser)
     parser.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
+    parser.add_argument("--backend", metavar="{cpu,cuda}", default=None,
+                        help="cpu (default: portable, every CPU variant) or cuda (every architecture of "
+                             "build_support/cuda_runtime.json the toolkit accepts, NVIDIA runtime wheels as deps)")
+    parser.add_argument("--cuda-arch", metavar="LIST", default=None,
+                        help="CMAKE_CUDA_ARCHITECTURES instead of the wheel's list, e.g. '86-real;90-real;120-virtual'")
+    parser.add_argument("--cpu-variants", metavar="LIST", default=None,
+                        help="only these CPU variants, comma-separated (e.g. x64,haswell; default: all)")
+    parser.add_argument("--sdist", metavar="PATH", type=Path, default=None,
+                        help="build from this sdist (from `ggml-bridge sdist`) instead of making one")
+    parser.add_argument("--index", metavar="DIR", type=Path, default=None,
+                        help="also write the wheel and the sdist into a PEP 503 simple index DIR/simple")
 
 
 for _c in (

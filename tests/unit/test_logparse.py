@@ -99,7 +99,7 @@ def test_auto_mode_state_pair_decisions_and_stats():
     b = info.bridge
     assert b.enabled and b.mode == "auto" and b.slots == 4 and b.slot_mib == 64
     assert b.pairs == {(0, 1): "bridge", (1, 0): "upstream"}
-    assert b.stats == [dict(zip(logparse.BRIDGE_STATS_KEYS, (3, 12, 3, 0, 0, 0, 1, 1)))]
+    assert b.stats == [dict(zip(logparse.BRIDGE_STATS_KEYS, (3, 12, 3, 0, 0, 0, 1, 1), strict=True))]
 
 
 def test_state_line_with_deferred_pool_and_trace_lines():

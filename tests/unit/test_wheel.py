@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ggml_bridge import cli, config, wheel
-from ggml_bridge.errors import NotBuiltError, ServeError, ToolchainError
+from ggml_bridge.errors import BuildError, NotBuiltError, ServeError, ToolchainError
 
 from helpers import fake_model, write_fake_bin
 
@@ -168,6 +168,13 @@ def test_package_api_and_a_damaged_install(installed: Path) -> None:
 
     assert gbs.get_binary_path() == pkg / "bin" / "llama-server"
     assert gbs.get_manifest()["build"]["backend"] == "cpu" and gbs.check_backend() == "cpu"
+    # a portable wheel's CPU variant modules sit in bin/: one gone is a damaged install too
+    build = json.loads((pkg / "build.json").read_text())
+    (pkg / "build.json").write_text(json.dumps({**build, "modules": ["ggml-cpu-x64"]}))
+    with pytest.raises(gbs.MissingFileError, match=r"libggml-cpu-x64\.so missing from .*bin"):
+        gbs.get_binary_path()
+    (pkg / "bin" / "libggml-cpu-x64.so").write_bytes(b"\x7fELF")
+    assert gbs.get_binary_path() == pkg / "bin" / "llama-server"
     (pkg / "lib" / "libllama.so").unlink()
     with pytest.raises(gbs.MissingFileError, match=r"libllama\.so missing from .*lib"):
         gbs.get_binary_path()
@@ -232,6 +239,25 @@ def test_serve_with_a_cuda_wheel_and_no_gpu_is_one_clear_error(installed: Path, 
     assert len(err) == 1 and "built for CUDA 13.0" in err[0] and "no usable GPU" in err[0], err
 
 
+def test_a_cuda_wheel_without_its_runtime_wheels_is_one_clear_error(installed: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = fake_install(installed, backend="cuda")
+    # sonames no system has (this machine has a CUDA runtime but no cuBLAS): only the wheel's folders can help
+    build = json.loads((pkg / "build.json").read_text())
+    (pkg / "build.json").write_text(json.dumps({**build, "cuda_libs": ["libgbtest-cudart.so.13",
+                                                                       "libgbtest-cublas.so.13"]}))
+    import ggml_bridge_server as gbs
+
+    monkeypatch.setattr(gbs, "cuda_devices", lambda: 1)  # a GPU is there; its runtime wheels are not (--no-deps)
+    with pytest.raises(gbs.BackendUnavailable, match=r"libgbtest-cudart\.so\.13, libgbtest-cublas\.so\.13 cannot be found"):
+        gbs.check_backend()
+    # what nvidia-cuda-runtime / nvidia-cublas 13 install: site-packages/nvidia/cu13/lib/<soname>
+    (installed / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    for so in ("libgbtest-cudart.so.13", "libgbtest-cublas.so.13"):
+        (installed / "nvidia" / "cu13" / "lib" / so).write_bytes(b"\x7fELF")
+    assert gbs.check_backend() == "cuda"
+
+
 def test_no_gpu_here_is_detected_as_none() -> None:
     sys.path.insert(0, str(TEMPLATES / "src"))
     try:
@@ -243,3 +269,155 @@ def test_no_gpu_here_is_detected_as_none() -> None:
     has_gpu = shutil.which("nvidia-smi") and "GPU" in subprocess.run(["nvidia-smi", "-L"], capture_output=True,
                                                                     text=True).stdout
     assert bool(n) == bool(has_gpu)
+
+
+# --------------------------------------------------------------------------------------------- portable / CUDA plan
+
+
+def fake_nvcc(tmp_path: Path, release: str, archs: tuple[int, ...]) -> Path:
+    """An nvcc that answers --version and --list-gpu-arch like the real one."""
+    nvcc = tmp_path / f"nvcc-{release}"
+    listing = "\\n".join(f"compute_{a}" for a in archs)
+    nvcc.write_text(f"#!/bin/sh\ncase \"$1\" in\n--version) echo 'Cuda compilation tools, release {release}, "
+                    f"V{release}.88';;\n--list-gpu-arch) printf '{listing}\\n';;\nesac\n")
+    nvcc.chmod(0o755)
+    return nvcc
+
+
+CUDA13_ARCHS = (75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121)   # nvcc 13.0 --list-gpu-arch
+CUDA126_ARCHS = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90)  # nvcc 12.6: no Blackwell yet
+
+
+def test_cuda_architectures_are_the_tables_that_the_toolkit_lists() -> None:
+    t = wheel.CUDA_TABLE
+    assert wheel.cuda_architectures(t[13], [str(a) for a in CUDA13_ARCHS]) == \
+        "75-real;80-real;86-real;89-real;90-real;100-real;120a-real;120-virtual"
+    # CUDA 12.6 lists no 100/120: real code up to Hopper, PTX of the newest kept (90) for what comes after
+    assert wheel.cuda_architectures(t[12], [str(a) for a in CUDA126_ARCHS]) == \
+        "61-real;70-real;75-real;80-real;86-real;89-real;90-real;90-virtual"
+    with pytest.raises(ToolchainError, match="lists none of the wheel's architectures"):
+        wheel.cuda_architectures(t[13], ["50", "52"])
+
+
+def _settings(tmp_path: Path, **over: str) -> config.Settings:
+    return config.load({"cache_dir": str(tmp_path / "c"), **over}, env={}, cwd=ROOT)
+
+
+def test_the_default_wheel_plan_is_the_portable_cpu_build(tmp_path: Path) -> None:
+    p = wheel.plan(_settings(tmp_path))
+    assert p.cmake_args == () and p.runtime is None  # portable: the template's defaults (GGML_NATIVE=OFF, ...)
+    p = wheel.plan(_settings(tmp_path), cpu_variants=wheel.CI_CPU_VARIANTS)
+    assert p.cmake_args == ("-DGGML_BRIDGE_CPU_VARIANTS=x64;haswell",)
+    cml = (TEMPLATES / "CMakeLists.txt").read_text()
+    for opt in ("gb_default(GGML_NATIVE OFF)", "gb_default(GGML_BACKEND_DL ON)",
+                "gb_default(GGML_CPU_ALL_VARIANTS ${GGML_BACKEND_DL})"):
+        assert opt in cml
+
+
+def test_the_cuda_wheel_plan_builds_every_architecture_and_excludes_the_runtime(tmp_path: Path) -> None:
+    nvcc = fake_nvcc(tmp_path, "13.0", CUDA13_ARCHS)
+    p = wheel.plan(_settings(tmp_path, **{"build.backend": "cuda"}), nvcc=str(nvcc))
+    assert p.cmake_args == ("-DGGML_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={nvcc}", "-DCMAKE_CUDA_ARCHITECTURES="
+                            "75-real;80-real;86-real;89-real;90-real;100-real;120a-real;120-virtual")
+    assert p.runtime is not None and p.runtime.libs == ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13")
+    two = wheel.plan(_settings(tmp_path, **{"build.backend": "cuda", "build.cuda_arch": "86-real;90-real;120-virtual"}),
+                     nvcc=str(nvcc))
+    assert two.cmake_args[-1] == "-DCMAKE_CUDA_ARCHITECTURES=86-real;90-real;120-virtual"
+    # CMAKE_ARGS of the user: CUDA asked there is CUDA (runtime excluded from repair), their architectures win
+    s = _settings(tmp_path)
+    s.build.cmake_args = ["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=89"]
+    user = wheel.plan(s, nvcc=str(fake_nvcc(tmp_path, "12.8", CUDA126_ARCHS + (100, 120))))
+    assert user.runtime is not None and user.runtime.major == 12
+    assert [a for a in user.cmake_args if "ARCHITECTURES" in a] == ["-DCMAKE_CUDA_ARCHITECTURES=89"]
+    with pytest.raises(ToolchainError, match="CUDA 11.8 is not a toolkit"):
+        wheel.plan(_settings(tmp_path, **{"build.backend": "cuda"}), nvcc=str(fake_nvcc(tmp_path, "11.8", (75,))))
+
+
+def test_a_cuda_wheel_declares_the_nvidia_runtime_wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin = _plugin()
+    monkeypatch.setenv("CUDACXX", str(fake_nvcc(tmp_path, "13.0", CUDA13_ARCHS)))
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA=ON")
+    assert plugin.dynamic_metadata("dependencies", {}) == ["nvidia-cuda-runtime>=13.0,<14", "nvidia-cublas>=13.0,<14"]
+    monkeypatch.setenv("CUDACXX", str(fake_nvcc(tmp_path, "12.8", CUDA126_ARCHS)))
+    assert plugin.dependencies() == ["nvidia-cuda-runtime-cu12>=12.8,<13", "nvidia-cublas-cu12>=12.8,<13"]
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_NATIVE=OFF")
+    assert plugin.dependencies() == []
+
+
+def test_the_cuda_backend_rpath_points_into_the_runtime_wheels(tmp_path: Path) -> None:
+    script = tmp_path / "t.cmake"
+    script.write_text(f'include("{TEMPLATES}/build_support/cuda_rpath.cmake")\n'
+                      'foreach (m 13 12)\n  gb_cuda_rpath(r ${m})\n  message("${m}=${r}")\nendforeach()\n'
+                      'gb_cuda_libs(l 13)\nmessage("libs=${l}")\ngb_cuda_rpath(r 11)\n')
+    out = subprocess.run(["cmake", "-P", str(script)], capture_output=True, text=True)
+    assert "13=;$ORIGIN/../../nvidia/cu13/lib\n" in out.stderr
+    assert "12=;$ORIGIN/../../nvidia/cuda_runtime/lib;$ORIGIN/../../nvidia/cublas/lib\n" in out.stderr
+    assert "libs=libcudart.so.13;libcublas.so.13;libcublasLt.so.13\n" in out.stderr
+    assert out.returncode != 0 and "names no runtime wheels for CUDA 11" in " ".join(out.stderr.split())
+
+
+# --------------------------------------------------------------------------------------------- repair and index
+
+
+def tiny_wheel(out: Path, version: str = "0.1.0+cpu", tag: str = "py3-none-any") -> Path:
+    """A minimal valid wheel of ggml-bridge-server (metadata only) for the index and repair tests."""
+    import base64
+    import hashlib
+    import zipfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"ggml_bridge_server-{version}-{tag}.whl"
+    info = f"ggml_bridge_server-{version}.dist-info"
+    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: ggml-bridge-server\nVersion: {version}\n",
+             f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}\n",
+             "ggml_bridge_server/__init__.py": ""}
+    record = [f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v.encode()).digest()).rstrip(b'=').decode()},"
+              f"{len(v)}" for k, v in files.items()] + [f"{info}/RECORD,,"]
+    with zipfile.ZipFile(out / name, "w") as z:
+        for k, v in files.items():
+            z.writestr(k, v)
+        z.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+    return out / name
+
+
+def test_the_index_is_pep503_with_sha256_and_pip_installs_from_it(tmp_path: Path) -> None:
+    from ggml_bridge import cache
+
+    cpu = tiny_wheel(tmp_path / "a")
+    page = wheel.write_index(tmp_path / "idx", [cpu])
+    assert page == tmp_path / "idx" / "simple" / "ggml-bridge-server" / "index.html"
+    assert f'href="{cpu.name}#sha256={cache.file_sha256(cpu)}"' in page.read_text()
+    assert 'href="ggml-bridge-server/"' in (tmp_path / "idx" / "simple" / "index.html").read_text()
+    # a second run adds to the index (CPU and CUDA wheels of separate builds)
+    cuda = tiny_wheel(tmp_path / "b", "0.1.0+cu130")
+    wheel.write_index(tmp_path / "idx", [cuda])
+    assert cpu.name in page.read_text() and cuda.name in page.read_text()
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--index-url",
+                          f"file://{tmp_path / 'idx' / 'simple'}", "ggml-bridge-server==0.1.0+cpu", "-d",
+                          str(tmp_path / "got")], capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
+    assert [p.name for p in (tmp_path / "got").iterdir()] == [cpu.name]
+    # a file whose bytes no longer match its sha256 fragment is refused by pip
+    cpu_in_index = page.parent / cpu.name
+    cpu_in_index.write_bytes(cpu_in_index.read_bytes() + b"x")
+    bad = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-cache-dir", "--index-url",
+                          f"file://{tmp_path / 'idx' / 'simple'}", "ggml-bridge-server==0.1.0+cpu", "-d",
+                          str(tmp_path / "got2")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "hash" in bad.stderr.lower(), bad.stderr
+
+
+def test_repair_of_a_wheel_auditwheel_refuses_is_one_build_error(tmp_path: Path) -> None:
+    pytest.importorskip("auditwheel")
+    with pytest.raises(BuildError, match="auditwheel could not repair the server wheel"):
+        wheel.repair_wheel(tiny_wheel(tmp_path / "in", tag="py3-none-linux_x86_64"), tmp_path / "out")
+    assert not list((tmp_path / "out").glob("*.whl"))
+
+
+def test_wheel_from_a_missing_sdist_is_one_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ggml_bridge.errors import UsageError
+
+    rc = cli.main(["--cache-dir", str(tmp_path / "c"), "wheel", "--sdist", str(tmp_path / "nope.tar.gz"), "--out",
+                   str(tmp_path / "dist")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == UsageError.exit_code and len(err) == 1 and "nope.tar.gz: no such file" in err[0], err
+    assert not (tmp_path / "dist").exists()

@@ -2,7 +2,8 @@
 
 ``get_binary_path()`` gives the path of llama-server (or of another shipped program), ``get_manifest()`` what
 was built from what, and the ``ggml-bridge-server`` console script execs llama-server with its arguments.
-The programs find their libraries in ``lib/`` next to ``bin/`` ($ORIGIN rpath).
+The programs find their libraries in ``lib/`` next to ``bin/`` ($ORIGIN rpath); ggml's backend modules (the CPU
+variants, CUDA) sit beside the programs in ``bin/``, where ggml's loader looks, and find ``lib/`` the same way.
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ def get_binary_path(name: str = "llama-server") -> Path:
     if not os.access(path, os.X_OK):
         raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: {path} is not "
                                f"executable; {REINSTALL}")
-    libs = get_manifest()["build"].get("libraries", [])
-    missing = [lib for lib in libs if not any(LIB_DIR.glob(f"lib{lib}.so*"))]
-    if missing:
-        raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: "
-                               f"{', '.join('lib' + m + '.so' for m in missing)} missing from {LIB_DIR}; {REINSTALL}")
+    build = get_manifest()["build"]
+    for names, folder in ((build.get("libraries", []), LIB_DIR), (build.get("modules", []), BIN_DIR)):
+        missing = [lib for lib in names if not any(folder.glob(f"lib{lib}.so*"))]
+        if missing:
+            raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: "
+                                   f"{', '.join('lib' + m + '.so' for m in missing)} missing from {folder}; {REINSTALL}")
     return path
 
 
@@ -89,7 +91,24 @@ def check_backend() -> str:
             raise BackendUnavailable(f"this ggml-bridge-server wheel ({build.get('version')}) is built for CUDA "
                                      f"{build.get('cuda_version')}, and this machine has no usable GPU: {why}; "
                                      "install the CPU wheel (+cpu) here, or run on a machine with an NVIDIA GPU")
+        missing = [lib for lib in build.get("cuda_libs", []) if not _loadable(lib)]
+        if missing:
+            raise BackendUnavailable(f"this ggml-bridge-server wheel ({build.get('version')}) needs NVIDIA's CUDA "
+                                     f"runtime libraries, and {', '.join(missing)} cannot be found (not in "
+                                     f"{PACKAGE_DIR.parent / 'nvidia'}, nor on the system); install the wheel with "
+                                     "its dependencies (pip install nvidia-cuda-runtime nvidia-cublas), not --no-deps")
     return backend
+
+
+def _loadable(soname: str) -> bool:
+    """A CUDA runtime library where the wheel's RPATH looks (site-packages/nvidia/...), or loadable system-wide."""
+    if any((PACKAGE_DIR.parent / "nvidia").glob(f"**/lib/{soname}")):
+        return True
+    try:
+        ctypes.CDLL(soname)
+    except OSError:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

