@@ -145,6 +145,9 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("rpc-bridge", "patched", "on", "off",
          "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=1: copies between a server's GPUs through the bridge",
          rpc=True),
+    Mode("rpc-bridge-force", "patched", "force", "off",
+         "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=force: also between virtual devices of one GPU",
+         rpc=True),
 )}
 
 #: older names -> current ones (accepted with a deprecation note)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from . import logparse, runner
+from . import logparse, runner, shaper
 from .errors import RpcError, UsageError
 
 if TYPE_CHECKING:
@@ -239,32 +239,54 @@ class LocalRpcServer:
 
 @dataclass
 class Topology:
-    """The RPC side of one llama-server: servers started here and endpoints given."""
+    """The RPC side of one llama-server: servers started here and endpoints given; with ``link``, a shaped
+    loopback link (:mod:`shaper`) between llama-server and each local rpc-server, as between hosts."""
 
     local: list[LocalRpcServer] = field(default_factory=list)
     remote: list[Endpoint] = field(default_factory=list)
+    link: shaper.Link | None = None
+    shapers: list[shaper.Shaper] = field(default_factory=list)
 
     @property
     def endpoints(self) -> list[Endpoint]:
         return [s.endpoint for s in self.local] + list(self.remote)
 
+    @property
+    def front_endpoints(self) -> list[Endpoint]:
+        """What llama-server connects to: the shapers' ends where there are shapers."""
+        if not self.shapers:
+            return self.endpoints
+        return [Endpoint(*sh.endpoint) for sh in self.shapers] + list(self.remote)
+
     def server_args(self) -> list[str]:
-        return ["--rpc", ",".join(str(e) for e in self.endpoints)] if self.endpoints else []
+        eps = self.front_endpoints
+        return ["--rpc", ",".join(str(e) for e in eps)] if eps else []
 
     def start(self, expected: tuple[int, int, int] | None, timeout: float = 60.0) -> "Topology":
-        """Start the local servers, then check every endpoint's handshake. On failure nothing is left running."""
+        """Start the local servers, then check every endpoint's handshake, then the shapers. On failure nothing
+        is left running."""
         try:
             for s in self.local:
                 s.start(timeout)
             check_endpoints(self.endpoints, expected)
+            if self.link is not None:
+                for s in self.local:
+                    self.shapers.append(shaper.Shaper((s.endpoint.host, s.endpoint.port), self.link,
+                                                      name=f"shaper-{s.endpoint.port}").start())
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
+        for sh in self.shapers:
+            sh.stop()
         for s in self.local:
             s.stop()
+
+    def link_stats(self) -> dict[str, dict[str, object]]:
+        """Per local rpc-server endpoint, what crossed its shaped link (empty without a link)."""
+        return {str(s.endpoint): sh.stats() for s, sh in zip(self.local, self.shapers)}
 
     def __enter__(self) -> "Topology":
         return self
@@ -289,7 +311,8 @@ class Topology:
     def describe(self, front_devices: Sequence[str]) -> str:
         """One line: which boundaries cross TCP and which the bridge can carry."""
         local_gpus = [d for d in dict.fromkeys(front_devices) if not d.startswith("RPC")]
-        tcp = [f"llama-server<->{e}" for e in self.endpoints]
+        over = f" (shaped: {self.link})" if self.shapers else ""
+        tcp = [f"llama-server<->{e}{over}" for e in self.endpoints]
         if len(self.endpoints) > 1:
             tcp.append("rpc-server<->rpc-server (2 hops through llama-server's host memory)")
         bridge = []

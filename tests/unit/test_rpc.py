@@ -362,7 +362,7 @@ def test_validate_rpc():
     idle = ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], STATE, cnt.format(g=0, b=0))})
     assert "computed no graph" in idle["problems"][0]
     one = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0"], STATE, cnt.format(g=2, b=0))})
-    assert one["ok"] and "nothing for the bridge inside it" in one["notes"][0]
+    assert one["ok"] and "bridge idle, as it must be with 1 GPU" in one["notes"][0]
     assert not ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], cnt.format(g=2, b=0))})["ok"]  # no state line
     assert not ladder.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"], STATE)})["ok"]  # patch lines upstream
     assert ladder.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"])})["ok"]

@@ -1,0 +1,175 @@
+"""The one-GPU RPC topologies (issue 29) in the ladder: per-rpc-server environment (virtual devices inside one
+rpc-server), llama-server keeping its own GPU (rpc_front_gpu), a shaped link to each rpc-server (rpc_link), the
+rpc-bridge-force mode, and the validity rules that fail a mode which did not exercise what its rung is about;
+against the fake llama-server and rpc-server (the real ones: tests/integration/test_ladder_rpc.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ggml_bridge import ladder, logparse, rpc
+from ggml_bridge.errors import LadderSetupError
+
+from helpers import FAKE_RPC, make_vocab, write_fake_bin
+
+ROOT = Path(__file__).resolve().parents[2]
+BANNER = "Starting RPC server v7.0.0\nDevices:\n"
+STATE = ("ggml_bridge_rpc: state: endpoint=127.0.0.1:1 pid=1 GGML_CUDA_MAPPED_HOST_BRIDGE=force "
+         "bridge_counters=available\n")
+BR_FORCE = "ggml_cuda_mapped_host_bridge: enabled (mode force), 4 slots x 64 MiB mapped pinned host memory\n"
+BR_ONE = "ggml_cuda_mapped_host_bridge: enabled (mode 1), 4 slots x 64 MiB mapped pinned host memory\n"
+INACTIVE = "ggml_cuda_mapped_host_bridge: inactive: single device\n"
+CNT = ("ggml_bridge_rpc: counters: trigger=signal bridge=1 rpc_graph_compute=3 rpc_copy_tensor={c} "
+       "bridge_boundaries={b} bridge_bytes=4096\n")
+
+
+def _srv(devs, *lines):
+    return logparse.parse_rpc(BANNER + "".join(f"  {d}: dev (1 MiB, 1 MiB free)\n" for d in devs) + "".join(lines))
+
+
+def _rung(**kw):
+    d = {"name": "r", "shape": "tiny", "devices": 1, "modes": ["off", "rpc-off", "rpc-bridge-force"],
+         "rpc_servers": [["CUDA0", "CUDA1"]], **kw}
+    return ladder.schema.parse_rung(d, {}, "test")
+
+
+def test_schema_keys_and_their_checks():
+    r = _rung(rpc_env=[{"GGML_CUDA_DEVICES": 2}], rpc_link="10gbit-0.2ms", rpc_front_gpu=True)
+    assert r.rpc_env == [{"GGML_CUDA_DEVICES": "2"}] and r.rpc_link == "10gbit/0.2ms" and r.rpc_front_gpu
+    with pytest.raises(LadderSetupError, match="rpc_env needs one table per rpc-server"):
+        _rung(rpc_env=[{}, {}])
+    with pytest.raises(LadderSetupError, match="rpc_link: bad link rate 'fast'"):
+        _rung(rpc_link="fast/1ms")
+    with pytest.raises(LadderSetupError, match="need rpc-\\* modes"):
+        _rung(modes=["off", "upstream"], rpc_link="1gbit/1ms")
+    with pytest.raises(LadderSetupError, match="rpc_front_gpu needs devices >= 1"):
+        _rung(devices=0, modes=["off", "rpc-off"], rpc_front_gpu=True)
+
+
+def test_shipped_one_gpu_rpc_and_split_rungs():
+    """ladders/cuda-1gpu.toml holds the three RPC topologies of one GPU, a shaped one, and the split modes of
+    b11434 other than layer (row, tensor) with the bridge forced on virtual devices."""
+    lad = ladder.load_ladder(ROOT / "ladders" / "cuda-1gpu.toml")
+    rungs = {r.name: r for r in lad.rungs}
+    virt = rungs["rpc1x2virt-small-ub512"]
+    assert virt.rpc_servers == [["CUDA0", "CUDA1"]] and virt.rpc_env == [{"GGML_CUDA_DEVICES": "2"}]
+    assert "rpc-bridge-force" in virt.modes and virt.reference == "off" and virt.devices == 1
+    two = rungs["rpc2x1gpu-small-ub512"]
+    assert two.rpc_servers == [["CUDA0"], ["CUDA0"]] and "rpc-bridge-force" in two.modes
+    front = rungs["rpcfront-small-ub512"]
+    assert front.rpc_front_gpu and front.rpc_servers == [["CUDA0"]]
+    assert rungs["rpcfront-shaped-small-ub512"].rpc_link == "10gbit/0.2ms"
+    splits = {r.split_mode for r in lad.rungs if r.virtual_devices and "bridge-force" in r.modes}
+    assert {"layer", "row", "tensor"} <= splits
+
+
+def test_validity_virtual_devices_inside_one_rpc_server():
+    m, r = ladder.MODES, _rung()
+    ok = ladder.validate_rpc(m["rpc-bridge-force"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_FORCE, CNT.format(c=4, b=4))}, r)
+    assert ok["ok"], ok["problems"]
+    assert "bridge engaged (mode force) on 2 GPUs: bridge_boundaries=4" in ok["notes"][0]
+    # mode 1 does not route virtual devices of one GPU: the force mode must say force
+    one = ladder.validate_rpc(m["rpc-bridge-force"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ONE, CNT.format(c=4, b=4))}, r)
+    assert one["problems"] == ["rpc-server a: bridge mode 1, expected force"]
+    # two devices but no COPY_TENSOR: the boundary inside the server was not exercised, in any mode
+    for mode in ("rpc-off", "rpc-bridge-force"):
+        res = ladder.validate_rpc(m[mode], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_FORCE if "bridge" in mode
+                                                      else "", CNT.format(c=0, b=0))}, r)
+        assert any("served no RPC_CMD_COPY_TENSOR" in p for p in res["problems"]), res
+    # GGML_CUDA_DEVICES missing: the server shows one device where the rung gave two
+    res = ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CUDA0"], STATE, CNT.format(c=0, b=0))}, r)
+    assert "given devices CUDA0,CUDA1 but it serves CUDA0" in res["problems"][0]
+
+
+def test_validity_two_servers_prove_the_bridge_idle():
+    m, r = ladder.MODES, _rung(rpc_servers=[["CUDA0"], ["CUDA0"]])
+    servers = {e: _srv(["CUDA0"], STATE, INACTIVE, CNT.format(c=0, b=0)) for e in ("a", "b")}
+    res = ladder.validate_rpc(m["rpc-bridge-force"], servers, r)
+    assert res["ok"] and len(res["notes"]) == 2
+    assert all("bridge idle, as it must be with 1 GPU (it says: inactive: single device; bridge_boundaries=0)"
+               in n for n in res["notes"])
+    bad = ladder.validate_rpc(m["rpc-bridge-force"], {"a": _srv(["CUDA0"], STATE, BR_FORCE, CNT.format(c=0, b=3))}, r)
+    assert bad["problems"] == ["rpc-server a: 1 GPU, yet its bridge counted 3 boundaries"]
+
+
+def test_validity_shaped_link_must_carry_bytes_both_ways():
+    m, r = ladder.MODES, _rung(rpc_servers=[["CPU"]], devices=0, modes=["off", "rpc-off"])
+    info = {"a": _srv(["CPU"], STATE, CNT.format(c=0, b=0))}
+    link = {"link": "1gbit/1ms", "up": {"bytes": 10}, "down": {"bytes": 0}}
+    res = ladder.validate_rpc(m["rpc-off"], info, r, {"a": link})
+    assert res["problems"] == ["rpc-server a: nothing crossed its shaped link 1gbit/1ms (up 10 B, down 0 B)"]
+    link["down"]["bytes"] = 5
+    res = ladder.validate_rpc(m["rpc-off"], info, r, {"a": link})
+    assert res["ok"] and res["servers"]["a"]["link"]["up"]["bytes"] == 10
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("FAKE_"):
+            monkeypatch.delenv(k)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    b = write_fake_bin(tmp_path / "patched")
+    exe = b / rpc.RPC_SERVER
+    exe.write_text(f"#!{sys.executable}\n" + FAKE_RPC.read_text())
+    exe.chmod(0o755)
+    return SimpleNamespace(tmp=tmp_path, vocab=make_vocab(tmp_path / "vocab.gguf"), patched=b,
+                           settings=SimpleNamespace(cache_dir=tmp_path / "cache", project_dir=ROOT))
+
+
+def _run(e, body):
+    lf = e.tmp / "l.toml"
+    lf.write_text(body)
+    p = argparse.ArgumentParser()
+    ladder.add_arguments(p)
+    a = p.parse_args(["--ladder", str(lf), "--report", str(e.tmp / "rep"), "--vocab", str(e.vocab),
+                      "--bin-dir-patched", str(e.patched), "--threads", "1", "--startup-timeout", "30"])
+    rc = ladder.run(a, e.settings)
+    return rc, json.loads((e.tmp / "rep" / "report.json").read_text())
+
+
+RPC_LADDER = """
+name = "fake-rpc"
+backend = "cpu"
+[defaults]
+shape = {{ preset = "tiny", name = "micro", n_layer = 1, n_embd = 32, n_ff = 64, n_head = 2, n_head_kv = 1 }}
+modes = ["off", "rpc-off"]
+reference = "off"
+ubatch = 8
+batch = 16
+ppl_ctx = 16
+n_predict = 2
+prompt_words = [3, 9]
+rpc_servers = [["CPU"], ["CPU"]]
+rpc_env = [{{ FAKE_RPC_DEVICES = "CPU" }}, {{ FAKE_RPC_DEVICES = "CPU" }}]
+[[rung]]
+name = "shaped"
+{link}
+"""
+
+
+def test_shaped_rung_carries_the_front_through_one_shaper_per_server(env):
+    rc, rep = _run(env, RPC_LADDER.format(link='rpc_link = "100mbit/1ms"'))
+    r = rep["rungs"][0]
+    assert rc == 0 and r["status"] == "pass", r["problems"]
+    servers = r["modes"]["rpc-off"]["validity"]["rpc"]
+    assert len(servers) == 2
+    for s in servers.values():  # the fake front says hello to both, through the shapers, from both processes
+        assert s["link"]["link"] == "100mbit/1ms" and s["link"]["up"]["bytes"] == 2 * 33
+        assert s["link"]["down"]["bytes"] == 2 * 36 and s["link"]["connections"] == 2
+    assert any("through the shaped link 100mbit/1ms" in n for n in r["modes"]["rpc-off"]["validity"]["notes"])
+
+
+def test_unshaped_rung_has_no_link_stats(env):
+    rc, rep = _run(env, RPC_LADDER.format(link=""))
+    r = rep["rungs"][0]
+    assert rc == 0 and r["status"] == "pass", r["problems"]
+    assert all("link" not in s for s in r["modes"]["rpc-off"]["validity"]["rpc"].values())
