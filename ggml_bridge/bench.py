@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import logparse, modes, rpc, runner
+from . import logparse, modes, netbench, rpc, runner
 from .cache import file_sha256
 from .errors import BenchError, RpcError, UsageError
 from .runner import log, step
@@ -96,6 +96,20 @@ SUITES: dict[str, dict[str, Any]] = {
         "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 16, "threads": 1,
         "about": "CPU: the same build local and behind one localhost rpc-server (the cost of the TCP hops); one "
                  "thread in both, so the comparison is not about thread counts (the defaults differ)",
+    },
+    # issue 29: hosts over a network, on one GPU. llama-bench keeps the GPU and puts part of the layers on one
+    # localhost rpc-server on the same GPU (a second host); the link between them is shaped (netbench.py)
+    "rpc-link": {
+        "cases": ["off", "rpc-off"], "links": ["10gbit/0.2ms", "25gbit/0.2ms", "10gbit/0.5ms", "25gbit/0.1ms"],
+        "rpc_servers": 1, "rpc_front_gpu": True,
+        "shape": "bench-1b", "devices": "1", "pp": "512,4096", "batch": 4096, "ubatch": [512], "tg": 128,
+        "about": "one GPU as two hosts: llama-bench's GPU plus one rpc-server on it, over loopback TCP and over "
+                 "shaped links (rate per direction / one-way delay), against the local run",
+    },
+    "rpc-link-cpu": {
+        "cases": ["off", "rpc-off"], "links": ["1gbit/0.2ms"], "rpc_servers": 1,
+        "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 16, "threads": 1,
+        "about": "CPU: the same build local, behind one localhost rpc-server, and behind it over a shaped link",
     },
     "cpu": {
         "cases": ["upstream", "off"],
@@ -450,12 +464,12 @@ def run_case(bin_dir: Path, case: Case, model_path: Path, suite: dict[str, Any],
     env = {**base_env, **modes.STATS_ON, **case.env()}
     err_path = out_dir / f"{case.name}-r{rnd}.log"
     topo = None
-    if case.rpc:  # the server gets the GPUs and the selectors, llama-bench neither GPU nor bridge
-        topo = rpc.Topology([rpc.LocalRpcServer(bin_dir / rpc.RPC_SERVER, env=env, threads=suite.get("threads"),
-                                                log_file=out_dir / f"{case.name}-r{rnd}-rpc-server.log")])
+    if case.rpc:  # the server gets the GPUs and the selectors, llama-bench neither GPU nor bridge (unless the
+        # suite keeps its GPU: netbench.py), over a shaped link when the case has one
+        topo = netbench.topology(case, bin_dir, env, suite, out_dir, rnd)
         topo.start(rpc.expected_version(bin_dir / "llama-bench"))
         argv += topo.server_args()
-        env = {**env, "CUDA_VISIBLE_DEVICES": ""}
+        env = netbench.front_env(env, suite)
 
     started = time.time()
     t0 = time.monotonic()
@@ -464,6 +478,9 @@ def run_case(bin_dir: Path, case: Case, model_path: Path, suite: dict[str, Any],
         seconds = time.monotonic() - t0
         err_path.write_text(res.stderr)
         engaged, what = engagement(case, res.stderr) if topo is None else rpc_engagement(case, topo)
+        if topo is not None and topo.shapers:
+            through, how = netbench.link_engagement(topo)
+            engaged, what = (through if engaged is None else engaged and through), "; ".join(x for x in (what, how) if x)
     finally:
         if topo:
             topo.stop()
@@ -632,6 +649,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", choices=sorted(SUITES), default=None,
                         help="which comparison (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)")
     parser.add_argument("--cases", default=None, help="comma-separated subset of the suite's cases")
+    parser.add_argument("--links", default=None, metavar="RATE/DELAY,...",
+                        help="shaped links for the suite's rpc cases, e.g. 10gbit/0.2ms,25gbit/0.1ms (default: the "
+                             "suite's; each rpc case runs unshaped and once per link)")
     parser.add_argument("--variants-dir", type=Path, default=None, metavar="DIR",
                         help="DIR/{upstream,nopeer,patched}/llama-bench: one folder per build variant")
     for v in ("upstream", "upstream-nopeer", "patched"):
@@ -750,6 +770,11 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
         cases = [modes.lookup(c, "--cases") for c in wanted]
     except UsageError as e:
         raise BenchError(e.what, why=e.why, fix=e.fix) from None
+    links = args.links.split(",") if getattr(args, "links", None) else suite.get("links", [])
+    try:
+        cases = netbench.expand(cases, links)
+    except UsageError as e:
+        raise BenchError(e.what, why=e.why, fix=e.fix) from None
     odd = [c.name for c in cases if c.devices or c.rejected]
     if odd:
         raise BenchError(f"mode(s) {', '.join(odd)} are ladder checks, not bench cases",
@@ -814,7 +839,8 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
         | ({modes.CUDA_DEVICES: virtual_devices} if virtual_devices else {}),
         "model": {"shape": suite["shape"] if args.model is None else "user", "path": str(model_path)},
         "environment": gpu_env(),
-        "cases": [{"name": c.name, "variant": c.variant, "env": c.env(), "description": c.about,
+        "links": netbench.ceiling(runnable),
+        "cases": [{"name": c.name, "variant": c.variant, "env": c.env(), "link": c.link, "description": c.about,
                    "bin_dir": str(bins[c.variant]), "llama_bench_sha256": file_sha256(bins[c.variant] / "llama-bench"),
                    "engagement": next((r.engagement for r in reversed(runs) if r.case == c.name), "")}
                   for c in runnable],
@@ -933,6 +959,7 @@ def _rounds(args: argparse.Namespace, runnable: list[Case], bins: dict[str, Path
     """The interleaved rounds (the order rotates each round), until --rounds or the --time-budget; appends to
     ``runs`` and ``samples``; returns why it stopped early ("" if it did not)."""
     names = [c.name for c in runnable]
+    by_name = {c.name: c for c in runnable}  # link cases (netbench.expand) are not in CASES
     t_start = time.monotonic()
     longest = 0.0
     stopped = ""
@@ -945,7 +972,7 @@ def _rounds(args: argparse.Namespace, runnable: list[Case], bins: dict[str, Path
             break
         t_round = time.monotonic()
         for name in rotate(names, rnd):
-            c = CASES[name]
+            c = by_name[name]
             cr, ss = run_case(bins[c.variant], c, model_path, suite, args.reps, base_env, logs, rnd, args.timeout,
                               warmup=args.warmup_reps)
             if smi is not None:

@@ -92,6 +92,7 @@ class Mode:
     rejected: tuple[tuple[str, str], ...] = ()  # invalid selector values every process must report rejected
     rpc: bool = False                           # the model on local ggml-rpc-servers (they get GPUs and selectors)
     devices: int | None = None                  # GPUs of this mode, instead of the rung's (ladder)
+    link: str | None = None                     # rpc modes in the bench: a shaped link RATE/DELAY (netbench.py)
 
     @property
     def uses_bridge(self) -> bool:

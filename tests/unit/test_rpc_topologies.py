@@ -173,3 +173,80 @@ def test_unshaped_rung_has_no_link_stats(env):
     r = rep["rungs"][0]
     assert rc == 0 and r["status"] == "pass", r["problems"]
     assert all("link" not in s for s in r["modes"]["rpc-off"]["validity"]["rpc"].values())
+
+
+# --- bench: rpc cases over shaped links (netbench.py) -------------------------------------------------------
+
+@pytest.fixture
+def bench_env(tmp_path, monkeypatch):
+    from ggml_bridge import bench
+
+    from helpers import write_fake_variants
+
+    for k in [k for k in os.environ if k.startswith("FAKE_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("FAKE_ORDER", str(tmp_path / "order.txt"))
+    monkeypatch.setenv("FAKE_RPC_ORDER", str(tmp_path / "rpc-order.txt"))
+    monkeypatch.setattr(bench, "n_gpus", lambda: 1)
+    monkeypatch.setattr(bench, "gpu_env", lambda: {})
+    record = ('import os, sys\nopen(os.environ["FAKE_RPC_ORDER"], "a").write('
+              '"%s cvd=%r %s\\n" % (os.path.basename(os.path.dirname(os.path.abspath(__file__))), '
+              'os.environ.get("CUDA_VISIBLE_DEVICES"), " ".join(sys.argv[1:])))\n')
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    return SimpleNamespace(variants=write_fake_variants(tmp_path / "variants", prefix=record, rpc_server=rpc.RPC_SERVER),
+                           model=tmp_path / "m.gguf", tmp=tmp_path, settings=SimpleNamespace(cache_dir=tmp_path / "c"))
+
+
+def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(bench_env):
+    from ggml_bridge import bench
+
+    from helpers import bench_args
+
+    out = bench_env.tmp / "report"
+    args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, rounds=1, reps=1, report=out,
+                      suite="rpc-link", links="10gbit/0.2ms,25gbit/0.1ms")
+    assert bench.bench(args, bench_env.settings) == 0
+    rep = json.loads((out / "bench.json").read_text())
+    names = [c["name"] for c in rep["cases"]]
+    assert names == ["off", "rpc-off", "rpc-off@10gbit-0.2ms", "rpc-off@25gbit-0.1ms"]
+    assert rep["not_engaged"] == [] and rep["failed"] == []
+    assert {c["name"]: c["link"] for c in rep["cases"]}["rpc-off@25gbit-0.1ms"] == "25gbit/0.1ms"
+    eng = {c["name"]: c["engagement"] for c in rep["cases"]}
+    assert "link 10gbit/0.2ms to 127.0.0.1:" in eng["rpc-off@10gbit-0.2ms"] and " 33 B up, 36 B down" in eng["rpc-off@10gbit-0.2ms"]
+    assert eng["rpc-off"] == ""  # loopback, no shaper
+    assert rep["links"]["highest_rate_gbit"] == 25.0 and rep["links"]["shaper_ceiling_gbit"] > 0
+    assert set(rep["ratios"]["off"]) >= {"rpc-off@10gbit-0.2ms", "rpc-off@25gbit-0.1ms"}
+    # llama-bench kept its GPU (the suite's front GPU) and was given the shaper's end, not the rpc-server's
+    calls = [c for c in (bench_env.tmp / "rpc-order.txt").read_text().splitlines() if "llama-bench" not in c]
+    bench_calls = [c for c in calls if "--rpc" in c]
+    assert len(bench_calls) == 3 and all("cvd='0'" in c for c in bench_calls)
+    # the shaped cases gave llama-bench the shaper's end, not the rpc-server's (named in the engagement line)
+    for name in ("rpc-off@10gbit-0.2ms", "rpc-off@25gbit-0.1ms"):
+        server_port = eng[name].split(" to 127.0.0.1:")[1].split(":")[0]
+        given = [c.split("--rpc 127.0.0.1:")[1].split()[0] for c in bench_calls]
+        assert server_port not in given
+
+
+def test_bench_link_case_that_bypasses_the_shaper_is_not_engaged(bench_env, monkeypatch):
+    from ggml_bridge import bench, netbench
+    from ggml_bridge.errors import BenchError
+
+    from helpers import bench_args
+
+    monkeypatch.setattr(netbench.rpc.Topology, "front_endpoints", property(lambda self: self.endpoints))
+    args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, rounds=1, reps=1,
+                      report=bench_env.tmp / "r", suite="rpc-link", links="10gbit/0.2ms", cases="rpc-off")
+    with pytest.raises(BenchError, match="rpc-off@10gbit-0.2ms"):
+        bench.bench(args, bench_env.settings)
+
+
+def test_bench_bad_link_is_a_bench_error(bench_env):
+    from ggml_bridge import bench
+    from ggml_bridge.errors import BenchError
+
+    from helpers import bench_args
+
+    args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, report=bench_env.tmp / "r",
+                      suite="rpc-link", links="10gbit")
+    with pytest.raises(BenchError, match="bad link '10gbit'"):
+        bench.bench(args, bench_env.settings)
