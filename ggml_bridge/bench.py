@@ -100,11 +100,12 @@ SUITES: dict[str, dict[str, Any]] = {
     # issue 29: hosts over a network, on one GPU. llama-bench keeps the GPU and puts part of the layers on one
     # localhost rpc-server on the same GPU (a second host); the link between them is shaped (netbench.py)
     "rpc-link": {
-        "cases": ["off", "rpc-off"], "links": ["10gbit/0.2ms", "25gbit/0.2ms", "10gbit/0.5ms", "25gbit/0.1ms"],
+        "cases": ["off", "rpc-off"], "links": ["unlimited/0", "10gbit/0.2ms", "25gbit/0.2ms", "10gbit/0.5ms", "25gbit/0.1ms"],
         "rpc_servers": 1, "rpc_front_gpu": True,
         "shape": "bench-1b", "devices": "1", "pp": "512,4096", "batch": 4096, "ubatch": [512], "tg": 128,
-        "about": "one GPU as two hosts: llama-bench's GPU plus one rpc-server on it, over loopback TCP and over "
-                 "shaped links (rate per direction / one-way delay), against the local run",
+        "about": "one GPU as two hosts: llama-bench's GPU plus one rpc-server on it, over loopback TCP, through the "
+                 "shaper without limits (the scale model's calibration) and over shaped links (rate per direction / "
+                 "one-way delay), against the local run",
     },
     "rpc-link-cpu": {
         "cases": ["off", "rpc-off"], "links": ["1gbit/0.2ms"], "rpc_servers": 1,
@@ -839,7 +840,7 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
         | ({modes.CUDA_DEVICES: virtual_devices} if virtual_devices else {}),
         "model": {"shape": suite["shape"] if args.model is None else "user", "path": str(model_path)},
         "environment": gpu_env(),
-        "links": netbench.ceiling(runnable),
+        "links": netbench.report(runnable, suite),
         "cases": [{"name": c.name, "variant": c.variant, "env": c.env(), "link": c.link, "description": c.about,
                    "bin_dir": str(bins[c.variant]), "llama_bench_sha256": file_sha256(bins[c.variant] / "llama-bench"),
                    "engagement": next((r.engagement for r in reversed(runs) if r.case == c.name), "")}

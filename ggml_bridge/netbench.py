@@ -59,13 +59,16 @@ def link_engagement(topo: rpc.Topology) -> tuple[bool, str]:
     return ok, "; ".join(parts)
 
 
-def ceiling(cases: Sequence[modes.Mode]) -> dict[str, Any] | None:
-    """What the shaper moves per direction on this machine (measured once per run with link cases): a set rate
-    above it is bounded by the shaper, and the report says so."""
+def report(cases: Sequence[modes.Mode], suite: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The topology of the link cases, and what the shaper moves per direction on this machine (measured once
+    per run): a set rate above that ceiling is bounded by the shaper, and the report says so."""
     rates = [shaper.parse_link(c.link).rate for c in cases if c.link]
     if not rates:
         return None
-    measured = shaper.measure_ceiling(256 << 20, shaper.Link(max(rates), 0.0))
-    top = max(r for r in rates if not math.isinf(r)) if any(not math.isinf(r) for r in rates) else math.inf
-    return {"shaper_ceiling_gbit": round(measured * 8 / 1e9, 2), "highest_rate_gbit": round(top * 8 / 1e9, 2),
-            "bounded_by_shaper": measured < top}
+    finite = [r for r in rates if not math.isinf(r)]
+    top = max(finite) if finite else math.inf
+    measured = shaper.measure_ceiling(256 << 20, shaper.Link(top, 0.0))
+    return {"rpc_servers": int(suite.get("rpc_servers", 1)), "front_gpu": bool(suite.get("rpc_front_gpu")),
+            "shaper_ceiling_gbit": round(measured * 8 / 1e9, 2),
+            "highest_rate_gbit": None if math.isinf(top) else round(top * 8 / 1e9, 2),
+            "bounded_by_shaper": measured < top * 0.98}

@@ -70,7 +70,8 @@ def test_real_rpc_server_rejects_a_bad_interval(tmp_path, monkeypatch):
 
 
 def test_real_rpc_cpu_ladder_is_byte_identical(tmp_path):
-    """ladders/rpc-cpu.toml: two localhost rpc-servers vs the local run, logits and responses identical."""
+    """ladders/rpc-cpu.toml: two localhost rpc-servers vs the local run, logits and responses identical; one rung
+    again through a shaped link to each server."""
     bd, vocab = _real()
     p = argparse.ArgumentParser()
     ladder.add_arguments(p)
@@ -88,6 +89,13 @@ def test_real_rpc_cpu_ladder_is_byte_identical(tmp_path):
         assert len(servers) == 2
         for s in servers.values():
             assert s["counters"]["rpc_graph_compute"] > 0 and s["counters"]["rpc_set_tensor_bytes"] > 0
+            if r["name"].startswith("rpc2-tiny-shaped"):  # through the shaper (ggml_bridge/shaper.py), both ways
+                assert s["link"]["link"] == "1gbit/0.2ms"
+                assert s["link"]["up"]["bytes"] > s["counters"]["rpc_set_tensor_bytes"] > 0
+                assert s["link"]["down"]["bytes"] > 0
+            else:
+                assert "link" not in s
+    assert any(r["name"].startswith("rpc2-tiny-shaped") for r in rep["rungs"])
 
 
 def _serve_proc(args, env_extra=None):
