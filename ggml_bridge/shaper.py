@@ -402,39 +402,58 @@ class Shaper:
         self.stop()
 
 
+_ENDS = r"""
+import socket, sys, threading, time
+n = int(sys.argv[1])
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+print(srv.getsockname()[1], flush=True)
+shaper_port = int(sys.stdin.readline())
+got = [0, 0.0]
+def sink():
+    c, _ = srv.accept()
+    while True:
+        d = c.recv(1 << 20)
+        if not d:
+            break
+        got[0] += len(d)
+    got[1] = time.monotonic()
+t = threading.Thread(target=sink); t.start()
+c = socket.create_connection(("127.0.0.1", shaper_port))
+buf = bytes(1 << 20)
+t0 = time.monotonic()
+for _ in range(n >> 20):
+    c.sendall(buf)
+c.shutdown(socket.SHUT_WR)
+t.join(120)
+print(got[0], got[1] - t0, flush=True)
+"""
+
+
 def measure_ceiling(nbytes: int = 256 << 20, link: Link | None = None) -> float:
-    """Bytes per second one direction of an (unlimited by default) shaper moves on this machine: the rate above
-    which the shaper, not the set rate, bounds a run."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    got = [0]
+    """Bytes per second one direction of a shaper (unlimited, or ``link``) moves on this machine, the source and
+    the sink in another process (as llama.cpp's are): the rate above which the shaper, not the set rate, bounds
+    a run."""
+    import subprocess
+    import sys
 
-    def sink() -> None:
-        c, _ = srv.accept()
-        with c:
-            while True:
-                d = c.recv(1 << 20)
-                if not d:
-                    break
-                got[0] += len(d)
-
-    t = threading.Thread(target=sink, daemon=True)
-    t.start()
-    sh = Shaper(srv.getsockname()[:2], link or Link(math.inf, 0.0), name="shaper-ceiling").start()
+    p = subprocess.Popen([sys.executable, "-c", _ENDS, str(nbytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    sh: Shaper | None = None
     try:
-        payload = bytes(1 << 20)
-        with socket.create_connection(sh.endpoint) as c:
-            t0 = time.monotonic()
-            for _ in range(nbytes >> 20):
-                c.sendall(payload)
-            c.shutdown(socket.SHUT_WR)
-            t.join(60)
-            dt = time.monotonic() - t0
+        assert p.stdin is not None and p.stdout is not None
+        sink_port = int(p.stdout.readline())
+        sh = Shaper(("127.0.0.1", sink_port), link or Link(math.inf, 0.0), name="shaper-ceiling").start()
+        p.stdin.write(f"{sh.endpoint[1]}\n")
+        p.stdin.flush()
+        got, seconds = p.stdout.readline().split()
+        p.wait(10)
     finally:
-        sh.stop()
-        srv.close()
-    return got[0] / dt if dt > 0 else math.inf
+        if sh is not None:
+            sh.stop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return int(got) / float(seconds) if float(seconds) > 0 else math.inf
 
 
 # --- `ggml-bridge shape` -----------------------------------------------------------------------------------------
