@@ -108,11 +108,11 @@ fi
 
 # one ladder report per rung, so that a rung cut short by the budget leaves the others' reports whole
 ladder_rung() {
-    local r=$1 need=$2
-    step "ladder-$r" "$need" 200 "${gb[@]}" ladder --ladder "$ladder_file" --rung "$r" --vocab "$vocab" \
-        "${bins[@]}" --report "$OUT/ladder/$r"
-    grep -E "^\[|==> ladder" "$OUT/ladder-$r.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
-    rm -f "$OUT"/ladder/"$r"/*.bin 2>/dev/null
+    local r=$1 need=$2 name=${3:-$1}   # name: the report's (a rung of another ladder file may share the name)
+    step "ladder-$name" "$need" 200 "${gb[@]}" ladder --ladder "$ladder_file" --rung "$r" --vocab "$vocab" \
+        "${bins[@]}" --report "$OUT/ladder/$name"
+    grep -E "^\[|==> ladder" "$OUT/ladder-$name.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
+    rm -f "$OUT"/ladder/"$name"/*.bin 2>/dev/null
 }
 if want ladder; then
     for r in $first_rungs; do ladder_rung "$r" 45; done
@@ -133,7 +133,7 @@ fi
 
 # the one-GPU topologies run from ladders/cuda-1gpu.toml on any machine (its rungs use one GPU)
 one_gpu_rung() {
-    local saved=$ladder_file; ladder_file=ladders/cuda-1gpu.toml; ladder_rung "$@"; ladder_file=$saved
+    local saved=$ladder_file; ladder_file=ladders/cuda-1gpu.toml; ladder_rung "$1" "$2" "1gpu-$1"; ladder_file=$saved
 }
 if want rpc && [ "$ngpu" -ge 2 ]; then
     for r in rpc1x2gpu-small-ub512 rpc2x1gpu-small-ub512; do ladder_rung "$r" 40; done
