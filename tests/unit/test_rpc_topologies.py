@@ -250,3 +250,20 @@ def test_bench_bad_link_is_a_bench_error(bench_env):
                       suite="rpc-link", links="10gbit")
     with pytest.raises(BenchError, match="bad link '10gbit'"):
         bench.bench(args, bench_env.settings)
+
+
+def test_row_split_rung_does_not_require_bridge_boundaries_but_records_them():
+    from ggml_bridge.ladder import validity
+
+    dev = "".join(f"llama_model_load_from_file_impl: using device CUDA{i} (GPU) (id{i}) - 1 MiB free\n" for i in (0, 1))
+    log = (dev + "ggml_cuda_mapped_host_bridge: enabled (mode force), 4 slots x 64 MiB mapped pinned host memory\n"
+           "ggml_cuda_mapped_host_bridge: stats: boundaries=0 bytes=0 chunks=0 producer_waits=0 sync_copies=0 "
+           "fallbacks=0\n")
+    base = {"name": "r", "shape": "small", "devices": 1, "virtual_devices": 2, "modes": ["off", "bridge-force"]}
+    layer = ladder.schema.parse_rung({**base, "split_mode": "layer"}, {}, "t")
+    row = ladder.schema.parse_rung({**base, "split_mode": "row", "require_boundaries": False}, {}, "t")
+    logs = {"server": logparse.parse(log)}
+    assert "boundaries=0" in " ".join(validity.validate_mode(ladder.MODES["bridge-force"], layer, logs)["problems"])
+    res = validity.validate_mode(ladder.MODES["bridge-force"], row, logs)
+    assert res["ok"], res["problems"]
+    assert any("0 boundaries counted (the rung does not require any" in n for n in res["notes"])
