@@ -247,6 +247,15 @@ class Topology:
     link: shaper.Link | None = None
     shapers: list[shaper.Shaper] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # the shapers' ports are chosen now (like the local servers'), so llama-server's --rpc is known before start
+        if self.link is not None and not self.shapers:
+            from .serve import free_port
+
+            self.shapers = [shaper.Shaper((s.endpoint.host, s.endpoint.port), self.link,
+                                          listen_port=free_port(), name=f"shaper-{s.endpoint.port}")
+                            for s in self.local]
+
     @property
     def endpoints(self) -> list[Endpoint]:
         return [s.endpoint for s in self.local] + list(self.remote)
@@ -256,7 +265,7 @@ class Topology:
         """What llama-server connects to: the shapers' ends where there are shapers."""
         if not self.shapers:
             return self.endpoints
-        return [Endpoint(*sh.endpoint) for sh in self.shapers] + list(self.remote)
+        return [Endpoint(sh.listen_host, sh.listen_port) for sh in self.shapers] + list(self.remote)
 
     def server_args(self) -> list[str]:
         eps = self.front_endpoints
@@ -269,10 +278,8 @@ class Topology:
             for s in self.local:
                 s.start(timeout)
             check_endpoints(self.endpoints, expected)
-            if self.link is not None:
-                for s in self.local:
-                    self.shapers.append(shaper.Shaper((s.endpoint.host, s.endpoint.port), self.link,
-                                                      name=f"shaper-{s.endpoint.port}").start())
+            for sh in self.shapers:
+                sh.start()
         except BaseException:
             self.stop()
             raise
@@ -330,6 +337,13 @@ class Topology:
         """(notes, errors) for the bridge inside the local rpc-servers: required where one owns 2+ GPUs."""
         notes: list[str] = []
         errors: list[str] = []
+        for ep, st in self.link_stats().items():  # llama-server has loaded its layers through each link by now
+            up, down = st["up"]["bytes"], st["down"]["bytes"]  # type: ignore[index]
+            if up > 0 and down > 0:
+                notes.append(f"shaped link {st['link']} to {RPC_SERVER} on {ep}: {up} B up, {down} B down so far")
+            else:
+                errors.append(f"nothing crossed the shaped link {st['link']} to {RPC_SERVER} on {ep} "
+                              f"({up} B up, {down} B down): llama-server did not use it")
         if bridge not in ("on", "force"):
             return notes, errors
         for s in self.local:
@@ -362,6 +376,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="devices of one local rpc-server, e.g. CUDA0,CUDA1 (repeat per server; sets N)")
     g.add_argument("--rpc-local-only", action="store_true",
                    help="the GPUs are the local rpc-servers' alone: llama-server gets none (CUDA_VISIBLE_DEVICES=)")
+    g.add_argument("--rpc-link", default=None, metavar="RATE/DELAY",
+                   help="put a shaped loopback link (e.g. 10gbit/0.2ms: rate per direction, one-way delay) between "
+                        "llama-server and each local rpc-server, as between hosts (ggml_bridge/shaper.py)")
     g.add_argument("--rpc-server", type=Path, default=None, metavar="PATH",
                    help=f"{RPC_SERVER} binary for --rpc-local (default: next to llama-server, else the build)")
 
@@ -416,7 +433,11 @@ def from_args(args: argparse.Namespace, settings: object, server_binary: Path, e
     local = [LocalRpcServer(binary, devices=d, env=env,
                             log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
              for i, d in enumerate(devices)]
-    return Topology(local, remote)
+    link = getattr(args, "rpc_link", None)
+    if link and not local:
+        raise UsageError("--rpc-link needs local rpc-servers", why="a remote endpoint's link is the network's",
+                         fix="add --rpc-local N or --rpc-local-devices")
+    return Topology(local, remote, link=shaper.parse_link(link) if link else None)
 
 
 def front_env(args: argparse.Namespace) -> dict[str, str]:

@@ -267,3 +267,57 @@ def test_row_split_rung_does_not_require_bridge_boundaries_but_records_them():
     res = validity.validate_mode(ladder.MODES["bridge-force"], row, logs)
     assert res["ok"], res["problems"]
     assert any("0 boundaries counted (the rung does not require any" in n for n in res["notes"])
+
+
+# --- serve --rpc-link -----------------------------------------------------------------------------------------
+
+def _serve_fake(tmp_path):
+    from helpers import fake_model
+
+    b = write_fake_bin(tmp_path / "bin")
+    exe = b / rpc.RPC_SERVER
+    exe.write_text(f"#!{sys.executable}\n" + FAKE_RPC.read_text())
+    exe.chmod(0o755)
+    return b, fake_model(tmp_path)
+
+
+def test_serve_rpc_link_puts_a_shaper_before_each_local_server(tmp_path, monkeypatch, capsys):
+    from ggml_bridge import cli, serve
+
+    for k in [k for k in os.environ if k.startswith("FAKE_")]:
+        monkeypatch.delenv(k)
+    b, m = _serve_fake(tmp_path)
+    log = tmp_path / "logs" / "server.log"
+    log.parent.mkdir()
+    real = b / "llama-server.real"
+    (b / "llama-server").rename(real)
+    (b / "llama-server").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/argv\nexec {real} "$@"\n')
+    (b / "llama-server").chmod(0o755)
+    a = cli.parse_command(cli.COMMANDS["serve"], ["--check", "--server", str(b / "llama-server"), "--rpc-local", "2",
+                                                   "--rpc-link", "1gbit/0.5ms", "--server-log", str(log), "-m", str(m),
+                                                   "--port", str(serve.free_port())])
+    assert serve.run(a, SimpleNamespace(cache_dir=tmp_path)) == 0
+    err = capsys.readouterr().err
+    assert "(shaped: 1gbit/0.5ms)" in err
+    assert err.count("ggml-bridge: shaped link 1gbit/0.5ms to ggml-rpc-server on 127.0.0.1:") == 2
+    assert err.count(": 33 B up, 36 B down so far") == 2
+    # llama-server was given the shapers' ports, not the servers'
+    servers = [logparse.parse_rpc(p.read_text()).state["endpoint"] for p in sorted(log.parent.glob("rpc-server-*.log"))]
+    given = (tmp_path / "argv").read_text().split("--rpc ")[1].split()[0].split(",")
+    assert len(servers) == len(given) == 2 and not set(servers) & set(given)
+    assert not [t for t in __import__("threading").enumerate() if t.name.startswith("shaper")]
+
+
+def test_serve_rpc_link_needs_local_servers_and_a_good_link(tmp_path):
+    from ggml_bridge import cli, serve
+    from ggml_bridge.errors import UsageError
+
+    b, m = _serve_fake(tmp_path)
+    with pytest.raises(UsageError, match="--rpc-link needs local rpc-servers"):
+        serve.run(cli.parse_command(cli.COMMANDS["serve"], ["--server", str(b / "llama-server"), "--rpc-link",
+                                                            "1gbit/1ms", "--rpc", "127.0.0.1:1", "-m", str(m)]),
+                  SimpleNamespace(cache_dir=tmp_path))
+    with pytest.raises(UsageError, match="bad link rate"):
+        serve.run(cli.parse_command(cli.COMMANDS["serve"], ["--server", str(b / "llama-server"), "--rpc-link",
+                                                            "fast/1ms", "--rpc-local", "1", "-m", str(m)]),
+                  SimpleNamespace(cache_dir=tmp_path))
