@@ -144,6 +144,8 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
                             link=shaper.parse_link(rung.rpc_link) if rung.rpc_link else None)
         if not rung.rpc_front_gpu:
             env = {**env, "CUDA_VISIBLE_DEVICES": ""}
+        elif mode.uses_bridge:  # an rpc mode's bridge selector is the rpc-servers'; the front is validated as off
+            env = {**env, modes.BRIDGE: "0"}
     extra: list[str] = []
     try:
         if topo:
