@@ -321,3 +321,19 @@ def test_serve_rpc_link_needs_local_servers_and_a_good_link(tmp_path):
         serve.run(cli.parse_command(cli.COMMANDS["serve"], ["--server", str(b / "llama-server"), "--rpc-link",
                                                             "fast/1ms", "--rpc-local", "1", "-m", str(m)]),
                   SimpleNamespace(cache_dir=tmp_path))
+
+
+def test_report_says_what_crossed_the_link_and_that_the_bridge_is_idle():
+    from ggml_bridge.ladder.report import markdown_report
+
+    v = {"ok": True, "problems": [], "notes": ["rpc-server a: bridge idle, as it must be with 1 GPU (x)"],
+         "rpc": {"a": {"devices": ["CUDA0"], "counters": {"rpc_graph_compute": 3}, "bridge_enabled": False,
+                       "link": {"link": "10gbit/0.2ms", "up": {"bytes": 3 << 20}, "down": {"bytes": 1 << 20}}}}}
+    rep = {"ladder": "x", "file": "x.toml", "started": "now", "binaries": {}, "backend": "cuda", "status": "pass",
+           "wall_s": 1, "rungs": [
+        {"name": "r", "status": "pass", "problems": [], "reference": "off", "wall_s": 1, "devices": 1,
+         "split_mode": "layer", "ubatch": 1, "batch": 1, "shape": {"name": "s", "n_embd": 1, "n_layer": 1, "dtype": "f16"},
+         "modes": {"off": {"wall_s": 1, "validity": {"ok": True, "problems": [], "notes": []}},
+                   "rpc-off": {"wall_s": 1, "validity": v}}}]}
+    md = markdown_report(rep)
+    assert "link 10gbit/0.2ms: up/down MiB=3.00/1.00" in md and "bridge idle, as it must be with 1 GPU" in md
