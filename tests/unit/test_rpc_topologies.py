@@ -337,3 +337,14 @@ def test_report_says_what_crossed_the_link_and_that_the_bridge_is_idle():
                    "rpc-off": {"wall_s": 1, "validity": v}}}]}
     md = markdown_report(rep)
     assert "link 10gbit/0.2ms: up/down MiB=3.00/1.00" in md and "bridge idle, as it must be with 1 GPU" in md
+
+
+def test_tensor_split_meta_device_counts_as_its_members():
+    text = ("llama_prepare_model_devices: creating a Meta device for tensor parallelism from 2 devices:\n"
+            "llama_prepare_model_devices: - device 0: CUDA0 (NVIDIA H200)\n"
+            "llama_prepare_model_devices: - device 1: CUDA1 (NVIDIA H200)\n"
+            "llama_prepare_model_devices: using device Meta(CUDA0,CUDA1) (Meta(H200,H200)) (unknown id) - 1 MiB free\n")
+    info = logparse.parse(text)
+    assert info.meta_devices == 2 and info.n_devices == 2
+    assert logparse.parse("x: using device CUDA0 (H200) (id) - 1 MiB free\n").n_devices == 1
+    assert logparse.is_read("llama_prepare_model_devices: creating a Meta device with 3 devices")
