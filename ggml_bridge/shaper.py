@@ -141,6 +141,7 @@ class _Direction:
         self.bytes = 0
         self.chunks = 0
         self.busy_s = 0.0        # time the link spent serializing (bytes / rate)
+        self.sends = 0           # deliveries (one send of everything due at once)
         self.late_s = 0.0        # how late deliveries were, summed (timer overshoot, a writer behind)
         self.late_max_s = 0.0
 
@@ -157,13 +158,14 @@ class _Direction:
 
     def late(self, s: float) -> None:
         with self.lock:
+            self.sends += 1
             self.late_s += s
             self.late_max_s = max(self.late_max_s, s)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
-            return {"bytes": self.bytes, "chunks": self.chunks, "busy_s": round(self.busy_s, 6),
-                    "late_mean_us": round(1e6 * self.late_s / self.chunks, 1) if self.chunks else 0.0,
+            return {"bytes": self.bytes, "chunks": self.chunks, "sends": self.sends, "busy_s": round(self.busy_s, 6),
+                    "late_mean_us": round(1e6 * self.late_s / self.sends, 1) if self.sends else 0.0,
                     "late_max_us": round(1e6 * self.late_max_s, 1)}
 
 
