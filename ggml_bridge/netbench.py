@@ -72,3 +72,12 @@ def report(cases: Sequence[modes.Mode], suite: Mapping[str, Any]) -> dict[str, A
             "shaper_ceiling_gbit": round(measured * 8 / 1e9, 2),
             "highest_rate_gbit": None if math.isinf(top) else round(top * 8 / 1e9, 2),
             "bounded_by_shaper": measured < top * 0.98}
+
+
+def describe(rep: Mapping[str, Any]) -> str:
+    """The report's line about the links (bench.md)."""
+    top = rep.get("highest_rate_gbit")
+    return (f"{rep['rpc_servers']} rpc-server(s), llama-bench {'keeps its GPU' if rep.get('front_gpu') else 'without a GPU'}; "
+            f"the shaper moved {rep['shaper_ceiling_gbit']} Gbit/s per direction on this machine"
+            + (f" (highest rate set: {top} Gbit/s" + (": BOUNDED BY THE SHAPER, not the set rate)"
+                                                       if rep.get("bounded_by_shaper") else ")") if top else ""))

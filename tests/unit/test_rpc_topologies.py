@@ -215,6 +215,7 @@ def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(ben
     assert "link 10gbit/0.2ms to 127.0.0.1:" in eng["rpc-off@10gbit-0.2ms"] and " 33 B up, 36 B down" in eng["rpc-off@10gbit-0.2ms"]
     assert eng["rpc-off"] == ""  # loopback, no shaper
     assert rep["links"]["highest_rate_gbit"] == 25.0 and rep["links"]["shaper_ceiling_gbit"] > 0
+    assert "- shaped links: 1 rpc-server(s), llama-bench keeps its GPU; the shaper moved" in (out / "bench.md").read_text()
     assert set(rep["ratios"]["off"]) >= {"rpc-off@10gbit-0.2ms", "rpc-off@25gbit-0.1ms"}
     # llama-bench kept its GPU (the suite's front GPU) and was given the shaper's end, not the rpc-server's
     calls = [c for c in (bench_env.tmp / "rpc-order.txt").read_text().splitlines() if "llama-bench" not in c]
