@@ -266,3 +266,18 @@ def test_cli_bad_input_is_one_line_exit_2(args, msg):
     p = _cli(*args)
     out, err = p.communicate(timeout=20)
     assert p.returncode == 2 and msg in err and "Traceback" not in err and out == ""
+
+
+def test_gathered_send_survives_partial_writes():
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    bufs = [os.urandom(n) for n in (1, 70000, 3, 123457, 9) * 40]
+    got = bytearray()
+    t = threading.Thread(target=lambda: [got.extend(b.recv(1 << 16)) or time.sleep(0.0005)
+                                         for _ in iter(lambda: len(got) < sum(map(len, bufs)), False)])
+    t.start()
+    shaper._sendall(a, bufs)
+    t.join(30)
+    a.close()
+    b.close()
+    assert bytes(got) == b"".join(bufs)
