@@ -68,7 +68,7 @@ from .inputs import (  # noqa: F401
 from .diff import (  # noqa: F401
     compare_files, describe_logits_diff, describe_responses_diff, first_difference, sha256_file, _read_at,
 )
-from .validity import validate_mode, validate_rpc, _state  # noqa: F401
+from .validity import validate_front, validate_mode, validate_rpc, _state  # noqa: F401
 from .report import markdown_report, progress_line, _human  # noqa: F401
 from .orchestrate import (  # noqa: F401
     Binaries, ModeRun, add_arguments, default_ladder, resolve_binaries, run, run_mode, run_rung, _artifact,

@@ -20,7 +20,7 @@ from ..runner import log
 from .schema import Ladder, Rung, load_ladder
 from .inputs import canonical_response, make_prompts, make_text, request_payload
 from .diff import compare_files, sha256_file
-from .validity import validate_mode, validate_rpc
+from .validity import validate_front, validate_mode, validate_rpc
 from .report import markdown_report, progress_line
 
 
@@ -257,6 +257,9 @@ def run_rung(rung: Rung, ladder: Ladder, bins: Binaries, vocab: Path, cache_dir:
                               if mode.devices else rung, mr.logs, mr.metrics)
             if mode.rpc:
                 r = validate_rpc(mode, mr.rpc_servers, rung, mr.links)
+                if rung.rpc_front_gpu:
+                    r["problems"] += validate_front(rung, mr.logs)
+                    r["ok"] = not r["problems"]
                 v.update(ok=v["ok"] and r["ok"], problems=v["problems"] + r["problems"],
                          notes=v["notes"] + r["notes"], rpc=r["servers"])
             entry["validity"] = v

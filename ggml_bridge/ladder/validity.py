@@ -213,3 +213,17 @@ def validate_rpc(mode: Mode, servers: dict[str, logparse.RpcServerInfo], rung: R
                 notes.append(f"rpc-server {ep}: bridge idle, as it must be with {len(gpus) or 'no'} GPU "
                              f"({said}; bridge_boundaries=0): every boundary of this topology crosses TCP")
     return {"ok": not problems, "problems": problems, "notes": notes, "servers": summary}
+
+
+def validate_front(rung: Rung, logs: dict[str, logparse.LogInfo]) -> list[str]:
+    """rpc_front_gpu: every front process (llama-server, llama-perplexity) put layers on its own GPU and on the
+    rpc-servers (else the topology under test did not happen); problems, one per process."""
+    problems = []
+    for proc, info in logs.items():
+        local = [d for d in info.devices if not d.startswith("RPC")]
+        remote = [d for d in info.devices if d.startswith("RPC")]
+        if not local or not remote:
+            problems.append(f"{proc}: the rung keeps a GPU in front of the rpc-servers, but the model sits on "
+                            f"{', '.join(info.devices) or 'no device the log names'}")
+    return problems
+

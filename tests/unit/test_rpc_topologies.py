@@ -349,3 +349,13 @@ def test_tensor_split_meta_device_counts_as_its_members():
     assert info.meta_devices == 2 and info.n_devices == 2
     assert logparse.parse("x: using device CUDA0 (H200) (id) - 1 MiB free\n").n_devices == 1
     assert logparse.is_read("llama_prepare_model_devices: creating a Meta device with 3 devices")
+
+
+def test_front_gpu_rung_needs_the_model_on_the_front_gpu_and_the_rpc_server():
+    r = _rung(rpc_front_gpu=True, rpc_servers=[["CUDA0"]])
+    both = ("llama_model_load_from_file_impl: using device RPC0 (127.0.0.1:5) (unknown id) - 1 MiB free\n"
+            "llama_model_load_from_file_impl: using device CUDA0 (H200) (0000:01) - 1 MiB free\n")
+    only_rpc = both.splitlines()[0] + "\n"
+    assert ladder.validate_front(r, {"server": logparse.parse(both), "perplexity": logparse.parse(both)}) == []
+    bad = ladder.validate_front(r, {"server": logparse.parse(both), "perplexity": logparse.parse(only_rpc)})
+    assert bad == ["perplexity: the rung keeps a GPU in front of the rpc-servers, but the model sits on RPC0"]
