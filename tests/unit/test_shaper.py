@@ -281,3 +281,19 @@ def test_gathered_send_survives_partial_writes():
     a.close()
     b.close()
     assert bytes(got) == b"".join(bufs)
+
+
+def test_cli_ceiling_warns_when_the_rate_is_above_what_the_shaper_moves():
+    echo = Echo("echo")
+    p = _cli("--listen", "0", "--to", f"127.0.0.1:{echo.addr[1]}", "--rate", "10000gbit", "--ceiling")
+    try:
+        assert p.stdout.readline().strip().startswith("127.0.0.1:")
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(20)
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        echo.close()
+    assert rc == 130 and "shaper ceiling on this machine:" in err
+    assert "the set rate 10000gbit is above that ceiling: the shaper, not the rate, bounds the link" in err
