@@ -108,7 +108,7 @@ SUITES: dict[str, dict[str, Any]] = {
                  "one-way delay), against the local run",
     },
     "rpc-link-cpu": {
-        "cases": ["off", "rpc-off"], "links": ["1gbit/0.2ms"], "rpc_servers": 1,
+        "cases": ["off", "rpc-off"], "links": ["unlimited/0", "1gbit/0.2ms", "1gbit/1ms"], "rpc_servers": 1,
         "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 16, "threads": 1,
         "about": "CPU: the same build local, behind one localhost rpc-server, and behind it over a shaped link",
     },
