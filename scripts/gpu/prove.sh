@@ -16,7 +16,7 @@
 # smmap, gguf wheels for Python 3.12).
 # Usage, from the repository root:  OUT=/tmp/out BUDGET=560 bash scripts/gpu/prove.sh [STEP ...]
 #   STEP: build tests ladder bench rpc rpc1 split1 link serve-rpc ladder-rest (default: build tests ladder bench rpc
-#   ladder-rest; steps run in this order whatever the order given)
+#   ladder-rest; steps run in this order whatever the order given); RPC1_RUNGS="R ..." narrows rpc1
 # The cache (builds, models) is .cache-gpu/ in the checkout (git-ignored): a second call on the same machine finds
 # the first call's builds there (`build` then says "up to date"), so a long proof can be split over several calls.
 set -uo pipefail
@@ -138,7 +138,8 @@ one_gpu_rung() {
 if want rpc && [ "$ngpu" -ge 2 ]; then
     for r in rpc1x2gpu-small-ub512 rpc2x1gpu-small-ub512; do ladder_rung "$r" 40; done
 fi
-rpc1_rungs="rpc1x2virt-small-ub512 rpc2x1gpu-small-ub512 rpcfront-small-ub512 rpcfront-shaped-small-ub512 rpc1x2virt-1b-ub512"
+# RPC1_RUNGS chooses among them (e.g. to split them over two calls)
+rpc1_rungs=${RPC1_RUNGS:-rpc1x2virt-small-ub512 rpc2x1gpu-small-ub512 rpcfront-small-ub512 rpcfront-shaped-small-ub512 rpc1x2virt-1b-ub512}
 if want rpc1 || { want rpc && [ "$ngpu" -lt 2 ]; }; then
     for r in $rpc1_rungs; do one_gpu_rung "$r" 45; done
 fi
