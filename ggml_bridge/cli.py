@@ -1,4 +1,4 @@
-"""Command line: ``ggml-bridge fetch|patch|build|sdist|wheel|serve|ladder|rebase|bench``.
+"""Command line: ``ggml-bridge fetch|patch|build|sdist|wheel|serve|ladder|rebase|bench|shape``.
 
 Progress goes to stderr; stdout carries only results (a path, a report). ``main()`` is the only place that turns a
 :class:`~ggml_bridge.errors.FatalError` into an exit status.
@@ -382,6 +382,8 @@ for _c in (
     Command("ladder", "run the comparison ladder and write a JSON+Markdown report", *stage("ladder")),
     Command("rebase", "move the patch series onto another upstream", stage("rebase")[0], cmd_rebase),
     Command("bench", "side-by-side llama-bench report", *stage("bench")),
+    Command("shape", "a loopback TCP proxy with a link's bandwidth and latency (e.g. in front of an rpc-server); "
+            "prints its address", *stage("shaper")),
 ):
     register(_c)
 

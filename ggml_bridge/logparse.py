@@ -59,6 +59,8 @@ def parse_metrics(text: str) -> dict[str, int]:
 # --- upstream llama.cpp / llama-server lines ----------------------------------------------------------
 #: llama.cpp: each device a model is placed on
 USING_DEVICE = re.compile(r"using device (?P<dev>\S+) \((?P<desc>[^)]*)\)")
+#: -sm tensor: the model sits on one "Meta" device made of several (llama.cpp's llama_prepare_model_devices)
+META_DEVICE = re.compile(r"creating a Meta device (?:for tensor parallelism from|with) (?P<n>\d+) devices")
 #: ggml-cuda: how many CUDA devices (physical, or virtual with GGML_CUDA_DEVICES) the process sees
 CUDA_FOUND = re.compile(r"ggml_cuda_init: found (?P<n>\d+) CUDA devices")
 #: llama-server: the port is taken (serve retries on another)
@@ -131,6 +133,7 @@ class LogInfo:
     bridge: BridgeInfo = field(default_factory=BridgeInfo)
     batched: BatchedInfo = field(default_factory=BatchedInfo)
     devices: list[str] = field(default_factory=list)      # "using device" lines, in order
+    meta_devices: int = 0                                  # -sm tensor: devices behind the Meta device
     cuda_found: int | None = None
     bind_failed: tuple[str, int] | None = None
     gguf_open_failed: tuple[str, str] | None = None
@@ -144,7 +147,10 @@ class LogInfo:
 
     @property
     def n_devices(self) -> int:
-        """Distinct devices the model was placed on (0: CPU only or not known)."""
+        """Distinct devices the model was placed on (0: CPU only or not known); a Meta device (-sm tensor)
+        counts as the devices it is made of."""
+        if self.meta_devices:
+            return self.meta_devices + len(dict.fromkeys(d for d in self.devices if not d.startswith("Meta(")))
         return len(dict.fromkeys(self.devices))
 
 
@@ -184,6 +190,8 @@ def parse(lines: Iterable[str] | str) -> LogInfo:
             continue
         if m := USING_DEVICE.search(line):
             info.devices.append(m["dev"])
+        elif m := META_DEVICE.search(line):
+            info.meta_devices = int(m["n"])
         elif m := CUDA_FOUND.search(line):
             info.cuda_found = int(m["n"])
         elif m := BIND_FAILED.search(line):

@@ -112,6 +112,7 @@ class Mode:
     rejected: tuple[tuple[str, str], ...] = ()  # invalid selector values every process must report rejected
     rpc: bool = False                           # the model on local ggml-rpc-servers (they get GPUs and selectors)
     devices: int | None = None                  # GPUs of this mode, instead of the rung's (ladder)
+    link: str | None = None                     # rpc modes in the bench: a shaped link RATE/DELAY (netbench.py)
 
     @property
     def uses_bridge(self) -> bool:
@@ -163,6 +164,9 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("rpc-off", "patched", "off", "off", "patched rpc-server(s), selectors 0", rpc=True),
     Mode("rpc-bridge", "patched", "auto", "off",
          "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=auto: copies between a server's GPUs through the bridge",
+         rpc=True),
+    Mode("rpc-bridge-force", "patched", "force", "off",
+         "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=force: also between virtual devices of one GPU",
          rpc=True),
 )}
 

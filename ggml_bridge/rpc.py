@@ -25,9 +25,9 @@ import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from . import logparse, runner
+from . import logparse, runner, shaper
 from .cli_options import RPC_SERVER as RPC_SERVER  # re-exported: the ladder and the bench start it
 from .engagement import BRIDGE, engaged
 from .errors import RpcError, UsageError
@@ -239,32 +239,59 @@ class LocalRpcServer:
 
 @dataclass
 class Topology:
-    """The RPC side of one llama-server: servers started here and endpoints given."""
+    """The RPC side of one llama-server: servers started here and endpoints given; with ``link``, a shaped
+    loopback link (:mod:`shaper`) between llama-server and each local rpc-server, as between hosts."""
 
     local: list[LocalRpcServer] = field(default_factory=list)
     remote: list[Endpoint] = field(default_factory=list)
+    link: shaper.Link | None = None
+    shapers: list[shaper.Shaper] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # the shapers' ports are chosen now (like the local servers'), so llama-server's --rpc is known before start
+        if self.link is not None and not self.shapers:
+            self.shapers = [shaper.Shaper((s.endpoint.host, s.endpoint.port), self.link,
+                                          listen_port=free_port(), name=f"shaper-{s.endpoint.port}")
+                            for s in self.local]
 
     @property
     def endpoints(self) -> list[Endpoint]:
         return [s.endpoint for s in self.local] + list(self.remote)
 
+    @property
+    def front_endpoints(self) -> list[Endpoint]:
+        """What llama-server connects to: the shapers' ends where there are shapers."""
+        if not self.shapers:
+            return self.endpoints
+        return [Endpoint(sh.listen_host, sh.listen_port) for sh in self.shapers] + list(self.remote)
+
     def server_args(self) -> list[str]:
-        return ["--rpc", ",".join(str(e) for e in self.endpoints)] if self.endpoints else []
+        eps = self.front_endpoints
+        return ["--rpc", ",".join(str(e) for e in eps)] if eps else []
 
     def start(self, expected: tuple[int, int, int] | None, timeout: float = 60.0) -> "Topology":
-        """Start the local servers, then check every endpoint's handshake. On failure nothing is left running."""
+        """Start the local servers, then check every endpoint's handshake, then the shapers. On failure nothing
+        is left running."""
         try:
             for s in self.local:
                 s.start(timeout)
             check_endpoints(self.endpoints, expected)
+            for sh in self.shapers:
+                sh.start()
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
+        for sh in self.shapers:
+            sh.stop()
         for s in self.local:
             s.stop()
+
+    def link_stats(self) -> dict[str, dict[str, Any]]:
+        """Per local rpc-server endpoint, what crossed its shaped link (empty without a link)."""
+        return {str(s.endpoint): sh.stats() for s, sh in zip(self.local, self.shapers, strict=False)}
 
     def __enter__(self) -> "Topology":
         return self
@@ -289,7 +316,8 @@ class Topology:
     def describe(self, front_devices: Sequence[str]) -> str:
         """One line: which boundaries cross TCP and which the bridge can carry."""
         local_gpus = [d for d in dict.fromkeys(front_devices) if not d.startswith("RPC")]
-        tcp = [f"llama-server<->{e}" for e in self.endpoints]
+        over = f" (shaped: {self.link})" if self.shapers else ""
+        tcp = [f"llama-server<->{e}{over}" for e in self.endpoints]
         if len(self.endpoints) > 1:
             tcp.append("rpc-server<->rpc-server (2 hops through llama-server's host memory)")
         bridge = []
@@ -307,6 +335,13 @@ class Topology:
         """(notes, errors) for the bridge inside the local rpc-servers: required where one owns 2+ GPUs."""
         notes: list[str] = []
         errors: list[str] = []
+        for ep, st in self.link_stats().items():  # llama-server has loaded its layers through each link by now
+            up, down = st["up"]["bytes"], st["down"]["bytes"]
+            if up > 0 and down > 0:
+                notes.append(f"shaped link {st['link']} to {RPC_SERVER} on {ep}: {up} B up, {down} B down so far")
+            else:
+                errors.append(f"nothing crossed the shaped link {st['link']} to {RPC_SERVER} on {ep} "
+                              f"({up} B up, {down} B down): llama-server did not use it")
         if bridge not in ("on", "force"):
             return notes, errors
         for s in self.local:
@@ -380,7 +415,11 @@ def from_args(args: argparse.Namespace, settings: object, server_binary: Path, e
     local = [LocalRpcServer(binary, devices=d, env=env,
                             log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
              for i, d in enumerate(devices)]
-    return Topology(local, remote)
+    link = getattr(args, "rpc_link", None)
+    if link and not local:
+        raise UsageError("--rpc-link needs local rpc-servers", why="a remote endpoint's link is the network's",
+                         fix="add --rpc-local N or --rpc-local-devices")
+    return Topology(local, remote, link=shaper.parse_link(link) if link else None)
 
 
 def front_env(args: argparse.Namespace) -> dict[str, str]:

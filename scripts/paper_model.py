@@ -19,7 +19,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
+import math
+import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MiB = 1 << 20
 CHUNK = 2 * MiB
@@ -116,16 +122,160 @@ def check(microbench: Path | None) -> str:
     return "\n".join(rows)
 
 
+# --- hosts: llama.cpp RPC over a network link (docs/rpc.md, "How many hosts") -------------------------------
+#
+# b11434's RPC client (ggml-rpc.cpp) queues every command on one dispatcher thread per rpc-server, in order over
+# one socket: SET_TENSOR and GRAPH_COMPUTE / GRAPH_RECOMPUTE (a graph already sent is not sent again) are one-way,
+# GET_TENSOR waits for its answer, which the server sends once the queued graph has run. A layer split over the
+# front (llama-server / llama-bench, with or without a GPU of its own) and S rpc-servers, one contiguous run of
+# layers each, therefore adds per graph (a token in generation, a ubatch of U tokens in a prompt) and per server:
+#
+#     t_hop(U) = 2*d + 2 * U*h*e / R + t_msg
+#
+# the activation in (SET, one way: d + b/R) and out again (GET: its request travels right behind the SET, the
+# answer d + b/R after the compute), b = U*h*e bytes (h = n_embd, e = 4: activations cross as f32), d = one-way
+# latency, R = rate per direction, t_msg = the fixed cost of the commands themselves. Between two rpc-servers
+# the activation goes through the front (GET, then SET): the same two transfers per server. Nothing overlaps on
+# the critical path of one graph (a hop's transfers wait for the previous stage), so
+#
+#     t_token(S, link) = t_local + S * t_hop(1)            (generation)
+#     t_prompt(S, link) = t_local_prompt + n_ub * S * t_hop(U)    (prompt of n_ub ubatches, serial; with several
+#                                                           ubatches in flight a stage's link can overlap other
+#                                                           stages' compute: then ~ max of the two)
+#
+# Checked against the shaped-link bench (suite rpc-link): t_local is the local case, S * t_msg is calibrated
+# once from the rpc case through an unshaped shaper (link unlimited/0: the same proxy hop, no rate, no delay),
+# and every shaped case is predicted from d and R alone.
+
+E_ACT = 4  # bytes per activation element crossing a boundary (f32)
+
+
+@dataclass(frozen=True)
+class Net:
+    name: str
+    rate: float      # bytes/s per direction (goodput)
+    delay: float     # s one way, small message, stacks included
+
+
+#: real networks for the host question: NETWORKS above (goodput, round trip) as rate and one-way delay
+NETS = [Net(n, b, rtt / 2) for n, (b, rtt) in NETWORKS.items()]
+
+
+def t_hop(tokens: int, n_embd: int, rate: float, delay: float, t_msg: float = 0.0) -> float:
+    """What one rpc-server adds to one graph of ``tokens`` tokens: the activation in and out, one round trip."""
+    b = tokens * n_embd * E_ACT
+    return 2 * delay + (0.0 if math.isinf(rate) else 2 * b / rate) + t_msg
+
+
+def predict_tps(test: str, local_tps: float, calib_tps: float, servers: int, n_embd: int, rate: float,
+                delay: float) -> float:
+    """Tokens/s of ``test`` (``pp4096/ub512``, ``tg128``) over a link, from the local run and the calibration run
+    (same topology through an unshaped link: carries S*t_msg and the RPC backend's own costs)."""
+    if test.startswith("tg"):
+        return 1.0 / (1.0 / calib_tps + servers * t_hop(1, n_embd, rate, delay))
+    n, _, ub = test[2:].partition("/ub")
+    n_tok, u = int(n), int(ub or n)
+    n_ub = math.ceil(n_tok / u)
+    return n_tok / (n_tok / calib_tps + n_ub * servers * t_hop(u, n_embd, rate, delay))
+
+
+def check_bench(report: Path, shape_name: str | None = None, calibration: str = "unlimited/0") -> str:
+    """Predicted vs measured tokens/s for every link case of a ``ggml-bridge bench --suite rpc-link`` report
+    (bench.json): one table, each row also as a share of the local run."""
+    from ggml_bridge import model as modelmod
+    from ggml_bridge import shaper
+
+    rep = json.loads(Path(report).read_text())
+    shape = modelmod.get_shape(shape_name or rep["model"]["shape"])
+    servers = int((rep.get("links") or {}).get("rpc_servers", 1))
+    cases = {c["name"]: c for c in rep["cases"]}
+    summ = rep["summary"]
+    local = next((n for n in ("off", "upstream") if n in summ), None)
+    calib = next((n for n, c in cases.items() if c.get("link") == calibration and n in summ), None)
+    if local is None or calib is None:
+        raise SystemExit(f"{report}: needs the local case and a case over {calibration} (the calibration)")
+    rows = [f"Model {shape.name}: n_embd {shape.n_embd}, {shape.n_layer} layers; {servers} rpc-server(s); "
+            f"calibration: {calib} (S*t_msg and the RPC backend's own costs), local: {local}.", "",
+            "| case | link | test | local t/s | measured t/s | predicted t/s | predicted / measured | "
+            "measured / local |", "|---|---|---|---|---|---|---|---|"]
+    for name, c in cases.items():
+        if not c.get("link") or name not in summ or name == calib:
+            continue
+        link = shaper.parse_link(c["link"])
+        for test, s in summ[name].items():
+            if test not in summ[local] or test not in summ[calib]:
+                continue
+            loc, cal, meas = summ[local][test]["median"], summ[calib][test]["median"], s["median"]
+            pred = predict_tps(test, loc, cal, servers, shape.n_embd, link.rate, link.delay)
+            rows.append(f"| {name} | {link} | {test} | {loc:.1f} | {meas:.1f} | {pred:.1f} | {pred / meas:.3f} | "
+                        f"{meas / loc:.3f} |")
+    return "\n".join(rows)
+
+
+# compute per token on one H200 (the GPUs' side of the question), roofline: generation streams the weights from
+# HBM (4.8 TB/s, ~70 % reached), a prompt ubatch is dense matmul (989 TFLOP/s bf16 dense, ~50 % reached)
+HBM = 4.8e12 * 0.7
+FLOPS = 989e12 * 0.5
+
+#: the models of the question: the ladder's and bench's presets, and a 70B-class shape (llama-2/3-70B widths)
+HOST_MODELS = [("bench-1b", None), ("bench-2b-6l", None), ("bench-3b", None),
+               ("70B-class", dict(n_embd=8192, n_layer=80, n_params=70e9))]
+
+
+def _model_sizes(name: str, spec: dict | None) -> tuple[int, int, float]:
+    if spec:
+        return int(spec["n_embd"]), int(spec["n_layer"]), float(spec["n_params"])
+    from ggml_bridge import model as modelmod
+
+    sh = modelmod.get_shape(name)
+    return sh.n_embd, sh.n_layer, float(sh.n_params())
+
+
+def hosts_table(bytes_per_param: float = 2.0, ubatch: int = 512) -> str:
+    """How many hosts (front + S rpc-servers) before the network's share of a token reaches the GPUs' (50 %) and
+    10 %, per model and network, for generation and for prompt ubatches."""
+    out = ["| model | n_embd | layers | params | network | GPU time per token (tg) | per host hop (tg) | "
+           "hosts at 10 % / 50 % network (tg) | GPU time per ubatch of 512 (pp) | per host hop (pp) | "
+           "hosts at 10 % / 50 % network (pp) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, spec in HOST_MODELS:
+        h, layers, params = _model_sizes(name, spec)
+        comp_tg = params * bytes_per_param / HBM
+        comp_pp = 2 * params * ubatch / FLOPS
+        for net in NETS:
+            hop_tg = t_hop(1, h, net.rate, net.delay)
+            hop_pp = t_hop(ubatch, h, net.rate, net.delay)
+
+            def hosts(comp: float, hop: float, share: float, layers: int = layers) -> str:
+                # network share = S*hop / (comp + S*hop) >= share  <=>  S >= share/(1-share) * comp/hop
+                s = math.ceil(share / (1 - share) * comp / hop)
+                return f"{min(s, layers) + 1}" + ("+" if s > layers else "")
+
+            out.append(f"| {name} | {h} | {layers} | {params / 1e9:.1f} B | {net.name} | {fmt(comp_tg)} | "
+                       f"{fmt(hop_tg)} | {hosts(comp_tg, hop_tg, 0.1)} / {hosts(comp_tg, hop_tg, 0.5)} | "
+                       f"{fmt(comp_pp)} | {fmt(hop_pp)} | {hosts(comp_pp, hop_pp, 0.1)} / "
+                       f"{hosts(comp_pp, hop_pp, 0.5)} |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--microbench", type=Path, default=Path("results/2026-11-30-h200x2-s1-tests-sanitizers-microbench/microbench.csv"))
+    ap.add_argument("--bench", type=Path, default=None, metavar="BENCH_JSON",
+                    help="a `ggml-bridge bench --suite rpc-link` report: print only its predicted-vs-measured table")
+    ap.add_argument("--shape", default=None, help="the bench model's shape (default: the report's)")
     a = ap.parse_args()
+    if a.bench is not None:
+        print("## Hosts over a shaped link: predicted vs measured\n")
+        print(check_bench(a.bench, a.shape))
+        return
     print("## Predicted transfer time added by the boundaries\n")
     print(tables())
     print("\n## Network links (RPC between hosts) next to PCIe, one boundary, two cards\n")
     print(network_tables())
     print("\n## Check against the H200 microbenchmark\n")
     print(check(a.microbench))
+    print("\n## Hosts: how many before the network bounds tokens/s\n")
+    print(hosts_table())
 
 
 if __name__ == "__main__":

@@ -252,3 +252,25 @@ def expected_outcomes(new_tree: Path, old_tree: Path, patches: list[Path], scrat
             out.append("fuzz" if fuzz.returncode == 0 else "merged")
         g(repo, "commit", "-q", "-m", p.name, "--allow-empty")
     return out
+
+
+def make_vocab(path: Path) -> Path:
+    """A small llama-spm-like vocabulary GGUF (no tensors): specials, bytes-free, the ladder's words."""
+    import gguf
+
+    from ggml_bridge import ladder
+
+    tokens = ["<unk>", "<s>", "</s>"] + ["\u2581" + w for w in ladder.WORDS] + list("abcdefghijklmnopqrstuvwxyz.") + ["\u2581"]
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 3 + [-float(i) for i in range(len(tokens) - 3)])
+    w.add_token_types([2, 3, 3] + [1] * (len(tokens) - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    return path

@@ -32,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .. import modes
+from .. import modes, netbench
 from ..cache import file_sha256
 from ..config import Settings
 from ..errors import BenchError, UsageError
@@ -115,6 +115,21 @@ SUITES: dict[str, dict[str, Any]] = {
         "about": "CPU: the same build local and behind one localhost rpc-server (the cost of the TCP hops); one "
                  "thread in both, so the comparison is not about thread counts (the defaults differ)",
     },
+    # issue 29: hosts over a network, on one GPU. llama-bench keeps the GPU and puts part of the layers on one
+    # localhost rpc-server on the same GPU (a second host); the link between them is shaped (netbench.py)
+    "rpc-link": {
+        "cases": ["off", "rpc-off"], "links": ["unlimited/0", "10gbit/0.2ms", "25gbit/0.2ms", "10gbit/0.5ms", "25gbit/0.1ms"],
+        "rpc_servers": 1, "rpc_front_gpu": True,
+        "shape": "bench-1b", "devices": "1", "pp": "512,4096", "batch": 4096, "ubatch": [512], "tg": 128,
+        "about": "one GPU as two hosts: llama-bench's GPU plus one rpc-server on it, over loopback TCP, through the "
+                 "shaper without limits (the scale model's calibration) and over shaped links (rate per direction / "
+                 "one-way delay), against the local run",
+    },
+    "rpc-link-cpu": {
+        "cases": ["off", "rpc-off"], "links": ["unlimited/0", "1gbit/0.2ms", "1gbit/1ms"], "rpc_servers": 1,
+        "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 16, "threads": 1,
+        "about": "CPU: the same build local, behind one localhost rpc-server, and behind it over a shaped link",
+    },
     "cpu": {
         "cases": ["upstream", "off"],
         "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 32,
@@ -169,6 +184,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", choices=sorted(SUITES), default=None,
                         help="which comparison (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)")
     parser.add_argument("--cases", default=None, help="comma-separated subset of the suite's cases")
+    parser.add_argument("--links", default=None, metavar="RATE/DELAY,...",
+                        help="shaped links for the suite's rpc cases, e.g. 10gbit/0.2ms,25gbit/0.1ms (default: the "
+                             "suite's; each rpc case runs unshaped and once per link)")
     parser.add_argument("--variants-dir", type=Path, default=None, metavar="DIR",
                         help="DIR/{upstream,nopeer,patched}/llama-bench: one folder per build variant")
     for v in modes.VARIANTS:
@@ -279,6 +297,11 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
         cases = [modes.lookup(c, "--cases") for c in wanted]
     except UsageError as e:
         raise BenchError(e.what, why=e.why, fix=e.fix) from None
+    links = args.links.split(",") if getattr(args, "links", None) else suite.get("links", [])
+    try:
+        cases = netbench.expand(cases, links)
+    except UsageError as e:
+        raise BenchError(e.what, why=e.why, fix=e.fix) from None
     odd = [c.name for c in cases if c.devices or c.rejected]
     if odd:
         raise BenchError(f"mode(s) {', '.join(odd)} are ladder checks, not bench cases",
@@ -343,7 +366,8 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
         | ({modes.CUDA_DEVICES: virtual_devices} if virtual_devices else {}),
         "model": {"shape": suite["shape"] if args.model is None else "user", "path": str(model_path)},
         "environment": gpu_env(),
-        "cases": [{"name": c.name, "variant": c.variant, "env": c.env(), "description": c.about,
+        "links": netbench.report(runnable, suite),
+        "cases": [{"name": c.name, "variant": c.variant, "env": c.env(), "link": c.link, "description": c.about,
                    "bin_dir": str(bins[c.variant]), "llama_bench_sha256": file_sha256(bins[c.variant] / "llama-bench"),
                    "engagement": next((r.engagement for r in reversed(runs) if r.case == c.name), "")}
                   for c in runnable],

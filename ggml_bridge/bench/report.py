@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from .. import modes
+from .. import modes, netbench
 from ..errors import BenchError
 from ..runner import log
 from .stats import CaseRun, Sample, pool, references
@@ -29,6 +29,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                      f"{g['pcie.link.gen.max']} x{g['pcie.link.width.max']} (max)")
     lines.append(f"- model: {report['model']['shape']} ({report['model']['path']})")
     lines.append(f"- settings: {report['settings']}" + (f"; CPUs {report['cpus']}" if report.get("cpus") else ""))
+    if report.get("links"):
+        lines.append(f"- shaped links: {netbench.describe(report['links'])}")
     if report.get("pooled_from"):
         lines.append(f"- pooled from {len(report['pooled_from'])} reports: " + ", ".join(report["pooled_from"]))
     if report.get("stopped"):

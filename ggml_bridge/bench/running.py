@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .. import logparse, modes, rpc, runner
+from .. import logparse, modes, netbench, rpc, runner
 from ..engagement import BATCHED, BRIDGE, engaged
 from ..errors import BenchError, RpcError
 from ..runner import log
@@ -93,12 +93,12 @@ def run_case(bin_dir: Path, case: Case, model_path: Path, suite: dict[str, Any],
     env = {**base_env, **modes.STATS_ON, **case.env()}
     err_path = out_dir / f"{case.name}-r{rnd}.log"
     topo = None
-    if case.rpc:  # the server gets the GPUs and the selectors, llama-bench neither GPU nor bridge
-        topo = rpc.Topology([rpc.LocalRpcServer(bin_dir / rpc.RPC_SERVER, env=env, threads=suite.get("threads"),
-                                                log_file=out_dir / f"{case.name}-r{rnd}-rpc-server.log")])
+    if case.rpc:  # the server gets the GPUs and the selectors, llama-bench neither GPU nor bridge (unless the
+        # suite keeps its GPU: netbench.py), over a shaped link when the case has one
+        topo = netbench.topology(case, bin_dir, env, suite, out_dir, rnd)
         topo.start(rpc.expected_version(bin_dir / "llama-bench"))
         argv += topo.server_args()
-        env = {**env, "CUDA_VISIBLE_DEVICES": ""}
+        env = netbench.front_env(env, suite)
 
     started = time.time()
     t0 = time.monotonic()
@@ -107,6 +107,9 @@ def run_case(bin_dir: Path, case: Case, model_path: Path, suite: dict[str, Any],
         seconds = time.monotonic() - t0
         err_path.write_text(res.stderr)
         engaged, what = engagement(case, res.stderr) if topo is None else rpc_engagement(case, topo)
+        if topo is not None and topo.shapers:
+            through, how = netbench.link_engagement(topo)
+            engaged, what = (through if engaged is None else engaged and through), "; ".join(x for x in (what, how) if x)
     finally:
         if topo:
             topo.stop()
@@ -155,6 +158,7 @@ def rounds(args: argparse.Namespace, runnable: list[Case], bins: dict[str, Path]
     """The interleaved rounds (the order rotates each round), until --rounds or the --time-budget; appends to
     ``runs`` and ``samples``; returns why it stopped early ("" if it did not)."""
     names = [c.name for c in runnable]
+    by_name = {c.name: c for c in runnable}  # link cases (netbench.expand) are not in CASES
     t_start = time.monotonic()
     longest = 0.0
     stopped = ""
@@ -167,7 +171,7 @@ def rounds(args: argparse.Namespace, runnable: list[Case], bins: dict[str, Path]
             break
         t_round = time.monotonic()
         for name in rotate(names, rnd):
-            c = CASES[name]
+            c = by_name[name]
             cr, ss = run_case(bins[c.variant], c, model_path, suite, args.reps, base_env, logs, rnd, args.timeout,
                               warmup=args.warmup_reps)
             if smi is not None:

@@ -104,4 +104,4 @@ from .schema import (  # noqa: F401
     load_ladder,
     parse_rung,
 )
-from .validity import _state, validate_mode, validate_rpc  # noqa: F401
+from .validity import _state, validate_front, validate_mode, validate_rpc  # noqa: F401

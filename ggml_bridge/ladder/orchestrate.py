@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import build, cache, logparse, model, modes, rpc, runner, serve
+from .. import build, cache, logparse, model, modes, rpc, runner, serve, shaper
 from ..config import Settings
 from ..errors import FatalError, LadderSetupError, RpcError, ServeError
 from ..modes import MODES, Mode
@@ -21,7 +21,7 @@ from .diff import compare_files, sha256_file
 from .inputs import canonical_response, make_prompts, make_text, request_payload
 from .report import markdown_report, progress_line
 from .schema import Ladder, Rung, load_ladder
-from .validity import validate_mode, validate_rpc
+from .validity import validate_front, validate_mode, validate_rpc
 
 
 @dataclass
@@ -115,6 +115,7 @@ class ModeRun:
     metrics: dict[str, int] | None = None  # the server's transfer counters on /metrics after the requests
     error: str | None = None
     rpc_servers: dict[str, logparse.RpcServerInfo] = field(default_factory=dict)  # by endpoint, rpc-* modes
+    links: dict[str, dict[str, Any]] = field(default_factory=dict)  # by endpoint: what crossed its shaped link
 
 
 def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path: Path, prompts: list[str],
@@ -129,15 +130,22 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
     res = ModeRun(mode.name)
     t0 = time.monotonic()
     topo = None
-    if mode.rpc:  # the GPUs belong to the rpc-servers; llama-server and llama-perplexity get none
-        topo = rpc.Topology([rpc.LocalRpcServer(b[rpc.RPC_SERVER], devices=d, env=env, threads=threads,
-                                                log_file=out / f"rpc-server-{i}.log")
-                             for i, d in enumerate(rung.rpc_servers)])
-        env = {**env, "CUDA_VISIBLE_DEVICES": ""}
-    extra = [*topo.server_args(), "-ngl", "999"] if topo else []
+    if mode.rpc:  # the GPUs belong to the rpc-servers; llama-server and llama-perplexity get none (unless
+        # rpc_front_gpu: the front keeps the rung's GPUs, as a host with its own GPU plus rpc-servers)
+        topo = rpc.Topology([rpc.LocalRpcServer(b[rpc.RPC_SERVER], devices=d,
+                                                env={**env, **(rung.rpc_env[i] if rung.rpc_env else {})},
+                                                threads=threads, log_file=out / f"rpc-server-{i}.log")
+                             for i, d in enumerate(rung.rpc_servers)],
+                            link=shaper.parse_link(rung.rpc_link) if rung.rpc_link else None)
+        if not rung.rpc_front_gpu:
+            env = {**env, "CUDA_VISIBLE_DEVICES": ""}
+        elif mode.uses_bridge:  # an rpc mode's bridge selector is the rpc-servers'; the front is validated as off
+            env = {**env, modes.BRIDGE: "0"}
+    extra: list[str] = []
     try:
         if topo:
             topo.start(rpc.expected_version(server_bin))
+            extra = [*topo.server_args(), "-ngl", "999"]  # the shapers' ends exist once started
         port = serve.free_port()
         sargs = ["-m", str(model_path), "--host", "127.0.0.1", "--port", str(port), "-c", str(rung.server_ctx()),
                  "-np", "1", "--no-webui", "--metrics", *_common_args(rung, threads), *extra, *rung.server_args]
@@ -186,6 +194,7 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
         if topo:
             topo.stop()
             res.rpc_servers = {str(s.endpoint): s.info() for s in topo.local}
+            res.links = topo.link_stats()
     res.wall_s = time.monotonic() - t0
     return res
 
@@ -242,7 +251,10 @@ def run_rung(rung: Rung, ladder: Ladder, bins: Binaries, vocab: Path, cache_dir:
             v = validate_mode(front, dataclasses.replace(rung, devices=mode.devices, virtual_devices=None)
                               if mode.devices else rung, mr.logs, mr.metrics)
             if mode.rpc:
-                r = validate_rpc(mode, mr.rpc_servers)
+                r = validate_rpc(mode, mr.rpc_servers, rung, mr.links)
+                if rung.rpc_front_gpu:
+                    r["problems"] += validate_front(rung, mr.logs)
+                    r["ok"] = not r["problems"]
                 v.update(ok=v["ok"] and r["ok"], problems=v["problems"] + r["problems"],
                          notes=v["notes"] + r["notes"], rpc=r["servers"])
             entry["validity"] = v

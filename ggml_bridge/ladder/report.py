@@ -92,7 +92,10 @@ def markdown_report(rep: dict[str, Any]) -> str:
                             f" copy_tensor={c.get('rpc_copy_tensor', '-')} set/get MiB="
                             f"{c.get('rpc_set_tensor_bytes', 0) / 2**20:.1f}/{c.get('rpc_get_tensor_bytes', 0) / 2**20:.1f}"
                             + (f" bridge={'on' if srv['bridge_enabled'] else 'off'} "
-                               f"boundaries={c.get('bridge_boundaries', '-')}" if c.get("bridge") else ""))
+                               f"boundaries={c.get('bridge_boundaries', '-')}" if c.get("bridge") else "")
+                            + (f" link {srv['link']['link']}: up/down MiB={srv['link']['up']['bytes'] / 2**20:.2f}/"
+                               f"{srv['link']['down']['bytes'] / 2**20:.2f}" if srv.get("link") else ""))
+            mech += [n for n in v.get("notes", []) if n.startswith("rpc-server")]  # e.g. the bridge proven idle
             if m.get("error"):
                 mech.append(f"ERROR: {m['error'].splitlines()[0]}")
             mech += v.get("problems", [])

@@ -50,6 +50,10 @@ class Rung:
     timeout: float = 1800.0
     perplexity: bool = True
     rpc_servers: list[list[str]] = field(default_factory=list)  # device lists of the rpc-* modes' servers
+    rpc_env: list[dict[str, str]] = field(default_factory=list)  # per rpc-server extra environment (same order)
+    rpc_front_gpu: bool = False         # rpc-* modes: llama-server keeps the rung's GPUs (else it gets none)
+    rpc_link: str | None = None         # rpc-* modes: a shaped link RATE/DELAY to each rpc-server (shaper.py)
+    require_boundaries: bool = True     # bridge modes on a multi-device rung: the counters must show boundaries
 
     @property
     def n_devices(self) -> int:
@@ -148,6 +152,24 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
     if any(MODES[m].rpc for m in r.modes) and not r.rpc_servers:
         raise LadderSetupError(f"{where} ({r.name}): rpc-* modes need rpc_servers (one device list per server)",
                                fix='e.g. rpc_servers = [["CPU"], ["CPU"]]')
+    rpc_like = f"{where} ({r.name})"
+    if r.rpc_env:
+        envs = _as_list(r.rpc_env)
+        if len(envs) != len(r.rpc_servers) or not all(isinstance(e, dict) for e in envs):
+            raise LadderSetupError(f"{rpc_like}: rpc_env needs one table per rpc-server ({len(r.rpc_servers)})",
+                                   fix='e.g. rpc_env = [{ GGML_CUDA_DEVICES = "2" }]')
+        r.rpc_env = [{str(k): str(v) for k, v in e.items()} for e in envs]
+    if (r.rpc_env or r.rpc_front_gpu or r.rpc_link) and not any(MODES[m].rpc for m in r.modes):
+        raise LadderSetupError(f"{rpc_like}: rpc_env, rpc_front_gpu and rpc_link need rpc-* modes")
+    if r.rpc_front_gpu and r.devices <= 0:
+        raise LadderSetupError(f"{rpc_like}: rpc_front_gpu needs devices >= 1")
+    if r.rpc_link is not None:
+        from ..shaper import parse_link
+
+        try:
+            r.rpc_link = str(parse_link(str(r.rpc_link)))
+        except UsageError as e:
+            raise LadderSetupError(f"{rpc_like}: rpc_link: {e.what}", fix=e.fix) from None
     r.server_args = [str(a) for a in r.server_args]
     r.perplexity_args = [str(a) for a in r.perplexity_args]
     r.env = {str(k): str(v) for k, v in r.env.items()}

@@ -79,11 +79,14 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
             for p in on:
                 if logs[p].bridge.mode != want_mode:
                     problems.append(f"{p}: bridge mode {logs[p].bridge.mode}, expected {want_mode}")
-            if rung.multi_device:
+            if rung.multi_device and rung.require_boundaries:
                 if not bridge_stats:
                     problems.append("no bridge stats line (printed when the last CUDA backend is freed)")
                 elif tot(bridge_stats, "boundaries") <= 0:
                     problems.append("bridge counters show no boundary crossed (boundaries=0) on a multi-device rung")
+            if rung.multi_device and not rung.require_boundaries:
+                notes.append(f"bridge engaged, {tot(bridge_stats, 'boundaries')} boundaries counted (the rung "
+                             "does not require any: its split copies between devices on another path)")
             if expect == "either":
                 notes.append("bridge engaged")
         elif state == "inactive" and expect in ("inactive", "either"):
@@ -139,16 +142,34 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
     return {"ok": not problems, "problems": problems, "notes": notes, **summary}
 
 
-def validate_rpc(mode: Mode, servers: dict[str, logparse.RpcServerInfo]) -> dict[str, Any]:
-    """The rpc-servers of an rpc-* mode: each computed graphs (counters), and in rpc-bridge each one owning
-    two or more GPUs carried copies through the bridge."""
+def validate_rpc(mode: Mode, servers: dict[str, logparse.RpcServerInfo], rung: Rung | None = None,
+                 links: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The rpc-servers of an rpc-* mode. Each computed graphs (counters) on the devices the rung gave it; one that
+    owns two or more devices carried the boundary between them as RPC_CMD_COPY_TENSOR (else the rung did not
+    exercise what it is about), through the bridge in a bridge mode (engaged in the mode asked for, boundaries
+    counted); one with a single GPU proves the bridge idle (no boundary counted) and says so; with a shaped link
+    (``rung.rpc_link``) bytes crossed it both ways."""
     problems: list[str] = []
     notes: list[str] = []
     summary: dict[str, Any] = {}
-    for ep, info in servers.items():
+    wanted = list(rung.rpc_servers) if rung is not None else []
+    for i, (ep, info) in enumerate(servers.items()):
         gpus = [d for d in info.devices if d.startswith("CUDA")]
         c = info.latest
-        summary[ep] = {"devices": info.devices, "counters": c, "bridge_enabled": info.bridge.enabled}
+        summary[ep] = {"devices": info.devices, "counters": c, "bridge_enabled": info.bridge.enabled,
+                       "bridge_mode": info.bridge.mode}
+        if links and ep in links:
+            summary[ep]["link"] = links[ep]
+            up, down = links[ep]["up"]["bytes"], links[ep]["down"]["bytes"]
+            if up <= 0 or down <= 0:
+                problems.append(f"rpc-server {ep}: nothing crossed its shaped link {links[ep]['link']} "
+                                f"(up {up} B, down {down} B)")
+            else:
+                notes.append(f"rpc-server {ep}: {up} B up and {down} B down through the shaped link "
+                             f"{links[ep]['link']}")
+        if i < len(wanted) and info.devices and len(info.devices) != len(wanted[i]):
+            problems.append(f"rpc-server {ep}: given devices {','.join(wanted[i])} but it serves "
+                            f"{','.join(info.devices)}")
         if not VARIANTS[mode.variant].patched:
             if info.state is not None or info.bridge.seen:
                 problems.append(f"rpc-server {ep}: the upstream binary printed patch lines")
@@ -161,20 +182,52 @@ def validate_rpc(mode: Mode, servers: dict[str, logparse.RpcServerInfo]) -> dict
             continue
         if c.get("rpc_graph_compute", 0) <= 0:
             problems.append(f"rpc-server {ep}: computed no graph (rpc_graph_compute=0): the model did not use it")
+        if len(info.devices) > 1 and c.get("rpc_copy_tensor", 0) <= 0:
+            problems.append(f"rpc-server {ep}: owns {len(info.devices)} devices but served no RPC_CMD_COPY_TENSOR "
+                            "(rpc_copy_tensor=0): no boundary between them was exercised")
         if not mode.uses_bridge:
             if info.bridge.enabled:
                 problems.append(f"rpc-server {ep}: bridge enabled in mode {mode.name} (selector 0)")
         elif len(gpus) > 1:
             v = engaged(BRIDGE, info.bridge)
+            want_mode = BRIDGE_VALUES[mode.bridge or "off"]
             if not v.engaged:
                 problems.append(f"rpc-server {ep}: bridge not engaged on its {len(gpus)} GPUs ("
                                 + (f"inactive: {v.reason}" if v.reason else "no bridge line") + ")")
+            elif info.bridge.mode != want_mode:
+                problems.append(f"rpc-server {ep}: bridge mode {info.bridge.mode}, expected {want_mode}")
             elif not c.get("bridge"):
                 problems.append(f"rpc-server {ep}: the CUDA registry exports no bridge counters "
                                 "(0001 without ggml_backend_cuda_mapped_host_bridge_counters)")
             elif c.get("bridge_boundaries", 0) <= 0:
                 problems.append(f"rpc-server {ep}: bridge engaged but bridge_boundaries=0 "
                                 f"(rpc_copy_tensor={c.get('rpc_copy_tensor', 0)})")
+            else:
+                notes.append(f"rpc-server {ep}: bridge engaged (mode {info.bridge.mode}) on {len(gpus)} GPUs: "
+                             f"bridge_boundaries={c['bridge_boundaries']} bridge_bytes={c.get('bridge_bytes', 0)} "
+                             f"rpc_copy_tensor={c.get('rpc_copy_tensor', 0)}")
         else:
-            notes.append(f"rpc-server {ep}: {len(gpus) or 'no'} GPU, nothing for the bridge inside it")
+            crossed = c.get("bridge_boundaries", 0)
+            if crossed > 0:
+                problems.append(f"rpc-server {ep}: {len(gpus) or 'no'} GPU, yet its bridge counted "
+                                f"{crossed} boundaries")
+            else:
+                said = (f"it says: inactive: {info.bridge.inactive_reason}" if info.bridge.inactive_reason
+                        else "enabled, nothing routed" if info.bridge.enabled else "no bridge line")
+                notes.append(f"rpc-server {ep}: bridge idle, as it must be with {len(gpus) or 'no'} GPU "
+                             f"({said}; bridge_boundaries=0): every boundary of this topology crosses TCP")
     return {"ok": not problems, "problems": problems, "notes": notes, "servers": summary}
+
+
+def validate_front(rung: Rung, logs: dict[str, logparse.LogInfo]) -> list[str]:
+    """rpc_front_gpu: every front process (llama-server, llama-perplexity) put layers on its own GPU and on the
+    rpc-servers (else the topology under test did not happen); problems, one per process."""
+    problems = []
+    for proc, info in logs.items():
+        local = [d for d in info.devices if not d.startswith("RPC")]
+        remote = [d for d in info.devices if d.startswith("RPC")]
+        if not local or not remote:
+            problems.append(f"{proc}: the rung keeps a GPU in front of the rpc-servers, but the model sits on "
+                            f"{', '.join(info.devices) or 'no device the log names'}")
+    return problems
+

@@ -5,21 +5,27 @@
 #   2. the series' test programs (bridge on 2 GPUs, rejected selector values; batched transfers);
 #   3. CUDA ladder rungs (ladders/cuda.toml), the most telling first, one report each;
 #   4. `ggml-bridge bench` suites (bridge vs upstream P2P / NO_PEER_COPY on 2 GPUs, batched on 1 GPU);
-#   5. the RPC rungs;
+#   5. the RPC rungs (2+ GPUs: ladders/cuda.toml's; one GPU: the one-GPU topologies of ladders/cuda-1gpu.toml);
+#   6. on any GPU count: rpc1 (RPC topologies of one GPU), split1 (-sm row / tensor with the bridge forced on
+#      virtual devices), link (bench suite rpc-link: rpc-servers behind shaped 10/25 Gbit/s links), serve-rpc
+#      (the launcher's RPC mode: serve --rpc-local-devices ... --rpc-local-only, --check and serving);
 # each step only when the time left (BUDGET seconds from the start) allows it, so that a short call still returns
 # complete reports of what it ran. $OUT gets summary.txt and results.tar.gz (every report, log and manifest).
 #
 # Carry (git-ignored, see scripts/gpu/README.md): .carry/<sdist named in pin.toml> and .whl/ (gitpython, gitdb,
 # smmap, gguf wheels for Python 3.12).
 # Usage, from the repository root:  OUT=/tmp/out BUDGET=560 bash scripts/gpu/prove.sh [STEP ...]
-#   STEP: build tests ladder bench rpc ladder-rest (default: all, in this order)
+#   STEP: build tests ladder bench rpc rpc1 split1 link serve-rpc ladder-rest (default: build tests ladder bench rpc
+#   ladder-rest; steps run in this order whatever the order given); RPC1_RUNGS="R ..." narrows rpc1
+# The cache (builds, models) is .cache-gpu/ in the checkout (git-ignored): a second call on the same machine finds
+# the first call's builds there (`build` then says "up to date"), so a long proof can be split over several calls.
 set -uo pipefail
+repo=$(pwd)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export GGML_BRIDGE_CACHE_DIR=${GGML_BRIDGE_CACHE_DIR:-/tmp/gb-cache}
+export GGML_BRIDGE_CACHE_DIR=${GGML_BRIDGE_CACHE_DIR:-$repo/.cache-gpu}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-580}
 STEPS=${*:-build tests ladder bench rpc ladder-rest}
-repo=$(pwd)
 
 log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/summary.txt"; }
 left() { echo $((BUDGET - SECONDS)); }
@@ -101,11 +107,11 @@ fi
 
 # one ladder report per rung, so that a rung cut short by the budget leaves the others' reports whole
 ladder_rung() {
-    local r=$1 need=$2
-    step "ladder-$r" "$need" 200 "${gb[@]}" ladder --ladder "$ladder_file" --rung "$r" --vocab "$vocab" \
-        "${bins[@]}" --report "$OUT/ladder/$r"
-    grep -E "^\[|==> ladder" "$OUT/ladder-$r.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
-    rm -f "$OUT"/ladder/"$r"/*.bin 2>/dev/null
+    local r=$1 need=$2 name=${3:-$1}   # name: the report's (a rung of another ladder file may share the name)
+    step "ladder-$name" "$need" 200 "${gb[@]}" ladder --ladder "$ladder_file" --rung "$r" --vocab "$vocab" \
+        "${bins[@]}" --report "$OUT/ladder/$name"
+    grep -E "^\[|==> ladder" "$OUT/ladder-$name.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
+    rm -f "$OUT"/ladder/"$name"/*.bin 2>/dev/null
 }
 if want ladder; then
     for r in $first_rungs; do ladder_rung "$r" 45; done
@@ -124,8 +130,40 @@ if want bench; then
     bench_suite batched 45 45 --suite batched --rounds 10
 fi
 
+# the one-GPU topologies run from ladders/cuda-1gpu.toml on any machine (its rungs use one GPU)
+one_gpu_rung() {
+    local saved=$ladder_file; ladder_file=ladders/cuda-1gpu.toml; ladder_rung "$1" "$2" "1gpu-$1"; ladder_file=$saved
+}
 if want rpc && [ "$ngpu" -ge 2 ]; then
     for r in rpc1x2gpu-small-ub512 rpc2x1gpu-small-ub512; do ladder_rung "$r" 40; done
+fi
+# RPC1_RUNGS chooses among them (e.g. to split them over two calls)
+rpc1_rungs=${RPC1_RUNGS:-rpc1x2virt-small-ub512 rpc2x1gpu-small-ub512 rpcfront-small-ub512 rpcfront-shaped-small-ub512 rpc1x2virt-1b-ub512}
+if want rpc1 || { want rpc && [ "$ngpu" -lt 2 ]; }; then
+    for r in $rpc1_rungs; do one_gpu_rung "$r" 45; done
+fi
+if want split1; then
+    for r in 2virt-row-small-ub512 2virt-tensor-small-ub512; do one_gpu_rung "$r" 40; done
+fi
+if want link; then
+    # rpc-servers behind shaped links (10/25 Gbit/s, 0.1-0.5 ms) against the local run: pp512, pp4096, tg128;
+    # the report's bench.json is what scripts/paper_model.py --bench checks the scale model against
+    bench_suite rpc-link 90 150 --suite rpc-link --rounds 3
+    grep -E "shaper_ceiling|bounded_by_shaper" -A0 "$OUT/bench/rpc-link/bench.json" | tee -a "$OUT/summary.txt"
+    python3 scripts/paper_model.py --bench "$OUT/bench/rpc-link/bench.json" --shape bench-1b > "$OUT/bench/rpc-link/predicted-vs-measured.md" 2>&1 \
+        && tee -a "$OUT/summary.txt" < "$OUT/bench/rpc-link/predicted-vs-measured.md"
+fi
+if want serve-rpc; then
+    # the launcher's RPC mode on the GPU: one rpc-server owning two virtual devices, llama-server without a GPU;
+    # --check (engagement from the rpc-server's counters), then serving: greedy completions against the local server
+    python3 -c "from ggml_bridge.model import write_model; import sys; write_model('/tmp/small.gguf', 'small', 1, sys.argv[1])" \
+        "$vocab" > /dev/null 2>&1
+    step serve-rpc-check 20 90 env GGML_CUDA_DEVICES=2 "${gb[@]}" serve --check --bridge force --server "$pbin/llama-server" \
+        --rpc-local-devices CUDA0,CUDA1 --rpc-local-only -- -m /tmp/small.gguf -ngl 99 --port 18080
+    grep -E "ggml-bridge:" "$OUT/serve-rpc-check.txt" | tail -n 8 | tee -a "$OUT/summary.txt"
+    step serve-rpc-greedy 30 120 env GGML_CUDA_DEVICES=2 python3 scripts/gpu/serve_rpc_greedy.py --server "$pbin/llama-server" \
+        --model /tmp/small.gguf --out "$OUT/serve-rpc"
+    tail -n 3 "$OUT/serve-rpc-greedy.txt" | tee -a "$OUT/summary.txt"
 fi
 
 if want ladder-rest; then

@@ -70,7 +70,8 @@ def test_real_rpc_server_rejects_a_bad_interval(tmp_path, monkeypatch):
 
 
 def test_real_rpc_cpu_ladder_is_byte_identical(tmp_path):
-    """ladders/rpc-cpu.toml: two localhost rpc-servers vs the local run, logits and responses identical."""
+    """ladders/rpc-cpu.toml: two localhost rpc-servers vs the local run, logits and responses identical; one rung
+    again through a shaped link to each server."""
     bd, vocab = _real()
     p = argparse.ArgumentParser()
     ladder.add_arguments(p)
@@ -88,6 +89,13 @@ def test_real_rpc_cpu_ladder_is_byte_identical(tmp_path):
         assert len(servers) == 2
         for s in servers.values():
             assert s["counters"]["rpc_graph_compute"] > 0 and s["counters"]["rpc_set_tensor_bytes"] > 0
+            if r["name"].startswith("rpc2-tiny-shaped"):  # through the shaper (ggml_bridge/shaper.py), both ways
+                assert s["link"]["link"] == "1gbit/0.2ms"
+                assert s["link"]["up"]["bytes"] > s["counters"]["rpc_set_tensor_bytes"] > 0
+                assert s["link"]["down"]["bytes"] > 0
+            else:
+                assert "link" not in s
+    assert any(r["name"].startswith("rpc2-tiny-shaped") for r in rep["rungs"])
 
 
 def _serve_proc(args, env_extra=None):
@@ -139,3 +147,24 @@ def test_real_serve_rpc_local_then_an_rpc_server_killed(tmp_path):
     assert f"(pid {pids[1]}) killed by signal 9" in err
     server_pid = next(int(x.split("pid ")[1].split(")")[0]) for x in err.splitlines() if "llama-server ready in" in x)
     assert not any(_alive(x) for x in pids + [server_pid])
+
+
+def test_real_serve_rpc_link_check_and_greedy_against_local(tmp_path):
+    """serve --check --rpc-local 2 --rpc-link: bytes through both shapers at start-up; then
+    scripts/gpu/serve_rpc_greedy.py (the GPU proof's serve-rpc step) on CPU: the launcher's RPC mode serving greedy
+    requests identical to the local server's."""
+    bd, vocab = _real()
+    m = model.ensure_model(tmp_path, "small", 1, vocab)
+    p = _serve_proc(["--check", "--server", bd / "llama-server", "--rpc-local", "2", "--rpc-link", "10gbit/0.2ms",
+                     "-m", m, "--port", serve.free_port(), "-ngl", "99", "--no-repack", "-t", "1"])
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    assert err.count("ggml-bridge: shaped link 10gbit/0.2ms to ggml-rpc-server on 127.0.0.1:") == 2
+    assert "(shaped: 10gbit/0.2ms)" in err
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "serve_rpc_greedy.py"), "--server",
+                        str(bd / "llama-server"), "--model", str(m), "--out", str(tmp_path / "g"), "--devices", "CPU",
+                        "--server-arg=--no-repack", "--server-arg=-t", "--server-arg=1"],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    res = json.loads((tmp_path / "g" / "result.json").read_text())
+    assert res["identical"] == res["requests"] == 3 and res["rpc_bytes"] > 1000

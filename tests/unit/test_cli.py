@@ -153,7 +153,8 @@ def test_stage_module_is_imported_lazily_and_delegated(cli_env: list[str], capsy
 def test_every_command_parses_the_same_way(capsys: pytest.CaptureFixture[str]) -> None:
     """One registry: each command's -h comes from its own parser (stage modules included), and only a
     passthrough command collects unknown arguments."""
-    assert list(cli.COMMANDS) == ["fetch", "patch", "build", "sdist", "wheel", "serve", "ladder", "rebase", "bench"]
+    assert list(cli.COMMANDS) == ["fetch", "patch", "build", "sdist", "wheel", "serve", "ladder", "rebase", "bench",
+                                 "shape"]
     for name in ("build", "rebase"):
         assert cli.main([name, "--help"]) == 0
         out = capsys.readouterr().out

@@ -18,13 +18,14 @@ FLOORS: list[set[str]] = [
     # the log-line parser and the one engagement decision
     {"runner", "modes", "config", "pin"},  # the subprocess runner; the table of variants, selectors and modes;
     # the settings and the pin
-    {"cache"},  # the cache primitives
+    {"cache", "shaper"},  # the cache primitives; the loopback link shaper
     {"fetch", "model", "ui"},  # upstream trees, the GGUF writer, the web UI assets
     {"patch"},  # the series applied to a tree
     {"build"},  # CMake + Ninja builds; the installed-wheel lookup
     {"wheel", "rebase"},  # the server distribution; moving the series onto another upstream
     {"rpc"},  # ggml-rpc-server topologies
-    {"serve", "radar"},  # the launcher; the rebase check of every newer build
+    {"serve", "radar", "netbench"},  # the launcher; the rebase check of every newer build; rpc cases over shaped
+    # links for the bench
     {"bench", "ladder"},  # the measurements and the proof ladder, which launch servers and rpc-servers
     {"cli", "__main__"},  # the command line: imports anything
 ]

@@ -14,29 +14,9 @@ import pytest
 from ggml_bridge import ladder, logparse, model
 from ggml_bridge.errors import LadderSetupError
 
-from helpers import real_vocab, write_fake_bin, write_ladder
+from helpers import make_vocab, real_vocab, write_fake_bin, write_ladder
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def make_vocab(path: Path) -> Path:
-    """A small llama-spm-like vocabulary GGUF (no tensors): specials, bytes-free, the ladder's words."""
-    import gguf
-
-    tokens = ["<unk>", "<s>", "</s>"] + ["\u2581" + w for w in ladder.WORDS] + list("abcdefghijklmnopqrstuvwxyz.") + ["\u2581"]
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * 3 + [-float(i) for i in range(len(tokens) - 3)])
-    w.add_token_types([2, 3, 3] + [1] * (len(tokens) - 3))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    return path
 
 
 MICRO = 'shape = { name = "micro", n_embd = 32, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 64, n_ctx_train = 512 }'

@@ -315,8 +315,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BANNER = "Starting RPC server v7.0.0\nDevices:\n"
 STATE = ("ggml_bridge_rpc: state: endpoint=127.0.0.1:5 pid=1 GGML_CUDA_MAPPED_HOST_BRIDGE=1 "
          "bridge_counters=available counters_on=SIGUSR1 interval_s=0\n")
-BR_ON = ("ggml_cuda_mapped_host_bridge: enabled (mode 1), 4 slots x 64 MiB mapped pinned host memory, chunk 1024 KiB,"
-         " 2 of 2 device pairs routed\n")
+BR_ON = ("ggml_cuda_mapped_host_bridge: enabled (mode auto), 4 slots x 64 MiB pinned host memory (pinned at the first"
+         " routed copy), chunks by boundary size, 2 of 2 device pairs routed\n")
 
 
 def _srv(devs, *lines):
@@ -362,7 +362,7 @@ def test_validate_rpc():
     idle = ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], STATE, cnt.format(g=0, b=0))})
     assert "computed no graph" in idle["problems"][0]
     one = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0"], STATE, cnt.format(g=2, b=0))})
-    assert one["ok"] and "nothing for the bridge inside it" in one["notes"][0]
+    assert one["ok"] and "bridge idle, as it must be with 1 GPU" in one["notes"][0]
     assert not ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], cnt.format(g=2, b=0))})["ok"]  # no state line
     assert not ladder.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"], STATE)})["ok"]  # patch lines upstream
     assert ladder.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"])})["ok"]
