@@ -7,7 +7,7 @@ them side by side, ``serve --bridge/--batched`` sets the same selectors.
 
 Mode names say what they set: ``upstream*`` run the unpatched build, ``off`` the patched one with both
 selectors 0, ``bridge`` = ``GGML_CUDA_MAPPED_HOST_BRIDGE=1``, ``bridge-force`` = ``force``, ``batched`` =
-``SAM3D_BATCHED_TRANSFERS=1``, ``*-p2p`` add ``GGML_CUDA_P2P=1`` (peer access enabled), ``rpc-*`` put the model
+``LLAMA_BATCHED_TRANSFERS=1``, ``*-p2p`` add ``GGML_CUDA_P2P=1`` (peer access enabled), ``rpc-*`` put the model
 on local ``ggml-rpc-server`` processes. Older names are accepted with a deprecation note (:data:`ALIASES`);
 ``both`` meant bridge=force in the ladder and bridge=1 in the bench, so it is refused with both new names.
 """
@@ -27,8 +27,9 @@ BRIDGE_CHUNK_KIB = "GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB"   # 64..65536
 BRIDGE_STRATEGY = "GGML_CUDA_MAPPED_HOST_BRIDGE_STRATEGY"     # stream|dual
 BRIDGE_STATS = "GGML_CUDA_MAPPED_HOST_BRIDGE_STATS"           # 0|1: stats line at teardown
 BRIDGE_TRACE = "GGML_CUDA_MAPPED_HOST_BRIDGE_TRACE"           # 0|1: one line per routed slot span
-BATCHED = "SAM3D_BATCHED_TRANSFERS"                           # 0|1
-BATCHED_STATS = "SAM3D_BATCHED_TRANSFERS_STATS"               # 0|1: stats line at context teardown
+BATCHED = "LLAMA_BATCHED_TRANSFERS"                           # 0|1 (its stats line comes at teardown when 1)
+#: the CMake switches that compile the mechanisms in (the bridge's switch is named like its selector)
+BATCHED_CMAKE = "SAM3D_BATCHED_TRANSFERS"
 RPC_STATS_INTERVAL = "GGML_BRIDGE_RPC_STATS_INTERVAL"         # seconds between ggml-rpc-server counter lines
 #: upstream's own variables the modes and suites set
 CUDA_P2P = "GGML_CUDA_P2P"                                    # 1: enable peer access between the GPUs
@@ -40,7 +41,7 @@ BRIDGE_VALUES = {"on": "1", "off": "0", "force": "force"}
 BATCHED_VALUES = {"on": "1", "off": "0"}
 #: both selectors 0, and both counters on
 SELECTORS_OFF = {BRIDGE: "0", BATCHED: "0"}
-STATS_ON = {BRIDGE_STATS: "1", BATCHED_STATS: "1"}
+STATS_ON = {BRIDGE_STATS: "1"}
 
 
 def selector_env(bridge: str | None, batched: str | None, *, stats: bool = True) -> dict[str, str]:
@@ -71,7 +72,7 @@ class Variant:
 
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant("patched", True, {BRIDGE: "ON", BATCHED: "ON"}, "patched",
+    Variant("patched", True, {BRIDGE: "ON", BATCHED_CMAKE: "ON"}, "patched",
             "our series applied, both mechanisms compiled in"),
     Variant("upstream", False, {}, "upstream", "no patches: the reference for 'the patches change nothing'"),
     Variant("upstream-nopeer", False, {"GGML_CUDA_NO_PEER_COPY": "ON"}, "nopeer",
@@ -130,11 +131,11 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("bridge-force", "patched", "force", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force"),
     Mode("bridge-force-p2p", "patched", "force", "off",
          "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force with peer access enabled", p2p=True),
-    Mode("batched", "patched", "off", "on", "patched, SAM3D_BATCHED_TRANSFERS=1"),
+    Mode("batched", "patched", "off", "on", "patched, LLAMA_BATCHED_TRANSFERS=1"),
     Mode("bridge-batched", "patched", "on", "on",
-         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 and SAM3D_BATCHED_TRANSFERS=1"),
+         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=1 and LLAMA_BATCHED_TRANSFERS=1"),
     Mode("bridge-force-batched", "patched", "force", "on",
-         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force and SAM3D_BATCHED_TRANSFERS=1"),
+         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force and LLAMA_BATCHED_TRANSFERS=1"),
     # typos: the bridge stays off and says so in every process, also past llama.cpp's fitting probe (-fit)
     Mode("bridge-typo", "patched", None, "off", f"patched, invalid {BRIDGE}=yes and {BRIDGE_CHUNK_KIB}=abc",
          rejected=((BRIDGE, "yes"), (BRIDGE_CHUNK_KIB, "abc"))),

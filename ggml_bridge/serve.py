@@ -3,8 +3,8 @@
 ``ggml-bridge serve [--bridge on|off|force] [--batched on|off] [--] <llama-server args>``
 
 The selectors are environment variables read by the patched build (docs/DESIGN.md):
-``GGML_CUDA_MAPPED_HOST_BRIDGE`` = 0|1|force and ``SAM3D_BATCHED_TRANSFERS`` = 0|1, plus their ``*_STATS=1``
-switches so counters are printed at teardown. The launcher streams the server log, waits for ``/health``
+``GGML_CUDA_MAPPED_HOST_BRIDGE`` = 0|1|force (plus ``*_STATS=1``) and ``LLAMA_BATCHED_TRANSFERS`` = 0|1 (its
+counters come at teardown whenever it is 1), so counters are printed at teardown. The launcher streams the server log, waits for ``/health``
 and the server's "listening" line, then reads the bridge/batched lines (regexes in :mod:`logparse`):
 
 * bridge requested and engaged: says so, with its slot count;
@@ -37,7 +37,7 @@ from .runner import log
 
 # the selectors and their values are defined once, in modes.py
 BRIDGE_VAR, BRIDGE_STATS_VAR = modes.BRIDGE, modes.BRIDGE_STATS
-BATCHED_VAR, BATCHED_STATS_VAR = modes.BATCHED, modes.BATCHED_STATS
+BATCHED_VAR = modes.BATCHED
 BRIDGE_VALUES, BATCHED_VALUES = modes.BRIDGE_VALUES, modes.BATCHED_VALUES
 selector_env = modes.selector_env
 
