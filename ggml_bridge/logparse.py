@@ -39,7 +39,8 @@ BATCHED_INACTIVE = re.compile(BATCHED + r": inactive: (?P<reason>.*?)\s*$")
 BATCHED_STATS_KEYS = ("graphs", "declined_graphs", "async_uploads", "async_downloads", "sync_uploads", "sync_downloads",
                       "upstream_uploads", "upstream_downloads", "bytes_up", "bytes_down", "fallbacks", "pool_waits",
                       "pool_drains")
-BATCHED_STATS = re.compile(BATCHED + r": stats: (?P<kv>" + " ".join(rf"{k}=\d+" for k in BATCHED_STATS_KEYS) + ")")
+# (later keys, e.g. the adaptive policy's probe_graphs, classes_staged, classes_upstream, are parsed too)
+BATCHED_STATS = re.compile(BATCHED + r": stats: (?P<kv>" + " ".join(rf"{k}=\d+" for k in BATCHED_STATS_KEYS) + r"(?: \w+=\d+)*)")
 
 _KV = re.compile(r"(\w+)=(\d+)")
 

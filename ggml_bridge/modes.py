@@ -8,7 +8,7 @@ them side by side, ``serve --bridge/--batched`` sets the same selectors.
 Mode names say what they set: ``upstream*`` run the unpatched build, ``off`` the patched one with both
 selectors 0, ``bridge`` = ``GGML_CUDA_MAPPED_HOST_BRIDGE=auto`` (the recommended setting: the bridge wherever peer
 access is not enabled), ``bridge-force`` = ``force``, ``batched`` =
-``SAM3D_BATCHED_TRANSFERS=1``, ``*-p2p`` add ``GGML_CUDA_P2P=1`` (peer access enabled), ``rpc-*`` put the model
+``LLAMA_BATCHED_TRANSFERS=1``, ``*-p2p`` add ``GGML_CUDA_P2P=1`` (peer access enabled), ``rpc-*`` put the model
 on local ``ggml-rpc-server`` processes. Older names are accepted with a deprecation note (:data:`ALIASES`);
 ``both`` meant bridge=force in the ladder and bridge=1 in the bench, so it is refused with both new names.
 """
@@ -24,8 +24,9 @@ from .runner import log
 # --- selectors (environment variables the patched build reads) --------------------------------------------
 
 BRIDGE = "GGML_CUDA_MAPPED_HOST_BRIDGE"                       # 0|1|auto|force (its only setting; stats line always)
-BATCHED = "SAM3D_BATCHED_TRANSFERS"                           # 0|1
-BATCHED_STATS = "SAM3D_BATCHED_TRANSFERS_STATS"               # 0|1: stats line at context teardown
+BATCHED = "LLAMA_BATCHED_TRANSFERS"                           # 0|1 (its stats line comes at teardown when 1)
+#: the CMake switches that compile the mechanisms in (the bridge's switch is named like its selector)
+BATCHED_CMAKE = "SAM3D_BATCHED_TRANSFERS"
 RPC_STATS_INTERVAL = "GGML_BRIDGE_RPC_STATS_INTERVAL"         # seconds between ggml-rpc-server counter lines
 #: upstream's own variables the modes and suites set
 CUDA_P2P = "GGML_CUDA_P2P"                                    # 1: enable peer access between the GPUs
@@ -37,7 +38,8 @@ BRIDGE_VALUES = {"on": "1", "off": "0", "auto": "auto", "force": "force"}
 BATCHED_VALUES = {"on": "1", "off": "0"}
 #: both selectors 0, and both counters on
 SELECTORS_OFF = {BRIDGE: "0", BATCHED: "0"}
-STATS_ON = {BATCHED_STATS: "1"}
+#: no stats variables any more: both mechanisms print their stats line whenever they are on (issue 26)
+STATS_ON: dict[str, str] = {}
 
 
 def selector_env(bridge: str | None, batched: str | None, *, stats: bool = True) -> dict[str, str]:
@@ -78,7 +80,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant(UPSTREAM, False, {}, "upstream", "no patches: the reference for 'the patches change nothing'"),
     Variant(UPSTREAM_NOPEER, False, {"GGML_CUDA_NO_PEER_COPY": "ON"}, "nopeer",
             "no patches, GGML_CUDA_NO_PEER_COPY (synchronous copy through malloc; CUDA only)", cuda_only=True),
-    Variant(PATCHED, True, {BRIDGE: "ON", BATCHED: "ON"}, "patched",
+    Variant(PATCHED, True, {BRIDGE: "ON", BATCHED_CMAKE: "ON"}, "patched",
             "our series applied, both mechanisms compiled in"),
 )}
 
@@ -151,11 +153,11 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("bridge-force", "patched", "force", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force"),
     Mode("bridge-force-p2p", "patched", "force", "off",
          "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force with peer access enabled", p2p=True),
-    Mode("batched", "patched", "off", "on", "patched, SAM3D_BATCHED_TRANSFERS=1"),
+    Mode("batched", "patched", "off", "on", "patched, LLAMA_BATCHED_TRANSFERS=1"),
     Mode("bridge-batched", "patched", "auto", "on",
-         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=auto and SAM3D_BATCHED_TRANSFERS=1"),
+         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=auto and LLAMA_BATCHED_TRANSFERS=1"),
     Mode("bridge-force-batched", "patched", "force", "on",
-         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force and SAM3D_BATCHED_TRANSFERS=1"),
+         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force and LLAMA_BATCHED_TRANSFERS=1"),
     # typos: the bridge stays off and says so in every process, also past llama.cpp's fitting probe (-fit)
     Mode("bridge-typo", "patched", None, "off", f"patched, invalid {BRIDGE}=yes", rejected=((BRIDGE, "yes"),)),
     Mode("rpc-upstream", "upstream", None, None,

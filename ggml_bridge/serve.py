@@ -3,8 +3,8 @@
 ``ggml-bridge serve [--bridge on|off|force] [--batched on|off] [--] <llama-server args>``
 
 The selectors are environment variables read by the patched build (docs/DESIGN.md):
-``GGML_CUDA_MAPPED_HOST_BRIDGE`` = 0|1|force and ``SAM3D_BATCHED_TRANSFERS`` = 0|1, plus their ``*_STATS=1``
-switches so counters are printed at teardown. The launcher streams the server log, waits for ``/health``
+``GGML_CUDA_MAPPED_HOST_BRIDGE`` = 0|1|force (plus ``*_STATS=1``) and ``LLAMA_BATCHED_TRANSFERS`` = 0|1 (its
+counters come at teardown whenever it is 1), so counters are printed at teardown. The launcher streams the server log, waits for ``/health``
 and the server's "listening" line, then reads the bridge/batched lines (regexes in :mod:`logparse`):
 
 * bridge requested and engaged: says so, with its slot count;
@@ -40,7 +40,7 @@ from .runner import log
 
 # the selectors and their values are defined once, in modes.py
 BRIDGE_VAR = modes.BRIDGE
-BATCHED_VAR, BATCHED_STATS_VAR = modes.BATCHED, modes.BATCHED_STATS
+BATCHED_VAR = modes.BATCHED
 BRIDGE_VALUES, BATCHED_VALUES = modes.BRIDGE_VALUES, modes.BATCHED_VALUES
 selector_env = modes.selector_env
 
@@ -303,7 +303,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true",
                         help="start, confirm what engaged, stop and exit (0: confirmed)")
     parser.add_argument("--no-stats", action="store_true",
-                        help="do not set the *_STATS=1 selectors (no counters at teardown)")
+                        help="no effect since issue 26 (both mechanisms print their stats whenever on); accepted for old "
+                        "command lines")
     parser.add_argument("--startup-timeout", type=float, default=None, metavar="S",
                         help="seconds to wait for /health (default: [serve] startup_timeout of the config file, 600)")
     parser.add_argument("--server-log", type=Path, default=None, metavar="FILE",

@@ -6,7 +6,7 @@ cached: :mod:`model`), the devices, ubatch/batch sizes and the *modes* to compar
 (patched or upstream build) plus selector values:
 
 ==================== =========  ==============================  ========================
-mode                 binaries   GGML_CUDA_MAPPED_HOST_BRIDGE    SAM3D_BATCHED_TRANSFERS
+mode                 binaries   GGML_CUDA_MAPPED_HOST_BRIDGE    LLAMA_BATCHED_TRANSFERS
 ==================== =========  ==============================  ========================
 upstream             upstream   (unset)                         (unset)
 off                  patched    0                               0

@@ -109,7 +109,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
             if expect == "inactive":
                 problems.append("batched transfers engaged but the rung expects them inactive")
             if not batched_stats:
-                problems.append("no batched-transfers stats line (SAM3D_BATCHED_TRANSFERS_STATS=1 was set)")
+                problems.append("no batched-transfers stats line (LLAMA_BATCHED_TRANSFERS=1 prints it at teardown)")
             else:
                 # async_* count only what batching staged: token generation's inputs. Logits go to llama.cpp's
                 # pinned output buffer, which upstream already downloads asynchronously (upstream_downloads)

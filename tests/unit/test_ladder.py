@@ -353,7 +353,7 @@ def test_fake_gpu_ladder_requires_the_rejection_in_every_process(env, monkeypatc
 
 
 def test_fake_mismatch_exits_1_with_first_difference(env):
-    body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_PERTURB_WHEN = "SAM3D_BATCHED_TRANSFERS=1"')
+    body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_PERTURB_WHEN = "LLAMA_BATCHED_TRANSFERS=1"')
     rc, rep, md = run_ladder(env, body)
     r = rep["rungs"][0]
     assert rc == 1 and rep["status"] == "fail" and r["status"] == "mismatch"

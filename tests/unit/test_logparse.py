@@ -51,6 +51,23 @@ def test_batched_stats_keep_upstream_apart():
     assert logparse.parse([old]).batched.stats == []
 
 
+def test_batched_stats_with_the_adaptive_policy_counters():
+    """The adaptive decline's counters follow the stable keys and are parsed with them."""
+    line = ("llama_batched_transfers: stats: graphs=3 declined_graphs=8 async_uploads=6 async_downloads=0 sync_uploads=0 "
+            "sync_downloads=0 upstream_uploads=40 upstream_downloads=11 bytes_up=64 bytes_down=0 fallbacks=0 "
+            "pool_waits=0 pool_drains=0 probe_graphs=11 classes_staged=1 classes_upstream=2")
+    t = logparse.parse([line]).batched
+    assert t.total("declined_graphs") == 8 and t.total("probe_graphs") == 11
+    assert t.total("classes_staged") == 1 and t.total("classes_upstream") == 2
+
+
+def test_batched_enabled_line_adaptive():
+    line = ("llama_batched_transfers: enabled, pinned pool up to 32 MiB per process, staged or not per graph size by "
+            "measured host time (8 graphs per path and size)")
+    t = logparse.parse([line]).batched
+    assert t.enabled and t.pool_mib == 32 and t.max_tokens is None
+
+
 def test_batched_enabled_line_with_policy():
     line = ("llama_batched_transfers: enabled, pinned pool up to 32 MiB per process, graphs of up to 32 tokens staged "
             "(larger ones keep upstream's path)")

@@ -14,14 +14,14 @@ def test_mode_environments_say_what_their_names_say():
     env = {n: m.env(stats=False) for n, m in modes.MODES.items()}
     assert env["upstream"] == {} and env["rpc-upstream"] == {}
     assert env["upstream-p2p"] == {"GGML_CUDA_P2P": "1"}
-    assert env["off"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "0", "SAM3D_BATCHED_TRANSFERS": "0"}
+    assert env["off"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "0", "LLAMA_BATCHED_TRANSFERS": "0"}
     assert env["bridge"]["GGML_CUDA_MAPPED_HOST_BRIDGE"] == "auto"
-    assert env["bridge-force"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "SAM3D_BATCHED_TRANSFERS": "0"}
+    assert env["bridge-force"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "LLAMA_BATCHED_TRANSFERS": "0"}
     assert env["bridge-force-p2p"] == {**env["bridge-force"], "GGML_CUDA_P2P": "1"}
-    assert env["bridge-batched"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "auto", "SAM3D_BATCHED_TRANSFERS": "1"}
-    assert env["bridge-force-batched"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "SAM3D_BATCHED_TRANSFERS": "1"}
+    assert env["bridge-batched"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "auto", "LLAMA_BATCHED_TRANSFERS": "1"}
+    assert env["bridge-force-batched"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "LLAMA_BATCHED_TRANSFERS": "1"}
     assert env["bridge-typo"]["GGML_CUDA_MAPPED_HOST_BRIDGE"] == "yes"
-    assert modes.MODES["off"].env()["SAM3D_BATCHED_TRANSFERS_STATS"] == "1"
+    assert not any(k.endswith("_STATS") for m in modes.MODES.values() for k in m.env())
     assert not any(k.startswith("GGML_CUDA_MAPPED_HOST_BRIDGE_") for m in modes.MODES.values() for k in m.env())
     for name, m in modes.MODES.items():
         assert ("-p2p" in name) == m.p2p == ("GGML_CUDA_P2P" in env[name]), name

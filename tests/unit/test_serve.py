@@ -35,10 +35,10 @@ def srv_args(model, port):
 
 def test_selector_env():
     assert serve.selector_env("on", "off") == {
-        "GGML_CUDA_MAPPED_HOST_BRIDGE": "1", "SAM3D_BATCHED_TRANSFERS": "0", "SAM3D_BATCHED_TRANSFERS_STATS": "1"}
+        "GGML_CUDA_MAPPED_HOST_BRIDGE": "1", "LLAMA_BATCHED_TRANSFERS": "0"}
     assert serve.selector_env("auto", None, stats=False) == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "auto"}
     assert serve.selector_env("force", "on", stats=False) == {
-        "GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "SAM3D_BATCHED_TRANSFERS": "1"}
+        "GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "LLAMA_BATCHED_TRANSFERS": "1"}
     assert serve.selector_env(None, None, stats=False) == {}
     with pytest.raises(UsageError):
         serve.selector_env("yes", None)
