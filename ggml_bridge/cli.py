@@ -229,6 +229,12 @@ def cmd_build(args: argparse.Namespace, settings: config.Settings) -> int:
     from . import build
 
     variants = [v.strip() for v in (args.variant or settings.build.variant).split(",") if v.strip()]
+    if not variants:
+        raise UsageError(f"--variant {args.variant!r} names no variant", why="nothing would be built",
+                         fix=f"use one or more of {', '.join(config.VARIANTS)}, comma-separated")
+    unknown = [v for v in variants if v not in config.VARIANTS]
+    if unknown:
+        raise UsageError(f"unknown variant {unknown[0]!r}", fix=f"use one or more of {', '.join(config.VARIANTS)}")
     if args.shared_tree:
         results = build.ensure_shared(settings, variants, source_spec=args.source,
                                       allow_unpinned=args.allow_unpinned,

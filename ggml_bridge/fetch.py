@@ -45,7 +45,7 @@ import requests
 from . import cache
 from . import pin as pinmod
 from .config import Settings
-from .errors import CacheError, ChecksumError, FetchError, SourceError, UnknownRefError
+from .errors import CacheError, ChecksumError, FatalError, FetchError, SourceError, UnknownRefError, UsageError
 from .runner import log, step
 
 _CHUNK = 1 << 20
@@ -78,16 +78,26 @@ class _Failed(Exception):
     """One source did not work; the next one is tried. Not a FatalError: never escapes this module."""
 
 
+class _NotFound(_Failed):
+    """The registry says the release asked for does not exist (an unknown ref, not an unreachable host)."""
+
+
 # --------------------------------------------------------------------------------------------- public API
 
 
 def obtain(settings: Settings, source_spec: str | None = None, allow_unpinned: bool = False) -> Tree:
     """Return the tree for ``source_spec`` (default: the pinned upstream), from the cache or fetched into it."""
     pin = pinmod.load(settings.pin_file)
+    if source_spec is not None and not source_spec.strip():
+        raise UsageError("--source is empty", why="an empty value would silently mean the pinned upstream",
+                         fix="leave --source out for the pinned upstream, or give a path, ref or NAME==VERSION")
     try:
         if not source_spec:
             return _obtain_pinned(settings, pin)
         return _obtain_spec(settings, pin, source_spec.strip(), allow_unpinned)
+    except _NotFound as e:
+        raise UnknownRefError(f"{source_spec} does not exist", why=str(e),
+                              fix="check the name and version on the registry") from None
     except _Failed as e:
         raise FetchError(f"could not obtain {source_spec or 'the pinned upstream'}", why=str(e)) from None
 
@@ -98,6 +108,9 @@ def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned:
         return _from_directory(settings, pin, path.resolve(), allow_unpinned)
     if path.is_file():
         return _from_tarball(settings, pin, path.resolve(), allow_unpinned)
+    if path.exists():  # /dev/null, a fifo, a socket
+        raise SourceError(f"source {spec} is neither a directory nor a tarball", why="it is a device, fifo or socket",
+                          fix="pass a llama.cpp checkout, a .tar.gz, a ref or NAME==VERSION")
     number = parse_build_spec(spec)
     if number is not None:
         return obtain_build(settings, pin, number, allow_unpinned)
@@ -106,6 +119,9 @@ def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned:
         return _from_registry(settings, pin, *registry, allow_unpinned)
     if spec.startswith(("git+", "git@")) or "://" in spec:
         url, ref = split_git_spec(spec)
+        local = Path(urlsplit(url).path) if url.startswith("file://") else None
+        if local is not None and not local.exists():
+            raise SourceError(f"source {spec}: {local} does not exist", fix="pass the path of a git repository")
         return _from_git_spec(settings, pin, url, ref, allow_unpinned)
     looks_like_path = spec.startswith((".", "/", "~")) or spec.endswith((".tar.gz", ".tgz", ".tar", ".zip"))
     if looks_like_path or (os.sep in spec and Path(spec).parent.exists()):
@@ -574,8 +590,18 @@ def cached_sdist(settings: Settings, filename: str, sha256: str | None) -> Path 
     """The sdist ``filename`` in ``<cache>/sdists/``, when its sha256 is the expected one (the registry's, or
     pin.toml's): an earlier download, or a copy placed there for a machine without network."""
     path = settings.cache_dir / "sdists" / filename
-    if sha256 and path.is_file() and cache.file_sha256(path) == sha256:
-        return path
+    if sha256 and path.is_file():
+        got = cache.file_sha256(path)
+        if got == sha256:
+            return path
+        # a truncated or damaged copy: say so and move it aside, so the download replaces it (not silently, forever)
+        log(f"warning: {path} is damaged (sha256 {got}, expected {sha256}: truncated or changed); it is moved to "
+            f"{path.name}.damaged and fetched again")
+        try:
+            os.replace(path, path.with_name(path.name + ".damaged"))
+        except OSError as e:
+            raise CacheError(f"cannot move the damaged {path} aside", why=e.strerror or str(e),
+                             fix="delete it by hand, then run again") from None
     return None
 
 
@@ -683,7 +709,7 @@ def _pypi_sdist_url(settings: Settings, package: str, version: str, filename: st
             raise _Failed(f"unexpected PyPI JSON API answer from {api}: {type(e).__name__}: {e}") from None
         break
     if not files:
-        raise _Failed(f"{package}=={version} not found on {base}")
+        raise _NotFound(f"{package}=={version} not found on {base}")
     for f in files:
         if (filename and f.get("filename") == filename) or (not filename and f.get("packagetype") == "sdist"):
             return urljoin(api, f["url"]), (f.get("digests") or {}).get("sha256")
@@ -785,7 +811,9 @@ def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exce
         why = "it would be written outside the tree (absolute path, ../, or a link or device escaping it)"
         if issubclass(failed, SourceError):
             raise SourceError(msg, why=why, fix="do not use this archive; it is not a llama.cpp release") from None
-        raise failed(msg, why=why) from None
+        if issubclass(failed, FatalError):
+            raise failed(msg, why=why) from None
+        raise failed(f"{msg}: {why}") from None  # _Failed: the next source is tried
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES):
             raise CacheError(f"cannot extract into {dest.parent}", why=str(e),
