@@ -66,7 +66,8 @@ def _fake_server(project: Path, scratch: Path) -> None:
     fake_model(scratch)
 
 
-USAGE, FETCH, SOURCE, CACHE, UNKNOWN_REF = 2, 10, 12, 13, 14
+USAGE, SOURCE, CACHE, UNKNOWN_REF = 2, 12, 13, 14
+LADDER = errors.LadderSetupError.exit_code  # a bad ladder file
 CASES = [
     # --- D3: non-UTF-8 files the toolkit reads ----------------------------------------------------------------
     Case("config-not-utf8", ["fetch"], USAGE, "is not UTF-8 text", files=_write("ggml-bridge.toml", NON_UTF8)),
@@ -85,21 +86,21 @@ CASES = [
     Case("sdist-out-cannot-be-created", ["sdist", "--out", "/proc/ggml-bridge-out"], USAGE,
          "cannot create the folder"),
     # --- D5: ladder TOML numbers --------------------------------------------------------------------------------
-    Case("ladder-nan", ["ladder", "--ladder", "{scratch}/ladder.toml"], USAGE, "n_predict = nan is not an integer",
+    Case("ladder-nan", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "n_predict = nan is not an integer",
          files=_ladder("n_predict = nan\n")),
-    Case("ladder-inf", ["ladder", "--ladder", "{scratch}/ladder.toml"], USAGE, "timeout = inf is not a finite",
+    Case("ladder-inf", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "timeout = inf is not a finite",
          files=_ladder("timeout = inf\n")),
-    Case("ladder-string-number", ["ladder", "--ladder", "{scratch}/ladder.toml"], USAGE, "ubatch = '8' is not an",
+    Case("ladder-string-number", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "ubatch = '8' is not an",
          files=_ladder('ubatch = "8"\n')),
-    Case("ladder-float-for-int", ["ladder", "--ladder", "{scratch}/ladder.toml"], USAGE, "batch = 1.5 is not an",
+    Case("ladder-float-for-int", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "batch = 1.5 is not an",
          files=_ladder("batch = 1.5\n")),
-    Case("ladder-n-probs-1e30", ["ladder", "--ladder", "{scratch}/ladder.toml"], USAGE, "n_probs = 1e+30 is not",
+    Case("ladder-n-probs-1e30", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "n_probs = 1e+30 is not",
          files=_ladder("n_probs = 1e30\n")),
-    Case("ladder-shape-float", ["ladder", "--ladder", "{scratch}/ladder.toml"], USAGE, "must be a positive integer",
+    Case("ladder-shape-float", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "must be a positive integer",
          files=_write("ladder.toml", b'[[rung]]\nname = "r"\nshape = {preset = "tiny", n_layer = 2.5}\n')),
-    Case("ladder-rung-not-a-table", ["ladder", "--ladder", "{scratch}/ladder.toml"], USAGE, "must be a table",
+    Case("ladder-rung-not-a-table", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "must be a table",
          files=_write("ladder.toml", b"rung = [1, 2]\n")),
-    Case("ladder-text-seed-string", ["ladder", "--ladder", "{scratch}/ladder.toml"], USAGE, "text_seed = 'x'",
+    Case("ladder-text-seed-string", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "text_seed = 'x'",
          files=_write("ladder.toml", b'text_seed = "x"\n[[rung]]\nname = "r"\nshape = "tiny"\n')),
     # --- D6 and the negative bench / ladder values ---------------------------------------------------------------
     Case("bench-timeout-nan", ["bench", "--timeout", "nan"], USAGE, "argument --timeout"),
