@@ -21,11 +21,12 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from .errors import CacheError
 from .runner import log
@@ -44,6 +45,23 @@ def file_sha256(path: Path) -> str:
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(_CHUNK), b""):
             h.update(chunk)
+    return h.hexdigest()
+
+
+def dir_digest(root: Path, files: Iterable[Path], *, kinds: bool = False) -> str:
+    """The one directory hash: sha256 over ``<path relative to root>\\0<file sha256>\\n`` for each of ``files``,
+    in the order given (callers sort). With ``kinds`` each entry also says ``x`` (executable) or ``f``, and a
+    symlink counts by its target (``<rel>\\0l\\0<target>``), not its content: the upstream tree digest."""
+    h = hashlib.sha256()
+    for full in files:
+        rel = full.relative_to(root).as_posix()
+        if not kinds:
+            entry = f"{rel}\0{file_sha256(full)}\n"
+        elif stat.S_ISLNK((st := full.lstat()).st_mode):
+            entry = f"{rel}\0l\0{os.readlink(full)}\n"
+        else:
+            entry = f"{rel}\0{'x' if st.st_mode & 0o111 else 'f'}\0{file_sha256(full)}\n"
+        h.update(entry.encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import __version__, config, errors, runner
+from . import __version__, config, errors, modes, runner
 from .errors import FatalError, PatchError, ToolchainError, UsageError
 
 Run = Callable[[argparse.Namespace, config.Settings], int]
@@ -231,10 +231,9 @@ def cmd_build(args: argparse.Namespace, settings: config.Settings) -> int:
     variants = [v.strip() for v in (args.variant or settings.build.variant).split(",") if v.strip()]
     if not variants:
         raise UsageError(f"--variant {args.variant!r} names no variant", why="nothing would be built",
-                         fix=f"use one or more of {', '.join(config.VARIANTS)}, comma-separated")
-    unknown = [v for v in variants if v not in config.VARIANTS]
-    if unknown:
-        raise UsageError(f"unknown variant {unknown[0]!r}", fix=f"use one or more of {', '.join(config.VARIANTS)}")
+                         fix=f"use one or more of {', '.join(modes.VARIANTS)}, comma-separated")
+    for v in variants:
+        modes.variant(v, "--variant")  # UsageError naming the known ones
     if args.shared_tree:
         results = build.ensure_shared(settings, variants, source_spec=args.source,
                                       allow_unpinned=args.allow_unpinned,
@@ -265,6 +264,16 @@ def cmd_wheel(args: argparse.Namespace, settings: config.Settings) -> int:
     made = wheel.make_sdist(settings, args.out, source_spec=args.source, allow_unpinned=args.allow_unpinned)
     print(wheel.build_wheel(settings, made.path, args.out))
     return 0
+
+
+def cmd_rebase(args: argparse.Namespace, settings: config.Settings) -> int:
+    """``rebase``, and ``rebase --radar``: the radar runs rebase's check on every newer build, so it sits above
+    rebase and is dispatched here rather than by rebase itself."""
+    if getattr(args, "radar", False):
+        from . import radar
+
+        return radar.run(settings, report_dir=args.report, limit=args.radar_limit, as_json=args.json)
+    return int(_load_stage("rebase").run(args, settings))
 
 
 def stage(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Run]:
@@ -341,7 +350,7 @@ for _c in (
     Command("serve", "launch llama-server and prove the requested mechanisms engaged", *stage("serve"),
             passthrough="server_args", section="serve"),
     Command("ladder", "run the comparison ladder and write a JSON+Markdown report", *stage("ladder")),
-    Command("rebase", "move the patch series onto another upstream", *stage("rebase")),
+    Command("rebase", "move the patch series onto another upstream", stage("rebase")[0], cmd_rebase),
     Command("bench", "side-by-side llama-bench report", *stage("bench")),
 ):
     register(_c)

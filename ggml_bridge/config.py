@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import modes
+from . import pin as pinmod
 from .errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -29,8 +31,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 BACKENDS = ("auto", "cpu", "cuda")
-VARIANTS = ("patched", "upstream", "upstream-nopeer")
-SOURCE_KINDS = ("git", "archive", "pypi-sdist")
 #: Sections of Settings (config tables), each a dataclass its stage reads.
 SECTIONS = ("fetch", "build", "serve", "rebase")
 #: Stages that read no settings from the config file (a table for them is an error saying so).
@@ -46,7 +46,7 @@ _CUDA_ARCH_RE = re.compile(r"^(native|all|all-major|\d+[a-z]?(-real|-virtual)?(;
 class FetchSettings:
     """How the upstream tree is obtained."""
 
-    sources: list[str] = field(default_factory=lambda: list(SOURCE_KINDS))
+    sources: list[str] = field(default_factory=lambda: list(pinmod.SOURCE_KINDS))
     """Kinds of pin.toml ``[[source]]`` entries to try, in this order (git, archive, pypi-sdist)."""
 
     connect_timeout: float = 3.0
@@ -63,7 +63,7 @@ class FetchSettings:
 class BuildSettings:
     """How llama-server and the other tools are configured and compiled."""
 
-    variant: str = "patched"
+    variant: str = modes.PATCHED
     """patched (series applied, our CMake options ON), upstream, or upstream-nopeer (CUDA only)."""
 
     backend: str = "auto"
@@ -217,9 +217,9 @@ def split_cmake_args(text: str, origin: str) -> list[str]:
 def validate(settings: Settings) -> None:
     b, f = settings.build, settings.fetch
     _choice(b.backend, BACKENDS, "backend")
-    _choice(b.variant, VARIANTS, "variant")
+    _choice(b.variant, tuple(modes.VARIANTS), "variant")
     for kind in f.sources:
-        _choice(kind, SOURCE_KINDS, "fetch source kind")
+        _choice(kind, tuple(pinmod.SOURCE_KINDS), "fetch source kind")
     if not _CUDA_ARCH_RE.match(b.cuda_arch):
         raise UsageError(
             f"invalid CUDA architecture {b.cuda_arch!r}",

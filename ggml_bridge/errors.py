@@ -153,15 +153,16 @@ class RpcError(ServeError):
 class LadderSetupError(FatalError):
     """A ladder could not be set up (bad ladder file, missing binary, model generation failed)."""
 
-    exit_code = 2
+    exit_code = 70
     kind = "ladder setup error"
-    meaning = "ladder setup error: bad ladder file, missing binary, no vocabulary"
+    meaning = ("ladder setup error: bad ladder file, missing binary, no vocabulary; a rung that could not run (its "
+               "server died) after the report is written")
 
 
 class ModelError(FatalError):
     """A model could not be generated (bad shape, unreadable vocabulary, cache not writable)."""
 
-    exit_code = 2
+    exit_code = 71
     kind = "model error"
     meaning = "model error: bad model shape, unreadable vocabulary GGUF, model cache not writable"
 

@@ -61,6 +61,10 @@ def selector_env(bridge: str | None, batched: str | None, *, stats: bool = True)
 
 # --- build variants ---------------------------------------------------------------------------------------
 
+#: The variant names (the keys of :data:`VARIANTS`).
+PATCHED, UPSTREAM, UPSTREAM_NOPEER = "patched", "upstream", "upstream-nopeer"
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -68,15 +72,34 @@ class Variant:
     cmake: Mapping[str, str]           # CMake options the variant adds (every variant adds -DGGML_RPC=ON)
     subdir: str                        # its folder under bench's --variants-dir
     about: str
+    cuda_only: bool = False            # exists only for the CUDA backend
 
 
+#: Every build variant, in the order a shared tree builds them (``build --shared-tree``): the upstream sources
+#: first, the no-peer recompile of one object, then the series on top.
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant("patched", True, {BRIDGE: "ON", BATCHED: "ON"}, "patched",
+    Variant(UPSTREAM, False, {}, "upstream", "no patches: the reference for 'the patches change nothing'"),
+    Variant(UPSTREAM_NOPEER, False, {"GGML_CUDA_NO_PEER_COPY": "ON"}, "nopeer",
+            "no patches, GGML_CUDA_NO_PEER_COPY (synchronous copy through malloc; CUDA only)", cuda_only=True),
+    Variant(PATCHED, True, {BRIDGE: "ON", BATCHED: "ON"}, "patched",
             "our series applied, both mechanisms compiled in"),
-    Variant("upstream", False, {}, "upstream", "no patches: the reference for 'the patches change nothing'"),
-    Variant("upstream-nopeer", False, {"GGML_CUDA_NO_PEER_COPY": "ON"}, "nopeer",
-            "no patches, GGML_CUDA_NO_PEER_COPY (synchronous copy through malloc; CUDA only)"),
 )}
+
+
+def variant(name: str, where: str = "") -> Variant:
+    """The build variant called ``name``; a UsageError naming the known ones otherwise."""
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        at = f" ({where})" if where else ""
+        raise UsageError(f"unknown variant {name!r}{at}", fix=f"use one of: {', '.join(VARIANTS)}") from None
+
+
+def check_backend(v: Variant, backend: str, fix: str) -> None:
+    """A CUDA-only variant on another backend is a UsageError."""
+    if v.cuda_only and backend != "cuda":
+        raise UsageError(f"variant {v.name} only exists for the CUDA backend", why=f"the backend is {backend}",
+                         fix=fix)
 
 
 # --- modes ------------------------------------------------------------------------------------------------

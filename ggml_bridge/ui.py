@@ -16,7 +16,6 @@ line, and the manifest says "no UI".
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -65,20 +64,13 @@ class UiAssets:
 def source_key(tree_src: Path) -> str:
     """sha256 over the names and contents of every UI source file (lockfile included), outputs excluded."""
     root = tree_src / UI_DIR
-    h = hashlib.sha256()
-    for path in sorted(_source_files(root)):
-        rel = path.relative_to(root).as_posix()
-        h.update(rel.encode() + b"\0" + cache.file_sha256(path).encode() + b"\n")
-    return h.hexdigest()
+    return cache.dir_digest(root, sorted(_source_files(root)))
 
 
 def dist_sha256(dist: Path) -> tuple[str, int]:
     """(sha256 over the asset names and contents, number of files) of a built ``dist`` tree."""
-    h = hashlib.sha256()
     files = sorted(p for p in dist.rglob("*") if p.is_file())
-    for p in files:
-        h.update(p.relative_to(dist).as_posix().encode() + b"\0" + cache.file_sha256(p).encode() + b"\n")
-    return h.hexdigest(), len(files)
+    return cache.dir_digest(dist, files), len(files)
 
 
 def ensure(settings: Settings, tree_src: Path) -> UiAssets:

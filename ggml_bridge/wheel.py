@@ -30,16 +30,17 @@ from pathlib import Path
 from typing import Iterator
 
 from . import __version__
-from . import build as buildmod
 from . import cache
 from . import fetch as fetchmod
 from . import patch as patchmod
 from . import ui as uimod
 from .config import Settings
-from .errors import BuildError, NotBuiltError, ServeError, ToolchainError, UsageError
+from .errors import BuildError, ToolchainError, UsageError
+from .build import steps as buildmod
+from .build.installed import DIST_NAME
+from .build.installed import installed_server as installed_server  # re-exported: the lookup lives below build
 from .runner import log, run, step
 
-DIST_NAME = "ggml-bridge-server"
 PACKAGE = "ggml_bridge_server"
 TEMPLATES = Path(__file__).resolve().parent / "server_dist"
 #: Top-level folders of llama.cpp the build never reads (75 MB of vocab models, docs, images, CI).
@@ -142,31 +143,6 @@ def build_wheel(settings: Settings, sdist: Path, out_dir: Path) -> Path:
         raise BuildError("pip reported success but wrote no ggml_bridge_server wheel", why=f"log: {log_file}")
     log(f"wheel: {made[-1]} ({made[-1].stat().st_size / 1e6:.1f} MB)")
     return made[-1]
-
-
-def installed_server(settings: Settings, name: str = "llama-server") -> Path | None:
-    """``name`` from an installed ggml-bridge-server wheel, None when none is installed.
-
-    A damaged installation is a NotBuiltError naming what is missing; a wheel for a backend this machine lacks
-    (a CUDA wheel without a GPU), or another backend than the one asked for, is a ServeError."""
-    try:
-        import ggml_bridge_server as server  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    try:
-        backend = server.check_backend()
-        path = server.get_binary_path(name)
-    except server.MissingFileError as e:
-        raise NotBuiltError(str(e)) from None
-    except server.BackendUnavailable as e:
-        raise ServeError(str(e)) from None
-    wanted = settings.build.backend
-    if wanted not in ("auto", backend):
-        raise ServeError(f"the installed ggml-bridge-server wheel is built for {backend}, not {wanted}",
-                         fix=f"install a {wanted} wheel, or pass --backend {backend} / --server PATH")
-    version = server.get_manifest()["build"].get("version", "?")
-    log(f"using {name} of the installed {DIST_NAME} {version} wheel: {path}")
-    return Path(path)
 
 
 # --------------------------------------------------------------------------------------------- internals

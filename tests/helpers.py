@@ -6,8 +6,17 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import re
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
+from fixtures import fakellama
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FAKE_SERVER = FIXTURES / "fake_llama_server.py"
 FAKE_BENCH = FIXTURES / "fake_llama_bench.py"
@@ -85,3 +94,161 @@ def real_vocab() -> Path | None:
     from ggml_bridge import model
     return model.find_vocab(os.environ.get("GGML_BRIDGE_TEST_UPSTREAM"), "/work/up",
                             *(list(real_bin_dir().parents)[:4] if real_bin_dir() else []))
+
+
+def write_ladder(path: Path, body: str) -> Path:
+    path.write_text(body)
+    return path
+
+
+def busy_port() -> tuple[socket.socket, int]:
+    """A listening socket on 127.0.0.1 and its port (close it when done)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s, s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------------------------- rebase and radar
+
+#: The Last-Update date the rebase tests write.
+REBASE_DATE = "2031-01-02"
+DEMO = "".join(f"int line{i} = {i};\n" for i in range(1, 31))
+
+
+@dataclass
+class RebaseUpstream:
+    """The synthetic upstream of the rebase and radar tests (:func:`make_rebase_upstream`)."""
+
+    repo: Path
+    base: str
+    patches: Path
+    commits: dict[str, str]
+
+
+def _set_line(path: Path, n: int, text: str) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    lines[n - 1] = text + "\n"
+    path.write_text("".join(lines))
+
+
+def make_rebase_upstream(root: Path) -> RebaseUpstream:
+    """In ``root``: an upstream with tag b1 (the pin), a two-patch series in our format, and one tag per outcome:
+    b2 clean, b3 offsets, b4 fuzz, b5 0001 already upstream, b6 0001 conflicts."""
+    repo = root / "llama.cpp"
+    fakellama.write_tree(repo)
+    (repo / "src" / "demo.c").write_text(DEMO)
+    (repo / "ggml" / "src" / "ggml-cuda").mkdir(parents=True)
+    (repo / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu").write_text("// cuda backend\nint cuda_backend = 1;\n")
+    g = fakellama.git
+    g(repo, "init", "-q", "-b", "master")
+    g(repo, "add", "-A")
+    g(repo, "commit", "-q", "-m", "upstream b1")
+    g(repo, "tag", "b1")
+    base = g(repo, "rev-parse", "HEAD")
+
+    work = root / "work"
+    g(root, "clone", "-q", str(repo), str(work))
+    _set_line(work / "src" / "demo.c", 10, "int line10 = 100;")
+    msg1 = ("demo: line ten is one hundred\n\nBody text.\n\nOrigin: ggml-bridge, patches/0001-src-demo-ten.patch\n"
+            "Forwarded: no\nLast-Update: 2026-11-30\n")
+    g(work, "commit", "-q", "-a", "-m", msg1)
+    (work / "ggml" / "src" / "ggml-cuda" / "bridge.cu").write_text("int bridge = 1;\n")
+    with open(work / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu", "a") as fh:
+        fh.write("int uses_bridge = 1;\n")
+    g(work, "add", "-A")
+    msg2 = ("ggml-cuda: bridge source\n\nOrigin: ggml-bridge, patches/0002-ggml-cuda-bridge.patch\nForwarded: no\n"
+            "Last-Update: 2026-11-30\n")
+    g(work, "commit", "-q", "-m", msg2)
+    out = root / "fp"
+    g(work, "format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "-o", str(out), "b1..HEAD")
+    patches = root / "patches"
+    patches.mkdir()
+    for f, name in zip(sorted(out.glob("*.patch")), ("0001-src-demo-ten.patch", "0002-ggml-cuda-bridge.patch")):
+        shutil.move(f, patches / name)
+    (patches / "series").write_text("# our series\n0001-src-demo-ten.patch\n0002-ggml-cuda-bridge.patch\n")
+
+    commits = {"b1": base}
+
+    def target(tag: str, edit: Callable[[Path], None]) -> None:
+        g(repo, "checkout", "-q", "-b", f"t-{tag}", "b1")
+        edit(repo)
+        g(repo, "commit", "-q", "-a", "-m", f"upstream {tag}")
+        g(repo, "tag", tag)
+        commits[tag] = g(repo, "rev-parse", "HEAD")
+
+    target("b2", lambda r: (r / "include" / "llama.h").write_text("#pragma once\nint llama_version(void);\nint x;\n"))
+    target("b3", lambda r: (r / "src" / "demo.c").write_text("// new\n// header\n// lines\n// five\n// here\n" + DEMO))
+    target("b4", lambda r: _set_line(r / "src" / "demo.c", 7, "int line7 = 77;"))
+    target("b5", lambda r: _set_line(r / "src" / "demo.c", 10, "int line10 = 100;"))
+    target("b6", lambda r: _set_line(r / "src" / "demo.c", 10, "int line10 = -10;"))
+    g(repo, "checkout", "-q", "master")
+    return RebaseUpstream(repo, base, patches, commits)
+
+
+def rebase_pin_text(up: RebaseUpstream) -> str:
+    expect = ", ".join(f'"{f}"' for f in fakellama.EXPECT_FILES)
+    return f"""[upstream]
+url = "{up.repo.as_uri()}"
+tag = "b1"
+commit = "{up.base}"
+expect_files = [{expect}]
+
+[[source]]
+kind = "git"
+url = "{up.repo.as_uri()}"
+"""
+
+
+def project_snapshot(proj: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(proj)): p.read_bytes() for p in sorted(proj.rglob("*"))
+            if p.is_file() and ".git" not in p.relative_to(proj).parts and "build" not in p.relative_to(proj).parts}
+
+
+def rebase_statuses(rep: Any) -> list[str]:
+    return [r.status for r in rep.results]
+
+
+def expected_outcomes(new_tree: Path, old_tree: Path, patches: list[Path], scratch: Path) -> list[str]:
+    """Each patch's outcome, computed independently with plain git apply in a scratch repo of the new tree (old
+    blobs added with hash-object, the way a reviewer would do it by hand)."""
+    repo = scratch / "repo"
+    shutil.copytree(new_tree, repo, symlinks=True)
+    g = fakellama.git
+    g(repo, "init", "-q")
+    g(repo, "add", "-A", "--force")
+    g(repo, "commit", "-q", "-m", "new")
+    # preimages: apply the series onto a copy of the old tree's touched files
+    old = scratch / "old"
+    touched = sorted({m for p in patches for m in re.findall(r"^diff --git a/(\S+) ", p.read_text(), re.M)})
+    for rel in touched:
+        if (old_tree / rel).is_file():
+            (old / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(old_tree / rel, old / rel)
+    g(old, "init", "-q")
+    g(old, "add", "-A")
+    g(old, "commit", "-q", "-m", "old")
+    for p in patches:
+        g(old, "apply", "--index", str(p))
+        g(old, "commit", "-q", "-m", p.name)
+    g(repo, "fetch", "-q", str(old), "HEAD:refs/old")
+    out = []
+    for p in patches:
+        ok = subprocess.run(["git", "apply", "--check", "-v", str(p)], cwd=repo, capture_output=True, text=True)
+        if ok.returncode == 0:
+            out.append("offsets" if "(offset" in ok.stderr else "clean")
+            g(repo, "apply", "--index", str(p))
+        elif subprocess.run(["git", "apply", "--check", "--reverse", str(p)], cwd=repo).returncode == 0:
+            out.append("upstream")
+            continue
+        else:
+            fuzz = subprocess.run(["patch", "--dry-run", "--batch", "--forward", "-p1", "-i", str(p)], cwd=repo,
+                                  capture_output=True)
+            three = subprocess.run(["git", "apply", "--3way", str(p)], cwd=repo, capture_output=True, text=True)
+            if three.returncode != 0:
+                out.append("conflict")
+                g(repo, "reset", "-q", "--hard")
+                continue
+            out.append("fuzz" if fuzz.returncode == 0 else "merged")
+        g(repo, "commit", "-q", "-m", p.name, "--allow-empty")
+    return out

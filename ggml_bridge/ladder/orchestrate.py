@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
-import hashlib
 import json
 import os
 import time
@@ -13,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import argtypes, build, logparse, model, modes, rpc, runner, serve
+from .. import argtypes, build, cache, logparse, model, modes, rpc, runner, serve
 from ..modes import MODES, Mode
 from ..errors import FatalError, LadderSetupError, RpcError, ServeError
 from ..runner import log
@@ -32,12 +31,7 @@ class Binaries:
 
 
 def _dir_fingerprint(d: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(d.iterdir()):
-        if p.is_file() and not p.is_symlink():
-            h.update(p.name.encode())
-            h.update(model.file_sha256(p).encode())
-    return h.hexdigest()
+    return cache.dir_digest(d, sorted(p for p in d.iterdir() if p.is_file() and not p.is_symlink()))
 
 
 def resolve_binaries(args: argparse.Namespace, settings: Any, backend: str, needed: set[str],
@@ -363,7 +357,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     if any(s in ("mismatch", "invalid") for s in statuses):
         rep["status"], rc = "fail", 1
     elif "error" in statuses:
-        rep["status"], rc = "error", 2
+        rep["status"], rc = "error", LadderSetupError.exit_code
     else:
         rep["status"], rc = "pass", 0
     _write_reports(rep, report_dir, time.monotonic() - t0)

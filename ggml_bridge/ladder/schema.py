@@ -128,7 +128,9 @@ def _check_rung_types(merged: dict[str, Any], where: str) -> None:
         raise bad("perplexity", "true or false")
     for key in ("modes", "server_args", "perplexity_args"):
         v = merged.get(key, [])
-        if not all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in _as_list(v)):
+        items = _as_list(v) if key == "modes" else v  # modes may be one name; the argument lists are lists
+        if not isinstance(items, list) or not all(isinstance(x, (str, int)) and not isinstance(x, bool)
+                                                  for x in items):
             raise bad(key, "a list of strings")
     for key in ("expect", "env"):
         v = merged.get(key, {})

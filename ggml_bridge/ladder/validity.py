@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import logparse
+from ..engagement import BATCHED, BRIDGE, INACTIVE, engaged
 from ..modes import VARIANTS, Mode
 from .schema import Rung
 
@@ -18,11 +19,11 @@ def _state(n_engaged: int, n_inactive: int, n_procs: int) -> str:
     return "absent" if n_engaged == n_inactive == 0 else "mixed"
 
 
-def _not_engaged(what: str, no_line: str, logs: dict[str, logparse.LogInfo], engaged: list[str],
+def _not_engaged(what: str, no_line: str, logs: dict[str, logparse.LogInfo], on: list[str],
                  inactive: dict[str, str]) -> str:
     """The problem line of a mechanism that did not engage in every process: why, per process."""
     why = "; ".join(f"{p}: " + (f"inactive: {inactive[p]}" if p in inactive else no_line)
-                    for p in logs if p not in engaged)
+                    for p in logs if p not in on)
     return f"{what} not engaged ({why})"
 
 
@@ -62,18 +63,19 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
 
     if mode.uses_bridge:
         want_mode = "force" if mode.bridge == "force" else "1"
-        engaged = [p for p, i in logs.items() if i.bridge.enabled]
-        inactive = {p: i.bridge.inactive_reason for p, i in logs.items() if i.bridge.inactive_reason is not None}
-        state = _state(len(engaged), len(inactive), len(logs))
-        summary["bridge"] = {"state": state, "slots": {p: logs[p].bridge.slots for p in engaged},
-                             "slot_mib": {p: logs[p].bridge.slot_mib for p in engaged},
+        verdicts = {p: engaged(BRIDGE, i.bridge) for p, i in logs.items()}
+        on = [p for p, v in verdicts.items() if v.engaged]
+        inactive = {p: v.reason for p, v in verdicts.items() if v.state == INACTIVE and v.reason is not None}
+        state = _state(len(on), len(inactive), len(logs))
+        summary["bridge"] = {"state": state, "slots": {p: logs[p].bridge.slots for p in on},
+                             "slot_mib": {p: logs[p].bridge.slot_mib for p in on},
                              "inactive": inactive, "stats": bridge_stats,
                              "boundaries": tot(bridge_stats, "boundaries")}
         expect = rung.expect.get(mode.name, rung.expect_bridge)
         if state == "engaged":
             if expect == "inactive":
                 problems.append("bridge engaged but the rung expects it inactive")
-            for p in engaged:
+            for p in on:
                 if logs[p].bridge.mode != want_mode:
                     problems.append(f"{p}: bridge mode {logs[p].bridge.mode}, expected {want_mode}")
             if rung.multi_device:
@@ -87,13 +89,14 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
             notes.append("bridge inactive as the rung expects (" + "; ".join(sorted(set(inactive.values()))) +
                          "): compared, not a bridge pass")
         else:
-            problems.append(_not_engaged("bridge", "no bridge line", logs, engaged, inactive))
+            problems.append(_not_engaged("bridge", "no bridge line", logs, on, inactive))
 
     if mode.uses_batched:
-        engaged = [p for p, i in logs.items() if i.batched.enabled]
-        inactive = {p: i.batched.inactive_reason for p, i in logs.items() if i.batched.inactive_reason is not None}
-        state = _state(len(engaged), len(inactive), len(logs))
-        summary["batched"] = {"state": state, "pool_mib": {p: logs[p].batched.pool_mib for p in engaged},
+        verdicts = {p: engaged(BATCHED, i.batched) for p, i in logs.items()}
+        on = [p for p, v in verdicts.items() if v.engaged]
+        inactive = {p: v.reason for p, v in verdicts.items() if v.state == INACTIVE and v.reason is not None}
+        state = _state(len(on), len(inactive), len(logs))
+        summary["batched"] = {"state": state, "pool_mib": {p: logs[p].batched.pool_mib for p in on},
                               "inactive": inactive, "stats": batched_stats,
                               "async_uploads": tot(batched_stats, "async_uploads"),
                               "async_downloads": tot(batched_stats, "async_downloads")}
@@ -122,7 +125,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
             notes.append("batched transfers inactive as the rung expects (" +
                          "; ".join(sorted(set(inactive.values()))) + "): compared, not a batched pass")
         else:
-            problems.append(_not_engaged("batched transfers", "no batched-transfers line", logs, engaged, inactive))
+            problems.append(_not_engaged("batched transfers", "no batched-transfers line", logs, on, inactive))
 
     if rung.multi_device:
         used = {p: i.n_devices for p, i in logs.items()}
@@ -161,10 +164,10 @@ def validate_rpc(mode: Mode, servers: dict[str, logparse.RpcServerInfo]) -> dict
             if info.bridge.enabled:
                 problems.append(f"rpc-server {ep}: bridge enabled in mode {mode.name} (selector 0)")
         elif len(gpus) > 1:
-            if not info.bridge.enabled:
+            v = engaged(BRIDGE, info.bridge)
+            if not v.engaged:
                 problems.append(f"rpc-server {ep}: bridge not engaged on its {len(gpus)} GPUs ("
-                                + (f"inactive: {info.bridge.inactive_reason}" if info.bridge.inactive_reason
-                                   else "no bridge line") + ")")
+                                + (f"inactive: {v.reason}" if v.reason else "no bridge line") + ")")
             elif not c.get("bridge"):
                 problems.append(f"rpc-server {ep}: the CUDA registry exports no bridge counters "
                                 "(0001 without ggml_backend_cuda_mapped_host_bridge_counters)")

@@ -37,7 +37,8 @@ git and GitHub-archive sources, tried first.
 The package, along the stages of a run: :mod:`.job` (the command, the job, ``--continue``/``--abort``, conflict
 hand-off), :mod:`.report` (the report model and options), :mod:`.probe` (git probing and application),
 :mod:`.series` (series regeneration and the swap of ``patches/`` + ``pin.toml``; the pin text is
-:func:`ggml_bridge.pin.render`), :mod:`.checks` (build checks). ``radar`` (``--radar``) is :mod:`ggml_bridge.radar`.
+:func:`ggml_bridge.pin.render`), :mod:`.checks` (build checks). ``--radar`` is declared here but run by
+:func:`ggml_bridge.cli.cmd_rebase` with :mod:`ggml_bridge.radar`, which uses this package (never the reverse).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .. import runner
+from .. import modes, runner
 from ..config import Settings
 from ..errors import BuildError, PatchError, ToolchainError
 from ..runner import step
@@ -25,7 +25,7 @@ def build_checks(staged: Settings, wt: Path, report: RebaseReport, opts: Options
         cpu = dataclasses.replace(staged, build=dataclasses.replace(staged.build, backend="cpu"))
         try:
             with step("build the rebased series (CPU)"):
-                res = build.ensure(cpu, "patched", source_spec=source_spec, allow_unpinned=True)
+                res = build.ensure(cpu, modes.PATCHED, source_spec=source_spec, allow_unpinned=True)
             report.build["cpu"] = f"built: {res.bin_dir}"
         except (BuildError, ToolchainError, PatchError) as e:
             report.build["cpu"] = f"failed: {e.kind}: {e.what}"
@@ -57,9 +57,7 @@ def cuda_check(wt: Path, report: RebaseReport, extra_includes: list[Path]) -> st
                 "(ggml-cuda includes cuBLAS; pass --cuda-include DIR with the cuBLAS headers)")
     if cuda.cublas_header is not None:
         includes.append(Path(cuda.cublas_header).parent)
-    from .. import build
-
-    defines = [f"-D{k}" for k, v in build.VARIANT_OPTIONS["patched"].items() if v == "ON"]
+    defines = [f"-D{k}" for k, v in modes.VARIANTS[modes.PATCHED].cmake.items() if v == "ON"]
     inc = [f"-I{wt / d}" for d in ("ggml/include", "ggml/src", "ggml/src/ggml-cuda", "include")]
     inc += [f"-I{p}" for p in includes]
     out_dir = Path(tempfile.mkdtemp(prefix="nvcc-", dir=wt.parent))

@@ -75,10 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:  # noqa: A001 - the stage interface
-    if args.radar:
-        from .. import radar
-
-        return radar.run(settings, report_dir=args.report, limit=args.radar_limit, as_json=args.json)
     if args.discard and not args.abort:
         raise UsageError("--discard goes with --abort", fix="ggml-bridge rebase --abort --discard")
     if args.abort:

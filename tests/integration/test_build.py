@@ -45,7 +45,7 @@ def test_real_cpu_build_serves_a_request(real_build, real_settings: config.Setti
     m = json.loads(res.manifest_path.read_text())
     assert m["upstream"]["commit"] == real_tree.commit and m["series_hash"]
     assert [p["name"] for p in m["patches"]] == build.patchmod.read_series(real_settings.patches_dir).names
-    monkeypatch.setattr(build, "_cmake", lambda *a: pytest.fail("configured again"))
+    monkeypatch.setattr(build.steps, "configure", lambda *a: pytest.fail("configured again"))
     assert build.ensure(real_settings, "patched").up_to_date
     assert build.find_binary(real_settings, "llama-server", "patched", "cpu") == res.server
 

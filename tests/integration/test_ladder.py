@@ -12,8 +12,7 @@ import pytest
 
 from ggml_bridge import ladder, model
 
-from helpers import real_bin_dir, real_vocab
-from unit.test_ladder import write_ladder
+from helpers import real_bin_dir, real_vocab, write_ladder
 
 ROOT = Path(__file__).resolve().parents[2]
 

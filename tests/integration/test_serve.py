@@ -6,8 +6,7 @@ import pytest
 
 from ggml_bridge import serve
 from ggml_bridge.errors import ServeError
-from helpers import real_bin_dir, real_vocab
-from unit.test_serve import busy_port
+from helpers import busy_port, real_bin_dir, real_vocab
 
 
 # --- the real llama-server ----------------------------------------------------------------------------

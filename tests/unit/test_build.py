@@ -44,8 +44,8 @@ def test_patched_build_end_to_end(settings: config.Settings, upstream: FakeUpstr
 def test_unchanged_rebuild_configures_and_compiles_nothing(settings: config.Settings,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     first = build.ensure(settings)
-    monkeypatch.setattr(build, "_cmake", lambda *a: pytest.fail("configured again"))
-    monkeypatch.setattr(build, "_ninja", lambda *a: pytest.fail("compiled again"))
+    monkeypatch.setattr(build.steps, "configure", lambda *a: pytest.fail("configured again"))
+    monkeypatch.setattr(build.steps, "compile_targets", lambda *a: pytest.fail("compiled again"))
     again = build.ensure(settings)
     assert again.up_to_date and again.binaries == first.binaries
 
@@ -56,14 +56,14 @@ def test_concurrent_builds_of_one_key_build_once(settings: config.Settings, monk
     from concurrent.futures import ThreadPoolExecutor
 
     calls: list[int] = []
-    real_cmake = build._cmake
+    real_cmake = build.steps.configure
 
     def slow_cmake(*a):  # type: ignore[no-untyped-def]
         calls.append(threading.get_ident())
         time.sleep(1)
         return real_cmake(*a)
 
-    monkeypatch.setattr(build, "_cmake", slow_cmake)
+    monkeypatch.setattr(build.steps, "configure", slow_cmake)
     with ThreadPoolExecutor(2) as ex:
         results = list(ex.map(lambda _: build.ensure(settings), range(2)))
     assert len(calls) == 1
@@ -167,9 +167,9 @@ def test_missing_compiler(settings: config.Settings, monkeypatch: pytest.MonkeyP
 
 def test_no_compiler_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build.toolchain.shutil, "which", lambda name: None)
     with pytest.raises(ToolchainError, match="no C compiler found"):
-        build._compiler("CC", ("cc", "gcc"))
+        build.toolchain._compiler("CC", ("cc", "gcc"))
 
 
 def test_find_binary_before_any_build(settings: config.Settings) -> None:
@@ -220,7 +220,7 @@ def test_auto_backend_needs_nvcc_and_cublas(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_cuda_requested_without_nvcc(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(build, "_find_nvcc", lambda: None)
+    monkeypatch.setattr(build.toolchain, "_find_nvcc", lambda: None)
     assert build.resolve_backend("auto") == ("cpu", None)
     with pytest.raises(ToolchainError, match="nvcc was not found"):
         build.resolve_backend("cuda")
@@ -231,7 +231,7 @@ def test_nvcc_wrapper_script_is_resolved(tmp_path: Path) -> None:
     wrapper = tmp_path / "nvcc"
     wrapper.write_text(f'#!/bin/sh\nexec {root}/bin/nvcc "$@"\n')
     wrapper.chmod(0o755)
-    assert build._real_nvcc(wrapper) == (root / "bin" / "nvcc").resolve()
+    assert build.toolchain._real_nvcc(wrapper) == (root / "bin" / "nvcc").resolve()
 
 
 def test_cuda_options(settings: config.Settings, tmp_path: Path) -> None:
@@ -259,17 +259,17 @@ def test_old_system_cmake_falls_back_to_pypi(tmp_path: Path, monkeypatch: pytest
     new = new_dir / "cmake"
     new.write_text("#!/bin/sh\necho 'cmake version 3.31.6'\n")
     new.chmod(0o755)
-    monkeypatch.setattr(build.shutil, "which", lambda name: str(old))
-    monkeypatch.setattr(build, "_pypi_bin", lambda module, attr: new)
+    monkeypatch.setattr(build.toolchain.shutil, "which", lambda name: str(old))
+    monkeypatch.setattr(build.toolchain, "_pypi_bin", lambda module, attr: new)
     assert build.find_cmake() == build.Tool(new, "3.31.6")
-    monkeypatch.setattr(build, "_pypi_bin", lambda module, attr: None)
+    monkeypatch.setattr(build.toolchain, "_pypi_bin", lambda module, attr: None)
     with pytest.raises(ToolchainError, match="3.16.3"):
         build.find_cmake()
 
 
 def test_real_toolchain_is_usable() -> None:
     cmake = build.find_cmake()
-    assert build._vtuple(cmake.version) >= build.MIN_CMAKE
+    assert build.toolchain._vtuple(cmake.version) >= build.MIN_CMAKE
     assert os.access(build.find_ninja().path, os.X_OK)
 
 
@@ -296,8 +296,8 @@ def test_shared_tree_builds_each_variant_once_with_its_own_options(settings: con
     assert build.find_binary(settings, "llama-server", variant="upstream", backend="cpu") == up.server
     assert build.find_binary(settings, "llama-server", variant="patched", backend="cpu") == pa.server
     # unchanged: nothing is configured or compiled again
-    monkeypatch.setattr(build, "_cmake", lambda *a: pytest.fail("configured again"))
-    monkeypatch.setattr(build, "_ninja", lambda *a: pytest.fail("compiled again"))
+    monkeypatch.setattr(build.steps, "configure", lambda *a: pytest.fail("configured again"))
+    monkeypatch.setattr(build.steps, "compile_targets", lambda *a: pytest.fail("compiled again"))
     again = build.ensure_shared(settings, ["upstream", "patched"])
     assert all(r.up_to_date for r in again) and [r.server for r in again] == [up.server, pa.server]
 
@@ -343,3 +343,29 @@ def test_locate_override_build_pointer_and_installed_wheel(settings: config.Sett
     build.latest_path(settings, "patched", "cpu").parent.mkdir(parents=True, exist_ok=True)
     build.latest_path(settings, "patched", "cpu").write_text(json.dumps({"binaries": {"llama-server": str(built)}}))
     assert build.locate(settings, "patched", "llama-server", backend="cpu", installed=True) == built
+
+
+def test_a_patched_variant_is_decided_by_the_table_not_its_name(settings: config.Settings, upstream: FakeUpstream,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second patched variant in modes.VARIANTS is built with the series applied (the build once compared the
+    name with "patched") and with its own CMake options."""
+    from ggml_bridge import modes
+
+    monkeypatch.setitem(modes.VARIANTS, "patched-debug", modes.Variant(
+        "patched-debug", True, {**modes.VARIANTS["patched"].cmake, "CMAKE_BUILD_TYPE": "Debug"}, "patched-debug",
+        "the series, a debug build"))
+    res = build.ensure(settings, "patched-debug")
+    m = json.loads(res.manifest_path.read_text())
+    assert [p["name"] for p in m["patches"]] == [p.name for p in upstream.patches.series]
+    assert _run(res.server) == "fake llama-server bridge=1\n" and "-DCMAKE_BUILD_TYPE=Debug" in m["cmake_args"]
+
+
+def test_shared_tree_refuses_a_variant_it_cannot_build(settings: config.Settings,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variant the shared tree has no recipe for is an error naming it (it was silently left out)."""
+    from ggml_bridge import modes
+
+    monkeypatch.setitem(modes.VARIANTS, "upstream-lto", modes.Variant(
+        "upstream-lto", False, {"GGML_LTO": "ON"}, "lto", "no patches, link-time optimisation"))
+    with pytest.raises(UsageError, match="upstream-lto cannot be built in a shared tree"):
+        build.ensure_shared(settings, ["upstream", "upstream-lto"])

@@ -59,3 +59,36 @@ def test_tree_record_round_trip_needs_src(tmp_path: Path) -> None:
     (entry / "src").mkdir()
     rec = cache.read_tree_record(entry)
     assert rec is not None and rec["key"] == "k" and rec["path"] == entry / "src" and rec["created"].endswith("Z")
+
+
+def test_dir_digest_is_the_one_directory_hash_and_keeps_the_cache_keys(tmp_path: Path) -> None:
+    """The tree digest, the UI source key and the UI dist hash all come from cache.dir_digest, with the entry
+    formats they always had (so existing cache keys and manifests stay valid)."""
+    import hashlib
+    import os
+
+    from ggml_bridge import fetch, ui
+
+    root = tmp_path / "t"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "b").write_text("one")
+    (root / "a-c").write_text("two")
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    os.symlink("a-c", root / "link")
+
+    def sha(p: Path) -> str:
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+
+    files = sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*") if p.is_file() or p.is_symlink())
+    old_tree = hashlib.sha256("".join(
+        f"{r}\0l\0{os.readlink(p)}\n" if p.is_symlink() else f"{r}\0{'x' if os.access(p, os.X_OK) else 'f'}\0{sha(p)}\n"
+        for r, p in files).encode()).hexdigest()
+    assert fetch.tree_digest(root) == old_tree
+    plain = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    old_ui = hashlib.sha256(b"".join(p.relative_to(root).as_posix().encode() + b"\0" + sha(p).encode() + b"\n"
+                                     for p in plain)).hexdigest()
+    assert cache.dir_digest(root, plain) == old_ui
+    assert ui.dist_sha256(root)[0] == hashlib.sha256(b"".join(
+        p.relative_to(root).as_posix().encode() + b"\0" + sha(p).encode() + b"\n"
+        for p in sorted(p for p in root.rglob("*") if p.is_file()))).hexdigest()

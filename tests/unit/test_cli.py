@@ -289,3 +289,13 @@ def test_settings_sections_reach_the_stages(cli_env: list[str], tmp_path: Path, 
     monkeypatch.setattr(job, "rebase", lambda st, onto, opts: seen.append(opts) or job.RebaseReport(onto))
     assert cli.main([*cli_env, "rebase", "--onto", "b2", "--check", "--cuda-include", "opt"]) == 0
     assert seen[0].cuda_include == [tmp_path / "cfg", Path("opt")]
+
+
+def test_each_exit_code_is_used_by_one_error_class() -> None:
+    """An exit status names one way of failing: no two FatalError classes share a code (2 was UsageError's,
+    LadderSetupError's and ModelError's), and none reuses a result status (0, 1, 52)."""
+    codes: dict[int, list[str]] = {}
+    for cls in errors.error_classes():
+        codes.setdefault(cls.exit_code, []).append(cls.__name__)
+    assert {c: n for c, n in codes.items() if len(n) > 1} == {}
+    assert not set(codes) & {errors.EXIT_OK, errors.EXIT_DIFFER, errors.EXIT_RADAR_INCOMPLETE}

@@ -147,3 +147,13 @@ def test_fields_have_docstrings() -> None:
         for f in config.dataclasses.fields(cls):
             after = src.split(f"    {f.name}:", 1)[1].split("\n", 2)[1]
             assert after.strip().startswith('"""'), f"{cls.__name__}.{f.name} has no docstring"
+
+
+def test_source_kinds_are_one_table() -> None:
+    """pin.toml's source kinds, the fetch.sources setting and fetch's fetchers all come from pin.SOURCE_KINDS."""
+    from ggml_bridge import fetch, pin
+
+    assert set(fetch.PINNED_FETCHERS) == set(pin.SOURCE_KINDS)
+    assert config.load({}, env={}).fetch.sources == list(pin.SOURCE_KINDS)
+    with pytest.raises(UsageError, match="fetch source kind"):
+        config.load({"fetch.sources": ["git", "svn"]}, env={})

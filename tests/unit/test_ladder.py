@@ -14,7 +14,7 @@ import pytest
 from ggml_bridge import ladder, logparse, model
 from ggml_bridge.errors import LadderSetupError
 
-from helpers import real_vocab, write_fake_bin
+from helpers import real_vocab, write_fake_bin, write_ladder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,11 +40,6 @@ def make_vocab(path: Path) -> Path:
 
 
 MICRO = 'shape = { name = "micro", n_embd = 32, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 64, n_ctx_train = 512 }'
-
-
-def write_ladder(path: Path, body: str) -> Path:
-    path.write_text(body)
-    return path
 
 
 # --- ladder files -------------------------------------------------------------------------------------
@@ -439,7 +434,7 @@ def test_server_crash_is_a_setup_error(env):
     body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_DIE_AT_START = "1"')
     rc, rep, md = run_ladder(env, body)
     r = rep["rungs"][0]
-    assert rc == 2 and r["status"] == "error"
+    assert rc == LadderSetupError.exit_code and r["status"] == "error"
     assert "GGML_ASSERT(fake)" in r["modes"]["off"]["error"]
 
 

@@ -64,8 +64,9 @@ def test_bench_serve_and_build_derive_from_the_table():
     for suite in bench.SUITES.values():
         assert set(suite["cases"]) <= set(modes.MODES)
     assert serve.selector_env is modes.selector_env and serve.BRIDGE_VAR == modes.BRIDGE
-    assert build.VARIANT_OPTIONS == {n: dict(v.cmake) for n, v in modes.VARIANTS.items()}
-    assert build.VARIANT_OPTIONS["patched"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "ON", "SAM3D_BATCHED_TRANSFERS": "ON"}
+    assert dict(modes.VARIANTS["patched"].cmake) == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "ON", "SAM3D_BATCHED_TRANSFERS": "ON"}
+    assert [n for n, v in modes.VARIANTS.items() if v.cuda_only] == ["upstream-nopeer"]
+    assert build.SHARED_ORDER == tuple(modes.VARIANTS), "the shared tree can make every variant, in table order"
 
 
 def test_bench_refuses_ladder_only_modes(tmp_path, monkeypatch):

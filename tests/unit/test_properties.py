@@ -14,11 +14,11 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-from ggml_bridge import config, fetch, patch, pin as pinmod  # noqa: E402
+from ggml_bridge import config, fetch, modes, patch, pin as pinmod  # noqa: E402
 from ggml_bridge.errors import FatalError  # noqa: E402
 from ggml_bridge.ladder import schema  # noqa: E402
 
-BOUNDED = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+BOUNDED = settings(max_examples=int(__import__("os").environ.get("PROP_EXAMPLES", "60")), deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                           HealthCheck.too_slow])
 
 # --------------------------------------------------------------------------------------------- TOML text
@@ -155,7 +155,7 @@ def test_config_loads_or_raises_ours(tmp_path: Path, text: str, junk: bytes, as_
     env = {k: v for k, v in env.items() if "\0" not in v}  # an environment cannot hold NUL
     out = _ok_or_ours(config.load, config_path=path, env=env, cwd=tmp_path)
     if out is not None:
-        assert out.build.variant in config.VARIANTS and out.build.jobs >= 0
+        assert out.build.variant in modes.VARIANTS and out.build.jobs >= 0
         assert math.isfinite(out.fetch.connect_timeout) and out.fetch.connect_timeout > 0
 
 

@@ -14,7 +14,10 @@ import pytest
 from fixtures import fakellama
 from ggml_bridge import cli, config, errors, fetch, patch, pin as pinmod, radar, rebase
 from ggml_bridge.errors import RebaseConflict, UnknownRefError, UsageError
-from unit.test_rebase import DATE, Up, _snapshot, _statuses, proj, st, up  # noqa: F401 - fixtures
+from helpers import REBASE_DATE as DATE
+from helpers import REPO_ROOT, RebaseUpstream as Up
+from helpers import project_snapshot as _snapshot
+from helpers import rebase_statuses as _statuses
 
 #: build number -> tag of the synthetic upstream (b2 clean, b3 offsets, b4 fuzz, b6 0001 conflicts)
 BUILDS = {2: "b2", 3: "b3", 4: "b4", 6: "b6"}
@@ -200,7 +203,6 @@ def test_ci_script_radar(st: config.Settings, proj: Path, registry: Registry, tm
     import subprocess
     import sys
 
-    from unit.test_rebase import REPO_ROOT
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_BRIDGE_", "GITHUB_"))}
     env.update(GGML_BRIDGE_PROJECT_DIR=str(proj), GGML_BRIDGE_CACHE_DIR=str(st.cache_dir),

@@ -6,144 +6,26 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from fixtures import fakellama
 from ggml_bridge import cli, config, errors, fetch, patch, pin as pinmod, rebase
 from ggml_bridge.errors import FetchError, PatchError, RebaseConflict, SourceError, UsageError
+from helpers import REBASE_DATE as DATE
+from helpers import DEMO, REPO_ROOT
+from helpers import RebaseUpstream as Up
+from helpers import project_snapshot as _snapshot
+from helpers import rebase_statuses as _statuses
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEMO = "".join(f"int line{i} = {i};\n" for i in range(1, 31))
-DATE = "2031-01-02"
-
-
-@dataclass
-class Up:
-    repo: Path
-    base: str
-    patches: Path
-    commits: dict[str, str]
-
-
-def _set_line(path: Path, n: int, text: str) -> None:
-    lines = path.read_text().splitlines(keepends=True)
-    lines[n - 1] = text + "\n"
-    path.write_text("".join(lines))
-
-
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Up:
-    """An upstream with tag b1 (the pin), a two-patch series in our format, and one tag per outcome:
-    b2 clean, b3 offsets, b4 fuzz, b5 0001 already upstream, b6 0001 conflicts."""
-    root = tmp_path_factory.mktemp("rebase-up")
-    repo = root / "llama.cpp"
-    fakellama.write_tree(repo)
-    (repo / "src" / "demo.c").write_text(DEMO)
-    (repo / "ggml" / "src" / "ggml-cuda").mkdir(parents=True)
-    (repo / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu").write_text("// cuda backend\nint cuda_backend = 1;\n")
-    g = fakellama.git
-    g(repo, "init", "-q", "-b", "master")
-    g(repo, "add", "-A")
-    g(repo, "commit", "-q", "-m", "upstream b1")
-    g(repo, "tag", "b1")
-    base = g(repo, "rev-parse", "HEAD")
-
-    work = root / "work"
-    g(root, "clone", "-q", str(repo), str(work))
-    _set_line(work / "src" / "demo.c", 10, "int line10 = 100;")
-    msg1 = ("demo: line ten is one hundred\n\nBody text.\n\nOrigin: ggml-bridge, patches/0001-src-demo-ten.patch\n"
-            "Forwarded: no\nLast-Update: 2026-11-30\n")
-    g(work, "commit", "-q", "-a", "-m", msg1)
-    (work / "ggml" / "src" / "ggml-cuda" / "bridge.cu").write_text("int bridge = 1;\n")
-    with open(work / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu", "a") as fh:
-        fh.write("int uses_bridge = 1;\n")
-    g(work, "add", "-A")
-    msg2 = ("ggml-cuda: bridge source\n\nOrigin: ggml-bridge, patches/0002-ggml-cuda-bridge.patch\nForwarded: no\n"
-            "Last-Update: 2026-11-30\n")
-    g(work, "commit", "-q", "-m", msg2)
-    out = root / "fp"
-    g(work, "format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "-o", str(out), "b1..HEAD")
-    patches = root / "patches"
-    patches.mkdir()
-    for f, name in zip(sorted(out.glob("*.patch")), ("0001-src-demo-ten.patch", "0002-ggml-cuda-bridge.patch")):
-        shutil.move(f, patches / name)
-    (patches / "series").write_text("# our series\n0001-src-demo-ten.patch\n0002-ggml-cuda-bridge.patch\n")
-
-    commits = {"b1": base}
-
-    def target(tag: str, edit: Callable[[Path], None]) -> None:
-        g(repo, "checkout", "-q", "-b", f"t-{tag}", "b1")
-        edit(repo)
-        g(repo, "commit", "-q", "-a", "-m", f"upstream {tag}")
-        g(repo, "tag", tag)
-        commits[tag] = g(repo, "rev-parse", "HEAD")
-
-    target("b2", lambda r: (r / "include" / "llama.h").write_text("#pragma once\nint llama_version(void);\nint x;\n"))
-    target("b3", lambda r: (r / "src" / "demo.c").write_text("// new\n// header\n// lines\n// five\n// here\n" + DEMO))
-    target("b4", lambda r: _set_line(r / "src" / "demo.c", 7, "int line7 = 77;"))
-    target("b5", lambda r: _set_line(r / "src" / "demo.c", 10, "int line10 = 100;"))
-    target("b6", lambda r: _set_line(r / "src" / "demo.c", 10, "int line10 = -10;"))
-    g(repo, "checkout", "-q", "master")
-    return Up(repo, base, patches, commits)
-
-
-def _pin_text(up: Up) -> str:
-    expect = ", ".join(f'"{f}"' for f in fakellama.EXPECT_FILES)
-    return f"""[upstream]
-url = "{up.repo.as_uri()}"
-tag = "b1"
-commit = "{up.base}"
-expect_files = [{expect}]
-
-[[source]]
-kind = "git"
-url = "{up.repo.as_uri()}"
-"""
-
-
-@pytest.fixture
-def proj(tmp_path: Path, up: Up) -> Path:
-    """A project checkout (git, committed) pinned to b1 with the two-patch series."""
-    p = tmp_path / "project"
-    p.mkdir()
-    shutil.copytree(up.patches, p / "patches")
-    (p / "pin.toml").write_text(_pin_text(up))
-    fakellama.git(p, "init", "-q", "-b", "main")
-    fakellama.git(p, "add", "-A")
-    fakellama.git(p, "commit", "-q", "-m", "project")
-    return p
-
-
-@pytest.fixture
-def st(tmp_path: Path, proj: Path, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
-    for var in list(os.environ):
-        if var.startswith("GGML_BRIDGE_"):
-            monkeypatch.delenv(var)
-    # cli.main() reads these: never the real checkout or the user's cache
-    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(proj))
-    monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(tmp_path / "cache"))
-    return config.load({"cache_dir": str(tmp_path / "cache"), "project_dir": str(proj),
-                        "fetch.connect_timeout": 2.0, "build.backend": "cpu"}, env={}, cwd=tmp_path)
-
-
-def _snapshot(proj: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(proj)): p.read_bytes() for p in sorted(proj.rglob("*"))
-            if p.is_file() and ".git" not in p.relative_to(proj).parts and "build" not in p.relative_to(proj).parts}
 
 
 def _check(st: config.Settings, onto: str, **kw: object) -> rebase.RebaseReport:
     return rebase.rebase(st, onto, rebase.Options(check=True, date=DATE, **kw))  # type: ignore[arg-type]
-
-
-def _statuses(rep: rebase.RebaseReport) -> list[str]:
-    return [r.status for r in rep.results]
 
 
 # --------------------------------------------------------------------------------------------- outcomes

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import pytest
 
 from ggml_bridge import cli, logparse, serve
 from ggml_bridge.errors import ServeError, UsageError
-from helpers import fake_model, write_fake_bin
+from helpers import busy_port, fake_model, write_fake_bin
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
@@ -24,13 +23,6 @@ def fake(tmp_path, monkeypatch):
             monkeypatch.delenv(k)
     b = write_fake_bin(tmp_path / "bin")
     return SimpleNamespace(bin=b, server=b / "llama-server", model=fake_model(tmp_path), tmp=tmp_path)
-
-
-def busy_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    s.listen(1)
-    return s, s.getsockname()[1]
 
 
 def srv_args(model, port):

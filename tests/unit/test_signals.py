@@ -22,6 +22,7 @@ import pytest
 
 from conftest import REPO_ROOT
 from ggml_bridge import config, runner
+from ggml_bridge.errors import UsageError
 
 TREE = r'''
 sleep 600 & echo $! >> "$PIDS"
@@ -46,7 +47,9 @@ def _launch(settings: config.Settings, tmp_path: Path, argv: list[str], **env: s
     full = {k: v for k, v in os.environ.items() if not k.startswith("GGML_BRIDGE_") and k != "CMAKE_ARGS"}
     full.update({"PIDS": str(pids), "PYTHONPATH": str(REPO_ROOT), "GGML_BRIDGE_PROJECT_DIR": str(settings.project_dir),
                  "GGML_BRIDGE_PYPI_URL": settings.fetch.pypi_url, "GGML_BRIDGE_BACKEND": "cpu",
-                 "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", **env})
+                 "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+                 # the tree's setsid child ignores SIGTERM: it is SIGKILLed after this grace (default 10 s)
+                 runner.STOP_GRACE_VAR: "0.5", **env})
     p = subprocess.Popen([sys.executable, "-m", "ggml_bridge", "--cache-dir", str(settings.cache_dir), *argv],
                          env=full, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return p, pids
@@ -123,3 +126,11 @@ def test_sigterm_to_patch_check_stops_git_and_removes_the_temporary_tree(setting
 
     _signal_and_wait(p, pids, signal.SIGTERM, while_running=temporary_tree_exists)
     assert not list(tmpdir.glob("ggml-bridge-check-*")), "temporary tree left behind"
+
+
+def test_stop_grace_comes_from_the_environment() -> None:
+    assert runner.stop_grace({}) == runner.STOP_GRACE_S == 10.0
+    assert runner.stop_grace({runner.STOP_GRACE_VAR: "0.5"}) == 0.5
+    for bad in ("soon", "-1", "601"):
+        with pytest.raises(UsageError, match=runner.STOP_GRACE_VAR):
+            runner.stop_grace({runner.STOP_GRACE_VAR: bad})

@@ -98,6 +98,8 @@ CASES = [
          files=_ladder("n_probs = 1e30\n")),
     Case("ladder-shape-float", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "must be a positive integer",
          files=_write("ladder.toml", b'[[rung]]\nname = "r"\nshape = {preset = "tiny", n_layer = 2.5}\n')),
+    Case("ladder-args-not-a-list", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER,
+         "perplexity_args = 0 is not a list", files=_ladder("perplexity_args = 0\n")),  # found by Hypothesis
     Case("ladder-rung-not-a-table", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "must be a table",
          files=_write("ladder.toml", b"rung = [1, 2]\n")),
     Case("ladder-text-seed-string", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "text_seed = 'x'",

@@ -1,0 +1,152 @@
+"""The bench's figures: samples and runs, per-case summaries (median, quartiles), ratios against the
+reference cases, and the paired per-round ratio with its bootstrap interval; :func:`pool` pools every round."""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from .. import modes
+from ..errors import BenchError
+
+
+@dataclass
+class Sample:
+    case: str
+    test: str            # e.g. "pp4096/ub512", "tg128"
+    round: int
+    values: list[float]  # tokens per second, one per llama-bench repetition
+
+
+@dataclass
+class CaseRun:
+    case: str
+    round: int
+    rc: int
+    seconds: float
+    engaged: bool | None      # None: nothing to prove
+    engagement: str           # what the log said
+    log_tail: list[str] = field(default_factory=list)
+    started: float = 0.0      # wall clock (epoch seconds) when the process started: lines runs up with GPU telemetry
+    gpus: dict[str, dict[str, Any]] = field(default_factory=dict)  # --smi: GPU state while it ran, by GPU index
+
+
+@dataclass
+class Summary:
+    case: str
+    test: str
+    n: int
+    median: float
+    q1: float
+    q3: float
+    lo: float
+    hi: float
+
+    @property
+    def spread(self) -> float:
+        return self.q3 - self.q1
+
+
+def summarize(case: str, test: str, values: Sequence[float]) -> Summary:
+    vals = sorted(values)
+    if not vals:
+        raise BenchError(f"no samples for {case} {test}")
+    if len(vals) >= 2:
+        q1, _, q3 = statistics.quantiles(vals, n=4, method="inclusive")
+    else:
+        q1 = q3 = vals[0]
+    return Summary(case, test, len(vals), statistics.median(vals), q1, q3, vals[0], vals[-1])
+
+
+def compare(a: Summary, b: Summary) -> dict[str, Any]:
+    """a relative to b: ratio of medians, and whether the difference is inside the spreads (noise)."""
+    ratio = a.median / b.median if b.median else float("nan")
+    noise = abs(a.median - b.median) <= (a.spread + b.spread)
+    return {"ratio": ratio, "noise": noise}
+
+
+def _round_ratios(samples: Sequence[Sample], case: str, ref: str, test: str) -> list[float]:
+    """Per round that ran both cases: median of case / median of ref within the round."""
+    per: dict[int, dict[str, list[float]]] = {}
+    for s in samples:
+        if s.test == test and s.case in (case, ref) and s.values:
+            per.setdefault(s.round, {}).setdefault(s.case, []).extend(s.values)
+    return [statistics.median(v[case]) / statistics.median(v[ref])
+            for v in per.values() if case in v and ref in v and statistics.median(v[ref])]
+
+
+def paired_ratio(samples: Sequence[Sample], case: str, ref: str, test: str) -> tuple[float, int] | None:
+    """Median over the rounds that ran both cases of (median of case / median of ref) within the round, and the
+    number of such rounds. Cases of one round ran next to each other, so a drift of the machine between rounds
+    (clocks, a noisy neighbour) cancels here, while the pooled medians keep it; None without a common round."""
+    ratios = _round_ratios(samples, case, ref, test)
+    if not ratios:
+        return None
+    return statistics.median(ratios), len(ratios)
+
+
+def paired_interval(samples: Sequence[Sample], case: str, ref: str, test: str, resamples: int = 2000,
+                    seed: int = 1234) -> tuple[float, float] | None:
+    """95 % bootstrap interval of :func:`paired_ratio` that resamples whole rounds (the samples of one process
+    are not independent); None with fewer than 3 common rounds."""
+    ratios = _round_ratios(samples, case, ref, test)
+    if len(ratios) < 3:
+        return None
+    rng = random.Random(seed)
+    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return boot[int(0.025 * (resamples - 1))], boot[int(0.975 * (resamples - 1))]
+
+
+def test_key(r: dict[str, Any]) -> str:
+    if r.get("n_prompt"):
+        return f"pp{r['n_prompt']}/ub{r['n_ubatch']}"
+    return f"tg{r['n_gen']}"
+
+
+def _test_order(test: str) -> tuple[bool, int, int]:
+    """pp before tg, then by size and ubatch as numbers: pp4096/ub512 before pp4096/ub4096."""
+    head, _, ub = test.partition("/ub")
+    return (head[:2] != "pp", int(head[2:]), int(ub or 0))
+
+
+#: reference cases of the ratios, in this order
+REFERENCES = ("upstream-p2p", "upstream-nopeer", "off", "upstream", "rpc-upstream-nopeer", "rpc-upstream", "rpc-off")
+
+
+def references(names: Sequence[str], among: Sequence[str] = REFERENCES) -> list[str]:
+    """The reference cases present in ``names``, by their current or older name (reports of earlier runs)."""
+    old = {new: [o for o, n in modes.ALIASES.items() if n == new] for new in among}
+    return [n for ref in among for n in [ref, *old[ref]] if n in names]
+
+
+def pool(names: Sequence[str], samples: Sequence[Sample], runs: Sequence[CaseRun]) -> dict[str, Any]:
+    """All rounds pooled: per case and test the median and quartiles of every kept sample, and against each
+    reference case the ratio of medians and the paired ratio with its interval (cases that failed or did not
+    engage are left out of the ratios)."""
+    failed = sorted({r.case for r in runs if r.rc != 0})
+    not_engaged = sorted({r.case for r in runs if r.engaged is False})
+    tests = sorted({s.test for s in samples}, key=_test_order)
+    summary: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in names:
+        for t in tests:
+            vals = [v for s in samples if s.case == name and s.test == t for v in s.values]
+            if vals:
+                summary.setdefault(name, {})[t] = asdict(summarize(name, t, vals))
+    usable = [n for n in names if n not in failed and n not in not_engaged]
+    ratios: dict[str, dict[str, dict[str, Any]]] = {}
+    for ref in references(usable):
+        for n in usable:
+            for t in tests:
+                if t in summary.get(n, {}) and t in summary.get(ref, {}):
+                    cmp = compare(Summary(**summary[n][t]), Summary(**summary[ref][t]))
+                    paired = paired_ratio(samples, n, ref, t)
+                    if paired is not None:
+                        cmp["paired"], cmp["paired_rounds"] = paired
+                        ci = paired_interval(samples, n, ref, t)
+                        if ci is not None:
+                            cmp["paired_ci95"] = list(ci)
+                    ratios.setdefault(ref, {}).setdefault(n, {})[t] = cmp
+    return {"rounds": len({r.round for r in runs}), "tests": tests, "summary": summary, "ratios": ratios,
+            "failed": failed, "not_engaged": not_engaged}

@@ -1,0 +1,168 @@
+"""Configure and build llama-server (plus llama-bench, llama-perplexity and our test programs) with CMake + Ninja.
+
+Build directories are keyed by (upstream tree, patch series, CMake options, backend, compilers):
+``<cache>/builds/<variant>-<backend>-<key>/``. When the key and the completed marker match, nothing is configured
+or compiled ("up to date"). Each build writes ``manifest.json`` into its directory and the pointer
+``<cache>/latest-<variant>-<backend>.json`` that :func:`find_binary` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .. import cache, modes
+from .. import fetch as fetchmod
+from .. import patch as patchmod
+from .. import ui as uimod
+from ..config import Settings
+from ..errors import BuildError, NotBuiltError
+from ..runner import log, step
+from .installed import installed_server
+from .shared import NOPEER_LIBRARY, NOPEER_OBJECT, SHARED_ORDER, SHARED_RECIPES, ensure_shared
+from . import steps
+from .steps import (COMPLETE_MARKER, OFF_IF_PRESENT, REQUIRED_TARGETS, WANTED_TARGETS,
+                    BuildResult, Progress, completed, manifest_for, select_targets, write_pointer,
+                    build_failed, build_key, cmake_args, latest_path, source_manifest)
+from .toolchain import (MIN_CMAKE, MIN_NINJA, CudaToolkit, Tool, Toolchain, detect_cuda, find_cmake, find_ninja,
+                        find_toolchain, resolve_backend)
+
+__all__ = [
+    "COMPLETE_MARKER", "MIN_CMAKE", "MIN_NINJA", "NOPEER_LIBRARY", "NOPEER_OBJECT", "OFF_IF_PRESENT",
+    "REQUIRED_TARGETS", "SHARED_ORDER", "SHARED_RECIPES", "WANTED_TARGETS", "BuildResult", "CudaToolkit", "Progress",
+    "Tool", "Toolchain", "build_failed", "build_key", "cmake_args", "detect_cuda", "ensure", "ensure_shared",
+    "find_binary", "find_cmake", "find_ninja", "find_toolchain", "installed_server", "latest_path", "locate",
+    "resolve_backend", "source_manifest",
+]
+
+
+# --------------------------------------------------------------------------------------------- public API
+
+
+def ensure(settings: Settings, variant: str | None = None, *, source_spec: str | None = None,
+           allow_unpinned: bool = False, series: patchmod.Series | None = None,
+           record_latest: bool = True, discard_changes: bool = False) -> BuildResult:
+    """Fetch, patch (for ``patched``), configure and build; reuse an up-to-date build. Returns the binaries.
+
+    ``source_spec``/``allow_unpinned`` are passed to :func:`ggml_bridge.fetch.obtain`; ``series`` replaces the
+    project's ``patches/`` (e.g. a rebased series); ``record_latest=False`` leaves the
+    ``latest-<variant>-<backend>.json`` pointer (what :func:`find_binary` returns) alone; ``discard_changes``
+    lets :func:`ggml_bridge.patch.apply_series` delete a patched work tree holding edits.
+    """
+    variant = variant or settings.build.variant
+    v = modes.variant(variant)
+    backend, cuda = resolve_backend(settings.build.backend)
+    modes.check_backend(v, backend, fix="use --backend cuda, or --variant upstream")
+
+    tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
+    if v.patched:
+        patched = patchmod.apply_series(settings, tree, series, discard_changes=discard_changes)
+        series, src = patched.series, patched.path
+        head = patched.head
+    else:
+        src, head, series = tree.path, None, None
+
+    tools = find_toolchain(cuda)
+    ui = uimod.ensure(settings, src)
+    args = cmake_args(settings, src, variant, backend, tools)
+    key = build_key(tree, series, variant, backend, args, tools, ui)
+    build_dir = settings.cache_dir / "builds" / f"{variant}-{backend}-{key[:16]}"
+    pointer = latest_path(settings, variant, backend) if record_latest else None
+
+    done = completed(build_dir, key)
+    if done is not None:
+        log(f"build {variant}/{backend} is up to date: {build_dir}")
+        result = BuildResult(variant, backend, build_dir, build_dir / "bin", build_dir / "manifest.json", done, True)
+        write_pointer(pointer, result, key)
+        return result
+
+    cache.ensure_writable(settings.cache_dir)
+    with cache.entry_lock(build_dir.with_name(build_dir.name + ".lock")):
+        done = completed(build_dir, key)  # another process may have finished it while we waited
+        if done is not None:
+            result = BuildResult(variant, backend, build_dir, build_dir / "bin", build_dir / "manifest.json", done,
+                                 True)
+            write_pointer(pointer, result, key)
+            return result
+        build_dir.mkdir(parents=True, exist_ok=True)
+        (build_dir / COMPLETE_MARKER).unlink(missing_ok=True)
+        log_file = build_dir / "build.log"
+        log_file.write_text("")
+        # a pristine tree has no .git: keep git (llama.cpp's build-info) from finding a repository above the cache
+        env = {"GIT_CEILING_DIRECTORIES": str(src.parent)}
+        with step(f"configure {variant}/{backend} ({len(args)} CMake options) in {build_dir}"):
+            steps.configure(tools, src, build_dir, args, log_file, env)
+        targets = select_targets(tools, build_dir, log_file)
+        jobs = settings.build.jobs or os.cpu_count() or 1
+        with step(f"build {', '.join(targets)} with {jobs} job(s)"), uimod.placed(settings, src, ui):
+            steps.compile_targets(tools, build_dir, targets, jobs, log_file, env)
+        uimod.check_embedded(build_dir, ui)
+        return _finish(tree, series, head, src, variant, backend, key, build_dir, args, tools, targets, pointer,
+                       ui)
+
+
+def _finish(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None, src: Path, variant: str,
+            backend: str, key: str, build_dir: Path, args: list[str], tools: Toolchain, targets: list[str],
+            pointer: Path | None, ui: uimod.UiAssets) -> BuildResult:
+    log_file = build_dir / "build.log"
+    binaries = {t: build_dir / "bin" / t for t in targets}
+    missing = [t for t, p in binaries.items() if not p.is_file()]
+    if missing:
+        raise BuildError(f"the build finished but {', '.join(missing)} is missing from {build_dir / 'bin'}",
+                         why=f"full log: {log_file}", fix="check the log; the tree may place binaries elsewhere")
+    manifest = manifest_for(tree, series, head, src, variant, backend, key, build_dir, args, tools, binaries, ui)
+    manifest_path = build_dir / "manifest.json"
+    cache.write_json_atomic(manifest_path, manifest)
+    cache.write_json_atomic(build_dir / COMPLETE_MARKER,
+                            {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}})
+    result = BuildResult(variant, backend, build_dir, build_dir / "bin", manifest_path, binaries, False)
+    write_pointer(pointer, result, key)
+    log(f"manifest: {manifest_path}")
+    return result
+
+
+def find_binary(settings: Settings, name: str, variant: str | None = None, backend: str | None = None) -> Path:
+    """Path of ``name`` (e.g. "llama-server") from the latest build of ``variant``/``backend``.
+
+    Defaults come from ``settings.build``; backend ``auto`` is resolved as for a build. Raises NotBuiltError.
+    """
+    variant = variant or settings.build.variant
+    backend = backend or settings.build.backend
+    if backend == "auto":
+        backend = resolve_backend("auto")[0]
+    pointer = latest_path(settings, variant, backend)
+    fix = f"run `ggml-bridge build --variant {variant} --backend {backend}` first"
+    try:
+        data = json.loads(pointer.read_text())
+    except (OSError, ValueError):
+        raise NotBuiltError(f"no {variant}/{backend} build found", why=f"{pointer} does not exist", fix=fix) from None
+    path = data.get("binaries", {}).get(name)
+    if not path:
+        raise NotBuiltError(f"the {variant}/{backend} build has no {name}",
+                            why=f"it built {', '.join(data.get('binaries', {})) or 'nothing'}", fix=fix)
+    if not Path(path).is_file():
+        raise NotBuiltError(f"{name} of the {variant}/{backend} build is gone", why=f"{path} does not exist", fix=fix)
+    return Path(path)
+
+
+def locate(settings: Settings, variant: str, name: str, override_dir: Path | str | None = None, *,
+           backend: str | None = None, installed: bool = False) -> Path:
+    """The one binary locator: ``name`` of build ``variant`` in ``override_dir`` when the user gave one (a
+    ``--bin-dir-*`` option), else from the latest build (:func:`find_binary`), else, with ``installed`` and the
+    patched variant, from an installed ggml-bridge-server wheel. Raises NotBuiltError."""
+    if override_dir is not None:
+        path = Path(override_dir) / name
+        if not path.is_file():
+            raise NotBuiltError(f"{name} not found in {override_dir}",
+                                fix=f"point the option at a directory holding the {variant} build's {name}")
+        return path
+    try:
+        return find_binary(settings, name, variant=variant, backend=backend)
+    except NotBuiltError:
+        if not (installed and variant == modes.PATCHED):  # the wheel carries the patched build
+            raise
+        found = installed_server(settings, name)  # no build: an installed ggml-bridge-server wheel, if any
+        if found is None:
+            raise
+        return found

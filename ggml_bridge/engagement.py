@@ -1,0 +1,70 @@
+"""Whether a mechanism engaged in one process: the one decision serve, rpc, the ladder and the bench all make
+(and the wheel test through ``serve --check``).
+
+A mechanism *engaged* when the process says it is enabled (its ``enabled`` line) and, where counters are given
+(the bench's last stats line, an rpc-server's SIGUSR1 counters), they show it did work: the bridge crossed a
+boundary, batching staged an upload or declined a prompt-sized graph by its policy. Otherwise it is *idle*
+(enabled, no work), *inactive* (the process gave its own reason, e.g. one device) or *absent* (no line at all:
+a binary without the patch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from .logparse import BatchedInfo, BridgeInfo
+
+BRIDGE, BATCHED = "bridge", "batched"
+MECHANISMS = (BRIDGE, BATCHED)
+ENGAGED, IDLE, INACTIVE, ABSENT = "engaged", "idle", "inactive", "absent"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    mechanism: str
+    state: str
+    """:data:`ENGAGED`, :data:`IDLE`, :data:`INACTIVE` or :data:`ABSENT`."""
+    reason: str | None = None
+    """The process's own reason when it reported the mechanism inactive."""
+
+    @property
+    def engaged(self) -> bool:
+        return self.state == ENGAGED
+
+
+def did_work(mechanism: str, counters: Mapping[str, int]) -> bool:
+    """Counters (a stats line, or an rpc-server's counters with their ``bridge_`` prefix) show work."""
+    if mechanism == BRIDGE:
+        return counters.get("boundaries", counters.get("bridge_boundaries", 0)) > 0
+    return counters.get("async_uploads", 0) > 0 or counters.get("declined_graphs", 0) > 0
+
+
+def engaged(mechanism: str, info: BridgeInfo | BatchedInfo, counters: Mapping[str, int] | None = None) -> Verdict:
+    """The verdict for ``mechanism`` from what one process printed about it (``LogInfo.bridge``/``.batched``, or
+    ``RpcServerInfo.bridge``); with ``counters``, engaged also needs :func:`did_work`."""
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"unknown mechanism {mechanism!r}")
+    if info.enabled:
+        return Verdict(mechanism, ENGAGED if counters is None or did_work(mechanism, counters) else IDLE)
+    if info.inactive_reason is not None:
+        return Verdict(mechanism, INACTIVE, info.inactive_reason)
+    return Verdict(mechanism, ABSENT)
+
+
+def from_metrics(mechanism: str, info: BridgeInfo | BatchedInfo, metrics: Mapping[str, int] | None) -> Verdict:
+    """The verdict for llama-server at its default log verbosity, where the INFO ``enabled`` line is hidden: what
+    the log says (``enabled`` when the user chose ``-lv 4``; else the WARN ``inactive`` line and its reason) first,
+    then the live counters patch 0005 exports on /metrics (``llamacpp:<mechanism>_<name>_total``, keys as
+    :func:`ggml_bridge.logparse.parse_metrics` gives them). With counters that show work (the start-up warm-up
+    decode crosses the bridge's boundaries and stages batched uploads) it engaged; counters at zero: *idle*; no
+    counters: *absent* (a binary without the patch, or no CUDA backend for the bridge)."""
+    verdict = engaged(mechanism, info)
+    if verdict.state != ABSENT or not metrics:
+        return verdict
+    prefix, suffix = mechanism + "_", "_total"
+    counters = {k[len(prefix):-len(suffix)]: v for k, v in metrics.items() if k.startswith(prefix) and
+                k.endswith(suffix)}
+    if not counters:
+        return verdict
+    return Verdict(mechanism, ENGAGED if did_work(mechanism, counters) else IDLE)

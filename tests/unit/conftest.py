@@ -1,0 +1,45 @@
+"""Fixtures of the unit tests shared by several modules: the synthetic upstream of the rebase and radar tests
+(``up``), a project checkout pinned to it (``proj``) and its settings (``st``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fixtures import fakellama
+from ggml_bridge import config
+from helpers import RebaseUpstream, make_rebase_upstream, rebase_pin_text
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> RebaseUpstream:
+    """The upstream of :func:`helpers.make_rebase_upstream`, once per module."""
+    return make_rebase_upstream(tmp_path_factory.mktemp("rebase-up"))
+
+
+@pytest.fixture
+def proj(tmp_path: Path, up: RebaseUpstream) -> Path:
+    """A project checkout (git, committed) pinned to b1 with the two-patch series."""
+    p = tmp_path / "project"
+    p.mkdir()
+    shutil.copytree(up.patches, p / "patches")
+    (p / "pin.toml").write_text(rebase_pin_text(up))
+    fakellama.git(p, "init", "-q", "-b", "main")
+    fakellama.git(p, "add", "-A")
+    fakellama.git(p, "commit", "-q", "-m", "project")
+    return p
+
+
+@pytest.fixture
+def st(tmp_path: Path, proj: Path, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
+    for var in list(os.environ):
+        if var.startswith("GGML_BRIDGE_"):
+            monkeypatch.delenv(var)
+    # cli.main() reads these: never the real checkout or the user's cache
+    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(proj))
+    monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    return config.load({"cache_dir": str(tmp_path / "cache"), "project_dir": str(proj),
+                        "fetch.connect_timeout": 2.0, "build.backend": "cpu"}, env={}, cwd=tmp_path)

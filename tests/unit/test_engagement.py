@@ -1,0 +1,58 @@
+"""engagement.engaged: the one decision whether a mechanism engaged in a process."""
+
+from __future__ import annotations
+
+import pytest
+
+from ggml_bridge import logparse
+from ggml_bridge.engagement import ABSENT, ENGAGED, IDLE, INACTIVE, engaged
+
+
+def test_enabled_is_engaged_and_counters_must_show_work() -> None:
+    b = logparse.BridgeInfo(enabled=True, mode="1")
+    assert engaged("bridge", b).state == ENGAGED
+    assert engaged("bridge", b, {"boundaries": 3}).engaged
+    assert engaged("bridge", b, {"boundaries": 0}).state == IDLE
+    assert engaged("bridge", b, {"bridge_boundaries": 2}).engaged, "an rpc-server's counters"
+    t = logparse.BatchedInfo(enabled=True)
+    assert engaged("batched", t, {"async_uploads": 1}).engaged
+    assert engaged("batched", t, {"declined_graphs": 4}).engaged, "declining prompt-sized graphs is its policy"
+    assert engaged("batched", t, {"async_downloads": 9}).state == IDLE, "downloads are upstream's own"
+
+
+def test_inactive_keeps_the_process_reason_and_no_line_is_absent() -> None:
+    v = engaged("bridge", logparse.BridgeInfo(inactive_reason="single device"))
+    assert (v.state, v.reason, v.engaged) == (INACTIVE, "single device", False)
+    assert engaged("batched", logparse.BatchedInfo()).state == ABSENT
+    with pytest.raises(ValueError):
+        engaged("turbo", logparse.BridgeInfo())
+
+
+def test_every_caller_uses_it() -> None:
+    """serve, rpc, the ladder and the bench decide through engagement.engaged (the wheel test via serve --check)."""
+    import inspect
+
+    from ggml_bridge import rpc, serve
+    from ggml_bridge.bench import running
+    from ggml_bridge.ladder import validity
+
+    for mod in (rpc, running, validity):
+        assert "engaged(" in inspect.getsource(mod) and mod.engaged is engaged, mod.__name__
+    # serve, at llama-server's default verbosity, through from_metrics (engaged, then the /metrics counters)
+    from ggml_bridge import engagement
+    assert "from_metrics(" in inspect.getsource(serve) and serve.from_metrics is engagement.from_metrics
+    assert "engaged(mechanism, info)" in inspect.getsource(engagement.from_metrics)
+
+
+def test_from_metrics_reads_the_live_counters() -> None:
+    """Issue 27 D1: without -lv 4 the enabled line is hidden; /metrics (patch 0005) decides."""
+    from ggml_bridge.engagement import from_metrics
+    hidden = logparse.BridgeInfo()
+    assert from_metrics("bridge", hidden, {"bridge_boundaries_total": 3}).state == ENGAGED
+    assert from_metrics("bridge", hidden, {"bridge_boundaries_total": 0}).state == IDLE
+    assert from_metrics("bridge", hidden, {"batched_graphs_total": 2}).state == ABSENT
+    assert from_metrics("bridge", hidden, None).state == ABSENT
+    assert from_metrics("batched", logparse.BatchedInfo(), {"batched_async_uploads_total": 4}).state == ENGAGED
+    inactive = logparse.BatchedInfo(inactive_reason="no backend with same-device pinned host memory")
+    assert from_metrics("batched", inactive, {"batched_graphs_total": 5, "batched_async_uploads_total": 0}).state \
+        == INACTIVE
