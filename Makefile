@@ -1,6 +1,6 @@
 # `make build`: install ggml-bridge into a virtual environment and build llama-server on the defaults.
-# `make test`:  install with the test extras and run every test (slow ones fetch and build the real llama.cpp;
-#               gpu-marked ones skip without a GPU).
+# `make test`:  install with the test extras, lint (ruff, ruff format, mypy) and run every test (slow ones fetch
+#               and build the real llama.cpp; gpu-marked ones skip without a GPU).
 # Inside an active virtualenv that one is used; otherwise .venv is created.
 
 PYTHON ?= python3
@@ -10,12 +10,13 @@ PYTEST_ARGS ?=
 # The slow tests share one cache across runs (real builds take minutes); delete it to start from scratch.
 export GGML_BRIDGE_TEST_CACHE_DIR ?= $(CURDIR)/.cache-test
 
-.PHONY: help install build test test-fast clean
+.PHONY: help install build lint test test-fast clean
 
 help:
 	@echo "make build      install and run 'ggml-bridge build' (prints the llama-server path)"
 	@echo "make test       install with test extras and run all tests (incl. slow; gpu ones skip without a GPU)"
-	@echo "make test-fast  only the fast tests (-m 'not slow')"
+	@echo "make test-fast  only the fast tests (-m 'not slow'), on FAST_JOBS=2 pytest-xdist workers"
+	@echo "make lint       ruff check, ruff format --check, mypy (strict on ggml_bridge/); make test runs it first"
 	@echo "make clean      remove .venv and the test cache"
 
 $(BIN)/python:
@@ -28,12 +29,20 @@ install: $(BIN)/python
 build: install
 	$(BIN)/ggml-bridge build
 
+# The same checks as .pre-commit-config.yaml; `make test` fails on any of them.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
 # pytest exits 5 when it collects nothing: make fails on that like on any other non-zero status.
-test: install
+test: install lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The fast tests mostly wait on small processes (fake llama-server, git, cmake): FAST_JOBS pytest-xdist workers.
+FAST_JOBS ?= 2
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n $(FAST_JOBS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf .venv .cache-test .pytest_cache

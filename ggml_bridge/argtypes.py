@@ -33,8 +33,9 @@ def seconds(*, allow_zero: bool = False) -> Callable[[str], float]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-            raise argparse.ArgumentTypeError(f"{text!r}: it must be a finite number "
-                                             + ("of 0 or more" if allow_zero else "above 0"))
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: it must be a finite number " + ("of 0 or more" if allow_zero else "above 0")
+            )
         return value
 
     parse.__name__ = "number"

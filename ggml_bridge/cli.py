@@ -232,8 +232,14 @@ def cmd_build(args: argparse.Namespace, settings: config.Settings) -> int:
     if not variants:
         raise UsageError(f"--variant {args.variant!r} names no variant", why="nothing would be built",
                          fix=f"use one or more of {', '.join(modes.VARIANTS)}, comma-separated")
-    for v in variants:
-        modes.variant(v, "--variant")  # UsageError naming the known ones
+    for v in variants:  # every name checked before anything is built
+        modes.variant(v, "--variant")
+    if getattr(args, "print_manifest", False) or getattr(args, "print_bin_dir", False):
+        # what a build left, for scripts (scripts/gpu/prove.sh): the CLI knows where the cache keeps it
+        for v in variants:
+            manifest = build.find_manifest(settings, v)
+            print(manifest if args.print_manifest else build.find_binary(settings, "llama-server", variant=v).parent)
+        return 0
     if args.shared_tree:
         results = build.ensure_shared(settings, variants, source_spec=args.source,
                                       allow_unpinned=args.allow_unpinned,
@@ -324,6 +330,12 @@ def _build_cmd_args(parser: argparse.ArgumentParser) -> None:
     _source_args(parser)
     _build_args(parser)
     _discard_arg(parser)
+    located = parser.add_mutually_exclusive_group()
+    located.add_argument("--print-manifest", action="store_true",
+                         help="build nothing: print the manifest.json path of the latest build of each --variant")
+    located.add_argument("--print-bin-dir", action="store_true",
+                         help="build nothing: print the folder holding the binaries of the latest build of each "
+                         "--variant")
 
 
 def _sdist_args(parser: argparse.ArgumentParser) -> None:

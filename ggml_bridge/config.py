@@ -262,7 +262,8 @@ def _read_config(explicit: Path | str | None, cwd: Path) -> tuple[Path | None, d
 def _parse_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            data: dict[str, Any] = tomllib.load(fh)
+            return data
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"config file {path} is not valid TOML", why=str(e)) from None
     except UnicodeDecodeError as e:

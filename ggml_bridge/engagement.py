@@ -63,8 +63,9 @@ def from_metrics(mechanism: str, info: BridgeInfo | BatchedInfo, metrics: Mappin
     if verdict.state != ABSENT or not metrics:
         return verdict
     prefix, suffix = mechanism + "_", "_total"
-    counters = {k[len(prefix):-len(suffix)]: v for k, v in metrics.items() if k.startswith(prefix) and
-                k.endswith(suffix)}
+    counters = {
+        k[len(prefix) : -len(suffix)]: v for k, v in metrics.items() if k.startswith(prefix) and k.endswith(suffix)
+    }
     if not counters:
         return verdict
     return Verdict(mechanism, ENGAGED if did_work(mechanism, counters) else IDLE)

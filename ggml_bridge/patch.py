@@ -18,9 +18,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import cache
 from .config import Settings
 from .errors import PatchError, WorkTreeModified
-from . import cache
 from .fetch import Tree
 from .runner import log, step
 

@@ -7,6 +7,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .errors import UsageError
 
@@ -144,7 +145,7 @@ def load(path: Path) -> Pin:
         raise UsageError(f"pin file {path} is malformed", why=f"{type(e).__name__}: {e}") from None
 
 
-def _source(d: dict) -> Source:
+def _source(d: dict[str, Any]) -> Source:
     kind = d["kind"]
     sha = d.get("sha256")
     sha = None if sha in (None, "", "unknown") else str(sha).lower()

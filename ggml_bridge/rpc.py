@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from . import logparse, runner
-from .errors import RpcError, UsageError
-from .cli_options import RPC_SERVER
+from .cli_options import RPC_SERVER as RPC_SERVER  # re-exported: the ladder and the bench start it
 from .engagement import BRIDGE, engaged
+from .errors import RpcError, UsageError
 from .net import free_port
 
 if TYPE_CHECKING:

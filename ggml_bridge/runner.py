@@ -341,9 +341,10 @@ class Process:
                     if self.log_max_bytes and written and written + len(text) > self.log_max_bytes:
                         fh = self._rotate(fh)
                         written = 0
-                    fh.write(text)
-                    fh.flush()
-                    written += len(text)
+                    if fh is not None:  # None: the log could not be reopened after rotating; the pump goes on
+                        fh.write(text)
+                        fh.flush()
+                        written += len(text)
                 keep = self._keep is True or (callable(self._keep) and self._keep(line))
                 with self._lock:
                     self._tail.append(line)

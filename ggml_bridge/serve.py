@@ -32,8 +32,8 @@ from typing import Any, Mapping, Sequence
 
 from . import logparse, modes, rpc, runner
 from .cli_options import add_rpc_arguments
-from .engagement import ABSENT, BATCHED, BRIDGE, IDLE, from_metrics
 from .config import Settings
+from .engagement import ABSENT, BATCHED, BRIDGE, IDLE, from_metrics
 from .errors import ServeError, UsageError
 from .net import DEFAULT_HOST as DEFAULT_HOST  # re-exported
 from .net import free_port as free_port  # re-exported: tests, scripts and the ladder pick ports with it
@@ -332,7 +332,8 @@ class Server:
         req = urllib.request.Request(self._probe + path, data=data, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
-                return r.read()
+                answer: bytes = r.read()
+                return answer
         except urllib.error.HTTPError as e:
             body = e.read().decode(errors="replace")[:500]
             raise ServeError(f"POST {path} failed with HTTP {e.code}", why=body) from None
@@ -468,20 +469,21 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if not eng.ok:
             srv.stop()
             raise ServeError(eng.errors[0], why="; ".join(eng.errors[1:]) or None)
+        assert srv.proc is not None
         log(f"ggml-bridge: llama-server ready in {srv.ready_s:.1f}s (pid {srv.proc.pid})")
         print(srv.url, flush=True)
         if args.check:
             if live:  # (check_engagement required the warm-up's staged graph when batching is on)
                 log("ggml-bridge: /metrics: " + " ".join(f"{k}={v}" for k, v in live.items()))
-            rc = srv.stop()
+            stopped = srv.stop()
             info = srv.info()
-            for s in info.bridge.stats:
-                log("ggml-bridge: bridge stats: " + " ".join(f"{k}={v}" for k, v in s.items()))
-            for s in info.batched.stats:
-                log("ggml-bridge: batched stats: " + " ".join(f"{k}={v}" for k, v in s.items()))
+            for st in info.bridge.stats:
+                log("ggml-bridge: bridge stats: " + " ".join(f"{k}={v}" for k, v in st.items()))
+            for st in info.batched.stats:
+                log("ggml-bridge: batched stats: " + " ".join(f"{k}={v}" for k, v in st.items()))
             for ep, c in (topo.counters() if topo else {}).items():
                 log(f"ggml-bridge: rpc-server {ep} counters: " + " ".join(f"{k}={v}" for k, v in c.items()))
-            log(f"ggml-bridge: check passed; server stopped (status {rc})")
+            log(f"ggml-bridge: check passed; server stopped (status {stopped})")
             return 0
         assert srv.proc is not None
         while True:

@@ -21,10 +21,10 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from . import cache
 from .config import Settings
@@ -54,7 +54,7 @@ class UiAssets:
     managed: bool = True
     """False for a tree without tools/ui (older llama.cpp): nothing is placed or checked."""
 
-    def manifest(self) -> dict:
+    def manifest(self) -> dict[str, Any]:
         if self.dist is None:
             return {"embedded": False, "reason": self.reason}
         return {"embedded": True, "source": self.source, "key": self.key, "sha256": self.sha256,
@@ -158,7 +158,7 @@ def check_embedded(build_dir: Path, ui: UiAssets) -> None:
 # --------------------------------------------------------------------------------------------- internals
 
 
-def _source_files(root: Path):
+def _source_files(root: Path) -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         if here == root:

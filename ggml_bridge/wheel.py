@@ -29,16 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from . import __version__
-from . import cache
+from . import __version__, cache
 from . import fetch as fetchmod
 from . import patch as patchmod
 from . import ui as uimod
-from .config import Settings
-from .errors import BuildError, ToolchainError, UsageError
 from .build import steps as buildmod
 from .build.installed import DIST_NAME
 from .build.installed import installed_server as installed_server  # re-exported: the lookup lives below build
+from .config import Settings
+from .errors import BuildError, ToolchainError, UsageError
 from .runner import log, run, step
 
 PACKAGE = "ggml_bridge_server"
@@ -87,7 +86,7 @@ def make_sdist(settings: Settings, out_dir: Path, *, source_spec: str | None = N
     target = out_dir / sdist_filename(version)
     count = 0
     with step(f"sdist {target.name}: {len(tracked)} files of the patched tree"
-              + (f", web UI {ui.sha256[:16]} ({ui.files} files)" if ui.dist else ", no web UI")):
+              + (f", web UI {(ui.sha256 or '')[:16]} ({ui.files} files)" if ui.dist else ", no web UI")):
         with _writing(target), cache.atomic_path(target) as tmp:
             with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=MTIME,
                                                       compresslevel=6) as gz, \

@@ -51,8 +51,9 @@ def proc_kib(pid: int, key: str) -> int | None:
 
 
 def post(url: str, payload: dict, timeout: float = 120.0) -> dict:
-    req = urllib.request.Request(url + "/completion", data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + "/completion", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
 
@@ -75,8 +76,9 @@ def wait_health(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> Non
 WORDS = "the quick brown fox jumps over a lazy dog while the city sleeps under heavy rain".split()
 
 
-def one_run(kind: str, launcher_root: Path | None, server: Path, gguf: Path, work: Path, n: int,
-            n_predict: int) -> dict:
+def one_run(
+    kind: str, launcher_root: Path | None, server: Path, gguf: Path, work: Path, n: int, n_predict: int
+) -> dict:
     port = serve.free_port()
     run_dir = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=work))
     server_args = ["-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-c", "512", "-np", "1", "-t", "2"]
@@ -90,11 +92,32 @@ def one_run(kind: str, launcher_root: Path | None, server: Path, gguf: Path, wor
             env_root = None
         else:
             assert launcher_root is not None
-            cmd = [sys.executable, "-m", "ggml_bridge", "serve", "--bridge", "on", "--batched", "on",
-                   "--server", str(server), "--server-log", str(server_log), "--", *server_args]
+            cmd = [
+                sys.executable,
+                "-m",
+                "ggml_bridge",
+                "serve",
+                "--bridge",
+                "on",
+                "--batched",
+                "on",
+                "--server",
+                str(server),
+                "--server-log",
+                str(server_log),
+                "--",
+                *server_args,
+            ]
             env_root = str(launcher_root.resolve())
-            proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": env_root}, cwd=launcher_root,
-                                    stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True)
+            proc = subprocess.Popen(
+                cmd,
+                env={**os.environ, "PYTHONPATH": env_root},
+                cwd=launcher_root,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                text=True,
+            )
         try:
             if kind == "plain":
                 wait_health(url, proc)
@@ -120,10 +143,20 @@ def one_run(kind: str, launcher_root: Path | None, server: Path, gguf: Path, wor
                 proc.kill()
                 rc = proc.wait()
     logs = sorted(run_dir.glob("server.log*"))
-    out = {"kind": kind, "requests": n, "wall_s": round(wall, 2), "ms_per_request": round(1000 * wall / n, 2),
-           "stderr_bytes": err_file.stat().st_size, "server_log_bytes": sum(p.stat().st_size for p in logs),
-           "server_log_files": [p.name for p in logs], "launcher_rss_10_kib": rss10, "launcher_rss_end_kib": rss_end,
-           "launcher_hwm_kib": hwm, "exit": rc, "cmd": " ".join(cmd)}
+    out = {
+        "kind": kind,
+        "requests": n,
+        "wall_s": round(wall, 2),
+        "ms_per_request": round(1000 * wall / n, 2),
+        "stderr_bytes": err_file.stat().st_size,
+        "server_log_bytes": sum(p.stat().st_size for p in logs),
+        "server_log_files": [p.name for p in logs],
+        "launcher_rss_10_kib": rss10,
+        "launcher_rss_end_kib": rss_end,
+        "launcher_hwm_kib": hwm,
+        "exit": rc,
+        "cmd": " ".join(cmd),
+    }
     out["log_bytes_total"] = out["stderr_bytes"] + out["server_log_bytes"]
     shutil.rmtree(run_dir, ignore_errors=True)
     print(json.dumps({k: v for k, v in out.items() if k != "cmd"}), file=sys.stderr, flush=True)
@@ -162,11 +195,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def summary(kind: str) -> dict:
         rs = [x for x in runs if x["kind"] == kind]
-        return {"runs": len(rs), "wall_s_median": round(statistics.median(x["wall_s"] for x in rs), 2),
-                "wall_s": [x["wall_s"] for x in rs],
-                "log_bytes_max": max(x["log_bytes_total"] for x in rs),
-                "launcher_rss_10_kib": [x["launcher_rss_10_kib"] for x in rs],
-                "launcher_rss_end_kib": [x["launcher_rss_end_kib"] for x in rs]}
+        return {
+            "runs": len(rs),
+            "wall_s_median": round(statistics.median(x["wall_s"] for x in rs), 2),
+            "wall_s": [x["wall_s"] for x in rs],
+            "log_bytes_max": max(x["log_bytes_total"] for x in rs),
+            "launcher_rss_10_kib": [x["launcher_rss_10_kib"] for x in rs],
+            "launcher_rss_end_kib": [x["launcher_rss_end_kib"] for x in rs],
+        }
 
     summ = {k: summary(k) for k, _ in kinds}
     plain = summ["plain"]["wall_s_median"]
@@ -179,29 +215,46 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs (shared), "
-                   f"Python {platform.python_version()}",
-        "commit": git("rev-parse", "--short=12", "HEAD") + ("+dirty" if git("status", "--porcelain", "ggml_bridge")
-                                                             else ""),
+        f"Python {platform.python_version()}",
+        "commit": git("rev-parse", "--short=12", "HEAD")
+        + ("+dirty" if git("status", "--porcelain", "ggml_bridge") else ""),
         "before": str(args.before) if args.before else None,
-        "server": str(server), "model": "tiny random-weight (model.py preset 'tiny', seed 1)",
-        "requests": args.requests, "n_predict": args.n_predict, "rounds": args.rounds,
+        "server": str(server),
+        "model": "tiny random-weight (model.py preset 'tiny', seed 1)",
+        "requests": args.requests,
+        "n_predict": args.n_predict,
+        "rounds": args.rounds,
         "command": "scripts/serve_overhead.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "summary": summ, "runs": runs,
+        "summary": summ,
+        "runs": runs,
     }
     (args.report / "serve_overhead.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [f"# serve overhead: {args.requests} requests through `ggml-bridge serve` vs plain llama-server", "",
-             f"{report['date']}, {report['machine']}, commit {report['commit']}; {report['model']}, "
-             f"n_predict {args.n_predict}, {args.rounds} interleaved rounds.", "",
-             f"Command: `{report['command']}`", "",
-             "| kind | runs | wall s (median) | vs plain | wall s (each) | log bytes (max) | launcher RSS MiB "
-             "after 10 / at end |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# serve overhead: {args.requests} requests through `ggml-bridge serve` vs plain llama-server",
+        "",
+        f"{report['date']}, {report['machine']}, commit {report['commit']}; {report['model']}, "
+        f"n_predict {args.n_predict}, {args.rounds} interleaved rounds.",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        "| kind | runs | wall s (median) | vs plain | wall s (each) | log bytes (max) | launcher RSS MiB "
+        "after 10 / at end |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for k, s in summ.items():
-        rss = ", ".join(f"{(a or 0) / 1024:.1f}/{(b or 0) / 1024:.1f}"
-                        for a, b in zip(s["launcher_rss_10_kib"], s["launcher_rss_end_kib"]))
-        lines.append(f"| {k} | {s['runs']} | {s['wall_s_median']} | {s['time_vs_plain']}x | "
-                     f"{', '.join(map(str, s['wall_s']))} | {s['log_bytes_max']:,} | {rss} |")
-    lines += ["", "log bytes: the server log file(s) plus the launcher's (or plain llama-server's) own stderr. "
-              "RSS of `plain` is llama-server's own (it is the process)."]
+        rss = ", ".join(
+            f"{(a or 0) / 1024:.1f}/{(b or 0) / 1024:.1f}"
+            for a, b in zip(s["launcher_rss_10_kib"], s["launcher_rss_end_kib"], strict=True)
+        )
+        lines.append(
+            f"| {k} | {s['runs']} | {s['wall_s_median']} | {s['time_vs_plain']}x | "
+            f"{', '.join(map(str, s['wall_s']))} | {s['log_bytes_max']:,} | {rss} |"
+        )
+    lines += [
+        "",
+        "log bytes: the server log file(s) plus the launcher's (or plain llama-server's) own stderr. "
+        "RSS of `plain` is llama-server's own (it is the process).",
+    ]
     (args.report / "serve_overhead.md").write_text("\n".join(lines) + "\n")
     print(args.report / "serve_overhead.md")
     return 0

@@ -5,7 +5,7 @@ Starts `python -m ggml_bridge serve` (the product's CLI, with its default `-lv 4
 about a thousand lines per request once its prompt cache fills) on a real llama-server build and a random-weight
 tiny model, waits for the URL it prints, sends ``--requests`` /completion requests, and samples the resident
 memory (VmRSS) of the launcher and of llama-server. Writes ``soak.json`` and ``soak.md`` into ``--report``.
-It reports figures; it asserts nothing about them (docs/soak.md holds a run).
+It reports figures; it asserts nothing about them (results/2026-11-30-cpu-launcher-soak/README.md holds a run).
 
     .venv/bin/python scripts/soak.py --requests 4000 --report /tmp/soak
 """

@@ -22,9 +22,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fixtures import fakellama  # noqa: E402
-
 from ggml_bridge import config  # noqa: E402
+
+from fixtures import fakellama  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SDIST_NAME = "fake_llama-1.0"

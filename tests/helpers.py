@@ -4,12 +4,12 @@ tests/fixtures/ written as executables, and where the real builds are when the s
 from __future__ import annotations
 
 import os
-import stat
-import sys
 import re
 import shutil
 import socket
+import stat
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -92,7 +92,7 @@ def real_bin_dir() -> Path | None:
 
 def real_vocab() -> Path | None:
     from ggml_bridge import model
-    return model.find_vocab(os.environ.get("GGML_BRIDGE_TEST_UPSTREAM"), "/work/up",
+    return model.find_vocab(os.environ.get("GGML_BRIDGE_TEST_UPSTREAM"),
                             *(list(real_bin_dir().parents)[:4] if real_bin_dir() else []))
 
 
@@ -164,7 +164,7 @@ def make_rebase_upstream(root: Path) -> RebaseUpstream:
     g(work, "format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "-o", str(out), "b1..HEAD")
     patches = root / "patches"
     patches.mkdir()
-    for f, name in zip(sorted(out.glob("*.patch")), ("0001-src-demo-ten.patch", "0002-ggml-cuda-bridge.patch")):
+    for f, name in zip(sorted(out.glob("*.patch")), ("0001-src-demo-ten.patch", "0002-ggml-cuda-bridge.patch"), strict=False):
         shutil.move(f, patches / name)
     (patches / "series").write_text("# our series\n0001-src-demo-ten.patch\n0002-ggml-cuda-bridge.patch\n")
 

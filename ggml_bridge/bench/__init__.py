@@ -34,12 +34,24 @@ from typing import Any
 
 from .. import argtypes, modes
 from ..cache import file_sha256
+from ..config import Settings
 from ..errors import BenchError, UsageError
 from ..runner import log, step
 from .report import plot, pool_reports, render_markdown, smi_table
-from .stats import (REFERENCES, CaseRun, Sample, Summary, compare, paired_interval, paired_ratio, pool, references,
-                    summarize, test_key)
 from .running import engagement, microbench, rotate, rounds, rpc_engagement, run_case
+from .stats import (
+    REFERENCES,
+    CaseRun,
+    Sample,
+    Summary,
+    compare,
+    paired_interval,
+    paired_ratio,
+    pool,
+    references,
+    summarize,
+    test_key,
+)
 from .telemetry import SMI_FIELDS, Telemetry, gpu_env, n_gpus
 
 __all__ = [
@@ -126,7 +138,7 @@ def parse_cpu_list(text: str) -> set[int]:
     return cpus
 
 
-def resolve_bins(args: argparse.Namespace, settings: Any, variants: set[str]) -> dict[str, Path]:
+def resolve_bins(args: argparse.Namespace, settings: Settings, variants: set[str]) -> dict[str, Path]:
     """Directory holding llama-bench for each variant: --variants-dir, --bin-dir-*, or the build stage."""
     from .. import build  # the build stage needs git tooling only when it is used
     from ..errors import NotBuiltError
@@ -192,12 +204,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=argtypes.seconds(), default=600.0, help="seconds per llama-bench invocation")
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     """Stage entry point (``ggml-bridge bench``)."""
     return bench(args, settings)
 
 
-def bench(args: argparse.Namespace, settings: Any) -> int:
+def bench(args: argparse.Namespace, settings: Settings) -> int:
     if getattr(args, "pool", None):
         if args.report is None:
             raise UsageError("--pool needs --report DIR", why="the pooled report is a new report",
@@ -242,7 +254,7 @@ def bench(args: argparse.Namespace, settings: Any) -> int:
         os.sched_setaffinity(0, before)
 
 
-def _bench(args: argparse.Namespace, settings: Any) -> int:
+def _bench(args: argparse.Namespace, settings: Settings) -> int:
     gpus = n_gpus()
     suite_name = args.suite or ("multi-gpu" if gpus >= 2 else "batched" if gpus == 1 else "cpu")
     suite = dict(SUITES[suite_name])
@@ -287,7 +299,7 @@ def _bench(args: argparse.Namespace, settings: Any) -> int:
     if virtual_devices:
         base_env[modes.CUDA_DEVICES] = str(virtual_devices)
 
-    cache_dir = Path(getattr(settings, "cache_dir"))
+    cache_dir = Path(settings.cache_dir)
     if args.model is not None:
         model_path = args.model
     else:

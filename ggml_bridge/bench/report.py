@@ -105,7 +105,7 @@ def plot(report: dict[str, Any], out_dir: Path) -> list[str]:
 
 def _plot_throughput(plt: Any, report: dict[str, Any], names: list[str], tests: list[str], out_dir: Path) -> str:
     fig, axes = plt.subplots(1, len(tests), figsize=(4.2 * len(tests), 4), squeeze=False)
-    for ax, t in zip(axes[0], tests):
+    for ax, t in zip(axes[0], tests, strict=False):
         meds = [report["summary"].get(n, {}).get(t, {}).get("median", 0.0) for n in names]
         errs = [(report["summary"].get(n, {}).get(t, {}).get("q3", 0.0)
                  - report["summary"].get(n, {}).get(t, {}).get("q1", 0.0)) / 2 for n in names]

@@ -32,7 +32,7 @@ def gpu_env() -> dict[str, Any]:
     if out.returncode != 0:
         return {}
     keys = q.split(",")
-    gpus = [dict(zip(keys, [v.strip() for v in line.split(",")])) for line in out.stdout.strip().splitlines()]
+    gpus = [dict(zip(keys, [v.strip() for v in line.split(",")], strict=False)) for line in out.stdout.strip().splitlines()]
     topo = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True).stdout
     return {"gpus": gpus, "topology": logparse.ANSI.sub("", topo)}
 
@@ -83,7 +83,7 @@ class Telemetry:
         if len(values) != len(self.fields):
             return
         now = time.time()
-        self.rows.append((now, dict(zip(self.fields, values))))
+        self.rows.append((now, dict(zip(self.fields, values, strict=False))))
         with open(self.csv, "a", encoding="utf-8") as f:
             f.write(f"{now:.3f}," + ",".join(values) + "\n")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from .. import cache, modes
 from .. import fetch as fetchmod
@@ -19,20 +20,44 @@ from .. import ui as uimod
 from ..config import Settings
 from ..errors import BuildError, NotBuiltError
 from ..runner import log, step
+from . import steps
 from .installed import installed_server
 from .shared import NOPEER_LIBRARY, NOPEER_OBJECT, SHARED_ORDER, SHARED_RECIPES, ensure_shared
-from . import steps
-from .steps import (COMPLETE_MARKER, OFF_IF_PRESENT, REQUIRED_TARGETS, WANTED_TARGETS,
-                    BuildResult, Progress, completed, manifest_for, select_targets, write_pointer,
-                    build_failed, build_key, cmake_args, latest_path, source_manifest)
-from .toolchain import (MIN_CMAKE, MIN_NINJA, CudaToolkit, Tool, Toolchain, detect_cuda, find_cmake, find_ninja,
-                        find_toolchain, resolve_backend)
+from .steps import (
+    COMPLETE_MARKER,
+    OFF_IF_PRESENT,
+    REQUIRED_TARGETS,
+    WANTED_TARGETS,
+    BuildResult,
+    Progress,
+    build_failed,
+    build_key,
+    cmake_args,
+    completed,
+    latest_path,
+    manifest_for,
+    select_targets,
+    source_manifest,
+    write_pointer,
+)
+from .toolchain import (
+    MIN_CMAKE,
+    MIN_NINJA,
+    CudaToolkit,
+    Tool,
+    Toolchain,
+    detect_cuda,
+    find_cmake,
+    find_ninja,
+    find_toolchain,
+    resolve_backend,
+)
 
 __all__ = [
     "COMPLETE_MARKER", "MIN_CMAKE", "MIN_NINJA", "NOPEER_LIBRARY", "NOPEER_OBJECT", "OFF_IF_PRESENT",
     "REQUIRED_TARGETS", "SHARED_ORDER", "SHARED_RECIPES", "WANTED_TARGETS", "BuildResult", "CudaToolkit", "Progress",
     "Tool", "Toolchain", "build_failed", "build_key", "cmake_args", "detect_cuda", "ensure", "ensure_shared",
-    "find_binary", "find_cmake", "find_ninja", "find_toolchain", "installed_server", "latest_path", "locate",
+    "find_binary", "find_cmake", "find_manifest", "find_ninja", "find_toolchain", "installed_server", "latest_path", "locate",
     "resolve_backend", "source_manifest",
 ]
 
@@ -127,16 +152,8 @@ def find_binary(settings: Settings, name: str, variant: str | None = None, backe
 
     Defaults come from ``settings.build``; backend ``auto`` is resolved as for a build. Raises NotBuiltError.
     """
-    variant = variant or settings.build.variant
-    backend = backend or settings.build.backend
-    if backend == "auto":
-        backend = resolve_backend("auto")[0]
-    pointer = latest_path(settings, variant, backend)
+    variant, backend, data = _latest(settings, variant, backend)
     fix = f"run `ggml-bridge build --variant {variant} --backend {backend}` first"
-    try:
-        data = json.loads(pointer.read_text())
-    except (OSError, ValueError):
-        raise NotBuiltError(f"no {variant}/{backend} build found", why=f"{pointer} does not exist", fix=fix) from None
     path = data.get("binaries", {}).get(name)
     if not path:
         raise NotBuiltError(f"the {variant}/{backend} build has no {name}",
@@ -144,6 +161,34 @@ def find_binary(settings: Settings, name: str, variant: str | None = None, backe
     if not Path(path).is_file():
         raise NotBuiltError(f"{name} of the {variant}/{backend} build is gone", why=f"{path} does not exist", fix=fix)
     return Path(path)
+
+
+def find_manifest(settings: Settings, variant: str | None = None, backend: str | None = None) -> Path:
+    """The ``manifest.json`` of the latest build of ``variant``/``backend`` (defaults as :func:`find_binary`)."""
+    variant, backend, data = _latest(settings, variant, backend)
+    path = Path(str(data.get("manifest", "")))
+    if not data.get("manifest") or not path.is_file():
+        raise NotBuiltError(f"the manifest of the {variant}/{backend} build is gone", why=f"{path} does not exist",
+                            fix=f"run `ggml-bridge build --variant {variant} --backend {backend}` again")
+    return path
+
+
+def _latest(settings: Settings, variant: str | None, backend: str | None) -> tuple[str, str, dict[str, Any]]:
+    """(variant, backend, the ``latest-<variant>-<backend>.json`` pointer); NotBuiltError without one."""
+    variant = modes.variant(variant or settings.build.variant).name
+    backend = backend or settings.build.backend
+    if backend == "auto":
+        backend = resolve_backend("auto")[0]
+    pointer = latest_path(settings, variant, backend)
+    try:
+        data = json.loads(pointer.read_text())
+    except (OSError, ValueError):
+        raise NotBuiltError(f"no {variant}/{backend} build found", why=f"{pointer} does not exist",
+                            fix=f"run `ggml-bridge build --variant {variant} --backend {backend}` first") from None
+    if not isinstance(data, dict):
+        raise NotBuiltError(f"the {variant}/{backend} build pointer {pointer} is damaged",
+                            fix=f"run `ggml-bridge build --variant {variant} --backend {backend}` again")
+    return variant, backend, data
 
 
 def locate(settings: Settings, variant: str, name: str, override_dir: Path | str | None = None, *,

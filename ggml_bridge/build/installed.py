@@ -19,7 +19,7 @@ def installed_server(settings: Settings, name: str = "llama-server") -> Path | N
     A damaged installation is a NotBuiltError naming what is missing; a wheel for a backend this machine lacks
     (a CUDA wheel without a GPU), or another backend than the one asked for, is a ServeError."""
     try:
-        import ggml_bridge_server as server  # type: ignore[import-not-found]
+        import ggml_bridge_server as server
     except ImportError:
         return None
     try:

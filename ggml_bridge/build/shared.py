@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from .. import cache, modes
 from .. import fetch as fetchmod
@@ -15,8 +16,19 @@ from ..config import Settings
 from ..errors import BuildError, UsageError
 from ..runner import log, run, step
 from . import steps
-from .steps import (COMPLETE_MARKER, BuildResult, completed, manifest_for, note,
-                    select_targets, write_pointer, build_failed, build_key, cmake_args, latest_path)
+from .steps import (
+    COMPLETE_MARKER,
+    BuildResult,
+    build_failed,
+    build_key,
+    cmake_args,
+    completed,
+    latest_path,
+    manifest_for,
+    note,
+    select_targets,
+    write_pointer,
+)
 from .toolchain import Toolchain, find_toolchain, resolve_backend
 
 #: How a shared tree makes each variant it can build, in the order it passes through them: the upstream sources
@@ -150,7 +162,7 @@ def _overlay_series(patched: patchmod.PatchedTree, src: Path) -> list[str]:
     diff = run(["git", "-C", patched.path, "diff", "--name-status", "--no-renames", "-z", base, "HEAD"],
                error=BuildError).stdout.split("\0")
     changed = []
-    for status, rel in zip(diff[0::2], diff[1::2]):
+    for status, rel in zip(diff[0::2], diff[1::2], strict=False):
         dest = src / rel
         if status == "D":
             dest.unlink(missing_ok=True)
@@ -221,7 +233,7 @@ def _copy_binaries(src_bin: Path, dest_bin: Path, targets: list[str]) -> dict[st
 
 def _finish_shared(tree: fetchmod.Tree, patched: patchmod.PatchedTree | None, variant: str, backend: str, key: str,
                    out_dir: Path, src: Path, args: list[str], tools: Toolchain, binaries: dict[str, Path],
-                   how: dict, ui: uimod.UiAssets) -> BuildResult:
+                   how: dict[str, Any], ui: uimod.UiAssets) -> BuildResult:
     manifest = manifest_for(tree, patched.series if patched else None, patched.head if patched else None,
                          patched.path if patched else src, variant, backend, key, out_dir, args, tools, binaries, ui)
     manifest["shared_tree"] = how

@@ -10,7 +10,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .. import __version__, cache, modes
 from .. import fetch as fetchmod
@@ -185,7 +185,7 @@ def completed(build_dir: Path, key: str) -> dict[str, Path] | None:
 
 def manifest_for(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None, src: Path, variant: str,
               backend: str, key: str, build_dir: Path, args: list[str], tools: Toolchain,
-              binaries: dict[str, Path], ui: uimod.UiAssets) -> dict:
+              binaries: dict[str, Path], ui: uimod.UiAssets) -> dict[str, Any]:
     toolchain = {
         "cc": {"path": str(tools.cc.path), "version": tools.cc.version},
         "cxx": {"path": str(tools.cxx.path), "version": tools.cxx.version},
@@ -211,7 +211,7 @@ def manifest_for(tree: fetchmod.Tree, series: patchmod.Series | None, head: str 
     }
 
 
-def source_manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None) -> dict:
+def source_manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None) -> dict[str, Any]:
     """What a manifest says about the sources: the upstream tree and the patch series applied to it."""
     return {
         "upstream": {

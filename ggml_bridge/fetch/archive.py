@@ -12,6 +12,7 @@ import socket
 import tarfile
 import zlib
 from pathlib import Path
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -72,7 +73,7 @@ def _pypi_sdist_url(settings: Settings, package: str, version: str, filename: st
     ``releases``. Relative file URLs (some mirrors) are resolved against the API URL.
     """
     base = settings.fetch.pypi_url.rstrip("/")
-    files: list[dict] | None = None
+    files: list[dict[str, Any]] | None = None
     api = ""
     for api in (f"{base}/pypi/{package}/{version}/json", f"{base}/pypi/{package}/json"):
         try:

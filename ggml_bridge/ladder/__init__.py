@@ -58,19 +58,50 @@ Exit status: 0 all rungs pass; 1 any mismatch or validity failure; 2 setup error
 from __future__ import annotations
 
 # the ladder, split along its stages; every name stays importable as ggml_bridge.ladder.NAME
-from ..modes import MODES, Mode
-from .schema import (  # noqa: F401
-    EXPECT_VALUES, Ladder, RUNG_KEYS, Rung, SPLIT_MODES, load_ladder, parse_rung, _as_list,
+from ..modes import MODES as MODES
+from ..modes import Mode as Mode
+from .diff import (  # noqa: F401
+    _read_at,
+    compare_files,
+    describe_logits_diff,
+    describe_responses_diff,
+    first_difference,
+    sha256_file,
 )
 from .inputs import (  # noqa: F401
-    RESULT_KEYS, WORDS, canonical_response, make_prompts, make_text, make_words, request_payload,
+    RESULT_KEYS,
+    WORDS,
+    canonical_response,
+    make_prompts,
+    make_text,
+    make_words,
+    request_payload,
 )
-from .diff import (  # noqa: F401
-    compare_files, describe_logits_diff, describe_responses_diff, first_difference, sha256_file, _read_at,
-)
-from .validity import validate_mode, validate_rpc, _state  # noqa: F401
-from .report import markdown_report, progress_line, _human  # noqa: F401
 from .orchestrate import (  # noqa: F401
-    Binaries, ModeRun, add_arguments, default_ladder, resolve_binaries, run, run_mode, run_rung, _artifact,
-    _common_args, _device_env, _dir_fingerprint, _find_vocab, _write_reports,
+    Binaries,
+    ModeRun,
+    _artifact,
+    _common_args,
+    _device_env,
+    _dir_fingerprint,
+    _find_vocab,
+    _write_reports,
+    add_arguments,
+    default_ladder,
+    resolve_binaries,
+    run,
+    run_mode,
+    run_rung,
 )
+from .report import _human, markdown_report, progress_line  # noqa: F401
+from .schema import (  # noqa: F401
+    EXPECT_VALUES,
+    RUNG_KEYS,
+    SPLIT_MODES,
+    Ladder,
+    Rung,
+    _as_list,
+    load_ladder,
+    parse_rung,
+)
+from .validity import _state, validate_mode, validate_rpc  # noqa: F401

@@ -8,12 +8,12 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from .. import model
+from .. import cache
 from .inputs import RESULT_KEYS
 
 
 def sha256_file(path: Path) -> str:
-    return model.file_sha256(path)
+    return cache.file_sha256(path)
 
 
 def first_difference(a: Path, b: Path, block: int = 1 << 20) -> tuple[int | None, int]:
@@ -67,7 +67,7 @@ def describe_logits_diff(ref: Path, other: Path, offset: int) -> dict[str, Any]:
         tok = elem - 4
         q = [_read_at(p, base + 2 * elem, "<H") for p in (ref, other)]
         hdr = [(_read_at(p, base, "<f"), _read_at(p, base + 4, "<f")) for p in (ref, other)]
-        lp = [None if v is None or h[0] is None else h[1] + h[0] * v for v, h in zip(q, hdr)]
+        lp = [None if v is None or h[0] is None else h[1] + h[0] * v for v, h in zip(q, hdr, strict=False)]
         where.update(where=f"log-prob of vocab entry {tok}", vocab_id=tok, reference=q[0], mode=q[1],
                      reference_log_prob=lp[0], mode_log_prob=lp[1])
     return where
@@ -87,7 +87,7 @@ def describe_responses_diff(ref: Path, other: Path, offset: int) -> dict[str, An
     # which line holds the offset
     pos = 0
     line = 0
-    for line, text in enumerate(a):
+    for line, text in enumerate(a):  # noqa: B007 - the line is used after the loop
         if pos + len(text) + 1 > offset:
             break
         pos += len(text) + 1
@@ -97,16 +97,16 @@ def describe_responses_diff(ref: Path, other: Path, offset: int) -> dict[str, An
         return out
     ra, rb = json.loads(a[line]), json.loads(b[line])
     ta, tb = ra.get("tokens") or [], rb.get("tokens") or []
-    for i, (x, y) in enumerate(zip(ta, tb)):
+    for i, (x, y) in enumerate(zip(ta, tb, strict=False)):
         if x != y:
             out.update(where=f"generated token {i}", reference=x, mode=y)
             return out
     pa, pb = ra.get("completion_probabilities") or [], rb.get("completion_probabilities") or []
-    for i, (x, y) in enumerate(zip(pa, pb)):
+    for i, (x, y) in enumerate(zip(pa, pb, strict=False)):
         if x != y:
             out["where"] = f"probabilities of generated token {i}"
             xa, yb = x.get("top_logprobs") or [], y.get("top_logprobs") or []
-            for j, (u, v) in enumerate(zip(xa, yb)):
+            for j, (u, v) in enumerate(zip(xa, yb, strict=False)):
                 if u != v:
                     out.update(rank=j, reference={"id": u.get("id"), "logprob": u.get("logprob")},
                                mode={"id": v.get("id"), "logprob": v.get("logprob")})

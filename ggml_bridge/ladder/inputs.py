@@ -10,7 +10,6 @@ import numpy as np
 from ..errors import ServeError
 from .schema import Rung
 
-
 #: Words that are single tokens in the llama-spm vocabulary (checked against the vocab at run time), so a
 #: text of N words is about N tokens and prompts of a given length can be made without a tokenizer.
 WORDS = ("the of and to in is was for on that with as by at from it his an are were which be this has or "

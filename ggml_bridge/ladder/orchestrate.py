@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from .. import argtypes, build, cache, logparse, model, modes, rpc, runner, serve
-from ..modes import MODES, Mode
+from ..config import Settings
 from ..errors import FatalError, LadderSetupError, RpcError, ServeError
+from ..modes import MODES, Mode
 from ..runner import log
-from .schema import Ladder, Rung, load_ladder
-from .inputs import canonical_response, make_prompts, make_text, request_payload
 from .diff import compare_files, sha256_file
-from .validity import validate_mode, validate_rpc
+from .inputs import canonical_response, make_prompts, make_text, request_payload
 from .report import markdown_report, progress_line
+from .schema import Ladder, Rung, load_ladder
+from .validity import validate_mode, validate_rpc
 
 
 @dataclass
@@ -34,7 +35,7 @@ def _dir_fingerprint(d: Path) -> str:
     return cache.dir_digest(d, sorted(p for p in d.iterdir() if p.is_file() and not p.is_symlink()))
 
 
-def resolve_binaries(args: argparse.Namespace, settings: Any, backend: str, needed: set[str],
+def resolve_binaries(args: argparse.Namespace, settings: Settings, backend: str, needed: set[str],
                      with_rpc: bool = False) -> Binaries:
     names = ("llama-server", "llama-perplexity") + ((rpc.RPC_SERVER,) if with_rpc else ())
     found: dict[str, dict[str, Path]] = {}
@@ -60,7 +61,7 @@ def resolve_binaries(args: argparse.Namespace, settings: Any, backend: str, need
     return Binaries(found.get("patched", {}), found.get("upstream", {}), same)
 
 
-def _find_vocab(args: argparse.Namespace, settings: Any, bins: Binaries) -> Path:
+def _find_vocab(args: argparse.Namespace, settings: Settings, bins: Binaries) -> Path:
     if getattr(args, "vocab", None):
         p = Path(args.vocab)
         if not p.is_file():
@@ -164,7 +165,7 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
             plog = out / "perplexity.log"
             plog.unlink(missing_ok=True)
             pc = rung.perplexity_ctx()
-            pargs = [ppl_bin, "-m", model_path, "-f", text_path, "-c", str(pc),
+            pargs: list[str | Path] = [ppl_bin, "-m", model_path, "-f", text_path, "-c", str(pc),
                      *_common_args(rung, threads), *extra, "--kl-divergence-base", logits, *rung.perplexity_args]
             r = runner.run(pargs, env=env, log_file=plog, error=ServeError, timeout=rung.timeout,
                            what=f"llama-perplexity failed in mode {mode.name}")
@@ -279,7 +280,7 @@ def run_rung(rung: Rung, ladder: Ladder, bins: Binaries, vocab: Path, cache_dir:
     return rep
 
 
-def default_ladder(settings: Any) -> Path:
+def default_ladder(settings: Settings) -> Path:
     backend = getattr(getattr(settings, "build", None), "backend", "cpu")
     name = "cuda.toml" if backend == "cuda" else "cpu.toml"
     here = Path(__file__).resolve().parent  # ggml_bridge/ladder
@@ -312,7 +313,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "comparison proves nothing about the patches)")
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     ladder = load_ladder(args.ladder or default_ladder(settings))
     rungs = ladder.rungs
     if args.rung:
@@ -329,7 +330,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
                                fix="point --bin-dir-upstream at an unpatched build (or pass --allow-same-build "
                                    "for development)")
     vocab = _find_vocab(args, settings, bins)
-    cache_dir = Path(getattr(settings, "cache_dir"))
+    cache_dir = Path(settings.cache_dir)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     report_dir = Path(args.report) if args.report else cache_dir / "reports" / f"{ladder.name}-{stamp}"
     try:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import model, modes
-from ..modes import MODES
 from ..errors import FatalError, LadderSetupError, UsageError
+from ..modes import MODES
 
 if sys.version_info >= (3, 11):
     import tomllib

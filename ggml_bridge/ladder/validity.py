@@ -35,7 +35,7 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
     notes: list[str] = []
     bridge_stats: list[dict[str, int]] = []
     batched_stats: list[dict[str, int]] = []
-    for proc, info in logs.items():
+    for info in logs.values():
         bridge_stats += info.bridge.stats
         batched_stats += info.batched.stats
     summary: dict[str, Any] = {"bridge": None, "batched": None}

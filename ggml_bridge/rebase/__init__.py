@@ -44,8 +44,8 @@ hand-off), :mod:`.report` (the report model and options), :mod:`.probe` (git pro
 from __future__ import annotations
 
 from .checks import cuda_check
-from .report import APPLIED, STATUSES, Options, PatchOutcome, RebaseReport
 from .job import abort, add_arguments, continue_rebase, rebase, run
+from .report import APPLIED, STATUSES, Options, PatchOutcome, RebaseReport
 from .series import sdist_source
 
 __all__ = ["APPLIED", "STATUSES", "Options", "PatchOutcome", "RebaseReport", "abort", "add_arguments",

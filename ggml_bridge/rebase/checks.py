@@ -16,6 +16,7 @@ from ..errors import BuildError, PatchError, ToolchainError
 from ..runner import step
 from .report import Options, RebaseReport
 
+
 def build_checks(staged: Settings, wt: Path, report: RebaseReport, opts: Options, source_spec: str | None) -> None:
     if not opts.build:
         report.build["cpu"] = "skipped: --no-build"

@@ -21,8 +21,17 @@ from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import pin as pinmod
 from ..config import Settings
-from ..errors import (BuildError, CacheError, DirtyProjectError, FetchError, RebaseConflict, RebaseInProgress,
-                       SourceError, UnknownRefError, UsageError)
+from ..errors import (
+    BuildError,
+    CacheError,
+    DirtyProjectError,
+    FetchError,
+    RebaseConflict,
+    RebaseInProgress,
+    SourceError,
+    UnknownRefError,
+    UsageError,
+)
 from ..runner import log, step
 from .probe import apply_all, apply_one, provide_preimages, run_git, subject, touched
 from .report import Options, PatchOutcome, RebaseReport, report_from_json, write_report
@@ -209,7 +218,8 @@ def _save_state(settings: Settings, report: RebaseReport, series: patchmod.Serie
 def _load_state(settings: Settings) -> dict[str, Any]:
     path = _state_path(settings)
     try:
-        return json.loads(path.read_text())
+        state: dict[str, Any] = json.loads(path.read_text())
+        return state
     except FileNotFoundError:
         raise UsageError(f"no stopped rebase of {settings.project_dir}",
                          fix="start one with ggml-bridge rebase --onto SPEC") from None

@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import re
 import shutil
+from pathlib import Path
 
 from .. import fetch as fetchmod
 from .. import patch as patchmod

@@ -72,19 +72,18 @@ if want build; then
     grep -E "^==>|done in|up to date|error|Error" "$OUT/build.txt" | tail -n 30 | tee -a "$OUT/summary.txt"
     mkdir -p "$OUT/manifests"
     for v in upstream upstream-nopeer patched; do
-        m=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['manifest'])" \
-            "$GGML_BRIDGE_CACHE_DIR/latest-$v-cuda.json" 2>/dev/null) && cp "$m" "$OUT/manifests/$v.json"
+        m=$("${gb[@]}" build --backend cuda --variant "$v" --print-manifest 2>/dev/null) \
+            && cp "$m" "$OUT/manifests/$v.json"
     done
 fi
-# the bin folder of a variant's latest build (the pointer `ggml-bridge build` writes)
-bindir() {
-    python3 -c "import json,sys,os; print(os.path.dirname(json.load(open(sys.argv[1]))['binaries']['llama-server']))" \
-        "$GGML_BRIDGE_CACHE_DIR/latest-$1-cuda.json" 2>/dev/null
-}
+# the bin folder of a variant's latest build, as the CLI reports it (builds nothing)
+bindir() { "${gb[@]}" build --backend cuda --variant "$1" --print-bin-dir 2>/dev/null; }
 pbin=$(bindir patched) && ubin=$(bindir upstream) || { log "the CUDA builds are not there: stopping"; exit 1; }
 nbin=$(bindir upstream-nopeer) || nbin=
 bins=(--bin-dir-patched "$pbin" --bin-dir-upstream "$ubin")
-vocab=$(find "$GGML_BRIDGE_CACHE_DIR/trees" -path '*/models/ggml-vocab-llama-spm.gguf' | head -n 1)
+# the vocabulary of the pinned tree (`ggml-bridge fetch` prints the cached tree)
+tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
+vocab=$tree/models/ggml-vocab-llama-spm.gguf
 
 if want tests; then
     # the bridge on both GPUs (every size class, both strategies' paths, ordering), then rejected values after

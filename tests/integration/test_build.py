@@ -10,7 +10,6 @@ import pytest
 
 from ggml_bridge import build, config
 
-
 # --------------------------------------------------------------------------------------------- slow: the real thing
 
 

@@ -9,7 +9,6 @@ import requests
 
 from ggml_bridge import config, fetch, pin
 
-
 # --------------------------------------------------------------------------------------------- slow: the real thing
 
 

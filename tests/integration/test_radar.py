@@ -9,9 +9,9 @@ import pytest
 
 from ggml_bridge import config, fetch, patch, rebase
 from ggml_bridge.errors import UnknownRefError
+
 from helpers import expected_outcomes as _expected
 from helpers import rebase_statuses as _statuses
-
 
 # --------------------------------------------------------------------------------------------- slow: the real registry
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import config, fetch, patch, pin as pinmod, rebase
+from ggml_bridge import config, fetch, patch, rebase
+from ggml_bridge import pin as pinmod
 from ggml_bridge.errors import RebaseConflict
+
 from helpers import expected_outcomes as _expected
 from helpers import rebase_statuses as _statuses
-
 
 # --------------------------------------------------------------------------------------------- slow: real trees
 

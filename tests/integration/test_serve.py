@@ -6,8 +6,8 @@ import pytest
 
 from ggml_bridge import serve
 from ggml_bridge.errors import ServeError
-from helpers import busy_port, real_bin_dir, real_vocab
 
+from helpers import busy_port, real_bin_dir, real_vocab
 
 # --- the real llama-server ----------------------------------------------------------------------------
 
@@ -47,7 +47,6 @@ def test_real_server_tiny_model(tmp_path):
 @pytest.mark.slow
 def test_real_server_metrics_grow(tmp_path):
     """patch 0005: llama-server --metrics exports batching's process-wide counters, live, as they grow."""
-    import json
     bd, m = _real_tiny(tmp_path)
     port = serve.free_port()
     with serve.Server(bd / "llama-server", ["-m", str(m), "--port", str(port), "-c", "256", "-np", "1", "-t", "2",

@@ -56,7 +56,6 @@ def real_wheel(real_settings: config.Settings, real_tree) -> Path:  # type: igno
     """The CPU wheel of the real pinned tree, built offline from its sdist; kept in the test cache by the sdist's
     hash (the sdist is reproducible), so later sessions install it instead of compiling again."""
     pytest.importorskip("scikit_build_core")
-    from ggml_bridge import fetch
 
     made = wheel.make_sdist(real_settings, real_settings.cache_dir / "test-sdist")
     key = cache.file_sha256(made.path)[:16]

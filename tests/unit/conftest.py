@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fixtures import fakellama
 from ggml_bridge import config
+
+from fixtures import fakellama
 from helpers import RebaseUpstream, make_rebase_upstream, rebase_pin_text
 
 

@@ -1,5 +1,5 @@
 """ggml-bridge bench against fake llama-bench / test-mapped-host-bridge programs: interleaving, statistics,
-ratios, engagement proof and report files. The real thing runs on GPU machines (docs/bench.md)."""
+ratios, engagement proof and report files. The real thing runs on GPU machines (results/2026-11-30-h200x2-bench.md)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import pytest
 
 from ggml_bridge import bench
 from ggml_bridge.errors import BenchError
-from helpers import bench_args as _args
+
 from helpers import FAKE_SMI, write_exe, write_fake_variants
+from helpers import bench_args as _args
+
 
 @pytest.fixture
 def variants(tmp_path: Path) -> Path:
@@ -238,6 +240,7 @@ def test_cpus_pin_every_case_and_are_restored(variants, env, tmp_path):
 @pytest.mark.parametrize("bad", ["x", "3-1", "1,,2", "100000"])
 def test_bad_cpu_lists_are_usage_errors(variants, env, tmp_path, bad):
     import os
+
     from ggml_bridge.errors import UsageError
     mine = os.sched_getaffinity(0)
     with pytest.raises(UsageError):

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FakeUpstream
 from ggml_bridge import build, config
 from ggml_bridge.errors import BuildError, NotBuiltError, ToolchainError, UsageError
+
+from conftest import FakeUpstream
 
 
 def _run(binary: Path) -> str:
@@ -37,8 +38,8 @@ def test_patched_build_end_to_end(settings: config.Settings, upstream: FakeUpstr
     assert (res.build_dir / "build.log").read_text().count("Linking") >= 2
     assert build.find_binary(settings, "llama-server", variant="patched", backend="cpu") == res.server
     assert build.find_binary(settings, "llama-bench") == res.binaries["llama-bench"]
-    # the patched sources are the work tree
-    assert "/work/" in m["source_dir"]
+    # the patched sources are the work tree, in the cache
+    assert Path(m["source_dir"]).parent.parent == settings.cache_dir / "work"
 
 
 def test_unchanged_rebuild_configures_and_compiles_nothing(settings: config.Settings,

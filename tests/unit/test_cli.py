@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import types
@@ -7,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, FakeUpstream
 from ggml_bridge import cli, config, errors
+
+from conftest import REPO_ROOT, FakeUpstream
 
 
 @pytest.fixture
@@ -76,6 +78,15 @@ def test_build_a_variant_list_in_one_tree(cli_env: list[str], capsys: pytest.Cap
     run = [subprocess.run([p], capture_output=True, text=True, check=True).stdout for p in out]
     assert run == ["fake llama-server bridge=1\n", "fake llama-server bridge=0\n"]
     assert cli.main([*cli_env, "build", "--variant", "upstream,nope"]) == errors.UsageError.exit_code
+    capsys.readouterr()
+    # what scripts ask instead of reading the cache: the manifests and binary folders of the latest builds
+    assert cli.main([*cli_env, "build", "--variant", "patched,upstream", "--print-bin-dir"]) == 0
+    assert capsys.readouterr().out.split() == [str(Path(p).parent) for p in out]
+    assert cli.main([*cli_env, "build", "--variant", "patched,upstream", "--print-manifest"]) == 0
+    manifests = [json.loads(Path(m).read_text()) for m in capsys.readouterr().out.split()]
+    assert [m["variant"] for m in manifests] == ["patched", "upstream"]
+    assert cli.main([*cli_env, "build", "--variant", "upstream-nopeer", "--print-manifest"]) == \
+        errors.NotBuiltError.exit_code, "nothing is built by --print-*"
 
 @pytest.mark.parametrize("argv,code,text", [
     (["build", "--backend", "rocm"], 2, "unknown backend 'rocm'"),

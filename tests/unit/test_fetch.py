@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import REPO_ROOT, FakeUpstream, write_pin
-from fixtures import fakellama
 from ggml_bridge import cache, config, fetch, pin
 from ggml_bridge.errors import CacheError, ChecksumError, FetchError, SourceError, UnknownRefError, UsageError
+
+from conftest import REPO_ROOT, FakeUpstream, write_pin
+from fixtures import fakellama
 
 
 def _only(settings: config.Settings, *kinds: str) -> config.Settings:

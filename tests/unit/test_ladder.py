@@ -175,8 +175,8 @@ def test_describe_responses_difference(tmp_path):
     def rec(i, toks, lps):
         return ladder.canonical_response(json.dumps({
             "content": "x", "tokens": toks, "tokens_predicted": len(toks), "timings": {"t": i * 1.5},
-            "completion_probabilities": [{"id": t, "logprob": l, "top_logprobs": [{"id": t, "logprob": l}]}
-                                         for t, l in zip(toks, lps)]}).encode(), i)
+            "completion_probabilities": [{"id": t, "logprob": lv, "top_logprobs": [{"id": t, "logprob": lv}]}
+                                         for t, lv in zip(toks, lps, strict=False)]}).encode(), i)
 
     a = tmp_path / "a"
     b = tmp_path / "b"

@@ -11,7 +11,8 @@ import pytest
 
 from ggml_bridge import model
 
-VOCAB_CANDIDATES = [os.environ.get("GGML_BRIDGE_VOCAB"), "/work/up/models/ggml-vocab-llama-spm.gguf"]
+#: GGML_BRIDGE_VOCAB names the file; else it is looked up in GGML_BRIDGE_TEST_UPSTREAM (an upstream tree)
+VOCAB_CANDIDATES = [os.environ.get("GGML_BRIDGE_VOCAB")]
 
 
 def _vocab() -> Path:

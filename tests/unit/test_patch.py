@@ -6,10 +6,10 @@ from pathlib import Path
 import git
 import pytest
 
-from conftest import FakeUpstream
-from fixtures import fakellama
 from ggml_bridge import config, fetch, patch
 from ggml_bridge.errors import PatchError, WorkTreeModified
+
+from conftest import FakeUpstream
 
 
 def _add_conflict(settings: config.Settings, upstream: FakeUpstream) -> str:

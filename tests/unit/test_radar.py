@@ -11,11 +11,14 @@ from typing import Iterator
 
 import pytest
 
-from fixtures import fakellama
-from ggml_bridge import cli, config, errors, fetch, patch, pin as pinmod, radar, rebase
+from ggml_bridge import cli, config, errors, fetch, patch, radar, rebase
+from ggml_bridge import pin as pinmod
 from ggml_bridge.errors import RebaseConflict, UnknownRefError, UsageError
+
+from fixtures import fakellama
 from helpers import REBASE_DATE as DATE
-from helpers import REPO_ROOT, RebaseUpstream as Up
+from helpers import REPO_ROOT
+from helpers import RebaseUpstream as Up
 from helpers import project_snapshot as _snapshot
 from helpers import rebase_statuses as _statuses
 

@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from fixtures import fakellama
-from ggml_bridge import cli, config, errors, fetch, patch, pin as pinmod, rebase
+from ggml_bridge import cli, config, errors, fetch, patch, rebase
+from ggml_bridge import pin as pinmod
 from ggml_bridge.errors import FetchError, PatchError, RebaseConflict, SourceError, UsageError
-from helpers import REBASE_DATE as DATE
+
+from fixtures import fakellama
 from helpers import DEMO, REPO_ROOT
+from helpers import REBASE_DATE as DATE
 from helpers import RebaseUpstream as Up
 from helpers import project_snapshot as _snapshot
 from helpers import rebase_statuses as _statuses
-
 
 
 def _check(st: config.Settings, onto: str, **kw: object) -> rebase.RebaseReport:

@@ -14,7 +14,9 @@ import pytest
 
 from ggml_bridge import cli, logparse, serve
 from ggml_bridge.errors import ServeError, UsageError
+
 from helpers import busy_port, fake_model, write_fake_bin
+
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):

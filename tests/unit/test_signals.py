@@ -20,9 +20,10 @@ from typing import Callable
 
 import pytest
 
-from conftest import REPO_ROOT
 from ggml_bridge import config, runner
 from ggml_bridge.errors import UsageError
+
+from conftest import REPO_ROOT
 
 TREE = r'''
 sleep 600 & echo $! >> "$PIDS"

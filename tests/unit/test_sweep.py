@@ -31,6 +31,7 @@ from typing import Callable
 import pytest
 
 from ggml_bridge import cli, config, errors, fetch, serve, wheel
+
 from helpers import fake_model, write_fake_bin
 
 NON_UTF8 = b"\xff\xfe\x00not utf-8 \xe9\n"
@@ -54,6 +55,7 @@ def _write(rel: str, data: bytes, *, in_project: bool = False) -> Callable[[Path
         path = (project if in_project else scratch) / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+
     return make
 
 
@@ -71,39 +73,108 @@ LADDER = errors.LadderSetupError.exit_code  # a bad ladder file
 CASES = [
     # --- D3: non-UTF-8 files the toolkit reads ----------------------------------------------------------------
     Case("config-not-utf8", ["fetch"], USAGE, "is not UTF-8 text", files=_write("ggml-bridge.toml", NON_UTF8)),
-    Case("pyproject-not-utf8-is-not-ours", ["rebase", "--abort"], USAGE, "no stopped rebase",
-         files=_write("pyproject.toml", NON_UTF8)),
+    Case(
+        "pyproject-not-utf8-is-not-ours",
+        ["rebase", "--abort"],
+        USAGE,
+        "no stopped rebase",
+        files=_write("pyproject.toml", NON_UTF8),
+    ),
     Case("pin-not-utf8", ["fetch"], USAGE, "pin file", files=_write("pin.toml", NON_UTF8, in_project=True)),
-    Case("series-not-utf8", ["rebase", "--onto", "b1", "--check"], errors.PatchError.exit_code,
-         "is not UTF-8 text", files=_write("patches/series", NON_UTF8, in_project=True)),
-    Case("series-names-a-path", ["rebase", "--onto", "b1", "--check"], errors.PatchError.exit_code,
-         "is not a file name", files=_write("patches/series", b"../../pin.toml\n", in_project=True)),
+    Case(
+        "series-not-utf8",
+        ["rebase", "--onto", "b1", "--check"],
+        errors.PatchError.exit_code,
+        "is not UTF-8 text",
+        files=_write("patches/series", NON_UTF8, in_project=True),
+    ),
+    Case(
+        "series-names-a-path",
+        ["rebase", "--onto", "b1", "--check"],
+        errors.PatchError.exit_code,
+        "is not a file name",
+        files=_write("patches/series", b"../../pin.toml\n", in_project=True),
+    ),
     # --- D4: sdist / wheel --out --------------------------------------------------------------------------------
-    Case("sdist-out-is-a-file", ["sdist", "--out", "{scratch}/afile"], USAGE, "is a file, not a folder",
-         files=_write("afile", b"x")),
-    Case("wheel-out-is-a-file", ["wheel", "--out", "{scratch}/afile"], USAGE, "is a file, not a folder",
-         files=_write("afile", b"x")),
-    Case("sdist-out-cannot-be-created", ["sdist", "--out", "/proc/ggml-bridge-out"], USAGE,
-         "cannot create the folder"),
+    Case(
+        "sdist-out-is-a-file",
+        ["sdist", "--out", "{scratch}/afile"],
+        USAGE,
+        "is a file, not a folder",
+        files=_write("afile", b"x"),
+    ),
+    Case(
+        "wheel-out-is-a-file",
+        ["wheel", "--out", "{scratch}/afile"],
+        USAGE,
+        "is a file, not a folder",
+        files=_write("afile", b"x"),
+    ),
+    Case("sdist-out-cannot-be-created", ["sdist", "--out", "/proc/ggml-bridge-out"], USAGE, "cannot create the folder"),
     # --- D5: ladder TOML numbers --------------------------------------------------------------------------------
-    Case("ladder-nan", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "n_predict = nan is not an integer",
-         files=_ladder("n_predict = nan\n")),
-    Case("ladder-inf", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "timeout = inf is not a finite",
-         files=_ladder("timeout = inf\n")),
-    Case("ladder-string-number", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "ubatch = '8' is not an",
-         files=_ladder('ubatch = "8"\n')),
-    Case("ladder-float-for-int", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "batch = 1.5 is not an",
-         files=_ladder("batch = 1.5\n")),
-    Case("ladder-n-probs-1e30", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "n_probs = 1e+30 is not",
-         files=_ladder("n_probs = 1e30\n")),
-    Case("ladder-shape-float", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "must be a positive integer",
-         files=_write("ladder.toml", b'[[rung]]\nname = "r"\nshape = {preset = "tiny", n_layer = 2.5}\n')),
-    Case("ladder-args-not-a-list", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER,
-         "perplexity_args = 0 is not a list", files=_ladder("perplexity_args = 0\n")),  # found by Hypothesis
-    Case("ladder-rung-not-a-table", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "must be a table",
-         files=_write("ladder.toml", b"rung = [1, 2]\n")),
-    Case("ladder-text-seed-string", ["ladder", "--ladder", "{scratch}/ladder.toml"], LADDER, "text_seed = 'x'",
-         files=_write("ladder.toml", b'text_seed = "x"\n[[rung]]\nname = "r"\nshape = "tiny"\n')),
+    Case(
+        "ladder-nan",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "n_predict = nan is not an integer",
+        files=_ladder("n_predict = nan\n"),
+    ),
+    Case(
+        "ladder-inf",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "timeout = inf is not a finite",
+        files=_ladder("timeout = inf\n"),
+    ),
+    Case(
+        "ladder-string-number",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "ubatch = '8' is not an",
+        files=_ladder('ubatch = "8"\n'),
+    ),
+    Case(
+        "ladder-float-for-int",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "batch = 1.5 is not an",
+        files=_ladder("batch = 1.5\n"),
+    ),
+    Case(
+        "ladder-n-probs-1e30",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "n_probs = 1e+30 is not",
+        files=_ladder("n_probs = 1e30\n"),
+    ),
+    Case(
+        "ladder-shape-float",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "must be a positive integer",
+        files=_write("ladder.toml", b'[[rung]]\nname = "r"\nshape = {preset = "tiny", n_layer = 2.5}\n'),
+    ),
+    Case(
+        "ladder-args-not-a-list",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "perplexity_args = 0 is not a list",
+        files=_ladder("perplexity_args = 0\n"),
+    ),  # found by Hypothesis
+    Case(
+        "ladder-rung-not-a-table",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "must be a table",
+        files=_write("ladder.toml", b"rung = [1, 2]\n"),
+    ),
+    Case(
+        "ladder-text-seed-string",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "text_seed = 'x'",
+        files=_write("ladder.toml", b'text_seed = "x"\n[[rung]]\nname = "r"\nshape = "tiny"\n'),
+    ),
     # --- D6 and the negative bench / ladder values ---------------------------------------------------------------
     Case("bench-timeout-nan", ["bench", "--timeout", "nan"], USAGE, "argument --timeout"),
     Case("bench-rounds-negative", ["bench", "--rounds", "-1"], USAGE, "argument --rounds"),
@@ -116,30 +187,62 @@ CASES = [
     # --- low: wrong messages or exit codes -----------------------------------------------------------------------
     Case("variant-comma", ["build", "--variant", ","], USAGE, "names no variant"),
     Case("variant-unknown-in-list", ["build", "--variant", "patched,bogus"], USAGE, "unknown variant 'bogus'"),
-    Case("git-file-missing", ["fetch", "--source", "git+file:///nonexistent/llama.cpp", "--allow-unpinned"], SOURCE,
-         "/nonexistent/llama.cpp does not exist"),
-    Case("registry-version-missing", ["fetch", "--source", "fake-llama==0.0.0", "--allow-unpinned"], UNKNOWN_REF,
-         "fake-llama==0.0.0 does not exist"),
+    Case(
+        "git-file-missing",
+        ["fetch", "--source", "git+file:///nonexistent/llama.cpp", "--allow-unpinned"],
+        SOURCE,
+        "/nonexistent/llama.cpp does not exist",
+    ),
+    Case(
+        "registry-version-missing",
+        ["fetch", "--source", "fake-llama==0.0.0", "--allow-unpinned"],
+        UNKNOWN_REF,
+        "fake-llama==0.0.0 does not exist",
+    ),
     Case("source-dev-null", ["fetch", "--source", "/dev/null"], SOURCE, "neither a directory nor a tarball"),
     Case("source-empty", ["fetch", "--source", ""], USAGE, "--source is empty"),
     Case("source-blank", ["patch", "--source", "  "], USAGE, "--source is empty"),
-    Case("radar-cache-not-writable", ["rebase", "--radar", "--cache-dir", "/proc/ggml-bridge-cache"], CACHE,
-         "is not writable"),
-    Case("serve-help-is-llama-servers", ["serve", "--server", "{scratch}/bin/llama-server", "--", "--help"], 0,
-         "usage: llama-server", files=_fake_server),
-    Case("serve-log-cap-negative", ["serve", "--server-log-max-mb", "-1", "--", "-m", "x"], USAGE,
-         "argument --server-log-max-mb"),
+    Case(
+        "radar-cache-not-writable",
+        ["rebase", "--radar", "--cache-dir", "/proc/ggml-bridge-cache"],
+        CACHE,
+        "is not writable",
+    ),
+    Case(
+        "serve-help-is-llama-servers",
+        ["serve", "--server", "{scratch}/bin/llama-server", "--", "--help"],
+        0,
+        "usage: llama-server",
+        files=_fake_server,
+    ),
+    Case(
+        "serve-log-cap-negative",
+        ["serve", "--server-log-max-mb", "-1", "--", "-m", "x"],
+        USAGE,
+        "argument --server-log-max-mb",
+    ),
     # --- our own ---------------------------------------------------------------------------------------------------
     Case("rebase-discard-without-abort", ["rebase", "--discard"], USAGE, "one of the arguments"),
     Case("rebase-discard-with-onto", ["rebase", "--onto", "b1", "--discard"], USAGE, "--discard goes with --abort"),
-    Case("config-jobs-nan", ["fetch"], USAGE, "bad value nan", files=_write("ggml-bridge.toml", b"[build]\njobs = nan\n")),
+    Case(
+        "config-jobs-nan", ["fetch"], USAGE, "bad value nan", files=_write("ggml-bridge.toml", b"[build]\njobs = nan\n")
+    ),
     Case("config-timeout-inf", ["fetch"], USAGE, "finite", env={"GGML_BRIDGE_CONNECT_TIMEOUT": "inf"}),
     Case("cmake-args-unbalanced", ["fetch"], USAGE, "unbalanced quotes", env={"CMAKE_ARGS": "-DX='a b"}),
-    Case("serve-startup-timeout-nan", ["serve", "--server", "{scratch}/bin/llama-server", "--startup-timeout", "nan",
-                                       "--", "-m", "{scratch}/m.gguf"], USAGE, "must be a positive number",
-         files=_fake_server),
-    Case("serve-port-zero", ["serve", "--server", "{scratch}/bin/llama-server", "--", "-m", "{scratch}/m.gguf",
-                             "--port", "0"], USAGE, "--port 0", files=_fake_server),
+    Case(
+        "serve-startup-timeout-nan",
+        ["serve", "--server", "{scratch}/bin/llama-server", "--startup-timeout", "nan", "--", "-m", "{scratch}/m.gguf"],
+        USAGE,
+        "must be a positive number",
+        files=_fake_server,
+    ),
+    Case(
+        "serve-port-zero",
+        ["serve", "--server", "{scratch}/bin/llama-server", "--", "-m", "{scratch}/m.gguf", "--port", "0"],
+        USAGE,
+        "--port 0",
+        files=_fake_server,
+    ),
 ]
 
 
@@ -161,8 +264,13 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_sweep(case: Case, sweep_env: Path, settings: config.Settings, monkeypatch: pytest.MonkeyPatch,
-               capfd: pytest.CaptureFixture[str]) -> None:
+def test_sweep(
+    case: Case,
+    sweep_env: Path,
+    settings: config.Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     project = settings.project_dir
     if case.files:
         case.files(project, sweep_env)
@@ -201,9 +309,25 @@ def test_serve_stopped_by_a_signal_exits_128_plus_n(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     port = serve.free_port()
-    p = subprocess.Popen([sys.executable, "-m", "ggml_bridge", "serve", "--server", str(bin_dir / "llama-server"),
-                          "--", "-m", str(model), "--port", str(port)], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bridge",
+            "serve",
+            "--server",
+            str(bin_dir / "llama-server"),
+            "--",
+            "-m",
+            str(model),
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout is not None and p.stdout.readline().startswith("http://")
         p.send_signal(signal.SIGTERM)
@@ -214,8 +338,9 @@ def test_serve_stopped_by_a_signal_exits_128_plus_n(tmp_path: Path) -> None:
     assert rc == 128 + signal.SIGTERM, p.stderr.read() if p.stderr else ""
 
 
-def test_interrupted_wheel_leaves_no_pip_temporary_files(settings: config.Settings, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_wheel_leaves_no_pip_temporary_files(
+    settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """D7: pip's build folders go to a folder of ours, removed when the run is interrupted."""
     seen: dict[str, Path] = {}
 
@@ -243,6 +368,7 @@ def test_unsafe_archive_member_is_the_intended_error(tmp_path: Path) -> None:
         info = tarfile.TarInfo("top/../../escape.txt")
         info.size = 1
         import io
+
         tf.addfile(info, io.BytesIO(b"x"))
         tf.addfile(tarfile.TarInfo("top/CMakeLists.txt"), io.BytesIO(b""))
     (tmp_path / "dest").mkdir()
@@ -251,8 +377,9 @@ def test_unsafe_archive_member_is_the_intended_error(tmp_path: Path) -> None:
     assert not (tmp_path / "escape.txt").exists()
 
 
-def test_damaged_cached_sdist_is_reported_and_fetched_again(settings: config.Settings, sweep_env: Path,
-                                                           upstream, capfd: pytest.CaptureFixture[str]) -> None:
+def test_damaged_cached_sdist_is_reported_and_fetched_again(
+    settings: config.Settings, sweep_env: Path, upstream, capfd: pytest.CaptureFixture[str]
+) -> None:
     """A truncated sdist in <cache>/sdists/ was silently skipped (and downloaded again on every run)."""
     kept = settings.cache_dir / "sdists" / upstream.sdist.name
     kept.parent.mkdir(parents=True)
@@ -281,10 +408,22 @@ def test_wheel_integrity_names_a_missing_versioned_library(tmp_path: Path, monke
     (root / "lib").mkdir()
     (tmp_path / "l.c").write_text("int llama_x(void) { return 1; }\n")
     (tmp_path / "m.c").write_text("int llama_x(void);\nint main(void) { return llama_x() - 1; }\n")
-    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libllama.so.0", "-o", str(root / "lib" / "libllama.so"),
-                    str(tmp_path / "l.c")], check=True)
-    subprocess.run([cc, "-o", str(root / "bin" / "llama-server"), str(tmp_path / "m.c"), "-L", str(root / "lib"),
-                    "-lllama"], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libllama.so.0",
+            "-o",
+            str(root / "lib" / "libllama.so"),
+            str(tmp_path / "l.c"),
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [cc, "-o", str(root / "bin" / "llama-server"), str(tmp_path / "m.c"), "-L", str(root / "lib"), "-lllama"],
+        check=True,
+    )
     monkeypatch.syspath_prepend(str(Path(wheel.TEMPLATES) / "src"))
     gbs = importlib.import_module("ggml_bridge_server")
     monkeypatch.setattr(gbs, "PACKAGE_DIR", root)
