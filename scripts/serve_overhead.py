@@ -3,7 +3,8 @@
 
 Runs, in ABBA-style interleaved rounds, on a real llama-server build and a random-weight tiny model:
 
-* ``plain``  llama-server itself (its output to a file), the same server arguments;
+* ``plain``  llama-server itself (its output to a file), the same server arguments and (``--plain-env selectors``,
+  the default) the selector variables serve sets, so only the launcher differs;
 * ``serve``  ``python -m ggml_bridge serve --bridge on --batched on --server-log FILE -- ARGS`` of this checkout
   (selectors set, so the engagement proof runs);
 * ``before`` the same command of another checkout (``--before DIR``, e.g. a worktree of the commit before the
@@ -77,7 +78,14 @@ WORDS = "the quick brown fox jumps over a lazy dog while the city sleeps under h
 
 
 def one_run(
-    kind: str, launcher_root: Path | None, server: Path, gguf: Path, work: Path, n: int, n_predict: int
+    kind: str,
+    launcher_root: Path | None,
+    server: Path,
+    gguf: Path,
+    work: Path,
+    n: int,
+    n_predict: int,
+    same_env: bool = True,
 ) -> dict:
     port = serve.free_port()
     run_dir = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=work))
@@ -88,7 +96,9 @@ def one_run(
     with open(err_file, "wb") as err:
         if kind == "plain":
             cmd = [str(server), *server_args]
-            proc = subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # the selectors serve sets (bridge on, batched on, their stats): the same server work, no launcher
+            env = {**os.environ, **(serve.selector_env("on", "on") if same_env else {})}
+            proc = subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
             env_root = None
         else:
             assert launcher_root is not None
@@ -171,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server", type=Path, default=None, help="llama-server (default: the latest patched CPU build)")
     ap.add_argument("--vocab", type=Path, default=None, help="a vocab GGUF (default: found in the cache)")
     ap.add_argument("--before", type=Path, default=None, help="checkout of the launcher before the change")
+    ap.add_argument(
+        "--plain-env",
+        choices=("selectors", "none"),
+        default="selectors",
+        help="plain llama-server with the selector variables serve sets (default), or none",
+    )
     ap.add_argument("--report", type=Path, required=True)
     args = ap.parse_args(argv)
 
@@ -189,7 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = kinds if r % 2 == 0 else list(reversed(kinds))
             for kind, root in order:
-                runs.append(one_run(kind, root, server, gguf, work, args.requests, args.n_predict) | {"round": r})
+                run = one_run(
+                    kind, root, server, gguf, work, args.requests, args.n_predict, args.plain_env == "selectors"
+                )
+                runs.append(run | {"round": r})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -224,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         "requests": args.requests,
         "n_predict": args.n_predict,
         "rounds": args.rounds,
+        "plain_env": args.plain_env,
         "command": "scripts/serve_overhead.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "summary": summ,
         "runs": runs,
