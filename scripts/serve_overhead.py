@@ -51,6 +51,15 @@ def proc_kib(pid: int, key: str) -> int | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` so far (the launcher's own work; for plain, llama-server's)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def post(url: str, payload: dict, timeout: float = 120.0) -> dict:
     req = urllib.request.Request(
         url + "/completion", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
@@ -145,6 +154,7 @@ def one_run(
             wall = time.monotonic() - t0
             time.sleep(1.0)  # let the pump drain the last lines
             rss_end, hwm = proc_kib(proc.pid, "VmRSS"), proc_kib(proc.pid, "VmHWM")
+            cpu_s = cpu_seconds(proc.pid)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -164,6 +174,7 @@ def one_run(
         "launcher_rss_10_kib": rss10,
         "launcher_rss_end_kib": rss_end,
         "launcher_hwm_kib": hwm,
+        "launcher_cpu_s": cpu_s,
         "exit": rc,
         "cmd": " ".join(cmd),
     }
@@ -221,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             "log_bytes_max": max(x["log_bytes_total"] for x in rs),
             "launcher_rss_10_kib": [x["launcher_rss_10_kib"] for x in rs],
             "launcher_rss_end_kib": [x["launcher_rss_end_kib"] for x in rs],
+            "launcher_cpu_s": [x.get("launcher_cpu_s") for x in rs],
         }
 
     summ = {k: summary(k) for k, _ in kinds}
@@ -258,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `{report['command']}`",
         "",
         "| kind | runs | wall s (median) | vs plain | wall s (each) | log bytes (max) | launcher RSS MiB "
-        "after 10 / at end |",
-        "|---|---|---|---|---|---|---|",
+        "after 10 / at end | CPU s of the process |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for k, s in summ.items():
         rss = ", ".join(
@@ -268,12 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         lines.append(
             f"| {k} | {s['runs']} | {s['wall_s_median']} | {s['time_vs_plain']}x | "
-            f"{', '.join(map(str, s['wall_s']))} | {s['log_bytes_max']:,} | {rss} |"
+            f"{', '.join(map(str, s['wall_s']))} | {s['log_bytes_max']:,} | {rss} | "
+            f"{', '.join(map(str, s['launcher_cpu_s']))} |"
         )
     lines += [
         "",
         "log bytes: the server log file(s) plus the launcher's (or plain llama-server's) own stderr. "
-        "RSS of `plain` is llama-server's own (it is the process).",
+        "RSS and CPU of `plain` are llama-server's own (it is the process); of `serve` and `before` the launcher's.",
     ]
     (args.report / "serve_overhead.md").write_text("\n".join(lines) + "\n")
     print(args.report / "serve_overhead.md")
