@@ -229,6 +229,9 @@ def cmd_build(args: argparse.Namespace, settings: config.Settings) -> int:
     from . import build
 
     variants = [v.strip() for v in (args.variant or settings.build.variant).split(",") if v.strip()]
+    if not variants:
+        raise UsageError(f"--variant {args.variant!r} names no variant", why="nothing would be built",
+                         fix=f"use one or more of {', '.join(modes.VARIANTS)}, comma-separated")
     for v in variants:  # every name checked before anything is built
         modes.variant(v, "--variant")
     if getattr(args, "print_manifest", False) or getattr(args, "print_bin_dir", False):

@@ -266,6 +266,9 @@ def _parse_toml(path: Path) -> dict[str, Any]:
             return data
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"config file {path} is not valid TOML", why=str(e)) from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"config file {path} is not UTF-8 text", why=f"byte {e.start}: {e.reason}",
+                         fix="save it as UTF-8 (TOML files are UTF-8)") from None
     except OSError as e:
         raise UsageError(f"cannot read config file {path}", why=str(e)) from None
 

@@ -50,3 +50,22 @@ def engaged(mechanism: str, info: BridgeInfo | BatchedInfo, counters: Mapping[st
     if info.inactive_reason is not None:
         return Verdict(mechanism, INACTIVE, info.inactive_reason)
     return Verdict(mechanism, ABSENT)
+
+
+def from_metrics(mechanism: str, info: BridgeInfo | BatchedInfo, metrics: Mapping[str, int] | None) -> Verdict:
+    """The verdict for llama-server at its default log verbosity, where the INFO ``enabled`` line is hidden: what
+    the log says (``enabled`` when the user chose ``-lv 4``; else the WARN ``inactive`` line and its reason) first,
+    then the live counters patch 0005 exports on /metrics (``llamacpp:<mechanism>_<name>_total``, keys as
+    :func:`ggml_bridge.logparse.parse_metrics` gives them). With counters that show work (the start-up warm-up
+    decode crosses the bridge's boundaries and stages batched uploads) it engaged; counters at zero: *idle*; no
+    counters: *absent* (a binary without the patch, or no CUDA backend for the bridge)."""
+    verdict = engaged(mechanism, info)
+    if verdict.state != ABSENT or not metrics:
+        return verdict
+    prefix, suffix = mechanism + "_", "_total"
+    counters = {
+        k[len(prefix) : -len(suffix)]: v for k, v in metrics.items() if k.startswith(prefix) and k.endswith(suffix)
+    }
+    if not counters:
+        return verdict
+    return Verdict(mechanism, ENGAGED if did_work(mechanism, counters) else IDLE)

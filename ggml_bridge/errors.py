@@ -183,6 +183,15 @@ class DirtyProjectError(FatalError):
     meaning = "rebase refused: uncommitted changes in `pin.toml` or `patches/`"
 
 
+class RebaseInProgress(FatalError):
+    """``rebase --onto`` while an earlier rebase of the project is stopped at a conflict (its work tree holds hand
+    edits that a new run would replace)."""
+
+    exit_code = 53
+    kind = "rebase in progress"
+    meaning = "rebase refused: another rebase of the project is stopped at a conflict (`--continue` or `--abort` it)"
+
+
 class BenchError(FatalError):
     """A benchmark could not run."""
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import json
+import math
 import os
 import zlib
 from dataclasses import asdict, dataclass, field, replace
@@ -61,8 +62,13 @@ class Shape:
         if self.dtype not in ("f16", "f32"):
             raise ModelError(f"shape {self.name!r}: dtype must be f16 or f32, not {self.dtype!r}")
         for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_ctx_train"):
-            if int(getattr(self, k)) <= 0:
-                raise ModelError(f"shape {self.name!r}: {k} must be positive")
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < 2**31:
+                raise ModelError(f"shape {self.name!r}: {k} must be a positive integer, not {v!r}")
+        for k in ("std", "rope_freq_base", "rms_eps"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ModelError(f"shape {self.name!r}: {k} must be a finite positive number, not {v!r}")
         if self.n_embd % self.n_head:
             raise ModelError(f"shape {self.name!r}: n_embd {self.n_embd} is not a multiple of n_head {self.n_head}")
         if self.n_head % self.n_head_kv:

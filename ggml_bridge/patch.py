@@ -114,10 +114,14 @@ def read_series(patches_dir: Path) -> Series:
     series_file = patches_dir / "series"
     if series_file.is_file():
         names = []
-        for raw in series_file.read_text().splitlines():
+        for raw in _series_lines(series_file):
             line = raw.split("#", 1)[0].strip()
             if line:
                 names.append(line)
+        odd = [n for n in names if "/" in n or "\0" in n or n in (".", "..")]
+        if odd:
+            raise PatchError(f"{series_file} lists {odd[0]!r}, which is not a file name in {patches_dir}",
+                             fix="list the patch files of that folder by name, one per line")
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise PatchError(f"{series_file} lists {', '.join(dupes)} more than once", fix="list each patch once")
@@ -135,6 +139,18 @@ def read_series(patches_dir: Path) -> Series:
     patches = tuple(PatchFile(n, patches_dir / n, cache.file_sha256(patches_dir / n)) for n in names)
     h = hashlib.sha256("".join(f"{p.name} {p.sha256}\n" for p in patches).encode())
     return Series(patches, h.hexdigest())
+
+
+def _series_lines(series_file: Path) -> list[str]:
+    """The lines of ``patches/series``; PatchError when it is not UTF-8 text or cannot be read."""
+    try:
+        return series_file.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise PatchError(f"{series_file} is not UTF-8 text", why=f"byte {e.start}: {e.reason}",
+                         fix="list one patch file name per line (restore it with git checkout -- patches/series)"
+                         ) from None
+    except OSError as e:
+        raise PatchError(f"cannot read {series_file}", why=e.strerror or str(e)) from None
 
 
 def work_key(tree: Tree, series: Series) -> str:

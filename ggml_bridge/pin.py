@@ -109,6 +109,11 @@ def load(path: Path) -> Pin:
                          fix="run from a ggml-bridge checkout or set GGML_BRIDGE_PROJECT_DIR") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"pin file {path} is not valid TOML", why=str(e)) from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"pin file {path} is not UTF-8 text", why=f"byte {e.start}: {e.reason}",
+                         fix="restore it from git (git checkout -- pin.toml)") from None
+    except OSError as e:
+        raise UsageError(f"cannot read the pin file {path}", why=e.strerror or str(e)) from None
     try:
         up = data["upstream"]
         commit = str(up["commit"]).lower() if up.get("commit") else None
@@ -136,7 +141,7 @@ def load(path: Path) -> Pin:
             sources=sources,
             build=int(build) if build is not None else None,
         )
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
         raise UsageError(f"pin file {path} is malformed", why=f"{type(e).__name__}: {e}") from None
 
 

@@ -31,7 +31,7 @@ from . import fetch as fetchmod
 from . import patch as patchmod
 from . import pin as pinmod
 from .config import Settings
-from .errors import EXIT_RADAR_INCOMPLETE, FatalError, RebaseConflict, UsageError
+from .errors import EXIT_RADAR_INCOMPLETE, CacheError, FatalError, RebaseConflict, UsageError
 from .runner import log
 
 _NEW_FILE_RE = re.compile(r"^new file mode ", re.M)
@@ -187,6 +187,7 @@ def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
                          fix="pin a bNNNN tag or set upstream.build in pin.toml")
     if limit is not None and limit < 1:
         raise UsageError(f"--radar-limit {limit} must be at least 1")
+    cache.ensure_writable(settings.cache_dir)  # CacheError (13): not every build "could not be checked" (52)
     rep = RadarReport(date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), pin=pin.ident,
                       pin_build=pin.build, series=series.names, series_hash=series.hash,
                       registry=settings.fetch.pypi_url, footprint=series_footprint(series))
@@ -202,6 +203,8 @@ def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
         log(f"==> radar: {b.spec} ({len(rep.builds)} of {len(todo)})")
         try:
             r = rebasemod.rebase(settings, b.spec, rebasemod.Options(check=True))
+        except CacheError:
+            raise
         except FatalError as e:
             check.reason = f"{e.kind}: {e.what}"
             log(f"    not checked: {check.reason}")

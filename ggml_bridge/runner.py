@@ -308,13 +308,16 @@ class Process:
 
     def __init__(self, argv: list[str], popen: subprocess.Popen[str], *, log_fh: IO[str] | None,
                  log_file: Path | None, on_line: Callable[[str], None] | None,
-                 keep: bool | Callable[[str], bool], tail: int) -> None:
+                 keep: bool | Callable[[str], bool], tail: int, log_max_bytes: int | None = None) -> None:
         import threading
 
         self.args = argv
         self.popen = popen
         self.log_file = log_file
         self._log_fh = log_fh
+        #: rotate ``log_file`` to ``log_file.1`` when it reaches this size (None: never), so at most twice it is kept
+        self.log_max_bytes = log_max_bytes
+        self.rotations = 0
         self._on_line = on_line
         self._keep = keep
         self._head: list[str] = []
@@ -329,12 +332,19 @@ class Process:
     def _pump(self) -> None:
         assert self.popen.stdout is not None
         fh = self._log_fh
+        written = fh.tell() if fh else 0
         try:
             for raw in self.popen.stdout:
                 line = raw.rstrip("\n")
                 if fh:
-                    fh.write(raw if raw.endswith("\n") else raw + "\n")
-                    fh.flush()
+                    text = raw if raw.endswith("\n") else raw + "\n"
+                    if self.log_max_bytes and written and written + len(text) > self.log_max_bytes:
+                        fh = self._rotate(fh)
+                        written = 0
+                    if fh is not None:  # None: the log could not be reopened after rotating; the pump goes on
+                        fh.write(text)
+                        fh.flush()
+                        written += len(text)
                 keep = self._keep is True or (callable(self._keep) and self._keep(line))
                 with self._lock:
                     self._tail.append(line)
@@ -353,6 +363,20 @@ class Process:
         finally:
             if fh:
                 fh.close()
+
+    def _rotate(self, fh: IO[str]) -> IO[str] | None:
+        """Close the log, move it to ``<log>.1`` (replacing the previous one) and open a fresh one."""
+        assert self.log_file is not None
+        fh.close()
+        try:
+            os.replace(self.log_file, str(self.log_file) + ".1")
+            new = open(self.log_file, "w", encoding="utf-8")
+        except OSError:  # the folder went away or filled up: stop logging to it rather than stop the pump
+            self._log_fh = None
+            return None
+        self.rotations += 1
+        self._log_fh = new
+        return new
 
     @property
     def pid(self) -> int:
@@ -420,6 +444,7 @@ def start(
     error: type[FatalError] = FatalError,
     what: str | None = None,
     fix: str | None = None,
+    log_max_bytes: int | None = None,
 ) -> Process:
     """Start a long-running command (logged like :func:`run`) and return at once.
 
@@ -439,10 +464,38 @@ def start(
         popen = subprocess.Popen(
             argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
-            start_new_session=new_session,
+            start_new_session=new_session, preexec_fn=_parent_death_signal(),
         )
     except OSError as e:
         if fh:
             fh.close()
         raise error(what or f"cannot run {argv[0]}", why=str(e), fix=fix) from None
-    return Process(argv, popen, log_fh=fh, log_file=log_file, on_line=on_line, keep=keep, tail=tail)
+    return Process(argv, popen, log_fh=fh, log_file=log_file, on_line=on_line, keep=keep, tail=tail,
+                   log_max_bytes=log_max_bytes)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to send ``sig`` to the child when we die, even by SIGKILL (which no handler of
+    ours sees): a long-running child (llama-server, in its own session) is never orphaned. Only from the main thread:
+    the kernel sends the signal when the *thread* that forked exits. None where prctl is unavailable."""
+    import ctypes
+    import threading
+
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # we died between fork and prctl: nobody would signal the child
+            os.kill(os.getpid(), sig)
+
+    return preexec

@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -32,7 +33,7 @@ from typing import Any, Mapping, Sequence
 from . import logparse, modes, rpc, runner
 from .cli_options import add_rpc_arguments
 from .config import Settings
-from .engagement import BATCHED, BRIDGE, engaged
+from .engagement import ABSENT, BATCHED, BRIDGE, IDLE, from_metrics
 from .errors import ServeError, UsageError
 from .net import DEFAULT_HOST as DEFAULT_HOST  # re-exported
 from .net import free_port as free_port  # re-exported: tests, scripts and the ladder pick ports with it
@@ -54,8 +55,13 @@ VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity")
 VERBOSE_ALL_FLAGS = ("-v", "--verbose", "--log-verbose")
 
 
-def with_verbosity(args: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[list[str], int]:
-    """``args`` with ``-lv 4`` added unless the caller chose a verbosity; returns (args, effective level)."""
+#: llama.cpp's default log verbosity threshold (what a server started without -lv/-v prints)
+DEFAULT_VERBOSITY = 3
+
+
+def with_verbosity(args: Sequence[str], env: Mapping[str, str] | None = None, *,
+                   add: bool = True) -> tuple[list[str], int]:
+    """``args`` with ``-lv 4`` added (``add``) unless the caller chose a verbosity; returns (args, effective level)."""
     args = [str(a) for a in args]
     if any(a in VERBOSE_ALL_FLAGS for a in args):
         return args, 1 << 30
@@ -63,6 +69,8 @@ def with_verbosity(args: Sequence[str], env: Mapping[str, str] | None = None) ->
     if given is None:
         given = (env or {}).get("LLAMA_ARG_LOG_VERBOSITY", os.environ.get("LLAMA_ARG_LOG_VERBOSITY"))
         if given is None:
+            if not add:
+                return args, DEFAULT_VERBOSITY
             return ["-lv", str(CONTRACT_VERBOSITY), *args], CONTRACT_VERBOSITY
     try:
         return args, int(given)
@@ -96,20 +104,31 @@ class Engagement:
 
 
 def check_engagement(info: logparse.LogInfo, bridge: str | None, batched: str | None,
-                     n_devices: int | None = None) -> Engagement:
-    """Apply the launcher's rules to a parsed start-up log (see the module docstring)."""
+                     n_devices: int | None = None, metrics: Mapping[str, int] | None = None,
+                     warmed_up: bool = True) -> Engagement:
+    """Apply the launcher's rules to a parsed start-up log and, when given, the live counters of /metrics (patch
+    0005; see the module docstring and :func:`ggml_bridge.engagement.from_metrics`). The counters prove engagement
+    at the default log verbosity, where the INFO "enabled" lines are hidden and only the WARN lines ("inactive",
+    rejected selectors) show."""
     eng = Engagement(info)
     ndev = info.n_devices if n_devices is None else n_devices
     b, t = info.bridge, info.batched
+    if not ndev and b.inactive_reason:
+        ndev = _devices_in_reason(b.inactive_reason)
+    live = dict(metrics or {})
     for var, value in b.rejected.items():
         eng.errors.append(f'the server rejected {var}="{value}"' + (" (bridge off)" if var == BRIDGE_VAR else ""))
-    vb, vt = engaged(BRIDGE, b), engaged(BATCHED, t)
+    vb, vt = from_metrics(BRIDGE, b, metrics), from_metrics(BATCHED, t, metrics)
     if bridge in ("on", "force"):
-        if vb.engaged:
+        if vb.engaged and b.enabled:
             eng.notes.append(f"bridge engaged: mode {b.mode}, {b.slots} slots x {b.slot_mib} MiB mapped pinned host memory"
                              + (f", model on {ndev} devices" if ndev else ""))
             if bridge == "force" and b.mode != "force":
                 eng.errors.append(f"bridge requested in mode force but the server reports mode {b.mode}")
+        elif vb.engaged:
+            eng.notes.append(f"bridge engaged: {live.get('bridge_boundaries_total', 0)} boundaries crossed through "
+                             f"mapped pinned host memory, {live.get('bridge_bytes_total', 0)} bytes "
+                             "(llamacpp:bridge_* on /metrics)")
         elif ndev > 1:
             why = (f"the server says: inactive: {vb.reason}" if vb.reason is not None
                    else "the server printed no ggml_cuda_mapped_host_bridge line (binary without the patch, or not a CUDA build?)")
@@ -119,16 +138,48 @@ def check_engagement(info: logparse.LogInfo, bridge: str | None, batched: str | 
                                           "single device or CPU, and the server printed no bridge line "
                                           "(binary without the patch, or not a CUDA build)"))
     elif bridge == "off" and vb.engaged:
-        eng.errors.append(f"bridge requested off but the server reports it enabled (mode {b.mode})")
+        eng.errors.append(f"bridge requested off but the server reports it enabled (mode {b.mode})" if b.enabled else
+                          f"bridge requested off but /metrics counts {live.get('bridge_boundaries_total', 0)} "
+                          "boundaries crossed through it")
     if batched == "on":
-        if vt.engaged:
+        if vt.engaged and t.enabled:
             eng.notes.append(f"batched transfers engaged: pinned pool up to {t.pool_mib} MiB")
+        elif vt.engaged:
+            eng.notes.append(f"batched transfers engaged: {live.get('batched_graphs_total', 0)} graph(s) staged, "
+                             f"{live.get('batched_async_uploads_total', 0)} asynchronous uploads "
+                             "(llamacpp:batched_* on /metrics)")
+        elif vt.state == IDLE and warmed_up:
+            # patched, no "inactive" warning, and yet the start-up warm-up decode staged nothing
+            eng.errors.append("batched transfers requested but /metrics counts no staged graph after the warm-up "
+                              f"decode (llamacpp:batched_graphs_total {live.get('batched_graphs_total', 0)})")
         else:
-            eng.notes.append(_not_engaged("batched transfers", vt.reason,
-                                          "the server printed no llama_batched_transfers line (binary without the patch?)"))
+            no_line = ("the server printed no llama_batched_transfers line (binary without the patch?)"
+                       if metrics is None else
+                       "/metrics has no llamacpp:batched_* counters (binary without the patch?)"
+                       if vt.state == ABSENT else
+                       "/metrics counts no staged graph yet (no warm-up decode: --no-warmup)")
+            eng.notes.append(_not_engaged("batched transfers", vt.reason, no_line))
     elif batched == "off" and vt.engaged:
-        eng.errors.append("batched transfers requested off but the server reports them enabled")
+        eng.errors.append("batched transfers requested off but the server reports them enabled" if t.enabled else
+                          f"batched transfers requested off but /metrics counts "
+                          f"{live.get('batched_graphs_total', 0)} staged graph(s)")
     return eng
+
+
+_REASON_DEVICES = re.compile(r"\b(?P<n>\d+) device\(s\)")
+
+
+def _devices_in_reason(reason: str) -> int:
+    """The device count an "inactive" reason of the bridge (patch 0001, a WARN line: shown at the default verbosity,
+    where the INFO "using device" lines are not) states: "single device" 1, "... (2 device(s) on ...)" 2, a failed
+    allocation of its slots (only tried for a split that needs them) at least 2; else 0 (not known)."""
+    if reason.startswith("single device"):
+        return 1
+    if m := _REASON_DEVICES.search(reason):
+        return int(m["n"])
+    if "could not be allocated" in reason or "cudaHostAlloc" in reason:
+        return 2
+    return 0
 
 
 def _not_engaged(what: str, reason: str | None, no_line: str) -> str:
@@ -148,10 +199,12 @@ class Server:
 
     def __init__(self, binary: Path | str, server_args: Sequence[str], *, env: Mapping[str, str] | None = None,
                  log_file: Path | None = None, echo: bool = False, startup_timeout: float = 600.0,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, verbose_proof: bool = True, log_max_bytes: int | None = None) -> None:
         self.binary = Path(os.path.abspath(binary))  # "./llama-server" must not become a PATH lookup
         self.env = dict(env or {})
-        self.server_args, self.verbosity = with_verbosity(server_args, self.env)
+        # verbose_proof: add -lv 4 (the INFO lines) unless a verbosity was chosen; serve proves from /metrics instead
+        self.server_args, self.verbosity = with_verbosity(server_args, self.env, add=verbose_proof)
+        self.log_max_bytes = log_max_bytes
         self.log_file = log_file
         self.echo = echo
         self.startup_timeout = startup_timeout
@@ -195,7 +248,7 @@ class Server:
         on_line = (lambda line: print(line, file=sys.stderr, flush=True)) if self.echo else None
         self.proc = runner.start([self.binary, *self.server_args], env=self.env, log_file=self.log_file,
                                  on_line=on_line, keep=logparse.is_read, error=ServeError, cwd=self.cwd,
-                                 what=f"cannot start {self.binary}")
+                                 what=f"cannot start {self.binary}", log_max_bytes=self.log_max_bytes)
         try:
             self.wait_ready()
         except BaseException:
@@ -308,7 +361,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--startup-timeout", type=float, default=None, metavar="S",
                         help="seconds to wait for /health (default: [serve] startup_timeout of the config file, 600)")
     parser.add_argument("--server-log", type=Path, default=None, metavar="FILE",
-                        help="also write the server log to FILE")
+                        help="also write the server log to FILE (rotated to FILE.1 at --server-log-max-mb)")
+    parser.add_argument("--server-log-max-mb", type=_log_cap, default=DEFAULT_LOG_MAX_MB, metavar="MB",
+                        help=f"rotate --server-log to FILE.1 when it reaches MB MiB, so the two files stay "
+                        f"under 2 x MB (default {DEFAULT_LOG_MAX_MB}; 0: no limit)")
     add_rpc_arguments(parser)
     # Everything this parser does not know goes to llama-server, in order (the command registry's passthrough into
     # args.server_args, cli.COMMANDS["serve"]); after `--` everything does.
@@ -316,21 +372,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "ggml-bridge serve --bridge force -- -m model.gguf -ngl 99 --port 8080")
 
 
+DEFAULT_LOG_MAX_MB = 64
+#: llama-server options that print something and exit without serving: serve runs the binary with them as it is
+INFO_ONLY_FLAGS = ("-h", "--help", "--usage", "--version", "--list-devices", "--completion-bash")
+METRICS_FLAG, METRICS_ENV = "--metrics", "LLAMA_ARG_ENDPOINT_METRICS"
+
+
+def _log_cap(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 (no limit) or a positive number of MiB")
+    return value
+
+
+def needs_proof(bridge: str | None, batched: str | None) -> bool:
+    """Whether the launcher has something to prove (a selector was set)."""
+    return bridge is not None or batched is not None
+
+
+def with_metrics(server_args: list[str], env: Mapping[str, str]) -> tuple[list[str], bool]:
+    """``server_args`` with ``--metrics`` added unless the user enabled /metrics already; (args, added)."""
+    if METRICS_FLAG in server_args or (env.get(METRICS_ENV) or os.environ.get(METRICS_ENV, "")).lower() in (
+            "1", "true", "on", "enabled"):
+        return server_args, False
+    return [*server_args, METRICS_FLAG], True
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     server_args = list(getattr(args, "server_args", None) or [])
     if server_args and server_args[0] == "--":
         server_args = server_args[1:]
-    if args.check and "--metrics" not in server_args:
-        server_args.append("--metrics")  # --check reads the live counters too
     env = selector_env(args.bridge, args.batched, stats=not args.no_stats)
     from . import build  # the build's patched llama-server, else an installed ggml-bridge-server wheel's
 
     binary = Path(args.server) if args.server is not None else build.locate(settings, "patched", "llama-server",
                                                                              installed=True)
+    if any(a in INFO_ONLY_FLAGS for a in server_args):  # `serve -- --help`: llama-server's own answer and status
+        return runner.run([binary, *server_args], env=env, check=False, capture=False, error=ServeError,
+                          what=f"cannot run {binary}").returncode
+    proof = needs_proof(args.bridge, args.batched) or args.check
+    metrics_added = False
+    if proof:  # the proof reads the live counters on /metrics (patch 0005), not INFO lines at -lv 4
+        server_args, metrics_added = with_metrics(server_args, env)
     topo = rpc.from_args(args, settings, binary, env, server_args,
                          args.server_log.parent if args.server_log else None)
+    cap = getattr(args, "server_log_max_mb", DEFAULT_LOG_MAX_MB)
     srv = Server(binary, server_args + (topo.server_args() if topo else []), env={**env, **rpc.front_env(args)},
-                 log_file=args.server_log, echo=True, startup_timeout=args.startup_timeout)
+                 log_file=args.server_log, echo=True, startup_timeout=args.startup_timeout, verbose_proof=False,
+                 log_max_bytes=int(cap * (1 << 20)) if cap else None)
+    if metrics_added:
+        log(f"ggml-bridge: added {METRICS_FLAG}: the engagement proof reads the transfer counters on /metrics")
 
     # Forward SIGINT/SIGTERM to the server (it runs in its own session, so it gets each signal once); SIGHUP
     # (terminal closed, ssh dropped) stops it like SIGTERM: llama-server has no SIGHUP handler of its own.
@@ -358,16 +452,19 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             return 128 + received[0]
         if received:  # a signal arrived just as it became ready: the server is shutting down
             rc = srv.proc.wait() if srv.proc else 1
-            return _exit_status(rc)
+            return _exit_status(rc, received[0])
+        live = srv.metrics() if proof else None
         eng = check_engagement(srv.info(), args.bridge, args.batched,
-                               rpc.front_devices(srv.info()) if topo else None)
+                               rpc.front_devices(srv.info()) if topo else None, metrics=live,
+                               warmed_up="--no-warmup" not in server_args)
         if topo:
             notes, errors = topo.engagement(args.bridge)
             eng.notes += [topo.describe(srv.info().devices), *notes]
             eng.errors += errors
-        if srv.verbosity < CONTRACT_VERBOSITY and (args.bridge in ("on", "force") or args.batched == "on"):
-            eng.notes.append(f"log verbosity {srv.verbosity} hides the 'enabled' and 'stats' lines "
-                             f"(they are INFO messages: use -lv {CONTRACT_VERBOSITY} or more)")
+        if proof and live is None and srv.verbosity < CONTRACT_VERBOSITY and (
+                args.bridge in ("on", "force") or args.batched == "on"):
+            eng.notes.append(f"the server answers no /metrics and log verbosity {srv.verbosity} hides the 'enabled' "
+                             f"lines (INFO messages): use -lv {CONTRACT_VERBOSITY} for the proof from the log")
         for note in eng.notes:
             log(f"ggml-bridge: {note}")
         if not eng.ok:
@@ -377,13 +474,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         log(f"ggml-bridge: llama-server ready in {srv.ready_s:.1f}s (pid {srv.proc.pid})")
         print(srv.url, flush=True)
         if args.check:
-            live = srv.metrics() if "--metrics" in server_args else None
-            if live is not None and args.batched == "on" and srv.info().batched.enabled:
-                # the start-up warm-up decode is a staged graph: its counters must be live on /metrics
-                if live.get("batched_graphs_total", 0) <= 0:
-                    srv.stop()
-                    raise ServeError("batched transfers enabled but /metrics shows no staged graph",
-                                     why=f"llamacpp:batched_* on /metrics: {live or 'none'}")
+            if live:  # (check_engagement required the warm-up's staged graph when batching is on)
                 log("ggml-bridge: /metrics: " + " ".join(f"{k}={v}" for k, v in live.items()))
             stopped = srv.stop()
             info = srv.info()
@@ -405,7 +496,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 continue
         log(f"ggml-bridge: llama-server exited with status {rc}")
         rpc.raise_if_dead(topo, "while llama-server was serving")
-        return _exit_status(rc)
+        return _exit_status(rc, received[0] if received else None)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -415,7 +506,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             topo.stop()
 
 
-def _exit_status(rc: int | None) -> int:
+def _exit_status(rc: int | None, signum: int | None = None) -> int:
+    """The launcher's status: the server's own, except that a server stopping cleanly because we were signalled
+    gives 128 + the signal (the exit table's "stopped by signal N")."""
     if rc is None:
         return 1
+    if signum is not None and rc == 0:
+        return 128 + signum
     return 128 - rc if rc < 0 else rc

@@ -19,6 +19,7 @@ accepts. :func:`installed_server` is how ``serve`` finds an installed wheel.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import gzip
 import html
 import importlib.util
@@ -33,6 +34,7 @@ import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from . import __version__, cache
 from . import fetch as fetchmod
@@ -165,6 +167,7 @@ def sdist_filename(version: str = __version__) -> str:
 def make_sdist(settings: Settings, out_dir: Path, *, source_spec: str | None = None,
                allow_unpinned: bool = False) -> Sdist:
     """Write the sdist into ``out_dir`` (atomically) and return it."""
+    ensure_out_dir(out_dir)  # before minutes of fetching and building the UI
     tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
     patched = patchmod.apply_series(settings, tree)
     ui = uimod.ensure(settings, patched.path)
@@ -184,12 +187,11 @@ def make_sdist(settings: Settings, out_dir: Path, *, source_spec: str | None = N
         f"src/{PACKAGE}/manifest.json": json.dumps(manifest, indent=2, sort_keys=True) + "\n",
         "PKG-INFO": f"Metadata-Version: 2.1\nName: {DIST_NAME}\nVersion: {version}\n",
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / sdist_filename(version)
     count = 0
     with step(f"sdist {target.name}: {len(tracked)} files of the patched tree"
               + (f", web UI {(ui.sha256 or '')[:16]} ({ui.files} files)" if ui.dist else ", no web UI")):
-        with cache.atomic_path(target) as tmp:
+        with _writing(target), cache.atomic_path(target) as tmp:
             with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=MTIME,
                                                       compresslevel=6) as gz, \
                     tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -220,7 +222,7 @@ def build_wheel(settings: Settings, sdist: Path, out_dir: Path, wplan: WheelPlan
                              why=f"{sys.executable} cannot import scikit_build_core (the build runs without "
                              "network, so pip may not fetch it)",
                              fix="pip install 'scikit-build-core>=0.10' (or pip install 'ggml-bridge[wheel]')")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_out_dir(out_dir)
     before = set(out_dir.glob(f"{PACKAGE}-*.whl"))
     env = {"CMAKE_ARGS": shlex.join(wplan.cmake_args), "PIP_NO_INDEX": "1",
            "CMAKE_BUILD_PARALLEL_LEVEL": str(settings.build.jobs or os.cpu_count() or 1)}
@@ -229,8 +231,12 @@ def build_wheel(settings: Settings, sdist: Path, out_dir: Path, wplan: WheelPlan
     progress = buildmod.Progress()
     argv = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index", "-v",
             "-w", str(out_dir), str(sdist)]
-    with step(f"pip wheel {sdist.name} (scikit-build-core, CMAKE_ARGS={env['CMAKE_ARGS'] or '(none)'})"):
-        res = run(argv, check=False, log_file=log_file, env=env, on_line=progress, error=BuildError)
+    # pip's build and unpack folders (about 70 MB) go to a folder of ours that is removed however the run ends
+    # (an interrupt included); a SIGKILLed run's is removed by the next run's cache clean-up
+    with step(f"pip wheel {sdist.name} (scikit-build-core, CMAKE_ARGS={env['CMAKE_ARGS'] or '(none)'})"), \
+            cache.staging(settings.cache_dir, "pip-tmp") as pip_tmp:
+        res = run(argv, check=False, log_file=log_file, env={**env, "TMPDIR": str(pip_tmp)}, on_line=progress,
+                  error=BuildError)
     if res.returncode != 0:
         raise buildmod.build_failed("building the server wheel failed", res.returncode, log_file,
                                "fix the error above; CMAKE_ARGS passes CMake options (e.g. -DGGML_CUDA=ON)")
@@ -357,6 +363,34 @@ def _add_file(tar: tarfile.TarFile, path: Path, name: str) -> None:
         return
     with open(path, "rb") as fh:
         tar.addfile(_info(name, st.st_size, 0o755 if st.st_mode & 0o111 else 0o644), fh)
+
+
+@contextlib.contextmanager
+def _writing(target: Path) -> Iterator[None]:
+    """An OSError while writing ``target`` (disk full, folder made read-only meanwhile) is one error line; the
+    partial file is gone (cache.atomic_path)."""
+    try:
+        yield
+    except OSError as e:
+        raise UsageError(f"cannot write {target}", why=e.strerror or str(e),
+                         fix="free space or choose another --out folder; nothing was left behind") from None
+
+
+def ensure_out_dir(out_dir: Path) -> None:
+    """``--out`` is a folder we can write (created when missing); UsageError naming it otherwise."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(f"--out {out_dir} is a file, not a folder", fix="pass a folder (it is created if missing)"
+                         ) from None
+    except OSError as e:
+        raise UsageError(f"--out {out_dir}: cannot create the folder", why=e.strerror or str(e),
+                         fix="pass a folder you can write") from None
+    if not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is not a folder", fix="pass a folder (it is created if missing)")
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out_dir} is not writable", why="nothing was written",
+                         fix="pass a folder you can write, or fix its permissions")
 
 
 def default_out_dir() -> Path:

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from .. import cache
 from .. import pin as pinmod
 from ..config import Settings
-from ..errors import ChecksumError, FetchError, SourceError, UnknownRefError
+from ..errors import ChecksumError, FetchError, SourceError, UnknownRefError, UsageError
 from ..runner import log, step
 from .archive import _HEX40, _download, _extract, _git_fetch, _pypi_sdist_url, _sdist_subdir, inspect_archive
 from .registry import (
@@ -55,6 +55,7 @@ from .tree import (
     _copy_files,
     _Failed,
     _finish,
+    _NotFound,
     _verify_tree,
     _walk,
     find_cached,
@@ -76,10 +77,16 @@ __all__ = [
 def obtain(settings: Settings, source_spec: str | None = None, allow_unpinned: bool = False) -> Tree:
     """Return the tree for ``source_spec`` (default: the pinned upstream), from the cache or fetched into it."""
     pin = pinmod.load(settings.pin_file)
+    if source_spec is not None and not source_spec.strip():
+        raise UsageError("--source is empty", why="an empty value would silently mean the pinned upstream",
+                         fix="leave --source out for the pinned upstream, or give a path, ref or NAME==VERSION")
     try:
         if not source_spec:
             return _obtain_pinned(settings, pin)
         return _obtain_spec(settings, pin, source_spec.strip(), allow_unpinned)
+    except _NotFound as e:
+        raise UnknownRefError(f"{source_spec} does not exist", why=str(e),
+                              fix="check the name and version on the registry") from None
     except _Failed as e:
         raise FetchError(f"could not obtain {source_spec or 'the pinned upstream'}", why=str(e)) from None
 
@@ -90,6 +97,9 @@ def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned:
         return _from_directory(settings, pin, path.resolve(), allow_unpinned)
     if path.is_file():
         return _from_tarball(settings, pin, path.resolve(), allow_unpinned)
+    if path.exists():  # /dev/null, a fifo, a socket
+        raise SourceError(f"source {spec} is neither a directory nor a tarball", why="it is a device, fifo or socket",
+                          fix="pass a llama.cpp checkout, a .tar.gz, a ref or NAME==VERSION")
     number = parse_build_spec(spec)
     if number is not None:
         return obtain_build(settings, pin, number, allow_unpinned)
@@ -98,6 +108,9 @@ def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned:
         return _from_registry(settings, pin, *registry, allow_unpinned)
     if spec.startswith(("git+", "git@")) or "://" in spec:
         url, ref = split_git_spec(spec)
+        local = Path(urlsplit(url).path) if url.startswith("file://") else None
+        if local is not None and not local.exists():
+            raise SourceError(f"source {spec}: {local} does not exist", fix="pass the path of a git repository")
         return _from_git_spec(settings, pin, url, ref, allow_unpinned)
     looks_like_path = spec.startswith((".", "/", "~")) or spec.endswith((".tar.gz", ".tgz", ".tar", ".zip"))
     if looks_like_path or (os.sep in spec and Path(spec).parent.exists()):

@@ -18,9 +18,9 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from ..config import Settings
-from ..errors import CacheError, ChecksumError, SourceError
+from ..errors import CacheError, ChecksumError, FatalError, SourceError
 from ..runner import log
-from .tree import _Failed
+from .tree import _Failed, _NotFound
 
 _CHUNK = 1 << 20
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -90,7 +90,7 @@ def _pypi_sdist_url(settings: Settings, package: str, version: str, filename: st
             raise _Failed(f"unexpected PyPI JSON API answer from {api}: {type(e).__name__}: {e}") from None
         break
     if not files:
-        raise _Failed(f"{package}=={version} not found on {base}")
+        raise _NotFound(f"{package}=={version} not found on {base}")
     for f in files:
         if (filename and f.get("filename") == filename) or (not filename and f.get("packagetype") == "sdist"):
             return urljoin(api, f["url"]), (f.get("digests") or {}).get("sha256")
@@ -192,7 +192,9 @@ def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exce
         why = "it would be written outside the tree (absolute path, ../, or a link or device escaping it)"
         if issubclass(failed, SourceError):
             raise SourceError(msg, why=why, fix="do not use this archive; it is not a llama.cpp release") from None
-        raise failed(msg, why=why) from None  # type: ignore[call-arg]  # _Failed takes no why: issue 27 fixes it
+        if issubclass(failed, FatalError):
+            raise failed(msg, why=why) from None
+        raise failed(f"{msg}: {why}") from None  # _Failed: the next source is tried
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES):
             raise CacheError(f"cannot extract into {dest.parent}", why=str(e),

@@ -15,7 +15,7 @@ import requests
 
 from .. import cache
 from ..config import Settings
-from ..errors import FetchError
+from ..errors import CacheError, FetchError
 from ..runner import log
 from .archive import _req_reason
 
@@ -114,8 +114,18 @@ def cached_sdist(settings: Settings, filename: str, sha256: str | None) -> Path 
     """The sdist ``filename`` in ``<cache>/sdists/``, when its sha256 is the expected one (the registry's, or
     pin.toml's): an earlier download, or a copy placed there for a machine without network."""
     path = settings.cache_dir / "sdists" / filename
-    if sha256 and path.is_file() and cache.file_sha256(path) == sha256:
-        return path
+    if sha256 and path.is_file():
+        got = cache.file_sha256(path)
+        if got == sha256:
+            return path
+        # a truncated or damaged copy: say so and move it aside, so the download replaces it (not silently, forever)
+        log(f"warning: {path} is damaged (sha256 {got}, expected {sha256}: truncated or changed); it is moved to "
+            f"{path.name}.damaged and fetched again")
+        try:
+            os.replace(path, path.with_name(path.name + ".damaged"))
+        except OSError as e:
+            raise CacheError(f"cannot move the damaged {path} aside", why=e.strerror or str(e),
+                             fix="delete it by hand, then run again") from None
     return None
 
 

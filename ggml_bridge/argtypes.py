@@ -1,0 +1,42 @@
+"""Checked argparse ``type=`` callables for numeric options: a value out of range is argparse's usage error
+(exit 2, one line naming the option), never a traceback later (``--timeout nan``, ``--rounds -1``)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Callable
+
+
+def count(minimum: int = 1, maximum: int = 2**31 - 1) -> Callable[[str], int]:
+    """An integer in ``minimum..maximum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{value} is out of range (it must be {minimum}..{maximum})")
+        return value
+
+    parse.__name__ = "count"
+    return parse
+
+
+def seconds(*, allow_zero: bool = False) -> Callable[[str], float]:
+    """A finite positive number (or zero with ``allow_zero``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: it must be a finite number " + ("of 0 or more" if allow_zero else "above 0")
+            )
+        return value
+
+    parse.__name__ = "number"
+    return parse

@@ -1,0 +1,438 @@
+"""The bad-input and fault sweep (issue 27) as a table: argv + environment + files -> exit code + message fragment.
+
+Every row runs ``ggml-bridge`` in-process against the fake project and its PyPI (tests/conftest.py) and checks:
+the exit code (from errors.py's table), one ``ggml-bridge: <kind>: ...`` line (or argparse's usage error) with the
+fragment, no traceback, and nothing half-written (the project files and, where the row names one, the output
+folder are as before). The next sweep starts by adding its rows here.
+
+Behaviours that are not one command's exit code have their own tests, listed here so the sweep is complete:
+
+* D1 serve's engagement proof without ``-lv 4``, the bounded --server-log: tests/unit/test_serve.py
+  (test_serve_proves_from_metrics_without_verbose_logging, test_server_log_is_rotated_at_its_cap); the figures:
+  results/2026-12-02-cpu-serve-overhead/;
+* D2 a second ``rebase --onto`` while stopped, ``--abort`` keeping hand edits: tests/unit/test_rebase.py
+  (test_second_onto_while_stopped_refuses_and_abort_keeps_hand_edits);
+* SIGKILL of the launcher: tests/unit/test_serve.py (test_sigkill_of_the_launcher_does_not_orphan_the_server);
+* serve stopped by a signal, an interrupted wheel's pip files, the unsafe-member error, the wheel's versioned
+  libraries: below, after the table.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from ggml_bridge import cli, config, errors, fetch, serve, wheel
+
+from helpers import fake_model, write_fake_bin
+
+NON_UTF8 = b"\xff\xfe\x00not utf-8 \xe9\n"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: list[str]
+    code: int
+    fragment: str
+    env: dict[str, str] = field(default_factory=dict)
+    #: writes files before the run: (project dir, scratch dir) -> None
+    files: Callable[[Path, Path], None] | None = None
+    #: a folder (relative to the scratch dir) that must hold nothing new afterwards
+    untouched: str | None = None
+
+
+def _write(rel: str, data: bytes, *, in_project: bool = False) -> Callable[[Path, Path], None]:
+    def make(project: Path, scratch: Path) -> None:
+        path = (project if in_project else scratch) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+    return make
+
+
+def _ladder(body: str) -> Callable[[Path, Path], None]:
+    return _write("ladder.toml", ('[[rung]]\nname = "r"\nshape = "tiny"\n' + body).encode())
+
+
+def _fake_server(project: Path, scratch: Path) -> None:
+    write_fake_bin(scratch / "bin")
+    fake_model(scratch)
+
+
+USAGE, SOURCE, CACHE, UNKNOWN_REF = 2, 12, 13, 14
+LADDER = errors.LadderSetupError.exit_code  # a bad ladder file
+CASES = [
+    # --- D3: non-UTF-8 files the toolkit reads ----------------------------------------------------------------
+    Case("config-not-utf8", ["fetch"], USAGE, "is not UTF-8 text", files=_write("ggml-bridge.toml", NON_UTF8)),
+    Case(
+        "pyproject-not-utf8-is-not-ours",
+        ["rebase", "--abort"],
+        USAGE,
+        "no stopped rebase",
+        files=_write("pyproject.toml", NON_UTF8),
+    ),
+    Case("pin-not-utf8", ["fetch"], USAGE, "pin file", files=_write("pin.toml", NON_UTF8, in_project=True)),
+    Case(
+        "series-not-utf8",
+        ["rebase", "--onto", "b1", "--check"],
+        errors.PatchError.exit_code,
+        "is not UTF-8 text",
+        files=_write("patches/series", NON_UTF8, in_project=True),
+    ),
+    Case(
+        "series-names-a-path",
+        ["rebase", "--onto", "b1", "--check"],
+        errors.PatchError.exit_code,
+        "is not a file name",
+        files=_write("patches/series", b"../../pin.toml\n", in_project=True),
+    ),
+    # --- D4: sdist / wheel --out --------------------------------------------------------------------------------
+    Case(
+        "sdist-out-is-a-file",
+        ["sdist", "--out", "{scratch}/afile"],
+        USAGE,
+        "is a file, not a folder",
+        files=_write("afile", b"x"),
+    ),
+    Case(
+        "wheel-out-is-a-file",
+        ["wheel", "--out", "{scratch}/afile"],
+        USAGE,
+        "is a file, not a folder",
+        files=_write("afile", b"x"),
+    ),
+    Case("sdist-out-cannot-be-created", ["sdist", "--out", "/proc/ggml-bridge-out"], USAGE, "cannot create the folder"),
+    # --- D5: ladder TOML numbers --------------------------------------------------------------------------------
+    Case(
+        "ladder-nan",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "n_predict = nan is not an integer",
+        files=_ladder("n_predict = nan\n"),
+    ),
+    Case(
+        "ladder-inf",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "timeout = inf is not a finite",
+        files=_ladder("timeout = inf\n"),
+    ),
+    Case(
+        "ladder-string-number",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "ubatch = '8' is not an",
+        files=_ladder('ubatch = "8"\n'),
+    ),
+    Case(
+        "ladder-float-for-int",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "batch = 1.5 is not an",
+        files=_ladder("batch = 1.5\n"),
+    ),
+    Case(
+        "ladder-n-probs-1e30",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "n_probs = 1e+30 is not",
+        files=_ladder("n_probs = 1e30\n"),
+    ),
+    Case(
+        "ladder-shape-float",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "must be a positive integer",
+        files=_write("ladder.toml", b'[[rung]]\nname = "r"\nshape = {preset = "tiny", n_layer = 2.5}\n'),
+    ),
+    Case(
+        "ladder-args-not-a-list",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "perplexity_args = 0 is not a list",
+        files=_ladder("perplexity_args = 0\n"),
+    ),  # found by Hypothesis
+    Case(
+        "ladder-rung-not-a-table",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "must be a table",
+        files=_write("ladder.toml", b"rung = [1, 2]\n"),
+    ),
+    Case(
+        "ladder-text-seed-string",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "text_seed = 'x'",
+        files=_write("ladder.toml", b'text_seed = "x"\n[[rung]]\nname = "r"\nshape = "tiny"\n'),
+    ),
+    # --- D6 and the negative bench / ladder values ---------------------------------------------------------------
+    Case("bench-timeout-nan", ["bench", "--timeout", "nan"], USAGE, "argument --timeout"),
+    Case("bench-rounds-negative", ["bench", "--rounds", "-1"], USAGE, "argument --rounds"),
+    Case("bench-reps-zero", ["bench", "--reps", "0"], USAGE, "argument --reps"),
+    Case("bench-tg-negative", ["bench", "--tg", "-3"], USAGE, "argument --tg"),
+    Case("bench-time-budget-inf", ["bench", "--time-budget", "inf"], USAGE, "argument --time-budget"),
+    Case("bench-warmup-negative", ["bench", "--warmup-reps", "-1"], USAGE, "argument --warmup-reps"),
+    Case("ladder-threads-zero", ["ladder", "--threads", "0"], USAGE, "argument --threads"),
+    Case("ladder-startup-timeout-nan", ["ladder", "--startup-timeout", "nan"], USAGE, "argument --startup-timeout"),
+    # --- low: wrong messages or exit codes -----------------------------------------------------------------------
+    Case("variant-comma", ["build", "--variant", ","], USAGE, "names no variant"),
+    Case("variant-unknown-in-list", ["build", "--variant", "patched,bogus"], USAGE, "unknown variant 'bogus'"),
+    Case(
+        "git-file-missing",
+        ["fetch", "--source", "git+file:///nonexistent/llama.cpp", "--allow-unpinned"],
+        SOURCE,
+        "/nonexistent/llama.cpp does not exist",
+    ),
+    Case(
+        "registry-version-missing",
+        ["fetch", "--source", "fake-llama==0.0.0", "--allow-unpinned"],
+        UNKNOWN_REF,
+        "fake-llama==0.0.0 does not exist",
+    ),
+    Case("source-dev-null", ["fetch", "--source", "/dev/null"], SOURCE, "neither a directory nor a tarball"),
+    Case("source-empty", ["fetch", "--source", ""], USAGE, "--source is empty"),
+    Case("source-blank", ["patch", "--source", "  "], USAGE, "--source is empty"),
+    Case(
+        "radar-cache-not-writable",
+        ["rebase", "--radar", "--cache-dir", "/proc/ggml-bridge-cache"],
+        CACHE,
+        "is not writable",
+    ),
+    Case(
+        "serve-help-is-llama-servers",
+        ["serve", "--server", "{scratch}/bin/llama-server", "--", "--help"],
+        0,
+        "usage: llama-server",
+        files=_fake_server,
+    ),
+    Case(
+        "serve-log-cap-negative",
+        ["serve", "--server-log-max-mb", "-1", "--", "-m", "x"],
+        USAGE,
+        "argument --server-log-max-mb",
+    ),
+    # --- our own ---------------------------------------------------------------------------------------------------
+    Case("rebase-discard-without-abort", ["rebase", "--discard"], USAGE, "one of the arguments"),
+    Case("rebase-discard-with-onto", ["rebase", "--onto", "b1", "--discard"], USAGE, "--discard goes with --abort"),
+    Case(
+        "config-jobs-nan", ["fetch"], USAGE, "bad value nan", files=_write("ggml-bridge.toml", b"[build]\njobs = nan\n")
+    ),
+    Case("config-timeout-inf", ["fetch"], USAGE, "finite", env={"GGML_BRIDGE_CONNECT_TIMEOUT": "inf"}),
+    Case("cmake-args-unbalanced", ["fetch"], USAGE, "unbalanced quotes", env={"CMAKE_ARGS": "-DX='a b"}),
+    Case(
+        "serve-startup-timeout-nan",
+        ["serve", "--server", "{scratch}/bin/llama-server", "--startup-timeout", "nan", "--", "-m", "{scratch}/m.gguf"],
+        USAGE,
+        "must be a positive number",
+        files=_fake_server,
+    ),
+    Case(
+        "serve-port-zero",
+        ["serve", "--server", "{scratch}/bin/llama-server", "--", "-m", "{scratch}/m.gguf", "--port", "0"],
+        USAGE,
+        "--port 0",
+        files=_fake_server,
+    ),
+]
+
+
+@pytest.fixture
+def sweep_env(settings: config.Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The fake project and its PyPI for main(); returns the scratch folder (the current directory)."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(settings.project_dir))
+    monkeypatch.setenv("GGML_BRIDGE_PYPI_URL", settings.fetch.pypi_url)
+    monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
+    monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(settings.cache_dir))
+    monkeypatch.chdir(scratch)
+    return scratch
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_sweep(
+    case: Case,
+    sweep_env: Path,
+    settings: config.Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    project = settings.project_dir
+    if case.files:
+        case.files(project, sweep_env)
+    for k, v in case.env.items():
+        monkeypatch.setenv(k, v)
+    before = _files(project)
+    scratch_before = _files(sweep_env)
+    argv = [a.replace("{scratch}", str(sweep_env)) for a in case.argv]
+    rc = cli.main(argv)
+    out, err = capfd.readouterr()
+    assert rc == case.code, f"{case.id}: exit {rc}, expected {case.code}\n{err}"
+    assert "Traceback" not in err and "Traceback" not in out, err
+    assert case.fragment in (err if case.code else out + err), f"{case.id}: {case.fragment!r} not in\n{err}"
+    if case.code:
+        said = [line for line in err.splitlines() if line.startswith("ggml-bridge: ") or ": error: " in line]
+        assert said, f"{case.id}: no error line in\n{err}"
+        known = {str(r.code) for r in errors.exit_table()}
+        assert str(rc) in known
+    assert _files(project) == before, f"{case.id}: the project changed"
+    assert _files(sweep_env) == scratch_before, f"{case.id}: something was written to the current folder"
+
+
+def test_every_exit_code_of_the_sweep_is_in_the_table() -> None:
+    known = {int(r.code) for r in errors.exit_table() if r.code.isdigit()}
+    assert {c.code for c in CASES} <= known
+
+
+# --------------------------------------------------------------------------------------------- beyond one command
+
+
+def test_serve_stopped_by_a_signal_exits_128_plus_n(tmp_path: Path) -> None:
+    """The exit table says 128+N for a stop by signal N: a server that shuts down cleanly on the forwarded
+    SIGTERM must not turn that into 0 (its own non-zero status still passes through: test_serve.py)."""
+    bin_dir = write_fake_bin(tmp_path / "bin")
+    model = fake_model(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    port = serve.free_port()
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bridge",
+            "serve",
+            "--server",
+            str(bin_dir / "llama-server"),
+            "--",
+            "-m",
+            str(model),
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline().startswith("http://")
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc == 128 + signal.SIGTERM, p.stderr.read() if p.stderr else ""
+
+
+def test_interrupted_wheel_leaves_no_pip_temporary_files(
+    settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D7: pip's build folders go to a folder of ours, removed when the run is interrupted."""
+    seen: dict[str, Path] = {}
+
+    def interrupted_pip(argv, **kw):  # type: ignore[no-untyped-def]
+        tmp = Path(kw["env"]["TMPDIR"])
+        (tmp / "pip-req-build-x").mkdir()
+        (tmp / "pip-req-build-x" / "big").write_bytes(b"\0" * 1000)
+        seen["tmp"] = tmp
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(wheel, "run", interrupted_pip)
+    monkeypatch.setattr(wheel.importlib.util, "find_spec", lambda name: object())
+    sdist = tmp_path / "ggml_bridge_server-0.1.0.tar.gz"
+    sdist.write_bytes(b"x")
+    with pytest.raises(KeyboardInterrupt):
+        wheel.build_wheel(settings, sdist, tmp_path / "dist")
+    assert seen["tmp"].is_relative_to(settings.cache_dir / "tmp")
+    assert not seen["tmp"].exists()
+
+
+def test_unsafe_archive_member_is_the_intended_error(tmp_path: Path) -> None:
+    """fetch.py's _extract with a non-FatalError ``failed`` (the pinned-archive path) raised TypeError."""
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tf:
+        info = tarfile.TarInfo("top/../../escape.txt")
+        info.size = 1
+        import io
+
+        tf.addfile(info, io.BytesIO(b"x"))
+        tf.addfile(tarfile.TarInfo("top/CMakeLists.txt"), io.BytesIO(b""))
+    (tmp_path / "dest").mkdir()
+    with pytest.raises(fetch._Failed, match="unsafe archive member"):
+        fetch._extract(evil, tmp_path / "dest" / "src", subdir="top", failed=fetch._Failed)
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_damaged_cached_sdist_is_reported_and_fetched_again(
+    settings: config.Settings, sweep_env: Path, upstream, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A truncated sdist in <cache>/sdists/ was silently skipped (and downloaded again on every run)."""
+    kept = settings.cache_dir / "sdists" / upstream.sdist.name
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(upstream.sdist.read_bytes()[:100])
+    os.environ["GGML_BRIDGE_SOURCES"] = "pypi-sdist"
+    try:
+        rc = cli.main(["fetch"])
+    finally:
+        del os.environ["GGML_BRIDGE_SOURCES"]
+    err = capfd.readouterr().err
+    assert rc == 0, err
+    assert "is damaged" in err and (kept.parent / (kept.name + ".damaged")).is_file()
+
+
+def test_wheel_integrity_names_a_missing_versioned_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed wheel's check must look for the file the program loads (libllama.so.0, its DT_NEEDED), not
+    any libllama.so*: with only libllama.so left, llama-server cannot start."""
+    import importlib
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    root = tmp_path / "ggml_bridge_server"
+    (root / "bin").mkdir(parents=True)
+    (root / "lib").mkdir()
+    (tmp_path / "l.c").write_text("int llama_x(void) { return 1; }\n")
+    (tmp_path / "m.c").write_text("int llama_x(void);\nint main(void) { return llama_x() - 1; }\n")
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libllama.so.0",
+            "-o",
+            str(root / "lib" / "libllama.so"),
+            str(tmp_path / "l.c"),
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [cc, "-o", str(root / "bin" / "llama-server"), str(tmp_path / "m.c"), "-L", str(root / "lib"), "-lllama"],
+        check=True,
+    )
+    monkeypatch.syspath_prepend(str(Path(wheel.TEMPLATES) / "src"))
+    gbs = importlib.import_module("ggml_bridge_server")
+    monkeypatch.setattr(gbs, "PACKAGE_DIR", root)
+    monkeypatch.setattr(gbs, "BIN_DIR", root / "bin")
+    monkeypatch.setattr(gbs, "LIB_DIR", root / "lib")
+    (root / "manifest.json").write_text("{}")
+    (root / "build.json").write_text('{"libraries": ["llama"]}')
+    assert gbs._elf_needed(root / "bin" / "llama-server")[0] == "libllama.so.0"
+    with pytest.raises(gbs.MissingFileError, match=r"libllama\.so\.0 missing"):
+        gbs.get_binary_path()
+    shutil.copy(root / "lib" / "libllama.so", root / "lib" / "libllama.so.0")
+    assert gbs.get_binary_path() == root / "bin" / "llama-server"
