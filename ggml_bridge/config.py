@@ -194,8 +194,9 @@ def load(
         if env.get(var):
             _set(settings, key, env[var], origin=f"environment variable {var}", base=cwd)
     if env.get("CMAKE_ARGS"):
-        settings.build.cmake_args = (split_cmake_args(env["CMAKE_ARGS"], "environment variable CMAKE_ARGS")
-                                     + settings.build.cmake_args)
+        settings.build.cmake_args = (
+            split_cmake_args(env["CMAKE_ARGS"], "environment variable CMAKE_ARGS") + settings.build.cmake_args
+        )
 
     for key, value in (overrides or {}).items():
         if value is not None:
@@ -210,8 +211,11 @@ def split_cmake_args(text: str, origin: str) -> list[str]:
     try:
         return shlex.split(text)
     except ValueError as e:
-        raise UsageError(f"cannot split {origin}: {text!r}", why=f"{e} (unbalanced quotes)",
-                         fix="balance the quotes, e.g. CMAKE_ARGS='-DX=\"a b\"'") from None
+        raise UsageError(
+            f"cannot split {origin}: {text!r}",
+            why=f"{e} (unbalanced quotes)",
+            fix="balance the quotes, e.g. CMAKE_ARGS='-DX=\"a b\"'",
+        ) from None
 
 
 def validate(settings: Settings) -> None:
@@ -267,8 +271,11 @@ def _parse_toml(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"config file {path} is not valid TOML", why=str(e)) from None
     except UnicodeDecodeError as e:
-        raise UsageError(f"config file {path} is not UTF-8 text", why=f"byte {e.start}: {e.reason}",
-                         fix="save it as UTF-8 (TOML files are UTF-8)") from None
+        raise UsageError(
+            f"config file {path} is not UTF-8 text",
+            why=f"byte {e.start}: {e.reason}",
+            fix="save it as UTF-8 (TOML files are UTF-8)",
+        ) from None
     except OSError as e:
         raise UsageError(f"cannot read config file {path}", why=str(e)) from None
 
@@ -276,9 +283,11 @@ def _parse_toml(path: Path) -> dict[str, Any]:
 def _apply_table(settings: Settings, table: Mapping[str, Any], *, origin: str, base: Path) -> None:
     for key, value in table.items():
         if key in OPTION_ONLY_STAGES:
-            raise UsageError(f"[{key}] in {origin} is not a settings table",
-                             why=f"the {key} stage reads nothing from the config file: a key there would be ignored",
-                             fix=f"remove it and pass its settings as options (ggml-bridge {key} --help)")
+            raise UsageError(
+                f"[{key}] in {origin} is not a settings table",
+                why=f"the {key} stage reads nothing from the config file: a key there would be ignored",
+                fix=f"remove it and pass its settings as options (ggml-bridge {key} --help)",
+            )
         if key in SECTIONS:
             if not isinstance(value, dict):
                 raise UsageError(f"[{key}] in {origin} must be a table")
@@ -329,9 +338,11 @@ def _coerce(current: Any, value: Any, *, key: str, origin: str, base: Path) -> A
         if not isinstance(value, (str, os.PathLike)):
             raise bad
         if not str(value).strip():
-            raise UsageError(f"empty path for {key!r} in {origin}",
-                             why="an empty value would silently mean the current directory",
-                             fix="give a directory, or leave the setting out for the default")
+            raise UsageError(
+                f"empty path for {key!r} in {origin}",
+                why="an empty value would silently mean the current directory",
+                fix="give a directory, or leave the setting out for the default",
+            )
         p = Path(value).expanduser()
         return p if p.is_absolute() else (base / p)
     if isinstance(current, list):

@@ -155,8 +155,10 @@ class LadderSetupError(FatalError):
 
     exit_code = 70
     kind = "ladder setup error"
-    meaning = ("ladder setup error: bad ladder file, missing binary, no vocabulary; a rung that could not run (its "
-               "server died) after the report is written")
+    meaning = (
+        "ladder setup error: bad ladder file, missing binary, no vocabulary; a rung that could not run (its "
+        "server died) after the report is written"
+    )
 
 
 class ModelError(FatalError):
@@ -172,7 +174,9 @@ class RebaseConflict(FatalError):
 
     exit_code = 50
     kind = "rebase conflict"
-    meaning = 'rebase conflict (also `--continue` while conflict markers are left; `--radar`: some published build conflicts)'
+    meaning = (
+        'rebase conflict (also `--continue` while conflict markers are left; `--radar`: some published build conflicts)'
+    )
 
 
 class DirtyProjectError(FatalError):
@@ -216,12 +220,25 @@ class ExitStatus:
 #: Statuses no exception carries: ``run()`` results, and signals (``cli.main``).
 _RESULTS = (
     ExitStatus(str(EXIT_OK), (), "ok", "success"),
-    ExitStatus(str(EXIT_DIFFER), (), "mismatch", "outputs differ (ladder: a rung's outputs differ or fail a validity "
-               "rule; the report is written)"),
-    ExitStatus(str(EXIT_RADAR_INCOMPLETE), (), "radar incomplete", "`rebase --radar` incomplete: some build could not "
-               "be checked (registry or download unreachable), none conflicts"),
-    ExitStatus("128+N", (), "signal", "stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP): child processes "
-               "were stopped first"),
+    ExitStatus(
+        str(EXIT_DIFFER),
+        (),
+        "mismatch",
+        "outputs differ (ladder: a rung's outputs differ or fail a validity rule; the report is written)",
+    ),
+    ExitStatus(
+        str(EXIT_RADAR_INCOMPLETE),
+        (),
+        "radar incomplete",
+        "`rebase --radar` incomplete: some build could not "
+        "be checked (registry or download unreachable), none conflicts",
+    ),
+    ExitStatus(
+        "128+N",
+        (),
+        "signal",
+        "stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP): child processes were stopped first",
+    ),
 )
 
 
@@ -244,8 +261,12 @@ def exit_table() -> list[ExitStatus]:
         code = str(cls.exit_code)
         if code in rows:
             row = rows[code]
-            rows[code] = ExitStatus(code, row.classes + (cls.__name__,), row.label,
-                                    row.meaning + "; " + cls.meaning if row.meaning else cls.meaning)
+            rows[code] = ExitStatus(
+                code,
+                row.classes + (cls.__name__,),
+                row.label,
+                row.meaning + "; " + cls.meaning if row.meaning else cls.meaning,
+            )
         else:
             rows[code] = ExitStatus(code, (cls.__name__,), cls.kind, cls.meaning)
     return sorted(rows.values(), key=lambda r: (not r.code.isdigit(), int(r.code) if r.code.isdigit() else 0))

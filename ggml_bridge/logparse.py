@@ -17,30 +17,56 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # --- contract: mapped pinned host bridge (CUDA backend, GGML log) -------------------------------------
 BRIDGE = "ggml_cuda_mapped_host_bridge"
 BRIDGE_ENABLED = re.compile(
-    BRIDGE + r": enabled \(mode (?P<mode>1|auto|force)\), (?P<slots>\d+) slots x (?P<slot_mib>\d+) MiB\b")
+    BRIDGE + r": enabled \(mode (?P<mode>1|auto|force)\), (?P<slots>\d+) slots x (?P<slot_mib>\d+) MiB\b"
+)
 BRIDGE_INACTIVE = re.compile(BRIDGE + r": inactive: (?P<reason>.*?)\s*$")
 #: the bridge's selector (GGML_CUDA_MAPPED_HOST_BRIDGE; the series before issue 26 had ..._CHUNK_KIB and others)
-BRIDGE_INVALID = re.compile(
-    BRIDGE + r': ignoring invalid (?P<var>GGML_CUDA_MAPPED_HOST_BRIDGE\w*)="(?P<value>[^"]*)"')
+BRIDGE_INVALID = re.compile(BRIDGE + r': ignoring invalid (?P<var>GGML_CUDA_MAPPED_HOST_BRIDGE\w*)="(?P<value>[^"]*)"')
 BRIDGE_STATS = re.compile(BRIDGE + r": stats: (?P<kv>(?:\s*\w+=\d+)+)")
-BRIDGE_STATS_KEYS = ("boundaries", "bytes", "chunks", "producer_waits", "sync_copies", "fallbacks", "pairs_bridge",
-                     "pairs_upstream")
+BRIDGE_STATS_KEYS = (
+    "boundaries",
+    "bytes",
+    "chunks",
+    "producer_waits",
+    "sync_copies",
+    "fallbacks",
+    "pairs_bridge",
+    "pairs_upstream",
+)
 #: one line per pair of GPUs and set of backends: the bridge or upstream's copy, and why
-BRIDGE_PAIR = re.compile(BRIDGE + r": GPU (?P<src>\d+) -> GPU (?P<dst>\d+): (?P<route>bridge|upstream) \((?P<why>[^)]*)\)")
+BRIDGE_PAIR = re.compile(
+    BRIDGE + r": GPU (?P<src>\d+) -> GPU (?P<dst>\d+): (?P<route>bridge|upstream) \((?P<why>[^)]*)\)"
+)
 
 # --- contract: batched pinned graph I/O transfers (llama context, LLAMA log) --------------------------
 BATCHED = "llama_batched_transfers"
-BATCHED_ENABLED = re.compile(BATCHED + r": enabled, pinned pool up to (?P<pool_mib>\d+) MiB\b"
-                             r"(?: per process, graphs of up to (?P<max_tokens>\d+) tokens staged)?")
+BATCHED_ENABLED = re.compile(
+    BATCHED + r": enabled, pinned pool up to (?P<pool_mib>\d+) MiB\b"
+    r"(?: per process, graphs of up to (?P<max_tokens>\d+) tokens staged)?"
+)
 BATCHED_INACTIVE = re.compile(BATCHED + r": inactive: (?P<reason>.*?)\s*$")
 # async_* count only what batching staged, sync_* what it could not stage (fallbacks), upstream_* what it left on
 # upstream's path by design (declined graphs, inputs already on a device, downloads upstream already makes
 # asynchronously): a line without that split (an older patch) is not taken as batching's stats
-BATCHED_STATS_KEYS = ("graphs", "declined_graphs", "async_uploads", "async_downloads", "sync_uploads", "sync_downloads",
-                      "upstream_uploads", "upstream_downloads", "bytes_up", "bytes_down", "fallbacks", "pool_waits",
-                      "pool_drains")
+BATCHED_STATS_KEYS = (
+    "graphs",
+    "declined_graphs",
+    "async_uploads",
+    "async_downloads",
+    "sync_uploads",
+    "sync_downloads",
+    "upstream_uploads",
+    "upstream_downloads",
+    "bytes_up",
+    "bytes_down",
+    "fallbacks",
+    "pool_waits",
+    "pool_drains",
+)
 # (later keys, e.g. the adaptive policy's probe_graphs, classes_staged, classes_upstream, are parsed too)
-BATCHED_STATS = re.compile(BATCHED + r": stats: (?P<kv>" + " ".join(rf"{k}=\d+" for k in BATCHED_STATS_KEYS) + r"(?: \w+=\d+)*)")
+BATCHED_STATS = re.compile(
+    BATCHED + r": stats: (?P<kv>" + " ".join(rf"{k}=\d+" for k in BATCHED_STATS_KEYS) + r"(?: \w+=\d+)*)"
+)
 
 _KV = re.compile(r"(\w+)=(\d+)")
 
@@ -95,12 +121,12 @@ def _kv(text: str) -> dict[str, int]:
 @dataclass
 class BridgeInfo:
     enabled: bool = False
-    mode: str | None = None         # "1", "auto" or "force"
+    mode: str | None = None  # "1", "auto" or "force"
     slots: int | None = None
     slot_mib: int | None = None
     inactive_reason: str | None = None
     rejected: dict[str, str] = field(default_factory=dict)  # every rejected bridge selector -> its value
-    enabled_lines: int = 0          # one per set of CUDA backends
+    enabled_lines: int = 0  # one per set of CUDA backends
     stats: list[dict[str, int]] = field(default_factory=list)
     pairs: dict[tuple[int, int], str] = field(default_factory=dict)  # (src GPU, dst GPU) -> "bridge" | "upstream"
 
@@ -133,8 +159,8 @@ class BatchedInfo:
 class LogInfo:
     bridge: BridgeInfo = field(default_factory=BridgeInfo)
     batched: BatchedInfo = field(default_factory=BatchedInfo)
-    devices: list[str] = field(default_factory=list)      # "using device" lines, in order
-    meta_devices: int = 0                                  # -sm tensor: devices behind the Meta device
+    devices: list[str] = field(default_factory=list)  # "using device" lines, in order
+    meta_devices: int = 0  # -sm tensor: devices behind the Meta device
     cuda_found: int | None = None
     bind_failed: tuple[str, int] | None = None
     gguf_open_failed: tuple[str, str] | None = None
@@ -249,8 +275,10 @@ def is_read(line: str) -> bool:
 
 # --- contract: ggml-rpc-server with patch 0006 (its stdout) --------------------------------------------
 #: patch 0006's state line, printed once at start
-RPC_STATE = re.compile(r"ggml_bridge_rpc: state: endpoint=(?P<endpoint>\S+) pid=(?P<pid>\d+) "
-                       r"GGML_CUDA_MAPPED_HOST_BRIDGE=(?P<selector>\S+) bridge_counters=(?P<counters>available|absent)")
+RPC_STATE = re.compile(
+    r"ggml_bridge_rpc: state: endpoint=(?P<endpoint>\S+) pid=(?P<pid>\d+) "
+    r"GGML_CUDA_MAPPED_HOST_BRIDGE=(?P<selector>\S+) bridge_counters=(?P<counters>available|absent)"
+)
 #: patch 0006's counters line (on SIGUSR1, periodically with an interval, and at exit)
 RPC_COUNTERS = re.compile(r"ggml_bridge_rpc: counters: trigger=(?P<trigger>\w+)(?P<kv>(?:\s+\w+=\d+)+)")
 #: upstream rpc-server lines: its banner, each device it serves, and an RPC client's version refusal
@@ -266,8 +294,8 @@ class RpcServerInfo:
 
     version: str | None = None
     devices: list[str] = field(default_factory=list)
-    state: dict[str, str] | None = None     # patch 0006's start line; None: an upstream rpc-server
-    counters: list[dict[str, int]] = field(default_factory=list)   # one per counters line, in order
+    state: dict[str, str] | None = None  # patch 0006's start line; None: an upstream rpc-server
+    counters: list[dict[str, int]] = field(default_factory=list)  # one per counters line, in order
     bridge: BridgeInfo = field(default_factory=BridgeInfo)
 
     @property

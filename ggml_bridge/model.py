@@ -72,7 +72,9 @@ class Shape:
         if self.n_embd % self.n_head:
             raise ModelError(f"shape {self.name!r}: n_embd {self.n_embd} is not a multiple of n_head {self.n_head}")
         if self.n_head % self.n_head_kv:
-            raise ModelError(f"shape {self.name!r}: n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}")
+            raise ModelError(
+                f"shape {self.name!r}: n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -100,7 +102,9 @@ PRESETS: dict[str, Shape] = {
     "tiny-f16": Shape("tiny-f16", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=128, n_ctx_train=2048),
     # still quick on CPU, a few more layers so a layer split has something to split
     "small": Shape("small", n_embd=256, n_layer=4, n_head=8, n_head_kv=4, n_ff=768, n_ctx_train=4096),
-    "small-f32": Shape("small-f32", n_embd=384, n_layer=4, n_head=6, n_head_kv=2, n_ff=1024, n_ctx_train=4096, dtype="f32"),
+    "small-f32": Shape(
+        "small-f32", n_embd=384, n_layer=4, n_head=6, n_head_kv=2, n_ff=1024, n_ctx_train=4096, dtype="f32"
+    ),
     # the largest the 2-core CPU ladder affords: 1024 x ubatch 512 x f32 = 2 MiB boundaries
     "medium": Shape("medium", n_embd=1024, n_layer=4, n_head=16, n_head_kv=4, n_ff=2816, n_ctx_train=4096),
     # boundary activations of 8192 x ubatch 4096 x f32 = 128 MiB; few layers so it loads fast
@@ -122,8 +126,10 @@ def get_shape(name_or_shape: str | Shape | dict[str, Any]) -> Shape:
         try:
             return PRESETS[name_or_shape]
         except KeyError:
-            raise ModelError(f"unknown model shape {name_or_shape!r}",
-                             fix=f"use one of {', '.join(PRESETS)} or give the shape fields") from None
+            raise ModelError(
+                f"unknown model shape {name_or_shape!r}",
+                fix=f"use one of {', '.join(PRESETS)} or give the shape fields",
+            ) from None
     d = dict(name_or_shape)
     base = d.pop("preset", None)
     try:
@@ -193,19 +199,28 @@ def _load_vocab(path: str, sha: str) -> Vocab:
     scores = get("tokenizer.ggml.scores") or [0.0] * len(tokens)
     types = get("tokenizer.ggml.token_type") or [1] * len(tokens)
     return Vocab(
-        path=path, sha256=sha, tokens=tuple(tokens), scores=tuple(float(s) for s in scores),
-        token_types=tuple(int(t) for t in types), model=get("tokenizer.ggml.model") or "llama",
-        pre=get("tokenizer.ggml.pre"), bos=get("tokenizer.ggml.bos_token_id"),
-        eos=get("tokenizer.ggml.eos_token_id"), unk=get("tokenizer.ggml.unknown_token_id"),
-        add_bos=get("tokenizer.ggml.add_bos_token"), add_eos=get("tokenizer.ggml.add_eos_token"),
+        path=path,
+        sha256=sha,
+        tokens=tuple(tokens),
+        scores=tuple(float(s) for s in scores),
+        token_types=tuple(int(t) for t in types),
+        model=get("tokenizer.ggml.model") or "llama",
+        pre=get("tokenizer.ggml.pre"),
+        bos=get("tokenizer.ggml.bos_token_id"),
+        eos=get("tokenizer.ggml.eos_token_id"),
+        unk=get("tokenizer.ggml.unknown_token_id"),
+        add_bos=get("tokenizer.ggml.add_bos_token"),
+        add_eos=get("tokenizer.ggml.add_eos_token"),
     )
 
 
 def load_vocab(vocab_path: Path | str) -> Vocab:
     p = Path(vocab_path)
     if not p.is_file():
-        raise ModelError(f"vocabulary GGUF not found: {p}",
-                         fix=f"pass the upstream tree's models/{VOCAB_FILE} (it is kept in pruned trees)")
+        raise ModelError(
+            f"vocabulary GGUF not found: {p}",
+            fix=f"pass the upstream tree's models/{VOCAB_FILE} (it is kept in pruned trees)",
+        )
     return _load_vocab(str(p.resolve()), file_sha256(p))
 
 
@@ -222,8 +237,9 @@ def _gen_chunk(seed: int, name: str, ci: int, n: int, std: float, dtype: str) ->
     return x
 
 
-def _tensor_chunks(seed: int, name: str, shape: tuple[int, ...], dtype: str, std: float,
-                   pool: cf.Executor, inflight: int) -> Iterator[np.ndarray]:
+def _tensor_chunks(
+    seed: int, name: str, shape: tuple[int, ...], dtype: str, std: float, pool: cf.Executor, inflight: int
+) -> Iterator[np.ndarray]:
     n = int(np.prod(shape))
     if len(shape) == 1:  # norm weights
         yield np.ones(n, dtype=np.float32 if dtype == "f32" else np.float16)
@@ -237,8 +253,9 @@ def _tensor_chunks(seed: int, name: str, shape: tuple[int, ...], dtype: str, std
         yield fut.result()
 
 
-def write_model(path: Path | str, shape: Shape | str, seed: int, vocab_path: Path | str,
-                *, threads: int | None = None) -> Path:
+def write_model(
+    path: Path | str, shape: Shape | str, seed: int, vocab_path: Path | str, *, threads: int | None = None
+) -> Path:
     """Write the model for (shape, seed, vocab) to ``path`` (overwritten) and return it."""
     import gguf
 
@@ -251,8 +268,10 @@ def write_model(path: Path | str, shape: Shape | str, seed: int, vocab_path: Pat
 
     w = gguf.GGUFWriter(path, "llama")
     w.add_name(shape.name)
-    w.add_description(f"ggml-bridge random-weight model: shape {shape.key()} seed {seed} "
-                      f"vocab sha256 {vocab.sha256} writer v{WRITER_VERSION}")
+    w.add_description(
+        f"ggml-bridge random-weight model: shape {shape.key()} seed {seed} "
+        f"vocab sha256 {vocab.sha256} writer v{WRITER_VERSION}"
+    )
     w.add_context_length(shape.n_ctx_train)
     w.add_embedding_length(shape.n_embd)
     w.add_block_count(shape.n_layer)
@@ -308,8 +327,16 @@ def write_model(path: Path | str, shape: Shape | str, seed: int, vocab_path: Pat
 
 
 def cache_key(shape: Shape, seed: int, vocab_sha256: str) -> str:
-    text = json.dumps({"shape": json.loads(shape.key()), "seed": seed, "vocab": vocab_sha256,
-                       "writer": WRITER_VERSION, "chunk": CHUNK_ELEMS}, sort_keys=True)
+    text = json.dumps(
+        {
+            "shape": json.loads(shape.key()),
+            "seed": seed,
+            "vocab": vocab_sha256,
+            "writer": WRITER_VERSION,
+            "chunk": CHUNK_ELEMS,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -319,8 +346,9 @@ def cached_path(cache_dir: Path, shape: Shape | str, seed: int, vocab_path: Path
     return Path(cache_dir) / "models" / f"{shape.name}-s{seed}-{cache_key(shape, seed, vocab.sha256)}.gguf"
 
 
-def ensure_model(cache_dir: Path | str, shape: Shape | str, seed: int, vocab_path: Path | str,
-                 *, threads: int | None = None) -> Path:
+def ensure_model(
+    cache_dir: Path | str, shape: Shape | str, seed: int, vocab_path: Path | str, *, threads: int | None = None
+) -> Path:
     """The cached model for (shape, seed, vocab), written first if missing."""
     shape = get_shape(shape)
     final = cached_path(Path(cache_dir), shape, seed, vocab_path)

@@ -23,15 +23,15 @@ from .runner import log
 
 # --- selectors (environment variables the patched build reads) --------------------------------------------
 
-BRIDGE = "GGML_CUDA_MAPPED_HOST_BRIDGE"                       # 0|1|auto|force (its only setting; stats line always)
-BATCHED = "LLAMA_BATCHED_TRANSFERS"                           # 0|1 (its stats line comes at teardown when 1)
+BRIDGE = "GGML_CUDA_MAPPED_HOST_BRIDGE"  # 0|1|auto|force (its only setting; stats line always)
+BATCHED = "LLAMA_BATCHED_TRANSFERS"  # 0|1 (its stats line comes at teardown when 1)
 #: the CMake switches that compile the mechanisms in (the bridge's switch is named like its selector)
 BATCHED_CMAKE = "SAM3D_BATCHED_TRANSFERS"
-RPC_STATS_INTERVAL = "GGML_BRIDGE_RPC_STATS_INTERVAL"         # seconds between ggml-rpc-server counter lines
+RPC_STATS_INTERVAL = "GGML_BRIDGE_RPC_STATS_INTERVAL"  # seconds between ggml-rpc-server counter lines
 #: upstream's own variables the modes and suites set
-CUDA_P2P = "GGML_CUDA_P2P"                                    # 1: enable peer access between the GPUs
-CUDA_DEVICES = "GGML_CUDA_DEVICES"                            # N: emulate N cards on the visible GPUs
-NCCL_NVLS = "NCCL_NVLS_ENABLE"                                # 0 on the lent machines (NVLink multicast off)
+CUDA_P2P = "GGML_CUDA_P2P"  # 1: enable peer access between the GPUs
+CUDA_DEVICES = "GGML_CUDA_DEVICES"  # N: emulate N cards on the visible GPUs
+NCCL_NVLS = "NCCL_NVLS_ENABLE"  # 0 on the lent machines (NVLink multicast off)
 
 #: ``--bridge`` / ``--batched`` words -> selector values
 BRIDGE_VALUES = {"on": "1", "off": "0", "auto": "auto", "force": "force"}
@@ -67,22 +67,36 @@ PATCHED, UPSTREAM, UPSTREAM_NOPEER = "patched", "upstream", "upstream-nopeer"
 @dataclass(frozen=True)
 class Variant:
     name: str
-    patched: bool                      # our series applied
-    cmake: Mapping[str, str]           # CMake options the variant adds (every variant adds -DGGML_RPC=ON)
-    subdir: str                        # its folder under bench's --variants-dir
+    patched: bool  # our series applied
+    cmake: Mapping[str, str]  # CMake options the variant adds (every variant adds -DGGML_RPC=ON)
+    subdir: str  # its folder under bench's --variants-dir
     about: str
-    cuda_only: bool = False            # exists only for the CUDA backend
+    cuda_only: bool = False  # exists only for the CUDA backend
 
 
 #: Every build variant, in the order a shared tree builds them (``build --shared-tree``): the upstream sources
 #: first, the no-peer recompile of one object, then the series on top.
-VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant(UPSTREAM, False, {}, "upstream", "no patches: the reference for 'the patches change nothing'"),
-    Variant(UPSTREAM_NOPEER, False, {"GGML_CUDA_NO_PEER_COPY": "ON"}, "nopeer",
-            "no patches, GGML_CUDA_NO_PEER_COPY (synchronous copy through malloc; CUDA only)", cuda_only=True),
-    Variant(PATCHED, True, {BRIDGE: "ON", BATCHED_CMAKE: "ON"}, "patched",
-            "our series applied, both mechanisms compiled in"),
-)}
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant(UPSTREAM, False, {}, "upstream", "no patches: the reference for 'the patches change nothing'"),
+        Variant(
+            UPSTREAM_NOPEER,
+            False,
+            {"GGML_CUDA_NO_PEER_COPY": "ON"},
+            "nopeer",
+            "no patches, GGML_CUDA_NO_PEER_COPY (synchronous copy through malloc; CUDA only)",
+            cuda_only=True,
+        ),
+        Variant(
+            PATCHED,
+            True,
+            {BRIDGE: "ON", BATCHED_CMAKE: "ON"},
+            "patched",
+            "our series applied, both mechanisms compiled in",
+        ),
+    )
+}
 
 
 def variant(name: str, where: str = "") -> Variant:
@@ -97,24 +111,24 @@ def variant(name: str, where: str = "") -> Variant:
 def check_backend(v: Variant, backend: str, fix: str) -> None:
     """A CUDA-only variant on another backend is a UsageError."""
     if v.cuda_only and backend != "cuda":
-        raise UsageError(f"variant {v.name} only exists for the CUDA backend", why=f"the backend is {backend}",
-                         fix=fix)
+        raise UsageError(f"variant {v.name} only exists for the CUDA backend", why=f"the backend is {backend}", fix=fix)
 
 
 # --- modes ------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Mode:
     name: str
-    variant: str                                # a VARIANTS key
-    bridge: str | None                          # a BRIDGE_VALUES key; None: unset
-    batched: str | None                         # a BATCHED_VALUES key; None: unset
+    variant: str  # a VARIANTS key
+    bridge: str | None  # a BRIDGE_VALUES key; None: unset
+    batched: str | None  # a BATCHED_VALUES key; None: unset
     about: str
-    p2p: bool = False                           # GGML_CUDA_P2P=1
+    p2p: bool = False  # GGML_CUDA_P2P=1
     rejected: tuple[tuple[str, str], ...] = ()  # invalid selector values every process must report rejected
-    rpc: bool = False                           # the model on local ggml-rpc-servers (they get GPUs and selectors)
-    devices: int | None = None                  # GPUs of this mode, instead of the rung's (ladder)
-    link: str | None = None                     # rpc modes in the bench: a shaped link RATE/DELAY (netbench.py)
+    rpc: bool = False  # the model on local ggml-rpc-servers (they get GPUs and selectors)
+    devices: int | None = None  # GPUs of this mode, instead of the rung's (ladder)
+    link: str | None = None  # rpc modes in the bench: a shaped link RATE/DELAY (netbench.py)
 
     @property
     def uses_bridge(self) -> bool:
@@ -138,44 +152,112 @@ class Mode:
         return {**env, **dict(self.rejected)}
 
 
-MODES: dict[str, Mode] = {m.name: m for m in (
-    Mode("upstream", "upstream", None, None,
-         "upstream build (on GPUs: cudaMemcpyPeerAsync without peer access, driver-staged)"),
-    Mode("upstream-p2p", "upstream", None, None, "upstream build, peer access enabled (NVLink / PCIe P2P)", p2p=True),
-    Mode("upstream-nopeer", "upstream-nopeer", None, None,
-         "upstream GGML_CUDA_NO_PEER_COPY build (synchronous copy through malloc)"),
-    Mode("off", "patched", "off", "off", "patched build, selectors 0"),
-    Mode("off-p2p", "patched", "off", "off",
-         "patched build, selectors 0, peer access enabled: upstream's P2P path in our binary (a control)", p2p=True),
-    Mode("off-1gpu", "patched", "off", "off", "patched build, selectors 0, on one GPU whatever the rung's devices",
-         devices=1),
-    Mode("bridge", "patched", "auto", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=auto (peer access not enabled)"),
-    Mode("bridge-force", "patched", "force", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force"),
-    Mode("bridge-force-p2p", "patched", "force", "off",
-         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force with peer access enabled", p2p=True),
-    Mode("batched", "patched", "off", "on", "patched, LLAMA_BATCHED_TRANSFERS=1"),
-    Mode("bridge-batched", "patched", "auto", "on",
-         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=auto and LLAMA_BATCHED_TRANSFERS=1"),
-    Mode("bridge-force-batched", "patched", "force", "on",
-         "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force and LLAMA_BATCHED_TRANSFERS=1"),
-    # typos: the bridge stays off and says so in every process, also past llama.cpp's fitting probe (-fit)
-    Mode("bridge-typo", "patched", None, "off", f"patched, invalid {BRIDGE}=yes", rejected=((BRIDGE, "yes"),)),
-    Mode("rpc-upstream", "upstream", None, None,
-         "upstream rpc-server(s) (one owning every GPU: server-side cudaMemcpyPeer without peer access)", rpc=True),
-    Mode("rpc-upstream-nopeer", "upstream-nopeer", None, None, "upstream GGML_CUDA_NO_PEER_COPY rpc-server", rpc=True),
-    Mode("rpc-off", "patched", "off", "off", "patched rpc-server(s), selectors 0", rpc=True),
-    Mode("rpc-bridge", "patched", "auto", "off",
-         "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=auto: copies between a server's GPUs through the bridge",
-         rpc=True),
-    Mode("rpc-bridge-force", "patched", "force", "off",
-         "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=force: also between virtual devices of one GPU",
-         rpc=True),
-)}
+MODES: dict[str, Mode] = {
+    m.name: m
+    for m in (
+        Mode(
+            "upstream",
+            "upstream",
+            None,
+            None,
+            "upstream build (on GPUs: cudaMemcpyPeerAsync without peer access, driver-staged)",
+        ),
+        Mode(
+            "upstream-p2p", "upstream", None, None, "upstream build, peer access enabled (NVLink / PCIe P2P)", p2p=True
+        ),
+        Mode(
+            "upstream-nopeer",
+            "upstream-nopeer",
+            None,
+            None,
+            "upstream GGML_CUDA_NO_PEER_COPY build (synchronous copy through malloc)",
+        ),
+        Mode("off", "patched", "off", "off", "patched build, selectors 0"),
+        Mode(
+            "off-p2p",
+            "patched",
+            "off",
+            "off",
+            "patched build, selectors 0, peer access enabled: upstream's P2P path in our binary (a control)",
+            p2p=True,
+        ),
+        Mode(
+            "off-1gpu",
+            "patched",
+            "off",
+            "off",
+            "patched build, selectors 0, on one GPU whatever the rung's devices",
+            devices=1,
+        ),
+        Mode(
+            "bridge", "patched", "auto", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=auto (peer access not enabled)"
+        ),
+        Mode("bridge-force", "patched", "force", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force"),
+        Mode(
+            "bridge-force-p2p",
+            "patched",
+            "force",
+            "off",
+            "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force with peer access enabled",
+            p2p=True,
+        ),
+        Mode("batched", "patched", "off", "on", "patched, LLAMA_BATCHED_TRANSFERS=1"),
+        Mode(
+            "bridge-batched",
+            "patched",
+            "auto",
+            "on",
+            "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=auto and LLAMA_BATCHED_TRANSFERS=1",
+        ),
+        Mode(
+            "bridge-force-batched",
+            "patched",
+            "force",
+            "on",
+            "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force and LLAMA_BATCHED_TRANSFERS=1",
+        ),
+        # typos: the bridge stays off and says so in every process, also past llama.cpp's fitting probe (-fit)
+        Mode("bridge-typo", "patched", None, "off", f"patched, invalid {BRIDGE}=yes", rejected=((BRIDGE, "yes"),)),
+        Mode(
+            "rpc-upstream",
+            "upstream",
+            None,
+            None,
+            "upstream rpc-server(s) (one owning every GPU: server-side cudaMemcpyPeer without peer access)",
+            rpc=True,
+        ),
+        Mode(
+            "rpc-upstream-nopeer", "upstream-nopeer", None, None, "upstream GGML_CUDA_NO_PEER_COPY rpc-server", rpc=True
+        ),
+        Mode("rpc-off", "patched", "off", "off", "patched rpc-server(s), selectors 0", rpc=True),
+        Mode(
+            "rpc-bridge",
+            "patched",
+            "auto",
+            "off",
+            "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=auto: copies between a server's GPUs through the bridge",
+            rpc=True,
+        ),
+        Mode(
+            "rpc-bridge-force",
+            "patched",
+            "force",
+            "off",
+            "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=force: also between virtual devices of one GPU",
+            rpc=True,
+        ),
+    )
+}
 
 #: older names -> current ones (accepted with a deprecation note)
 ALIASES: dict[str, str] = {
-    "p2p": "upstream-p2p", "staged": "upstream", "nopeer": "upstream-nopeer", "upstream-cpu": "upstream",
-    "p2p-patched": "off-p2p", "rpc-staged": "rpc-upstream", "rpc-nopeer": "rpc-upstream-nopeer",
+    "p2p": "upstream-p2p",
+    "staged": "upstream",
+    "nopeer": "upstream-nopeer",
+    "upstream-cpu": "upstream",
+    "p2p-patched": "off-p2p",
+    "rpc-staged": "rpc-upstream",
+    "rpc-nopeer": "rpc-upstream-nopeer",
 }
 #: older names that meant different things in different tables: refused, naming the candidates
 AMBIGUOUS: dict[str, tuple[str, ...]] = {
@@ -193,9 +275,11 @@ def lookup(name: str, where: str = "") -> Mode:
         return MODES[ALIASES[name]]
     if name in AMBIGUOUS:
         options = " or ".join(f"{n!r} ({MODES[n].about})" for n in AMBIGUOUS[name])
-        raise UsageError(f"mode {name!r}{at} is no longer accepted",
-                         why="it meant bridge=force with batching in the ladder and bridge=1 in the bench",
-                         fix=f"use {options}")
+        raise UsageError(
+            f"mode {name!r}{at} is no longer accepted",
+            why="it meant bridge=force with batching in the ladder and bridge=1 in the bench",
+            fix=f"use {options}",
+        )
     raise UsageError(f"unknown mode {name!r}{at}", fix=f"modes: {', '.join(MODES)}")
 
 

@@ -26,20 +26,35 @@ def expand(cases: Sequence[modes.Mode], links: Sequence[str]) -> list[modes.Mode
     for c in cases:
         out.append(c)
         if c.rpc:
-            out += [dataclasses.replace(c, name=f"{c.name}@{link.label}", link=str(link),
-                                        about=f"{c.about}; behind a shaped link {link} (rate per direction / "
-                                              "one-way delay)") for link in parsed]
+            out += [
+                dataclasses.replace(
+                    c,
+                    name=f"{c.name}@{link.label}",
+                    link=str(link),
+                    about=f"{c.about}; behind a shaped link {link} (rate per direction / one-way delay)",
+                )
+                for link in parsed
+            ]
     return out
 
 
-def topology(case: modes.Mode, bin_dir: Path, env: Mapping[str, str], suite: Mapping[str, Any], out_dir: Path,
-             rnd: int) -> rpc.Topology:
+def topology(
+    case: modes.Mode, bin_dir: Path, env: Mapping[str, str], suite: Mapping[str, Any], out_dir: Path, rnd: int
+) -> rpc.Topology:
     """The rpc-servers of one case run (not started), behind the case's link if it has one."""
     n = int(suite.get("rpc_servers", 1))
-    return rpc.Topology([rpc.LocalRpcServer(bin_dir / rpc.RPC_SERVER, env=env, threads=suite.get("threads"),
-                                            log_file=out_dir / f"{case.name}-r{rnd}-rpc-server{'-%d' % i if n > 1 else ''}.log")
-                         for i in range(n)],
-                        link=shaper.parse_link(case.link) if case.link else None)
+    return rpc.Topology(
+        [
+            rpc.LocalRpcServer(
+                bin_dir / rpc.RPC_SERVER,
+                env=env,
+                threads=suite.get("threads"),
+                log_file=out_dir / f"{case.name}-r{rnd}-rpc-server{'-%d' % i if n > 1 else ''}.log",
+            )
+            for i in range(n)
+        ],
+        link=shaper.parse_link(case.link) if case.link else None,
+    )
 
 
 def front_env(env: Mapping[str, str], suite: Mapping[str, Any]) -> dict[str, str]:
@@ -53,9 +68,11 @@ def link_engagement(topo: rpc.Topology) -> tuple[bool, str]:
     for ep, st in topo.link_stats().items():
         up, down = st["up"], st["down"]
         ok &= up["bytes"] > 0 and down["bytes"] > 0
-        parts.append(f"link {st['link']} to {ep}: {up['bytes']} B up, {down['bytes']} B down, deliveries late by "
-                     f"{up['late_mean_us']}/{down['late_mean_us']} us on average (max {up['late_max_us']}/"
-                     f"{down['late_max_us']})")
+        parts.append(
+            f"link {st['link']} to {ep}: {up['bytes']} B up, {down['bytes']} B down, deliveries late by "
+            f"{up['late_mean_us']}/{down['late_mean_us']} us on average (max {up['late_max_us']}/"
+            f"{down['late_max_us']})"
+        )
     return ok, "; ".join(parts)
 
 
@@ -68,16 +85,25 @@ def report(cases: Sequence[modes.Mode], suite: Mapping[str, Any]) -> dict[str, A
     finite = [r for r in rates if not math.isinf(r)]
     top = max(finite) if finite else math.inf
     measured = shaper.measure_ceiling(256 << 20, shaper.Link(top, 0.0))
-    return {"rpc_servers": int(suite.get("rpc_servers", 1)), "front_gpu": bool(suite.get("rpc_front_gpu")),
-            "shaper_ceiling_gbit": round(measured * 8 / 1e9, 2),
-            "highest_rate_gbit": None if math.isinf(top) else round(top * 8 / 1e9, 2),
-            "bounded_by_shaper": measured < top * 0.98}
+    return {
+        "rpc_servers": int(suite.get("rpc_servers", 1)),
+        "front_gpu": bool(suite.get("rpc_front_gpu")),
+        "shaper_ceiling_gbit": round(measured * 8 / 1e9, 2),
+        "highest_rate_gbit": None if math.isinf(top) else round(top * 8 / 1e9, 2),
+        "bounded_by_shaper": measured < top * 0.98,
+    }
 
 
 def describe(rep: Mapping[str, Any]) -> str:
     """The report's line about the links (bench.md)."""
     top = rep.get("highest_rate_gbit")
-    return (f"{rep['rpc_servers']} rpc-server(s), llama-bench {'keeps its GPU' if rep.get('front_gpu') else 'without a GPU'}; "
-            f"the shaper moved {rep['shaper_ceiling_gbit']} Gbit/s per direction on this machine"
-            + (f" (highest rate set: {top} Gbit/s" + (": BOUNDED BY THE SHAPER, not the set rate)"
-                                                       if rep.get("bounded_by_shaper") else ")") if top else ""))
+    return (
+        f"{rep['rpc_servers']} rpc-server(s), llama-bench {'keeps its GPU' if rep.get('front_gpu') else 'without a GPU'}; "
+        f"the shaper moved {rep['shaper_ceiling_gbit']} Gbit/s per direction on this machine"
+        + (
+            f" (highest rate set: {top} Gbit/s"
+            + (": BOUNDED BY THE SHAPER, not the set rate)" if rep.get("bounded_by_shaper") else ")")
+            if top
+            else ""
+        )
+    )

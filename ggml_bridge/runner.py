@@ -81,8 +81,10 @@ def stop_grace(env: Mapping[str, str] | None = None) -> float:
     except ValueError:
         value = -1.0
     if not 0 <= value <= 600:
-        raise UsageError(f"{STOP_GRACE_VAR}={text!r} is not a number of seconds from 0 to 600",
-                         fix=f"unset it for the default {STOP_GRACE_S:.0f} s")
+        raise UsageError(
+            f"{STOP_GRACE_VAR}={text!r} is not a number of seconds from 0 to 600",
+            fix=f"unset it for the default {STOP_GRACE_S:.0f} s",
+        )
     return value
 
 
@@ -214,8 +216,9 @@ def _fmt(args: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None, 
     return "+ " + prefix + " ".join(shlex.quote(str(a)) for a in args) + where
 
 
-def _prepare(args: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None,
-             cwd: Path | str | None) -> tuple[list[str], dict[str, str]]:
+def _prepare(
+    args: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None, cwd: Path | str | None
+) -> tuple[list[str], dict[str, str]]:
     """Log the command line and return it with the full environment (ours plus the added variables)."""
     argv = [str(a) for a in args]
     log(_fmt(argv, env, cwd))
@@ -252,8 +255,14 @@ def run(
             fh = open(log_file, "a", encoding="utf-8") if log_file else None
             try:
                 proc = subprocess.Popen(
-                    argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    text=True, errors="replace", bufsize=1,
+                    argv,
+                    cwd=cwd,
+                    env=full_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    errors="replace",
+                    bufsize=1,
                 )
                 assert proc.stdout is not None
                 try:
@@ -274,9 +283,14 @@ def run(
             res = Result(argv, rc, "\n".join(tail), "")
         else:
             cp = subprocess.run(
-                argv, cwd=cwd, env=full_env, text=True, errors="replace",
+                argv,
+                cwd=cwd,
+                env=full_env,
+                text=True,
+                errors="replace",
                 stdout=subprocess.PIPE if capture else None,
-                stderr=subprocess.PIPE if capture else None, timeout=timeout,
+                stderr=subprocess.PIPE if capture else None,
+                timeout=timeout,
             )
             res = Result(argv, cp.returncode, cp.stdout or "", cp.stderr or "")
     except FileNotFoundError as e:
@@ -306,9 +320,18 @@ class Process:
     KEEP_HEAD = 2000
     KEEP_TAIL = 2000
 
-    def __init__(self, argv: list[str], popen: subprocess.Popen[str], *, log_fh: IO[str] | None,
-                 log_file: Path | None, on_line: Callable[[str], None] | None,
-                 keep: bool | Callable[[str], bool], tail: int, log_max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        popen: subprocess.Popen[str],
+        *,
+        log_fh: IO[str] | None,
+        log_file: Path | None,
+        on_line: Callable[[str], None] | None,
+        keep: bool | Callable[[str], bool],
+        tail: int,
+        log_max_bytes: int | None = None,
+    ) -> None:
         import threading
 
         self.args = argv
@@ -458,20 +481,32 @@ def start(
         try:
             fh = open(log_file, "a", encoding="utf-8")
         except OSError as e:
-            raise error(f"cannot write the log file {log_file}", why=e.strerror or str(e),
-                        fix="create its folder or choose another path") from None
+            raise error(
+                f"cannot write the log file {log_file}",
+                why=e.strerror or str(e),
+                fix="create its folder or choose another path",
+            ) from None
     try:
         popen = subprocess.Popen(
-            argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
-            start_new_session=new_session, preexec_fn=_parent_death_signal(),
+            argv,
+            cwd=cwd,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=new_session,
+            preexec_fn=_parent_death_signal(),
         )
     except OSError as e:
         if fh:
             fh.close()
         raise error(what or f"cannot run {argv[0]}", why=str(e), fix=fix) from None
-    return Process(argv, popen, log_fh=fh, log_file=log_file, on_line=on_line, keep=keep, tail=tail,
-                   log_max_bytes=log_max_bytes)
+    return Process(
+        argv, popen, log_fh=fh, log_file=log_file, on_line=on_line, keep=keep, tail=tail, log_max_bytes=log_max_bytes
+    )
 
 
 _PR_SET_PDEATHSIG = 1

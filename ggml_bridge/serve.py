@@ -59,8 +59,9 @@ VERBOSE_ALL_FLAGS = ("-v", "--verbose", "--log-verbose")
 DEFAULT_VERBOSITY = 3
 
 
-def with_verbosity(args: Sequence[str], env: Mapping[str, str] | None = None, *,
-                   add: bool = True) -> tuple[list[str], int]:
+def with_verbosity(
+    args: Sequence[str], env: Mapping[str, str] | None = None, *, add: bool = True
+) -> tuple[list[str], int]:
     """``args`` with ``-lv 4`` added (``add``) unless the caller chose a verbosity; returns (args, effective level)."""
     args = [str(a) for a in args]
     if any(a in VERBOSE_ALL_FLAGS for a in args):
@@ -95,17 +96,22 @@ class Engagement:
     """What the log proves about the requested mechanisms."""
 
     info: logparse.LogInfo
-    notes: list[str] = field(default_factory=list)      # plain statements for the user
-    errors: list[str] = field(default_factory=list)     # reasons to exit non-zero
+    notes: list[str] = field(default_factory=list)  # plain statements for the user
+    errors: list[str] = field(default_factory=list)  # reasons to exit non-zero
 
     @property
     def ok(self) -> bool:
         return not self.errors
 
 
-def check_engagement(info: logparse.LogInfo, bridge: str | None, batched: str | None,
-                     n_devices: int | None = None, metrics: Mapping[str, int] | None = None,
-                     warmed_up: bool = True) -> Engagement:
+def check_engagement(
+    info: logparse.LogInfo,
+    bridge: str | None,
+    batched: str | None,
+    n_devices: int | None = None,
+    metrics: Mapping[str, int] | None = None,
+    warmed_up: bool = True,
+) -> Engagement:
     """Apply the launcher's rules to a parsed start-up log and, when given, the live counters of /metrics (patch
     0005; see the module docstring and :func:`ggml_bridge.engagement.from_metrics`). The counters prove engagement
     at the default log verbosity, where the INFO "enabled" lines are hidden and only the WARN lines ("inactive",
@@ -121,48 +127,72 @@ def check_engagement(info: logparse.LogInfo, bridge: str | None, batched: str | 
     vb, vt = from_metrics(BRIDGE, b, metrics), from_metrics(BATCHED, t, metrics)
     if bridge in ("on", "force"):
         if vb.engaged and b.enabled:
-            eng.notes.append(f"bridge engaged: mode {b.mode}, {b.slots} slots x {b.slot_mib} MiB mapped pinned host memory"
-                             + (f", model on {ndev} devices" if ndev else ""))
+            eng.notes.append(
+                f"bridge engaged: mode {b.mode}, {b.slots} slots x {b.slot_mib} MiB mapped pinned host memory"
+                + (f", model on {ndev} devices" if ndev else "")
+            )
             if bridge == "force" and b.mode != "force":
                 eng.errors.append(f"bridge requested in mode force but the server reports mode {b.mode}")
         elif vb.engaged:
-            eng.notes.append(f"bridge engaged: {live.get('bridge_boundaries_total', 0)} boundaries crossed through "
-                             f"mapped pinned host memory, {live.get('bridge_bytes_total', 0)} bytes "
-                             "(llamacpp:bridge_* on /metrics)")
+            eng.notes.append(
+                f"bridge engaged: {live.get('bridge_boundaries_total', 0)} boundaries crossed through "
+                f"mapped pinned host memory, {live.get('bridge_bytes_total', 0)} bytes "
+                "(llamacpp:bridge_* on /metrics)"
+            )
         elif ndev > 1:
-            why = (f"the server says: inactive: {vb.reason}" if vb.reason is not None
-                   else "the server printed no ggml_cuda_mapped_host_bridge line (binary without the patch, or not a CUDA build?)")
+            why = (
+                f"the server says: inactive: {vb.reason}"
+                if vb.reason is not None
+                else "the server printed no ggml_cuda_mapped_host_bridge line (binary without the patch, or not a CUDA build?)"
+            )
             eng.errors.append(f"bridge requested but not engaged on a {ndev}-device split; {why}")
         else:
-            eng.notes.append(_not_engaged("bridge", vb.reason and f"single device ({vb.reason})",
-                                          "single device or CPU, and the server printed no bridge line "
-                                          "(binary without the patch, or not a CUDA build)"))
+            eng.notes.append(
+                _not_engaged(
+                    "bridge",
+                    vb.reason and f"single device ({vb.reason})",
+                    "single device or CPU, and the server printed no bridge line "
+                    "(binary without the patch, or not a CUDA build)",
+                )
+            )
     elif bridge == "off" and vb.engaged:
-        eng.errors.append(f"bridge requested off but the server reports it enabled (mode {b.mode})" if b.enabled else
-                          f"bridge requested off but /metrics counts {live.get('bridge_boundaries_total', 0)} "
-                          "boundaries crossed through it")
+        eng.errors.append(
+            f"bridge requested off but the server reports it enabled (mode {b.mode})"
+            if b.enabled
+            else f"bridge requested off but /metrics counts {live.get('bridge_boundaries_total', 0)} "
+            "boundaries crossed through it"
+        )
     if batched == "on":
         if vt.engaged and t.enabled:
             eng.notes.append(f"batched transfers engaged: pinned pool up to {t.pool_mib} MiB")
         elif vt.engaged:
-            eng.notes.append(f"batched transfers engaged: {live.get('batched_graphs_total', 0)} graph(s) staged, "
-                             f"{live.get('batched_async_uploads_total', 0)} asynchronous uploads "
-                             "(llamacpp:batched_* on /metrics)")
+            eng.notes.append(
+                f"batched transfers engaged: {live.get('batched_graphs_total', 0)} graph(s) staged, "
+                f"{live.get('batched_async_uploads_total', 0)} asynchronous uploads "
+                "(llamacpp:batched_* on /metrics)"
+            )
         elif vt.state == IDLE and warmed_up:
             # patched, no "inactive" warning, and yet the start-up warm-up decode staged nothing
-            eng.errors.append("batched transfers requested but /metrics counts no staged graph after the warm-up "
-                              f"decode (llamacpp:batched_graphs_total {live.get('batched_graphs_total', 0)})")
+            eng.errors.append(
+                "batched transfers requested but /metrics counts no staged graph after the warm-up "
+                f"decode (llamacpp:batched_graphs_total {live.get('batched_graphs_total', 0)})"
+            )
         else:
-            no_line = ("the server printed no llama_batched_transfers line (binary without the patch?)"
-                       if metrics is None else
-                       "/metrics has no llamacpp:batched_* counters (binary without the patch?)"
-                       if vt.state == ABSENT else
-                       "/metrics counts no staged graph yet (no warm-up decode: --no-warmup)")
+            no_line = (
+                "the server printed no llama_batched_transfers line (binary without the patch?)"
+                if metrics is None
+                else "/metrics has no llamacpp:batched_* counters (binary without the patch?)"
+                if vt.state == ABSENT
+                else "/metrics counts no staged graph yet (no warm-up decode: --no-warmup)"
+            )
             eng.notes.append(_not_engaged("batched transfers", vt.reason, no_line))
     elif batched == "off" and vt.engaged:
-        eng.errors.append("batched transfers requested off but the server reports them enabled" if t.enabled else
-                          f"batched transfers requested off but /metrics counts "
-                          f"{live.get('batched_graphs_total', 0)} staged graph(s)")
+        eng.errors.append(
+            "batched transfers requested off but the server reports them enabled"
+            if t.enabled
+            else f"batched transfers requested off but /metrics counts "
+            f"{live.get('batched_graphs_total', 0)} staged graph(s)"
+        )
     return eng
 
 
@@ -197,9 +227,19 @@ def _fmt_tail(lines: Sequence[str]) -> str:
 class Server:
     """One llama-server process: started, waited for, queried, stopped."""
 
-    def __init__(self, binary: Path | str, server_args: Sequence[str], *, env: Mapping[str, str] | None = None,
-                 log_file: Path | None = None, echo: bool = False, startup_timeout: float = 600.0,
-                 cwd: Path | None = None, verbose_proof: bool = True, log_max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        binary: Path | str,
+        server_args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        log_file: Path | None = None,
+        echo: bool = False,
+        startup_timeout: float = 600.0,
+        cwd: Path | None = None,
+        verbose_proof: bool = True,
+        log_max_bytes: int | None = None,
+    ) -> None:
         self.binary = Path(os.path.abspath(binary))  # "./llama-server" must not become a PATH lookup
         self.env = dict(env or {})
         # verbose_proof: add -lv 4 (the INFO lines) unless a verbosity was chosen; serve proves from /metrics instead
@@ -218,9 +258,11 @@ class Server:
         except ValueError:
             raise UsageError(f"--port {port!r} is not a number") from None
         if not 1 <= self.port <= 65535:
-            raise UsageError(f"--port {port}: not a TCP port the launcher can check",
-                             why="it must be 1..65535 (0, a random port, cannot be found to check /health)",
-                             fix=f"omit --port (default {DEFAULT_PORT}) or pass a free port")
+            raise UsageError(
+                f"--port {port}: not a TCP port the launcher can check",
+                why="it must be 1..65535 (0, a random port, cannot be found to check /health)",
+                fix=f"omit --port (default {DEFAULT_PORT}) or pass a free port",
+            )
         if not math.isfinite(startup_timeout) or startup_timeout <= 0:
             raise UsageError(f"--startup-timeout {startup_timeout}: must be a positive number of seconds")
         self.host = host
@@ -233,22 +275,36 @@ class Server:
     # -- lifecycle ----------------------------------------------------------------------------------------
     def _precheck(self) -> None:
         if not self.binary.is_file() or not os.access(self.binary, os.X_OK):
-            raise ServeError(f"llama-server binary not found or not executable: {self.binary}",
-                             fix="build it with `ggml-bridge build`, or pass --server PATH")
+            raise ServeError(
+                f"llama-server binary not found or not executable: {self.binary}",
+                fix="build it with `ggml-bridge build`, or pass --server PATH",
+            )
         if self.log_file is not None and not Path(self.log_file).parent.is_dir():
-            raise UsageError(f"--server-log {self.log_file}: the folder {Path(self.log_file).parent} does not exist",
-                             why="llama-server was not started", fix="create the folder or choose another path")
+            raise UsageError(
+                f"--server-log {self.log_file}: the folder {Path(self.log_file).parent} does not exist",
+                why="llama-server was not started",
+                fix="create the folder or choose another path",
+            )
         model = _arg_value(self.server_args, "-m", "--model")
         if model is not None and not Path(model).is_file():
-            raise ServeError(f"model file not found: {model}", why="llama-server was not started",
-                             fix="check the -m path")
+            raise ServeError(
+                f"model file not found: {model}", why="llama-server was not started", fix="check the -m path"
+            )
 
     def start(self) -> "Server":
         self._precheck()
         on_line = (lambda line: print(line, file=sys.stderr, flush=True)) if self.echo else None
-        self.proc = runner.start([self.binary, *self.server_args], env=self.env, log_file=self.log_file,
-                                 on_line=on_line, keep=logparse.is_read, error=ServeError, cwd=self.cwd,
-                                 what=f"cannot start {self.binary}", log_max_bytes=self.log_max_bytes)
+        self.proc = runner.start(
+            [self.binary, *self.server_args],
+            env=self.env,
+            log_file=self.log_file,
+            on_line=on_line,
+            keep=logparse.is_read,
+            error=ServeError,
+            cwd=self.cwd,
+            what=f"cannot start {self.binary}",
+            log_max_bytes=self.log_max_bytes,
+        )
         try:
             self.wait_ready()
         except BaseException:
@@ -345,31 +401,65 @@ class Server:
 
 # --- CLI -------------------------------------------------------------------------------------------------
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bridge", choices=tuple(BRIDGE_VALUES), default=None,
-                        help=f"mapped pinned host bridge: sets {BRIDGE_VAR}=1|0|auto|force (default: unset)")
-    parser.add_argument("--batched", choices=tuple(BATCHED_VALUES), default=None,
-                        help=f"batched pinned graph I/O transfers: sets {BATCHED_VAR}=1|0 (default: unset)")
-    parser.add_argument("--server", type=Path, default=None, metavar="PATH",
-                        help="llama-server binary (default: the patched build from `ggml-bridge build`, else "
-                        "an installed ggml-bridge-server wheel)")
-    parser.add_argument("--check", action="store_true",
-                        help="start, confirm what engaged, stop and exit (0: confirmed)")
-    parser.add_argument("--no-stats", action="store_true",
-                        help="no effect since issue 26 (both mechanisms print their stats whenever on); accepted for old "
-                        "command lines")
-    parser.add_argument("--startup-timeout", type=float, default=None, metavar="S",
-                        help="seconds to wait for /health (default: [serve] startup_timeout of the config file, 600)")
-    parser.add_argument("--server-log", type=Path, default=None, metavar="FILE",
-                        help="also write the server log to FILE (rotated to FILE.1 at --server-log-max-mb)")
-    parser.add_argument("--server-log-max-mb", type=_log_cap, default=DEFAULT_LOG_MAX_MB, metavar="MB",
-                        help=f"rotate --server-log to FILE.1 when it reaches MB MiB, so the two files stay "
-                        f"under 2 x MB (default {DEFAULT_LOG_MAX_MB}; 0: no limit)")
+    parser.add_argument(
+        "--bridge",
+        choices=tuple(BRIDGE_VALUES),
+        default=None,
+        help=f"mapped pinned host bridge: sets {BRIDGE_VAR}=1|0|auto|force (default: unset)",
+    )
+    parser.add_argument(
+        "--batched",
+        choices=tuple(BATCHED_VALUES),
+        default=None,
+        help=f"batched pinned graph I/O transfers: sets {BATCHED_VAR}=1|0 (default: unset)",
+    )
+    parser.add_argument(
+        "--server",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="llama-server binary (default: the patched build from `ggml-bridge build`, else "
+        "an installed ggml-bridge-server wheel)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="start, confirm what engaged, stop and exit (0: confirmed)"
+    )
+    parser.add_argument(
+        "--no-stats",
+        action="store_true",
+        help="no effect since issue 26 (both mechanisms print their stats whenever on); accepted for old command lines",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds to wait for /health (default: [serve] startup_timeout of the config file, 600)",
+    )
+    parser.add_argument(
+        "--server-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the server log to FILE (rotated to FILE.1 at --server-log-max-mb)",
+    )
+    parser.add_argument(
+        "--server-log-max-mb",
+        type=_log_cap,
+        default=DEFAULT_LOG_MAX_MB,
+        metavar="MB",
+        help=f"rotate --server-log to FILE.1 when it reaches MB MiB, so the two files stay "
+        f"under 2 x MB (default {DEFAULT_LOG_MAX_MB}; 0: no limit)",
+    )
     add_rpc_arguments(parser)
     # Everything this parser does not know goes to llama-server, in order (the command registry's passthrough into
     # args.server_args, cli.COMMANDS["serve"]); after `--` everything does.
-    parser.epilog = ("Other arguments (or all arguments after --) are passed to llama-server, e.g. "
-                     "ggml-bridge serve --bridge force -- -m model.gguf -ngl 99 --port 8080")
+    parser.epilog = (
+        "Other arguments (or all arguments after --) are passed to llama-server, e.g. "
+        "ggml-bridge serve --bridge force -- -m model.gguf -ngl 99 --port 8080"
+    )
 
 
 DEFAULT_LOG_MAX_MB = 64
@@ -396,7 +486,11 @@ def needs_proof(bridge: str | None, batched: str | None) -> bool:
 def with_metrics(server_args: list[str], env: Mapping[str, str]) -> tuple[list[str], bool]:
     """``server_args`` with ``--metrics`` added unless the user enabled /metrics already; (args, added)."""
     if METRICS_FLAG in server_args or (env.get(METRICS_ENV) or os.environ.get(METRICS_ENV, "")).lower() in (
-            "1", "true", "on", "enabled"):
+        "1",
+        "true",
+        "on",
+        "enabled",
+    ):
         return server_args, False
     return [*server_args, METRICS_FLAG], True
 
@@ -408,21 +502,31 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     env = selector_env(args.bridge, args.batched, stats=not args.no_stats)
     from . import build  # the build's patched llama-server, else an installed ggml-bridge-server wheel's
 
-    binary = Path(args.server) if args.server is not None else build.locate(settings, "patched", "llama-server",
-                                                                             installed=True)
+    binary = (
+        Path(args.server)
+        if args.server is not None
+        else build.locate(settings, "patched", "llama-server", installed=True)
+    )
     if any(a in INFO_ONLY_FLAGS for a in server_args):  # `serve -- --help`: llama-server's own answer and status
-        return runner.run([binary, *server_args], env=env, check=False, capture=False, error=ServeError,
-                          what=f"cannot run {binary}").returncode
+        return runner.run(
+            [binary, *server_args], env=env, check=False, capture=False, error=ServeError, what=f"cannot run {binary}"
+        ).returncode
     proof = needs_proof(args.bridge, args.batched) or args.check
     metrics_added = False
     if proof:  # the proof reads the live counters on /metrics (patch 0005), not INFO lines at -lv 4
         server_args, metrics_added = with_metrics(server_args, env)
-    topo = rpc.from_args(args, settings, binary, env, server_args,
-                         args.server_log.parent if args.server_log else None)
+    topo = rpc.from_args(args, settings, binary, env, server_args, args.server_log.parent if args.server_log else None)
     cap = getattr(args, "server_log_max_mb", DEFAULT_LOG_MAX_MB)
-    srv = Server(binary, server_args + (topo.server_args() if topo else []), env={**env, **rpc.front_env(args)},
-                 log_file=args.server_log, echo=True, startup_timeout=args.startup_timeout, verbose_proof=False,
-                 log_max_bytes=int(cap * (1 << 20)) if cap else None)
+    srv = Server(
+        binary,
+        server_args + (topo.server_args() if topo else []),
+        env={**env, **rpc.front_env(args)},
+        log_file=args.server_log,
+        echo=True,
+        startup_timeout=args.startup_timeout,
+        verbose_proof=False,
+        log_max_bytes=int(cap * (1 << 20)) if cap else None,
+    )
     if metrics_added:
         log(f"ggml-bridge: added {METRICS_FLAG}: the engagement proof reads the transfer counters on /metrics")
 
@@ -454,17 +558,28 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             rc = srv.proc.wait() if srv.proc else 1
             return _exit_status(rc, received[0])
         live = srv.metrics() if proof else None
-        eng = check_engagement(srv.info(), args.bridge, args.batched,
-                               rpc.front_devices(srv.info()) if topo else None, metrics=live,
-                               warmed_up="--no-warmup" not in server_args)
+        eng = check_engagement(
+            srv.info(),
+            args.bridge,
+            args.batched,
+            rpc.front_devices(srv.info()) if topo else None,
+            metrics=live,
+            warmed_up="--no-warmup" not in server_args,
+        )
         if topo:
             notes, errors = topo.engagement(args.bridge)
             eng.notes += [topo.describe(srv.info().devices), *notes]
             eng.errors += errors
-        if proof and live is None and srv.verbosity < CONTRACT_VERBOSITY and (
-                args.bridge in ("on", "force") or args.batched == "on"):
-            eng.notes.append(f"the server answers no /metrics and log verbosity {srv.verbosity} hides the 'enabled' "
-                             f"lines (INFO messages): use -lv {CONTRACT_VERBOSITY} for the proof from the log")
+        if (
+            proof
+            and live is None
+            and srv.verbosity < CONTRACT_VERBOSITY
+            and (args.bridge in ("on", "force") or args.batched == "on")
+        ):
+            eng.notes.append(
+                f"the server answers no /metrics and log verbosity {srv.verbosity} hides the 'enabled' "
+                f"lines (INFO messages): use -lv {CONTRACT_VERBOSITY} for the proof from the log"
+            )
         for note in eng.notes:
             log(f"ggml-bridge: {note}")
         if not eng.ok:

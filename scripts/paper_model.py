@@ -36,9 +36,11 @@ LINKS = {
     "PCIe Gen3 x16": (12e9, 10e-6),
     "PCIe Gen1 x1 (six-card riser rig)": (0.25e9, 10e-6),
 }
-S_SYNC = 10e-6      # one host synchronization + API round trip (upstream fallback), per side
-BP_PAGEABLE = 9.7e9  # per-direction pageable staging bandwidth on the H200 host (sync-malloc, 16 MiB: 3.47 ms round trip)
-E_EVENT = 3e-6       # cross-device event wait
+S_SYNC = 10e-6  # one host synchronization + API round trip (upstream fallback), per side
+BP_PAGEABLE = (
+    9.7e9  # per-direction pageable staging bandwidth on the H200 host (sync-malloc, 16 MiB: 3.47 ms round trip)
+)
+E_EVENT = 3e-6  # cross-device event wait
 
 # Network links between hosts (llama.cpp RPC over TCP, docs/rpc.md): (goodput of one TCP stream in bytes/s,
 # round trip of a small request in s). Assumed, not measured here: 10/25 GbE at ~94 % of line rate; 100 GbE
@@ -70,8 +72,11 @@ def fmt(t: float) -> str:
 
 
 def tables() -> str:
-    out = ["| link | hidden | cards | per token: sequential | per token: bridge | prompt 4096 @ ub512: sequential | "
-           "prompt 4096 @ ub512: bridge (overlapped) |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| link | hidden | cards | per token: sequential | per token: bridge | prompt 4096 @ ub512: sequential | "
+        "prompt 4096 @ ub512: bridge (overlapped) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, (B, L) in LINKS.items():
         for h in (4096, 8192):
             for D in (2, 6):
@@ -94,21 +99,29 @@ def network_tables() -> str:
     for h in (4096, 8192):
         tok_b, ub_b = h * 4, 512 * h * 4
         for name, (Bn, rtt) in NETWORKS.items():
-            out.append(f"| between hosts (RPC, TCP; Gen5 x16 in each host) | {name} | {h} | "
-                       f"{fmt(t_tcp(tok_b, Bn, rtt, B5, L5))} | {fmt(n_ub * t_tcp(ub_b, Bn, rtt, B5, L5))} |")
+            out.append(
+                f"| between hosts (RPC, TCP; Gen5 x16 in each host) | {name} | {h} | "
+                f"{fmt(t_tcp(tok_b, Bn, rtt, B5, L5))} | {fmt(n_ub * t_tcp(ub_b, Bn, rtt, B5, L5))} |"
+            )
         for name, (B, L) in LINKS.items():
-            out.append(f"| inside a host, bridge (overlapped) | {name} | {h} | {fmt(t_bridge(tok_b, B, L))} | "
-                       f"{fmt((n_ub + 1) * ub_b / B)} |")
-            out.append(f"| inside a host, sequential staging | {name} | {h} | {fmt(t_seq(tok_b, B, L))} | "
-                       f"{fmt(n_ub * t_seq(ub_b, B, L))} |")
+            out.append(
+                f"| inside a host, bridge (overlapped) | {name} | {h} | {fmt(t_bridge(tok_b, B, L))} | "
+                f"{fmt((n_ub + 1) * ub_b / B)} |"
+            )
+            out.append(
+                f"| inside a host, sequential staging | {name} | {h} | {fmt(t_seq(tok_b, B, L))} | "
+                f"{fmt(n_ub * t_seq(ub_b, B, L))} |"
+            )
     return "\n".join(out)
 
 
 def check(microbench: Path | None) -> str:
     """Predicted vs measured single-boundary copy time on the H200 machine (one copy plus synchronization)."""
     B, L = LINKS["H200 PCIe Gen5 x16 (measured)"]
-    rows = ["| bytes | bridge predicted | bridge measured | sequential predicted | NO_PEER_COPY path measured |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| bytes | bridge predicted | bridge measured | sequential predicted | NO_PEER_COPY path measured |",
+        "|---|---|---|---|---|",
+    ]
     measured: dict[tuple[str, int], float] = {}
     if microbench and microbench.is_file():
         for r in csv.reader(microbench.read_text().splitlines()):
@@ -117,8 +130,10 @@ def check(microbench: Path | None) -> str:
     for b in (4096, 65536, MiB, 16 * MiB, 256 * MiB):
         mb = measured.get(("bridge", b))
         ms = measured.get(("sync-malloc", b))
-        rows.append(f"| {b} | {fmt(t_bridge(b, B, L))} | {fmt(mb) if mb else '—'} | {fmt(t_seq(b, B, L))} | "
-                    f"{fmt(ms) if ms else '—'} |")
+        rows.append(
+            f"| {b} | {fmt(t_bridge(b, B, L))} | {fmt(mb) if mb else '—'} | {fmt(t_seq(b, B, L))} | "
+            f"{fmt(ms) if ms else '—'} |"
+        )
     return "\n".join(rows)
 
 
@@ -153,8 +168,8 @@ E_ACT = 4  # bytes per activation element crossing a boundary (f32)
 @dataclass(frozen=True)
 class Net:
     name: str
-    rate: float      # bytes/s per direction (goodput)
-    delay: float     # s one way, small message, stacks included
+    rate: float  # bytes/s per direction (goodput)
+    delay: float  # s one way, small message, stacks included
 
 
 #: real networks for the host question: NETWORKS above (goodput, round trip) as rate and one-way delay
@@ -167,8 +182,9 @@ def t_hop(tokens: int, n_embd: int, rate: float, delay: float, t_msg: float = 0.
     return 2 * delay + (0.0 if math.isinf(rate) else 2 * b / rate) + t_msg
 
 
-def predict_tps(test: str, local_tps: float, calib_tps: float, servers: int, n_embd: int, rate: float,
-                delay: float) -> float:
+def predict_tps(
+    test: str, local_tps: float, calib_tps: float, servers: int, n_embd: int, rate: float, delay: float
+) -> float:
     """Tokens/s of ``test`` (``pp4096/ub512``, ``tg128``) over a link, from the local run and the calibration run
     (same topology through an unshaped link: carries S*t_msg and the RPC backend's own costs)."""
     if test.startswith("tg"):
@@ -194,10 +210,13 @@ def check_bench(report: Path, shape_name: str | None = None, calibration: str = 
     calib = next((n for n, c in cases.items() if c.get("link") == calibration and n in summ), None)
     if local is None or calib is None:
         raise SystemExit(f"{report}: needs the local case and a case over {calibration} (the calibration)")
-    rows = [f"Model {shape.name}: n_embd {shape.n_embd}, {shape.n_layer} layers; {servers} rpc-server(s); "
-            f"calibration: {calib} (S*t_msg and the RPC backend's own costs), local: {local}.", "",
-            "| case | link | test | local t/s | measured t/s | predicted t/s | predicted / measured | "
-            "measured / local |", "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        f"Model {shape.name}: n_embd {shape.n_embd}, {shape.n_layer} layers; {servers} rpc-server(s); "
+        f"calibration: {calib} (S*t_msg and the RPC backend's own costs), local: {local}.",
+        "",
+        "| case | link | test | local t/s | measured t/s | predicted t/s | predicted / measured | measured / local |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, c in cases.items():
         if not c.get("link") or name not in summ or name == calib:
             continue
@@ -207,8 +226,10 @@ def check_bench(report: Path, shape_name: str | None = None, calibration: str = 
                 continue
             loc, cal, meas = summ[local][test]["median"], summ[calib][test]["median"], s["median"]
             pred = predict_tps(test, loc, cal, servers, shape.n_embd, link.rate, link.delay)
-            rows.append(f"| {name} | {link} | {test} | {loc:.1f} | {meas:.1f} | {pred:.1f} | {pred / meas:.3f} | "
-                        f"{meas / loc:.3f} |")
+            rows.append(
+                f"| {name} | {link} | {test} | {loc:.1f} | {meas:.1f} | {pred:.1f} | {pred / meas:.3f} | "
+                f"{meas / loc:.3f} |"
+            )
     return "\n".join(rows)
 
 
@@ -218,8 +239,12 @@ HBM = 4.8e12 * 0.7
 FLOPS = 989e12 * 0.5
 
 #: the models of the question: the ladder's and bench's presets, and a 70B-class shape (llama-2/3-70B widths)
-HOST_MODELS = [("bench-1b", None), ("bench-2b-6l", None), ("bench-3b", None),
-               ("70B-class", dict(n_embd=8192, n_layer=80, n_params=70e9))]
+HOST_MODELS = [
+    ("bench-1b", None),
+    ("bench-2b-6l", None),
+    ("bench-3b", None),
+    ("70B-class", dict(n_embd=8192, n_layer=80, n_params=70e9)),
+]
 
 
 def _model_sizes(name: str, spec: dict | None) -> tuple[int, int, float]:
@@ -234,9 +259,12 @@ def _model_sizes(name: str, spec: dict | None) -> tuple[int, int, float]:
 def hosts_table(bytes_per_param: float = 2.0, ubatch: int = 512) -> str:
     """How many hosts (front + S rpc-servers) before the network's share of a token reaches the GPUs' (50 %) and
     10 %, per model and network, for generation and for prompt ubatches."""
-    out = ["| model | n_embd | layers | params | network | GPU time per token (tg) | per host hop (tg) | "
-           "hosts at 10 % / 50 % network (tg) | GPU time per ubatch of 512 (pp) | per host hop (pp) | "
-           "hosts at 10 % / 50 % network (pp) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| model | n_embd | layers | params | network | GPU time per token (tg) | per host hop (tg) | "
+        "hosts at 10 % / 50 % network (tg) | GPU time per ubatch of 512 (pp) | per host hop (pp) | "
+        "hosts at 10 % / 50 % network (pp) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, spec in HOST_MODELS:
         h, layers, params = _model_sizes(name, spec)
         comp_tg = params * bytes_per_param / HBM
@@ -250,18 +278,29 @@ def hosts_table(bytes_per_param: float = 2.0, ubatch: int = 512) -> str:
                 s = math.ceil(share / (1 - share) * comp / hop)
                 return f"{min(s, layers) + 1}" + ("+" if s > layers else "")
 
-            out.append(f"| {name} | {h} | {layers} | {params / 1e9:.1f} B | {net.name} | {fmt(comp_tg)} | "
-                       f"{fmt(hop_tg)} | {hosts(comp_tg, hop_tg, 0.1)} / {hosts(comp_tg, hop_tg, 0.5)} | "
-                       f"{fmt(comp_pp)} | {fmt(hop_pp)} | {hosts(comp_pp, hop_pp, 0.1)} / "
-                       f"{hosts(comp_pp, hop_pp, 0.5)} |")
+            out.append(
+                f"| {name} | {h} | {layers} | {params / 1e9:.1f} B | {net.name} | {fmt(comp_tg)} | "
+                f"{fmt(hop_tg)} | {hosts(comp_tg, hop_tg, 0.1)} / {hosts(comp_tg, hop_tg, 0.5)} | "
+                f"{fmt(comp_pp)} | {fmt(hop_pp)} | {hosts(comp_pp, hop_pp, 0.1)} / "
+                f"{hosts(comp_pp, hop_pp, 0.5)} |"
+            )
     return "\n".join(out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--microbench", type=Path, default=Path("results/2026-11-30-h200x2-s1-tests-sanitizers-microbench/microbench.csv"))
-    ap.add_argument("--bench", type=Path, default=None, metavar="BENCH_JSON",
-                    help="a `ggml-bridge bench --suite rpc-link` report: print only its predicted-vs-measured table")
+    ap.add_argument(
+        "--microbench",
+        type=Path,
+        default=Path("results/2026-11-30-h200x2-s1-tests-sanitizers-microbench/microbench.csv"),
+    )
+    ap.add_argument(
+        "--bench",
+        type=Path,
+        default=None,
+        metavar="BENCH_JSON",
+        help="a `ggml-bridge bench --suite rpc-link` report: print only its predicted-vs-measured table",
+    )
     ap.add_argument("--shape", default=None, help="the bench model's shape (default: the report's)")
     a = ap.parse_args()
     if a.bench is not None:

@@ -43,8 +43,9 @@ def rss_kib(pid: int) -> int | None:
 
 
 def post(url: str, payload: dict, timeout: float = 120.0) -> dict:
-    req = urllib.request.Request(url + "/completion", data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + "/completion", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
 
@@ -55,12 +56,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server", type=Path, default=None, help="llama-server (default: the latest patched CPU build)")
     ap.add_argument("--vocab", type=Path, default=None, help="ggml-vocab-llama-spm.gguf (default: found in the cache)")
     ap.add_argument("--report", type=Path, required=True, help="folder for soak.json and soak.md")
-    ap.add_argument("--max-seconds", type=float, default=None,
-                    help="stop sending after this long (the report says how many requests were sent)")
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="stop sending after this long (the report says how many requests were sent)",
+    )
     ap.add_argument("--sample-every", type=int, default=250, help="requests between memory samples")
     ap.add_argument("--n-predict", type=int, default=8)
-    ap.add_argument("--launcher", type=Path, default=ROOT,
-                    help="checkout whose ggml_bridge is run (default: this one; e.g. an older commit to compare)")
+    ap.add_argument(
+        "--launcher",
+        type=Path,
+        default=ROOT,
+        help="checkout whose ggml_bridge is run (default: this one; e.g. an older commit to compare)",
+    )
     args = ap.parse_args(argv)
 
     settings = config.load({"build.backend": "cpu"})
@@ -74,10 +83,31 @@ def main(argv: list[str] | None = None) -> int:
     gguf = model.ensure_model(work, "tiny", 1, vocab)
     port = serve.free_port()
     server_log = work / "server.log"
-    cmd = [sys.executable, "-m", "ggml_bridge", "serve", "--server", str(server), "--server-log", str(server_log),
-           "--", "-m", str(gguf), "--port", str(port), "-c", "512", "-np", "1", "-t", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ggml_bridge",
+        "serve",
+        "--server",
+        str(server),
+        "--server-log",
+        str(server_log),
+        "--",
+        "-m",
+        str(gguf),
+        "--port",
+        str(port),
+        "-c",
+        "512",
+        "-np",
+        "1",
+        "-t",
+        "2",
+    ]
     env = {**os.environ, "PYTHONPATH": str(args.launcher.resolve())}
-    launcher = subprocess.Popen(cmd, env=env, cwd=args.launcher, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    launcher = subprocess.Popen(
+        cmd, env=env, cwd=args.launcher, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     samples: list[dict] = []
     t_start = time.monotonic()
     try:
@@ -88,10 +118,15 @@ def main(argv: list[str] | None = None) -> int:
         srv_pid = next(iter(runner.descendants(launcher.pid)), None)
 
         def sample(done: int) -> None:
-            samples.append({"requests": done, "t_s": round(time.monotonic() - t_start, 1),
-                            "launcher_rss_kib": rss_kib(launcher.pid),
-                            "server_rss_kib": rss_kib(srv_pid) if srv_pid else None,
-                            "server_log_lines": sum(1 for _ in open(server_log, "rb"))})
+            samples.append(
+                {
+                    "requests": done,
+                    "t_s": round(time.monotonic() - t_start, 1),
+                    "launcher_rss_kib": rss_kib(launcher.pid),
+                    "server_rss_kib": rss_kib(srv_pid) if srv_pid else None,
+                    "server_log_lines": sum(1 for _ in open(server_log, "rb")),
+                }
+            )
             print(json.dumps(samples[-1]), file=sys.stderr, flush=True)
 
         words = "the quick brown fox jumps over a lazy dog while the city sleeps under heavy rain".split()
@@ -118,26 +153,35 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - t_start
     start = next(s for s in samples if s["requests"] == 10)
     end = samples[-1]
-    commit = subprocess.run(["git", "-C", str(args.launcher), "rev-parse", "--short=12", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(args.launcher), "status", "--porcelain", "ggml_bridge"],
-                           capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(args.launcher), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(args.launcher), "status", "--porcelain", "ggml_bridge"], capture_output=True, text=True
+    ).stdout.strip()
     report = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "commit": (commit + ("+dirty" if dirty else "")) if commit else f"{args.launcher} (not a git checkout)",
-        "server": str(server), "model": "tiny random-weight (n_embd 64, 2 layers, llama-spm vocab)",
-        "requests": args.requests, "n_predict": args.n_predict, "wall_s": round(wall, 1),
+        "server": str(server),
+        "model": "tiny random-weight (n_embd 64, 2 layers, llama-spm vocab)",
+        "requests": args.requests,
+        "n_predict": args.n_predict,
+        "wall_s": round(wall, 1),
         "launcher_exit": rc,
-        "launcher_rss_start_kib": start["launcher_rss_kib"], "launcher_rss_end_kib": end["launcher_rss_kib"],
+        "launcher_rss_start_kib": start["launcher_rss_kib"],
+        "launcher_rss_end_kib": end["launcher_rss_kib"],
         "launcher_rss_growth_kib": end["launcher_rss_kib"] - start["launcher_rss_kib"],
         "server_log_lines": end["server_log_lines"],
         "server_log_lines_per_request": round(end["server_log_lines"] / max(args.requests, 1), 1),
         "samples": samples,
     }
     (args.report / "soak.json").write_text(json.dumps(report, indent=2) + "\n")
-    rows = "\n".join(f"| {s['requests']} | {s['t_s']} | {s['launcher_rss_kib'] / 1024:.1f} | "
-                     f"{(s['server_rss_kib'] or 0) / 1024:.1f} | {s['server_log_lines']} |" for s in samples)
+    rows = "\n".join(
+        f"| {s['requests']} | {s['t_s']} | {s['launcher_rss_kib'] / 1024:.1f} | "
+        f"{(s['server_rss_kib'] or 0) / 1024:.1f} | {s['server_log_lines']} |"
+        for s in samples
+    )
     (args.report / "soak.md").write_text(
         f"# ggml-bridge serve soak\n\n{report['date']}, {report['machine']}, commit {report['commit']}\n\n"
         f"{args.requests} requests (n_predict {args.n_predict}) in {report['wall_s']} s through `ggml-bridge serve` "
@@ -146,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Launcher RSS: {start['launcher_rss_kib'] / 1024:.1f} MiB after 10 requests, "
         f"{end['launcher_rss_kib'] / 1024:.1f} MiB at the end ({report['launcher_rss_growth_kib'] / 1024:+.1f} MiB).\n\n"
         "| requests | s | launcher RSS MiB | llama-server RSS MiB | server log lines |\n|---|---|---|---|---|\n"
-        + rows + "\n")
+        + rows
+        + "\n"
+    )
     shutil.rmtree(work, ignore_errors=True)  # the model and the server log (gigabytes after thousands of requests)
     print(args.report / "soak.md")
     return 0

@@ -47,8 +47,11 @@ class Server:
     def __init__(self, server: Path, gguf: Path, ctx: int = 512) -> None:
         self.port = serve.free_port()
         t0 = time.monotonic()
-        self.proc = subprocess.Popen([str(server), "-m", str(gguf), "--port", str(self.port), "-c", str(ctx),
-                                      "-np", "1", "-t", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [str(server), "-m", str(gguf), "--port", str(self.port), "-c", str(ctx), "-np", "1", "-t", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         while True:
             if self.proc.poll() is not None:
                 raise SystemExit(f"{server} exited with {self.proc.returncode}")
@@ -62,10 +65,13 @@ class Server:
         self.t0 = t0
 
     def complete(self, prompt: str, n_predict: int) -> dict:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion",
-                                     data=json.dumps({"prompt": prompt, "n_predict": n_predict, "seed": 1,
-                                                      "ignore_eos": True, "cache_prompt": False}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/completion",
+            data=json.dumps(
+                {"prompt": prompt, "n_predict": n_predict, "seed": 1, "ignore_eos": True, "cache_prompt": False}
+            ).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=600) as r:
             out = json.loads(r.read())
         assert out.get("tokens_predicted") == n_predict, out
@@ -109,11 +115,17 @@ def wheel_path(work: Path, wheel: Path, gguf: Path) -> dict:
     shutil.rmtree(venv, ignore_errors=True)
     r: dict = {"load_before": load()}
     r["venv_s"] = timed([sys.executable, "-m", "venv", venv])
-    r["pip_install_s"] = timed([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                                wheel])
-    server = Path(subprocess.run([venv / "bin" / "python", "-c", "import ggml_bridge_server as g; "
-                                  "print(g.get_binary_path())"], capture_output=True, text=True,
-                                 check=True).stdout.strip())
+    r["pip_install_s"] = timed(
+        [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-index", "--no-deps", wheel]
+    )
+    server = Path(
+        subprocess.run(
+            [venv / "bin" / "python", "-c", "import ggml_bridge_server as g; print(g.get_binary_path())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     r["first_token_s"] = first_token(server, gguf)
     r["total_s"] = r["venv_s"] + r["pip_install_s"] + r["first_token_s"]
     r["installed_bytes"] = du(server.parent.parent)
@@ -127,13 +139,13 @@ def source_path(work: Path, gguf: Path, tag: str) -> dict:
     r: dict = {"load_before": load()}
     r["venv_s"] = timed([sys.executable, "-m", "venv", venv])
     # `make install` without the test extras and not editable: a user's install of the toolkit
-    r["pip_install_s"] = timed([venv / "bin" / "python", "-m", "pip", "install", "-q", ROOT],
-                               stdout=subprocess.DEVNULL)
+    r["pip_install_s"] = timed([venv / "bin" / "python", "-m", "pip", "install", "-q", ROOT], stdout=subprocess.DEVNULL)
     env = {**os.environ, "GGML_BRIDGE_CACHE_DIR": str(cache), "CCACHE_DISABLE": "1"}
     env.pop("CMAKE_ARGS", None)  # no ccache launcher: a new user's first build
     t0 = time.monotonic()
-    out = subprocess.run([venv / "bin" / "ggml-bridge", "build", "--backend", "cpu"], env=env,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [venv / "bin" / "ggml-bridge", "build", "--backend", "cpu"], env=env, capture_output=True, text=True
+    )
     r["build_s"] = time.monotonic() - t0
     (work / f"build-{tag}.log").write_text(out.stderr)
     if out.returncode != 0:
@@ -157,41 +169,60 @@ def throughput(server: Path, gguf: Path, requests: int, n_predict: int) -> dict:
         t = [s.complete(prompt, n_predict)["timings"] for _ in range(requests)]
     finally:
         s.stop()
-    return {"predicted_per_second": [x["predicted_per_second"] for x in t],
-            "prompt_per_second": [x["prompt_per_second"] for x in t], "load": load()}
+    return {
+        "predicted_per_second": [x["predicted_per_second"] for x in t],
+        "prompt_per_second": [x["prompt_per_second"] for x in t],
+        "load": load(),
+    }
 
 
 def report(res: dict, out: Path) -> str:
     (out / "timing.json").write_text(json.dumps(res, indent=2) + "\n")
-    lines = [f"{res['date']} on {res['machine']}; ggml-bridge {res['commit']}, wheel {res['wheel']} "
-             f"(sha256 {res['wheel_sha256'][:16]}, series {res['wheel_series'][:16]}, patched head "
-             f"{res['wheel_patched_head'][:12]})", "",
-             "| round | path | venv | pip install | build | start + first token | **total** | load 1-min before/after |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{res['date']} on {res['machine']}; ggml-bridge {res['commit']}, wheel {res['wheel']} "
+        f"(sha256 {res['wheel_sha256'][:16]}, series {res['wheel_series'][:16]}, patched head "
+        f"{res['wheel_patched_head'][:12]})",
+        "",
+        "| round | path | venv | pip install | build | start + first token | **total** | load 1-min before/after |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for i, rnd in enumerate(res["rounds"], 1):
         for name in rnd["order"]:
             p = rnd.get(name)
             if p:
-                lines.append(f"| {i} | {name} | {p['venv_s']:.1f} | {p['pip_install_s']:.1f} | "
-                             f"{p.get('build_s', 0):.1f} | {p['first_token_s']:.2f} | **{p['total_s']:.1f}** | "
-                             f"{p['load_before']} / {p['load_after']} |")
+                lines.append(
+                    f"| {i} | {name} | {p['venv_s']:.1f} | {p['pip_install_s']:.1f} | "
+                    f"{p.get('build_s', 0):.1f} | {p['first_token_s']:.2f} | **{p['total_s']:.1f}** | "
+                    f"{p['load_before']} / {p['load_after']} |"
+                )
         if rnd.get("source", {}).get("total_s") and rnd.get("wheel"):
-            lines.append(f"| {i} | **source / wheel** | | | | | **{rnd['source']['total_s'] / rnd['wheel']['total_s']:.0f}x** | |")
+            lines.append(
+                f"| {i} | **source / wheel** | | | | | **{rnd['source']['total_s'] / rnd['wheel']['total_s']:.0f}x** | |"
+            )
     if res.get("throughput"):
         t = res["throughput"]
-        lines += ["", f"Server throughput, model {t['model']}, {t['requests']} x {t['n_predict']} tokens per run "
-                  f"after a warm-up, -t 2, {len(t['runs'])} runs in ABBA order (median of each run's requests):", "",
-                  "| run | binary | generation tok/s | prompt tok/s | load after |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Server throughput, model {t['model']}, {t['requests']} x {t['n_predict']} tokens per run "
+            f"after a warm-up, -t 2, {len(t['runs'])} runs in ABBA order (median of each run's requests):",
+            "",
+            "| run | binary | generation tok/s | prompt tok/s | load after |",
+            "|---|---|---|---|---|",
+        ]
         for i, run in enumerate(t["runs"], 1):
-            lines.append(f"| {i} | {run['binary']} | {statistics.median(run['predicted_per_second']):.1f} | "
-                         f"{statistics.median(run['prompt_per_second']):.1f} | {run['load']} |")
+            lines.append(
+                f"| {i} | {run['binary']} | {statistics.median(run['predicted_per_second']):.1f} | "
+                f"{statistics.median(run['prompt_per_second']):.1f} | {run['load']} |"
+            )
         for b in ("wheel", "source"):
             g = [v for run in t["runs"] if run["binary"] == b for v in run["predicted_per_second"]]
             p = [v for run in t["runs"] if run["binary"] == b for v in run["prompt_per_second"]]
             if g:
                 lines.append(f"| all | **{b}** | **{statistics.median(g):.1f}** | **{statistics.median(p):.1f}** | |")
-    lines += ["", f"wheel {res['wheel_bytes'] / 1e6:.1f} MB; load average at start {res['load_start']}, "
-              f"{res['cores']} cores"]
+    lines += [
+        "",
+        f"wheel {res['wheel_bytes'] / 1e6:.1f} MB; load average at start {res['load_start']}, {res['cores']} cores",
+    ]
     text = "\n".join(lines) + "\n"
     (out / "timing.md").write_text(text)
     return text
@@ -208,21 +239,31 @@ def main() -> int:
     ap.add_argument("--throughput-model", default="small")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--n-predict", type=int, default=64)
-    ap.add_argument("--source-server", type=Path,
-                    help="throughput only: the wheel's llama-server against this already built one (no timing rounds)")
+    ap.add_argument(
+        "--source-server",
+        type=Path,
+        help="throughput only: the wheel's llama-server against this already built one (no timing rounds)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="wheel-timing-"))
     with zipfile.ZipFile(args.wheel) as z:
         manifest = json.loads(z.read("ggml_bridge_server/manifest.json"))
-    res: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": os.uname().nodename + ", "
-                 + next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-                        "?"),
-                 "cores": os.cpu_count(), "load_start": os.getloadavg(), "commit": git("rev-parse", "--short", "HEAD"),
-                 "wheel": args.wheel.name,
-                 "wheel_sha256": hashlib.sha256(args.wheel.read_bytes()).hexdigest(),
-                 "wheel_series": manifest["series_hash"], "wheel_patched_head": manifest["patched_head"],
-                 "wheel_bytes": args.wheel.stat().st_size, "rounds": []}
+    res: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": os.uname().nodename
+        + ", "
+        + next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"),
+        "cores": os.cpu_count(),
+        "load_start": os.getloadavg(),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "wheel": args.wheel.name,
+        "wheel_sha256": hashlib.sha256(args.wheel.read_bytes()).hexdigest(),
+        "wheel_series": manifest["series_hash"],
+        "wheel_patched_head": manifest["patched_head"],
+        "wheel_bytes": args.wheel.stat().st_size,
+        "rounds": [],
+    }
     gguf = model.ensure_model(work / "models", "tiny", 1, args.vocab)
     try:
         for i in range(0 if args.source_server else args.rounds):
@@ -241,12 +282,20 @@ def main() -> int:
             res["rounds"][-1]["source"] = {"server": str(args.source_server)}
         if args.throughput_rounds and (args.source_server or not args.skip_source):
             big = model.ensure_model(work / "models", args.throughput_model, 1234, args.vocab)
-            bins = {"wheel": Path(res["rounds"][-1]["wheel"]["server"]),
-                    "source": Path(res["rounds"][-1]["source"]["server"])}
-            t = res["throughput"] = {"model": f"{args.throughput_model} (seed 1234)", "requests": args.requests,
-                                     "n_predict": args.n_predict, "runs": []}
+            bins = {
+                "wheel": Path(res["rounds"][-1]["wheel"]["server"]),
+                "source": Path(res["rounds"][-1]["source"]["server"]),
+            }
+            t = res["throughput"] = {
+                "model": f"{args.throughput_model} (seed 1234)",
+                "requests": args.requests,
+                "n_predict": args.n_predict,
+                "runs": [],
+            }
             for i in range(args.throughput_rounds):
-                for b in (["wheel", "source", "source", "wheel"] if i % 2 == 0 else ["source", "wheel", "wheel", "source"]):
+                for b in (
+                    ["wheel", "source", "source", "wheel"] if i % 2 == 0 else ["source", "wheel", "wheel", "source"]
+                ):
                     t["runs"].append({"binary": b, **throughput(bins[b], big, args.requests, args.n_predict)})
                     report(res, args.out)
         for log in work.glob("build-*.log"):

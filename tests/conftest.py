@@ -66,18 +66,38 @@ def http(upstream: FakeUpstream) -> Iterator[fakellama.HTTPFixture]:
     srv.routes[f"/archive/{upstream.commit}.tar.gz"] = fakellama.Route(upstream.archive.read_bytes())
     for version, path in (("1.0", upstream.sdist), ("2.0", upstream.other_sdist)):
         srv.routes[f"/files/{path.name}"] = fakellama.Route(path.read_bytes())
-        srv.json(f"/pypi/fake-llama/{version}/json", {"urls": [
-            {"filename": "fake_llama-1.0-py3-none-any.whl", "packagetype": "bdist_wheel", "url": "/nope",
-             "digests": {"sha256": "0" * 64}},
-            {"filename": path.name, "packagetype": "sdist", "url": f"../../../files/{path.name}",
-             "digests": {"sha256": fakellama.sha256(path)}},
-        ]})
+        srv.json(
+            f"/pypi/fake-llama/{version}/json",
+            {
+                "urls": [
+                    {
+                        "filename": "fake_llama-1.0-py3-none-any.whl",
+                        "packagetype": "bdist_wheel",
+                        "url": "/nope",
+                        "digests": {"sha256": "0" * 64},
+                    },
+                    {
+                        "filename": path.name,
+                        "packagetype": "sdist",
+                        "url": f"../../../files/{path.name}",
+                        "digests": {"sha256": fakellama.sha256(path)},
+                    },
+                ]
+            },
+        )
     yield srv
     srv.stop()
 
 
-def write_pin(project: Path, upstream: FakeUpstream, *, git_url: str, archive_url: str, sdist_sha: str,
-              archive_sha: str = "unknown") -> None:
+def write_pin(
+    project: Path,
+    upstream: FakeUpstream,
+    *,
+    git_url: str,
+    archive_url: str,
+    sdist_sha: str,
+    archive_sha: str = "unknown",
+) -> None:
     expect = ", ".join(f'"{f}"' for f in fakellama.EXPECT_FILES)
     (project / "pin.toml").write_text(f"""\
 [upstream]
@@ -114,22 +134,34 @@ def project(tmp_path: Path, upstream: FakeUpstream, http: fakellama.HTTPFixture)
     for p in upstream.patches.series:
         shutil.copy(p, proj / "patches" / p.name)
     (proj / "patches" / "series").write_text("".join(p.name + "\n" for p in upstream.patches.series))
-    write_pin(proj, upstream, git_url=upstream.repo.as_uri(),
-              archive_url=f"{http.url}/archive/{upstream.commit}.tar.gz", sdist_sha=upstream.sdist_sha)
+    write_pin(
+        proj,
+        upstream,
+        git_url=upstream.repo.as_uri(),
+        archive_url=f"{http.url}/archive/{upstream.commit}.tar.gz",
+        sdist_sha=upstream.sdist_sha,
+    )
     return proj
 
 
 @pytest.fixture
-def make_settings(tmp_path: Path, project: Path, http: fakellama.HTTPFixture,
-                  monkeypatch: pytest.MonkeyPatch) -> Callable[..., config.Settings]:
+def make_settings(
+    tmp_path: Path, project: Path, http: fakellama.HTTPFixture, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., config.Settings]:
     """Settings isolated from the user's environment: cache under tmp_path, the fake project and PyPI."""
     for var in list(os.environ):
         if var.startswith("GGML_BRIDGE_") or var in ("CMAKE_ARGS", "CC", "CXX", "CUDACXX"):
             monkeypatch.delenv(var)
 
     def make(**overrides: object) -> config.Settings:
-        base = {"cache_dir": str(tmp_path / "cache"), "project_dir": str(project), "fetch.pypi_url": http.url,
-                "fetch.connect_timeout": 2.0, "build.jobs": 2, "build.backend": "cpu"}
+        base = {
+            "cache_dir": str(tmp_path / "cache"),
+            "project_dir": str(project),
+            "fetch.pypi_url": http.url,
+            "fetch.connect_timeout": 2.0,
+            "build.jobs": 2,
+            "build.backend": "cpu",
+        }
         base.update({k.replace("__", "."): v for k, v in overrides.items()})
         return config.load(base, env={}, cwd=tmp_path)
 
@@ -175,8 +207,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def real_settings(tmp_path_factory: pytest.TempPathFactory) -> config.Settings:
     cache = os.environ.get("GGML_BRIDGE_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("real-cache"))
-    return config.load({"cache_dir": cache, "project_dir": str(REPO_ROOT), "build.backend": "cpu"},
-                       env={k: v for k, v in os.environ.items() if k == "CMAKE_ARGS"}, cwd=REPO_ROOT)
+    return config.load(
+        {"cache_dir": cache, "project_dir": str(REPO_ROOT), "build.backend": "cpu"},
+        env={k: v for k, v in os.environ.items() if k == "CMAKE_ARGS"},
+        cwd=REPO_ROOT,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -206,8 +241,11 @@ def _real_binaries_for_slow_tests(request: pytest.FixtureRequest, monkeypatch: p
     """Slow tests of other stages find the real build through GGML_BRIDGE_TEST_BIN_DIR (and the vocab GGUF
     through GGML_BRIDGE_TEST_UPSTREAM). Under `make test` / CI (GGML_BRIDGE_TEST_CACHE_DIR set) it is built here,
     once per session, unless the caller set them; a bare `pytest` leaves them unset (those tests then skip)."""
-    if (request.node.get_closest_marker("slow") is None or os.environ.get("GGML_BRIDGE_TEST_BIN_DIR")
-            or not os.environ.get("GGML_BRIDGE_TEST_CACHE_DIR")):
+    if (
+        request.node.get_closest_marker("slow") is None
+        or os.environ.get("GGML_BRIDGE_TEST_BIN_DIR")
+        or not os.environ.get("GGML_BRIDGE_TEST_CACHE_DIR")
+    ):
         return
     res = request.getfixturevalue("real_build")("patched")
     monkeypatch.setenv("GGML_BRIDGE_TEST_BIN_DIR", str(res.bin_dir))

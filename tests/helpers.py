@@ -52,8 +52,10 @@ def write_fake_variants(root: Path, *, prefix: str = "", rpc_server: str | None 
         (root / v).mkdir(parents=True, exist_ok=True)
         write_exe(root / v / "llama-bench", prefix + FAKE_BENCH.read_text())
         if rpc_server:
-            write_exe(root / v / rpc_server, ("import os\nos.environ['FAKE_RPC_UPSTREAM'] = '1'\n"
-                                              if v != "patched" else "") + FAKE_RPC.read_text())
+            write_exe(
+                root / v / rpc_server,
+                ("import os\nos.environ['FAKE_RPC_UPSTREAM'] = '1'\n" if v != "patched" else "") + FAKE_RPC.read_text(),
+            )
     write_exe(root / "patched" / "test-mapped-host-bridge", FAKE_MICRO.read_text())
     return root
 
@@ -85,6 +87,7 @@ def real_bin_dir() -> Path | None:
         return Path(d)
     try:
         from ggml_bridge import build, config
+
         return build.find_binary(config.load({}), "llama-server", variant="patched", backend="cpu").parent
     except Exception:  # noqa: BLE001 - no build available: the slow tests skip
         return None
@@ -92,8 +95,10 @@ def real_bin_dir() -> Path | None:
 
 def real_vocab() -> Path | None:
     from ggml_bridge import model
-    return model.find_vocab(os.environ.get("GGML_BRIDGE_TEST_UPSTREAM"),
-                            *(list(real_bin_dir().parents)[:4] if real_bin_dir() else []))
+
+    return model.find_vocab(
+        os.environ.get("GGML_BRIDGE_TEST_UPSTREAM"), *(list(real_bin_dir().parents)[:4] if real_bin_dir() else [])
+    )
 
 
 def write_ladder(path: Path, body: str) -> Path:
@@ -150,21 +155,27 @@ def make_rebase_upstream(root: Path) -> RebaseUpstream:
     work = root / "work"
     g(root, "clone", "-q", str(repo), str(work))
     _set_line(work / "src" / "demo.c", 10, "int line10 = 100;")
-    msg1 = ("demo: line ten is one hundred\n\nBody text.\n\nOrigin: ggml-bridge, patches/0001-src-demo-ten.patch\n"
-            "Forwarded: no\nLast-Update: 2026-11-30\n")
+    msg1 = (
+        "demo: line ten is one hundred\n\nBody text.\n\nOrigin: ggml-bridge, patches/0001-src-demo-ten.patch\n"
+        "Forwarded: no\nLast-Update: 2026-11-30\n"
+    )
     g(work, "commit", "-q", "-a", "-m", msg1)
     (work / "ggml" / "src" / "ggml-cuda" / "bridge.cu").write_text("int bridge = 1;\n")
     with open(work / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu", "a") as fh:
         fh.write("int uses_bridge = 1;\n")
     g(work, "add", "-A")
-    msg2 = ("ggml-cuda: bridge source\n\nOrigin: ggml-bridge, patches/0002-ggml-cuda-bridge.patch\nForwarded: no\n"
-            "Last-Update: 2026-11-30\n")
+    msg2 = (
+        "ggml-cuda: bridge source\n\nOrigin: ggml-bridge, patches/0002-ggml-cuda-bridge.patch\nForwarded: no\n"
+        "Last-Update: 2026-11-30\n"
+    )
     g(work, "commit", "-q", "-m", msg2)
     out = root / "fp"
     g(work, "format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "-o", str(out), "b1..HEAD")
     patches = root / "patches"
     patches.mkdir()
-    for f, name in zip(sorted(out.glob("*.patch")), ("0001-src-demo-ten.patch", "0002-ggml-cuda-bridge.patch"), strict=False):
+    for f, name in zip(
+        sorted(out.glob("*.patch")), ("0001-src-demo-ten.patch", "0002-ggml-cuda-bridge.patch"), strict=False
+    ):
         shutil.move(f, patches / name)
     (patches / "series").write_text("# our series\n0001-src-demo-ten.patch\n0002-ggml-cuda-bridge.patch\n")
 
@@ -201,8 +212,11 @@ url = "{up.repo.as_uri()}"
 
 
 def project_snapshot(proj: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(proj)): p.read_bytes() for p in sorted(proj.rglob("*"))
-            if p.is_file() and ".git" not in p.relative_to(proj).parts and "build" not in p.relative_to(proj).parts}
+    return {
+        str(p.relative_to(proj)): p.read_bytes()
+        for p in sorted(proj.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(proj).parts and "build" not in p.relative_to(proj).parts
+    }
 
 
 def rebase_statuses(rep: Any) -> list[str]:
@@ -242,8 +256,9 @@ def expected_outcomes(new_tree: Path, old_tree: Path, patches: list[Path], scrat
             out.append("upstream")
             continue
         else:
-            fuzz = subprocess.run(["patch", "--dry-run", "--batch", "--forward", "-p1", "-i", str(p)], cwd=repo,
-                                  capture_output=True)
+            fuzz = subprocess.run(
+                ["patch", "--dry-run", "--batch", "--forward", "-p1", "-i", str(p)], cwd=repo, capture_output=True
+            )
             three = subprocess.run(["git", "apply", "--3way", str(p)], cwd=repo, capture_output=True, text=True)
             if three.returncode != 0:
                 out.append("conflict")
@@ -260,7 +275,12 @@ def make_vocab(path: Path) -> Path:
 
     from ggml_bridge import ladder
 
-    tokens = ["<unk>", "<s>", "</s>"] + ["\u2581" + w for w in ladder.WORDS] + list("abcdefghijklmnopqrstuvwxyz.") + ["\u2581"]
+    tokens = (
+        ["<unk>", "<s>", "</s>"]
+        + ["\u2581" + w for w in ladder.WORDS]
+        + list("abcdefghijklmnopqrstuvwxyz.")
+        + ["\u2581"]
+    )
     w = gguf.GGUFWriter(path, "llama")
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)

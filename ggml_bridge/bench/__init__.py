@@ -55,10 +55,38 @@ from .stats import (
 from .telemetry import SMI_FIELDS, Telemetry, gpu_env, n_gpus
 
 __all__ = [
-    "CASES", "REFERENCES", "SMI_FIELDS", "SUITES", "Case", "CaseRun", "Sample", "Summary", "Telemetry",
-    "add_arguments", "bench", "compare", "engagement", "gpu_env", "microbench", "n_gpus", "paired_interval",
-    "paired_ratio", "parse_cpu_list", "plot", "pool", "pool_reports", "references", "render_markdown", "resolve_bins",
-    "rotate", "rpc_engagement", "run", "run_case", "smi_table", "summarize", "test_key",
+    "CASES",
+    "REFERENCES",
+    "SMI_FIELDS",
+    "SUITES",
+    "Case",
+    "CaseRun",
+    "Sample",
+    "Summary",
+    "Telemetry",
+    "add_arguments",
+    "bench",
+    "compare",
+    "engagement",
+    "gpu_env",
+    "microbench",
+    "n_gpus",
+    "paired_interval",
+    "paired_ratio",
+    "parse_cpu_list",
+    "plot",
+    "pool",
+    "pool_reports",
+    "references",
+    "render_markdown",
+    "resolve_bins",
+    "rotate",
+    "rpc_engagement",
+    "run",
+    "run_case",
+    "smi_table",
+    "summarize",
+    "test_key",
 ]
 
 #: A case is a mode of :mod:`modes` (build variant, selectors, which mechanism must engage): one table for the
@@ -72,67 +100,128 @@ CASES = modes.MODES
 SUITES: dict[str, dict[str, Any]] = {
     "multi-gpu": {
         "cases": ["upstream-p2p", "upstream", "upstream-nopeer", "off", "bridge", "bridge-force-p2p"],
-        "shape": "bench-3b", "devices": "all", "pp": 4096, "batch": 4096, "ubatch": [512, 4096], "tg": 128,
+        "shape": "bench-3b",
+        "devices": "all",
+        "pp": 4096,
+        "batch": 4096,
+        "ubatch": [512, 4096],
+        "tg": 128,
         "about": "layer split across every visible GPU: one host round trip per boundary without peer access",
     },
     "batched": {
         "cases": ["off", "batched"],
-        "shape": "bench-1b", "devices": "1", "pp": 512, "batch": 512, "ubatch": [512], "tg": 128,
+        "shape": "bench-1b",
+        "devices": "1",
+        "pp": 512,
+        "batch": 512,
+        "ubatch": [512],
+        "tg": 128,
         "about": "one GPU: per-token graph inputs and logits, batched through the pinned pool or not",
     },
     "batched-multi": {
         "cases": ["off", "batched", "bridge", "bridge-batched"],
-        "shape": "bench-1b", "devices": "all", "pp": 512, "batch": 512, "ubatch": [512], "tg": 128,
+        "shape": "bench-1b",
+        "devices": "all",
+        "pp": 512,
+        "batch": 512,
+        "ubatch": [512],
+        "tg": 128,
         "about": "layer split: batching composed with the bridge",
     },
     "batched-pipeline": {
         "cases": ["off", "batched", "bridge", "bridge-batched"],
-        "shape": "bench-1b", "devices": "all", "pp": 2048, "batch": 2048, "ubatch": [512], "tg": 0,
+        "shape": "bench-1b",
+        "devices": "all",
+        "pp": 2048,
+        "batch": 2048,
+        "ubatch": [512],
+        "tg": 0,
         "about": "layer split with pipeline parallelism (4 ubatches per prompt): staged inputs must not stall it",
     },
     # issue 14 item 2: prompt processing with several ubatches in flight on many-device pipelines; batching
     # must make nothing >= 1 % slower (it declines prompt-sized graphs) and keep its token-generation gain
     "batched-pp-6dev": {
         "cases": ["off", "batched", "bridge", "bridge-batched"],
-        "shape": "bench-2b-6l", "devices": "all", "virtual_devices": 6, "pp": "512,4096", "batch": 4096,
-        "ubatch": [512], "tg": 128,
+        "shape": "bench-2b-6l",
+        "devices": "all",
+        "virtual_devices": 6,
+        "pp": "512,4096",
+        "batch": 4096,
+        "ubatch": [512],
+        "tg": 128,
         "about": "6 virtual devices on the visible GPUs (one layer each), -sm layer -ub 512 -b 4096: pipeline parallelism",
     },
     "batched-pp-2gpu": {
         "cases": ["off", "batched", "bridge", "bridge-batched"],
-        "shape": "bench-2b-6l", "devices": "all", "pp": "512,4096", "batch": 4096, "ubatch": [512], "tg": 128,
+        "shape": "bench-2b-6l",
+        "devices": "all",
+        "pp": "512,4096",
+        "batch": 4096,
+        "ubatch": [512],
+        "tg": 128,
         "about": "2 GPUs, -sm layer -ub 512 -b 4096: pipeline parallelism over two cards",
     },
     "rpc": {
         "cases": ["rpc-upstream", "rpc-upstream-nopeer", "rpc-off", "rpc-bridge"],
-        "shape": "bench-1b", "devices": "all", "pp": 2048, "batch": 2048, "ubatch": [512, 2048], "tg": 32,
+        "shape": "bench-1b",
+        "devices": "all",
+        "pp": 2048,
+        "batch": 2048,
+        "ubatch": [512, 2048],
+        "tg": 32,
         "about": "one rpc-server on localhost owning every GPU, llama-bench --rpc: the copies between its GPUs "
-                 "are server-side (RPC_CMD_COPY_TENSOR); the activations to and from llama-bench cross TCP",
+        "are server-side (RPC_CMD_COPY_TENSOR); the activations to and from llama-bench cross TCP",
     },
     "rpc-cpu": {
         "cases": ["off", "rpc-off"],
-        "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 16, "threads": 1,
+        "shape": "small",
+        "devices": "cpu",
+        "pp": 256,
+        "batch": 256,
+        "ubatch": [256],
+        "tg": 16,
+        "threads": 1,
         "about": "CPU: the same build local and behind one localhost rpc-server (the cost of the TCP hops); one "
-                 "thread in both, so the comparison is not about thread counts (the defaults differ)",
+        "thread in both, so the comparison is not about thread counts (the defaults differ)",
     },
     # issue 29: hosts over a network, on one GPU. llama-bench keeps the GPU and puts part of the layers on one
     # localhost rpc-server on the same GPU (a second host); the link between them is shaped (netbench.py)
     "rpc-link": {
-        "cases": ["off", "rpc-off"], "links": ["unlimited/0", "10gbit/0.2ms", "25gbit/0.2ms", "10gbit/0.5ms", "25gbit/0.1ms"],
-        "rpc_servers": 1, "rpc_front_gpu": True,
-        "shape": "bench-1b", "devices": "1", "pp": "512,4096", "batch": 4096, "ubatch": [512], "tg": 128,
+        "cases": ["off", "rpc-off"],
+        "links": ["unlimited/0", "10gbit/0.2ms", "25gbit/0.2ms", "10gbit/0.5ms", "25gbit/0.1ms"],
+        "rpc_servers": 1,
+        "rpc_front_gpu": True,
+        "shape": "bench-1b",
+        "devices": "1",
+        "pp": "512,4096",
+        "batch": 4096,
+        "ubatch": [512],
+        "tg": 128,
         "about": "one GPU as two hosts: llama-bench's GPU plus one rpc-server on it, over loopback TCP, through the "
-                 "shaper without limits (the scale model's calibration) and over shaped links (rate per direction / "
-                 "one-way delay), against the local run",
+        "shaper without limits (the scale model's calibration) and over shaped links (rate per direction / "
+        "one-way delay), against the local run",
     },
     "rpc-link-cpu": {
-        "cases": ["off", "rpc-off"], "links": ["unlimited/0", "1gbit/0.2ms", "1gbit/1ms"], "rpc_servers": 1,
-        "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 16, "threads": 1,
+        "cases": ["off", "rpc-off"],
+        "links": ["unlimited/0", "1gbit/0.2ms", "1gbit/1ms"],
+        "rpc_servers": 1,
+        "shape": "small",
+        "devices": "cpu",
+        "pp": 256,
+        "batch": 256,
+        "ubatch": [256],
+        "tg": 16,
+        "threads": 1,
         "about": "CPU: the same build local, behind one localhost rpc-server, and behind it over a shaped link",
     },
     "cpu": {
         "cases": ["upstream", "off"],
-        "shape": "small", "devices": "cpu", "pp": 256, "batch": 256, "ubatch": [256], "tg": 32,
+        "shape": "small",
+        "devices": "cpu",
+        "pp": 256,
+        "batch": 256,
+        "ubatch": [256],
+        "tg": 32,
         "about": "CPU only: the patched build with its selectors off against upstream (the patches must cost nothing)",
     },
 }
@@ -181,43 +270,107 @@ def resolve_bins(args: argparse.Namespace, settings: Settings, variants: set[str
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--suite", choices=sorted(SUITES), default=None,
-                        help="which comparison (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)")
+    parser.add_argument(
+        "--suite",
+        choices=sorted(SUITES),
+        default=None,
+        help="which comparison (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)",
+    )
     parser.add_argument("--cases", default=None, help="comma-separated subset of the suite's cases")
-    parser.add_argument("--links", default=None, metavar="RATE/DELAY,...",
-                        help="shaped links for the suite's rpc cases, e.g. 10gbit/0.2ms,25gbit/0.1ms (default: the "
-                             "suite's; each rpc case runs unshaped and once per link)")
-    parser.add_argument("--variants-dir", type=Path, default=None, metavar="DIR",
-                        help="DIR/{upstream,nopeer,patched}/llama-bench: one folder per build variant")
+    parser.add_argument(
+        "--links",
+        default=None,
+        metavar="RATE/DELAY,...",
+        help="shaped links for the suite's rpc cases, e.g. 10gbit/0.2ms,25gbit/0.1ms (default: the "
+        "suite's; each rpc case runs unshaped and once per link)",
+    )
+    parser.add_argument(
+        "--variants-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="DIR/{upstream,nopeer,patched}/llama-bench: one folder per build variant",
+    )
     for v in modes.VARIANTS:
         parser.add_argument(f"--bin-dir-{v}", type=Path, default=None, metavar="DIR", help=f"llama-bench of {v}")
-    parser.add_argument("--build", action=argparse.BooleanOptionalAction, default=True,
-                        help="build the variants that are missing (default; --no-build only reuses builds)")
+    parser.add_argument(
+        "--build",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="build the variants that are missing (default; --no-build only reuses builds)",
+    )
     parser.add_argument("--model", type=Path, default=None, help="GGUF to use instead of the suite's random model")
     parser.add_argument("--vocab", type=Path, default=None, help="vocabulary GGUF for the random model")
     parser.add_argument("--rounds", type=argtypes.count(1), default=3, help="interleaved rounds (default 3)")
-    parser.add_argument("--time-budget", type=argtypes.seconds(), default=None, metavar="SECONDS",
-                        help="start no round that would end past this many seconds (judged by the longest round so "
-                             "far): --rounds becomes a ceiling and the report says how many rounds ran")
-    parser.add_argument("--reps", type=argtypes.count(1), default=3, help="llama-bench repetitions kept per round (default 3)")
-    parser.add_argument("--ubatch", default=None, metavar="LIST",
-                        help="ubatch sizes instead of the suite's, e.g. 4096 (shorter processes, so more rounds fit)")
-    parser.add_argument("--tg", type=argtypes.count(0), default=None, metavar="N",
-                        help="generated tokens instead of the suite's; 0 skips token generation")
-    parser.add_argument("--cpus", default=None, metavar="LIST",
-                        help="run every case on these CPUs only, e.g. 0-15 (one socket): same placement for all")
-    parser.add_argument("--warmup-reps", type=argtypes.count(0), default=1, metavar="N",
-                        help="repetitions run first and discarded in every llama-bench process (default 1)")
-    parser.add_argument("--virtual-devices", type=argtypes.count(1), default=None, metavar="N",
-                        help="GGML_CUDA_DEVICES=N: emulate N cards on the visible GPUs")
-    parser.add_argument("--microbench", action=argparse.BooleanOptionalAction, default=True,
-                        help="boundary copy microbenchmark (needs 2+ devices)")
-    parser.add_argument("--smi", nargs="?", type=argtypes.count(1), const=100, default=None, metavar="MS",
-                        help="sample nvidia-smi every MS milliseconds (default 100) while the cases run: every "
-                             "process's GPU clocks, power, temperature and throttle reasons go into the report")
-    parser.add_argument("--pool", type=Path, nargs="+", default=None, metavar="REPORT",
-                        help="run nothing: pool the rounds of these bench.json reports (same suite and settings, "
-                             "e.g. two GPU calls) into one report in --report")
+    parser.add_argument(
+        "--time-budget",
+        type=argtypes.seconds(),
+        default=None,
+        metavar="SECONDS",
+        help="start no round that would end past this many seconds (judged by the longest round so "
+        "far): --rounds becomes a ceiling and the report says how many rounds ran",
+    )
+    parser.add_argument(
+        "--reps", type=argtypes.count(1), default=3, help="llama-bench repetitions kept per round (default 3)"
+    )
+    parser.add_argument(
+        "--ubatch",
+        default=None,
+        metavar="LIST",
+        help="ubatch sizes instead of the suite's, e.g. 4096 (shorter processes, so more rounds fit)",
+    )
+    parser.add_argument(
+        "--tg",
+        type=argtypes.count(0),
+        default=None,
+        metavar="N",
+        help="generated tokens instead of the suite's; 0 skips token generation",
+    )
+    parser.add_argument(
+        "--cpus",
+        default=None,
+        metavar="LIST",
+        help="run every case on these CPUs only, e.g. 0-15 (one socket): same placement for all",
+    )
+    parser.add_argument(
+        "--warmup-reps",
+        type=argtypes.count(0),
+        default=1,
+        metavar="N",
+        help="repetitions run first and discarded in every llama-bench process (default 1)",
+    )
+    parser.add_argument(
+        "--virtual-devices",
+        type=argtypes.count(1),
+        default=None,
+        metavar="N",
+        help="GGML_CUDA_DEVICES=N: emulate N cards on the visible GPUs",
+    )
+    parser.add_argument(
+        "--microbench",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="boundary copy microbenchmark (needs 2+ devices)",
+    )
+    parser.add_argument(
+        "--smi",
+        nargs="?",
+        type=argtypes.count(1),
+        const=100,
+        default=None,
+        metavar="MS",
+        help="sample nvidia-smi every MS milliseconds (default 100) while the cases run: every "
+        "process's GPU clocks, power, temperature and throttle reasons go into the report",
+    )
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="REPORT",
+        help="run nothing: pool the rounds of these bench.json reports (same suite and settings, "
+        "e.g. two GPU calls) into one report in --report",
+    )
     parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="report directory")
     parser.add_argument("--timeout", type=argtypes.seconds(), default=600.0, help="seconds per llama-bench invocation")
 
@@ -230,32 +383,49 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 def bench(args: argparse.Namespace, settings: Settings) -> int:
     if getattr(args, "pool", None):
         if args.report is None:
-            raise UsageError("--pool needs --report DIR", why="the pooled report is a new report",
-                             fix="e.g. --pool a/bench.json b/bench.json --report pooled")
+            raise UsageError(
+                "--pool needs --report DIR",
+                why="the pooled report is a new report",
+                fix="e.g. --pool a/bench.json b/bench.json --report pooled",
+            )
         return pool_reports(args.pool, args.report)
 
     if args.rounds < 1 or args.reps < 1 or args.warmup_reps < 0:
-        raise UsageError(f"bad counts: --rounds {args.rounds}, --reps {args.reps}, --warmup-reps {args.warmup_reps}",
-                         why="a report needs at least one round of at least one kept repetition",
-                         fix="use --rounds >= 1, --reps >= 1 and --warmup-reps >= 0")
+        raise UsageError(
+            f"bad counts: --rounds {args.rounds}, --reps {args.reps}, --warmup-reps {args.warmup_reps}",
+            why="a report needs at least one round of at least one kept repetition",
+            fix="use --rounds >= 1, --reps >= 1 and --warmup-reps >= 0",
+        )
     if args.ubatch is not None:
         try:
             sizes = [int(x) for x in str(args.ubatch).split(",")]
         except ValueError:
             sizes = []
         if not sizes or min(sizes) < 1:
-            raise UsageError(f"bad --ubatch {args.ubatch!r}", why="it must list positive ubatch sizes",
-                             fix="e.g. --ubatch 4096 or --ubatch 512,4096")
+            raise UsageError(
+                f"bad --ubatch {args.ubatch!r}",
+                why="it must list positive ubatch sizes",
+                fix="e.g. --ubatch 4096 or --ubatch 512,4096",
+            )
         args = argparse.Namespace(**{**vars(args), "ubatch": sizes})  # parsed once; the caller's args unchanged
     if args.time_budget is not None and not args.time_budget > 0:
-        raise UsageError(f"bad --time-budget {args.time_budget}", why="a budget must be a positive number of seconds",
-                         fix="e.g. --time-budget 500, or leave it out to run every round")
+        raise UsageError(
+            f"bad --time-budget {args.time_budget}",
+            why="a budget must be a positive number of seconds",
+            fix="e.g. --time-budget 500, or leave it out to run every round",
+        )
     if getattr(args, "smi", None) is not None and not 10 <= args.smi <= 60000:
-        raise UsageError(f"bad --smi {args.smi}", why="nvidia-smi samples every 10 ms to 60 s",
-                         fix="e.g. --smi 100, or --smi alone for every 100 ms")
+        raise UsageError(
+            f"bad --smi {args.smi}",
+            why="nvidia-smi samples every 10 ms to 60 s",
+            fix="e.g. --smi 100, or --smi alone for every 100 ms",
+        )
     if args.tg is not None and args.tg < 0:
-        raise UsageError(f"bad --tg {args.tg}", why="a negative number of generated tokens",
-                         fix="use --tg 0 to skip token generation, or a positive count")
+        raise UsageError(
+            f"bad --tg {args.tg}",
+            why="a negative number of generated tokens",
+            fix="use --tg 0 to skip token generation, or a positive count",
+        )
     if not args.cpus:
         return _bench(args, settings)
     before = os.sched_getaffinity(0)
@@ -263,8 +433,11 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
         cpus = parse_cpu_list(args.cpus)
         os.sched_setaffinity(0, cpus)  # inherited by every llama-bench process of the run
     except (ValueError, OSError) as e:
-        raise UsageError(f"cannot run on CPUs {args.cpus!r}", why=str(e),
-                         fix=f"give CPUs this process may use, e.g. 0-{(os.cpu_count() or 1) - 1}") from None
+        raise UsageError(
+            f"cannot run on CPUs {args.cpus!r}",
+            why=str(e),
+            fix=f"give CPUs this process may use, e.g. 0-{(os.cpu_count() or 1) - 1}",
+        ) from None
     log(f"    every case runs on CPUs {args.cpus} ({len(cpus)} CPUs)")
     try:
         return _bench(args, settings)
@@ -282,16 +455,21 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
         suite["tg"] = args.tg
     skipped: list[str] = []
     if gpus == 0 and suite["devices"] != "cpu":
-        raise BenchError(f"suite {suite_name} needs CUDA GPUs and none is visible",
-                         fix="run it on a GPU machine, or use --suite cpu")
+        raise BenchError(
+            f"suite {suite_name} needs CUDA GPUs and none is visible", fix="run it on a GPU machine, or use --suite cpu"
+        )
     if gpus == 0:
-        skipped.append("no CUDA device: P2P, staged, no-peer and bridge throughput, the boundary microbenchmark, "
-                       "and batched transfers (they need a device with pinned host memory) cannot be measured "
-                       "here; only the CPU cases ran")
+        skipped.append(
+            "no CUDA device: P2P, staged, no-peer and bridge throughput, the boundary microbenchmark, "
+            "and batched transfers (they need a device with pinned host memory) cannot be measured "
+            "here; only the CPU cases ran"
+        )
     virtual_devices = args.virtual_devices or suite.get("virtual_devices")
     if suite["devices"] == "all" and gpus < 2 and not virtual_devices:
-        raise BenchError(f"suite {suite_name} needs 2+ GPUs (found {gpus})",
-                         fix="use --virtual-devices N to emulate cards, or --suite batched")
+        raise BenchError(
+            f"suite {suite_name} needs 2+ GPUs (found {gpus})",
+            fix="use --virtual-devices N to emulate cards, or --suite batched",
+        )
     wanted = args.cases.split(",") if args.cases else suite["cases"]
     try:  # current names (older ones with a deprecation note, see modes.ALIASES)
         cases = [modes.lookup(c, "--cases") for c in wanted]
@@ -304,8 +482,10 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
         raise BenchError(e.what, why=e.why, fix=e.fix) from None
     odd = [c.name for c in cases if c.devices or c.rejected]
     if odd:
-        raise BenchError(f"mode(s) {', '.join(odd)} are ladder checks, not bench cases",
-                         fix=f"cases: {', '.join(n for n, m in CASES.items() if not (m.devices or m.rejected))}")
+        raise BenchError(
+            f"mode(s) {', '.join(odd)} are ladder checks, not bench cases",
+            fix=f"cases: {', '.join(n for n, m in CASES.items() if not (m.devices or m.rejected))}",
+        )
 
     bins = resolve_bins(args, settings, {c.variant for c in cases})
     runnable = [c for c in cases if c.variant in bins]
@@ -313,8 +493,10 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
         if c not in runnable:
             skipped.append(f"{c.name}: no {c.variant} build")
     if not runnable:
-        raise BenchError("no case can run: no build of any variant it needs",
-                         fix="build them (ggml-bridge build --variant ...) or pass --variants-dir")
+        raise BenchError(
+            "no case can run: no build of any variant it needs",
+            fix="build them (ggml-bridge build --variant ...) or pass --variants-dir",
+        )
 
     base_env: dict[str, str] = {modes.NCCL_NVLS: "0"}
     if suite["devices"] == "1":
@@ -330,8 +512,10 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
 
         vocab = args.vocab or modelmod.find_vocab(cache_dir, *[d.parent.parent for d in bins.values()])
         if vocab is None:
-            raise BenchError("no vocabulary GGUF for the random model",
-                             fix=f"pass --vocab PATH/{modelmod.VOCAB_FILE} (in the upstream tree's models/)")
+            raise BenchError(
+                "no vocabulary GGUF for the random model",
+                fix=f"pass --vocab PATH/{modelmod.VOCAB_FILE} (in the upstream tree's models/)",
+            )
         with step(f"model {suite['shape']}"):
             model_path = modelmod.ensure_model(cache_dir, suite["shape"], 1234, vocab)
 
@@ -358,24 +542,46 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
             micro = microbench(bins[modes.PATCHED], base_env, logs)
 
     report = {
-        "suite": suite_name, "about": suite["about"], "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        "host": platform.node(), "rounds": pooled["rounds"], "rounds_planned": args.rounds, "stopped": stopped,
-        "time_budget": args.time_budget, "reps": args.reps, "warmup_reps": args.warmup_reps,
+        "suite": suite_name,
+        "about": suite["about"],
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "host": platform.node(),
+        "rounds": pooled["rounds"],
+        "rounds_planned": args.rounds,
+        "stopped": stopped,
+        "time_budget": args.time_budget,
+        "reps": args.reps,
+        "warmup_reps": args.warmup_reps,
         "cpus": args.cpus,
         "settings": {k: suite[k] for k in ("pp", "batch", "ubatch", "tg", "devices")}
         | ({modes.CUDA_DEVICES: virtual_devices} if virtual_devices else {}),
         "model": {"shape": suite["shape"] if args.model is None else "user", "path": str(model_path)},
         "environment": gpu_env(),
         "links": netbench.report(runnable, suite),
-        "cases": [{"name": c.name, "variant": c.variant, "env": c.env(), "link": c.link, "description": c.about,
-                   "bin_dir": str(bins[c.variant]), "llama_bench_sha256": file_sha256(bins[c.variant] / "llama-bench"),
-                   "engagement": next((r.engagement for r in reversed(runs) if r.case == c.name), "")}
-                  for c in runnable],
+        "cases": [
+            {
+                "name": c.name,
+                "variant": c.variant,
+                "env": c.env(),
+                "link": c.link,
+                "description": c.about,
+                "bin_dir": str(bins[c.variant]),
+                "llama_bench_sha256": file_sha256(bins[c.variant] / "llama-bench"),
+                "engagement": next((r.engagement for r in reversed(runs) if r.case == c.name), ""),
+            }
+            for c in runnable
+        ],
         "manifests": _manifests(bins),
-        **pooled, "samples": [asdict(s) for s in samples], "runs": [asdict(r) for r in runs], "skipped": skipped,
+        **pooled,
+        "samples": [asdict(s) for s in samples],
+        "runs": [asdict(r) for r in runs],
+        "skipped": skipped,
         "microbench": micro,
-        "smi": ({"interval_ms": smi.interval_ms, "fields": smi.fields, "samples": len(smi.rows),
-                 "file": "logs/smi.csv"} if smi is not None else None),
+        "smi": (
+            {"interval_ms": smi.interval_ms, "fields": smi.fields, "samples": len(smi.rows), "file": "logs/smi.csv"}
+            if smi is not None
+            else None
+        ),
     }
     (out_dir / "bench.json").write_text(json.dumps(report, indent=1))
     (out_dir / "bench.md").write_text(render_markdown(report))
@@ -386,9 +592,11 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
     if failed:
         raise BenchError(f"llama-bench failed for case(s) {', '.join(failed)}", fix=f"see the logs in {logs}")
     if not_engaged:
-        raise BenchError(f"case(s) {', '.join(not_engaged)} did not engage their mechanism",
-                         why="their figures would be upstream's path under another name",
-                         fix=f"see the engagement lines in {out_dir / 'bench.md'} and the logs in {logs}")
+        raise BenchError(
+            f"case(s) {', '.join(not_engaged)} did not engage their mechanism",
+            why="their figures would be upstream's path under another name",
+            fix=f"see the engagement lines in {out_dir / 'bench.md'} and the logs in {logs}",
+        )
     return 0
 
 

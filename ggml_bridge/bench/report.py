@@ -21,12 +21,13 @@ CASES = modes.MODES
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    lines = [f"# ggml-bridge bench: {report['suite']}", "",
-             f"{report['date']} · {report['about']}", ""]
+    lines = [f"# ggml-bridge bench: {report['suite']}", "", f"{report['date']} · {report['about']}", ""]
     env = report["environment"]
     for g in env.get("gpus", []):
-        lines.append(f"- GPU {g['index']}: {g['name']}, driver {g['driver_version']}, PCIe gen "
-                     f"{g['pcie.link.gen.max']} x{g['pcie.link.width.max']} (max)")
+        lines.append(
+            f"- GPU {g['index']}: {g['name']}, driver {g['driver_version']}, PCIe gen "
+            f"{g['pcie.link.gen.max']} x{g['pcie.link.width.max']} (max)"
+        )
     lines.append(f"- model: {report['model']['shape']} ({report['model']['path']})")
     lines.append(f"- settings: {report['settings']}" + (f"; CPUs {report['cpus']}" if report.get("cpus") else ""))
     if report.get("links"):
@@ -35,14 +36,18 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"- pooled from {len(report['pooled_from'])} reports: " + ", ".join(report["pooled_from"]))
     if report.get("stopped"):
         lines.append(f"- stopped early, {report['stopped']}")
-    lines.append(f"- rounds: {report['rounds']} interleaved, {report['reps']} llama-bench repetitions kept per round "
-                 f"after {report.get('warmup_reps', 0)} discarded; "
-                 "figure = median of all samples, ± = interquartile range; 'noise' = difference inside the spreads; "
-                 "'paired' = median over rounds of the ratio within a round [95 % bootstrap interval over rounds]")
+    lines.append(
+        f"- rounds: {report['rounds']} interleaved, {report['reps']} llama-bench repetitions kept per round "
+        f"after {report.get('warmup_reps', 0)} discarded; "
+        "figure = median of all samples, ± = interquartile range; 'noise' = difference inside the spreads; "
+        "'paired' = median over rounds of the ratio within a round [95 % bootstrap interval over rounds]"
+    )
     lines.append("")
     for c in report["cases"]:
-        lines.append(f"- **{c['name']}**: {c['description']}; binaries {c['bin_dir']}"
-                     + (f"; engagement: {c['engagement']}" if c['engagement'] else ""))
+        lines.append(
+            f"- **{c['name']}**: {c['description']}; binaries {c['bin_dir']}"
+            + (f"; engagement: {c['engagement']}" if c['engagement'] else "")
+        )
     lines.append("")
     tests = report["tests"]
     names = [c["name"] for c in report["cases"]]
@@ -59,10 +64,14 @@ def render_markdown(report: dict[str, Any]) -> str:
             for n in names:
                 cmp = report["ratios"].get(r, {}).get(n, {}).get(t)
                 if cmp and n != r:
-                    notes = (["noise"] if cmp["noise"] else []) + \
-                        ([f"paired {cmp['paired']:.3f}" + (" [{:.3f}, {:.3f}]".format(*cmp["paired_ci95"])
-                                                           if "paired_ci95" in cmp else "")]
-                         if "paired" in cmp else [])
+                    notes = (["noise"] if cmp["noise"] else []) + (
+                        [
+                            f"paired {cmp['paired']:.3f}"
+                            + (" [{:.3f}, {:.3f}]".format(*cmp["paired_ci95"]) if "paired_ci95" in cmp else "")
+                        ]
+                        if "paired" in cmp
+                        else []
+                    )
                     cells.append(f"{n} {cmp['ratio']:.3f}" + (f" ({'; '.join(notes)})" if notes else ""))
             row.append("<br>".join(cells) or "—")
         lines.append("| " + " | ".join(row) + " |")
@@ -79,8 +88,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["| bytes | " + " | ".join(paths) + " |", "|" + "---|" * (len(paths) + 1)]
         by = {(r["path"], r["bytes"]): r for r in report["microbench"]}
         for sz in sizes:
-            cells = [f"{by[(p, sz)]['GBps']:.1f} ({by[(p, sz)]['us_synced']:.1f} µs)" if (p, sz) in by else "—"
-                     for p in paths]
+            cells = [
+                f"{by[(p, sz)]['GBps']:.1f} ({by[(p, sz)]['us_synced']:.1f} µs)" if (p, sz) in by else "—"
+                for p in paths
+            ]
             lines.append(f"| {sz} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -109,8 +120,14 @@ def _plot_throughput(plt: Any, report: dict[str, Any], names: list[str], tests: 
     fig, axes = plt.subplots(1, len(tests), figsize=(4.2 * len(tests), 4), squeeze=False)
     for ax, t in zip(axes[0], tests, strict=False):
         meds = [report["summary"].get(n, {}).get(t, {}).get("median", 0.0) for n in names]
-        errs = [(report["summary"].get(n, {}).get(t, {}).get("q3", 0.0)
-                 - report["summary"].get(n, {}).get(t, {}).get("q1", 0.0)) / 2 for n in names]
+        errs = [
+            (
+                report["summary"].get(n, {}).get(t, {}).get("q3", 0.0)
+                - report["summary"].get(n, {}).get(t, {}).get("q1", 0.0)
+            )
+            / 2
+            for n in names
+        ]
         grey = [n in CASES and not modes.VARIANTS[CASES[n].variant].patched for n in names]  # upstream builds
         ax.bar(range(len(names)), meds, yerr=errs, color=["#6b7280" if g else "#0f766e" for g in grey])
         ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
@@ -127,14 +144,19 @@ def _plot_microbench(plt: Any, mb: list[dict[str, Any]], out_dir: Path) -> str:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p in sorted({r["path"] for r in mb}):
         pts = sorted((r["bytes"], r["GBps"]) for r in mb if r["path"] == p)
-        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p,
-                linestyle="--" if p in ("d2h", "h2d") else "-")
+        ax.plot(
+            [x for x, _ in pts],
+            [y for _, y in pts],
+            marker="o",
+            label=p,
+            linestyle="--" if p in ("d2h", "h2d") else "-",
+        )
     # the physical limit of a host round trip: the slower of the two one-way pinned directions
     peaks = [max(r["GBps"] for r in mb if r["path"] == p) for p in ("d2h", "h2d") if any(r["path"] == p for r in mb)]
     if peaks:
         ax.axhline(min(peaks), color="k", linewidth=0.8, label="physical limit (one-way pinned)")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")   # NVLink peer copies sit an order of magnitude above any host path
+    ax.set_yscale("log")  # NVLink peer copies sit an order of magnitude above any host path
     ax.set_xlabel("boundary bytes")
     ax.set_ylabel("GB/s")
     ax.legend(fontsize=8)
@@ -148,9 +170,13 @@ def _plot_microbench(plt: Any, mb: list[dict[str, Any]], out_dir: Path) -> str:
 def smi_table(report: dict[str, Any]) -> list[str]:
     """Markdown: per case and GPU, the median over its processes of what :meth:`Telemetry.during` recorded."""
     keys = ("sm_mhz", "mem_mhz", "util_pct", "power_w_peak", "temp_c_peak")
-    lines = ["", "## GPU state while the cases ran (--smi; median over each case's processes)", "",
-             "| case | GPU | processes | SM MHz | memory MHz | utilisation % | peak W | peak °C | throttle reasons |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## GPU state while the cases ran (--smi; median over each case's processes)",
+        "",
+        "| case | GPU | processes | SM MHz | memory MHz | utilisation % | peak W | peak °C | throttle reasons |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in report["cases"]:
         per_gpu: dict[str, list[dict[str, Any]]] = {}
         for r in report["runs"]:
@@ -182,8 +208,11 @@ def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
         try:
             reports.append((f, json.loads(f.read_text())))
         except (OSError, json.JSONDecodeError) as e:
-            raise BenchError(f"cannot read the bench report {f}", why=str(e),
-                             fix="pass bench.json files (or their folders) written by ggml-bridge bench") from None
+            raise BenchError(
+                f"cannot read the bench report {f}",
+                why=str(e),
+                fix="pass bench.json files (or their folders) written by ggml-bridge bench",
+            ) from None
     first = reports[0][1]
     envs = {c["name"]: c.get("env") for c in first["cases"]}
     for f, rep in reports[1:]:
@@ -191,9 +220,11 @@ def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
         same["model"] = rep.get("model", {}).get("shape") == first.get("model", {}).get("shape")
         same["cases"] = all(envs.get(c["name"], c.get("env")) == c.get("env") for c in rep["cases"])
         if not all(same.values()):
-            raise BenchError(f"{f} was not measured like {reports[0][0]}",
-                             why="they differ in " + ", ".join(k for k, v in same.items() if not v),
-                             fix="pool only reports of one suite, model, settings and case definitions")
+            raise BenchError(
+                f"{f} was not measured like {reports[0][0]}",
+                why="they differ in " + ", ".join(k for k, v in same.items() if not v),
+                fix="pool only reports of one suite, model, settings and case definitions",
+            )
     samples: list[Sample] = []
     runs: list[CaseRun] = []
     fields = {f.name for f in dataclasses.fields(CaseRun)}
@@ -201,17 +232,28 @@ def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
     cases: dict[str, dict[str, Any]] = {}
     for _, rep in reports:
         samples += [Sample(**{**x, "round": x["round"] + offset}) for x in rep["samples"]]
-        runs += [CaseRun(**{k: v for k, v in {**x, "round": x["round"] + offset}.items() if k in fields})
-                 for x in rep["runs"]]
+        runs += [
+            CaseRun(**{k: v for k, v in {**x, "round": x["round"] + offset}.items() if k in fields})
+            for x in rep["runs"]
+        ]
         offset += 1 + max([x["round"] for x in rep["runs"]], default=-1)
         for c in rep["cases"]:
             cases.setdefault(c["name"], c)
     pooled = pool(list(cases), samples, runs)
-    report = {**first, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(), "host": platform.node(),
-              "pooled_from": [str(f) for f, _ in reports], "rounds_planned": offset, "stopped": "",
-              "cases": list(cases.values()), **pooled, "samples": [asdict(s) for s in samples],
-              "runs": [asdict(r) for r in runs], "microbench": [],
-              "manifests_by_report": {str(f): rep.get("manifests", {}) for f, rep in reports}}
+    report = {
+        **first,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "host": platform.node(),
+        "pooled_from": [str(f) for f, _ in reports],
+        "rounds_planned": offset,
+        "stopped": "",
+        "cases": list(cases.values()),
+        **pooled,
+        "samples": [asdict(s) for s in samples],
+        "runs": [asdict(r) for r in runs],
+        "microbench": [],
+        "manifests_by_report": {str(f): rep.get("manifests", {}) for f, rep in reports},
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.json").write_text(json.dumps(report, indent=1))
     (out_dir / "bench.md").write_text(render_markdown(report))

@@ -15,7 +15,7 @@ from ..errors import BenchError
 @dataclass
 class Sample:
     case: str
-    test: str            # e.g. "pp4096/ub512", "tg128"
+    test: str  # e.g. "pp4096/ub512", "tg128"
     round: int
     values: list[float]  # tokens per second, one per llama-bench repetition
 
@@ -26,10 +26,10 @@ class CaseRun:
     round: int
     rc: int
     seconds: float
-    engaged: bool | None      # None: nothing to prove
-    engagement: str           # what the log said
+    engaged: bool | None  # None: nothing to prove
+    engagement: str  # what the log said
     log_tail: list[str] = field(default_factory=list)
-    started: float = 0.0      # wall clock (epoch seconds) when the process started: lines runs up with GPU telemetry
+    started: float = 0.0  # wall clock (epoch seconds) when the process started: lines runs up with GPU telemetry
     gpus: dict[str, dict[str, Any]] = field(default_factory=dict)  # --smi: GPU state while it ran, by GPU index
 
 
@@ -73,8 +73,11 @@ def _round_ratios(samples: Sequence[Sample], case: str, ref: str, test: str) -> 
     for s in samples:
         if s.test == test and s.case in (case, ref) and s.values:
             per.setdefault(s.round, {}).setdefault(s.case, []).extend(s.values)
-    return [statistics.median(v[case]) / statistics.median(v[ref])
-            for v in per.values() if case in v and ref in v and statistics.median(v[ref])]
+    return [
+        statistics.median(v[case]) / statistics.median(v[ref])
+        for v in per.values()
+        if case in v and ref in v and statistics.median(v[ref])
+    ]
 
 
 def paired_ratio(samples: Sequence[Sample], case: str, ref: str, test: str) -> tuple[float, int] | None:
@@ -87,8 +90,9 @@ def paired_ratio(samples: Sequence[Sample], case: str, ref: str, test: str) -> t
     return statistics.median(ratios), len(ratios)
 
 
-def paired_interval(samples: Sequence[Sample], case: str, ref: str, test: str, resamples: int = 2000,
-                    seed: int = 1234) -> tuple[float, float] | None:
+def paired_interval(
+    samples: Sequence[Sample], case: str, ref: str, test: str, resamples: int = 2000, seed: int = 1234
+) -> tuple[float, float] | None:
     """95 % bootstrap interval of :func:`paired_ratio` that resamples whole rounds (the samples of one process
     are not independent); None with fewer than 3 common rounds."""
     ratios = _round_ratios(samples, case, ref, test)
@@ -148,5 +152,11 @@ def pool(names: Sequence[str], samples: Sequence[Sample], runs: Sequence[CaseRun
                         if ci is not None:
                             cmp["paired_ci95"] = list(ci)
                     ratios.setdefault(ref, {}).setdefault(n, {})[t] = cmp
-    return {"rounds": len({r.round for r in runs}), "tests": tests, "summary": summary, "ratios": ratios,
-            "failed": failed, "not_engaged": not_engaged}
+    return {
+        "rounds": len({r.round for r in runs}),
+        "tests": tests,
+        "summary": summary,
+        "ratios": ratios,
+        "failed": failed,
+        "not_engaged": not_engaged,
+    }

@@ -32,14 +32,23 @@ def gpu_env() -> dict[str, Any]:
     if out.returncode != 0:
         return {}
     keys = q.split(",")
-    gpus = [dict(zip(keys, [v.strip() for v in line.split(",")], strict=False)) for line in out.stdout.strip().splitlines()]
+    gpus = [
+        dict(zip(keys, [v.strip() for v in line.split(",")], strict=False)) for line in out.stdout.strip().splitlines()
+    ]
     topo = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True).stdout
     return {"gpus": gpus, "topology": logparse.ANSI.sub("", topo)}
 
 
 #: what --smi samples (nvidia-smi --query-gpu); the throttle reasons are left out where the driver lacks them
-SMI_FIELDS = ("index", "clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "utilization.gpu",
-              "clocks_event_reasons.active")
+SMI_FIELDS = (
+    "index",
+    "clocks.sm",
+    "clocks.mem",
+    "power.draw",
+    "temperature.gpu",
+    "utilization.gpu",
+    "clocks_event_reasons.active",
+)
 
 
 class Telemetry:
@@ -57,25 +66,33 @@ class Telemetry:
     def start(self) -> "Telemetry":
         smi = shutil.which("nvidia-smi")
         if not smi:
-            raise BenchError("--smi needs nvidia-smi and there is none on PATH",
-                             fix="run on the GPU machine, or leave out --smi")
+            raise BenchError(
+                "--smi needs nvidia-smi and there is none on PATH", fix="run on the GPU machine, or leave out --smi"
+            )
         fields = list(SMI_FIELDS)
-        probe = runner.run([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-c", "1"],
-                           check=False, error=BenchError)
+        probe = runner.run(
+            [smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-c", "1"],
+            check=False,
+            error=BenchError,
+        )
         if probe.returncode != 0:
             fields.remove("clocks_event_reasons.active")
         self.fields = fields
         self.csv.write_text("time," + ",".join(fields) + "\n")
-        self.proc = runner.start([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
-                                  "-lms", str(self.interval_ms)], on_line=self._line, keep=False,
-                                 error=BenchError)
+        self.proc = runner.start(
+            [smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-lms", str(self.interval_ms)],
+            on_line=self._line,
+            keep=False,
+            error=BenchError,
+        )
         deadline = time.monotonic() + 10  # the first process is sampled from its start
         while not self.rows and time.monotonic() < deadline and self.proc.popen.poll() is None:
             time.sleep(0.01)
         if not self.rows:
             self.stop()
-            raise BenchError("--smi: nvidia-smi printed no sample", fix=f"see `{smi} --query-gpu=...` by hand, "
-                             "or leave out --smi")
+            raise BenchError(
+                "--smi: nvidia-smi printed no sample", fix=f"see `{smi} --query-gpu=...` by hand, or leave out --smi"
+            )
         return self
 
     def _line(self, line: str) -> None:
@@ -103,11 +120,13 @@ class Telemetry:
         for gpu, rows in sorted(by_gpu.items()):
             busy = [r for r in rows if _num(r.get("utilization.gpu")) >= 50] or rows
             rec: dict[str, Any] = {"n": len(busy)}
-            for key, field_name, agg in (("sm_mhz", "clocks.sm", statistics.median),
-                                         ("mem_mhz", "clocks.mem", statistics.median),
-                                         ("util_pct", "utilization.gpu", statistics.median),
-                                         ("power_w_peak", "power.draw", max),
-                                         ("temp_c_peak", "temperature.gpu", max)):
+            for key, field_name, agg in (
+                ("sm_mhz", "clocks.sm", statistics.median),
+                ("mem_mhz", "clocks.mem", statistics.median),
+                ("util_pct", "utilization.gpu", statistics.median),
+                ("power_w_peak", "power.draw", max),
+                ("temp_c_peak", "temperature.gpu", max),
+            ):
                 xs = [_num(r.get(field_name)) for r in busy]
                 xs = [x for x in xs if x == x]  # NaN: "[N/A]"
                 if xs:

@@ -54,20 +54,53 @@ from .toolchain import (
 )
 
 __all__ = [
-    "COMPLETE_MARKER", "MIN_CMAKE", "MIN_NINJA", "NOPEER_LIBRARY", "NOPEER_OBJECT", "OFF_IF_PRESENT",
-    "REQUIRED_TARGETS", "SHARED_ORDER", "SHARED_RECIPES", "WANTED_TARGETS", "BuildResult", "CudaToolkit", "Progress",
-    "Tool", "Toolchain", "build_failed", "build_key", "cmake_args", "detect_cuda", "ensure", "ensure_shared",
-    "find_binary", "find_cmake", "find_manifest", "find_ninja", "find_toolchain", "installed_server", "latest_path", "locate",
-    "resolve_backend", "source_manifest",
+    "COMPLETE_MARKER",
+    "MIN_CMAKE",
+    "MIN_NINJA",
+    "NOPEER_LIBRARY",
+    "NOPEER_OBJECT",
+    "OFF_IF_PRESENT",
+    "REQUIRED_TARGETS",
+    "SHARED_ORDER",
+    "SHARED_RECIPES",
+    "WANTED_TARGETS",
+    "BuildResult",
+    "CudaToolkit",
+    "Progress",
+    "Tool",
+    "Toolchain",
+    "build_failed",
+    "build_key",
+    "cmake_args",
+    "detect_cuda",
+    "ensure",
+    "ensure_shared",
+    "find_binary",
+    "find_cmake",
+    "find_manifest",
+    "find_ninja",
+    "find_toolchain",
+    "installed_server",
+    "latest_path",
+    "locate",
+    "resolve_backend",
+    "source_manifest",
 ]
 
 
 # --------------------------------------------------------------------------------------------- public API
 
 
-def ensure(settings: Settings, variant: str | None = None, *, source_spec: str | None = None,
-           allow_unpinned: bool = False, series: patchmod.Series | None = None,
-           record_latest: bool = True, discard_changes: bool = False) -> BuildResult:
+def ensure(
+    settings: Settings,
+    variant: str | None = None,
+    *,
+    source_spec: str | None = None,
+    allow_unpinned: bool = False,
+    series: patchmod.Series | None = None,
+    record_latest: bool = True,
+    discard_changes: bool = False,
+) -> BuildResult:
     """Fetch, patch (for ``patched``), configure and build; reuse an up-to-date build. Returns the binaries.
 
     ``source_spec``/``allow_unpinned`` are passed to :func:`ggml_bridge.fetch.obtain`; ``series`` replaces the
@@ -106,8 +139,9 @@ def ensure(settings: Settings, variant: str | None = None, *, source_spec: str |
     with cache.entry_lock(build_dir.with_name(build_dir.name + ".lock")):
         done = completed(build_dir, key)  # another process may have finished it while we waited
         if done is not None:
-            result = BuildResult(variant, backend, build_dir, build_dir / "bin", build_dir / "manifest.json", done,
-                                 True)
+            result = BuildResult(
+                variant, backend, build_dir, build_dir / "bin", build_dir / "manifest.json", done, True
+            )
             write_pointer(pointer, result, key)
             return result
         build_dir.mkdir(parents=True, exist_ok=True)
@@ -123,24 +157,39 @@ def ensure(settings: Settings, variant: str | None = None, *, source_spec: str |
         with step(f"build {', '.join(targets)} with {jobs} job(s)"), uimod.placed(settings, src, ui):
             steps.compile_targets(tools, build_dir, targets, jobs, log_file, env)
         uimod.check_embedded(build_dir, ui)
-        return _finish(tree, series, head, src, variant, backend, key, build_dir, args, tools, targets, pointer,
-                       ui)
+        return _finish(tree, series, head, src, variant, backend, key, build_dir, args, tools, targets, pointer, ui)
 
 
-def _finish(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None, src: Path, variant: str,
-            backend: str, key: str, build_dir: Path, args: list[str], tools: Toolchain, targets: list[str],
-            pointer: Path | None, ui: uimod.UiAssets) -> BuildResult:
+def _finish(
+    tree: fetchmod.Tree,
+    series: patchmod.Series | None,
+    head: str | None,
+    src: Path,
+    variant: str,
+    backend: str,
+    key: str,
+    build_dir: Path,
+    args: list[str],
+    tools: Toolchain,
+    targets: list[str],
+    pointer: Path | None,
+    ui: uimod.UiAssets,
+) -> BuildResult:
     log_file = build_dir / "build.log"
     binaries = {t: build_dir / "bin" / t for t in targets}
     missing = [t for t, p in binaries.items() if not p.is_file()]
     if missing:
-        raise BuildError(f"the build finished but {', '.join(missing)} is missing from {build_dir / 'bin'}",
-                         why=f"full log: {log_file}", fix="check the log; the tree may place binaries elsewhere")
+        raise BuildError(
+            f"the build finished but {', '.join(missing)} is missing from {build_dir / 'bin'}",
+            why=f"full log: {log_file}",
+            fix="check the log; the tree may place binaries elsewhere",
+        )
     manifest = manifest_for(tree, series, head, src, variant, backend, key, build_dir, args, tools, binaries, ui)
     manifest_path = build_dir / "manifest.json"
     cache.write_json_atomic(manifest_path, manifest)
-    cache.write_json_atomic(build_dir / COMPLETE_MARKER,
-                            {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}})
+    cache.write_json_atomic(
+        build_dir / COMPLETE_MARKER, {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}}
+    )
     result = BuildResult(variant, backend, build_dir, build_dir / "bin", manifest_path, binaries, False)
     write_pointer(pointer, result, key)
     log(f"manifest: {manifest_path}")
@@ -156,8 +205,11 @@ def find_binary(settings: Settings, name: str, variant: str | None = None, backe
     fix = f"run `ggml-bridge build --variant {variant} --backend {backend}` first"
     path = data.get("binaries", {}).get(name)
     if not path:
-        raise NotBuiltError(f"the {variant}/{backend} build has no {name}",
-                            why=f"it built {', '.join(data.get('binaries', {})) or 'nothing'}", fix=fix)
+        raise NotBuiltError(
+            f"the {variant}/{backend} build has no {name}",
+            why=f"it built {', '.join(data.get('binaries', {})) or 'nothing'}",
+            fix=fix,
+        )
     if not Path(path).is_file():
         raise NotBuiltError(f"{name} of the {variant}/{backend} build is gone", why=f"{path} does not exist", fix=fix)
     return Path(path)
@@ -168,8 +220,11 @@ def find_manifest(settings: Settings, variant: str | None = None, backend: str |
     variant, backend, data = _latest(settings, variant, backend)
     path = Path(str(data.get("manifest", "")))
     if not data.get("manifest") or not path.is_file():
-        raise NotBuiltError(f"the manifest of the {variant}/{backend} build is gone", why=f"{path} does not exist",
-                            fix=f"run `ggml-bridge build --variant {variant} --backend {backend}` again")
+        raise NotBuiltError(
+            f"the manifest of the {variant}/{backend} build is gone",
+            why=f"{path} does not exist",
+            fix=f"run `ggml-bridge build --variant {variant} --backend {backend}` again",
+        )
     return path
 
 
@@ -183,24 +238,38 @@ def _latest(settings: Settings, variant: str | None, backend: str | None) -> tup
     try:
         data = json.loads(pointer.read_text())
     except (OSError, ValueError):
-        raise NotBuiltError(f"no {variant}/{backend} build found", why=f"{pointer} does not exist",
-                            fix=f"run `ggml-bridge build --variant {variant} --backend {backend}` first") from None
+        raise NotBuiltError(
+            f"no {variant}/{backend} build found",
+            why=f"{pointer} does not exist",
+            fix=f"run `ggml-bridge build --variant {variant} --backend {backend}` first",
+        ) from None
     if not isinstance(data, dict):
-        raise NotBuiltError(f"the {variant}/{backend} build pointer {pointer} is damaged",
-                            fix=f"run `ggml-bridge build --variant {variant} --backend {backend}` again")
+        raise NotBuiltError(
+            f"the {variant}/{backend} build pointer {pointer} is damaged",
+            fix=f"run `ggml-bridge build --variant {variant} --backend {backend}` again",
+        )
     return variant, backend, data
 
 
-def locate(settings: Settings, variant: str, name: str, override_dir: Path | str | None = None, *,
-           backend: str | None = None, installed: bool = False) -> Path:
+def locate(
+    settings: Settings,
+    variant: str,
+    name: str,
+    override_dir: Path | str | None = None,
+    *,
+    backend: str | None = None,
+    installed: bool = False,
+) -> Path:
     """The one binary locator: ``name`` of build ``variant`` in ``override_dir`` when the user gave one (a
     ``--bin-dir-*`` option), else from the latest build (:func:`find_binary`), else, with ``installed`` and the
     patched variant, from an installed ggml-bridge-server wheel. Raises NotBuiltError."""
     if override_dir is not None:
         path = Path(override_dir) / name
         if not path.is_file():
-            raise NotBuiltError(f"{name} not found in {override_dir}",
-                                fix=f"point the option at a directory holding the {variant} build's {name}")
+            raise NotBuiltError(
+                f"{name} not found in {override_dir}",
+                fix=f"point the option at a directory holding the {variant} build's {name}",
+            )
         return path
     try:
         return find_binary(settings, name, variant=variant, backend=backend)

@@ -31,8 +31,10 @@ def installed_server(settings: Settings, name: str = "llama-server") -> Path | N
         raise ServeError(str(e)) from None
     wanted = settings.build.backend
     if wanted not in ("auto", backend):
-        raise ServeError(f"the installed ggml-bridge-server wheel is built for {backend}, not {wanted}",
-                         fix=f"install a {wanted} wheel, or pass --backend {backend} / --server PATH")
+        raise ServeError(
+            f"the installed ggml-bridge-server wheel is built for {backend}, not {wanted}",
+            fix=f"install a {wanted} wheel, or pass --backend {backend} / --server PATH",
+        )
     version = server.get_manifest()["build"].get("version", "?")
     log(f"using {name} of the installed {DIST_NAME} {version} wheel: {path}")
     return Path(path)

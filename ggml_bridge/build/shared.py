@@ -45,9 +45,15 @@ NOPEER_OBJECT = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/ggml-cuda.cu.o"
 NOPEER_LIBRARY = "ggml/src/ggml-cuda/libggml-cuda.a"
 
 
-def ensure_shared(settings: Settings, variants: list[str], *, source_spec: str | None = None,
-                  allow_unpinned: bool = False, series: patchmod.Series | None = None,
-                  discard_changes: bool = False) -> list[BuildResult]:
+def ensure_shared(
+    settings: Settings,
+    variants: list[str],
+    *,
+    source_spec: str | None = None,
+    allow_unpinned: bool = False,
+    series: patchmod.Series | None = None,
+    discard_changes: bool = False,
+) -> list[BuildResult]:
     """Build several variants in one static CMake tree, so that the objects they share compile once.
 
     The tree is configured once (with the patched variant's options, which upstream's CMakeLists ignore) and
@@ -62,26 +68,50 @@ def ensure_shared(settings: Settings, variants: list[str], *, source_spec: str |
         raise UsageError("no variant to build", fix=f"use one or more of: {', '.join(modes.VARIANTS)}")
     for name in variants:
         if modes.variant(name).name not in SHARED_RECIPES:
-            raise UsageError(f"variant {name} cannot be built in a shared tree",
-                             why=f"the shared tree knows how to make {', '.join(SHARED_ORDER)}",
-                             fix=f"build {name} without --shared-tree")
+            raise UsageError(
+                f"variant {name} cannot be built in a shared tree",
+                why=f"the shared tree knows how to make {', '.join(SHARED_ORDER)}",
+                fix=f"build {name} without --shared-tree",
+            )
     order = [v for v in SHARED_ORDER if v in variants]
     backend, cuda = resolve_backend(settings.build.backend)
     for name in order:
         modes.check_backend(modes.variant(name), backend, fix=f"use --backend cuda, or leave {name} out")
 
     tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
-    patched = (patchmod.apply_series(settings, tree, series, discard_changes=discard_changes)
-               if modes.PATCHED in order else None)
+    patched = (
+        patchmod.apply_series(settings, tree, series, discard_changes=discard_changes)
+        if modes.PATCHED in order
+        else None
+    )
     tools = find_toolchain(cuda)
     # each variant is configured with its own options (the tree is re-configured when they change); static
     # libraries, so that a variant's binaries do not load the libraries the next variant rebuilds
-    args = {v: [a for a in cmake_args(settings, patched.path if v == modes.PATCHED and patched else tree.path,
-                                      modes.UPSTREAM if v == modes.UPSTREAM_NOPEER else v, backend, tools)
-                if not a.startswith("-DBUILD_SHARED_LIBS=")] + ["-DBUILD_SHARED_LIBS=OFF"] for v in order}
+    args = {
+        v: [
+            a
+            for a in cmake_args(
+                settings,
+                patched.path if v == modes.PATCHED and patched else tree.path,
+                modes.UPSTREAM if v == modes.UPSTREAM_NOPEER else v,
+                backend,
+                tools,
+            )
+            if not a.startswith("-DBUILD_SHARED_LIBS=")
+        ]
+        + ["-DBUILD_SHARED_LIBS=OFF"]
+        for v in order
+    }
     ui = uimod.ensure(settings, tree.path)  # the series leaves tools/ui alone: one UI for every variant
-    key = build_key(tree, patched.series if patched else None, "shared:" + ",".join(order), backend,
-                    [a for v in order for a in [v, *args[v]]], tools, ui)
+    key = build_key(
+        tree,
+        patched.series if patched else None,
+        "shared:" + ",".join(order),
+        backend,
+        [a for v in order for a in [v, *args[v]]],
+        tools,
+        ui,
+    )
     root = settings.cache_dir / "builds" / f"shared-{backend}-{key[:16]}"
 
     results = _shared_completed(root, order, backend, key)
@@ -89,7 +119,8 @@ def ensure_shared(settings: Settings, variants: list[str], *, source_spec: str |
         cache.ensure_writable(settings.cache_dir)
         with cache.entry_lock(root.with_name(root.name + ".lock")):
             results = _shared_completed(root, order, backend, key) or _shared_build(
-                settings, tree, patched, order, backend, key, root, args, tools, ui)
+                settings, tree, patched, order, backend, key, root, args, tools, ui
+            )
     for r in results:
         write_pointer(latest_path(settings, r.variant, backend), r, key)
     return results
@@ -107,9 +138,18 @@ def _shared_completed(root: Path, order: list[str], backend: str, key: str) -> l
     return out
 
 
-def _shared_build(settings: Settings, tree: fetchmod.Tree, patched: patchmod.PatchedTree | None, order: list[str],
-                  backend: str, key: str, root: Path, args: dict[str, list[str]],
-                  tools: Toolchain, ui: uimod.UiAssets) -> list[BuildResult]:
+def _shared_build(
+    settings: Settings,
+    tree: fetchmod.Tree,
+    patched: patchmod.PatchedTree | None,
+    order: list[str],
+    backend: str,
+    key: str,
+    root: Path,
+    args: dict[str, list[str]],
+    tools: Toolchain,
+    ui: uimod.UiAssets,
+) -> list[BuildResult]:
     src, build_dir = root / "src", root / "build"
     build_dir.mkdir(parents=True, exist_ok=True)
     log_file = build_dir / "build.log"
@@ -138,7 +178,9 @@ def _shared_build(settings: Settings, tree: fetchmod.Tree, patched: patchmod.Pat
         if v == modes.UPSTREAM_NOPEER:
             if not upstream_built:  # nopeer alone: the upstream objects first
                 with uimod.placed(settings, src, ui):
-                    steps.compile_targets(tools, build_dir, select_targets(tools, build_dir, log_file), jobs, log_file, env)
+                    steps.compile_targets(
+                        tools, build_dir, select_targets(tools, build_dir, log_file), jobs, log_file, env
+                    )
             targets = select_targets(tools, build_dir, log_file)
             with step("upstream-nopeer: recompile ggml-cuda.cu with -DGGML_CUDA_NO_PEER_COPY, relink"):
                 bins = _nopeer_relink(tools, build_dir, root / v / "bin", targets, log_file, env)
@@ -151,16 +193,31 @@ def _shared_build(settings: Settings, tree: fetchmod.Tree, patched: patchmod.Pat
             bins = _copy_binaries(build_dir / "bin", root / v / "bin", targets)
         how = {"tree": str(root), "order": order, "made": SHARED_RECIPES[v].format(object=NOPEER_OBJECT)}
         vargs = args[v] + (["-DGGML_CUDA_NO_PEER_COPY=ON"] if v == modes.UPSTREAM_NOPEER else [])
-        results.append(_finish_shared(tree, patched if v == modes.PATCHED else None, v, backend, key, root / v, src,
-                                      vargs, tools, bins, how, ui))
+        results.append(
+            _finish_shared(
+                tree,
+                patched if v == modes.PATCHED else None,
+                v,
+                backend,
+                key,
+                root / v,
+                src,
+                vargs,
+                tools,
+                bins,
+                how,
+                ui,
+            )
+        )
     return results
 
 
 def _overlay_series(patched: patchmod.PatchedTree, src: Path) -> list[str]:
     """Copy the files the series adds or modifies into ``src`` (and delete the ones it deletes)."""
     base = run(["git", "-C", patched.path, "rev-list", "--max-parents=0", "HEAD"], error=BuildError).stdout.split()[0]
-    diff = run(["git", "-C", patched.path, "diff", "--name-status", "--no-renames", "-z", base, "HEAD"],
-               error=BuildError).stdout.split("\0")
+    diff = run(
+        ["git", "-C", patched.path, "diff", "--name-status", "--no-renames", "-z", base, "HEAD"], error=BuildError
+    ).stdout.split("\0")
     changed = []
     for status, rel in zip(diff[0::2], diff[1::2], strict=False):
         dest = src / rel
@@ -174,8 +231,9 @@ def _overlay_series(patched: patchmod.PatchedTree, src: Path) -> list[str]:
     return changed
 
 
-def _nopeer_relink(tools: Toolchain, build_dir: Path, bin_dir: Path, targets: list[str], log_file: Path,
-                   env: dict[str, str]) -> dict[str, Path]:
+def _nopeer_relink(
+    tools: Toolchain, build_dir: Path, bin_dir: Path, targets: list[str], log_file: Path, env: dict[str, str]
+) -> dict[str, Path]:
     side = build_dir.parent / "nopeer-objs"
     shutil.rmtree(side, ignore_errors=True)
     side.mkdir(parents=True)
@@ -187,12 +245,16 @@ def _nopeer_relink(tools: Toolchain, build_dir: Path, bin_dir: Path, targets: li
 
     compile_cmd = command(NOPEER_OBJECT)
     if f"-o {NOPEER_OBJECT}" not in compile_cmd or " -c " not in compile_cmd:
-        raise BuildError("cannot derive the NO_PEER_COPY compile of ggml-cuda.cu",
-                         why=f"ninja's command for {NOPEER_OBJECT} has an unexpected form: {compile_cmd[:200]}",
-                         fix="build upstream-nopeer without --shared-tree")
-    compile_cmd = (compile_cmd.replace(" -c ", " -DGGML_CUDA_NO_PEER_COPY -c ", 1)
-                   .replace(f"-o {NOPEER_OBJECT}", f"-o {side}/ggml-cuda.cu.o", 1)
-                   .replace(f"-MF {NOPEER_OBJECT}.d", f"-MF {side}/ggml-cuda.cu.o.d", 1))
+        raise BuildError(
+            "cannot derive the NO_PEER_COPY compile of ggml-cuda.cu",
+            why=f"ninja's command for {NOPEER_OBJECT} has an unexpected form: {compile_cmd[:200]}",
+            fix="build upstream-nopeer without --shared-tree",
+        )
+    compile_cmd = (
+        compile_cmd.replace(" -c ", " -DGGML_CUDA_NO_PEER_COPY -c ", 1)
+        .replace(f"-o {NOPEER_OBJECT}", f"-o {side}/ggml-cuda.cu.o", 1)
+        .replace(f"-MF {NOPEER_OBJECT}.d", f"-MF {side}/ggml-cuda.cu.o.d", 1)
+    )
     _shell(compile_cmd, build_dir, log_file, env)
     shutil.copy2(build_dir / NOPEER_LIBRARY, side / "libggml-cuda.a")
     run(["ar", "r", "libggml-cuda.a", "ggml-cuda.cu.o"], cwd=side, error=BuildError)
@@ -200,11 +262,12 @@ def _nopeer_relink(tools: Toolchain, build_dir: Path, bin_dir: Path, targets: li
     for t in targets:
         link = command(f"bin/{t}")
         if NOPEER_LIBRARY not in link or f"-o bin/{t}" not in link:
-            raise BuildError(f"cannot relink {t} for NO_PEER_COPY",
-                             why=f"its link command does not name {NOPEER_LIBRARY} and bin/{t}",
-                             fix="build upstream-nopeer without --shared-tree")
-        link = link.replace(NOPEER_LIBRARY, str(side / "libggml-cuda.a")).replace(f"-o bin/{t}",
-                                                                                 f"-o {bin_dir / t}", 1)
+            raise BuildError(
+                f"cannot relink {t} for NO_PEER_COPY",
+                why=f"its link command does not name {NOPEER_LIBRARY} and bin/{t}",
+                fix="build upstream-nopeer without --shared-tree",
+            )
+        link = link.replace(NOPEER_LIBRARY, str(side / "libggml-cuda.a")).replace(f"-o bin/{t}", f"-o {bin_dir / t}", 1)
         _shell(link, build_dir, log_file, env)
         out[t] = bin_dir / t
     return out
@@ -215,8 +278,12 @@ def _shell(command: str, cwd: Path, log_file: Path, env: dict[str, str]) -> None
     note(log_file, ["sh", "-c", command])
     res = run(["sh", "-c", command], cwd=cwd, check=False, log_file=log_file, error=BuildError, env=env)
     if res.returncode != 0:
-        raise build_failed("a NO_PEER_COPY compile or link failed", res.returncode, log_file,
-                      "check the log; or build upstream-nopeer without --shared-tree")
+        raise build_failed(
+            "a NO_PEER_COPY compile or link failed",
+            res.returncode,
+            log_file,
+            "check the log; or build upstream-nopeer without --shared-tree",
+        )
 
 
 def _copy_binaries(src_bin: Path, dest_bin: Path, targets: list[str]) -> dict[str, Path]:
@@ -224,21 +291,47 @@ def _copy_binaries(src_bin: Path, dest_bin: Path, targets: list[str]) -> dict[st
     out = {}
     for t in targets:
         if not (src_bin / t).is_file():
-            raise BuildError(f"the build finished but {t} is missing from {src_bin}",
-                             fix="check the build log; the tree may place binaries elsewhere")
+            raise BuildError(
+                f"the build finished but {t} is missing from {src_bin}",
+                fix="check the build log; the tree may place binaries elsewhere",
+            )
         shutil.copy2(src_bin / t, dest_bin / t)
         out[t] = dest_bin / t
     return out
 
 
-def _finish_shared(tree: fetchmod.Tree, patched: patchmod.PatchedTree | None, variant: str, backend: str, key: str,
-                   out_dir: Path, src: Path, args: list[str], tools: Toolchain, binaries: dict[str, Path],
-                   how: dict[str, Any], ui: uimod.UiAssets) -> BuildResult:
-    manifest = manifest_for(tree, patched.series if patched else None, patched.head if patched else None,
-                         patched.path if patched else src, variant, backend, key, out_dir, args, tools, binaries, ui)
+def _finish_shared(
+    tree: fetchmod.Tree,
+    patched: patchmod.PatchedTree | None,
+    variant: str,
+    backend: str,
+    key: str,
+    out_dir: Path,
+    src: Path,
+    args: list[str],
+    tools: Toolchain,
+    binaries: dict[str, Path],
+    how: dict[str, Any],
+    ui: uimod.UiAssets,
+) -> BuildResult:
+    manifest = manifest_for(
+        tree,
+        patched.series if patched else None,
+        patched.head if patched else None,
+        patched.path if patched else src,
+        variant,
+        backend,
+        key,
+        out_dir,
+        args,
+        tools,
+        binaries,
+        ui,
+    )
     manifest["shared_tree"] = how
     cache.write_json_atomic(out_dir / "manifest.json", manifest)
-    cache.write_json_atomic(out_dir / COMPLETE_MARKER,
-                            {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}})
+    cache.write_json_atomic(
+        out_dir / COMPLETE_MARKER, {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}}
+    )
     log(f"    {variant}: {out_dir / 'bin'} (manifest {out_dir / 'manifest.json'})")
     return BuildResult(variant, backend, out_dir, out_dir / "bin", out_dir / "manifest.json", binaries, False)

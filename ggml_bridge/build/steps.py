@@ -23,19 +23,27 @@ from .toolchain import Toolchain
 
 #: Targets built when the tree defines them, in this order. llama-server is required.
 WANTED_TARGETS = (
-    "llama-server", "llama-bench", "llama-perplexity", "test-batched-transfers", "test-mapped-host-bridge",
+    "llama-server",
+    "llama-bench",
+    "llama-perplexity",
+    "test-batched-transfers",
+    "test-mapped-host-bridge",
     "ggml-rpc-server",
 )
 REQUIRED_TARGETS = ("llama-server",)
 #: Turned OFF when the tree's CMakeLists mention them. The web UI is never built by CMake (npm) nor downloaded
 #: (LLAMA_USE_PREBUILT_UI): :mod:`ggml_bridge.ui` builds it from the tree and places it where upstream embeds it.
-OFF_IF_PRESENT = ("LLAMA_BUILD_TESTS", "LLAMA_BUILD_EXAMPLES", "LLAMA_CURL", "LLAMA_OPENSSL", "LLAMA_BUILD_UI",
-                  "LLAMA_USE_PREBUILT_UI")
+OFF_IF_PRESENT = (
+    "LLAMA_BUILD_TESTS",
+    "LLAMA_BUILD_EXAMPLES",
+    "LLAMA_CURL",
+    "LLAMA_OPENSSL",
+    "LLAMA_BUILD_UI",
+    "LLAMA_USE_PREBUILT_UI",
+)
 COMPLETE_MARKER = "ggml-bridge-complete.json"
 _PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
 _ERROR_LINE = re.compile(r"(error[: ]|FAILED:|CMake Error|undefined reference|fatal)", re.IGNORECASE)
-
-
 
 
 @dataclass(frozen=True)
@@ -82,25 +90,54 @@ def cmake_args(settings: Settings, src: Path, variant: str, backend: str, tools:
     return [f"-D{k}={v}" for k, v in opts.items()] + list(settings.build.cmake_args)
 
 
-def build_key(tree: fetchmod.Tree, series: patchmod.Series | None, variant: str, backend: str, args: list[str],
-              tools: Toolchain, ui: uimod.UiAssets | None = None) -> str:
-    ident = {"ui": ui.sha256 if ui else None,
-        "tree": tree.key, "content": tree.content_sha256, "series": series.hash if series else None,
-        "variant": variant, "backend": backend, "cmake_args": args, "generator": "Ninja",
-        "cc": tools.cc.version, "cxx": tools.cxx.version, "nvcc": tools.cuda.version if tools.cuda else None,
+def build_key(
+    tree: fetchmod.Tree,
+    series: patchmod.Series | None,
+    variant: str,
+    backend: str,
+    args: list[str],
+    tools: Toolchain,
+    ui: uimod.UiAssets | None = None,
+) -> str:
+    ident = {
+        "ui": ui.sha256 if ui else None,
+        "tree": tree.key,
+        "content": tree.content_sha256,
+        "series": series.hash if series else None,
+        "variant": variant,
+        "backend": backend,
+        "cmake_args": args,
+        "generator": "Ninja",
+        "cc": tools.cc.version,
+        "cxx": tools.cxx.version,
+        "nvcc": tools.cuda.version if tools.cuda else None,
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
-def configure(tools: Toolchain, src: Path, build_dir: Path, args: list[str], log_file: Path,
-           env: dict[str, str] | None = None) -> None:
-    argv = [str(tools.cmake.path), "-S", str(src), "-B", str(build_dir), "-G", "Ninja",
-            f"-DCMAKE_MAKE_PROGRAM={tools.ninja.path}", *args]
+def configure(
+    tools: Toolchain, src: Path, build_dir: Path, args: list[str], log_file: Path, env: dict[str, str] | None = None
+) -> None:
+    argv = [
+        str(tools.cmake.path),
+        "-S",
+        str(src),
+        "-B",
+        str(build_dir),
+        "-G",
+        "Ninja",
+        f"-DCMAKE_MAKE_PROGRAM={tools.ninja.path}",
+        *args,
+    ]
     note(log_file, argv)
     res = run(argv, check=False, log_file=log_file, error=BuildError, env=env)
     if res.returncode != 0:
-        raise build_failed("CMake configure failed", res.returncode, log_file,
-                      "check the options above (an unknown -D value, a missing dependency); CMAKE_ARGS adds options")
+        raise build_failed(
+            "CMake configure failed",
+            res.returncode,
+            log_file,
+            "check the options above (an unknown -D value, a missing dependency); CMAKE_ARGS adds options",
+        )
 
 
 def select_targets(tools: Toolchain, build_dir: Path, log_file: Path) -> list[str]:
@@ -108,9 +145,11 @@ def select_targets(tools: Toolchain, build_dir: Path, log_file: Path) -> list[st
     defined = {line.split(":", 1)[0].strip() for line in res.stdout.splitlines() if ":" in line}
     missing = [t for t in REQUIRED_TARGETS if t not in defined]
     if missing:
-        raise BuildError(f"the tree defines no {', '.join(missing)} target",
-                         why="`ninja -t targets all` after configure does not list it",
-                         fix="check that --source is a llama.cpp tree with tools/server (LLAMA_BUILD_SERVER)")
+        raise BuildError(
+            f"the tree defines no {', '.join(missing)} target",
+            why="`ninja -t targets all` after configure does not list it",
+            fix="check that --source is a llama.cpp tree with tools/server (LLAMA_BUILD_SERVER)",
+        )
     chosen = [t for t in WANTED_TARGETS if t in defined]
     skipped = [t for t in WANTED_TARGETS if t not in defined]
     if skipped:
@@ -118,15 +157,20 @@ def select_targets(tools: Toolchain, build_dir: Path, log_file: Path) -> list[st
     return chosen
 
 
-def compile_targets(tools: Toolchain, build_dir: Path, targets: list[str], jobs: int, log_file: Path,
-           env: dict[str, str] | None = None) -> None:
+def compile_targets(
+    tools: Toolchain, build_dir: Path, targets: list[str], jobs: int, log_file: Path, env: dict[str, str] | None = None
+) -> None:
     progress = Progress()
     argv = [str(tools.ninja.path), "-C", str(build_dir), "-j", str(jobs), *targets]
     note(log_file, argv)
     res = run(argv, check=False, log_file=log_file, on_line=progress, error=BuildError, env=env)
     if res.returncode != 0:
-        raise build_failed("the compile failed", res.returncode, log_file, "fix the error above; the build resumes where "
-                      "it stopped when re-run")
+        raise build_failed(
+            "the compile failed",
+            res.returncode,
+            log_file,
+            "fix the error above; the build resumes where it stopped when re-run",
+        )
     if progress.total == 0:
         log("    ninja: nothing to do")
 
@@ -161,9 +205,13 @@ def build_failed(what: str, rc: int, log_file: Path, fix: str) -> BuildError:
     """A BuildError quoting the log from its first error line (``FAILED:``, ``CMake Error``...) on."""
     lines = log_file.read_text(errors="replace").splitlines()[-300:]
     first = next((i for i, line in enumerate(lines) if _ERROR_LINE.search(line)), None)
-    shown = lines[first:first + 25] if first is not None else lines[-15:]
-    return BuildError(what, why=f"exit status {rc}; full log: {log_file}; last error lines:\n    "
-                      + "\n    ".join(line.rstrip() for line in shown or ["(no output)"]), fix=fix)
+    shown = lines[first : first + 25] if first is not None else lines[-15:]
+    return BuildError(
+        what,
+        why=f"exit status {rc}; full log: {log_file}; last error lines:\n    "
+        + "\n    ".join(line.rstrip() for line in shown or ["(no output)"]),
+        fix=fix,
+    )
 
 
 def completed(build_dir: Path, key: str) -> dict[str, Path] | None:
@@ -183,9 +231,20 @@ def completed(build_dir: Path, key: str) -> dict[str, Path] | None:
     return out
 
 
-def manifest_for(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None, src: Path, variant: str,
-              backend: str, key: str, build_dir: Path, args: list[str], tools: Toolchain,
-              binaries: dict[str, Path], ui: uimod.UiAssets) -> dict[str, Any]:
+def manifest_for(
+    tree: fetchmod.Tree,
+    series: patchmod.Series | None,
+    head: str | None,
+    src: Path,
+    variant: str,
+    backend: str,
+    key: str,
+    build_dir: Path,
+    args: list[str],
+    tools: Toolchain,
+    binaries: dict[str, Path],
+    ui: uimod.UiAssets,
+) -> dict[str, Any]:
     toolchain = {
         "cc": {"path": str(tools.cc.path), "version": tools.cc.version},
         "cxx": {"path": str(tools.cxx.path), "version": tools.cxx.version},
@@ -215,8 +274,13 @@ def source_manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: s
     """What a manifest says about the sources: the upstream tree and the patch series applied to it."""
     return {
         "upstream": {
-            "commit": tree.commit, "id": tree.commit_or_id, "origin": tree.origin, "pinned": tree.pinned,
-            "archive_sha256": tree.archive_sha256, "content_sha256": tree.content_sha256, "cache_key": tree.key,
+            "commit": tree.commit,
+            "id": tree.commit_or_id,
+            "origin": tree.origin,
+            "pinned": tree.pinned,
+            "archive_sha256": tree.archive_sha256,
+            "content_sha256": tree.content_sha256,
+            "cache_key": tree.key,
         },
         "patches": [{"name": p.name, "sha256": p.sha256} for p in series.patches] if series else [],
         "series_hash": series.hash if series else None,
@@ -227,12 +291,17 @@ def source_manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: s
 def write_pointer(pointer: Path | None, result: BuildResult, key: str) -> None:
     if pointer is None:
         return
-    cache.write_json_atomic(pointer, {
-        "variant": result.variant, "backend": result.backend, "key": key, "build_dir": str(result.build_dir),
-        "manifest": str(result.manifest_path), "binaries": {n: str(p) for n, p in result.binaries.items()},
-    })
-
-
+    cache.write_json_atomic(
+        pointer,
+        {
+            "variant": result.variant,
+            "backend": result.backend,
+            "key": key,
+            "build_dir": str(result.build_dir),
+            "manifest": str(result.manifest_path),
+            "binaries": {n: str(p) for n, p in result.binaries.items()},
+        },
+    )
 
 
 def _cmakelists_text(src: Path) -> str:

@@ -54,13 +54,16 @@ def resolve_backend(requested: str) -> tuple[str, CudaToolkit | None]:
         return "cuda", cuda
     if requested == "cuda":
         if cuda is None:
-            raise ToolchainError("the CUDA backend was requested but nvcc was not found",
-                                 why="no nvcc on PATH, $CUDACXX, $CUDA_HOME or /usr/local/cuda",
-                                 fix="install the CUDA toolkit (and put nvcc on PATH), or use --backend cpu")
-        raise ToolchainError(f"the CUDA backend was requested but CUDA {cuda.version} at {cuda.root} has no cuBLAS",
-                             why="cublas_v2.h was not found in its include directories; ggml-cuda needs cuBLAS",
-                             fix="install the toolkit's cuBLAS development package (e.g. libcublas-dev), "
-                             "or use --backend cpu")
+            raise ToolchainError(
+                "the CUDA backend was requested but nvcc was not found",
+                why="no nvcc on PATH, $CUDACXX, $CUDA_HOME or /usr/local/cuda",
+                fix="install the CUDA toolkit (and put nvcc on PATH), or use --backend cpu",
+            )
+        raise ToolchainError(
+            f"the CUDA backend was requested but CUDA {cuda.version} at {cuda.root} has no cuBLAS",
+            why="cublas_v2.h was not found in its include directories; ggml-cuda needs cuBLAS",
+            fix="install the toolkit's cuBLAS development package (e.g. libcublas-dev), or use --backend cpu",
+        )
     reason = "nvcc not found" if cuda is None else f"nvcc {cuda.version} found but no cuBLAS headers in {cuda.root}"
     log(f"backend auto: {reason}: building for cpu")
     return "cpu", None
@@ -75,8 +78,10 @@ def detect_cuda() -> CudaToolkit | None:
     m = re.search(r"release (\d+\.\d+)", res.stdout)
     version = m.group(1) if m else "unknown"
     # only the toolkit of this nvcc (and one named explicitly) counts: CMake finds cuBLAS next to the compiler
-    roots = _unique([real.parent.parent] + [Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT")
-                                             if os.environ.get(v)])
+    roots = _unique(
+        [real.parent.parent]
+        + [Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT") if os.environ.get(v)]
+    )
     header = None
     for root in roots:
         cands = [root / "include" / "cublas_v2.h", *sorted(root.glob("targets/*/include/cublas_v2.h"))]
@@ -87,8 +92,13 @@ def detect_cuda() -> CudaToolkit | None:
 
 
 def find_toolchain(cuda: CudaToolkit | None = None) -> Toolchain:
-    return Toolchain(find_cmake(), find_ninja(), _compiler("CC", ("cc", "gcc", "clang")),
-                     _compiler("CXX", ("c++", "g++", "clang++")), cuda)
+    return Toolchain(
+        find_cmake(),
+        find_ninja(),
+        _compiler("CC", ("cc", "gcc", "clang")),
+        _compiler("CXX", ("c++", "g++", "clang++")),
+        cuda,
+    )
 
 
 def find_cmake() -> Tool:
@@ -112,8 +122,11 @@ def _find_tool(name: str, minimum: tuple[int, ...], fallback: Path | None, fix: 
         seen.append(f"{cand} ({version or 'unusable'})")
         if version and _vtuple(version) >= minimum:
             return Tool(Path(cand), version)
-    raise ToolchainError(f"no usable {name} >= {'.'.join(map(str, minimum))}",
-                         why="found: " + (", ".join(seen) if seen else "none"), fix=fix)
+    raise ToolchainError(
+        f"no usable {name} >= {'.'.join(map(str, minimum))}",
+        why="found: " + (", ".join(seen) if seen else "none"),
+        fix=fix,
+    )
 
 
 def _version(path: Path) -> str | None:
@@ -143,18 +156,26 @@ def _compiler(var: str, names: tuple[str, ...]) -> Tool:
         cmd = os.environ[var].split()[0]
         path = shutil.which(cmd)
         if not path:
-            raise ToolchainError(f"{lang} compiler ${var}={os.environ[var]} not found",
-                                 fix=f"fix ${var} or unset it to use the system compiler")
+            raise ToolchainError(
+                f"{lang} compiler ${var}={os.environ[var]} not found",
+                fix=f"fix ${var} or unset it to use the system compiler",
+            )
     else:
         path = next((p for p in map(shutil.which, names) if p), None)
         if not path:
-            raise ToolchainError(f"no {lang} compiler found", why=f"none of {', '.join(names)} is on PATH",
-                                 fix="install gcc and g++ (Debian: apt-get install build-essential) or set CC/CXX")
+            raise ToolchainError(
+                f"no {lang} compiler found",
+                why=f"none of {', '.join(names)} is on PATH",
+                fix="install gcc and g++ (Debian: apt-get install build-essential) or set CC/CXX",
+            )
     res = run([path, "--version"], check=False)
     first = (res.stdout or res.stderr).strip().splitlines()
     if res.returncode != 0 or not first:
-        raise ToolchainError(f"{lang} compiler {path} does not run", why=f"`{path} --version` exited {res.returncode}",
-                             fix=f"fix the compiler installation or set ${var}")
+        raise ToolchainError(
+            f"{lang} compiler {path} does not run",
+            why=f"`{path} --version` exited {res.returncode}",
+            fix=f"fix the compiler installation or set ${var}",
+        )
     return Tool(Path(path), first[0])
 
 

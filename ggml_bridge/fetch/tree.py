@@ -69,9 +69,19 @@ def tree_digest(root: Path) -> str:
     return cache.dir_digest(root, (full for _, full in _walk(root)), kinds=True)
 
 
-def _finish(settings: Settings, pin: pinmod.Pin, stage: Path, *, key: str, commit: str | None, pinned: bool,
-            origin: str, archive_sha256: str | None = None, content_sha256: str | None = None,
-            failed: type[Exception] = SourceError) -> Tree:
+def _finish(
+    settings: Settings,
+    pin: pinmod.Pin,
+    stage: Path,
+    *,
+    key: str,
+    commit: str | None,
+    pinned: bool,
+    origin: str,
+    archive_sha256: str | None = None,
+    content_sha256: str | None = None,
+    failed: type[Exception] = SourceError,
+) -> Tree:
     """Verify ``stage/src``, write ``tree.json``, and rename the stage into ``<cache>/trees/<key>``."""
     src = stage / "src"
     gitlink = src / ".git"  # a submodule gitlink file (sdists) or a clone's metadata: never part of a tree
@@ -80,9 +90,16 @@ def _finish(settings: Settings, pin: pinmod.Pin, stage: Path, *, key: str, commi
     elif gitlink.is_dir():
         shutil.rmtree(gitlink)
     _verify_tree(src, pin, failed, what=origin)
-    tree = Tree(path=settings.cache_dir / "trees" / key / "src", commit_or_id=commit or key, origin=origin,
-                key=key, commit=commit, pinned=pinned, archive_sha256=archive_sha256,
-                content_sha256=content_sha256 or tree_digest(src))
+    tree = Tree(
+        path=settings.cache_dir / "trees" / key / "src",
+        commit_or_id=commit or key,
+        origin=origin,
+        key=key,
+        commit=commit,
+        pinned=pinned,
+        archive_sha256=archive_sha256,
+        content_sha256=content_sha256 or tree_digest(src),
+    )
     published = publish_tree(settings, stage, tree)
     log(f"    tree {key[:16]} cached at {tree.path}")
     return published

@@ -56,8 +56,12 @@ def describe_logits_diff(ref: Path, other: Path, offset: int) -> dict[str, Any]:
     base = tok_end + rec * 2 * nv
     first = n_ctx // 2
     per_chunk = n_ctx - 1 - first
-    where = {"offset": offset, "token_record": rec, "chunk": rec // per_chunk,
-             "position_in_chunk": first + rec % per_chunk}
+    where = {
+        "offset": offset,
+        "token_record": rec,
+        "chunk": rec // per_chunk,
+        "position_in_chunk": first + rec % per_chunk,
+    }
     if elem < 4:
         names = ["scale", "min_log_prob"]
         k = elem // 2
@@ -68,8 +72,14 @@ def describe_logits_diff(ref: Path, other: Path, offset: int) -> dict[str, Any]:
         q = [_read_at(p, base + 2 * elem, "<H") for p in (ref, other)]
         hdr = [(_read_at(p, base, "<f"), _read_at(p, base + 4, "<f")) for p in (ref, other)]
         lp = [None if v is None or h[0] is None else h[1] + h[0] * v for v, h in zip(q, hdr, strict=False)]
-        where.update(where=f"log-prob of vocab entry {tok}", vocab_id=tok, reference=q[0], mode=q[1],
-                     reference_log_prob=lp[0], mode_log_prob=lp[1])
+        where.update(
+            where=f"log-prob of vocab entry {tok}",
+            vocab_id=tok,
+            reference=q[0],
+            mode=q[1],
+            reference_log_prob=lp[0],
+            mode_log_prob=lp[1],
+        )
     return where
 
 
@@ -108,8 +118,11 @@ def describe_responses_diff(ref: Path, other: Path, offset: int) -> dict[str, An
             xa, yb = x.get("top_logprobs") or [], y.get("top_logprobs") or []
             for j, (u, v) in enumerate(zip(xa, yb, strict=False)):
                 if u != v:
-                    out.update(rank=j, reference={"id": u.get("id"), "logprob": u.get("logprob")},
-                               mode={"id": v.get("id"), "logprob": v.get("logprob")})
+                    out.update(
+                        rank=j,
+                        reference={"id": u.get("id"), "logprob": u.get("logprob")},
+                        mode={"id": v.get("id"), "logprob": v.get("logprob")},
+                    )
                     break
             else:
                 out.update(reference=x.get("logprob"), mode=y.get("logprob"))
@@ -124,12 +137,17 @@ def describe_responses_diff(ref: Path, other: Path, offset: int) -> dict[str, An
 
 def compare_files(ref: Path, other: Path, kind: str) -> dict[str, Any]:
     off, n = first_difference(ref, other)
-    res: dict[str, Any] = {"identical": off is None, "bytes_compared": n,
-                           "reference_bytes": ref.stat().st_size, "mode_bytes": other.stat().st_size}
+    res: dict[str, Any] = {
+        "identical": off is None,
+        "bytes_compared": n,
+        "reference_bytes": ref.stat().st_size,
+        "mode_bytes": other.stat().st_size,
+    }
     if off is not None:
         try:
             res["first_difference"] = (describe_logits_diff if kind == "logits" else describe_responses_diff)(
-                ref, other, off)
+                ref, other, off
+            )
         except Exception as e:  # noqa: BLE001 - the description is a courtesy; the offset is the fact
             res["first_difference"] = {"offset": off, "where": f"(could not describe: {e})"}
     return res

@@ -12,10 +12,12 @@ from .schema import Rung
 
 #: Words that are single tokens in the llama-spm vocabulary (checked against the vocab at run time), so a
 #: text of N words is about N tokens and prompts of a given length can be made without a tokenizer.
-WORDS = ("the of and to in is was for on that with as by at from it his an are were which be this has or "
-         "had not but also first one their its new after who they have her she two been other when there all "
-         "during into school time may years more most only over city some world would where later up such used "
-         "many can state about national out known university then made").split()
+WORDS = (
+    "the of and to in is was for on that with as by at from it his an are were which be this has or "
+    "had not but also first one their its new after who they have her she two been other when there all "
+    "during into school time may years more most only over city some world would where later up such used "
+    "many can state about national out known university then made"
+).split()
 
 
 def make_words(n: int, seed: int, vocab_tokens: Sequence[str] | None = None) -> list[str]:
@@ -37,7 +39,7 @@ def make_text(n_words: int, seed: int, vocab_tokens: Sequence[str] | None = None
     n_sent = 0
     while i < len(words):
         k = int(rng.integers(8, 17))
-        sent = words[i:i + k]
+        sent = words[i : i + k]
         i += k
         out.append(" ".join(sent) + ".")
         n_sent += 1
@@ -54,14 +56,30 @@ def make_prompts(rung: Rung, seed: int, vocab_tokens: Sequence[str] | None) -> l
 
 
 def request_payload(prompt: str, rung: Rung) -> dict[str, Any]:
-    return {"prompt": prompt, "n_predict": rung.n_predict, "temperature": 0.0, "n_probs": rung.n_probs,
-            "cache_prompt": False, "ignore_eos": True, "return_tokens": True, "seed": 1, "stream": False}
+    return {
+        "prompt": prompt,
+        "n_predict": rung.n_predict,
+        "temperature": 0.0,
+        "n_probs": rung.n_probs,
+        "cache_prompt": False,
+        "ignore_eos": True,
+        "return_tokens": True,
+        "seed": 1,
+        "stream": False,
+    }
 
 
 #: Response fields that are part of the result; everything else (timings, slot ids, settings echo,
 #: model path) is not compared.
-RESULT_KEYS = ("content", "tokens", "completion_probabilities", "tokens_predicted", "tokens_evaluated",
-               "stop_type", "truncated")
+RESULT_KEYS = (
+    "content",
+    "tokens",
+    "completion_probabilities",
+    "tokens_predicted",
+    "tokens_evaluated",
+    "stop_type",
+    "truncated",
+)
 
 
 def canonical_response(raw: bytes, index: int) -> bytes:

@@ -35,8 +35,9 @@ def _dir_fingerprint(d: Path) -> str:
     return cache.dir_digest(d, sorted(p for p in d.iterdir() if p.is_file() and not p.is_symlink()))
 
 
-def resolve_binaries(args: argparse.Namespace, settings: Settings, backend: str, needed: set[str],
-                     with_rpc: bool = False) -> Binaries:
+def resolve_binaries(
+    args: argparse.Namespace, settings: Settings, backend: str, needed: set[str], with_rpc: bool = False
+) -> Binaries:
     names = ("llama-server", "llama-perplexity") + ((rpc.RPC_SERVER,) if with_rpc else ())
     found: dict[str, dict[str, Path]] = {}
     for variant in ("patched", "upstream"):
@@ -75,8 +76,10 @@ def _find_vocab(args: argparse.Namespace, settings: Settings, bins: Binaries) ->
         cache = getattr(settings, "cache_dir", None)
         found = model.find_vocab(cache) if cache else None
     if found is None:
-        raise LadderSetupError(f"cannot find the upstream vocabulary models/{model.VOCAB_FILE}",
-                               fix="pass --vocab PATH or set GGML_BRIDGE_VOCAB (it is in the upstream tree's models/)")
+        raise LadderSetupError(
+            f"cannot find the upstream vocabulary models/{model.VOCAB_FILE}",
+            fix="pass --vocab PATH or set GGML_BRIDGE_VOCAB (it is in the upstream tree's models/)",
+        )
     return found
 
 
@@ -87,7 +90,7 @@ def _device_env(rung: Rung) -> dict[str, str]:
         ids = [x for x in visible.split(",") if x.strip()] if visible else [str(i) for i in range(rung.devices)]
         if len(ids) < rung.devices:
             raise LadderSetupError(f"rung {rung.name} needs {rung.devices} GPUs; CUDA_VISIBLE_DEVICES={visible}")
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[:rung.devices])
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[: rung.devices])
         if rung.virtual_devices:
             env[modes.CUDA_DEVICES] = str(rung.virtual_devices)
     else:
@@ -98,8 +101,18 @@ def _device_env(rung: Rung) -> dict[str, str]:
 def _common_args(rung: Rung, threads: int) -> list[str]:
     ngl = rung.gpu_layers if rung.gpu_layers is not None else (999 if rung.devices > 0 else 0)
     # -lv 4: the contract's INFO lines (bridge enabled/stats, "using device") are dropped below it
-    a = ["-lv", str(serve.CONTRACT_VERBOSITY), "-t", str(threads), "-ngl", str(ngl), "-b", str(rung.batch),
-         "-ub", str(rung.ubatch)]
+    a = [
+        "-lv",
+        str(serve.CONTRACT_VERBOSITY),
+        "-t",
+        str(threads),
+        "-ngl",
+        str(ngl),
+        "-b",
+        str(rung.batch),
+        "-ub",
+        str(rung.ubatch),
+    ]
     if rung.devices > 0:
         a += ["-sm", rung.split_mode]
     return a
@@ -118,25 +131,44 @@ class ModeRun:
     links: dict[str, dict[str, Any]] = field(default_factory=dict)  # by endpoint: what crossed its shaped link
 
 
-def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path: Path, prompts: list[str],
-             out: Path, threads: int, startup_timeout: float) -> ModeRun:
+def run_mode(
+    mode: Mode,
+    rung: Rung,
+    bins: Binaries,
+    model_path: Path,
+    text_path: Path,
+    prompts: list[str],
+    out: Path,
+    threads: int,
+    startup_timeout: float,
+) -> ModeRun:
     out.mkdir(parents=True, exist_ok=True)
     b = bins.patched if mode.variant == "patched" else bins.upstream
     server_bin, ppl_bin = b["llama-server"], b["llama-perplexity"]
     rung = dataclasses.replace(rung, devices=mode.devices, virtual_devices=None) if mode.devices else rung
     env = {**_device_env(rung), **mode.env(), **rung.env}
     lib_dir = str(server_bin.resolve().parent)
-    env["LD_LIBRARY_PATH"] = lib_dir + (":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else "")
+    env["LD_LIBRARY_PATH"] = lib_dir + (
+        ":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else ""
+    )
     res = ModeRun(mode.name)
     t0 = time.monotonic()
     topo = None
     if mode.rpc:  # the GPUs belong to the rpc-servers; llama-server and llama-perplexity get none (unless
         # rpc_front_gpu: the front keeps the rung's GPUs, as a host with its own GPU plus rpc-servers)
-        topo = rpc.Topology([rpc.LocalRpcServer(b[rpc.RPC_SERVER], devices=d,
-                                                env={**env, **(rung.rpc_env[i] if rung.rpc_env else {})},
-                                                threads=threads, log_file=out / f"rpc-server-{i}.log")
-                             for i, d in enumerate(rung.rpc_servers)],
-                            link=shaper.parse_link(rung.rpc_link) if rung.rpc_link else None)
+        topo = rpc.Topology(
+            [
+                rpc.LocalRpcServer(
+                    b[rpc.RPC_SERVER],
+                    devices=d,
+                    env={**env, **(rung.rpc_env[i] if rung.rpc_env else {})},
+                    threads=threads,
+                    log_file=out / f"rpc-server-{i}.log",
+                )
+                for i, d in enumerate(rung.rpc_servers)
+            ],
+            link=shaper.parse_link(rung.rpc_link) if rung.rpc_link else None,
+        )
         if not rung.rpc_front_gpu:
             env = {**env, "CUDA_VISIBLE_DEVICES": ""}
         elif mode.uses_bridge:  # an rpc mode's bridge selector is the rpc-servers'; the front is validated as off
@@ -147,8 +179,23 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
             topo.start(rpc.expected_version(server_bin))
             extra = [*topo.server_args(), "-ngl", "999"]  # the shapers' ends exist once started
         port = serve.free_port()
-        sargs = ["-m", str(model_path), "--host", "127.0.0.1", "--port", str(port), "-c", str(rung.server_ctx()),
-                 "-np", "1", "--no-webui", "--metrics", *_common_args(rung, threads), *extra, *rung.server_args]
+        sargs = [
+            "-m",
+            str(model_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            str(rung.server_ctx()),
+            "-np",
+            "1",
+            "--no-webui",
+            "--metrics",
+            *_common_args(rung, threads),
+            *extra,
+            *rung.server_args,
+        ]
         slog = out / "server.log"
         slog.unlink(missing_ok=True)
         srv = serve.Server(server_bin, sargs, env=env, log_file=slog, startup_timeout=startup_timeout)
@@ -157,30 +204,53 @@ def run_mode(mode: Mode, rung: Rung, bins: Binaries, model_path: Path, text_path
             resp = out / "responses.jsonl"
             with open(resp, "wb") as fh:
                 for i, p in enumerate(prompts):
-                    fh.write(canonical_response(srv.post("/completion", request_payload(p, rung),
-                                                         timeout=rung.timeout), i))
+                    fh.write(
+                        canonical_response(srv.post("/completion", request_payload(p, rung), timeout=rung.timeout), i)
+                    )
             res.responses = resp
             res.metrics = srv.metrics()
         finally:
             rc = srv.stop()
         res.logs["server"] = srv.info()
         if rc not in (0, None):
-            raise ServeError(f"llama-server exited with status {rc} when stopped",
-                             why="last lines:\n    " + "\n    ".join(srv.tail(10)))
+            raise ServeError(
+                f"llama-server exited with status {rc} when stopped",
+                why="last lines:\n    " + "\n    ".join(srv.tail(10)),
+            )
         if rung.perplexity:
             logits = out / "logits.bin"
             logits.unlink(missing_ok=True)
             plog = out / "perplexity.log"
             plog.unlink(missing_ok=True)
             pc = rung.perplexity_ctx()
-            pargs: list[str | Path] = [ppl_bin, "-m", model_path, "-f", text_path, "-c", str(pc),
-                     *_common_args(rung, threads), *extra, "--kl-divergence-base", logits, *rung.perplexity_args]
-            r = runner.run(pargs, env=env, log_file=plog, error=ServeError, timeout=rung.timeout,
-                           what=f"llama-perplexity failed in mode {mode.name}")
+            pargs: list[str | Path] = [
+                ppl_bin,
+                "-m",
+                model_path,
+                "-f",
+                text_path,
+                "-c",
+                str(pc),
+                *_common_args(rung, threads),
+                *extra,
+                "--kl-divergence-base",
+                logits,
+                *rung.perplexity_args,
+            ]
+            r = runner.run(
+                pargs,
+                env=env,
+                log_file=plog,
+                error=ServeError,
+                timeout=rung.timeout,
+                what=f"llama-perplexity failed in mode {mode.name}",
+            )
             res.logs["perplexity"] = logparse.parse(plog.read_text(errors="replace"))
             if not logits.is_file() or logits.stat().st_size <= 20:
-                raise ServeError(f"llama-perplexity wrote no logits in mode {mode.name}",
-                                 why="last lines:\n    " + r.stdout[-2000:].replace("\n", "\n    "))
+                raise ServeError(
+                    f"llama-perplexity wrote no logits in mode {mode.name}",
+                    why="last lines:\n    " + r.stdout[-2000:].replace("\n", "\n    "),
+                )
             res.logits = logits
         if topo and mode.variant == "patched":
             topo.counters()  # one counters line per server, parsed below
@@ -205,14 +275,33 @@ def _artifact(path: Path | None) -> dict[str, Any] | None:
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-def run_rung(rung: Rung, ladder: Ladder, bins: Binaries, vocab: Path, cache_dir: Path, report_dir: Path,
-             threads: int, startup_timeout: float, keep_logits: bool) -> dict[str, Any]:
+def run_rung(
+    rung: Rung,
+    ladder: Ladder,
+    bins: Binaries,
+    vocab: Path,
+    cache_dir: Path,
+    report_dir: Path,
+    threads: int,
+    startup_timeout: float,
+    keep_logits: bool,
+) -> dict[str, Any]:
     t0 = time.monotonic()
     rep: dict[str, Any] = {
-        "name": rung.name, "shape": dataclasses.asdict(rung.shape), "seed": rung.seed,
-        "devices": rung.devices, "virtual_devices": rung.virtual_devices, "split_mode": rung.split_mode,
-        "multi_device": rung.multi_device, "ubatch": rung.ubatch, "batch": rung.batch, "ctx": rung.server_ctx(),
-        "ppl_ctx": rung.perplexity_ctx(), "reference": rung.reference, "modes": {}, "status": "pass",
+        "name": rung.name,
+        "shape": dataclasses.asdict(rung.shape),
+        "seed": rung.seed,
+        "devices": rung.devices,
+        "virtual_devices": rung.virtual_devices,
+        "split_mode": rung.split_mode,
+        "multi_device": rung.multi_device,
+        "ubatch": rung.ubatch,
+        "batch": rung.batch,
+        "ctx": rung.server_ctx(),
+        "ppl_ctx": rung.perplexity_ctx(),
+        "reference": rung.reference,
+        "modes": {},
+        "status": "pass",
         "problems": [],
     }
     out = report_dir / rung.name
@@ -239,24 +328,36 @@ def run_rung(rung: Rung, ladder: Ladder, bins: Binaries, vocab: Path, cache_dir:
         runner.log(f"    {rung.name}: mode {name}")
         mr = run_mode(mode, rung, bins, mpath, text, prompts, out / name, threads, startup_timeout)
         runs[name] = mr
-        entry: dict[str, Any] = {"wall_s": round(mr.wall_s, 2), "variant": mode.variant,
-                                 "selectors": mode.env(),
-                                 "responses": _artifact(mr.responses), "logits": _artifact(mr.logits)}
+        entry: dict[str, Any] = {
+            "wall_s": round(mr.wall_s, 2),
+            "variant": mode.variant,
+            "selectors": mode.env(),
+            "responses": _artifact(mr.responses),
+            "logits": _artifact(mr.logits),
+        }
         if mr.error:
             entry["error"] = mr.error
             rep["status"] = "error"
             rep["problems"].append(f"{name}: {mr.error}")
         else:
             front = dataclasses.replace(mode, bridge="off" if mode.bridge else None) if mode.rpc else mode
-            v = validate_mode(front, dataclasses.replace(rung, devices=mode.devices, virtual_devices=None)
-                              if mode.devices else rung, mr.logs, mr.metrics)
+            v = validate_mode(
+                front,
+                dataclasses.replace(rung, devices=mode.devices, virtual_devices=None) if mode.devices else rung,
+                mr.logs,
+                mr.metrics,
+            )
             if mode.rpc:
                 r = validate_rpc(mode, mr.rpc_servers, rung, mr.links)
                 if rung.rpc_front_gpu:
                     r["problems"] += validate_front(rung, mr.logs)
                     r["ok"] = not r["problems"]
-                v.update(ok=v["ok"] and r["ok"], problems=v["problems"] + r["problems"],
-                         notes=v["notes"] + r["notes"], rpc=r["servers"])
+                v.update(
+                    ok=v["ok"] and r["ok"],
+                    problems=v["problems"] + r["problems"],
+                    notes=v["notes"] + r["notes"],
+                    rpc=r["servers"],
+                )
             entry["validity"] = v
             if not v["ok"]:
                 if rep["status"] == "pass":
@@ -280,8 +381,9 @@ def run_rung(rung: Rung, ladder: Ladder, bins: Binaries, vocab: Path, cache_dir:
                 if not c["identical"]:
                     rep["status"] = "mismatch"
                     fd = c.get("first_difference", {})
-                    rep["problems"].append(f"{name}: {kind} differ from {rung.reference} at byte {fd.get('offset')}"
-                                           f" ({fd.get('where')})")
+                    rep["problems"].append(
+                        f"{name}: {kind} differ from {rung.reference} at byte {fd.get('offset')} ({fd.get('where')})"
+                    )
             rep["modes"][name]["compare"] = cmp
 
     if not keep_logits and rep["status"] in ("pass", "invalid"):
@@ -303,26 +405,61 @@ def default_ladder(settings: Settings) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ladder", type=Path, default=None, metavar="FILE",
-                        help="ladder TOML (default: ladders/cpu.toml, or ladders/cuda.toml when the backend is cuda)")
-    parser.add_argument("--report", type=Path, default=None, metavar="DIR",
-                        help="report directory (default: <cache>/reports/<ladder>-<time>)")
-    parser.add_argument("--bin-dir-patched", type=Path, default=None, metavar="DIR",
-                        help="directory with the patched llama-server and llama-perplexity (skips the build stage)")
-    parser.add_argument("--bin-dir-upstream", type=Path, default=None, metavar="DIR",
-                        help="directory with the unpatched llama-server and llama-perplexity")
-    parser.add_argument("--rung", action="append", default=None, metavar="NAME",
-                        help="run only this rung (repeatable)")
-    parser.add_argument("--vocab", type=Path, default=None, metavar="GGUF",
-                        help=f"vocabulary GGUF (default: models/{model.VOCAB_FILE} of the upstream tree)")
-    parser.add_argument("--threads", type=argtypes.count(1), default=None, help="-t for every process (default: all cores)")
-    parser.add_argument("--startup-timeout", type=argtypes.seconds(), default=900.0, metavar="S",
-                        help="seconds to wait for each llama-server to become ready (default: 900)")
-    parser.add_argument("--keep-logits", action="store_true",
-                        help="keep the logits dumps of passing rungs (they are kept on mismatch)")
-    parser.add_argument("--allow-same-build", action="store_true",
-                        help="allow identical patched and upstream binaries (development only: such a "
-                             "comparison proves nothing about the patches)")
+    parser.add_argument(
+        "--ladder",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="ladder TOML (default: ladders/cpu.toml, or ladders/cuda.toml when the backend is cuda)",
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="report directory (default: <cache>/reports/<ladder>-<time>)",
+    )
+    parser.add_argument(
+        "--bin-dir-patched",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="directory with the patched llama-server and llama-perplexity (skips the build stage)",
+    )
+    parser.add_argument(
+        "--bin-dir-upstream",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="directory with the unpatched llama-server and llama-perplexity",
+    )
+    parser.add_argument("--rung", action="append", default=None, metavar="NAME", help="run only this rung (repeatable)")
+    parser.add_argument(
+        "--vocab",
+        type=Path,
+        default=None,
+        metavar="GGUF",
+        help=f"vocabulary GGUF (default: models/{model.VOCAB_FILE} of the upstream tree)",
+    )
+    parser.add_argument(
+        "--threads", type=argtypes.count(1), default=None, help="-t for every process (default: all cores)"
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=argtypes.seconds(),
+        default=900.0,
+        metavar="S",
+        help="seconds to wait for each llama-server to become ready (default: 900)",
+    )
+    parser.add_argument(
+        "--keep-logits", action="store_true", help="keep the logits dumps of passing rungs (they are kept on mismatch)"
+    )
+    parser.add_argument(
+        "--allow-same-build",
+        action="store_true",
+        help="allow identical patched and upstream binaries (development only: such a "
+        "comparison proves nothing about the patches)",
+    )
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -331,16 +468,19 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.rung:
         unknown = set(args.rung) - {r.name for r in rungs}
         if unknown:
-            raise LadderSetupError(f"no rung named {', '.join(sorted(unknown))} in {ladder.path}",
-                                   fix=f"rungs: {', '.join(r.name for r in rungs)}")
+            raise LadderSetupError(
+                f"no rung named {', '.join(sorted(unknown))} in {ladder.path}",
+                fix=f"rungs: {', '.join(r.name for r in rungs)}",
+            )
         rungs = [r for r in rungs if r.name in args.rung]
     needed = {MODES[m].variant for r in rungs for m in r.modes}
     bins = resolve_binaries(args, settings, ladder.backend, needed, any(MODES[m].rpc for r in rungs for m in r.modes))
     if bins.same_build and "upstream" in needed and "patched" in needed and not args.allow_same_build:
-        raise LadderSetupError("the patched and upstream binaries are the same build",
-                               why="comparing a build with itself proves nothing about the patches",
-                               fix="point --bin-dir-upstream at an unpatched build (or pass --allow-same-build "
-                                   "for development)")
+        raise LadderSetupError(
+            "the patched and upstream binaries are the same build",
+            why="comparing a build with itself proves nothing about the patches",
+            fix="point --bin-dir-upstream at an unpatched build (or pass --allow-same-build for development)",
+        )
     vocab = _find_vocab(args, settings, bins)
     cache_dir = Path(settings.cache_dir)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -351,18 +491,23 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise LadderSetupError(f"cannot create report directory {report_dir}", why=str(e)) from None
     threads = args.threads or os.cpu_count() or 1
     rep: dict[str, Any] = {
-        "ladder": ladder.name, "file": str(ladder.path), "backend": ladder.backend, "started": stamp,
-        "vocab": str(vocab), "threads": threads,
-        "binaries": {"patched": str(next(iter(bins.patched.values())).parent) if bins.patched else None,
-                     "upstream": str(next(iter(bins.upstream.values())).parent) if bins.upstream else None,
-                     "same_build": bins.same_build},
+        "ladder": ladder.name,
+        "file": str(ladder.path),
+        "backend": ladder.backend,
+        "started": stamp,
+        "vocab": str(vocab),
+        "threads": threads,
+        "binaries": {
+            "patched": str(next(iter(bins.patched.values())).parent) if bins.patched else None,
+            "upstream": str(next(iter(bins.upstream.values())).parent) if bins.upstream else None,
+            "same_build": bins.same_build,
+        },
         "rungs": [],
     }
     log(f"==> ladder {ladder.name}: {len(rungs)} rung(s) from {ladder.path}; report in {report_dir}")
     t0 = time.monotonic()
     for i, rung in enumerate(rungs, 1):
-        r = run_rung(rung, ladder, bins, vocab, cache_dir, report_dir, threads, args.startup_timeout,
-                     args.keep_logits)
+        r = run_rung(rung, ladder, bins, vocab, cache_dir, report_dir, threads, args.startup_timeout, args.keep_logits)
         rep["rungs"].append(r)
         log(progress_line(i, len(rungs), r))
         _write_reports(rep, report_dir, time.monotonic() - t0)  # partial report after every rung
@@ -374,11 +519,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     else:
         rep["status"], rc = "pass", 0
     _write_reports(rep, report_dir, time.monotonic() - t0)
-    log(f"==> ladder {ladder.name}: {rep['status'].upper()} "
-        f"({statuses.count('pass')}/{len(statuses)} rungs passed) in {rep['wall_s']:.1f}s")
+    log(
+        f"==> ladder {ladder.name}: {rep['status'].upper()} "
+        f"({statuses.count('pass')}/{len(statuses)} rungs passed) in {rep['wall_s']:.1f}s"
+    )
     if bins.same_build and "upstream" in needed:
-        log("    warning: patched and upstream binaries are the same build (--allow-same-build): the upstream "
-            "comparisons prove nothing about the patches")
+        log(
+            "    warning: patched and upstream binaries are the same build (--allow-same-build): the upstream "
+            "comparisons prove nothing about the patches"
+        )
     print(report_dir / "report.md")
     return rc
 

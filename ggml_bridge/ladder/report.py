@@ -26,39 +26,60 @@ def progress_line(i: int, n: int, rep: dict[str, Any]) -> str:
         extra = f" [{notes[0]}]"
     if rep["problems"]:
         extra += f" -- {rep['problems'][0]}"
-    return (f"[{i}/{n}] {rep['name']}: {ref} vs {', '.join(others) or '-'}: {verdict}, "
-            f"{_human(total)} compared, {rep.get('wall_s', 0):.1f}s{extra}")
+    return (
+        f"[{i}/{n}] {rep['name']}: {ref} vs {', '.join(others) or '-'}: {verdict}, "
+        f"{_human(total)} compared, {rep.get('wall_s', 0):.1f}s{extra}"
+    )
 
 
 def markdown_report(rep: dict[str, Any]) -> str:
-    L = [f"# Ladder `{rep['ladder']}`: {rep['status'].upper()}", "",
-         f"- file: `{rep['file']}`", f"- started: {rep['started']}", f"- wall time: {rep['wall_s']:.1f}s",
-         f"- patched binaries: `{rep['binaries'].get('patched')}`",
-         f"- upstream binaries: `{rep['binaries'].get('upstream')}`"]
+    L = [
+        f"# Ladder `{rep['ladder']}`: {rep['status'].upper()}",
+        "",
+        f"- file: `{rep['file']}`",
+        f"- started: {rep['started']}",
+        f"- wall time: {rep['wall_s']:.1f}s",
+        f"- patched binaries: `{rep['binaries'].get('patched')}`",
+        f"- upstream binaries: `{rep['binaries'].get('upstream')}`",
+    ]
     if rep["binaries"].get("same_build"):
-        L.append("- **warning: patched and upstream binaries are the same build; upstream-vs-patched "
-                 "comparisons prove nothing about the patches**")
-    L += ["", "| rung | shape | devices | ub/b | reference | status | bytes compared | wall |",
-          "|---|---|---|---|---|---|---|---|"]
+        L.append(
+            "- **warning: patched and upstream binaries are the same build; upstream-vs-patched "
+            "comparisons prove nothing about the patches**"
+        )
+    L += [
+        "",
+        "| rung | shape | devices | ub/b | reference | status | bytes compared | wall |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rep["rungs"]:
-        dev = "cpu" if not r["devices"] else f"{r['devices']} GPU" + (f" as {r['virtual_devices']} cards"
-                                                                      if r.get("virtual_devices") else "")
+        dev = (
+            "cpu"
+            if not r["devices"]
+            else f"{r['devices']} GPU" + (f" as {r['virtual_devices']} cards" if r.get("virtual_devices") else "")
+        )
         total = sum(c.get("bytes_compared", 0) for m in r["modes"].values() for c in m.get("compare", {}).values())
-        L.append(f"| {r['name']} | {r['shape']['name']} ({r['shape']['n_embd']}x{r['shape']['n_layer']}, "
-                 f"{r['shape']['dtype']}) | {dev} {r['split_mode'] if r['devices'] else ''} | "
-                 f"{r['ubatch']}/{r['batch']} | {r['reference']} | {r['status']} | {_human(total)} | "
-                 f"{r.get('wall_s', 0):.1f}s |")
+        L.append(
+            f"| {r['name']} | {r['shape']['name']} ({r['shape']['n_embd']}x{r['shape']['n_layer']}, "
+            f"{r['shape']['dtype']}) | {dev} {r['split_mode'] if r['devices'] else ''} | "
+            f"{r['ubatch']}/{r['batch']} | {r['reference']} | {r['status']} | {_human(total)} | "
+            f"{r.get('wall_s', 0):.1f}s |"
+        )
     for r in rep["rungs"]:
         L += ["", f"## {r['name']}: {r['status']}", ""]
         if r.get("error"):
             L += [f"setup error: {r['error']}", ""]
         if r.get("n_params"):
-            L.append(f"model: {r['n_params'] / 1e6:.1f}M params, seed {r['seed']}, boundary activation "
-                     f"{r['boundary_mib_f32']:.2f} MiB f32 (n_embd x ubatch); server ctx {r['ctx']}, "
-                     f"perplexity ctx {r['ppl_ctx']}")
+            L.append(
+                f"model: {r['n_params'] / 1e6:.1f}M params, seed {r['seed']}, boundary activation "
+                f"{r['boundary_mib_f32']:.2f} MiB f32 (n_embd x ubatch); server ctx {r['ctx']}, "
+                f"perplexity ctx {r['ppl_ctx']}"
+            )
             L.append("")
-        L += ["| mode | responses sha256 | logits sha256 | vs reference | mechanism | wall |",
-              "|---|---|---|---|---|---|"]
+        L += [
+            "| mode | responses sha256 | logits sha256 | vs reference | mechanism | wall |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, m in r["modes"].items():
             rs = (m.get("responses") or {}).get("sha256", "-")[:16]
             ls = (m.get("logits") or {}).get("sha256", "-")[:16]
@@ -71,8 +92,10 @@ def markdown_report(rep: dict[str, Any]) -> str:
                         parts.append(f"{kind} identical ({_human(c['bytes_compared'])})")
                     else:
                         fd = c.get("first_difference", {})
-                        parts.append(f"{kind} DIFFER at byte {fd.get('offset')}: {fd.get('where')} "
-                                     f"ref={fd.get('reference')} mode={fd.get('mode')}")
+                        parts.append(
+                            f"{kind} DIFFER at byte {fd.get('offset')}: {fd.get('where')} "
+                            f"ref={fd.get('reference')} mode={fd.get('mode')}"
+                        )
                 vs = "; ".join(parts)
             else:
                 vs = "not compared"
@@ -81,20 +104,33 @@ def markdown_report(rep: dict[str, Any]) -> str:
             if v.get("bridge"):
                 bb = v["bridge"]
                 slots = sorted(set(bb["slots"].values()))
-                mech.append(f"bridge {bb['state']}" + (f", {slots[0]} slots" if slots else "") +
-                            f", boundaries={bb['boundaries']}")
+                mech.append(
+                    f"bridge {bb['state']}"
+                    + (f", {slots[0]} slots" if slots else "")
+                    + f", boundaries={bb['boundaries']}"
+                )
             if v.get("batched"):
                 tb = v["batched"]
                 mech.append(f"batched {tb['state']}, async up/down={tb['async_uploads']}/{tb['async_downloads']}")
             for ep, srv in (v.get("rpc") or {}).items():
                 c = srv["counters"]
-                mech.append(f"rpc-server {ep} ({','.join(srv['devices'])}): graphs={c.get('rpc_graph_compute', '-')}"
-                            f" copy_tensor={c.get('rpc_copy_tensor', '-')} set/get MiB="
-                            f"{c.get('rpc_set_tensor_bytes', 0) / 2**20:.1f}/{c.get('rpc_get_tensor_bytes', 0) / 2**20:.1f}"
-                            + (f" bridge={'on' if srv['bridge_enabled'] else 'off'} "
-                               f"boundaries={c.get('bridge_boundaries', '-')}" if c.get("bridge") else "")
-                            + (f" link {srv['link']['link']}: up/down MiB={srv['link']['up']['bytes'] / 2**20:.2f}/"
-                               f"{srv['link']['down']['bytes'] / 2**20:.2f}" if srv.get("link") else ""))
+                mech.append(
+                    f"rpc-server {ep} ({','.join(srv['devices'])}): graphs={c.get('rpc_graph_compute', '-')}"
+                    f" copy_tensor={c.get('rpc_copy_tensor', '-')} set/get MiB="
+                    f"{c.get('rpc_set_tensor_bytes', 0) / 2**20:.1f}/{c.get('rpc_get_tensor_bytes', 0) / 2**20:.1f}"
+                    + (
+                        f" bridge={'on' if srv['bridge_enabled'] else 'off'} "
+                        f"boundaries={c.get('bridge_boundaries', '-')}"
+                        if c.get("bridge")
+                        else ""
+                    )
+                    + (
+                        f" link {srv['link']['link']}: up/down MiB={srv['link']['up']['bytes'] / 2**20:.2f}/"
+                        f"{srv['link']['down']['bytes'] / 2**20:.2f}"
+                        if srv.get("link")
+                        else ""
+                    )
+                )
             mech += [n for n in v.get("notes", []) if n.startswith("rpc-server")]  # e.g. the bridge proven idle
             if m.get("error"):
                 mech.append(f"ERROR: {m['error'].splitlines()[0]}")

@@ -28,14 +28,14 @@ class Rung:
     name: str
     shape: model.Shape
     seed: int = 1234
-    devices: int = 0                    # GPUs (CUDA_VISIBLE_DEVICES first N); 0 = CPU only
+    devices: int = 0  # GPUs (CUDA_VISIBLE_DEVICES first N); 0 = CPU only
     virtual_devices: int | None = None  # GGML_CUDA_DEVICES: virtual cards over the GPUs
     split_mode: str = "layer"
-    gpu_layers: int | None = None       # -ngl; default 999 with devices, 0 without
+    gpu_layers: int | None = None  # -ngl; default 999 with devices, 0 without
     ubatch: int = 512
     batch: int = 2048
-    ctx: int | None = None              # server -c; default fits the longest prompt
-    ppl_ctx: int | None = None          # llama-perplexity -c; default = batch if it divides, else ubatch
+    ctx: int | None = None  # server -c; default fits the longest prompt
+    ppl_ctx: int | None = None  # llama-perplexity -c; default = batch if it divides, else ubatch
     modes: list[str] = field(default_factory=lambda: ["upstream", "off"])
     reference: str = "off"
     expect_bridge: str = "engaged"
@@ -52,9 +52,9 @@ class Rung:
     perplexity: bool = True
     rpc_servers: list[list[str]] = field(default_factory=list)  # device lists of the rpc-* modes' servers
     rpc_env: list[dict[str, str]] = field(default_factory=list)  # per rpc-server extra environment (same order)
-    rpc_front_gpu: bool = False         # rpc-* modes: llama-server keeps the rung's GPUs (else it gets none)
-    rpc_link: str | None = None         # rpc-* modes: a shaped link RATE/DELAY to each rpc-server (shaper.py)
-    require_boundaries: bool = True     # bridge modes on a multi-device rung: the counters must show boundaries
+    rpc_front_gpu: bool = False  # rpc-* modes: llama-server keeps the rung's GPUs (else it gets none)
+    rpc_link: str | None = None  # rpc-* modes: a shaped link RATE/DELAY to each rpc-server (shaper.py)
+    require_boundaries: bool = True  # bridge modes on a multi-device rung: the counters must show boundaries
 
     @property
     def n_devices(self) -> int:
@@ -98,9 +98,17 @@ RUNG_KEYS = {f.name for f in dataclasses.fields(Rung)}
 _INT_MAX = 2**31 - 1  # the C ints llama.cpp parses these into
 #: integer keys of a rung and their smallest value; ``None`` allowed for the optional ones
 RUNG_INTS: dict[str, tuple[int, bool]] = {
-    "seed": (0, False), "devices": (0, False), "ubatch": (1, False), "batch": (1, False), "n_predict": (1, False),
-    "n_probs": (0, False), "virtual_devices": (1, True), "gpu_layers": (0, True), "ctx": (1, True),
-    "ppl_ctx": (1, True), "threads": (1, True),
+    "seed": (0, False),
+    "devices": (0, False),
+    "ubatch": (1, False),
+    "batch": (1, False),
+    "n_predict": (1, False),
+    "n_probs": (0, False),
+    "virtual_devices": (1, True),
+    "gpu_layers": (0, True),
+    "ctx": (1, True),
+    "ppl_ctx": (1, True),
+    "threads": (1, True),
 }
 #: the largest n_probs asked of llama-server (it returns that many candidates per token)
 MAX_N_PROBS = 1000
@@ -110,9 +118,12 @@ RUNG_STRS = ("name", "split_mode", "reference", "expect_bridge", "expect_batched
 def _check_rung_types(merged: dict[str, Any], where: str) -> None:
     """Every value of a rung has its key's type and range: a TOML ``nan``, ``inf``, ``"8"`` or ``1.5`` where an
     integer belongs is a LadderSetupError naming the key, not a crash (or a silent conversion) later."""
+
     def bad(key: str, expected: str) -> LadderSetupError:
-        return LadderSetupError(f"{where}: {key} = {merged[key]!r} is not {expected}",
-                                fix="write a plain TOML value of that kind (no quotes around numbers)")
+        return LadderSetupError(
+            f"{where}: {key} = {merged[key]!r} is not {expected}",
+            fix="write a plain TOML value of that kind (no quotes around numbers)",
+        )
 
     for key, (low, optional) in RUNG_INTS.items():
         if key not in merged or (optional and merged[key] is None):
@@ -133,20 +144,23 @@ def _check_rung_types(merged: dict[str, Any], where: str) -> None:
     for key in ("modes", "server_args", "perplexity_args"):
         v = merged.get(key, [])
         items = _as_list(v) if key == "modes" else v  # modes may be one name; the argument lists are lists
-        if not isinstance(items, list) or not all(isinstance(x, (str, int)) and not isinstance(x, bool)
-                                                  for x in items):
+        if not isinstance(items, list) or not all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in items):
             raise bad(key, "a list of strings")
     for key in ("expect", "env"):
         v = merged.get(key, {})
         if not isinstance(v, dict) or not all(isinstance(x, (str, int, float, bool)) for x in v.values()):
             raise bad(key, "a table of strings")
     pw = merged.get("prompt_words")
-    if pw is not None and not (isinstance(pw, list) and all(
-            isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= _INT_MAX for x in pw)):
+    if pw is not None and not (
+        isinstance(pw, list) and all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= _INT_MAX for x in pw)
+    ):
         raise bad("prompt_words", "a list of positive integers")
     rs = merged.get("rpc_servers", [])
-    if not (isinstance(rs, list) and all(isinstance(x, (str, list)) for x in rs)
-            and all(isinstance(d, str) for x in rs for d in _as_list(x))):
+    if not (
+        isinstance(rs, list)
+        and all(isinstance(x, (str, list)) for x in rs)
+        and all(isinstance(d, str) for x in rs for d in _as_list(x))
+    ):
         raise bad("rpc_servers", "a list of device lists")
 
 
@@ -156,8 +170,9 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
     merged = {**defaults, **d}
     unknown = set(merged) - RUNG_KEYS
     if unknown:
-        raise LadderSetupError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}",
-                               fix=f"allowed keys: {', '.join(sorted(RUNG_KEYS))}")
+        raise LadderSetupError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}", fix=f"allowed keys: {', '.join(sorted(RUNG_KEYS))}"
+        )
     if "name" not in merged:
         raise LadderSetupError(f"{where}: a rung needs a name")
     if "shape" not in merged:
@@ -183,9 +198,11 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
         raise LadderSetupError(e.what, why=e.why, fix=e.fix) from None
     other = [m for m in r.modes if MODES[m].variant not in ("patched", "upstream")]
     if other:
-        raise LadderSetupError(f"{where} ({r.name}): mode(s) {', '.join(other)} need the "
-                               f"{MODES[other[0]].variant} build", why="the ladder compares the patched and "
-                               "upstream builds only", fix="use modes of those two builds")
+        raise LadderSetupError(
+            f"{where} ({r.name}): mode(s) {', '.join(other)} need the {MODES[other[0]].variant} build",
+            why="the ladder compares the patched and upstream builds only",
+            fix="use modes of those two builds",
+        )
     if r.reference not in r.modes:
         r.modes.insert(0, r.reference)
     if len(r.modes) < 2:
@@ -196,30 +213,38 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
     r.expect = {str(k): str(v) for k, v in dict(r.expect).items()}
     for k, val in r.expect.items():
         if k not in r.modes or val not in EXPECT_VALUES:
-            raise LadderSetupError(f"{where} ({r.name}): expect.{k} = {val!r}: keys are the rung's modes, "
-                                   f"values one of {', '.join(EXPECT_VALUES)}")
+            raise LadderSetupError(
+                f"{where} ({r.name}): expect.{k} = {val!r}: keys are the rung's modes, "
+                f"values one of {', '.join(EXPECT_VALUES)}"
+            )
     if r.split_mode not in SPLIT_MODES:
         raise LadderSetupError(f"{where} ({r.name}): split_mode must be one of {', '.join(SPLIT_MODES)}")
     if r.ubatch <= 0 or r.batch <= 0 or r.ubatch > r.batch:
         raise LadderSetupError(f"{where} ({r.name}): need 0 < ubatch <= batch (got {r.ubatch}, {r.batch})")
     pc = r.perplexity_ctx()
     if not (r.batch < pc or r.batch % pc == 0):
-        raise LadderSetupError(f"{where} ({r.name}): llama-perplexity needs batch < ppl_ctx or batch a multiple "
-                               f"of ppl_ctx (batch {r.batch}, ppl_ctx {pc})")
+        raise LadderSetupError(
+            f"{where} ({r.name}): llama-perplexity needs batch < ppl_ctx or batch a multiple "
+            f"of ppl_ctx (batch {r.batch}, ppl_ctx {pc})"
+        )
     if r.server_ctx() < max(r.prompts_words()) + r.n_predict + 16:
         raise LadderSetupError(f"{where} ({r.name}): ctx {r.server_ctx()} is too small for the longest prompt")
     if any(MODES[m].uses_bridge for m in r.modes) and r.devices <= 0:
         raise LadderSetupError(f"{where} ({r.name}): bridge modes need GPUs (devices >= 1)")
     r.rpc_servers = [[str(d) for d in _as_list(x)] for x in _as_list(r.rpc_servers)]
     if any(MODES[m].rpc for m in r.modes) and not r.rpc_servers:
-        raise LadderSetupError(f"{where} ({r.name}): rpc-* modes need rpc_servers (one device list per server)",
-                               fix='e.g. rpc_servers = [["CPU"], ["CPU"]]')
+        raise LadderSetupError(
+            f"{where} ({r.name}): rpc-* modes need rpc_servers (one device list per server)",
+            fix='e.g. rpc_servers = [["CPU"], ["CPU"]]',
+        )
     rpc_like = f"{where} ({r.name})"
     if r.rpc_env:
         envs = _as_list(r.rpc_env)
         if len(envs) != len(r.rpc_servers) or not all(isinstance(e, dict) for e in envs):
-            raise LadderSetupError(f"{rpc_like}: rpc_env needs one table per rpc-server ({len(r.rpc_servers)})",
-                                   fix='e.g. rpc_env = [{ GGML_CUDA_DEVICES = "2" }]')
+            raise LadderSetupError(
+                f"{rpc_like}: rpc_env needs one table per rpc-server ({len(r.rpc_servers)})",
+                fix='e.g. rpc_env = [{ GGML_CUDA_DEVICES = "2" }]',
+            )
         r.rpc_env = [{str(k): str(v) for k, v in e.items()} for e in envs]
     if (r.rpc_env or r.rpc_front_gpu or r.rpc_link) and not any(MODES[m].rpc for m in r.modes):
         raise LadderSetupError(f"{rpc_like}: rpc_env, rpc_front_gpu and rpc_link need rpc-* modes")
@@ -277,5 +302,11 @@ def load_ladder(path: Path) -> Ladder:
     backend = data.get("backend", "cpu")
     if backend not in ("cpu", "cuda"):
         raise LadderSetupError(f"{path}: backend must be cpu or cuda")
-    return Ladder(name=data.get("name", Path(path).stem), path=Path(path), backend=backend, rungs=rungs,
-                  description=data.get("description", ""), text_seed=int(data.get("text_seed", 7)))
+    return Ladder(
+        name=data.get("name", Path(path).stem),
+        path=Path(path),
+        backend=backend,
+        rungs=rungs,
+        description=data.get("description", ""),
+        text_seed=int(data.get("text_seed", 7)),
+    )

@@ -19,16 +19,17 @@ def _state(n_engaged: int, n_inactive: int, n_procs: int) -> str:
     return "absent" if n_engaged == n_inactive == 0 else "mixed"
 
 
-def _not_engaged(what: str, no_line: str, logs: dict[str, logparse.LogInfo], on: list[str],
-                 inactive: dict[str, str]) -> str:
+def _not_engaged(
+    what: str, no_line: str, logs: dict[str, logparse.LogInfo], on: list[str], inactive: dict[str, str]
+) -> str:
     """The problem line of a mechanism that did not engage in every process: why, per process."""
-    why = "; ".join(f"{p}: " + (f"inactive: {inactive[p]}" if p in inactive else no_line)
-                    for p in logs if p not in on)
+    why = "; ".join(f"{p}: " + (f"inactive: {inactive[p]}" if p in inactive else no_line) for p in logs if p not in on)
     return f"{what} not engaged ({why})"
 
 
-def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
-                  metrics: dict[str, int] | None = None) -> dict[str, Any]:
+def validate_mode(
+    mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo], metrics: dict[str, int] | None = None
+) -> dict[str, Any]:
     """Check the log-line contract for one mode across its processes (server, perplexity), and the server's live
     counters on /metrics (``metrics``, when it served them)."""
     problems: list[str] = []
@@ -68,10 +69,14 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
         on = [p for p, v in verdicts.items() if v.engaged]
         inactive = {p: v.reason for p, v in verdicts.items() if v.state == INACTIVE and v.reason is not None}
         state = _state(len(on), len(inactive), len(logs))
-        summary["bridge"] = {"state": state, "slots": {p: logs[p].bridge.slots for p in on},
-                             "slot_mib": {p: logs[p].bridge.slot_mib for p in on},
-                             "inactive": inactive, "stats": bridge_stats,
-                             "boundaries": tot(bridge_stats, "boundaries")}
+        summary["bridge"] = {
+            "state": state,
+            "slots": {p: logs[p].bridge.slots for p in on},
+            "slot_mib": {p: logs[p].bridge.slot_mib for p in on},
+            "inactive": inactive,
+            "stats": bridge_stats,
+            "boundaries": tot(bridge_stats, "boundaries"),
+        }
         expect = rung.expect.get(mode.name, rung.expect_bridge)
         if state == "engaged":
             if expect == "inactive":
@@ -85,13 +90,18 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
                 elif tot(bridge_stats, "boundaries") <= 0:
                     problems.append("bridge counters show no boundary crossed (boundaries=0) on a multi-device rung")
             if rung.multi_device and not rung.require_boundaries:
-                notes.append(f"bridge engaged, {tot(bridge_stats, 'boundaries')} boundaries counted (the rung "
-                             "does not require any: its split copies between devices on another path)")
+                notes.append(
+                    f"bridge engaged, {tot(bridge_stats, 'boundaries')} boundaries counted (the rung "
+                    "does not require any: its split copies between devices on another path)"
+                )
             if expect == "either":
                 notes.append("bridge engaged")
         elif state == "inactive" and expect in ("inactive", "either"):
-            notes.append("bridge inactive as the rung expects (" + "; ".join(sorted(set(inactive.values()))) +
-                         "): compared, not a bridge pass")
+            notes.append(
+                "bridge inactive as the rung expects ("
+                + "; ".join(sorted(set(inactive.values())))
+                + "): compared, not a bridge pass"
+            )
         else:
             problems.append(_not_engaged("bridge", "no bridge line", logs, on, inactive))
 
@@ -100,10 +110,14 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
         on = [p for p, v in verdicts.items() if v.engaged]
         inactive = {p: v.reason for p, v in verdicts.items() if v.state == INACTIVE and v.reason is not None}
         state = _state(len(on), len(inactive), len(logs))
-        summary["batched"] = {"state": state, "pool_mib": {p: logs[p].batched.pool_mib for p in on},
-                              "inactive": inactive, "stats": batched_stats,
-                              "async_uploads": tot(batched_stats, "async_uploads"),
-                              "async_downloads": tot(batched_stats, "async_downloads")}
+        summary["batched"] = {
+            "state": state,
+            "pool_mib": {p: logs[p].batched.pool_mib for p in on},
+            "inactive": inactive,
+            "stats": batched_stats,
+            "async_uploads": tot(batched_stats, "async_uploads"),
+            "async_downloads": tot(batched_stats, "async_downloads"),
+        }
         expect = rung.expect.get(mode.name, rung.expect_batched)
         if state == "engaged":
             if expect == "inactive":
@@ -119,15 +133,20 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
                 live = metrics.get("batched_async_uploads_total", 0)
                 summary["batched"]["metrics_async_uploads"] = live
                 if live <= 0:
-                    problems.append("/metrics shows no batched async upload (llamacpp:batched_async_uploads_total="
-                                    f"{metrics.get('batched_async_uploads_total', 'absent')})")
+                    problems.append(
+                        "/metrics shows no batched async upload (llamacpp:batched_async_uploads_total="
+                        f"{metrics.get('batched_async_uploads_total', 'absent')})"
+                    )
             if expect == "either":
                 notes.append("batched transfers engaged")
         elif state == "inactive" and expect in ("inactive", "either"):
             if tot(batched_stats, "async_uploads") or tot(batched_stats, "async_downloads"):
                 problems.append("batched transfers inactive but async transfers were counted")
-            notes.append("batched transfers inactive as the rung expects (" +
-                         "; ".join(sorted(set(inactive.values()))) + "): compared, not a batched pass")
+            notes.append(
+                "batched transfers inactive as the rung expects ("
+                + "; ".join(sorted(set(inactive.values())))
+                + "): compared, not a batched pass"
+            )
         else:
             problems.append(_not_engaged("batched transfers", "no batched-transfers line", logs, on, inactive))
 
@@ -137,13 +156,19 @@ def validate_mode(mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo],
         want = rung.n_devices
         low = {p: n for p, n in used.items() if n < want}
         if low:
-            problems.append(f"the rung splits the model over {want} devices but the log shows it on fewer: " +
-                            ", ".join(f"{p}: {n}" for p, n in low.items()))
+            problems.append(
+                f"the rung splits the model over {want} devices but the log shows it on fewer: "
+                + ", ".join(f"{p}: {n}" for p, n in low.items())
+            )
     return {"ok": not problems, "problems": problems, "notes": notes, **summary}
 
 
-def validate_rpc(mode: Mode, servers: dict[str, logparse.RpcServerInfo], rung: Rung | None = None,
-                 links: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def validate_rpc(
+    mode: Mode,
+    servers: dict[str, logparse.RpcServerInfo],
+    rung: Rung | None = None,
+    links: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The rpc-servers of an rpc-* mode. Each computed graphs (counters) on the devices the rung gave it; one that
     owns two or more devices carried the boundary between them as RPC_CMD_COPY_TENSOR (else the rung did not
     exercise what it is about), through the bridge in a bridge mode (engaged in the mode asked for, boundaries
@@ -156,20 +181,27 @@ def validate_rpc(mode: Mode, servers: dict[str, logparse.RpcServerInfo], rung: R
     for i, (ep, info) in enumerate(servers.items()):
         gpus = [d for d in info.devices if d.startswith("CUDA")]
         c = info.latest
-        summary[ep] = {"devices": info.devices, "counters": c, "bridge_enabled": info.bridge.enabled,
-                       "bridge_mode": info.bridge.mode}
+        summary[ep] = {
+            "devices": info.devices,
+            "counters": c,
+            "bridge_enabled": info.bridge.enabled,
+            "bridge_mode": info.bridge.mode,
+        }
         if links and ep in links:
             summary[ep]["link"] = links[ep]
             up, down = links[ep]["up"]["bytes"], links[ep]["down"]["bytes"]
             if up <= 0 or down <= 0:
-                problems.append(f"rpc-server {ep}: nothing crossed its shaped link {links[ep]['link']} "
-                                f"(up {up} B, down {down} B)")
+                problems.append(
+                    f"rpc-server {ep}: nothing crossed its shaped link {links[ep]['link']} (up {up} B, down {down} B)"
+                )
             else:
-                notes.append(f"rpc-server {ep}: {up} B up and {down} B down through the shaped link "
-                             f"{links[ep]['link']}")
+                notes.append(
+                    f"rpc-server {ep}: {up} B up and {down} B down through the shaped link {links[ep]['link']}"
+                )
         if i < len(wanted) and info.devices and len(info.devices) != len(wanted[i]):
-            problems.append(f"rpc-server {ep}: given devices {','.join(wanted[i])} but it serves "
-                            f"{','.join(info.devices)}")
+            problems.append(
+                f"rpc-server {ep}: given devices {','.join(wanted[i])} but it serves {','.join(info.devices)}"
+            )
         if not VARIANTS[mode.variant].patched:
             if info.state is not None or info.bridge.seen:
                 problems.append(f"rpc-server {ep}: the upstream binary printed patch lines")
@@ -183,8 +215,10 @@ def validate_rpc(mode: Mode, servers: dict[str, logparse.RpcServerInfo], rung: R
         if c.get("rpc_graph_compute", 0) <= 0:
             problems.append(f"rpc-server {ep}: computed no graph (rpc_graph_compute=0): the model did not use it")
         if len(info.devices) > 1 and c.get("rpc_copy_tensor", 0) <= 0:
-            problems.append(f"rpc-server {ep}: owns {len(info.devices)} devices but served no RPC_CMD_COPY_TENSOR "
-                            "(rpc_copy_tensor=0): no boundary between them was exercised")
+            problems.append(
+                f"rpc-server {ep}: owns {len(info.devices)} devices but served no RPC_CMD_COPY_TENSOR "
+                "(rpc_copy_tensor=0): no boundary between them was exercised"
+            )
         if not mode.uses_bridge:
             if info.bridge.enabled:
                 problems.append(f"rpc-server {ep}: bridge enabled in mode {mode.name} (selector 0)")
@@ -192,30 +226,47 @@ def validate_rpc(mode: Mode, servers: dict[str, logparse.RpcServerInfo], rung: R
             v = engaged(BRIDGE, info.bridge)
             want_mode = BRIDGE_VALUES[mode.bridge or "off"]
             if not v.engaged:
-                problems.append(f"rpc-server {ep}: bridge not engaged on its {len(gpus)} GPUs ("
-                                + (f"inactive: {v.reason}" if v.reason else "no bridge line") + ")")
+                problems.append(
+                    f"rpc-server {ep}: bridge not engaged on its {len(gpus)} GPUs ("
+                    + (f"inactive: {v.reason}" if v.reason else "no bridge line")
+                    + ")"
+                )
             elif info.bridge.mode != want_mode:
                 problems.append(f"rpc-server {ep}: bridge mode {info.bridge.mode}, expected {want_mode}")
             elif not c.get("bridge"):
-                problems.append(f"rpc-server {ep}: the CUDA registry exports no bridge counters "
-                                "(0001 without ggml_backend_cuda_mapped_host_bridge_counters)")
+                problems.append(
+                    f"rpc-server {ep}: the CUDA registry exports no bridge counters "
+                    "(0001 without ggml_backend_cuda_mapped_host_bridge_counters)"
+                )
             elif c.get("bridge_boundaries", 0) <= 0:
-                problems.append(f"rpc-server {ep}: bridge engaged but bridge_boundaries=0 "
-                                f"(rpc_copy_tensor={c.get('rpc_copy_tensor', 0)})")
+                problems.append(
+                    f"rpc-server {ep}: bridge engaged but bridge_boundaries=0 "
+                    f"(rpc_copy_tensor={c.get('rpc_copy_tensor', 0)})"
+                )
             else:
-                notes.append(f"rpc-server {ep}: bridge engaged (mode {info.bridge.mode}) on {len(gpus)} GPUs: "
-                             f"bridge_boundaries={c['bridge_boundaries']} bridge_bytes={c.get('bridge_bytes', 0)} "
-                             f"rpc_copy_tensor={c.get('rpc_copy_tensor', 0)}")
+                notes.append(
+                    f"rpc-server {ep}: bridge engaged (mode {info.bridge.mode}) on {len(gpus)} GPUs: "
+                    f"bridge_boundaries={c['bridge_boundaries']} bridge_bytes={c.get('bridge_bytes', 0)} "
+                    f"rpc_copy_tensor={c.get('rpc_copy_tensor', 0)}"
+                )
         else:
             crossed = c.get("bridge_boundaries", 0)
             if crossed > 0:
-                problems.append(f"rpc-server {ep}: {len(gpus) or 'no'} GPU, yet its bridge counted "
-                                f"{crossed} boundaries")
+                problems.append(
+                    f"rpc-server {ep}: {len(gpus) or 'no'} GPU, yet its bridge counted {crossed} boundaries"
+                )
             else:
-                said = (f"it says: inactive: {info.bridge.inactive_reason}" if info.bridge.inactive_reason
-                        else "enabled, nothing routed" if info.bridge.enabled else "no bridge line")
-                notes.append(f"rpc-server {ep}: bridge idle, as it must be with {len(gpus) or 'no'} GPU "
-                             f"({said}; bridge_boundaries=0): every boundary of this topology crosses TCP")
+                said = (
+                    f"it says: inactive: {info.bridge.inactive_reason}"
+                    if info.bridge.inactive_reason
+                    else "enabled, nothing routed"
+                    if info.bridge.enabled
+                    else "no bridge line"
+                )
+                notes.append(
+                    f"rpc-server {ep}: bridge idle, as it must be with {len(gpus) or 'no'} GPU "
+                    f"({said}; bridge_boundaries=0): every boundary of this topology crosses TCP"
+                )
     return {"ok": not problems, "problems": problems, "notes": notes, "servers": summary}
 
 
@@ -227,7 +278,8 @@ def validate_front(rung: Rung, logs: dict[str, logparse.LogInfo]) -> list[str]:
         local = [d for d in info.devices if not d.startswith("RPC")]
         remote = [d for d in info.devices if d.startswith("RPC")]
         if not local or not remote:
-            problems.append(f"{proc}: the rung keeps a GPU in front of the rpc-servers, but the model sits on "
-                            f"{', '.join(info.devices) or 'no device the log names'}")
+            problems.append(
+                f"{proc}: the rung keeps a GPU in front of the rpc-servers, but the model sits on "
+                f"{', '.join(info.devices) or 'no device the log names'}"
+            )
     return problems
-

@@ -48,5 +48,17 @@ from .job import abort, add_arguments, continue_rebase, rebase, run
 from .report import APPLIED, STATUSES, Options, PatchOutcome, RebaseReport
 from .series import sdist_source
 
-__all__ = ["APPLIED", "STATUSES", "Options", "PatchOutcome", "RebaseReport", "abort", "add_arguments",
-           "continue_rebase", "cuda_check", "rebase", "run", "sdist_source"]
+__all__ = [
+    "APPLIED",
+    "STATUSES",
+    "Options",
+    "PatchOutcome",
+    "RebaseReport",
+    "abort",
+    "add_arguments",
+    "continue_rebase",
+    "cuda_check",
+    "rebase",
+    "run",
+    "sdist_source",
+]

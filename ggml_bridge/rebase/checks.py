@@ -44,8 +44,15 @@ def _detect_cuda() -> Any:
 
 def cuda_check(wt: Path, report: RebaseReport, extra_includes: list[Path]) -> str:
     """``nvcc -c`` each changed .cu file of ggml/src/ggml-cuda with the tree's include dirs; a result line."""
-    changed = sorted({f for r in report.results if r.applied for f in r.files
-                      if f.startswith("ggml/src/ggml-cuda/") and f.endswith(".cu") and (wt / f).is_file()})
+    changed = sorted(
+        {
+            f
+            for r in report.results
+            if r.applied
+            for f in r.files
+            if f.startswith("ggml/src/ggml-cuda/") and f.endswith(".cu") and (wt / f).is_file()
+        }
+    )
     if not changed:
         return "skipped: the series changes no .cu file of ggml/src/ggml-cuda"
     cuda = _detect_cuda()
@@ -54,8 +61,10 @@ def cuda_check(wt: Path, report: RebaseReport, extra_includes: list[Path]) -> st
     includes = [p for p in extra_includes if p.is_dir()]
     has_cublas = cuda.cublas_header is not None or any((p / "cublas_v2.h").is_file() for p in includes)
     if not has_cublas:
-        return (f"skipped: nvcc {cuda.version} at {cuda.nvcc} but no cublas_v2.h in {cuda.root} "
-                "(ggml-cuda includes cuBLAS; pass --cuda-include DIR with the cuBLAS headers)")
+        return (
+            f"skipped: nvcc {cuda.version} at {cuda.nvcc} but no cublas_v2.h in {cuda.root} "
+            "(ggml-cuda includes cuBLAS; pass --cuda-include DIR with the cuBLAS headers)"
+        )
     if cuda.cublas_header is not None:
         includes.append(Path(cuda.cublas_header).parent)
     defines = [f"-D{k}" for k, v in modes.VARIANTS[modes.PATCHED].cmake.items() if v == "ON"]
@@ -65,9 +74,26 @@ def cuda_check(wt: Path, report: RebaseReport, extra_includes: list[Path]) -> st
     failed = []
     try:
         for f in changed:
-            res = runner.run([cuda.nvcc, "-c", "-std=c++17", "-O0", "--extended-lambda", "-Xcompiler", "-fPIC",
-                       "-DGGML_USE_CUDA", "-DGGML_SCHED_MAX_COPIES=4", *defines, *inc, str(wt / f),
-                       "-o", str(out_dir / (Path(f).stem + ".o"))], check=False, cwd=wt)
+            res = runner.run(
+                [
+                    cuda.nvcc,
+                    "-c",
+                    "-std=c++17",
+                    "-O0",
+                    "--extended-lambda",
+                    "-Xcompiler",
+                    "-fPIC",
+                    "-DGGML_USE_CUDA",
+                    "-DGGML_SCHED_MAX_COPIES=4",
+                    *defines,
+                    *inc,
+                    str(wt / f),
+                    "-o",
+                    str(out_dir / (Path(f).stem + ".o")),
+                ],
+                check=False,
+                cwd=wt,
+            )
             if res.returncode != 0:
                 first = next((line for line in (res.stdout + res.stderr).splitlines() if "error" in line), "")
                 failed.append(f"{f}: {first.strip()[:300]}")

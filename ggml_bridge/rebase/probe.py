@@ -38,8 +38,9 @@ def run_git(wt: Path, *args: str, check: bool = False, env: dict[str, str] | Non
     return res.returncode, (res.stdout + res.stderr)
 
 
-def provide_preimages(settings: Settings, wt: Path, series: patchmod.Series, base_source: str | None,
-                       stage: Path) -> str:
+def provide_preimages(
+    settings: Settings, wt: Path, series: patchmod.Series, base_source: str | None, stage: Path
+) -> str:
     """Put the blobs the patches were made against into ``wt``'s object store (for ``git am --3way``).
 
     Applies the series onto the files it touches of the current base tree in a small side repository, then fetches
@@ -80,8 +81,10 @@ def provide_preimages(settings: Settings, wt: Path, series: patchmod.Series, bas
     where = f"{base.commit_or_id[:12]} ({base.origin})"
     if applied == n:
         return f"preimage blobs from the current pin's tree {where}"
-    return (f"preimage blobs for {applied} of {n} patch(es) from {where}; the rest do not apply there "
-            "(already rebased by hand?) and merge without them")
+    return (
+        f"preimage blobs for {applied} of {n} patch(es) from {where}; the rest do not apply there "
+        "(already rebased by hand?) and merge without them"
+    )
 
 
 def apply_all(wt: Path, series: patchmod.Series, report: RebaseReport) -> tuple[int, str] | None:
@@ -120,8 +123,9 @@ def apply_one(wt: Path, path: Path, out: PatchOutcome) -> PatchOutcome:
             out.status = "merged"
             if fuzz is None:
                 out.detail.append("GNU patch not found: fuzz not probed")
-    rc, text = run_git(wt, "am", "--3way", "--keep-cr", "--committer-date-is-author-date", str(path),
-                    env=patchmod.GIT_IDENTITY)
+    rc, text = run_git(
+        wt, "am", "--3way", "--keep-cr", "--committer-date-is-author-date", str(path), env=patchmod.GIT_IDENTITY
+    )
     if rc == 0:
         if out.status == "merged":
             out.detail.append("plain apply fails; the 3-way merge applies it")
@@ -136,8 +140,9 @@ def apply_one(wt: Path, path: Path, out: PatchOutcome) -> PatchOutcome:
     out.conflicts = [f for f in unmerged.splitlines() if f.strip()]
     if not out.hunks:
         out.hunks = _failed_hunks(run_git(wt, "apply", "--check", "-v", str(path))[1], hunks_by_file)
-    out.detail += [line.strip() for line in text.splitlines()
-                   if patchmod.CONFLICT_LINE.search(line) and not line.startswith("+ ")][:10]
+    out.detail += [
+        line.strip() for line in text.splitlines() if patchmod.CONFLICT_LINE.search(line) and not line.startswith("+ ")
+    ][:10]
     run_git(wt, "am", "--abort")
     return out
 
@@ -193,7 +198,7 @@ def touched(path: Path) -> list[str]:
 def subject(path: Path) -> str:
     for line in path.read_text(errors="replace").splitlines():
         if line.startswith("Subject: "):
-            return re.sub(r"^\[PATCH[^]]*\]\s*", "", line[len("Subject: "):])
+            return re.sub(r"^\[PATCH[^]]*\]\s*", "", line[len("Subject: ") :])
         if line.startswith("diff --git"):
             break
     return ""

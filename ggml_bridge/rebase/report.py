@@ -1,5 +1,4 @@
-"""The report model of a rebase (per-patch outcomes, the whole run) and the run's options.
-"""
+"""The report model of a rebase (per-patch outcomes, the whole run) and the run's options."""
 
 from __future__ import annotations
 
@@ -77,8 +76,12 @@ class RebaseReport:
         return data
 
     def to_markdown(self) -> str:
-        title = {"conflict": "conflicts", "rebased": "rebased", "up-to-date": "already pinned",
-                 "build-failed": "build failed"}.get(self.state, "check")
+        title = {
+            "conflict": "conflicts",
+            "rebased": "rebased",
+            "up-to-date": "already pinned",
+            "build-failed": "build failed",
+        }.get(self.state, "check")
         out = [f"# ggml-bridge rebase onto `{self.onto}`: {title}", ""]
         out.append(f"- target: {self.target}" + (f" (commit `{self.target_commit}`)" if self.target_commit else ""))
         out.append(f"- previous pin: {self.previous}")

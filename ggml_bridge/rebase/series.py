@@ -25,9 +25,18 @@ from .report import Options, RebaseReport, write_report
 _LAST_UPDATE_RE = re.compile(r"^Last-Update: .*$", re.M)
 
 
-def write_series_and_pin(settings: Settings, wt: Path, base: str, series: patchmod.Series, pin: pinmod.Pin,
-                          tree: fetchmod.Tree, commit: str | None, report: RebaseReport, opts: Options,
-                          date: str) -> None:
+def write_series_and_pin(
+    settings: Settings,
+    wt: Path,
+    base: str,
+    series: patchmod.Series,
+    pin: pinmod.Pin,
+    tree: fetchmod.Tree,
+    commit: str | None,
+    report: RebaseReport,
+    opts: Options,
+    date: str,
+) -> None:
     key = commit or tree.key  # a registry build without a commit: its sdist's sha256
     keep = [r.name for r in report.results if r.applied]
     stage_proj = Path(tempfile.mkdtemp(prefix=".rebase-stage-", dir=settings.project_dir))
@@ -36,8 +45,9 @@ def write_series_and_pin(settings: Settings, wt: Path, base: str, series: patchm
         _regenerate(wt, base, keep, new_patches, date)
         _carry_other_files(settings.patches_dir, new_patches, series, keep)
         _write_series_file(settings.patches_dir / "series", new_patches / "series", keep)
-        pin_text = _pin_text(pin, tree, commit, opts.tag if opts.tag is not None else _tag_for(report.onto, tree),
-                             date, report.onto)
+        pin_text = _pin_text(
+            pin, tree, commit, opts.tag if opts.tag is not None else _tag_for(report.onto, tree), date, report.onto
+        )
         (stage_proj / "pin.toml").write_text(pin_text)
         pinmod.load(stage_proj / "pin.toml")  # the new pin must read back
         staged = dataclasses.replace(settings, project_dir=stage_proj)
@@ -46,9 +56,11 @@ def write_series_and_pin(settings: Settings, wt: Path, base: str, series: patchm
         if any(v.startswith("failed") for v in report.build.values()):
             report.state = "build-failed"
             write_report(report, opts.report_dir)
-            err = BuildError("the rebased series does not build", why="; ".join(
-                f"{k}: {v}" for k, v in report.build.items() if v.startswith("failed")),
-                fix="pin.toml and patches/ were left untouched; fix the patches by hand (see the report) and re-run")
+            err = BuildError(
+                "the rebased series does not build",
+                why="; ".join(f"{k}: {v}" for k, v in report.build.items() if v.startswith("failed")),
+                fix="pin.toml and patches/ were left untouched; fix the patches by hand (see the report) and re-run",
+            )
             err.report = report  # type: ignore[attr-defined]
             raise err
         _swap_dir(new_patches, settings.patches_dir)
@@ -58,8 +70,9 @@ def write_series_and_pin(settings: Settings, wt: Path, base: str, series: patchm
     finally:
         shutil.rmtree(stage_proj, ignore_errors=True)
     report.written = ["pin.toml", "patches/series"] + [f"patches/{n}" for n in keep]
-    report.written += [f"patches/{r.name} (removed: already upstream)" for r in report.results
-                       if r.status == "upstream"]
+    report.written += [
+        f"patches/{r.name} (removed: already upstream)" for r in report.results if r.status == "upstream"
+    ]
     log(f"series ({len(keep)} patch(es)) and pin.toml now on {pinmod.load(settings.pin_file).ident}")
 
 
@@ -77,8 +90,11 @@ def _seed_pinned_tree(settings: Settings, tree: fetchmod.Tree, commit: str) -> b
         except OSError:
             shutil.rmtree(stage / "src", ignore_errors=True)
             shutil.copytree(tree.path, stage / "src", symlinks=True)
-        fetchmod.publish_tree(settings, stage, dataclasses.replace(
-            tree, key=commit, pinned=True, path=settings.cache_dir / "trees" / commit / "src"))
+        fetchmod.publish_tree(
+            settings,
+            stage,
+            dataclasses.replace(tree, key=commit, pinned=True, path=settings.cache_dir / "trees" / commit / "src"),
+        )
     return fetchmod.find_cached(settings, commit) is not None
 
 
@@ -86,9 +102,27 @@ def _regenerate(wt: Path, base: str, names: list[str], dest: Path, date: str) ->
     """format-patch every commit after ``base`` into ``dest`` under ``names``, with ``Last-Update: date``."""
     out = Path(tempfile.mkdtemp(prefix="fp-", dir=wt.parent))
     try:
-        run_git(wt, "-c", "core.abbrev=7", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
-             "format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "--no-notes",
-             "--no-cover-letter", "-o", str(out), f"{base}..HEAD", check=True, env=GIT_PLAIN)
+        run_git(
+            wt,
+            "-c",
+            "core.abbrev=7",
+            "-c",
+            "diff.noprefix=false",
+            "-c",
+            "diff.mnemonicPrefix=false",
+            "format-patch",
+            "-q",
+            "--zero-commit",
+            "--no-signature",
+            "--no-numbered",
+            "--no-notes",
+            "--no-cover-letter",
+            "-o",
+            str(out),
+            f"{base}..HEAD",
+            check=True,
+            env=GIT_PLAIN,
+        )
         files = sorted(out.glob("*.patch"))
         if len(files) != len(names):  # pragma: no cover - one commit per applied patch
             raise PatchError(f"format-patch wrote {len(files)} patch(es) for {len(names)} applied")
@@ -196,5 +230,13 @@ def _pin_text(old: pinmod.Pin, tree: fetchmod.Tree, commit: str | None, tag: str
     url = old.url
     if onto.startswith(("git+", "git@")) or "://" in onto:
         url = fetchmod.split_git_spec(onto)[0]
-    return pinmod.render(old, url=url, tag=tag, commit=commit, number=build_number(tree, onto),
-                         sdist=sdist_source(tree, onto), date=date, onto=onto)
+    return pinmod.render(
+        old,
+        url=url,
+        tag=tag,
+        commit=commit,
+        number=build_number(tree, onto),
+        sdist=sdist_source(tree, onto),
+        date=date,
+        onto=onto,
+    )

@@ -35,17 +35,33 @@ PROMPTS = ["the city of", "a river runs through " * 12, "one two three four five
 def run(label: str, launcher_args: list[str], server_args: list[str], env: dict[str, str], out: Path) -> list[bytes]:
     port = free_port()
     err = open(out / f"{label}.stderr.txt", "w")
-    p = subprocess.Popen([sys.executable, "-m", "ggml_bridge", "serve", *launcher_args, "--", *server_args,
-                          "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ggml_bridge", "serve", *launcher_args, "--", *server_args, "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+    )
     try:
         url = p.stdout.readline().strip() if p.stdout else ""
         if not url.startswith("http"):
             raise RuntimeError(f"{label}: the launcher printed no URL (status {p.wait(30)}); see {err.name}")
         got = []
         for i, prompt in enumerate(PROMPTS):
-            body = json.dumps({"prompt": prompt, "n_predict": 32, "temperature": 0.0, "n_probs": 4,
-                               "cache_prompt": False, "ignore_eos": True, "return_tokens": True, "seed": 1,
-                               "stream": False}).encode()
+            body = json.dumps(
+                {
+                    "prompt": prompt,
+                    "n_predict": 32,
+                    "temperature": 0.0,
+                    "n_probs": 4,
+                    "cache_prompt": False,
+                    "ignore_eos": True,
+                    "return_tokens": True,
+                    "seed": 1,
+                    "stream": False,
+                }
+            ).encode()
             req = urllib.request.Request(url + "/completion", data=body, headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=300) as r:
                 got.append(canonical_response(r.read(), i))
@@ -67,28 +83,55 @@ def main() -> int:
     ap.add_argument("--model", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--devices", default="CUDA0,CUDA1", help="the local rpc-server's devices")
-    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                    help="one more llama-server argument for both runs (e.g. --no-repack on CPU: docs/rpc.md)")
+    ap.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more llama-server argument for both runs (e.g. --no-repack on CPU: docs/rpc.md)",
+    )
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (os.environ.get("PYTHONPATH"), str(ROOT)) if x))
     common = ["-m", str(a.model), "-ngl", "99", "-c", "2048", "-np", "1", "-lv", "4", *a.server_arg]
     t0 = time.monotonic()
     try:
-        rpc = run("rpc", ["--bridge", "force", "--server", str(a.server), "--rpc-local-devices", a.devices,
-                          "--rpc-local-only", "--server-log", str(a.out / "rpc-server-front.log")], common, env, a.out)
+        rpc = run(
+            "rpc",
+            [
+                "--bridge",
+                "force",
+                "--server",
+                str(a.server),
+                "--rpc-local-devices",
+                a.devices,
+                "--rpc-local-only",
+                "--server-log",
+                str(a.out / "rpc-server-front.log"),
+            ],
+            common,
+            env,
+            a.out,
+        )
         local_env = {k: v for k, v in env.items() if k != "GGML_CUDA_DEVICES"}
         local = run("local", ["--bridge", "off", "--server", str(a.server)], common, local_env, a.out)
     except (RuntimeError, OSError) as e:
         print(f"serve_rpc_greedy: {e}", file=sys.stderr)
         return 2
     same = [x == y for x, y in zip(rpc, local, strict=True)]
-    result = {"requests": len(PROMPTS), "identical": sum(same), "seconds": round(time.monotonic() - t0, 1),
-              "rpc_bytes": sum(map(len, rpc)), "devices": a.devices,
-              "GGML_CUDA_DEVICES": os.environ.get("GGML_CUDA_DEVICES")}
+    result = {
+        "requests": len(PROMPTS),
+        "identical": sum(same),
+        "seconds": round(time.monotonic() - t0, 1),
+        "rpc_bytes": sum(map(len, rpc)),
+        "devices": a.devices,
+        "GGML_CUDA_DEVICES": os.environ.get("GGML_CUDA_DEVICES"),
+    }
     (a.out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"serve --rpc-local-devices {a.devices} --rpc-local-only vs local serve: {sum(same)}/{len(same)} greedy "
-          f"responses identical ({result['rpc_bytes']} bytes)")
+    print(
+        f"serve --rpc-local-devices {a.devices} --rpc-local-only vs local serve: {sum(same)}/{len(same)} greedy "
+        f"responses identical ({result['rpc_bytes']} bytes)"
+    )
     return 0 if all(same) and len(same) == len(PROMPTS) else 1
 
 

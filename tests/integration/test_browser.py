@@ -55,10 +55,33 @@ def served_ui(tmp_path: Path):  # type: ignore[no-untyped-def]
     gguf = model.ensure_model(tmp_path, "tiny", 1, vocab)
     port = serve.free_port()
     log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "ggml_bridge", "serve", "--server", str(bd / "llama-server"),
-                             "--", "-m", str(gguf), "--port", str(port), "-c", "512", "-np", "1", "-t", "2",
-                             "-n", str(N_PREDICT)],
-                            stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ggml_bridge",
+            "serve",
+            "--server",
+            str(bd / "llama-server"),
+            "--",
+            "-m",
+            str(gguf),
+            "--port",
+            str(port),
+            "-c",
+            "512",
+            "-np",
+            "1",
+            "-t",
+            "2",
+            "-n",
+            str(N_PREDICT),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()  # printed once the server is ready and checked
@@ -90,8 +113,9 @@ def fetch_page(url: str) -> tuple[int, str, str]:
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver")
-def test_web_ui_chat_in_headless_chromium(served_ui: tuple[str, Path], tmp_path: Path,
-                                          record_property: Callable[[str, object], None]) -> None:
+def test_web_ui_chat_in_headless_chromium(
+    served_ui: tuple[str, Path], tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.common.by import By
@@ -100,13 +124,20 @@ def test_web_ui_chat_in_headless_chromium(served_ui: tuple[str, Path], tmp_path:
 
     url, gguf = served_ui
     status, ctype, page = fetch_page(url)
-    assert status == 200 and "text/html" in ctype and "<script" in page and len(page) > 1000, \
+    assert status == 200 and "text/html" in ctype and "<script" in page and len(page) > 1000, (
         f"not the web UI at {url}/ (HTTP {status}, {ctype}, {len(page)} bytes): {page[:300]!r}"
+    )
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900",
-                "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+        "--disable-gpu",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=opts)
     shot = report_dir() / "web-ui-chat.png"
@@ -139,8 +170,11 @@ def test_web_ui_chat_in_headless_chromium(served_ui: tuple[str, Path], tmp_path:
             msgs = d.find_elements(By.CSS_SELECTOR, ASSISTANT_MSG)
             text = msgs[-1].find_elements(By.CSS_SELECTOR, ".markdown-content") if msgs else []
             reply = text[0].text.strip() if text else ""
-            generating = bool(d.find_elements(By.XPATH, "//form[contains(@class,'conversation-chat-form')]"
-                                                       "//button[.//span[text()='Stop']]"))
+            generating = bool(
+                d.find_elements(
+                    By.XPATH, "//form[contains(@class,'conversation-chat-form')]//button[.//span[text()='Stop']]"
+                )
+            )
             state = f"{'generating' if generating else 'idle'}: {reply}"
             if not states or states[-1] != state:
                 states.append(state)
@@ -158,7 +192,6 @@ def test_web_ui_chat_in_headless_chromium(served_ui: tuple[str, Path], tmp_path:
         driver.save_screenshot(str(shot))
         body = driver.execute_script("return document.body ? document.body.innerText : ''") or ""
         record_property("screenshot", str(shot))
-        raise AssertionError(f"web UI at {url}: could not {step}; screenshot {shot}; page text: "
-                             f"{body[:1500]!r}") from e
+        raise AssertionError(f"web UI at {url}: could not {step}; screenshot {shot}; page text: {body[:1500]!r}") from e
     finally:
         driver.quit()

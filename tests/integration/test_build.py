@@ -35,8 +35,13 @@ def _http(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int,
 
 
 @pytest.mark.slow
-def test_real_cpu_build_serves_a_request(real_build, real_settings: config.Settings, real_tree,  # type: ignore[no-untyped-def]
-                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_cpu_build_serves_a_request(
+    real_build,
+    real_settings: config.Settings,
+    real_tree,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import time
 
     res = real_build("patched")
@@ -54,8 +59,11 @@ def test_real_cpu_build_serves_a_request(real_build, real_settings: config.Setti
     gguf = model.ensure_model(real_settings.cache_dir, "tiny", 1, vocab)
     port = _free_port()
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([res.server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-c", "256",
-                             "-t", "2", "-np", "1"], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [res.server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-c", "256", "-t", "2", "-np", "1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -67,8 +75,9 @@ def test_real_cpu_build_serves_a_request(real_build, real_settings: config.Setti
                 pass
             assert time.monotonic() < deadline, "llama-server did not become healthy"
             time.sleep(0.5)
-        status, out = _http(f"http://127.0.0.1:{port}/completion",
-                            {"prompt": "Hello", "n_predict": 4, "temperature": 0, "seed": 1})
+        status, out = _http(
+            f"http://127.0.0.1:{port}/completion", {"prompt": "Hello", "n_predict": 4, "temperature": 0, "seed": 1}
+        )
         assert status == 200 and isinstance(out.get("content"), str)
         assert out.get("tokens_predicted", 0) >= 1
     finally:

@@ -13,8 +13,9 @@ from ggml_bridge import config, fetch, pin
 
 
 @pytest.mark.slow
-def test_real_fetch_of_the_pinned_tree(real_tree: fetch.Tree, real_settings: config.Settings,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_fetch_of_the_pinned_tree(
+    real_tree: fetch.Tree, real_settings: config.Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The pinned upstream from the real sources (GitHub is tried first; the PyPI sdist where it is unreachable)."""
     p = pin.load(real_settings.pin_file)
     assert real_tree.pinned and real_tree.commit == p.commit

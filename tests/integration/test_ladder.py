@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # --- the real binaries --------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_real_cpu_rung(tmp_path):
     bd = real_bin_dir()
@@ -39,9 +40,23 @@ n_predict = 4
     lf = write_ladder(tmp_path / "l.toml", body)
     p = argparse.ArgumentParser()
     ladder.add_arguments(p)
-    a = p.parse_args(["--ladder", str(lf), "--report", str(tmp_path / "rep"), "--vocab", str(vocab),
-                      "--bin-dir-patched", str(bd), "--bin-dir-upstream", str(bd), "--allow-same-build",
-                      "--threads", "2"])
+    a = p.parse_args(
+        [
+            "--ladder",
+            str(lf),
+            "--report",
+            str(tmp_path / "rep"),
+            "--vocab",
+            str(vocab),
+            "--bin-dir-patched",
+            str(bd),
+            "--bin-dir-upstream",
+            str(bd),
+            "--allow-same-build",
+            "--threads",
+            "2",
+        ]
+    )
     rc = ladder.run(a, SimpleNamespace(cache_dir=tmp_path / "cache"))
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     r = rep["rungs"][0]
@@ -64,9 +79,20 @@ def test_real_cpu_ladder_upstream_vs_patched(real_build, real_tree, tmp_path):  
     assert patched.server != upstream.server
     p = argparse.ArgumentParser()
     ladder.add_arguments(p)
-    a = p.parse_args(["--ladder", str(ROOT / "ladders" / "cpu.toml"), "--report", str(tmp_path / "rep"),
-                      "--vocab", str(Path(real_tree.path) / "models" / model.VOCAB_FILE),
-                      "--bin-dir-patched", str(patched.bin_dir), "--bin-dir-upstream", str(upstream.bin_dir)])
+    a = p.parse_args(
+        [
+            "--ladder",
+            str(ROOT / "ladders" / "cpu.toml"),
+            "--report",
+            str(tmp_path / "rep"),
+            "--vocab",
+            str(Path(real_tree.path) / "models" / model.VOCAB_FILE),
+            "--bin-dir-patched",
+            str(patched.bin_dir),
+            "--bin-dir-upstream",
+            str(upstream.bin_dir),
+        ]
+    )
     rc = ladder.run(a, SimpleNamespace(cache_dir=tmp_path / "cache"))
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert rep["binaries"]["same_build"] is False
@@ -81,6 +107,7 @@ def test_real_cpu_ladder_upstream_vs_patched(real_build, real_tree, tmp_path):  
 def _gpu_count() -> int:
     import shutil
     import subprocess
+
     if not shutil.which("nvidia-smi"):
         return 0
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
@@ -101,9 +128,22 @@ def test_real_cuda_rungs(tmp_path, rung_name):
         pytest.skip("needs 2 GPUs")
     p = argparse.ArgumentParser()
     ladder.add_arguments(p)
-    a = p.parse_args(["--ladder", str(ROOT / "ladders" / "cuda.toml"), "--rung", rung_name,
-                      "--report", str(tmp_path / "rep"), "--vocab", vocab,
-                      "--bin-dir-patched", pd, "--bin-dir-upstream", ud])
+    a = p.parse_args(
+        [
+            "--ladder",
+            str(ROOT / "ladders" / "cuda.toml"),
+            "--rung",
+            rung_name,
+            "--report",
+            str(tmp_path / "rep"),
+            "--vocab",
+            vocab,
+            "--bin-dir-patched",
+            pd,
+            "--bin-dir-upstream",
+            ud,
+        ]
+    )
     rc = ladder.run(a, SimpleNamespace(cache_dir=tmp_path / "cache"))
     r = json.loads((tmp_path / "rep" / "report.json").read_text())["rungs"][0]
     assert rc == 0, r["problems"]

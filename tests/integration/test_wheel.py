@@ -26,8 +26,12 @@ def _fresh_venv(path: Path) -> Path:
     placed AFTER its own site-packages, so only the wheel can provide ggml_bridge_server."""
     venv.EnvBuilder(with_pip=True).create(path)
     py = path / "bin" / "python"
-    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     deps = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
     (Path(site) / "zz-ggml-bridge-dev.pth").write_text("\n".join([str(ROOT), *deps]) + "\n")
     return py
@@ -42,9 +46,11 @@ def test_wheel_from_the_fake_tree_installs_and_serves(settings: config.Settings,
     assert whl.name.startswith(f"ggml_bridge_server-{made.version}+cpu-py3-none-linux_"), whl.name
     py = _fresh_venv(tmp_path / "venv")
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(whl)], check=True)
-    code = ("import ggml_bridge_server as g, subprocess; p = g.get_binary_path(); m = g.get_manifest(); "
-            "print(p.parent.parent == g.PACKAGE_DIR, m['build']['backend'], m['build']['ui_embedded'], "
-            "subprocess.run([p], capture_output=True, text=True).stdout.strip())")
+    code = (
+        "import ggml_bridge_server as g, subprocess; p = g.get_binary_path(); m = g.get_manifest(); "
+        "print(p.parent.parent == g.PACKAGE_DIR, m['build']['backend'], m['build']['ui_embedded'], "
+        "subprocess.run([p], capture_output=True, text=True).stdout.strip())"
+    )
     out = subprocess.run([py, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[:3] == ["True", "cpu", "False"] and "fake" in out[3:], out
     script = tmp_path / "venv" / "bin" / "ggml-bridge-server"
@@ -71,8 +77,11 @@ def real_wheel(real_settings: config.Settings, real_tree) -> Path:  # type: igno
         return done[0]
     raw = sorted((out / "unrepaired").glob("ggml_bridge_server-*+cpu-*.whl"))
     if not raw:
-        raw = [wheel.build_wheel(real_settings, made.path, out / "unrepaired",
-                                 wheel.plan(real_settings, cpu_variants=variants))]
+        raw = [
+            wheel.build_wheel(
+                real_settings, made.path, out / "unrepaired", wheel.plan(real_settings, cpu_variants=variants)
+            )
+        ]
     return wheel.repair_wheel(raw[0], out).path
 
 
@@ -95,9 +104,12 @@ def library_problems(pkg: Path, forbidden: tuple[Path, ...]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(real_wheel: Path, real_tree,  # type: ignore[no-untyped-def]
-                                                                             real_settings: config.Settings,
-                                                                             tmp_path: Path) -> None:
+def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(
+    real_wheel: Path,
+    real_tree,  # type: ignore[no-untyped-def]
+    real_settings: config.Settings,
+    tmp_path: Path,
+) -> None:
     """The repaired portable wheel as a user gets it: a fresh venv (nothing else installed), PATH without a
     compiler, run from an empty folder, no checkout or toolkit importable; --version, a greedy request, the
     best CPU variant and the x86-64 baseline alone; every shared library resolves inside the wheel or the
@@ -121,13 +133,19 @@ def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(rea
             bare["PATH"] = f"{vbin}:{_no_compiler_bin(tmp_path)}"
             break
     assert not any(shutil.which(cc, path=bare["PATH"]) for cc in ("cc", "gcc", "c++", "g++", "cmake"))
-    run = lambda *a, **k: subprocess.run(list(a), cwd=home, env=bare, capture_output=True, text=True,  # noqa: E731
-                                         timeout=k.get("timeout", 300))
+
+    def run(*a: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(a), cwd=home, env=bare, capture_output=True, text=True, timeout=timeout)
+
     inst = run(str(vbin / "python"), "-m", "pip", "install", "-q", "--no-index", str(real_wheel))
     assert inst.returncode == 0, inst.stderr
-    where = run(str(vbin / "python"), "-c", "import ggml_bridge_server as g, sys; print(g.PACKAGE_DIR); "
-                "print(any(n.startswith('ggml_bridge') and n != 'ggml_bridge_server' for n in sys.modules)); "
-                "import importlib.util as u; print(u.find_spec('ggml_bridge'))")
+    where = run(
+        str(vbin / "python"),
+        "-c",
+        "import ggml_bridge_server as g, sys; print(g.PACKAGE_DIR); "
+        "print(any(n.startswith('ggml_bridge') and n != 'ggml_bridge_server' for n in sys.modules)); "
+        "import importlib.util as u; print(u.find_spec('ggml_bridge'))",
+    )
     assert where.returncode == 0, where.stderr
     pkg_line, _, no_toolkit = where.stdout.split("\n")[:3]
     pkg = Path(pkg_line)
@@ -136,8 +154,9 @@ def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(rea
     assert build["ggml_native"] == "OFF" and build["ggml_backend_dl"] == "ON"
     variants = build["cpu_variants"]
     assert "x64" in variants and (os.environ.get("GGML_BRIDGE_TEST_WHEEL") or variants == list(wheel.CI_CPU_VARIANTS))
-    assert sorted(p.name for p in (pkg / "bin").glob("libggml-cpu-*.so")) == sorted(f"libggml-cpu-{v}.so"
-                                                                                   for v in variants)
+    assert sorted(p.name for p in (pkg / "bin").glob("libggml-cpu-*.so")) == sorted(
+        f"libggml-cpu-{v}.so" for v in variants
+    )
 
     problems = library_problems(pkg, (real_settings.cache_dir.resolve(), ROOT, Path("/work").resolve()))
     assert not problems, "\n".join(problems)
@@ -151,17 +170,34 @@ def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(rea
         port = serve.free_port()
         log = tmp_path / f"server-{label}.log"
         with open(log, "w") as fh:
-            proc = subprocess.Popen([str(vbin / "ggml-bridge-server"), "-m", str(gguf), "--port", str(port), "-c",
-                                     "256", "-t", "2", "--no-webui"], cwd=home, env=bare, stdout=fh,
-                                    stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [
+                    str(vbin / "ggml-bridge-server"),
+                    "-m",
+                    str(gguf),
+                    "--port",
+                    str(port),
+                    "-c",
+                    "256",
+                    "-t",
+                    "2",
+                    "--no-webui",
+                ],
+                cwd=home,
+                env=bare,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
         try:
-            body = json.dumps({"prompt": "The quick brown fox", "n_predict": 8, "temperature": 0, "seed": 1,
-                               "cache_prompt": False}).encode()
+            body = json.dumps(
+                {"prompt": "The quick brown fox", "n_predict": 8, "temperature": 0, "seed": 1, "cache_prompt": False}
+            ).encode()
             mapped: list[str] = []
             for _ in range(600):
                 try:
-                    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body,
-                                                 {"Content-Type": "application/json"})
+                    req = urllib.request.Request(
+                        f"http://127.0.0.1:{port}/completion", body, {"Content-Type": "application/json"}
+                    )
                     with urllib.request.urlopen(req, timeout=60) as r:
                         out = json.loads(r.read())
                     # which CPU variant ggml loaded: the module mapped into the server (the script exec'd it)
@@ -171,6 +207,7 @@ def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(rea
                 except OSError:
                     assert proc.poll() is None, log.read_text()[-3000:]
                     import time
+
                     time.sleep(0.2)
             else:
                 raise AssertionError(f"llama-server did not answer: {log.read_text()[-3000:]}")
@@ -208,8 +245,11 @@ def _no_compiler_bin(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_real_cpu_wheel_installs_and_serve_uses_it(real_wheel: Path, real_tree,  # type: ignore[no-untyped-def]
-                                                    tmp_path: Path) -> None:
+def test_real_cpu_wheel_installs_and_serve_uses_it(
+    real_wheel: Path,
+    real_tree,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
     """The real wheel in a fresh venv: $ORIGIN libraries, the embedded UI in its manifest, `serve --check` with
     no build present engages exactly as with a build. (Byte-identity with upstream is the CPU ladder's, on the
     source builds, and per CPU variant for the portable wheel: docs/wheel.md.)"""
@@ -218,9 +258,19 @@ def test_real_cpu_wheel_installs_and_serve_uses_it(real_wheel: Path, real_tree, 
     assert "+cpu-py3-none-manylinux" in real_wheel.name
     py = _fresh_venv(tmp_path / "venv")
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(real_wheel)], check=True)
-    info = json.loads(subprocess.run(
-        [py, "-c", "import ggml_bridge_server as g, json; print(json.dumps({'bin': str(g.get_binary_path()), "
-         "'m': g.get_manifest()}))"], capture_output=True, text=True, check=True).stdout)
+    info = json.loads(
+        subprocess.run(
+            [
+                py,
+                "-c",
+                "import ggml_bridge_server as g, json; print(json.dumps({'bin': str(g.get_binary_path()), "
+                "'m': g.get_manifest()}))",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     server, m = Path(info["bin"]), info["m"]
     assert m["build"]["backend"] == "cpu" and m["build"]["ui_embedded"] is True
     assert m["ui"]["embedded"] and len(m["ui"]["sha256"]) == 64 and m["upstream"]["commit"] == real_tree.commit
@@ -230,15 +280,35 @@ def test_real_cpu_wheel_installs_and_serve_uses_it(real_wheel: Path, real_tree, 
     ours = [line.split("=>", 1) for line in ldd.splitlines() if "libllama" in line or "libggml" in line]
     # ldd prints the $ORIGIN path unresolved (bin/../lib/x.so): compare resolved locations
     libdir = (server.parent.parent / "lib").resolve()
-    assert ours and all(len(p) == 2 and Path(p[1].split("(")[0].strip()).resolve().parent == libdir
-                        for p in ours), ldd
+    assert ours and all(len(p) == 2 and Path(p[1].split("(")[0].strip()).resolve().parent == libdir for p in ours), ldd
 
     vocab = Path(real_tree.path) / "models" / model.VOCAB_FILE
     gguf = model.ensure_model(tmp_path, "tiny", 1, vocab)
     env = {**os.environ, "GGML_BRIDGE_CACHE_DIR": str(tmp_path / "no-build"), "GGML_BRIDGE_BACKEND": "cpu"}
-    check = subprocess.run([py, "-m", "ggml_bridge", "serve", "--check", "--batched", "on", "--", "-m", str(gguf),
-                            "--port", str(serve.free_port()), "-c", "256", "-t", "2"],
-                           env=env, capture_output=True, text=True, timeout=600)
+    check = subprocess.run(
+        [
+            py,
+            "-m",
+            "ggml_bridge",
+            "serve",
+            "--check",
+            "--batched",
+            "on",
+            "--",
+            "-m",
+            str(gguf),
+            "--port",
+            str(serve.free_port()),
+            "-c",
+            "256",
+            "-t",
+            "2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert check.returncode == 0, check.stderr[-3000:]
     assert f"using llama-server of the installed ggml-bridge-server {m['build']['version']} wheel" in check.stderr
     assert "batched transfers" in check.stderr and "check passed" in check.stderr

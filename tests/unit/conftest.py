@@ -42,5 +42,13 @@ def st(tmp_path: Path, proj: Path, monkeypatch: pytest.MonkeyPatch) -> config.Se
     # cli.main() reads these: never the real checkout or the user's cache
     monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(proj))
     monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(tmp_path / "cache"))
-    return config.load({"cache_dir": str(tmp_path / "cache"), "project_dir": str(proj),
-                        "fetch.connect_timeout": 2.0, "build.backend": "cpu"}, env={}, cwd=tmp_path)
+    return config.load(
+        {
+            "cache_dir": str(tmp_path / "cache"),
+            "project_dir": str(proj),
+            "fetch.connect_timeout": 2.0,
+            "build.backend": "cpu",
+        },
+        env={},
+        cwd=tmp_path,
+    )

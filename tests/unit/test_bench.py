@@ -50,7 +50,7 @@ def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     s = rep["summary"]
     assert s["upstream-p2p"]["pp4096/ub512"]["median"] == pytest.approx(100.0)
     assert s["upstream-nopeer"]["pp4096/ub4096"]["median"] == pytest.approx(50.0)
-    assert s["bridge"]["pp4096/ub512"]["n"] == 9   # 3 rounds x 3 samples
+    assert s["bridge"]["pp4096/ub512"]["n"] == 9  # 3 rounds x 3 samples
     r = rep["ratios"]
     assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["ratio"] == pytest.approx(0.97)
     assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["noise"] is False
@@ -64,7 +64,11 @@ def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     paths = {m["path"] for m in rep["microbench"]}
     assert paths == {"bridge*", "peer", "peer-p2p", "stream@8192K", "d2h", "h2d"}
     md = (report_dir / "bench.md").read_text()
-    assert "| pp4096/ub512 |" in md and "bridge 0.970 (paired 0.970 [0.970, 0.970])" in md and "Boundary copy throughput" in md
+    assert (
+        "| pp4096/ub512 |" in md
+        and "bridge 0.970 (paired 0.970 [0.970, 0.970])" in md
+        and "Boundary copy throughput" in md
+    )
     assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["paired"] == pytest.approx(0.97)
     assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["paired_rounds"] == 3
     assert r["upstream-p2p"]["bridge"]["pp4096/ub512"]["paired_ci95"] == pytest.approx([0.97, 0.97])
@@ -75,8 +79,15 @@ def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
 def test_not_engaged_bridge_fails_and_is_reported(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NO_ENGAGE", "1")
     report_dir = tmp_path / "r"
-    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=report_dir,
-                 cases="upstream-p2p,bridge", microbench=False)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=1,
+        reps=1,
+        report=report_dir,
+        cases="upstream-p2p,bridge",
+        microbench=False,
+    )
     with pytest.raises(BenchError, match="did not engage"):
         bench.bench(args, env.settings)
     rep = json.loads((report_dir / "bench.json").read_text())
@@ -87,15 +98,29 @@ def test_not_engaged_bridge_fails_and_is_reported(variants, env, tmp_path, monke
 
 def test_failed_case_is_an_error(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "nopeer")
-    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r",
-                 cases="upstream-p2p,upstream-nopeer", microbench=False)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=1,
+        reps=1,
+        report=tmp_path / "r",
+        cases="upstream-p2p,upstream-nopeer",
+        microbench=False,
+    )
     with pytest.raises(BenchError, match="nopeer"):
         bench.bench(args, env.settings)
 
 
 def test_batched_suite_requires_async_counts(variants, env, tmp_path):
-    args = _args(variants_dir=variants, model=env.model, rounds=2, reps=2, report=tmp_path / "r",
-                 suite="batched", microbench=False)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=2,
+        reps=2,
+        report=tmp_path / "r",
+        suite="batched",
+        microbench=False,
+    )
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
     assert rep["ratios"]["off"]["batched"]["tg128"]["ratio"] == pytest.approx(103.0 / 99.0)
@@ -110,13 +135,27 @@ def test_gpu_suite_without_gpu_says_what_it_cannot_measure(variants, env, tmp_pa
 
 
 def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
-    args = _args(bin_dir_patched=variants / "patched", model=env.model, rounds=1, reps=1,
-                 report=tmp_path / "r", cases="off,bridge", microbench=False)
+    args = _args(
+        bin_dir_patched=variants / "patched",
+        model=env.model,
+        rounds=1,
+        reps=1,
+        report=tmp_path / "r",
+        cases="off,bridge",
+        microbench=False,
+    )
     args.variants_dir = None
     assert bench.bench(args, env.settings) == 0
-    args = _args(bin_dir_patched=variants / "patched", model=env.model, rounds=1, reps=1,
-                 report=tmp_path / "r2", cases="upstream-p2p,bridge", microbench=False,
-                 bin_dir_upstream=tmp_path / "nothing-here")
+    args = _args(
+        bin_dir_patched=variants / "patched",
+        model=env.model,
+        rounds=1,
+        reps=1,
+        report=tmp_path / "r2",
+        cases="upstream-p2p,bridge",
+        microbench=False,
+        bin_dir_upstream=tmp_path / "nothing-here",
+    )
     with pytest.raises(BenchError, match="llama-bench not found"):
         bench.bench(args, env.settings)
 
@@ -137,10 +176,20 @@ def test_rotate():
 
 def test_plot_microbench_only(tmp_path):
     """A report with no throughput figures (every case failed) still plots its microbenchmark."""
-    rows = [{"path": p, "bytes": n, "iters": 1, "seconds": 1.0, "GBps": g, "us_synced": 1.0}
-            for n in (4096, 1 << 20) for p, g in (("bridge", 40.0), ("d2h", 50.0), ("h2d", 49.0))]
-    rep = {"cases": [], "tests": [], "summary": {}, "microbench": rows, "suite": "x", "model": {"shape": "-"},
-           "date": "2026-11-30"}
+    rows = [
+        {"path": p, "bytes": n, "iters": 1, "seconds": 1.0, "GBps": g, "us_synced": 1.0}
+        for n in (4096, 1 << 20)
+        for p, g in (("bridge", 40.0), ("d2h", 50.0), ("h2d", 49.0))
+    ]
+    rep = {
+        "cases": [],
+        "tests": [],
+        "summary": {},
+        "microbench": rows,
+        "suite": "x",
+        "model": {"shape": "-"},
+        "date": "2026-11-30",
+    }
     assert bench.plot(rep, tmp_path) == ["microbench.png"]
     assert (tmp_path / "microbench.png").stat().st_size > 1000
 
@@ -164,13 +213,22 @@ def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monke
 
     monkeypatch.setattr(build, "find_binary", find_binary)
     monkeypatch.setattr(build, "ensure", ensure)
-    args = _args(model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases="upstream-p2p,bridge", microbench=False)
+    args = _args(
+        model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases="upstream-p2p,bridge", microbench=False
+    )
     assert bench.bench(args, env.settings) == 0
     assert built == ["patched"]
 
     built.clear()
-    args = _args(model=env.model, rounds=1, reps=1, report=tmp_path / "r2", cases="upstream-p2p,bridge", microbench=False,
-                 build=False)
+    args = _args(
+        model=env.model,
+        rounds=1,
+        reps=1,
+        report=tmp_path / "r2",
+        cases="upstream-p2p,bridge",
+        microbench=False,
+        build=False,
+    )
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r2" / "bench.json").read_text())
     assert built == [] and [c["name"] for c in rep["cases"]] == ["upstream-p2p"]
@@ -180,15 +238,22 @@ def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monke
 def test_paired_ratio_cancels_drift_between_rounds():
     S = bench.Sample
     # the machine slows by a third in round 1; within each round a runs at 0.96 of ref
-    samples = [S("ref", "pp", 0, [100.0, 101.0, 99.0]), S("a", "pp", 0, [96.0, 96.96, 95.04]),
-               S("ref", "pp", 1, [66.0, 67.0, 65.0]), S("a", "pp", 1, [63.36, 64.32, 62.4]),
-               S("a", "pp", 2, [10.0]),                      # a round without ref: not paired
-               S("ref", "tg", 0, [5.0]), S("a", "tg", 0, [6.0])]
+    samples = [
+        S("ref", "pp", 0, [100.0, 101.0, 99.0]),
+        S("a", "pp", 0, [96.0, 96.96, 95.04]),
+        S("ref", "pp", 1, [66.0, 67.0, 65.0]),
+        S("a", "pp", 1, [63.36, 64.32, 62.4]),
+        S("a", "pp", 2, [10.0]),  # a round without ref: not paired
+        S("ref", "tg", 0, [5.0]),
+        S("a", "tg", 0, [6.0]),
+    ]
     ratio, rounds = bench.paired_ratio(samples, "a", "ref", "pp")
     assert rounds == 2 and ratio == pytest.approx(0.96)
     # the pooled medians mix the rounds and miss it
-    pooled = bench.compare(bench.summarize("a", "pp", [v for s in samples if s.case == "a" and s.test == "pp" for v in s.values]),
-                           bench.summarize("ref", "pp", [v for s in samples if s.case == "ref" and s.test == "pp" for v in s.values]))
+    pooled = bench.compare(
+        bench.summarize("a", "pp", [v for s in samples if s.case == "a" and s.test == "pp" for v in s.values]),
+        bench.summarize("ref", "pp", [v for s in samples if s.case == "ref" and s.test == "pp" for v in s.values]),
+    )
     assert abs(pooled["ratio"] - 0.96) > 0.05
     assert bench.paired_ratio(samples, "a", "ref", "missing") is None
     assert bench.paired_ratio(samples, "a", "nobody", "pp") is None
@@ -197,8 +262,15 @@ def test_paired_ratio_cancels_drift_between_rounds():
 def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_COLD_FIRST", "1")
     report_dir = tmp_path / "report"
-    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=2, report=report_dir, cases="upstream-p2p,bridge",
-                 microbench=False)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=1,
+        reps=2,
+        report=report_dir,
+        cases="upstream-p2p,bridge",
+        microbench=False,
+    )
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((report_dir / "bench.json").read_text())
     assert rep["warmup_reps"] == 1
@@ -207,17 +279,26 @@ def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monke
     assert pp["values"] == pytest.approx([100.0, 100.25])
     assert "after 1 discarded" in (report_dir / "bench.md").read_text()
 
-    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=2, report=tmp_path / "r0", cases="upstream-p2p",
-                 microbench=False, warmup_reps=0)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=1,
+        reps=2,
+        report=tmp_path / "r0",
+        cases="upstream-p2p",
+        microbench=False,
+        warmup_reps=0,
+    )
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r0" / "bench.json").read_text())
     pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
-    assert pp["values"] == pytest.approx([50.0, 100.0])   # without warm-up the cold repetition counts
+    assert pp["values"] == pytest.approx([50.0, 100.0])  # without warm-up the cold repetition counts
 
 
 @pytest.mark.parametrize("kw", [dict(rounds=0), dict(reps=0), dict(warmup_reps=-1)])
 def test_bad_counts_are_usage_errors(variants, env, tmp_path, kw):
     from ggml_bridge.errors import UsageError
+
     with pytest.raises(UsageError) as e:
         bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
     assert e.value.exit_code == 2
@@ -225,10 +306,19 @@ def test_bad_counts_are_usage_errors(variants, env, tmp_path, kw):
 
 def test_cpus_pin_every_case_and_are_restored(variants, env, tmp_path):
     import os
+
     mine = os.sched_getaffinity(0)
     one = min(mine)
-    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases="upstream-p2p,bridge",
-                 microbench=False, cpus=str(one))
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=1,
+        reps=1,
+        report=tmp_path / "r",
+        cases="upstream-p2p,bridge",
+        microbench=False,
+        cpus=str(one),
+    )
     assert bench.bench(args, env.settings) == 0
     lines = env.order.read_text().splitlines()
     assert len(lines) == 2 and all(line.endswith(f"cpus={one}") for line in lines)
@@ -242,6 +332,7 @@ def test_bad_cpu_lists_are_usage_errors(variants, env, tmp_path, bad):
     import os
 
     from ggml_bridge.errors import UsageError
+
     mine = os.sched_getaffinity(0)
     with pytest.raises(UsageError):
         bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", cpus=bad), env.settings)
@@ -253,11 +344,20 @@ def test_parse_cpu_list():
 
 
 def test_ubatch_and_tg_override_the_suite(variants, env, tmp_path):
-    args = _args(variants_dir=variants, model=env.model, rounds=2, reps=1, report=tmp_path / "r", cases="upstream-p2p,bridge",
-                 microbench=False, ubatch="4096", tg=0)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=2,
+        reps=1,
+        report=tmp_path / "r",
+        cases="upstream-p2p,bridge",
+        microbench=False,
+        ubatch="4096",
+        tg=0,
+    )
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
-    assert rep["tests"] == ["pp4096/ub4096"]          # no ub512, no tg: shorter processes
+    assert rep["tests"] == ["pp4096/ub4096"]  # no ub512, no tg: shorter processes
     assert rep["settings"]["ubatch"] == [4096] and rep["settings"]["tg"] == 0
     assert rep["ratios"]["upstream-p2p"]["bridge"]["pp4096/ub4096"]["ratio"] == pytest.approx(0.97)
 
@@ -265,14 +365,23 @@ def test_ubatch_and_tg_override_the_suite(variants, env, tmp_path):
 @pytest.mark.parametrize("kw", [dict(ubatch="0"), dict(ubatch="x"), dict(ubatch=""), dict(tg=-1)])
 def test_bad_ubatch_or_tg_are_usage_errors(variants, env, tmp_path, kw):
     from ggml_bridge.errors import UsageError
+
     with pytest.raises(UsageError) as e:
         bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
     assert e.value.exit_code == 2
 
 
 def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
-    args = _args(variants_dir=variants, model=env.model, rounds=5, reps=1, report=tmp_path / "r", cases="upstream-p2p,bridge",
-                 microbench=False, time_budget=1e-6)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=5,
+        reps=1,
+        report=tmp_path / "r",
+        cases="upstream-p2p,bridge",
+        microbench=False,
+        time_budget=1e-6,
+    )
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
     # the first round always runs; the second would end past the budget
@@ -282,8 +391,16 @@ def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
     assert "stopped early" in (tmp_path / "r" / "bench.md").read_text()
     assert all(r["started"] > 0 for r in rep["runs"])
     # a budget that is never reached runs every round and says nothing
-    args = _args(variants_dir=variants, model=env.model, rounds=3, reps=1, report=tmp_path / "r2", cases="upstream-p2p",
-                 microbench=False, time_budget=3600)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=3,
+        reps=1,
+        report=tmp_path / "r2",
+        cases="upstream-p2p",
+        microbench=False,
+        time_budget=3600,
+    )
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r2" / "bench.json").read_text())
     assert rep["rounds"] == 3 and rep["stopped"] == ""
@@ -292,15 +409,24 @@ def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
 @pytest.mark.parametrize("budget", [0, -5])
 def test_bad_time_budget_is_a_usage_error(variants, env, tmp_path, budget):
     from ggml_bridge.errors import UsageError
+
     with pytest.raises(UsageError) as e:
-        bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", time_budget=budget),
-                    env.settings)
+        bench.bench(
+            _args(variants_dir=variants, model=env.model, report=tmp_path / "r", time_budget=budget), env.settings
+        )
     assert e.value.exit_code == 2
 
 
 def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, env, tmp_path):
-    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r",
-                 cases="upstream-p2p,off-p2p", microbench=False)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=1,
+        reps=1,
+        report=tmp_path / "r",
+        cases="upstream-p2p,off-p2p",
+        microbench=False,
+    )
     assert bench.bench(args, env.settings) == 0
     lines = env.order.read_text().splitlines()
     assert any(x.startswith("patched bridge=0 p2p=1 batched=0") for x in lines)
@@ -310,12 +436,24 @@ def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, env, tm
 
 def test_report_carries_the_build_manifests(variants, env, tmp_path):
     """A GPU report had "manifests": {}: _manifests copied "cmake_options", the build writes "cmake_args"."""
-    manifest = {"variant": "patched", "backend": "cuda", "upstream": {"commit": "0c1e570"}, "series_hash": "ab" * 32,
-                "patches": [{"name": "0001-x.patch", "sha256": "cd" * 32}],
-                "cmake_args": ["-DGGML_CUDA_MAPPED_HOST_BRIDGE=ON", "-DSAM3D_BATCHED_TRANSFERS=ON", "-DGGML_RPC=ON"]}
+    manifest = {
+        "variant": "patched",
+        "backend": "cuda",
+        "upstream": {"commit": "0c1e570"},
+        "series_hash": "ab" * 32,
+        "patches": [{"name": "0001-x.patch", "sha256": "cd" * 32}],
+        "cmake_args": ["-DGGML_CUDA_MAPPED_HOST_BRIDGE=ON", "-DSAM3D_BATCHED_TRANSFERS=ON", "-DGGML_RPC=ON"],
+    }
     (variants / "patched" / "manifest.json").write_text(json.dumps(manifest))
-    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r",
-                 cases="upstream-p2p,bridge", microbench=False)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=1,
+        reps=1,
+        report=tmp_path / "r",
+        cases="upstream-p2p,bridge",
+        microbench=False,
+    )
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
     got = rep["manifests"]["patched"]
@@ -333,8 +471,16 @@ def test_smi_records_the_gpu_state_of_every_process(variants, env, tmp_path, mon
     monkeypatch.setenv("FAKE_SLEEP_S", "0.3")
     if not reasons:
         monkeypatch.setenv("FAKE_SMI_NO_REASONS", "1")
-    args = _args(variants_dir=variants, model=env.model, rounds=2, reps=1, report=tmp_path / "r",
-                 cases="upstream-p2p,bridge", microbench=False, smi=20)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=2,
+        reps=1,
+        report=tmp_path / "r",
+        cases="upstream-p2p,bridge",
+        microbench=False,
+        smi=20,
+    )
     assert bench.bench(args, env.settings) == 0
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
     assert rep["smi"]["samples"] > 0 and rep["smi"]["file"] == "logs/smi.csv"
@@ -352,15 +498,26 @@ def test_smi_records_the_gpu_state_of_every_process(variants, env, tmp_path, mon
 
 def test_smi_without_nvidia_smi_is_one_clear_error(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / "r",
-                 cases="upstream-p2p", microbench=False, smi=100)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=1,
+        reps=1,
+        report=tmp_path / "r",
+        cases="upstream-p2p",
+        microbench=False,
+        smi=100,
+    )
     with pytest.raises(BenchError, match="--smi needs nvidia-smi"):
         bench.bench(args, env.settings)
 
 
 def test_paired_ratio_interval_resamples_rounds():
-    samples = [bench.Sample(c, "t", r, [v]) for r, (a, b) in enumerate([(100, 97), (90, 88), (110, 106), (95, 93)])
-               for c, v in (("ref", a), ("x", b))]
+    samples = [
+        bench.Sample(c, "t", r, [v])
+        for r, (a, b) in enumerate([(100, 97), (90, 88), (110, 106), (95, 93)])
+        for c, v in (("ref", a), ("x", b))
+    ]
     point, n = bench.paired_ratio(samples, "x", "ref", "t")
     lo, hi = bench.paired_interval(samples, "x", "ref", "t")
     ratios = [97 / 100, 88 / 90, 106 / 110, 93 / 95]
@@ -370,11 +527,20 @@ def test_paired_ratio_interval_resamples_rounds():
 
 def test_pool_reports_numbers_rounds_one_after_the_other(variants, env, tmp_path):
     for name in ("a", "b"):
-        args = _args(variants_dir=variants, model=env.model, rounds=2, reps=2, report=tmp_path / name,
-                     cases="upstream-p2p,bridge", microbench=False)
+        args = _args(
+            variants_dir=variants,
+            model=env.model,
+            rounds=2,
+            reps=2,
+            report=tmp_path / name,
+            cases="upstream-p2p,bridge",
+            microbench=False,
+        )
         assert bench.bench(args, env.settings) == 0
-    assert bench.bench(_args(pool=[tmp_path / "a", tmp_path / "b" / "bench.json"], report=tmp_path / "p"),
-                       env.settings) == 0
+    assert (
+        bench.bench(_args(pool=[tmp_path / "a", tmp_path / "b" / "bench.json"], report=tmp_path / "p"), env.settings)
+        == 0
+    )
     rep = json.loads((tmp_path / "p" / "bench.json").read_text())
     assert rep["rounds"] == 4 and sorted({r["round"] for r in rep["runs"]}) == [0, 1, 2, 3]
     assert rep["summary"]["bridge"]["pp4096/ub512"]["n"] == 8  # 2 reports x 2 rounds x 2 samples
@@ -386,8 +552,16 @@ def test_pool_reports_numbers_rounds_one_after_the_other(variants, env, tmp_path
 
 def test_pool_refuses_reports_measured_differently(variants, env, tmp_path):
     for name, ub in (("a", "512"), ("b", "4096")):
-        args = _args(variants_dir=variants, model=env.model, rounds=1, reps=1, report=tmp_path / name,
-                     cases="upstream-p2p", microbench=False, ubatch=ub)
+        args = _args(
+            variants_dir=variants,
+            model=env.model,
+            rounds=1,
+            reps=1,
+            report=tmp_path / name,
+            cases="upstream-p2p",
+            microbench=False,
+            ubatch=ub,
+        )
         assert bench.bench(args, env.settings) == 0
     with pytest.raises(BenchError, match="was not measured like") as e:
         bench.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), env.settings)

@@ -42,8 +42,9 @@ def test_patched_build_end_to_end(settings: config.Settings, upstream: FakeUpstr
     assert Path(m["source_dir"]).parent.parent == settings.cache_dir / "work"
 
 
-def test_unchanged_rebuild_configures_and_compiles_nothing(settings: config.Settings,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unchanged_rebuild_configures_and_compiles_nothing(
+    settings: config.Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = build.ensure(settings)
     monkeypatch.setattr(build.steps, "configure", lambda *a: pytest.fail("configured again"))
     monkeypatch.setattr(build.steps, "compile_targets", lambda *a: pytest.fail("compiled again"))
@@ -89,8 +90,9 @@ def test_upstream_variant_has_no_patches(settings: config.Settings) -> None:
     assert build.find_binary(settings, "llama-server", variant="upstream") != build.ensure(settings).server
 
 
-def test_explicit_series_without_touching_latest(settings: config.Settings, upstream: FakeUpstream,
-                                                 tmp_path: Path) -> None:
+def test_explicit_series_without_touching_latest(
+    settings: config.Settings, upstream: FakeUpstream, tmp_path: Path
+) -> None:
     """What rebase needs: build another series without changing what find_binary returns."""
     import shutil
 
@@ -101,7 +103,8 @@ def test_explicit_series_without_touching_latest(settings: config.Settings, upst
     res = build.ensure(settings, series=build.patchmod.read_series(other_dir), record_latest=False)
     assert res.build_dir != main.build_dir
     assert [p["name"] for p in json.loads(res.manifest_path.read_text())["patches"]] == [
-        upstream.patches.series[0].name]
+        upstream.patches.series[0].name
+    ]
     assert build.find_binary(settings, "llama-server") == main.server
 
 
@@ -112,8 +115,15 @@ def test_upstream_nopeer_needs_cuda(settings: config.Settings) -> None:
 
 def test_extra_cmake_args_from_env_reach_cmake(make_settings, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     s = make_settings()
-    s2 = config.load({"cache_dir": str(s.cache_dir), "project_dir": str(s.project_dir), "build.backend": "cpu",
-                      "fetch.pypi_url": s.fetch.pypi_url}, env={"CMAKE_ARGS": "-DFIXTURE_EXTRA='a b'"})
+    s2 = config.load(
+        {
+            "cache_dir": str(s.cache_dir),
+            "project_dir": str(s.project_dir),
+            "build.backend": "cpu",
+            "fetch.pypi_url": s.fetch.pypi_url,
+        },
+        env={"CMAKE_ARGS": "-DFIXTURE_EXTRA='a b'"},
+    )
     res = build.ensure(s2)
     m = json.loads(res.manifest_path.read_text())
     assert m["cmake_args"][-1] == "-DFIXTURE_EXTRA=a b"
@@ -121,8 +131,9 @@ def test_extra_cmake_args_from_env_reach_cmake(make_settings, monkeypatch: pytes
     assert "FIXTURE_EXTRA:UNINITIALIZED=a b" in cache
 
 
-def test_compile_error_shows_log_path_and_error_lines(settings: config.Settings, upstream: FakeUpstream,
-                                                      tmp_path: Path) -> None:
+def test_compile_error_shows_log_path_and_error_lines(
+    settings: config.Settings, upstream: FakeUpstream, tmp_path: Path
+) -> None:
     import shutil
 
     broken = tmp_path / "broken"
@@ -238,8 +249,13 @@ def test_nvcc_wrapper_script_is_resolved(tmp_path: Path) -> None:
 def test_cuda_options(settings: config.Settings, tmp_path: Path) -> None:
     root = _fake_cuda(tmp_path, with_cublas=True)
     cuda = build.CudaToolkit(root / "bin" / "nvcc", root, "12.4", root / "include" / "cublas_v2.h")
-    tools = build.Toolchain(build.Tool(Path("cmake"), "3.25"), build.Tool(Path("ninja"), "1.11"),
-                            build.Tool(Path("/usr/bin/cc"), "gcc"), build.Tool(Path("/usr/bin/c++"), "g++"), cuda)
+    tools = build.Toolchain(
+        build.Tool(Path("cmake"), "3.25"),
+        build.Tool(Path("ninja"), "1.11"),
+        build.Tool(Path("/usr/bin/cc"), "gcc"),
+        build.Tool(Path("/usr/bin/c++"), "g++"),
+        cuda,
+    )
     settings.build.cuda_arch = "90"
     src = tmp_path / "src"
     src.mkdir()
@@ -274,9 +290,9 @@ def test_real_toolchain_is_usable() -> None:
     assert os.access(build.find_ninja().path, os.X_OK)
 
 
-def test_shared_tree_builds_each_variant_once_with_its_own_options(settings: config.Settings,
-                                                                   upstream: FakeUpstream,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shared_tree_builds_each_variant_once_with_its_own_options(
+    settings: config.Settings, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
     results = build.ensure_shared(settings, ["patched", "upstream"])
     assert [r.variant for r in results] == ["upstream", "patched"], "upstream sources first, the series on top"
     up, pa = results
@@ -310,9 +326,9 @@ def test_shared_tree_refuses_nopeer_without_cuda_and_unknown_variants(settings: 
         build.ensure_shared(settings, ["upstream", "pached"])
 
 
-
-def test_locate_override_build_pointer_and_installed_wheel(settings: config.Settings, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_locate_override_build_pointer_and_installed_wheel(
+    settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """build.locate is the one binary locator of ladder, bench, serve and rpc: --bin-dir first, then the
     latest build, then (serve only: installed=True) an installed ggml-bridge-server wheel."""
     import sys
@@ -329,9 +345,13 @@ def test_locate_override_build_pointer_and_installed_wheel(settings: config.Sett
     # an installed wheel: used only when asked for, and only for the patched variant
     wheel_bin = tmp_path / "wheel-llama-server"
     wheel_bin.write_text("")
-    fake = types.SimpleNamespace(check_backend=lambda: "cpu", get_binary_path=lambda name: wheel_bin,
-                                 get_manifest=lambda: {"build": {"version": "0+cpu"}},
-                                 MissingFileError=LookupError, BackendUnavailable=RuntimeError)
+    fake = types.SimpleNamespace(
+        check_backend=lambda: "cpu",
+        get_binary_path=lambda name: wheel_bin,
+        get_manifest=lambda: {"build": {"version": "0+cpu"}},
+        MissingFileError=LookupError,
+        BackendUnavailable=RuntimeError,
+    )
     monkeypatch.setitem(sys.modules, "ggml_bridge_server", fake)
     with pytest.raises(NotBuiltError):
         build.locate(settings, "patched", "llama-server", backend="cpu")
@@ -346,27 +366,40 @@ def test_locate_override_build_pointer_and_installed_wheel(settings: config.Sett
     assert build.locate(settings, "patched", "llama-server", backend="cpu", installed=True) == built
 
 
-def test_a_patched_variant_is_decided_by_the_table_not_its_name(settings: config.Settings, upstream: FakeUpstream,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_patched_variant_is_decided_by_the_table_not_its_name(
+    settings: config.Settings, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A second patched variant in modes.VARIANTS is built with the series applied (the build once compared the
     name with "patched") and with its own CMake options."""
     from ggml_bridge import modes
 
-    monkeypatch.setitem(modes.VARIANTS, "patched-debug", modes.Variant(
-        "patched-debug", True, {**modes.VARIANTS["patched"].cmake, "CMAKE_BUILD_TYPE": "Debug"}, "patched-debug",
-        "the series, a debug build"))
+    monkeypatch.setitem(
+        modes.VARIANTS,
+        "patched-debug",
+        modes.Variant(
+            "patched-debug",
+            True,
+            {**modes.VARIANTS["patched"].cmake, "CMAKE_BUILD_TYPE": "Debug"},
+            "patched-debug",
+            "the series, a debug build",
+        ),
+    )
     res = build.ensure(settings, "patched-debug")
     m = json.loads(res.manifest_path.read_text())
     assert [p["name"] for p in m["patches"]] == [p.name for p in upstream.patches.series]
     assert _run(res.server) == "fake llama-server bridge=1\n" and "-DCMAKE_BUILD_TYPE=Debug" in m["cmake_args"]
 
 
-def test_shared_tree_refuses_a_variant_it_cannot_build(settings: config.Settings,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shared_tree_refuses_a_variant_it_cannot_build(
+    settings: config.Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A variant the shared tree has no recipe for is an error naming it (it was silently left out)."""
     from ggml_bridge import modes
 
-    monkeypatch.setitem(modes.VARIANTS, "upstream-lto", modes.Variant(
-        "upstream-lto", False, {"GGML_LTO": "ON"}, "lto", "no patches, link-time optimisation"))
+    monkeypatch.setitem(
+        modes.VARIANTS,
+        "upstream-lto",
+        modes.Variant("upstream-lto", False, {"GGML_LTO": "ON"}, "lto", "no patches, link-time optimisation"),
+    )
     with pytest.raises(UsageError, match="upstream-lto cannot be built in a shared tree"):
         build.ensure_shared(settings, ["upstream", "upstream-lto"])

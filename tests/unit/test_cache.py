@@ -81,14 +81,26 @@ def test_dir_digest_is_the_one_directory_hash_and_keeps_the_cache_keys(tmp_path:
         return hashlib.sha256(p.read_bytes()).hexdigest()
 
     files = sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*") if p.is_file() or p.is_symlink())
-    old_tree = hashlib.sha256("".join(
-        f"{r}\0l\0{os.readlink(p)}\n" if p.is_symlink() else f"{r}\0{'x' if os.access(p, os.X_OK) else 'f'}\0{sha(p)}\n"
-        for r, p in files).encode()).hexdigest()
+    old_tree = hashlib.sha256(
+        "".join(
+            f"{r}\0l\0{os.readlink(p)}\n"
+            if p.is_symlink()
+            else f"{r}\0{'x' if os.access(p, os.X_OK) else 'f'}\0{sha(p)}\n"
+            for r, p in files
+        ).encode()
+    ).hexdigest()
     assert fetch.tree_digest(root) == old_tree
     plain = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
-    old_ui = hashlib.sha256(b"".join(p.relative_to(root).as_posix().encode() + b"\0" + sha(p).encode() + b"\n"
-                                     for p in plain)).hexdigest()
+    old_ui = hashlib.sha256(
+        b"".join(p.relative_to(root).as_posix().encode() + b"\0" + sha(p).encode() + b"\n" for p in plain)
+    ).hexdigest()
     assert cache.dir_digest(root, plain) == old_ui
-    assert ui.dist_sha256(root)[0] == hashlib.sha256(b"".join(
-        p.relative_to(root).as_posix().encode() + b"\0" + sha(p).encode() + b"\n"
-        for p in sorted(p for p in root.rglob("*") if p.is_file()))).hexdigest()
+    assert (
+        ui.dist_sha256(root)[0]
+        == hashlib.sha256(
+            b"".join(
+                p.relative_to(root).as_posix().encode() + b"\0" + sha(p).encode() + b"\n"
+                for p in sorted(p for p in root.rglob("*") if p.is_file())
+            )
+        ).hexdigest()
+    )

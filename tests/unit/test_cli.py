@@ -23,16 +23,18 @@ def cli_env(settings: config.Settings, monkeypatch: pytest.MonkeyPatch, tmp_path
     return ["--cache-dir", str(settings.cache_dir)]
 
 
-def test_fetch_prints_the_tree_path(cli_env: list[str], capsys: pytest.CaptureFixture[str],
-                                    upstream: FakeUpstream, settings: config.Settings) -> None:
+def test_fetch_prints_the_tree_path(
+    cli_env: list[str], capsys: pytest.CaptureFixture[str], upstream: FakeUpstream, settings: config.Settings
+) -> None:
     assert cli.main([*cli_env, "fetch"]) == 0
     out = capsys.readouterr()
     assert out.out.strip() == str(settings.cache_dir / "trees" / upstream.commit / "src")
     assert "==>" in out.err
 
 
-def test_options_after_the_subcommand(cli_env: list[str], capsys: pytest.CaptureFixture[str],
-                                      settings: config.Settings) -> None:
+def test_options_after_the_subcommand(
+    cli_env: list[str], capsys: pytest.CaptureFixture[str], settings: config.Settings
+) -> None:
     assert cli.main(["fetch", *cli_env, "-q"]) == 0
     out = capsys.readouterr()
     assert out.out.startswith(str(settings.cache_dir)) and out.err == ""
@@ -46,8 +48,9 @@ def test_patch_and_check(cli_env: list[str], capsys: pytest.CaptureFixture[str])
     assert (path / "src" / "extra.c").is_file()
 
 
-def test_patch_check_failure_exit_code(cli_env: list[str], capsys: pytest.CaptureFixture[str],
-                                       settings: config.Settings, upstream: FakeUpstream) -> None:
+def test_patch_check_failure_exit_code(
+    cli_env: list[str], capsys: pytest.CaptureFixture[str], settings: config.Settings, upstream: FakeUpstream
+) -> None:
     import shutil
 
     shutil.copy(upstream.patches.conflicting, settings.patches_dir)
@@ -69,7 +72,6 @@ def test_build_prints_server_path_last(cli_env: list[str], capsys: pytest.Captur
     assert "up to date" in cap.err and cap.out.strip().splitlines()[-1] == out[-1]
 
 
-
 def test_build_a_variant_list_in_one_tree(cli_env: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([*cli_env, "build", "--variant", "patched,upstream", "--shared-tree", "-j", "2"]) == 0
     out = capsys.readouterr().out.split()
@@ -85,24 +87,32 @@ def test_build_a_variant_list_in_one_tree(cli_env: list[str], capsys: pytest.Cap
     assert cli.main([*cli_env, "build", "--variant", "patched,upstream", "--print-manifest"]) == 0
     manifests = [json.loads(Path(m).read_text()) for m in capsys.readouterr().out.split()]
     assert [m["variant"] for m in manifests] == ["patched", "upstream"]
-    assert cli.main([*cli_env, "build", "--variant", "upstream-nopeer", "--print-manifest"]) == \
-        errors.NotBuiltError.exit_code, "nothing is built by --print-*"
+    assert (
+        cli.main([*cli_env, "build", "--variant", "upstream-nopeer", "--print-manifest"])
+        == errors.NotBuiltError.exit_code
+    ), "nothing is built by --print-*"
 
-@pytest.mark.parametrize("argv,code,text", [
-    (["build", "--backend", "rocm"], 2, "unknown backend 'rocm'"),
-    (["build", "--variant", "shiny"], 2, "unknown variant 'shiny'"),
-    (["build", "--cuda-arch", "sm90"], 2, "invalid CUDA architecture"),
-    (["fetch", "--source", "/no/such/dir"], 12, "does not exist"),
-    (["fetch", "--bogus"], 2, "unrecognized arguments"),
-])
-def test_bad_input_exit_codes(cli_env: list[str], capsys: pytest.CaptureFixture[str], argv: list[str], code: int,
-                              text: str) -> None:
+
+@pytest.mark.parametrize(
+    "argv,code,text",
+    [
+        (["build", "--backend", "rocm"], 2, "unknown backend 'rocm'"),
+        (["build", "--variant", "shiny"], 2, "unknown variant 'shiny'"),
+        (["build", "--cuda-arch", "sm90"], 2, "invalid CUDA architecture"),
+        (["fetch", "--source", "/no/such/dir"], 12, "does not exist"),
+        (["fetch", "--bogus"], 2, "unrecognized arguments"),
+    ],
+)
+def test_bad_input_exit_codes(
+    cli_env: list[str], capsys: pytest.CaptureFixture[str], argv: list[str], code: int, text: str
+) -> None:
     assert cli.main([*cli_env, *argv]) == code
     assert text in capsys.readouterr().err
 
 
-def test_missing_compiler_exit_code(cli_env: list[str], capsys: pytest.CaptureFixture[str],
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_compiler_exit_code(
+    cli_env: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     assert cli.main([*cli_env, "build"]) == errors.ToolchainError.exit_code
     err = capsys.readouterr().err
@@ -120,18 +130,20 @@ def test_no_command_shows_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "fetch" in capsys.readouterr().err
 
 
-def test_stage_module_missing_errors_cleanly(cli_env: list[str], capsys: pytest.CaptureFixture[str],
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(cli.COMMANDS, "nosuchstage", cli.Command("nosuchstage", "a stage nobody wrote",
-                                                                 *cli.stage("nosuchstage")))
+def test_stage_module_missing_errors_cleanly(
+    cli_env: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(
+        cli.COMMANDS, "nosuchstage", cli.Command("nosuchstage", "a stage nobody wrote", *cli.stage("nosuchstage"))
+    )
     assert cli.main([*cli_env, "nosuchstage", "--anything"]) == 2
     err = capsys.readouterr().err
     assert "nosuchstage subcommand is not available" in err and "ggml_bridge.nosuchstage" in err
 
 
-def test_stage_module_is_imported_lazily_and_delegated(cli_env: list[str], capsys: pytest.CaptureFixture[str],
-                                                       monkeypatch: pytest.MonkeyPatch,
-                                                       settings: config.Settings) -> None:
+def test_stage_module_is_imported_lazily_and_delegated(
+    cli_env: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, settings: config.Settings
+) -> None:
     seen: dict[str, object] = {}
     mod = types.ModuleType("ggml_bridge.fakestage")
 
@@ -153,8 +165,18 @@ def test_stage_module_is_imported_lazily_and_delegated(cli_env: list[str], capsy
 def test_every_command_parses_the_same_way(capsys: pytest.CaptureFixture[str]) -> None:
     """One registry: each command's -h comes from its own parser (stage modules included), and only a
     passthrough command collects unknown arguments."""
-    assert list(cli.COMMANDS) == ["fetch", "patch", "build", "sdist", "wheel", "serve", "ladder", "rebase", "bench",
-                                 "shape"]
+    assert list(cli.COMMANDS) == [
+        "fetch",
+        "patch",
+        "build",
+        "sdist",
+        "wheel",
+        "serve",
+        "ladder",
+        "rebase",
+        "bench",
+        "shape",
+    ]
     for name in ("build", "rebase"):
         assert cli.main([name, "--help"]) == 0
         out = capsys.readouterr().out
@@ -166,8 +188,9 @@ def test_every_command_parses_the_same_way(capsys: pytest.CaptureFixture[str]) -
     assert ns.bridge == "force" and ns.server_args == ["-m", "x.gguf", "--check", "-c", "8"]
 
 
-def test_stage_module_without_interface(cli_env: list[str], capsys: pytest.CaptureFixture[str],
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stage_module_without_interface(
+    cli_env: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(cli.COMMANDS, "halfstage", cli.Command("halfstage", "x", *cli.stage("halfstage")))
     monkeypatch.setitem(sys.modules, "ggml_bridge.halfstage", types.ModuleType("ggml_bridge.halfstage"))
     assert cli.main([*cli_env, "halfstage"]) == 2
@@ -175,8 +198,10 @@ def test_stage_module_without_interface(cli_env: list[str], capsys: pytest.Captu
 
 
 def test_stage_modules_are_not_imported_at_startup() -> None:
-    code = ("import sys; from ggml_bridge import cli; cli.build_parser(); "
-            "print(sorted(m for m in sys.modules if m.split('.')[-1] in cli.COMMANDS and m != 'ggml_bridge.cli'))")
+    code = (
+        "import sys; from ggml_bridge import cli; cli.build_parser(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[-1] in cli.COMMANDS and m != 'ggml_bridge.cli'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -192,28 +217,31 @@ def test_console_script_entry_point() -> None:
 
 
 def test_python_m_runs_main() -> None:
-    res = subprocess.run([sys.executable, "-m", "ggml_bridge", "--version"], cwd=REPO_ROOT, capture_output=True,
-                         text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "ggml_bridge", "--version"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
     assert res.returncode == 0 and res.stdout.startswith("ggml-bridge ")
 
 
 @pytest.mark.parametrize("argv", [["serve", "--help"], ["fetch"], ["build"], ["bench", "--help"]])
-def test_unbalanced_cmake_args_is_a_usage_error_for_every_command(cli_env: list[str], capsys: pytest.CaptureFixture[str],
-                                                                  monkeypatch: pytest.MonkeyPatch,
-                                                                  argv: list[str]) -> None:
+def test_unbalanced_cmake_args_is_a_usage_error_for_every_command(
+    cli_env: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
     monkeypatch.setenv("CMAKE_ARGS", '-DFOO="bar')
     assert cli.main([*cli_env, *argv]) == 2
     err = capsys.readouterr().err
     assert "usage error" in err and "CMAKE_ARGS" in err and "unbalanced quotes" in err and "Traceback" not in err
 
 
-def test_up_to_date_build_on_a_read_only_cache(cli_env: list[str], capsys: pytest.CaptureFixture[str],
-                                               settings: config.Settings) -> None:
+def test_up_to_date_build_on_a_read_only_cache(
+    cli_env: list[str], capsys: pytest.CaptureFixture[str], settings: config.Settings
+) -> None:
     assert cli.main([*cli_env, "build"]) == 0
     capsys.readouterr()
     # Tests run as root, whom permissions do not stop: a directory squatting the pointer's temporary name makes
     # its write fail with an OSError just as a read-only file system does.
     import os
+
     (settings.cache_dir / f"latest-patched-cpu.json.{os.getpid()}.tmp").mkdir()
     assert cli.main([*cli_env, "build"]) == errors.CacheError.exit_code
     err = capsys.readouterr().err
@@ -249,7 +277,9 @@ def test_update_readme_rewrites_only_the_table(tmp_path: Path) -> None:
     readme.write_text("# x\n\n## Exit codes\n\n| code | meaning |\n|---|---|\n| 0 | old |\n\n## Next\n\ntext\n")
     assert errors.update_readme(readme) is True
     text = readme.read_text()
-    assert text.startswith("# x\n\n## Exit codes\n\n| code | class | meaning |") and text.endswith("\n\n## Next\n\ntext\n")
+    assert text.startswith("# x\n\n## Exit codes\n\n| code | class | meaning |") and text.endswith(
+        "\n\n## Next\n\ntext\n"
+    )
     assert "| 51 | `DirtyProjectError` |" in text and "| 14 | `UnknownRefError` |" in text
     assert errors.update_readme(readme) is False
 
@@ -273,19 +303,23 @@ def test_every_error_class_and_exit_code_lives_in_errors() -> None:
         for node in ast.walk(ast.parse(py.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
                 bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
-                assert not bases & ({c.__name__ for c in errors.error_classes()} | {"FatalError"}), \
+                assert not bases & ({c.__name__ for c in errors.error_classes()} | {"FatalError"}), (
                     f"{py.relative_to(REPO_ROOT)}: class {node.name} belongs in errors.py"
+                )
             if isinstance(node, ast.Assign):
                 names = {getattr(t, "id", getattr(t, "attr", "")) for t in node.targets}
-                assert "exit_code" not in names, f"{py.relative_to(REPO_ROOT)}:{node.lineno}: exit code outside errors.py"
+                assert "exit_code" not in names, (
+                    f"{py.relative_to(REPO_ROOT)}:{node.lineno}: exit code outside errors.py"
+                )
     for cls in errors.error_classes():
         assert cls.meaning, f"{cls.__name__} has no meaning for the exit-code table"
     codes = [r.code for r in errors.exit_table()]
     assert len(codes) == len(set(codes)) and {"0", "1", "14", "51", "52", "128+N"} <= set(codes)
 
 
-def test_settings_sections_reach_the_stages(cli_env: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            settings: config.Settings) -> None:
+def test_settings_sections_reach_the_stages(
+    cli_env: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: config.Settings
+) -> None:
     """[serve] startup_timeout and [rebase] cuda_include from the config file are what the stages get; options win
     (serve) or add (rebase)."""
     import importlib

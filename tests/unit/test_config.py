@@ -9,8 +9,12 @@ from ggml_bridge.errors import UsageError
 
 
 def _load(tmp_path: Path, env: dict[str, str] | None = None, **kw: object) -> config.Settings:
-    return config.load(kw.pop("overrides", None), env={"HOME": str(tmp_path / "home"), **(env or {})},  # type: ignore[arg-type]
-                       cwd=tmp_path, **kw)  # type: ignore[arg-type]
+    return config.load(
+        kw.pop("overrides", None),
+        env={"HOME": str(tmp_path / "home"), **(env or {})},  # type: ignore[arg-type]
+        cwd=tmp_path,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,14 +35,17 @@ def test_xdg_cache_home(tmp_path: Path) -> None:
 def test_layers_defaults_file_env_cli(tmp_path: Path) -> None:
     (tmp_path / "ggml-bridge.toml").write_text(
         'cache_dir = "c-from-file"\n[build]\nbackend = "cuda"\njobs = 3\ncuda_arch = "86"\n'
-        '[fetch]\nsources = ["pypi-sdist"]\n')
+        '[fetch]\nsources = ["pypi-sdist"]\n'
+    )
     s = _load(tmp_path)
     assert s.config_file == tmp_path / "ggml-bridge.toml"
     assert s.cache_dir == tmp_path / "c-from-file", "relative paths resolve against the config file"
     assert (s.build.backend, s.build.jobs, s.build.cuda_arch) == ("cuda", 3, "86")
     assert s.fetch.sources == ["pypi-sdist"]
-    s = _load(tmp_path, {"GGML_BRIDGE_BACKEND": "cpu", "GGML_BRIDGE_JOBS": "5",
-                         "GGML_BRIDGE_CACHE_DIR": str(tmp_path / "c-env")})
+    s = _load(
+        tmp_path,
+        {"GGML_BRIDGE_BACKEND": "cpu", "GGML_BRIDGE_JOBS": "5", "GGML_BRIDGE_CACHE_DIR": str(tmp_path / "c-env")},
+    )
     assert (s.build.backend, s.build.jobs, s.cache_dir) == ("cpu", 5, tmp_path / "c-env")
     assert s.build.cuda_arch == "86", "untouched file values survive"
     s = _load(tmp_path, {"GGML_BRIDGE_BACKEND": "cpu"}, overrides={"build.backend": "auto", "build.jobs": None})
@@ -60,18 +67,21 @@ def test_pyproject_tool_table(tmp_path: Path) -> None:
     assert s.build.jobs == 7 and s.config_file == tmp_path / "pyproject.toml"
 
 
-@pytest.mark.parametrize("text,match", [
-    ("colour = 1\n", "unknown setting 'colour'"),
-    ("[build]\nbackend_typo = 'cpu'\n", "unknown setting 'build.backend_typo'"),
-    ("[nonsense]\nx = 1\n", "unknown setting 'nonsense'"),
-    ("[build]\njobs = 'many'\n", "bad value"),
-    ("[build]\nnative = 3\n", "bad value"),
-    ("[build]\nbackend = 'rocm'\n", "unknown backend 'rocm'"),
-    ("[build]\nvariant = 'fancy'\n", "unknown variant"),
-    ("[build]\ncuda_arch = 'sm_90'\n", "invalid CUDA architecture"),
-    ("[fetch]\nsources = ['ftp']\n", "unknown fetch source kind"),
-    ("[build\n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("colour = 1\n", "unknown setting 'colour'"),
+        ("[build]\nbackend_typo = 'cpu'\n", "unknown setting 'build.backend_typo'"),
+        ("[nonsense]\nx = 1\n", "unknown setting 'nonsense'"),
+        ("[build]\njobs = 'many'\n", "bad value"),
+        ("[build]\nnative = 3\n", "bad value"),
+        ("[build]\nbackend = 'rocm'\n", "unknown backend 'rocm'"),
+        ("[build]\nvariant = 'fancy'\n", "unknown variant"),
+        ("[build]\ncuda_arch = 'sm_90'\n", "invalid CUDA architecture"),
+        ("[fetch]\nsources = ['ftp']\n", "unknown fetch source kind"),
+        ("[build\n", "not valid TOML"),
+    ],
+)
 def test_bad_config_is_a_usage_error(tmp_path: Path, text: str, match: str) -> None:
     (tmp_path / "ggml-bridge.toml").write_text(text)
     with pytest.raises(UsageError, match=match) as e:
@@ -103,10 +113,13 @@ def test_stage_sections_are_read_and_unread_tables_are_errors(tmp_path: Path) ->
         _load(tmp_path)
 
 
-@pytest.mark.parametrize("env,origin", [
-    ({"CMAKE_ARGS": "-DX='a b"}, "environment variable CMAKE_ARGS"),
-    ({"GGML_BRIDGE_CONFIG": "c.toml"}, "'build.cmake_args' in"),
-])
+@pytest.mark.parametrize(
+    "env,origin",
+    [
+        ({"CMAKE_ARGS": "-DX='a b"}, "environment variable CMAKE_ARGS"),
+        ({"GGML_BRIDGE_CONFIG": "c.toml"}, "'build.cmake_args' in"),
+    ],
+)
 def test_unbalanced_quotes_in_cmake_args_are_a_usage_error(tmp_path: Path, env: dict[str, str], origin: str) -> None:
     (tmp_path / "c.toml").write_text("[build]\ncmake_args = \"-DY=\\\"oops\"\n")
     with pytest.raises(UsageError, match="unbalanced quotes") as e:

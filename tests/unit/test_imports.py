@@ -126,8 +126,12 @@ def floor_of(module: str) -> int:
 
 
 def upward(g: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{a} (floor {floor_of(a)}) imports {b} (floor {floor_of(b)})"
-                  for a, deps in g.items() for b in deps if floor_of(b) > floor_of(a))
+    return sorted(
+        f"{a} (floor {floor_of(a)}) imports {b} (floor {floor_of(b)})"
+        for a, deps in g.items()
+        for b in deps
+        if floor_of(b) > floor_of(a)
+    )
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
@@ -171,7 +175,12 @@ def test_no_test_module_imports_another(rel: str) -> None:
     bad = []
     for p in sorted(tests.glob("test_*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
-            mods = ([node.module or ""] if isinstance(node, ast.ImportFrom)
-                    else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            mods = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             bad += [f"{p.name} imports {m}" for m in mods if m.split(".")[-1] in names or ".test_" in f".{m}"]
     assert not bad, bad

@@ -24,6 +24,7 @@ MICRO = 'shape = { name = "micro", n_embd = 32, n_layer = 2, n_head = 4, n_head_
 
 # --- ladder files -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["cpu.toml", "cuda.toml"])
 def test_shipped_ladders_parse(name):
     lad = ladder.load_ladder(ROOT / "ladders" / name)
@@ -57,18 +58,21 @@ def test_cuda_ladder_covers_the_rigs_and_boundary_sizes():
             assert {"bridge", "bridge-force", "batched", "bridge-force-batched", "upstream"} <= set(r.modes)
 
 
-@pytest.mark.parametrize("body,match", [
-    ("[[rung]]\nname='a'\nshape='tiny'\nmodes=['off','nope']\n", "unknown mode"),
-    ("[[rung]]\nname='a'\nshape='tiny'\nbogus=1\n", "unknown key"),
-    ("[[rung]]\nname='a'\nshape='huge'\n", "unknown model shape"),
-    ("[[rung]]\nname='a'\nshape='tiny'\nubatch=64\nbatch=32\n", "ubatch <= batch"),
-    ("[[rung]]\nname='a'\nshape='tiny'\nsplit_mode='diagonal'\ndevices=2\n", "split_mode"),
-    ("[[rung]]\nname='a'\nshape='tiny'\nmodes=['off','bridge']\n", "need GPUs"),
-    ("[[rung]]\nname='a'\nshape='tiny'\nbatch=96\nubatch=32\nppl_ctx=64\n", "multiple"),
-    ("[[rung]]\nname='a'\nshape='tiny'\n[[rung]]\nname='a'\nshape='tiny'\n", "duplicate"),
-    ("name='x'\n", "no \\[\\[rung\\]\\]"),
-    ("[[rung]\n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "body,match",
+    [
+        ("[[rung]]\nname='a'\nshape='tiny'\nmodes=['off','nope']\n", "unknown mode"),
+        ("[[rung]]\nname='a'\nshape='tiny'\nbogus=1\n", "unknown key"),
+        ("[[rung]]\nname='a'\nshape='huge'\n", "unknown model shape"),
+        ("[[rung]]\nname='a'\nshape='tiny'\nubatch=64\nbatch=32\n", "ubatch <= batch"),
+        ("[[rung]]\nname='a'\nshape='tiny'\nsplit_mode='diagonal'\ndevices=2\n", "split_mode"),
+        ("[[rung]]\nname='a'\nshape='tiny'\nmodes=['off','bridge']\n", "need GPUs"),
+        ("[[rung]]\nname='a'\nshape='tiny'\nbatch=96\nubatch=32\nppl_ctx=64\n", "multiple"),
+        ("[[rung]]\nname='a'\nshape='tiny'\n[[rung]]\nname='a'\nshape='tiny'\n", "duplicate"),
+        ("name='x'\n", "no \\[\\[rung\\]\\]"),
+        ("[[rung]\n", "not valid TOML"),
+    ],
+)
 def test_bad_ladder_files(tmp_path, body, match):
     with pytest.raises(LadderSetupError, match=match):
         ladder.load_ladder(write_ladder(tmp_path / "l.toml", body))
@@ -81,6 +85,7 @@ def test_reference_is_added_and_inline_shape(tmp_path):
 
 
 # --- inputs -------------------------------------------------------------------------------------------
+
 
 def test_text_and_prompts_are_deterministic():
     a = ladder.make_text(500, 7)
@@ -103,10 +108,13 @@ def test_words_are_single_tokens_in_the_upstream_vocab():
 
 # --- comparison ---------------------------------------------------------------------------------------
 
+
 def logits_file(path: Path, n_ctx=8, n_vocab=5, flip=None) -> Path:
     nv = 2 * ((n_vocab + 1) // 2) + 4
     recs = 2 * (n_ctx - 1 - n_ctx // 2)
-    b = bytearray(b"_logits_" + struct.pack("<iii", n_ctx, n_vocab, 2) + struct.pack(f"<{2 * n_ctx}i", *range(2 * n_ctx)))
+    b = bytearray(
+        b"_logits_" + struct.pack("<iii", n_ctx, n_vocab, 2) + struct.pack(f"<{2 * n_ctx}i", *range(2 * n_ctx))
+    )
     for r in range(recs):
         b += struct.pack("<ff", 0.5, -3.0) + struct.pack(f"<{nv - 4}H", *[(r * 7 + i) % 65536 for i in range(nv - 4)])
     if flip is not None:
@@ -153,10 +161,21 @@ def test_describe_logits_difference(tmp_path):
 
 def test_describe_responses_difference(tmp_path):
     def rec(i, toks, lps):
-        return ladder.canonical_response(json.dumps({
-            "content": "x", "tokens": toks, "tokens_predicted": len(toks), "timings": {"t": i * 1.5},
-            "completion_probabilities": [{"id": t, "logprob": lv, "top_logprobs": [{"id": t, "logprob": lv}]}
-                                         for t, lv in zip(toks, lps, strict=False)]}).encode(), i)
+        return ladder.canonical_response(
+            json.dumps(
+                {
+                    "content": "x",
+                    "tokens": toks,
+                    "tokens_predicted": len(toks),
+                    "timings": {"t": i * 1.5},
+                    "completion_probabilities": [
+                        {"id": t, "logprob": lv, "top_logprobs": [{"id": t, "logprob": lv}]}
+                        for t, lv in zip(toks, lps, strict=False)
+                    ],
+                }
+            ).encode(),
+            i,
+        )
 
     a = tmp_path / "a"
     b = tmp_path / "b"
@@ -177,11 +196,15 @@ def test_describe_responses_difference(tmp_path):
 # --- validity -----------------------------------------------------------------------------------------
 
 BR_EN = "ggml_cuda_mapped_host_bridge: enabled (mode {m}), 4 slots x 64 MiB mapped pinned host memory\n"
-BR_ST = "ggml_cuda_mapped_host_bridge: stats: boundaries={n} bytes=1 chunks=1 producer_waits=0 sync_copies=0 fallbacks=0\n"
+BR_ST = (
+    "ggml_cuda_mapped_host_bridge: stats: boundaries={n} bytes=1 chunks=1 producer_waits=0 sync_copies=0 fallbacks=0\n"
+)
 BT_EN = "llama_batched_transfers: enabled, pinned pool up to 32 MiB\n"
 BT_IN = "llama_batched_transfers: inactive: no device to batch to\n"
-BT_ST = ("llama_batched_transfers: stats: graphs=3 declined_graphs=0 async_uploads={u} async_downloads={d} sync_uploads=0 "
-         "sync_downloads=0 upstream_uploads=0 upstream_downloads=0 bytes_up=1 bytes_down=1 fallbacks=0 pool_waits=0 pool_drains=0\n")
+BT_ST = (
+    "llama_batched_transfers: stats: graphs=3 declined_graphs=0 async_uploads={u} async_downloads={d} sync_uploads=0 "
+    "sync_downloads=0 upstream_uploads=0 upstream_downloads=0 bytes_up=1 bytes_down=1 fallbacks=0 pool_waits=0 pool_drains=0\n"
+)
 DEV2 = "using device CUDA0 (A) (a) - 1 MiB free\nusing device CUDA1 (B) (b) - 1 MiB free\n"
 
 
@@ -196,11 +219,17 @@ def v(mode, r, **logs):
 
 def test_validity_bridge():
     r = rung()
-    ok = v("bridge-force", r, server=BR_EN.format(m="force") + DEV2 + BR_ST.format(n=3),
-           perplexity=BR_EN.format(m="force") + DEV2 + BR_ST.format(n=5))
+    ok = v(
+        "bridge-force",
+        r,
+        server=BR_EN.format(m="force") + DEV2 + BR_ST.format(n=3),
+        perplexity=BR_EN.format(m="force") + DEV2 + BR_ST.format(n=5),
+    )
     assert ok["ok"], ok["problems"]
     assert ok["bridge"]["boundaries"] == 8 and ok["bridge"]["slots"] == {"server": 4, "perplexity": 4}
-    zero = v("bridge", r, server=BR_EN.format(m="auto") + DEV2 + BR_ST.format(n=0), perplexity=BR_EN.format(m="auto") + DEV2)
+    zero = v(
+        "bridge", r, server=BR_EN.format(m="auto") + DEV2 + BR_ST.format(n=0), perplexity=BR_EN.format(m="auto") + DEV2
+    )
     assert not zero["ok"] and any("boundaries=0" in p for p in zero["problems"])
     nostats = v("bridge", r, server=BR_EN.format(m="auto") + DEV2)
     assert not nostats["ok"] and any("no bridge stats" in p for p in nostats["problems"])
@@ -208,7 +237,9 @@ def test_validity_bridge():
     assert not missing["ok"] and any("perplexity: no bridge line" in p for p in missing["problems"])
     wrongmode = v("bridge-force", r, server=BR_EN.format(m=1) + DEV2 + BR_ST.format(n=1))
     assert not wrongmode["ok"]
-    onedev = v("bridge", r, server=BR_EN.format(m="auto") + "using device CUDA0 (A) (a) - 1 MiB free\n" + BR_ST.format(n=1))
+    onedev = v(
+        "bridge", r, server=BR_EN.format(m="auto") + "using device CUDA0 (A) (a) - 1 MiB free\n" + BR_ST.format(n=1)
+    )
     assert not onedev["ok"] and any("on fewer" in p for p in onedev["problems"])
     six = rung(virtual_devices=6)
     assert not v("bridge", six, server=BR_EN.format(m="auto") + DEV2 + BR_ST.format(n=1))["ok"]  # 6-card rig seen as 2
@@ -251,8 +282,10 @@ def test_validity_bridge_typo():
     assert v("bridge-typo", r, server=rej + DEV2, perplexity=rej + DEV2)["ok"]
     # silence in one process (the warning went to llama.cpp's muted fitting probe) is a failure
     res = v("bridge-typo", r, server=rej + DEV2, perplexity=DEV2)
-    assert not res["ok"] and any("perplexity: GGML_CUDA_MAPPED_HOST_BRIDGE=\"yes\" is invalid but the log does not "
-                                 "report it rejected" in p for p in res["problems"])
+    assert not res["ok"] and any(
+        "perplexity: GGML_CUDA_MAPPED_HOST_BRIDGE=\"yes\" is invalid but the log does not report it rejected" in p
+        for p in res["problems"]
+    )
     # a rejection the mode does not set (the series before issue 26 had more bridge variables) fails it
     assert not v("bridge-typo", r, server=rej + old + DEV2, perplexity=rej + DEV2)["ok"]
     assert not v("bridge-typo", r, server=rej + DEV2 + BR_EN.format(m=1))["ok"]  # the bridge must stay off
@@ -272,6 +305,7 @@ def test_validity_off_and_upstream():
 
 # --- whole ladders against the fake tools -------------------------------------------------------------
 
+
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     for k in list(os.environ):
@@ -280,18 +314,37 @@ def env(tmp_path, monkeypatch):
     monkeypatch.delenv("GGML_BRIDGE_VOCAB", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return SimpleNamespace(
-        tmp=tmp_path, vocab=make_vocab(tmp_path / "vocab.gguf"),
-        patched=write_fake_bin(tmp_path / "patched"), upstream=write_fake_bin(tmp_path / "upstream", unpatched=True),
-        settings=SimpleNamespace(cache_dir=tmp_path / "cache", project_dir=ROOT, build=SimpleNamespace(backend="cpu")))
+        tmp=tmp_path,
+        vocab=make_vocab(tmp_path / "vocab.gguf"),
+        patched=write_fake_bin(tmp_path / "patched"),
+        upstream=write_fake_bin(tmp_path / "upstream", unpatched=True),
+        settings=SimpleNamespace(cache_dir=tmp_path / "cache", project_dir=ROOT, build=SimpleNamespace(backend="cpu")),
+    )
 
 
 def run_ladder(e, body, *extra):
     lf = write_ladder(e.tmp / "ladder.toml", body)
     p = argparse.ArgumentParser()
     ladder.add_arguments(p)
-    a = p.parse_args(["--ladder", str(lf), "--report", str(e.tmp / "report"), "--vocab", str(e.vocab),
-                      "--bin-dir-patched", str(e.patched), "--bin-dir-upstream", str(e.upstream),
-                      "--threads", "1", "--startup-timeout", "30", *extra])
+    a = p.parse_args(
+        [
+            "--ladder",
+            str(lf),
+            "--report",
+            str(e.tmp / "report"),
+            "--vocab",
+            str(e.vocab),
+            "--bin-dir-patched",
+            str(e.patched),
+            "--bin-dir-upstream",
+            str(e.upstream),
+            "--threads",
+            "1",
+            "--startup-timeout",
+            "30",
+            *extra,
+        ]
+    )
     rc = ladder.run(a, e.settings)
     rep = json.loads((e.tmp / "report" / "report.json").read_text())
     md = (e.tmp / "report" / "report.md").read_text()
@@ -325,20 +378,27 @@ def test_fake_gpu_ladder_passes(env, capsys):
         m = r["modes"][name]
         assert m["responses"]["sha256"] == ref["responses"]["sha256"]
         assert m["logits"]["sha256"] == ref["logits"]["sha256"]
-        assert m["compare"]["logits"]["identical"] and m["compare"]["logits"]["bytes_compared"] == ref["logits"]["bytes"]
+        assert (
+            m["compare"]["logits"]["identical"] and m["compare"]["logits"]["bytes_compared"] == ref["logits"]["bytes"]
+        )
         assert m["compare"]["responses"]["identical"]
         assert m["wall_s"] > 0
     assert r["modes"]["bridge-force-batched"]["validity"]["bridge"]["boundaries"] == 14  # server + perplexity
     assert r["modes"]["batched"]["validity"]["batched"]["async_uploads"] == 8
     assert r["modes"]["bridge"]["selectors"]["GGML_CUDA_MAPPED_HOST_BRIDGE"] == "auto"
     assert "| two-gpus |" in md and "PASS" in md
-    assert "[1/1] two-gpus: off vs upstream, bridge, bridge-force, batched, bridge-force-batched: PASS" in capsys.readouterr().err
+    assert (
+        "[1/1] two-gpus: off vs upstream, bridge, bridge-force, batched, bridge-force-batched: PASS"
+        in capsys.readouterr().err
+    )
     assert not list((env.tmp / "report").rglob("logits.bin"))  # removed after a pass
 
 
 def test_fake_gpu_ladder_requires_the_rejection_in_every_process(env, monkeypatch):
-    body = GPU_LADDER.replace('modes = ["off", "upstream", "bridge", "bridge-force", "batched", "bridge-force-batched"]',
-                              'modes = ["off", "bridge-typo"]')
+    body = GPU_LADDER.replace(
+        'modes = ["off", "upstream", "bridge", "bridge-force", "batched", "bridge-force-batched"]',
+        'modes = ["off", "bridge-typo"]',
+    )
     rc, rep, _ = run_ladder(env, body)
     r = rep["rungs"][0]
     assert rc == 0 and r["status"] == "pass", r["problems"]
@@ -353,7 +413,9 @@ def test_fake_gpu_ladder_requires_the_rejection_in_every_process(env, monkeypatc
 
 
 def test_fake_mismatch_exits_1_with_first_difference(env):
-    body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_PERTURB_WHEN = "LLAMA_BATCHED_TRANSFERS=1"')
+    body = GPU_LADDER.replace(
+        'FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_PERTURB_WHEN = "LLAMA_BATCHED_TRANSFERS=1"'
+    )
     rc, rep, md = run_ladder(env, body)
     r = rep["rungs"][0]
     assert rc == 1 and rep["status"] == "fail" and r["status"] == "mismatch"
@@ -423,8 +485,20 @@ def test_same_build_is_refused(env):
     lf = write_ladder(env.tmp / "l.toml", GPU_LADDER)
     p = argparse.ArgumentParser()
     ladder.add_arguments(p)
-    a = p.parse_args(["--ladder", str(lf), "--vocab", str(env.vocab), "--report", str(env.tmp / "r"),
-                      "--bin-dir-patched", str(env.patched), "--bin-dir-upstream", str(env.patched)])
+    a = p.parse_args(
+        [
+            "--ladder",
+            str(lf),
+            "--vocab",
+            str(env.vocab),
+            "--report",
+            str(env.tmp / "r"),
+            "--bin-dir-patched",
+            str(env.patched),
+            "--bin-dir-upstream",
+            str(env.patched),
+        ]
+    )
     with pytest.raises(LadderSetupError, match="same build"):
         ladder.run(a, env.settings)
 
@@ -433,8 +507,9 @@ def test_missing_bin_dir_and_rung(env):
     p = argparse.ArgumentParser()
     ladder.add_arguments(p)
     lf = write_ladder(env.tmp / "l.toml", GPU_LADDER)
-    a = p.parse_args(["--ladder", str(lf), "--bin-dir-patched", str(env.tmp / "nope"),
-                      "--bin-dir-upstream", str(env.upstream)])
+    a = p.parse_args(
+        ["--ladder", str(lf), "--bin-dir-patched", str(env.tmp / "nope"), "--bin-dir-upstream", str(env.upstream)]
+    )
     with pytest.raises(LadderSetupError, match="not found in --bin-dir-patched"):
         ladder.run(a, env.settings)
     a = p.parse_args(["--ladder", str(lf), "--rung", "zzz"])
@@ -450,8 +525,10 @@ def test_mechanism_state_names():
 
 
 def test_per_mode_expectations(tmp_path):
-    body = ("[[rung]]\nname='a'\nshape='tiny'\ndevices=2\nmodes=['off','bridge','bridge-force']\n"
-            "expect = { bridge = 'either' }\n")
+    body = (
+        "[[rung]]\nname='a'\nshape='tiny'\ndevices=2\nmodes=['off','bridge','bridge-force']\n"
+        "expect = { bridge = 'either' }\n"
+    )
     r = ladder.load_ladder(write_ladder(tmp_path / "l.toml", body)).rungs[0]
     inactive = "ggml_cuda_mapped_host_bridge: inactive: peer access is direct\n" + DEV2
     assert v("bridge", r, server=inactive)["ok"]

@@ -41,36 +41,46 @@ def test_batched_enabled_and_stats():
 def test_batched_stats_keep_upstream_apart():
     """The stats line says what batching staged (async), could not stage (sync) and left to upstream; a line of the
     older contract, where upstream's own asynchronous logits download was counted as batched, is not taken."""
-    new = ("llama_batched_transfers: stats: graphs=3 declined_graphs=8 async_uploads=6 async_downloads=0 sync_uploads=0 "
-           "sync_downloads=0 upstream_uploads=40 upstream_downloads=11 bytes_up=64 bytes_down=0 fallbacks=0 "
-           "pool_waits=0 pool_drains=0")
+    new = (
+        "llama_batched_transfers: stats: graphs=3 declined_graphs=8 async_uploads=6 async_downloads=0 sync_uploads=0 "
+        "sync_downloads=0 upstream_uploads=40 upstream_downloads=11 bytes_up=64 bytes_down=0 fallbacks=0 "
+        "pool_waits=0 pool_drains=0"
+    )
     t = logparse.parse([new]).batched
     assert t.total("declined_graphs") == 8 and t.total("upstream_downloads") == 11 and t.total("async_downloads") == 0
-    old = ("llama_batched_transfers: stats: graphs=12 async_uploads=24 async_downloads=12 sync_uploads=0 "
-           "sync_downloads=0 bytes_up=4096 bytes_down=128000 fallbacks=0 pool_waits=0 pool_drains=0")
+    old = (
+        "llama_batched_transfers: stats: graphs=12 async_uploads=24 async_downloads=12 sync_uploads=0 "
+        "sync_downloads=0 bytes_up=4096 bytes_down=128000 fallbacks=0 pool_waits=0 pool_drains=0"
+    )
     assert logparse.parse([old]).batched.stats == []
 
 
 def test_batched_stats_with_the_adaptive_policy_counters():
     """The adaptive decline's counters follow the stable keys and are parsed with them."""
-    line = ("llama_batched_transfers: stats: graphs=3 declined_graphs=8 async_uploads=6 async_downloads=0 sync_uploads=0 "
-            "sync_downloads=0 upstream_uploads=40 upstream_downloads=11 bytes_up=64 bytes_down=0 fallbacks=0 "
-            "pool_waits=0 pool_drains=0 probe_graphs=11 classes_staged=1 classes_upstream=2")
+    line = (
+        "llama_batched_transfers: stats: graphs=3 declined_graphs=8 async_uploads=6 async_downloads=0 sync_uploads=0 "
+        "sync_downloads=0 upstream_uploads=40 upstream_downloads=11 bytes_up=64 bytes_down=0 fallbacks=0 "
+        "pool_waits=0 pool_drains=0 probe_graphs=11 classes_staged=1 classes_upstream=2"
+    )
     t = logparse.parse([line]).batched
     assert t.total("declined_graphs") == 8 and t.total("probe_graphs") == 11
     assert t.total("classes_staged") == 1 and t.total("classes_upstream") == 2
 
 
 def test_batched_enabled_line_adaptive():
-    line = ("llama_batched_transfers: enabled, pinned pool up to 32 MiB per process, staged or not per graph size by "
-            "measured host time (8 graphs per path and size)")
+    line = (
+        "llama_batched_transfers: enabled, pinned pool up to 32 MiB per process, staged or not per graph size by "
+        "measured host time (8 graphs per path and size)"
+    )
     t = logparse.parse([line]).batched
     assert t.enabled and t.pool_mib == 32 and t.max_tokens is None
 
 
 def test_batched_enabled_line_with_policy():
-    line = ("llama_batched_transfers: enabled, pinned pool up to 32 MiB per process, graphs of up to 32 tokens staged "
-            "(larger ones keep upstream's path)")
+    line = (
+        "llama_batched_transfers: enabled, pinned pool up to 32 MiB per process, graphs of up to 32 tokens staged "
+        "(larger ones keep upstream's path)"
+    )
     t = logparse.parse([line]).batched
     assert t.enabled and t.pool_mib == 32 and t.max_tokens == 32
 
@@ -84,12 +94,14 @@ def test_mode_1_with_prefix_and_colours():
 def test_inactive_and_invalid():
     info = logparse.parse(
         "ggml_cuda_mapped_host_bridge: inactive: only one CUDA device\n"
-        "llama_batched_transfers: inactive: no GPU backend in this context\n")
+        "llama_batched_transfers: inactive: no GPU backend in this context\n"
+    )
     assert not info.bridge.enabled and info.bridge.inactive_reason == "only one CUDA device"
     assert info.bridge.seen
     assert not info.batched.enabled and info.batched.inactive_reason == "no GPU backend in this context"
     bad = logparse.parse(
-        'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="yes" (expected 0, 1 or force); bridge off')
+        'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="yes" (expected 0, 1 or force); bridge off'
+    )
     assert bad.bridge.rejected == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "yes"} and not bad.bridge.enabled
     assert bad.bridge.inactive_reason is None
 
@@ -98,7 +110,8 @@ def test_every_rejected_bridge_selector_is_kept():
     # the lines the bridge prints with every set of CUDA backends (issue 14: a typo must be visible)
     info = logparse.parse(
         'W ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="" (expected 0, 1, auto or force); bridge off\n'
-        'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="63" (expected 64..65536); using 2048\n')
+        'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="63" (expected 64..65536); using 2048\n'
+    )
     assert info.bridge.rejected == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "", "GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB": "63"}
     assert info.bridge.seen and not info.bridge.enabled and info.bridge.inactive_reason is None
 
@@ -112,7 +125,8 @@ def test_auto_mode_state_pair_decisions_and_stats():
         "ggml_cuda_mapped_host_bridge: enabled (mode auto), 4 slots x 64 MiB pinned host memory (pinned at the first "
         "routed copy), chunks by boundary size, 1 of 2 device pairs routed\n"
         "ggml_cuda_mapped_host_bridge: stats: boundaries=3 bytes=12 chunks=3 producer_waits=0 sync_copies=0 fallbacks=0 "
-        "pairs_bridge=1 pairs_upstream=1\n")
+        "pairs_bridge=1 pairs_upstream=1\n"
+    )
     b = info.bridge
     assert b.enabled and b.mode == "auto" and b.slots == 4 and b.slot_mib == 64
     assert b.pairs == {(0, 1): "bridge", (1, 0): "upstream"}
@@ -125,7 +139,8 @@ def test_state_line_with_deferred_pool_and_trace_lines():
         "first routed copy), chunk 2048 KiB, strategy dual, 2 of 2 device pairs routed\n"
         "ggml_cuda_mapped_host_bridge: trace: allocated 4 x 64 MiB mapped pinned host memory at the first routed copy\n"
         "ggml_cuda_mapped_host_bridge: trace: boundary 0 device 0 -> 1 (GPU 0 -> 1), bytes 0..4096 of 4096: slot 0, "
-        "1 chunk(s) of 2048 KiB, producer none (slot unused), then D2H ...; consumer stream waits ...\n")
+        "1 chunk(s) of 2048 KiB, producer none (slot unused), then D2H ...; consumer stream waits ...\n"
+    )
     b = info.bridge
     assert b.enabled and b.mode == "force" and b.slots == 4 and b.slot_mib == 64 and b.enabled_lines == 1
     assert b.inactive_reason is None and b.rejected == {} and b.stats == []
@@ -140,15 +155,18 @@ def test_unpatched_log_has_nothing():
 
 def test_malformed_lines_are_not_matches():
     info = logparse.parse(
-        "ggml_cuda_mapped_host_bridge: enabled (mode 2), 4 slots x 64 MiB\n"      # mode 2 is not a mode
+        "ggml_cuda_mapped_host_bridge: enabled (mode 2), 4 slots x 64 MiB\n"  # mode 2 is not a mode
         "ggml_cuda_mapped_host_bridge: enabled (mode 1), four slots x 64 MiB\n"
-        "llama_batched_transfers: enabled\n")
+        "llama_batched_transfers: enabled\n"
+    )
     assert not info.bridge.enabled and not info.batched.enabled
 
 
 def test_several_processes_stats_accumulate():
-    text = ("ggml_cuda_mapped_host_bridge: stats: boundaries=2 bytes=10 chunks=2 producer_waits=0 sync_copies=0 fallbacks=0\n"
-            "ggml_cuda_mapped_host_bridge: stats: boundaries=5 bytes=20 chunks=5 producer_waits=1 sync_copies=0 fallbacks=1\n")
+    text = (
+        "ggml_cuda_mapped_host_bridge: stats: boundaries=2 bytes=10 chunks=2 producer_waits=0 sync_copies=0 fallbacks=0\n"
+        "ggml_cuda_mapped_host_bridge: stats: boundaries=5 bytes=20 chunks=5 producer_waits=1 sync_copies=0 fallbacks=1\n"
+    )
     b = logparse.parse(text).bridge
     assert len(b.stats) == 2 and b.total("boundaries") == 7 and b.total("fallbacks") == 1
 
@@ -159,8 +177,10 @@ def test_duplicate_device_counted_once():
 
 
 def test_startup_failures():
-    bind = logparse.parse("srv    start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080\n"
-                          "srv    main: exiting due to HTTP server error\n")
+    bind = logparse.parse(
+        "srv    start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080\n"
+        "srv    main: exiting due to HTTP server error\n"
+    )
     assert bind.bind_failed == ("127.0.0.1", 8080)
     assert "port 8080" in logparse.startup_failure_reason(bind, 1)
     assert "already in use" in logparse.startup_failure_reason(bind, 1)
@@ -169,7 +189,8 @@ def test_startup_failures():
         "gguf_init_from_file: failed to open GGUF file '/x/m.gguf' (No such file or directory)\n"
         "llama_model_load: error loading model: llama_model_loader: failed to load model from /x/m.gguf\n"
         "srv    load_model: failed to load model, '/x/m.gguf'\n"
-        "srv    main: exiting due to model loading error\n")
+        "srv    main: exiting due to model loading error\n"
+    )
     assert missing.gguf_open_failed == ("/x/m.gguf", "No such file or directory")
     assert missing.model_load_failed
     r = logparse.startup_failure_reason(missing, 1)

@@ -76,10 +76,18 @@ def test_format_kv_and_tensors(tmp_path, vocab):
 
     t = {x.name: x for x in r.tensors}
     expect = {
-        "token_embd.weight": [32, n_vocab], "output.weight": [32, n_vocab], "output_norm.weight": [32],
-        "blk.0.attn_q.weight": [32, 32], "blk.0.attn_k.weight": [32, 16], "blk.0.attn_v.weight": [32, 16],
-        "blk.0.attn_output.weight": [32, 32], "blk.0.ffn_gate.weight": [32, 64], "blk.0.ffn_up.weight": [32, 64],
-        "blk.0.ffn_down.weight": [64, 32], "blk.0.attn_norm.weight": [32], "blk.0.ffn_norm.weight": [32],
+        "token_embd.weight": [32, n_vocab],
+        "output.weight": [32, n_vocab],
+        "output_norm.weight": [32],
+        "blk.0.attn_q.weight": [32, 32],
+        "blk.0.attn_k.weight": [32, 16],
+        "blk.0.attn_v.weight": [32, 16],
+        "blk.0.attn_output.weight": [32, 32],
+        "blk.0.ffn_gate.weight": [32, 64],
+        "blk.0.ffn_up.weight": [32, 64],
+        "blk.0.ffn_down.weight": [64, 32],
+        "blk.0.attn_norm.weight": [32],
+        "blk.0.ffn_norm.weight": [32],
     }
     assert set(t) == set(expect)
     for name, ne in expect.items():

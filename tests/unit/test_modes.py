@@ -48,8 +48,10 @@ def test_ladder_files_use_current_names(tmp_path: Path):
         for r in ladder.load_ladder(f).rungs:
             assert set(r.modes) <= set(modes.MODES), (f, r.modes)
     old = tmp_path / "old.toml"
-    old.write_text('[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["staged", "off"]\nreference = "off"\n'
-                   'expect = { staged = "either" }\n')
+    old.write_text(
+        '[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["staged", "off"]\nreference = "off"\n'
+        'expect = { staged = "either" }\n'
+    )
     r = ladder.load_ladder(old).rungs[0]
     assert r.modes == ["upstream", "off"] and r.expect == {"upstream": "either"}
     old.write_text('[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["off", "both"]\n')
@@ -65,7 +67,10 @@ def test_bench_serve_and_build_derive_from_the_table():
     for suite in bench.SUITES.values():
         assert set(suite["cases"]) <= set(modes.MODES)
     assert serve.selector_env is modes.selector_env and serve.BRIDGE_VAR == modes.BRIDGE
-    assert dict(modes.VARIANTS["patched"].cmake) == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "ON", "SAM3D_BATCHED_TRANSFERS": "ON"}
+    assert dict(modes.VARIANTS["patched"].cmake) == {
+        "GGML_CUDA_MAPPED_HOST_BRIDGE": "ON",
+        "SAM3D_BATCHED_TRANSFERS": "ON",
+    }
     assert [n for n, v in modes.VARIANTS.items() if v.cuda_only] == ["upstream-nopeer"]
     assert build.SHARED_ORDER == tuple(modes.VARIANTS), "the shared tree can make every variant, in table order"
 

@@ -36,19 +36,30 @@ def _report(tmp_path, pm, shape="bench-1b", servers=1, skew=1.0):
     from ggml_bridge import shaper
 
     tests = {"pp512/ub512": (9000.0, 8000.0), "pp4096/ub512": (8500.0, 7600.0), "tg128": (400.0, 300.0)}
-    cases = [{"name": "off", "link": None}, {"name": "rpc-off", "link": None},
-             {"name": "rpc-off@unlimited-0", "link": "unlimited/0"}]
-    summary = {"off": {t: {"median": v[0]} for t, v in tests.items()},
-               "rpc-off": {t: {"median": v[1] * 1.01} for t, v in tests.items()},
-               "rpc-off@unlimited-0": {t: {"median": v[1]} for t, v in tests.items()}}
+    cases = [
+        {"name": "off", "link": None},
+        {"name": "rpc-off", "link": None},
+        {"name": "rpc-off@unlimited-0", "link": "unlimited/0"},
+    ]
+    summary = {
+        "off": {t: {"median": v[0]} for t, v in tests.items()},
+        "rpc-off": {t: {"median": v[1] * 1.01} for t, v in tests.items()},
+        "rpc-off@unlimited-0": {t: {"median": v[1]} for t, v in tests.items()},
+    }
     for spec in ("10gbit/0.2ms", "25gbit/0.1ms"):
         link = shaper.parse_link(spec)
         name = f"rpc-off@{link.label}"
         cases.append({"name": name, "link": str(link)})
-        summary[name] = {t: {"median": skew * pm.predict_tps(t, v[0], v[1], servers, 2048, link.rate, link.delay)}
-                         for t, v in tests.items()}
-    rep = {"model": {"shape": shape}, "cases": cases, "summary": summary,
-           "links": {"rpc_servers": servers, "front_gpu": True}}
+        summary[name] = {
+            t: {"median": skew * pm.predict_tps(t, v[0], v[1], servers, 2048, link.rate, link.delay)}
+            for t, v in tests.items()
+        }
+    rep = {
+        "model": {"shape": shape},
+        "cases": cases,
+        "summary": summary,
+        "links": {"rpc_servers": servers, "front_gpu": True},
+    }
     p = tmp_path / "bench.json"
     p.write_text(json.dumps(rep))
     return p

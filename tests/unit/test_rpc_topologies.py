@@ -21,13 +21,16 @@ from helpers import FAKE_RPC, make_vocab, write_fake_bin
 
 ROOT = Path(__file__).resolve().parents[2]
 BANNER = "Starting RPC server v7.0.0\nDevices:\n"
-STATE = ("ggml_bridge_rpc: state: endpoint=127.0.0.1:1 pid=1 GGML_CUDA_MAPPED_HOST_BRIDGE=force "
-         "bridge_counters=available\n")
+STATE = (
+    "ggml_bridge_rpc: state: endpoint=127.0.0.1:1 pid=1 GGML_CUDA_MAPPED_HOST_BRIDGE=force bridge_counters=available\n"
+)
 BR_FORCE = "ggml_cuda_mapped_host_bridge: enabled (mode force), 4 slots x 64 MiB mapped pinned host memory\n"
 BR_ONE = "ggml_cuda_mapped_host_bridge: enabled (mode 1), 4 slots x 64 MiB mapped pinned host memory\n"
 INACTIVE = "ggml_cuda_mapped_host_bridge: inactive: single device\n"
-CNT = ("ggml_bridge_rpc: counters: trigger=signal bridge=1 rpc_graph_compute=3 rpc_copy_tensor={c} "
-       "bridge_boundaries={b} bridge_bytes=4096\n")
+CNT = (
+    "ggml_bridge_rpc: counters: trigger=signal bridge=1 rpc_graph_compute=3 rpc_copy_tensor={c} "
+    "bridge_boundaries={b} bridge_bytes=4096\n"
+)
 
 
 def _srv(devs, *lines):
@@ -35,8 +38,14 @@ def _srv(devs, *lines):
 
 
 def _rung(**kw):
-    d = {"name": "r", "shape": "tiny", "devices": 1, "modes": ["off", "rpc-off", "rpc-bridge-force"],
-         "rpc_servers": [["CUDA0", "CUDA1"]], **kw}
+    d = {
+        "name": "r",
+        "shape": "tiny",
+        "devices": 1,
+        "modes": ["off", "rpc-off", "rpc-bridge-force"],
+        "rpc_servers": [["CUDA0", "CUDA1"]],
+        **kw,
+    }
     return ladder.schema.parse_rung(d, {}, "test")
 
 
@@ -72,16 +81,23 @@ def test_shipped_one_gpu_rpc_and_split_rungs():
 
 def test_validity_virtual_devices_inside_one_rpc_server():
     m, r = ladder.MODES, _rung()
-    ok = ladder.validate_rpc(m["rpc-bridge-force"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_FORCE, CNT.format(c=4, b=4))}, r)
+    ok = ladder.validate_rpc(
+        m["rpc-bridge-force"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_FORCE, CNT.format(c=4, b=4))}, r
+    )
     assert ok["ok"], ok["problems"]
     assert "bridge engaged (mode force) on 2 GPUs: bridge_boundaries=4" in ok["notes"][0]
     # mode 1 does not route virtual devices of one GPU: the force mode must say force
-    one = ladder.validate_rpc(m["rpc-bridge-force"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ONE, CNT.format(c=4, b=4))}, r)
+    one = ladder.validate_rpc(
+        m["rpc-bridge-force"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ONE, CNT.format(c=4, b=4))}, r
+    )
     assert one["problems"] == ["rpc-server a: bridge mode 1, expected force"]
     # two devices but no COPY_TENSOR: the boundary inside the server was not exercised, in any mode
     for mode in ("rpc-off", "rpc-bridge-force"):
-        res = ladder.validate_rpc(m[mode], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_FORCE if "bridge" in mode
-                                                      else "", CNT.format(c=0, b=0))}, r)
+        res = ladder.validate_rpc(
+            m[mode],
+            {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_FORCE if "bridge" in mode else "", CNT.format(c=0, b=0))},
+            r,
+        )
         assert any("served no RPC_CMD_COPY_TENSOR" in p for p in res["problems"]), res
     # GGML_CUDA_DEVICES missing: the server shows one device where the rung gave two
     res = ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CUDA0"], STATE, CNT.format(c=0, b=0))}, r)
@@ -93,8 +109,10 @@ def test_validity_two_servers_prove_the_bridge_idle():
     servers = {e: _srv(["CUDA0"], STATE, INACTIVE, CNT.format(c=0, b=0)) for e in ("a", "b")}
     res = ladder.validate_rpc(m["rpc-bridge-force"], servers, r)
     assert res["ok"] and len(res["notes"]) == 2
-    assert all("bridge idle, as it must be with 1 GPU (it says: inactive: single device; bridge_boundaries=0)"
-               in n for n in res["notes"])
+    assert all(
+        "bridge idle, as it must be with 1 GPU (it says: inactive: single device; bridge_boundaries=0)" in n
+        for n in res["notes"]
+    )
     bad = ladder.validate_rpc(m["rpc-bridge-force"], {"a": _srv(["CUDA0"], STATE, BR_FORCE, CNT.format(c=0, b=3))}, r)
     assert bad["problems"] == ["rpc-server a: 1 GPU, yet its bridge counted 3 boundaries"]
 
@@ -121,8 +139,12 @@ def env(tmp_path, monkeypatch):
     exe = b / rpc.RPC_SERVER
     exe.write_text(f"#!{sys.executable}\n" + FAKE_RPC.read_text())
     exe.chmod(0o755)
-    return SimpleNamespace(tmp=tmp_path, vocab=make_vocab(tmp_path / "vocab.gguf"), patched=b,
-                           settings=SimpleNamespace(cache_dir=tmp_path / "cache", project_dir=ROOT))
+    return SimpleNamespace(
+        tmp=tmp_path,
+        vocab=make_vocab(tmp_path / "vocab.gguf"),
+        patched=b,
+        settings=SimpleNamespace(cache_dir=tmp_path / "cache", project_dir=ROOT),
+    )
 
 
 def _run(e, body):
@@ -130,8 +152,22 @@ def _run(e, body):
     lf.write_text(body)
     p = argparse.ArgumentParser()
     ladder.add_arguments(p)
-    a = p.parse_args(["--ladder", str(lf), "--report", str(e.tmp / "rep"), "--vocab", str(e.vocab),
-                      "--bin-dir-patched", str(e.patched), "--threads", "1", "--startup-timeout", "30"])
+    a = p.parse_args(
+        [
+            "--ladder",
+            str(lf),
+            "--report",
+            str(e.tmp / "rep"),
+            "--vocab",
+            str(e.vocab),
+            "--bin-dir-patched",
+            str(e.patched),
+            "--threads",
+            "1",
+            "--startup-timeout",
+            "30",
+        ]
+    )
     rc = ladder.run(a, e.settings)
     return rc, json.loads((e.tmp / "rep" / "report.json").read_text())
 
@@ -177,6 +213,7 @@ def test_unshaped_rung_has_no_link_stats(env):
 
 # --- bench: rpc cases over shaped links (netbench.py) -------------------------------------------------------
 
+
 @pytest.fixture
 def bench_env(tmp_path, monkeypatch):
     from ggml_bridge import bench
@@ -189,12 +226,18 @@ def bench_env(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_RPC_ORDER", str(tmp_path / "rpc-order.txt"))
     monkeypatch.setattr(bench, "n_gpus", lambda: 1)
     monkeypatch.setattr(bench, "gpu_env", lambda: {})
-    record = ('import os, sys\nopen(os.environ["FAKE_RPC_ORDER"], "a").write('
-              '"%s cvd=%r %s\\n" % (os.path.basename(os.path.dirname(os.path.abspath(__file__))), '
-              'os.environ.get("CUDA_VISIBLE_DEVICES"), " ".join(sys.argv[1:])))\n')
+    record = (
+        'import os, sys\nopen(os.environ["FAKE_RPC_ORDER"], "a").write('
+        '"%s cvd=%r %s\\n" % (os.path.basename(os.path.dirname(os.path.abspath(__file__))), '
+        'os.environ.get("CUDA_VISIBLE_DEVICES"), " ".join(sys.argv[1:])))\n'
+    )
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    return SimpleNamespace(variants=write_fake_variants(tmp_path / "variants", prefix=record, rpc_server=rpc.RPC_SERVER),
-                           model=tmp_path / "m.gguf", tmp=tmp_path, settings=SimpleNamespace(cache_dir=tmp_path / "c"))
+    return SimpleNamespace(
+        variants=write_fake_variants(tmp_path / "variants", prefix=record, rpc_server=rpc.RPC_SERVER),
+        model=tmp_path / "m.gguf",
+        tmp=tmp_path,
+        settings=SimpleNamespace(cache_dir=tmp_path / "c"),
+    )
 
 
 def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(bench_env):
@@ -203,8 +246,15 @@ def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(ben
     from helpers import bench_args
 
     out = bench_env.tmp / "report"
-    args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, rounds=1, reps=1, report=out,
-                      suite="rpc-link", links="10gbit/0.2ms,25gbit/0.1ms")
+    args = bench_args(
+        variants_dir=bench_env.variants,
+        model=bench_env.model,
+        rounds=1,
+        reps=1,
+        report=out,
+        suite="rpc-link",
+        links="10gbit/0.2ms,25gbit/0.1ms",
+    )
     assert bench.bench(args, bench_env.settings) == 0
     rep = json.loads((out / "bench.json").read_text())
     names = [c["name"] for c in rep["cases"]]
@@ -212,10 +262,15 @@ def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(ben
     assert rep["not_engaged"] == [] and rep["failed"] == []
     assert {c["name"]: c["link"] for c in rep["cases"]}["rpc-off@25gbit-0.1ms"] == "25gbit/0.1ms"
     eng = {c["name"]: c["engagement"] for c in rep["cases"]}
-    assert "link 10gbit/0.2ms to 127.0.0.1:" in eng["rpc-off@10gbit-0.2ms"] and " 33 B up, 36 B down" in eng["rpc-off@10gbit-0.2ms"]
+    assert (
+        "link 10gbit/0.2ms to 127.0.0.1:" in eng["rpc-off@10gbit-0.2ms"]
+        and " 33 B up, 36 B down" in eng["rpc-off@10gbit-0.2ms"]
+    )
     assert eng["rpc-off"] == ""  # loopback, no shaper
     assert rep["links"]["highest_rate_gbit"] == 25.0 and rep["links"]["shaper_ceiling_gbit"] > 0
-    assert "- shaped links: 1 rpc-server(s), llama-bench keeps its GPU; the shaper moved" in (out / "bench.md").read_text()
+    assert (
+        "- shaped links: 1 rpc-server(s), llama-bench keeps its GPU; the shaper moved" in (out / "bench.md").read_text()
+    )
     assert set(rep["ratios"]["off"]) >= {"rpc-off@10gbit-0.2ms", "rpc-off@25gbit-0.1ms"}
     # llama-bench kept its GPU (the suite's front GPU) and was given the shaper's end, not the rpc-server's
     calls = [c for c in (bench_env.tmp / "rpc-order.txt").read_text().splitlines() if "llama-bench" not in c]
@@ -235,8 +290,16 @@ def test_bench_link_case_that_bypasses_the_shaper_is_not_engaged(bench_env, monk
     from helpers import bench_args
 
     monkeypatch.setattr(netbench.rpc.Topology, "front_endpoints", property(lambda self: self.endpoints))
-    args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, rounds=1, reps=1,
-                      report=bench_env.tmp / "r", suite="rpc-link", links="10gbit/0.2ms", cases="rpc-off")
+    args = bench_args(
+        variants_dir=bench_env.variants,
+        model=bench_env.model,
+        rounds=1,
+        reps=1,
+        report=bench_env.tmp / "r",
+        suite="rpc-link",
+        links="10gbit/0.2ms",
+        cases="rpc-off",
+    )
     with pytest.raises(BenchError, match="rpc-off@10gbit-0.2ms"):
         bench.bench(args, bench_env.settings)
 
@@ -247,8 +310,13 @@ def test_bench_bad_link_is_a_bench_error(bench_env):
 
     from helpers import bench_args
 
-    args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, report=bench_env.tmp / "r",
-                      suite="rpc-link", links="10gbit")
+    args = bench_args(
+        variants_dir=bench_env.variants,
+        model=bench_env.model,
+        report=bench_env.tmp / "r",
+        suite="rpc-link",
+        links="10gbit",
+    )
     with pytest.raises(BenchError, match="bad link '10gbit'"):
         bench.bench(args, bench_env.settings)
 
@@ -257,9 +325,11 @@ def test_row_split_rung_does_not_require_bridge_boundaries_but_records_them():
     from ggml_bridge.ladder import validity
 
     dev = "".join(f"llama_model_load_from_file_impl: using device CUDA{i} (GPU) (id{i}) - 1 MiB free\n" for i in (0, 1))
-    log = (dev + "ggml_cuda_mapped_host_bridge: enabled (mode force), 4 slots x 64 MiB mapped pinned host memory\n"
-           "ggml_cuda_mapped_host_bridge: stats: boundaries=0 bytes=0 chunks=0 producer_waits=0 sync_copies=0 "
-           "fallbacks=0\n")
+    log = (
+        dev + "ggml_cuda_mapped_host_bridge: enabled (mode force), 4 slots x 64 MiB mapped pinned host memory\n"
+        "ggml_cuda_mapped_host_bridge: stats: boundaries=0 bytes=0 chunks=0 producer_waits=0 sync_copies=0 "
+        "fallbacks=0\n"
+    )
     base = {"name": "r", "shape": "small", "devices": 1, "virtual_devices": 2, "modes": ["off", "bridge-force"]}
     layer = ladder.schema.parse_rung({**base, "split_mode": "layer"}, {}, "t")
     row = ladder.schema.parse_rung({**base, "split_mode": "row", "require_boundaries": False}, {}, "t")
@@ -271,6 +341,7 @@ def test_row_split_rung_does_not_require_bridge_boundaries_but_records_them():
 
 
 # --- serve --rpc-link -----------------------------------------------------------------------------------------
+
 
 def _serve_fake(tmp_path):
     from helpers import fake_model
@@ -294,9 +365,24 @@ def test_serve_rpc_link_puts_a_shaper_before_each_local_server(tmp_path, monkeyp
     (b / "llama-server").rename(real)
     (b / "llama-server").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/argv\nexec {real} "$@"\n')
     (b / "llama-server").chmod(0o755)
-    a = cli.parse_command(cli.COMMANDS["serve"], ["--check", "--server", str(b / "llama-server"), "--rpc-local", "2",
-                                                   "--rpc-link", "1gbit/0.5ms", "--server-log", str(log), "-m", str(m),
-                                                   "--port", str(serve.free_port())])
+    a = cli.parse_command(
+        cli.COMMANDS["serve"],
+        [
+            "--check",
+            "--server",
+            str(b / "llama-server"),
+            "--rpc-local",
+            "2",
+            "--rpc-link",
+            "1gbit/0.5ms",
+            "--server-log",
+            str(log),
+            "-m",
+            str(m),
+            "--port",
+            str(serve.free_port()),
+        ],
+    )
     assert serve.run(a, SimpleNamespace(cache_dir=tmp_path)) == 0
     err = capsys.readouterr().err
     assert "(shaped: 1gbit/0.5ms)" in err
@@ -315,36 +401,77 @@ def test_serve_rpc_link_needs_local_servers_and_a_good_link(tmp_path):
 
     b, m = _serve_fake(tmp_path)
     with pytest.raises(UsageError, match="--rpc-link needs local rpc-servers"):
-        serve.run(cli.parse_command(cli.COMMANDS["serve"], ["--server", str(b / "llama-server"), "--rpc-link",
-                                                            "1gbit/1ms", "--rpc", "127.0.0.1:1", "-m", str(m)]),
-                  SimpleNamespace(cache_dir=tmp_path))
+        serve.run(
+            cli.parse_command(
+                cli.COMMANDS["serve"],
+                ["--server", str(b / "llama-server"), "--rpc-link", "1gbit/1ms", "--rpc", "127.0.0.1:1", "-m", str(m)],
+            ),
+            SimpleNamespace(cache_dir=tmp_path),
+        )
     with pytest.raises(UsageError, match="bad link rate"):
-        serve.run(cli.parse_command(cli.COMMANDS["serve"], ["--server", str(b / "llama-server"), "--rpc-link",
-                                                            "fast/1ms", "--rpc-local", "1", "-m", str(m)]),
-                  SimpleNamespace(cache_dir=tmp_path))
+        serve.run(
+            cli.parse_command(
+                cli.COMMANDS["serve"],
+                ["--server", str(b / "llama-server"), "--rpc-link", "fast/1ms", "--rpc-local", "1", "-m", str(m)],
+            ),
+            SimpleNamespace(cache_dir=tmp_path),
+        )
 
 
 def test_report_says_what_crossed_the_link_and_that_the_bridge_is_idle():
     from ggml_bridge.ladder.report import markdown_report
 
-    v = {"ok": True, "problems": [], "notes": ["rpc-server a: bridge idle, as it must be with 1 GPU (x)"],
-         "rpc": {"a": {"devices": ["CUDA0"], "counters": {"rpc_graph_compute": 3}, "bridge_enabled": False,
-                       "link": {"link": "10gbit/0.2ms", "up": {"bytes": 3 << 20}, "down": {"bytes": 1 << 20}}}}}
-    rep = {"ladder": "x", "file": "x.toml", "started": "now", "binaries": {}, "backend": "cuda", "status": "pass",
-           "wall_s": 1, "rungs": [
-        {"name": "r", "status": "pass", "problems": [], "reference": "off", "wall_s": 1, "devices": 1,
-         "split_mode": "layer", "ubatch": 1, "batch": 1, "shape": {"name": "s", "n_embd": 1, "n_layer": 1, "dtype": "f16"},
-         "modes": {"off": {"wall_s": 1, "validity": {"ok": True, "problems": [], "notes": []}},
-                   "rpc-off": {"wall_s": 1, "validity": v}}}]}
+    v = {
+        "ok": True,
+        "problems": [],
+        "notes": ["rpc-server a: bridge idle, as it must be with 1 GPU (x)"],
+        "rpc": {
+            "a": {
+                "devices": ["CUDA0"],
+                "counters": {"rpc_graph_compute": 3},
+                "bridge_enabled": False,
+                "link": {"link": "10gbit/0.2ms", "up": {"bytes": 3 << 20}, "down": {"bytes": 1 << 20}},
+            }
+        },
+    }
+    rep = {
+        "ladder": "x",
+        "file": "x.toml",
+        "started": "now",
+        "binaries": {},
+        "backend": "cuda",
+        "status": "pass",
+        "wall_s": 1,
+        "rungs": [
+            {
+                "name": "r",
+                "status": "pass",
+                "problems": [],
+                "reference": "off",
+                "wall_s": 1,
+                "devices": 1,
+                "split_mode": "layer",
+                "ubatch": 1,
+                "batch": 1,
+                "shape": {"name": "s", "n_embd": 1, "n_layer": 1, "dtype": "f16"},
+                "modes": {
+                    "off": {"wall_s": 1, "validity": {"ok": True, "problems": [], "notes": []}},
+                    "rpc-off": {"wall_s": 1, "validity": v},
+                },
+            }
+        ],
+    }
     md = markdown_report(rep)
     assert "link 10gbit/0.2ms: up/down MiB=3.00/1.00" in md and "bridge idle, as it must be with 1 GPU" in md
 
 
 def test_tensor_split_meta_device_counts_as_its_members():
-    text = ("llama_prepare_model_devices: creating a Meta device for tensor parallelism from 2 devices:\n"
-            "llama_prepare_model_devices: - device 0: CUDA0 (NVIDIA H200)\n"
-            "llama_prepare_model_devices: - device 1: CUDA1 (NVIDIA H200)\n"
-            "llama_prepare_model_devices: using device Meta(CUDA0,CUDA1) (Meta(H200,H200)) (unknown id) - 1 MiB free\n")
+    text = (
+        "llama_prepare_model_devices: creating a Meta device for tensor parallelism from 2 devices:\n"
+        "llama_prepare_model_devices: - device 0: CUDA0 (NVIDIA H200)\n"
+        "llama_prepare_model_devices: - device 1: CUDA1 (NVIDIA H200)\n"
+        "llama_prepare_model_devices: using device Meta(CUDA0,CUDA1) (Meta(H200,H200)) (unknown id) - 1 MiB free\n"
+    )
     info = logparse.parse(text)
     assert info.meta_devices == 2 and info.n_devices == 2
     assert logparse.parse("x: using device CUDA0 (H200) (id) - 1 MiB free\n").n_devices == 1
@@ -353,8 +480,10 @@ def test_tensor_split_meta_device_counts_as_its_members():
 
 def test_front_gpu_rung_needs_the_model_on_the_front_gpu_and_the_rpc_server():
     r = _rung(rpc_front_gpu=True, rpc_servers=[["CUDA0"]])
-    both = ("llama_model_load_from_file_impl: using device RPC0 (127.0.0.1:5) (unknown id) - 1 MiB free\n"
-            "llama_model_load_from_file_impl: using device CUDA0 (H200) (0000:01) - 1 MiB free\n")
+    both = (
+        "llama_model_load_from_file_impl: using device RPC0 (127.0.0.1:5) (unknown id) - 1 MiB free\n"
+        "llama_model_load_from_file_impl: using device CUDA0 (H200) (0000:01) - 1 MiB free\n"
+    )
     only_rpc = both.splitlines()[0] + "\n"
     assert ladder.validate_front(r, {"server": logparse.parse(both), "perplexity": logparse.parse(both)}) == []
     bad = ladder.validate_front(r, {"server": logparse.parse(both), "perplexity": logparse.parse(only_rpc)})

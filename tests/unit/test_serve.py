@@ -33,12 +33,14 @@ def srv_args(model, port):
 
 # --- selectors & rules --------------------------------------------------------------------------------
 
+
 def test_selector_env():
-    assert serve.selector_env("on", "off") == {
-        "GGML_CUDA_MAPPED_HOST_BRIDGE": "1", "LLAMA_BATCHED_TRANSFERS": "0"}
+    assert serve.selector_env("on", "off") == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "1", "LLAMA_BATCHED_TRANSFERS": "0"}
     assert serve.selector_env("auto", None, stats=False) == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "auto"}
     assert serve.selector_env("force", "on", stats=False) == {
-        "GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "LLAMA_BATCHED_TRANSFERS": "1"}
+        "GGML_CUDA_MAPPED_HOST_BRIDGE": "force",
+        "LLAMA_BATCHED_TRANSFERS": "1",
+    }
     assert serve.selector_env(None, None, stats=False) == {}
     with pytest.raises(UsageError):
         serve.selector_env("yes", None)
@@ -56,14 +58,19 @@ def test_engagement_rules():
     e = serve.check_engagement(info(ENABLED + TWO_DEV), "on", None)
     assert e.ok and "4 slots x 64 MiB" in e.notes[0] and "2 devices" in e.notes[0]
     # multi-device, inactive -> error with the reason from the log
-    e = serve.check_engagement(info("ggml_cuda_mapped_host_bridge: inactive: peer access is faster\n" + TWO_DEV), "on", None)
+    e = serve.check_engagement(
+        info("ggml_cuda_mapped_host_bridge: inactive: peer access is faster\n" + TWO_DEV), "on", None
+    )
     assert not e.ok and "peer access is faster" in e.errors[0] and "2-device" in e.errors[0]
     # multi-device, no line at all -> error
     e = serve.check_engagement(info(TWO_DEV), "force", None)
     assert not e.ok and "no ggml_cuda_mapped_host_bridge line" in e.errors[0]
     # single device -> plain note, keeps serving
-    e = serve.check_engagement(info("ggml_cuda_mapped_host_bridge: inactive: single device\n"
-                                    "using device CUDA0 (A) (a) - 1 MiB free\n"), "on", None)
+    e = serve.check_engagement(
+        info("ggml_cuda_mapped_host_bridge: inactive: single device\nusing device CUDA0 (A) (a) - 1 MiB free\n"),
+        "on",
+        None,
+    )
     assert e.ok and "single device" in e.notes[0]
     # force requested but mode 1 reported
     e = serve.check_engagement(info(ENABLED + TWO_DEV), "force", None)
@@ -75,16 +82,27 @@ def test_engagement_rules():
     assert e.ok and "32 MiB" in e.notes[0]
     e = serve.check_engagement(info("llama_batched_transfers: inactive: no GPU\n"), None, "on")
     assert e.ok and "no GPU" in e.notes[0]
-    assert not serve.check_engagement(info("llama_batched_transfers: enabled, pinned pool up to 32 MiB\n"), None, "off").ok
+    assert not serve.check_engagement(
+        info("llama_batched_transfers: enabled, pinned pool up to 32 MiB\n"), None, "off"
+    ).ok
     # invalid selector value reported by the server
-    assert not serve.check_engagement(info('ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="x"'), None, None).ok
+    assert not serve.check_engagement(
+        info('ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="x"'), None, None
+    ).ok
     # any of the bridge's selectors: a rejected chunk size fails the check too, with the bridge on
-    e = serve.check_engagement(info(ENABLED + TWO_DEV + 'ggml_cuda_mapped_host_bridge: ignoring invalid '
-                                    'GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="abc" (expected 64..65536); using 2048\n'), "on", None)
+    e = serve.check_engagement(
+        info(
+            ENABLED + TWO_DEV + 'ggml_cuda_mapped_host_bridge: ignoring invalid '
+            'GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="abc" (expected 64..65536); using 2048\n'
+        ),
+        "on",
+        None,
+    )
     assert not e.ok and 'GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="abc"' in e.errors[0]
 
 
 # --- Server against the fake --------------------------------------------------------------------------
+
 
 def test_server_starts_and_confirms_bridge(fake, monkeypatch):
     monkeypatch.setenv("FAKE_DEVICES", "2")
@@ -158,6 +176,7 @@ def test_arg_value_and_url():
 
 # --- the CLI entry point ------------------------------------------------------------------------------
 
+
 def parse(argv):
     return cli.parse_command(cli.COMMANDS["serve"], argv)  # serve's arguments, llama-server's into server_args
 
@@ -207,11 +226,14 @@ def _cli_proc(fake, extra_env, *args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
     env.update(extra_env)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    code = ("import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
-            "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
-            "sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n")
-    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    code = (
+        "import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
+        "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
+        "sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _wait_url(p, timeout=20):
@@ -241,8 +263,9 @@ def test_signal_forwarded_and_exit_code_propagated(fake, sig):
 
 
 def test_server_dying_while_serving_propagates(fake):
-    p = _cli_proc(fake, {"FAKE_DIE_AFTER_S": "1.5"}, "--server", str(fake.server),
-                  *srv_args(fake.model, serve.free_port()))
+    p = _cli_proc(
+        fake, {"FAKE_DIE_AFTER_S": "1.5"}, "--server", str(fake.server), *srv_args(fake.model, serve.free_port())
+    )
     try:
         _wait_url(p)
         assert p.wait(20) == 3
@@ -253,8 +276,11 @@ def test_server_dying_while_serving_propagates(fake):
 
 def test_runner_start_stop_kills_a_process_that_ignores_sigterm(tmp_path):
     from ggml_bridge import runner
-    code = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "print('ready', flush=True)\ntime.sleep(60)\n")
+
+    code = (
+        "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n"
+    )
     seen = []
     p = runner.start([sys.executable, "-c", code], on_line=seen.append, log_file=tmp_path / "log")
     t0 = time.monotonic()
@@ -268,6 +294,7 @@ def test_runner_start_stop_kills_a_process_that_ignores_sigterm(tmp_path):
 
 def test_runner_start_missing_binary(tmp_path):
     from ggml_bridge import runner
+
     with pytest.raises(ServeError, match="cannot run"):
         runner.start([tmp_path / "nope"], error=ServeError)
 
@@ -286,24 +313,55 @@ def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, ca
     """Issue 27 D1: serve does not add -lv 4 (13x the time and 269 MB of log under 1,500 requests); it adds
     --metrics and proves engagement from the live counters; -lv 4 only when the user asks."""
     monkeypatch.setenv("FAKE_DEVICES", "2")
-    a = parse(["--bridge", "force", "--batched", "on", "--check", "--server", str(fake.server),
-               *srv_args(fake.model, serve.free_port())])
+    a = parse(
+        [
+            "--bridge",
+            "force",
+            "--batched",
+            "on",
+            "--check",
+            "--server",
+            str(fake.server),
+            *srv_args(fake.model, serve.free_port()),
+        ]
+    )
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
     err = capsys.readouterr().err
     launched = next(line for line in err.splitlines() if line.startswith("+ ") and "llama-server" in line)
     assert " -lv " not in launched and launched.endswith(" --metrics")
     assert "bridge engaged: 7 boundaries crossed" in err and "batched transfers engaged: 2 graph(s) staged" in err
     # the user's --metrics is not doubled; the user's -lv 4 gives the log's proof as before
-    a = parse(["--bridge", "force", "--check", "--server", str(fake.server), "--metrics", "-lv", "4",
-               *srv_args(fake.model, serve.free_port())])
+    a = parse(
+        [
+            "--bridge",
+            "force",
+            "--check",
+            "--server",
+            str(fake.server),
+            "--metrics",
+            "-lv",
+            "4",
+            *srv_args(fake.model, serve.free_port()),
+        ]
+    )
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
     err = capsys.readouterr().err
     assert err.count("--metrics") == 1 and "bridge engaged: mode force, 4 slots x 64 MiB" in err
     assert "model on 2 devices" in err
     # a server without the counters and the INFO lines hidden: the launcher says what it cannot prove
     monkeypatch.setenv("FAKE_NO_METRICS", "1")
-    a = parse(["--bridge", "force", "--check", "--server", str(fake.server), "-lv", "3",
-               *srv_args(fake.model, serve.free_port())])
+    a = parse(
+        [
+            "--bridge",
+            "force",
+            "--check",
+            "--server",
+            str(fake.server),
+            "-lv",
+            "3",
+            *srv_args(fake.model, serve.free_port()),
+        ]
+    )
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
     err = capsys.readouterr().err
     assert "bridge engaged" not in err and "answers no /metrics and log verbosity 3 hides" in err
@@ -319,9 +377,11 @@ def test_serve_without_selectors_leaves_the_arguments_alone():
 
 # --- faults (issue 15) ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
 def test_signal_during_startup_stops_the_server(fake, sig):
     from ggml_bridge import runner
+
     p = _cli_proc(fake, {"FAKE_LOAD_S": "60"}, "--server", str(fake.server), *srv_args(fake.model, serve.free_port()))
     try:
         t0 = time.monotonic()
@@ -355,16 +415,25 @@ def test_relative_server_path_runs_that_file_not_one_on_path(fake, tmp_path, mon
 
 def test_server_log_in_a_missing_folder_fails_before_starting(fake):
     t0 = time.monotonic()
-    s = serve.Server(fake.server, srv_args(fake.model, serve.free_port()), log_file=fake.tmp / "nope" / "server.log",
-                     startup_timeout=10)
+    s = serve.Server(
+        fake.server,
+        srv_args(fake.model, serve.free_port()),
+        log_file=fake.tmp / "nope" / "server.log",
+        startup_timeout=10,
+    )
     with pytest.raises(UsageError, match="--server-log .*nope.* does not exist"):
         s.start()
     assert s.proc is None and time.monotonic() - t0 < 5
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--port", "0"], "1..65535"), (["--port", "70000"], "1..65535"), (["--port=-1"], "1..65535"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--port", "0"], "1..65535"),
+        (["--port", "70000"], "1..65535"),
+        (["--port=-1"], "1..65535"),
+    ],
+)
 def test_ports_the_launcher_cannot_check_are_refused(fake, args, match):
     with pytest.raises(UsageError, match=match):
         serve.Server(fake.server, ["-m", str(fake.model), *args])
@@ -382,8 +451,13 @@ def test_server_output_is_not_all_kept_in_memory(fake, monkeypatch, tmp_path):
     monkeypatch.setenv("FAKE_DEVICES", "2")
     monkeypatch.setenv("FAKE_NOISE", "20000")
     log = tmp_path / "server.log"
-    with serve.Server(fake.server, srv_args(fake.model, serve.free_port()), log_file=log,
-                      env=serve.selector_env("force", None), startup_timeout=30) as s:
+    with serve.Server(
+        fake.server,
+        srv_args(fake.model, serve.free_port()),
+        log_file=log,
+        env=serve.selector_env("force", None),
+        startup_timeout=30,
+    ) as s:
         pass
     kept = s.lines()
     assert len(kept) < 50, len(kept)
@@ -394,6 +468,7 @@ def test_server_output_is_not_all_kept_in_memory(fake, monkeypatch, tmp_path):
 
 def test_runner_keeps_a_bounded_head_and_tail(tmp_path, monkeypatch):
     from ggml_bridge import runner
+
     monkeypatch.setattr(runner.Process, "KEEP_HEAD", 5)
     monkeypatch.setattr(runner.Process, "KEEP_TAIL", 5)
     p = runner.start([sys.executable, "-c", "for i in range(1000): print(i)"], keep=True)
@@ -404,6 +479,7 @@ def test_runner_keeps_a_bounded_head_and_tail(tmp_path, monkeypatch):
 def test_server_log_is_rotated_at_its_cap(tmp_path):
     """Issue 27 D1: --server-log is bounded: rotated to FILE.1 at the cap, so FILE + FILE.1 stay under 2 x cap."""
     from ggml_bridge import runner
+
     code = "import sys\nfor i in range(5000):\n    print('x' * 99)\n"
     log_file = tmp_path / "server.log"
     p = runner.start([sys.executable, "-c", code], log_file=log_file, keep=False, log_max_bytes=100_000)
@@ -420,6 +496,7 @@ def test_sigkill_of_the_launcher_does_not_orphan_the_server(fake):
     try:
         _wait_url(p)
         from ggml_bridge import runner
+
         children = runner.descendants(p.pid)
         assert children
         p.kill()

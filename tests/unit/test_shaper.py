@@ -225,15 +225,20 @@ def test_connection_closes_when_the_target_closes_and_target_down_is_counted():
     with shaper.Shaper(("127.0.0.1", port), shaper.Link(math.inf, 0)) as sh:
         with socket.create_connection(sh.endpoint) as c:
             c.settimeout(5)
-            assert c.recv(1) == b""   # closed at once
+            assert c.recv(1) == b""  # closed at once
         time.sleep(0.1)
         assert sh.stats()["errors"] and "cannot connect" in sh.stats()["errors"][0]
 
 
 def _cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ggml_bridge", "shape", *args], cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ggml_bridge", "shape", *args],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_cli_shapes_until_a_signal_then_reports_and_exits_128_plus_n():
@@ -257,11 +262,14 @@ def test_cli_shapes_until_a_signal_then_reports_and_exits_128_plus_n():
     assert "shaper stopped: up_bytes=4 " in err and "down_bytes=4" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["--listen", "0", "--to", "10.0.0.2:50052"], "target 10.0.0.2 is not a loopback address"),
-    (["--listen", "0", "--to", "127.0.0.1:1", "--rate", "fast"], "bad link rate 'fast'"),
-    (["--listen", "0", "--to", "nowhere"], "--to 'nowhere' is not HOST:PORT"),
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--listen", "0", "--to", "10.0.0.2:50052"], "target 10.0.0.2 is not a loopback address"),
+        (["--listen", "0", "--to", "127.0.0.1:1", "--rate", "fast"], "bad link rate 'fast'"),
+        (["--listen", "0", "--to", "nowhere"], "--to 'nowhere' is not HOST:PORT"),
+    ],
+)
 def test_cli_bad_input_is_one_line_exit_2(args, msg):
     p = _cli(*args)
     out, err = p.communicate(timeout=20)
@@ -273,8 +281,12 @@ def test_gathered_send_survives_partial_writes():
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     bufs = [os.urandom(n) for n in (1, 70000, 3, 123457, 9) * 40]
     got = bytearray()
-    t = threading.Thread(target=lambda: [got.extend(b.recv(1 << 16)) or time.sleep(0.0005)
-                                         for _ in iter(lambda: len(got) < sum(map(len, bufs)), False)])
+    t = threading.Thread(
+        target=lambda: [
+            got.extend(b.recv(1 << 16)) or time.sleep(0.0005)
+            for _ in iter(lambda: len(got) < sum(map(len, bufs)), False)
+        ]
+    )
     t.start()
     shaper._sendall(a, bufs)
     t.join(30)

@@ -38,21 +38,38 @@ def _tool(bindir: Path, name: str, real: str, hang_when: str) -> None:
     """``name`` on PATH: the real tool, except that a call whose arguments contain ``hang_when`` runs TREE."""
     bindir.mkdir(exist_ok=True)
     p = bindir / name
-    p.write_text(f'#!/bin/sh\ncase " $* " in *"{hang_when}"*) ;; *) exec {real} "$@";; esac\n'
-                 f'echo "[1/9] fake step"\n{TREE}')
+    p.write_text(
+        f'#!/bin/sh\ncase " $* " in *"{hang_when}"*) ;; *) exec {real} "$@";; esac\necho "[1/9] fake step"\n{TREE}'
+    )
     p.chmod(0o755)
 
 
-def _launch(settings: config.Settings, tmp_path: Path, argv: list[str], **env: str) -> tuple[subprocess.Popen[str], Path]:
+def _launch(
+    settings: config.Settings, tmp_path: Path, argv: list[str], **env: str
+) -> tuple[subprocess.Popen[str], Path]:
     pids = tmp_path / "pids"
     full = {k: v for k, v in os.environ.items() if not k.startswith("GGML_BRIDGE_") and k != "CMAKE_ARGS"}
-    full.update({"PIDS": str(pids), "PYTHONPATH": str(REPO_ROOT), "GGML_BRIDGE_PROJECT_DIR": str(settings.project_dir),
-                 "GGML_BRIDGE_PYPI_URL": settings.fetch.pypi_url, "GGML_BRIDGE_BACKEND": "cpu",
-                 "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
-                 # the tree's setsid child ignores SIGTERM: it is SIGKILLed after this grace (default 10 s)
-                 runner.STOP_GRACE_VAR: "0.5", **env})
-    p = subprocess.Popen([sys.executable, "-m", "ggml_bridge", "--cache-dir", str(settings.cache_dir), *argv],
-                         env=full, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    full.update(
+        {
+            "PIDS": str(pids),
+            "PYTHONPATH": str(REPO_ROOT),
+            "GGML_BRIDGE_PROJECT_DIR": str(settings.project_dir),
+            "GGML_BRIDGE_PYPI_URL": settings.fetch.pypi_url,
+            "GGML_BRIDGE_BACKEND": "cpu",
+            "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+            # the tree's setsid child ignores SIGTERM: it is SIGKILLed after this grace (default 10 s)
+            runner.STOP_GRACE_VAR: "0.5",
+            **env,
+        }
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ggml_bridge", "--cache-dir", str(settings.cache_dir), *argv],
+        env=full,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return p, pids
 
 
@@ -78,8 +95,9 @@ def _kill_leftovers(tree: dict[int, int]) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _signal_and_wait(p: subprocess.Popen[str], pids: Path, sig: int,
-                     while_running: Callable[[], object] = lambda: None) -> str:
+def _signal_and_wait(
+    p: subprocess.Popen[str], pids: Path, sig: int, while_running: Callable[[], object] = lambda: None
+) -> str:
     """Once the launcher's process tree is up (and ``while_running`` holds), send ``sig`` to the launcher's pid
     only; the launcher must exit with 128 + sig and leave no process of its tree running. Returns its stderr.
     Whatever happens, nothing of the tree is left behind by the test."""
@@ -101,8 +119,9 @@ def _signal_and_wait(p: subprocess.Popen[str], pids: Path, sig: int,
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_signal_to_build_stops_the_whole_tree_before_the_lock_is_released(settings: config.Settings, tmp_path: Path,
-                                                                          sig: int) -> None:
+def test_signal_to_build_stops_the_whole_tree_before_the_lock_is_released(
+    settings: config.Settings, tmp_path: Path, sig: int
+) -> None:
     _tool(tmp_path / "bin", "ninja", shutil.which("ninja") or "ninja", "llama-server")
     p, pids = _launch(settings, tmp_path, ["build", "-j", "2"])
     err = _signal_and_wait(p, pids, sig)
@@ -114,13 +133,19 @@ def test_signal_to_build_stops_the_whole_tree_before_the_lock_is_released(settin
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: raises BlockingIOError if held
 
 
-def test_sigterm_to_patch_check_stops_git_and_removes_the_temporary_tree(settings: config.Settings,
-                                                                          tmp_path: Path) -> None:
+def test_sigterm_to_patch_check_stops_git_and_removes_the_temporary_tree(
+    settings: config.Settings, tmp_path: Path
+) -> None:
     _tool(tmp_path / "bin", "git-am-hangs", shutil.which("git") or "git", " am ")
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    p, pids = _launch(settings, tmp_path, ["patch", "--check"], TMPDIR=str(tmpdir),
-                      GIT_PYTHON_GIT_EXECUTABLE=str(tmp_path / "bin" / "git-am-hangs"))
+    p, pids = _launch(
+        settings,
+        tmp_path,
+        ["patch", "--check"],
+        TMPDIR=str(tmpdir),
+        GIT_PYTHON_GIT_EXECUTABLE=str(tmp_path / "bin" / "git-am-hangs"),
+    )
 
     def temporary_tree_exists() -> None:
         assert list(tmpdir.glob("ggml-bridge-check-*"))

@@ -53,8 +53,7 @@ def test_key_follows_lockfile_and_sources_not_outputs(tmp_path: Path) -> None:
     assert ui.source_key(tree) not in (k0, k1)
 
 
-def test_no_npm_is_one_clear_error(settings: config.Settings, tmp_path: Path,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_npm_is_one_clear_error(settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree = make_ui_tree(tmp_path)
     monkeypatch.setattr(ui.shutil, "which", lambda name: None)
     with pytest.raises(ToolchainError) as e:
@@ -73,8 +72,7 @@ def test_cached_ui_needs_no_npm(settings: config.Settings, tmp_path: Path, monke
     assert m["embedded"] and m["sha256"] == sha and m["key"] == ui.source_key(tree)
 
 
-def test_tampered_cache_is_not_used(settings: config.Settings, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tampered_cache_is_not_used(settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree = make_ui_tree(tmp_path)
     seed_cache(settings, tree)
     entry = settings.cache_dir / "ui" / ui.source_key(tree)[:16]
@@ -84,14 +82,18 @@ def test_tampered_cache_is_not_used(settings: config.Settings, tmp_path: Path,
         ui.ensure(settings, tree)
 
 
-def test_opt_out_warns_once_and_records_no_ui(make_settings, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_opt_out_warns_once_and_records_no_ui(
+    make_settings,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     settings = make_settings(build__ui=False)
     tree = make_ui_tree(tmp_path)
     got = ui.ensure(settings, tree)
     err = capsys.readouterr().err
     assert [line for line in err.splitlines() if "warning" in line] == [
-        line for line in err.splitlines() if "WITHOUT its web UI" in line], err
+        line for line in err.splitlines() if "WITHOUT its web UI" in line
+    ], err
     assert err.count("warning") == 1
     assert got.manifest() == {"embedded": False, "reason": "disabled by the user (ui = false)"}
 
@@ -114,8 +116,10 @@ def test_tree_without_tools_ui_is_left_alone(settings: config.Settings, tmp_path
     ui.check_embedded(tmp_path / "build", got)  # no header, nothing to check
 
 
-def test_placed_puts_the_ui_where_upstream_embeds_it_then_removes_it(make_settings, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                                                     ) -> None:
+def test_placed_puts_the_ui_where_upstream_embeds_it_then_removes_it(
+    make_settings,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
     settings = make_settings(cache_dir=str(tmp_path / "cache"))
     tree = make_ui_tree(settings.cache_dir / "work" / "x")
     sha = seed_cache(settings, tree)
@@ -138,8 +142,9 @@ def test_placed_refuses_to_replace_a_users_dist(settings: config.Settings, tmp_p
     assert (tree / "tools" / "ui" / "dist" / "index.html").read_text() == "<html>mine</html>"
 
 
-@pytest.mark.parametrize("has_assets, wanted, ok", [(True, True, True), (False, True, False),
-                                                   (False, False, True), (True, False, False)])
+@pytest.mark.parametrize(
+    "has_assets, wanted, ok", [(True, True, True), (False, True, False), (False, False, True), (True, False, False)]
+)
 def test_check_embedded_reads_the_generated_header(tmp_path: Path, has_assets: bool, wanted: bool, ok: bool) -> None:
     hdr = tmp_path / "build" / "tools" / "ui" / "ui.h"
     hdr.parent.mkdir(parents=True)
@@ -153,8 +158,15 @@ def test_check_embedded_reads_the_generated_header(tmp_path: Path, has_assets: b
 
 
 def test_old_node_is_refused_with_the_way_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    for version, ok in (("v18.20.4", False), ("v20.18.1", False), ("v20.19.0", True), ("v21.7.0", False),
-                        ("v22.11.0", False), ("v22.12.0", True), ("v24.1.0", True)):
+    for version, ok in (
+        ("v18.20.4", False),
+        ("v20.18.1", False),
+        ("v20.19.0", True),
+        ("v21.7.0", False),
+        ("v22.11.0", False),
+        ("v22.12.0", True),
+        ("v24.1.0", True),
+    ):
         monkeypatch.setattr(ui, "_tool_version", lambda cmd, v=version: v)
         if ok:
             ui._check_node()

@@ -39,16 +39,27 @@ def read_member(path: Path, name: str) -> str:
 # --------------------------------------------------------------------------------------------- sdist
 
 
-def test_sdist_carries_the_patched_tree_templates_and_manifest(settings: config.Settings, upstream,  # type: ignore[no-untyped-def]
-                                                               tmp_path: Path) -> None:
+def test_sdist_carries_the_patched_tree_templates_and_manifest(
+    settings: config.Settings,
+    upstream,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
     made = wheel.make_sdist(settings, tmp_path / "out")
     assert made.path.name == f"ggml_bridge_server-{made.version}.tar.gz"
     names = sdist_members(made.path)
     root = f"ggml_bridge_server-{made.version}/"
-    for rel in ("pyproject.toml", "CMakeLists.txt", "ui.cmake", "PKG-INFO",
-                "build_support/ggml_bridge_server_version.py", "src/ggml_bridge_server/__init__.py",
-                "src/ggml_bridge_server/__main__.py", "src/ggml_bridge_server/manifest.json",
-                "vendor/llama.cpp/CMakeLists.txt", "vendor/llama.cpp/tools/server/CMakeLists.txt"):
+    for rel in (
+        "pyproject.toml",
+        "CMakeLists.txt",
+        "ui.cmake",
+        "PKG-INFO",
+        "build_support/ggml_bridge_server_version.py",
+        "src/ggml_bridge_server/__init__.py",
+        "src/ggml_bridge_server/__main__.py",
+        "src/ggml_bridge_server/manifest.json",
+        "vendor/llama.cpp/CMakeLists.txt",
+        "vendor/llama.cpp/tools/server/CMakeLists.txt",
+    ):
         assert root + rel in names, rel
     assert not [n for n in names if "/.git/" in n or n.endswith("/.git")]
     pyproject = read_member(made.path, root + "pyproject.toml")
@@ -74,8 +85,9 @@ def test_sdist_is_reproducible(settings: config.Settings, tmp_path: Path) -> Non
     assert a == b
 
 
-def test_sdist_of_a_tree_with_ui_embeds_the_built_assets(settings: config.Settings, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sdist_of_a_tree_with_ui_embeds_the_built_assets(
+    settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ggml_bridge import ui
 
     dist = tmp_path / "built"
@@ -92,11 +104,13 @@ def test_sdist_of_a_tree_with_ui_embeds_the_built_assets(settings: config.Settin
     assert m["ui"]["embedded"] and m["ui"]["sha256"] == sha
 
 
-def test_wheel_without_scikit_build_core_is_a_toolchain_error(settings: config.Settings, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wheel_without_scikit_build_core_is_a_toolchain_error(
+    settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(wheel.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "scikit_build_core" else real(name, *a))
+    monkeypatch.setattr(
+        wheel.importlib.util, "find_spec", lambda name, *a: None if name == "scikit_build_core" else real(name, *a)
+    )
     with pytest.raises(ToolchainError, match="scikit-build-core"):
         wheel.build_wheel(settings, tmp_path / "x.tar.gz", tmp_path)
 
@@ -141,8 +155,9 @@ def fake_install(site: Path, *, backend: str = "cpu", bins: tuple[str, ...] = ("
     pkg = site / "ggml_bridge_server"
     shutil.copytree(TEMPLATES / "src" / "ggml_bridge_server", pkg)
     (pkg / "manifest.json").write_text(json.dumps({"schema": 1, "ui": {"embedded": False, "reason": "test"}}))
-    (pkg / "build.json").write_text(json.dumps({"backend": backend, "version": f"0.1.0+{backend}",
-                                                "cuda_version": "13.0", "libraries": ["llama"]}))
+    (pkg / "build.json").write_text(
+        json.dumps({"backend": backend, "version": f"0.1.0+{backend}", "cuda_version": "13.0", "libraries": ["llama"]})
+    )
     (pkg / "lib").mkdir()
     (pkg / "lib" / "libllama.so").write_bytes(b"\x7fELF")
     fake = write_fake_bin(site / "fake-bin")
@@ -188,19 +203,21 @@ def test_console_script_execs_llama_server_or_says_what_is_missing(installed: Pa
     env = {**os.environ, "PYTHONPATH": str(installed)}
     # --help of the fake is not a thing; a missing model makes it print its banner and serve: just run --version
     (pkg / "bin" / "llama-server").write_text("#!/bin/sh\necho \"exec'd with $*\"\n")
-    out = subprocess.run([sys.executable, "-m", "ggml_bridge_server", "--port", "1"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "ggml_bridge_server", "--port", "1"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and out.stdout == "exec'd with --port 1\n", out
     (pkg / "bin" / "llama-server").unlink()
-    out = subprocess.run([sys.executable, "-m", "ggml_bridge_server"], env=env, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "ggml_bridge_server"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 32 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "bin/llama-server is missing" in out.stderr, out.stderr
 
 
-def test_serve_uses_an_installed_wheel_when_nothing_is_built(installed: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_uses_an_installed_wheel_when_nothing_is_built(
+    installed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake_install(installed)
     monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
@@ -212,9 +229,9 @@ def test_serve_uses_an_installed_wheel_when_nothing_is_built(installed: Path, tm
     assert "check passed" in err
 
 
-def test_serve_with_a_damaged_wheel_is_one_clear_error(installed: Path, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_with_a_damaged_wheel_is_one_clear_error(
+    installed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake_install(installed, bins=())
     monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
@@ -224,9 +241,9 @@ def test_serve_with_a_damaged_wheel_is_one_clear_error(installed: Path, tmp_path
     assert len(err) == 1 and "bin/llama-server is missing" in err[0] and "reinstall" in err[0], err
 
 
-def test_serve_with_a_cuda_wheel_and_no_gpu_is_one_clear_error(installed: Path, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_with_a_cuda_wheel_and_no_gpu_is_one_clear_error(
+    installed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake_install(installed, backend="cuda")
     import ggml_bridge_server as gbs
 
@@ -239,17 +256,21 @@ def test_serve_with_a_cuda_wheel_and_no_gpu_is_one_clear_error(installed: Path, 
     assert len(err) == 1 and "built for CUDA 13.0" in err[0] and "no usable GPU" in err[0], err
 
 
-def test_a_cuda_wheel_without_its_runtime_wheels_is_one_clear_error(installed: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cuda_wheel_without_its_runtime_wheels_is_one_clear_error(
+    installed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pkg = fake_install(installed, backend="cuda")
     # sonames no system has (this machine has a CUDA runtime but no cuBLAS): only the wheel's folders can help
     build = json.loads((pkg / "build.json").read_text())
-    (pkg / "build.json").write_text(json.dumps({**build, "cuda_libs": ["libgbtest-cudart.so.13",
-                                                                       "libgbtest-cublas.so.13"]}))
+    (pkg / "build.json").write_text(
+        json.dumps({**build, "cuda_libs": ["libgbtest-cudart.so.13", "libgbtest-cublas.so.13"]})
+    )
     import ggml_bridge_server as gbs
 
     monkeypatch.setattr(gbs, "cuda_devices", lambda: 1)  # a GPU is there; its runtime wheels are not (--no-deps)
-    with pytest.raises(gbs.BackendUnavailable, match=r"libgbtest-cudart\.so\.13, libgbtest-cublas\.so\.13 cannot be found"):
+    with pytest.raises(
+        gbs.BackendUnavailable, match=r"libgbtest-cudart\.so\.13, libgbtest-cublas\.so\.13 cannot be found"
+    ):
         gbs.check_backend()
     # what nvidia-cuda-runtime / nvidia-cublas 13 install: site-packages/nvidia/cu13/lib/<soname>
     (installed / "nvidia" / "cu13" / "lib").mkdir(parents=True)
@@ -266,8 +287,10 @@ def test_no_gpu_here_is_detected_as_none() -> None:
     finally:
         sys.path.pop(0)
         sys.modules.pop("ggml_bridge_server", None)
-    has_gpu = shutil.which("nvidia-smi") and "GPU" in subprocess.run(["nvidia-smi", "-L"], capture_output=True,
-                                                                    text=True).stdout
+    has_gpu = (
+        shutil.which("nvidia-smi")
+        and "GPU" in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    )
     assert bool(n) == bool(has_gpu)
 
 
@@ -278,23 +301,29 @@ def fake_nvcc(tmp_path: Path, release: str, archs: tuple[int, ...]) -> Path:
     """An nvcc that answers --version and --list-gpu-arch like the real one."""
     nvcc = tmp_path / f"nvcc-{release}"
     listing = "\\n".join(f"compute_{a}" for a in archs)
-    nvcc.write_text(f"#!/bin/sh\ncase \"$1\" in\n--version) echo 'Cuda compilation tools, release {release}, "
-                    f"V{release}.88';;\n--list-gpu-arch) printf '{listing}\\n';;\nesac\n")
+    nvcc.write_text(
+        f"#!/bin/sh\ncase \"$1\" in\n--version) echo 'Cuda compilation tools, release {release}, "
+        f"V{release}.88';;\n--list-gpu-arch) printf '{listing}\\n';;\nesac\n"
+    )
     nvcc.chmod(0o755)
     return nvcc
 
 
-CUDA13_ARCHS = (75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121)   # nvcc 13.0 --list-gpu-arch
+CUDA13_ARCHS = (75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121)  # nvcc 13.0 --list-gpu-arch
 CUDA126_ARCHS = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90)  # nvcc 12.6: no Blackwell yet
 
 
 def test_cuda_architectures_are_the_tables_that_the_toolkit_lists() -> None:
     t = wheel.CUDA_TABLE
-    assert wheel.cuda_architectures(t[13], [str(a) for a in CUDA13_ARCHS]) == \
-        "75-real;80-real;86-real;89-real;90-real;100-real;120a-real;120-virtual"
+    assert (
+        wheel.cuda_architectures(t[13], [str(a) for a in CUDA13_ARCHS])
+        == "75-real;80-real;86-real;89-real;90-real;100-real;120a-real;120-virtual"
+    )
     # CUDA 12.6 lists no 100/120: real code up to Hopper, PTX of the newest kept (90) for what comes after
-    assert wheel.cuda_architectures(t[12], [str(a) for a in CUDA126_ARCHS]) == \
-        "61-real;70-real;75-real;80-real;86-real;89-real;90-real;90-virtual"
+    assert (
+        wheel.cuda_architectures(t[12], [str(a) for a in CUDA126_ARCHS])
+        == "61-real;70-real;75-real;80-real;86-real;89-real;90-real;90-virtual"
+    )
     with pytest.raises(ToolchainError, match="lists none of the wheel's architectures"):
         wheel.cuda_architectures(t[13], ["50", "52"])
 
@@ -309,19 +338,27 @@ def test_the_default_wheel_plan_is_the_portable_cpu_build(tmp_path: Path) -> Non
     p = wheel.plan(_settings(tmp_path), cpu_variants=wheel.CI_CPU_VARIANTS)
     assert p.cmake_args == ("-DGGML_BRIDGE_CPU_VARIANTS=x64;haswell",)
     cml = (TEMPLATES / "CMakeLists.txt").read_text()
-    for opt in ("gb_default(GGML_NATIVE OFF)", "gb_default(GGML_BACKEND_DL ON)",
-                "gb_default(GGML_CPU_ALL_VARIANTS ${GGML_BACKEND_DL})"):
+    for opt in (
+        "gb_default(GGML_NATIVE OFF)",
+        "gb_default(GGML_BACKEND_DL ON)",
+        "gb_default(GGML_CPU_ALL_VARIANTS ${GGML_BACKEND_DL})",
+    ):
         assert opt in cml
 
 
 def test_the_cuda_wheel_plan_builds_every_architecture_and_excludes_the_runtime(tmp_path: Path) -> None:
     nvcc = fake_nvcc(tmp_path, "13.0", CUDA13_ARCHS)
     p = wheel.plan(_settings(tmp_path, **{"build.backend": "cuda"}), nvcc=str(nvcc))
-    assert p.cmake_args == ("-DGGML_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={nvcc}", "-DCMAKE_CUDA_ARCHITECTURES="
-                            "75-real;80-real;86-real;89-real;90-real;100-real;120a-real;120-virtual")
+    assert p.cmake_args == (
+        "-DGGML_CUDA=ON",
+        f"-DCMAKE_CUDA_COMPILER={nvcc}",
+        "-DCMAKE_CUDA_ARCHITECTURES=75-real;80-real;86-real;89-real;90-real;100-real;120a-real;120-virtual",
+    )
     assert p.runtime is not None and p.runtime.libs == ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13")
-    two = wheel.plan(_settings(tmp_path, **{"build.backend": "cuda", "build.cuda_arch": "86-real;90-real;120-virtual"}),
-                     nvcc=str(nvcc))
+    two = wheel.plan(
+        _settings(tmp_path, **{"build.backend": "cuda", "build.cuda_arch": "86-real;90-real;120-virtual"}),
+        nvcc=str(nvcc),
+    )
     assert two.cmake_args[-1] == "-DCMAKE_CUDA_ARCHITECTURES=86-real;90-real;120-virtual"
     # CMAKE_ARGS of the user: CUDA asked there is CUDA (runtime excluded from repair), their architectures win
     s = _settings(tmp_path)
@@ -346,9 +383,11 @@ def test_a_cuda_wheel_declares_the_nvidia_runtime_wheels(tmp_path: Path, monkeyp
 
 def test_the_cuda_backend_rpath_points_into_the_runtime_wheels(tmp_path: Path) -> None:
     script = tmp_path / "t.cmake"
-    script.write_text(f'include("{TEMPLATES}/build_support/cuda_rpath.cmake")\n'
-                      'foreach (m 13 12)\n  gb_cuda_rpath(r ${m})\n  message("${m}=${r}")\nendforeach()\n'
-                      'gb_cuda_libs(l 13)\nmessage("libs=${l}")\ngb_cuda_rpath(r 11)\n')
+    script.write_text(
+        f'include("{TEMPLATES}/build_support/cuda_rpath.cmake")\n'
+        'foreach (m 13 12)\n  gb_cuda_rpath(r ${m})\n  message("${m}=${r}")\nendforeach()\n'
+        'gb_cuda_libs(l 13)\nmessage("libs=${l}")\ngb_cuda_rpath(r 11)\n'
+    )
     out = subprocess.run(["cmake", "-P", str(script)], capture_output=True, text=True)
     assert "13=;$ORIGIN/../../nvidia/cu13/lib\n" in out.stderr
     assert "12=;$ORIGIN/../../nvidia/cuda_runtime/lib;$ORIGIN/../../nvidia/cublas/lib\n" in out.stderr
@@ -368,11 +407,15 @@ def tiny_wheel(out: Path, version: str = "0.1.0+cpu", tag: str = "py3-none-any")
     out.mkdir(parents=True, exist_ok=True)
     name = f"ggml_bridge_server-{version}-{tag}.whl"
     info = f"ggml_bridge_server-{version}.dist-info"
-    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: ggml-bridge-server\nVersion: {version}\n",
-             f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}\n",
-             "ggml_bridge_server/__init__.py": ""}
-    record = [f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v.encode()).digest()).rstrip(b'=').decode()},"
-              f"{len(v)}" for k, v in files.items()] + [f"{info}/RECORD,,"]
+    files = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: ggml-bridge-server\nVersion: {version}\n",
+        f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}\n",
+        "ggml_bridge_server/__init__.py": "",
+    }
+    record = [
+        f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v.encode()).digest()).rstrip(b'=').decode()},{len(v)}"
+        for k, v in files.items()
+    ] + [f"{info}/RECORD,,"]
     with zipfile.ZipFile(out / name, "w") as z:
         for k, v in files.items():
             z.writestr(k, v)
@@ -392,17 +435,46 @@ def test_the_index_is_pep503_with_sha256_and_pip_installs_from_it(tmp_path: Path
     cuda = tiny_wheel(tmp_path / "b", "0.1.0+cu130")
     wheel.write_index(tmp_path / "idx", [cuda])
     assert cpu.name in page.read_text() and cuda.name in page.read_text()
-    got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--index-url",
-                          f"file://{tmp_path / 'idx' / 'simple'}", "ggml-bridge-server==0.1.0+cpu", "-d",
-                          str(tmp_path / "got")], capture_output=True, text=True)
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--index-url",
+            f"file://{tmp_path / 'idx' / 'simple'}",
+            "ggml-bridge-server==0.1.0+cpu",
+            "-d",
+            str(tmp_path / "got"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert got.returncode == 0, got.stderr
     assert [p.name for p in (tmp_path / "got").iterdir()] == [cpu.name]
     # a file whose bytes no longer match its sha256 fragment is refused by pip
     cpu_in_index = page.parent / cpu.name
     cpu_in_index.write_bytes(cpu_in_index.read_bytes() + b"x")
-    bad = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-cache-dir", "--index-url",
-                          f"file://{tmp_path / 'idx' / 'simple'}", "ggml-bridge-server==0.1.0+cpu", "-d",
-                          str(tmp_path / "got2")], capture_output=True, text=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-cache-dir",
+            "--index-url",
+            f"file://{tmp_path / 'idx' / 'simple'}",
+            "ggml-bridge-server==0.1.0+cpu",
+            "-d",
+            str(tmp_path / "got2"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode != 0 and "hash" in bad.stderr.lower(), bad.stderr
 
 
@@ -416,8 +488,17 @@ def test_repair_of_a_wheel_auditwheel_refuses_is_one_build_error(tmp_path: Path)
 def test_wheel_from_a_missing_sdist_is_one_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from ggml_bridge.errors import UsageError
 
-    rc = cli.main(["--cache-dir", str(tmp_path / "c"), "wheel", "--sdist", str(tmp_path / "nope.tar.gz"), "--out",
-                   str(tmp_path / "dist")])
+    rc = cli.main(
+        [
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "wheel",
+            "--sdist",
+            str(tmp_path / "nope.tar.gz"),
+            "--out",
+            str(tmp_path / "dist"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == UsageError.exit_code and len(err) == 1 and "nope.tar.gz: no such file" in err[0], err
     assert not (tmp_path / "dist").exists()

@@ -38,8 +38,9 @@ def get_manifest() -> dict:
         try:
             data = json.loads(path.read_text())
         except OSError:
-            raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: {path} is "
-                                   f"missing; {REINSTALL}") from None
+            raise MissingFileError(
+                f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: {path} is missing; {REINSTALL}"
+            ) from None
         if name == "build.json":
             out["build"] = data
         else:
@@ -52,11 +53,14 @@ def get_binary_path(name: str = "llama-server") -> Path:
     path = BIN_DIR / name
     if not path.is_file():
         shipped = ", ".join(sorted(p.name for p in BIN_DIR.iterdir())) if BIN_DIR.is_dir() else "nothing"
-        raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: {path} is missing "
-                               f"(bin/ holds: {shipped}); {REINSTALL}")
+        raise MissingFileError(
+            f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: {path} is missing "
+            f"(bin/ holds: {shipped}); {REINSTALL}"
+        )
     if not os.access(path, os.X_OK):
-        raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: {path} is not "
-                               f"executable; {REINSTALL}")
+        raise MissingFileError(
+            f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: {path} is not executable; {REINSTALL}"
+        )
     build = get_manifest()["build"]
     libs = build.get("libraries", [])
     # the exact files the program loads (its DT_NEEDED, e.g. libllama.so.0) when it names ours; else any lib<x>.so*
@@ -65,16 +69,23 @@ def get_binary_path(name: str = "llama-server") -> Path:
     needed = [n for n in _elf_needed(path) if n.split(".so", 1)[0] + ".so" in ours]
     missing = [n for n in needed if not (LIB_DIR / n).exists()]
     named = {n.split(".so", 1)[0] + ".so" for n in needed}
-    missing += [f"lib{lib}.so" for lib in libs if f"lib{lib}.so" not in named
-                and not any(p.exists() for p in LIB_DIR.glob(f"lib{lib}.so*"))]
+    missing += [
+        f"lib{lib}.so"
+        for lib in libs
+        if f"lib{lib}.so" not in named and not any(p.exists() for p in LIB_DIR.glob(f"lib{lib}.so*"))
+    ]
     if missing:
-        raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: "
-                               f"{', '.join(missing)} missing from {LIB_DIR}; {REINSTALL}")
+        raise MissingFileError(
+            f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: "
+            f"{', '.join(missing)} missing from {LIB_DIR}; {REINSTALL}"
+        )
     # the backend modules (GGML_BACKEND_DL: libggml-cpu-<variant>.so, libggml-cuda.so) live beside the programs
     gone = [mod for mod in build.get("modules", []) if not any(p.exists() for p in BIN_DIR.glob(f"lib{mod}.so*"))]
     if gone:
-        raise MissingFileError(f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: "
-                               f"{', '.join('lib' + m + '.so' for m in gone)} missing from {BIN_DIR}; {REINSTALL}")
+        raise MissingFileError(
+            f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: "
+            f"{', '.join('lib' + m + '.so' for m in gone)} missing from {BIN_DIR}; {REINSTALL}"
+        )
     return path
 
 
@@ -86,7 +97,7 @@ def _elf_needed(path: Path) -> list[str]:
         data = path.read_bytes()
         if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
             return []
-        phoff, = struct.unpack_from("<Q", data, 0x20)
+        (phoff,) = struct.unpack_from("<Q", data, 0x20)
         phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
         loads, dynamic = [], None
         for i in range(phnum):
@@ -108,7 +119,7 @@ def _elf_needed(path: Path) -> list[str]:
                 strtab = next((o + val - v for v, o, n in loads if v <= val < v + n), None)
         if strtab is None:
             return []
-        return [data[strtab + o:data.index(b"\0", strtab + o)].decode("utf-8", "replace") for o in offsets]
+        return [data[strtab + o : data.index(b"\0", strtab + o)].decode("utf-8", "replace") for o in offsets]
     except (OSError, struct.error, ValueError, IndexError):
         return []
 
@@ -135,15 +146,19 @@ def check_backend() -> str:
         n = cuda_devices()
         if not n:
             why = "no NVIDIA driver (libcuda.so.1) could be loaded" if n is None else "the driver reports 0 devices"
-            raise BackendUnavailable(f"this ggml-bridge-server wheel ({build.get('version')}) is built for CUDA "
-                                     f"{build.get('cuda_version')}, and this machine has no usable GPU: {why}; "
-                                     "install the CPU wheel (+cpu) here, or run on a machine with an NVIDIA GPU")
+            raise BackendUnavailable(
+                f"this ggml-bridge-server wheel ({build.get('version')}) is built for CUDA "
+                f"{build.get('cuda_version')}, and this machine has no usable GPU: {why}; "
+                "install the CPU wheel (+cpu) here, or run on a machine with an NVIDIA GPU"
+            )
         missing = [lib for lib in build.get("cuda_libs", []) if not _loadable(lib)]
         if missing:
-            raise BackendUnavailable(f"this ggml-bridge-server wheel ({build.get('version')}) needs NVIDIA's CUDA "
-                                     f"runtime libraries, and {', '.join(missing)} cannot be found (not in "
-                                     f"{PACKAGE_DIR.parent / 'nvidia'}, nor on the system); install the wheel with "
-                                     "its dependencies (pip install nvidia-cuda-runtime nvidia-cublas), not --no-deps")
+            raise BackendUnavailable(
+                f"this ggml-bridge-server wheel ({build.get('version')}) needs NVIDIA's CUDA "
+                f"runtime libraries, and {', '.join(missing)} cannot be found (not in "
+                f"{PACKAGE_DIR.parent / 'nvidia'}, nor on the system); install the wheel with "
+                "its dependencies (pip install nvidia-cuda-runtime nvidia-cublas), not --no-deps"
+            )
     return backend
 
 
