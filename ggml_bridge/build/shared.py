@@ -161,6 +161,14 @@ def _shared_build(
         shutil.rmtree(src)
     with step(f"copy the upstream tree to {src}"):
         shutil.copytree(tree.path, src, symlinks=True)
+        if patched is not None:
+            # the copy keeps the pristine files' old times, but the build folder may hold objects compiled from
+            # the series' version of them (a run stopped after the patched variant began): ninja would take those
+            # objects as up to date and link them into the upstream binaries. The files the series changes are
+            # made newer than any such object, so that they are compiled again from upstream's version.
+            for _, rel in _series_changes(patched):
+                if (src / rel).is_file():
+                    os.utime(src / rel)
     env = {"GIT_CEILING_DIRECTORIES": str(root)}
     jobs = settings.build.jobs or os.cpu_count() or 1
     results = []
@@ -212,14 +220,19 @@ def _shared_build(
     return results
 
 
-def _overlay_series(patched: patchmod.PatchedTree, src: Path) -> list[str]:
-    """Copy the files the series adds or modifies into ``src`` (and delete the ones it deletes)."""
+def _series_changes(patched: patchmod.PatchedTree) -> list[tuple[str, str]]:
+    """(status, path) of every file the series adds (A), modifies (M) or deletes (D)."""
     base = run(["git", "-C", patched.path, "rev-list", "--max-parents=0", "HEAD"], error=BuildError).stdout.split()[0]
     diff = run(
         ["git", "-C", patched.path, "diff", "--name-status", "--no-renames", "-z", base, "HEAD"], error=BuildError
     ).stdout.split("\0")
+    return list(zip(diff[0::2], diff[1::2], strict=False))
+
+
+def _overlay_series(patched: patchmod.PatchedTree, src: Path) -> list[str]:
+    """Copy the files the series adds or modifies into ``src`` (and delete the ones it deletes)."""
     changed = []
-    for status, rel in zip(diff[0::2], diff[1::2], strict=False):
+    for status, rel in _series_changes(patched):
         dest = src / rel
         if status == "D":
             dest.unlink(missing_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -317,6 +318,30 @@ def test_shared_tree_builds_each_variant_once_with_its_own_options(
     monkeypatch.setattr(build.steps, "compile_targets", lambda *a: pytest.fail("compiled again"))
     again = build.ensure_shared(settings, ["upstream", "patched"])
     assert all(r.up_to_date for r in again) and [r.server for r in again] == [up.server, pa.server]
+
+
+def test_shared_tree_resumed_after_an_interrupted_run_compiles_the_series_files_again_for_upstream(
+    settings: config.Settings, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # found on the GPU (2026-12-02): a run cut during the patched variant left objects of the series' sources in
+    # the build folder; the next run copied the pristine tree back with its old file times, so ninja took those
+    # objects as up to date and linked them into the "upstream" binaries
+    up, _ = build.ensure_shared(settings, ["upstream", "patched"])
+    root = up.build_dir.parent
+    for v in ("upstream", "patched"):  # what a stopped run leaves: no variant complete
+        (root / v / build.COMPLETE_MARKER).unlink()
+    patched_objects_at = time.time()
+    seen: list[float] = []
+    real = build.steps.compile_targets
+
+    def spy(tools, build_dir, targets, jobs, log_file, env):  # type: ignore[no-untyped-def]
+        seen.append((build_dir.parent / "src" / "src" / "llama.cpp").stat().st_mtime)  # a file the series changes
+        return real(tools, build_dir, targets, jobs, log_file, env)
+
+    monkeypatch.setattr(build.steps, "compile_targets", spy)
+    build.ensure_shared(settings, ["upstream", "patched"])
+    assert len(seen) == 2, "upstream, then patched"
+    assert seen[0] >= patched_objects_at, "upstream's version must be newer than the objects built from the series'"
 
 
 def test_shared_tree_refuses_nopeer_without_cuda_and_unknown_variants(settings: config.Settings) -> None:
