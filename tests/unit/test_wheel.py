@@ -183,13 +183,21 @@ def test_package_api_and_a_damaged_install(installed: Path) -> None:
 
     assert gbs.get_binary_path() == pkg / "bin" / "llama-server"
     assert gbs.get_manifest()["build"]["backend"] == "cpu" and gbs.check_backend() == "cpu"
-    # a portable wheel's CPU variant modules sit in bin/: one gone is a damaged install too
+    # a portable wheel's CPU variant modules sit in bin/: none of them left is a damaged install too
     build = json.loads((pkg / "build.json").read_text())
     (pkg / "build.json").write_text(json.dumps({**build, "modules": ["ggml-cpu-x64"]}))
     with pytest.raises(gbs.MissingFileError, match=r"libggml-cpu-x64\.so missing from .*bin"):
         gbs.get_binary_path()
     (pkg / "bin" / "libggml-cpu-x64.so").write_bytes(b"\x7fELF")
     assert gbs.get_binary_path() == pkg / "bin" / "llama-server"
+    # the CPU variants are alternatives (ggml loads the best one present): one left is enough, as on a machine
+    # whose packager kept the baseline only; other modules (a GPU backend) are each required
+    (pkg / "build.json").write_text(json.dumps({**build, "modules": ["ggml-cpu-x64", "ggml-cpu-haswell"]}))
+    assert gbs.get_binary_path() == pkg / "bin" / "llama-server"
+    (pkg / "build.json").write_text(json.dumps({**build, "modules": ["ggml-cpu-x64", "ggml-cuda"]}))
+    with pytest.raises(gbs.MissingFileError, match=r"libggml-cuda\.so missing from .*bin"):
+        gbs.get_binary_path()
+    (pkg / "build.json").write_text(json.dumps({**build, "modules": ["ggml-cpu-x64"]}))
     (pkg / "lib" / "libllama.so").unlink()
     with pytest.raises(gbs.MissingFileError, match=r"libllama\.so missing from .*lib"):
         gbs.get_binary_path()

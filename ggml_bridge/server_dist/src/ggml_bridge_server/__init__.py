@@ -79,8 +79,13 @@ def get_binary_path(name: str = "llama-server") -> Path:
             f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: "
             f"{', '.join(missing)} missing from {LIB_DIR}; {REINSTALL}"
         )
-    # the backend modules (GGML_BACKEND_DL: libggml-cpu-<variant>.so, libggml-cuda.so) live beside the programs
-    gone = [mod for mod in build.get("modules", []) if not any(p.exists() for p in BIN_DIR.glob(f"lib{mod}.so*"))]
+    # the backend modules (GGML_BACKEND_DL: libggml-cpu-<variant>.so, libggml-cuda.so) live beside the programs;
+    # the CPU variants are alternatives (ggml loads the best one this CPU runs): one of them is enough
+    modules = build.get("modules", [])
+    gone = [mod for mod in modules if not any(p.exists() for p in BIN_DIR.glob(f"lib{mod}.so*"))]
+    cpu = [mod for mod in modules if mod.startswith("ggml-cpu-")]
+    if set(cpu) - set(gone):  # a CPU variant is there
+        gone = [mod for mod in gone if mod not in cpu]
     if gone:
         raise MissingFileError(
             f"the ggml-bridge-server installation at {PACKAGE_DIR} is damaged: "
