@@ -38,7 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ggml_bridge import build, config, model, serve  # noqa: E402
+from tiny_server import tiny_setup  # noqa: E402  (scripts/ is on sys.path)
+
+from ggml_bridge import serve  # noqa: E402
 
 
 def proc_kib(pid: int, key: str) -> int | None:
@@ -201,15 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, required=True)
     args = ap.parse_args(argv)
 
-    settings = config.load({"build.backend": "cpu"})
-    server = args.server or build.find_binary(settings, "llama-server", variant="patched", backend="cpu")
-    vocab = args.vocab or model.find_vocab(settings.cache_dir / "trees", settings.cache_dir)
-    if vocab is None:
-        print("no vocab GGUF found: pass --vocab", file=sys.stderr)
+    setup = tiny_setup(args.server, args.vocab, "ggml-bridge-overhead-")
+    if setup is None:
         return 2
+    server, gguf, work = setup
     args.report.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="ggml-bridge-overhead-"))
-    gguf = model.ensure_model(work, "tiny", 1, vocab)
     kinds = [("plain", None), ("serve", ROOT)] + ([("before", args.before)] if args.before else [])
     runs: list[dict] = []
     try:

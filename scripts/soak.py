@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -29,7 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ggml_bridge import build, config, model, runner, serve  # noqa: E402
+from tiny_server import tiny_setup  # noqa: E402  (scripts/ is on sys.path)
+
+from ggml_bridge import runner, serve  # noqa: E402
 
 
 def rss_kib(pid: int) -> int | None:
@@ -72,15 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
-    settings = config.load({"build.backend": "cpu"})
-    server = args.server or build.find_binary(settings, "llama-server", variant="patched", backend="cpu")
-    vocab = args.vocab or model.find_vocab(settings.cache_dir / "trees", settings.cache_dir)
-    if vocab is None:
-        print("no vocab GGUF found: pass --vocab", file=sys.stderr)
+    setup = tiny_setup(args.server, args.vocab, "ggml-bridge-soak-")
+    if setup is None:
         return 2
+    server, gguf, work = setup
     args.report.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="ggml-bridge-soak-"))
-    gguf = model.ensure_model(work, "tiny", 1, vocab)
     port = serve.free_port()
     server_log = work / "server.log"
     cmd = [
