@@ -249,6 +249,14 @@ MODES: dict[str, Mode] = {
     )
 }
 
+#: ``auto`` leaves virtual devices of one GPU (GGML_CUDA_DEVICES) on upstream's device-local copy: a bench of such
+#: devices measures these cases forced, or it would measure nothing of the bridge
+FORCED_ON_VIRTUAL: dict[str, str] = {
+    "bridge": "bridge-force",
+    "bridge-batched": "bridge-force-batched",
+    "rpc-bridge": "rpc-bridge-force",
+}
+
 #: older names -> current ones (accepted with a deprecation note)
 ALIASES: dict[str, str] = {
     "p2p": "upstream-p2p",

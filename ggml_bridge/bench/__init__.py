@@ -475,6 +475,14 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
         cases = [modes.lookup(c, "--cases") for c in wanted]
     except UsageError as e:
         raise BenchError(e.what, why=e.why, fix=e.fix) from None
+    if virtual_devices and gpus < virtual_devices:
+        forced = [c.name for c in cases if c.name in modes.FORCED_ON_VIRTUAL]
+        cases = [modes.MODES[modes.FORCED_ON_VIRTUAL.get(c.name, c.name)] for c in cases]
+        if forced:
+            log(
+                f"    {virtual_devices} virtual devices on {gpus} GPU(s): {', '.join(forced)} measured forced (auto "
+                "keeps virtual devices of one GPU on upstream's device-local copy)"
+            )
     links = args.links.split(",") if getattr(args, "links", None) else suite.get("links", [])
     try:
         cases = netbench.expand(cases, links)

@@ -15,8 +15,9 @@
 # Carry (git-ignored, see scripts/gpu/README.md): .carry/<sdist named in pin.toml> and .whl/ (gitpython, gitdb,
 # smmap, gguf wheels for Python 3.12).
 # Usage, from the repository root:  OUT=/tmp/out BUDGET=560 bash scripts/gpu/prove.sh [STEP ...]
-#   STEP: build tests ladder bench rpc rpc1 split1 link serve-rpc ladder-rest (default: build tests ladder bench rpc
-#   ladder-rest; steps run in this order whatever the order given); RPC1_RUNGS="R ..." narrows rpc1
+#   STEP: build tests sweep ladder bench batched rpc rpc1 split1 link serve-rpc ladder-rest (default: build tests
+#   ladder bench rpc ladder-rest; steps run in this order whatever the order given); RPC1_RUNGS="R ..." narrows rpc1,
+#   FIRST_RUNGS="R ..." the ladder step
 # The cache (builds, models) is .cache-gpu/ in the checkout (git-ignored): a second call on the same machine finds
 # the first call's builds there (`build` then says "up to date"), so a long proof can be split over several calls.
 set -uo pipefail
@@ -41,6 +42,13 @@ step() {
 }
 # a lent machine returns only a few files of $OUT: on every exit, everything but the summary becomes one archive
 bundle() {
+    # a file over 2 MB would crowd the archive out of what comes back (16 MiB a file): logs keep head and tail
+    find "$OUT" -type f -size +2M ! -name summary.txt | while read -r f; do
+        case "$f" in
+            *.log|*.txt|*.csv) { head -n 200 "$f"; echo "[... $(wc -l < "$f") lines in all, cut by prove.sh ...]"; tail -n 400 "$f"; } > "$f.cut" && mv "$f.cut" "$f" ;;
+            *) echo "dropped $(du -h "$f" | cut -f1) ${f#"$OUT"/}" >> "$OUT/summary.txt"; rm -f "$f" ;;
+        esac
+    done
     tar czf /tmp/prove-results.tar.gz -C "$OUT" --exclude=./summary.txt . \
         && find "$OUT" -mindepth 1 ! -name summary.txt -delete && mv /tmp/prove-results.tar.gz "$OUT/results.tar.gz"
 }
@@ -73,7 +81,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 mkdir -p "$GGML_BRIDGE_CACHE_DIR/sdists" && cp .carry/*.tar.gz "$GGML_BRIDGE_CACHE_DIR/sdists/"
 
 if want build; then
-    step build 200 400 "${gb[@]}" build --backend cuda --cuda-arch 90 --no-ui --shared-tree \
+    step build 300 580 "${gb[@]}" build --backend cuda --cuda-arch 90 --no-ui --shared-tree \
         --variant "$variants"
     grep -E "^==>|done in|up to date|error|Error" "$OUT/build.txt" | tail -n 30 | tee -a "$OUT/summary.txt"
     mkdir -p "$OUT/manifests"
@@ -105,16 +113,28 @@ if want tests; then
     grep -E "passed|FAIL" "$OUT/test-batched.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
 fi
 
+if want sweep; then
+    # the boundary copy per size, every pipeline, one-way and both-directions-at-once limits, interleaved rounds
+    step sweep 60 240 env GGML_CUDA_DEVICES=2 "$pbin/test-mapped-host-bridge" --bench --rounds "${SWEEP_ROUNDS:-3}"
+    grep -E "^\|" "$OUT/sweep.txt" | tee -a "$OUT/summary.txt"
+fi
+
 # one ladder report per rung, so that a rung cut short by the budget leaves the others' reports whole
 ladder_rung() {
     local r=$1 need=$2 name=${3:-$1}   # name: the report's (a rung of another ladder file may share the name)
     step "ladder-$name" "$need" 200 "${gb[@]}" ladder --ladder "$ladder_file" --rung "$r" --vocab "$vocab" \
         "${bins[@]}" --report "$OUT/ladder/$name"
     grep -E "^\[|==> ladder" "$OUT/ladder-$name.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
+    # a rung that did not pass: the end of every process log it left, in the summary (it always comes back)
+    if ! grep -q "PASS" "$OUT/ladder-$name.txt" || grep -qE "ERROR|FAIL" "$OUT/ladder-$name.txt"; then
+        find "$OUT/ladder/$name" -name "*.log" | sort | while read -r f; do
+            echo "--- ${f#"$OUT"/} (last 15 lines)"; grep -v "^\s*$" "$f" | tail -n 15
+        done | cut -c1-300 >> "$OUT/summary.txt"
+    fi
     rm -f "$OUT"/ladder/"$name"/*.bin 2>/dev/null
 }
 if want ladder; then
-    for r in $first_rungs; do ladder_rung "$r" 45; done
+    for r in ${FIRST_RUNGS:-$first_rungs}; do ladder_rung "$r" 45; done
 fi
 
 bench_suite() {
@@ -128,6 +148,15 @@ if want bench; then
     [ "$ngpu" -ge 2 ] && bench_suite multi-gpu 80 100 --suite multi-gpu --cases upstream-p2p,upstream-nopeer,off,bridge --rounds 6
     # batching on one GPU: token generation gains, nothing >= 1 % slower
     bench_suite batched 45 45 --suite batched --rounds 10
+fi
+
+if want batched; then
+    # batching against bridge-only on 1 device, 2 and 6 virtual devices (bridge forced there): pp512, pp4096,
+    # tg128, interleaved rounds; the goal: nothing >= 1 % slower
+    rounds=${BATCHED_ROUNDS:-5}
+    bench_suite batched-1dev 60 110 --suite batched-pp-2gpu --virtual-devices 1 --cases off,batched --rounds "$rounds"
+    bench_suite batched-2virt 60 130 --suite batched-pp-2gpu --virtual-devices 2 --cases bridge-force,bridge-force-batched --rounds "$rounds"
+    bench_suite batched-6virt 60 150 --suite batched-pp-6dev --cases bridge-force,bridge-force-batched --rounds "$rounds"
 fi
 
 # the one-GPU topologies run from ladders/cuda-1gpu.toml on any machine (its rungs use one GPU)

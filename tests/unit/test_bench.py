@@ -576,3 +576,30 @@ def test_references_by_current_or_older_name():
     assert bench.references(["bridge", "off", "upstream-p2p"]) == ["upstream-p2p", "off"]
     assert bench.references(["nopeer", "bridge", "p2p"]) == ["p2p", "nopeer"]
     assert bench.references(["staged", "bridge"], ("upstream-p2p", "upstream-nopeer", "off")) == []
+
+
+def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, env, tmp_path, monkeypatch):
+    """auto leaves virtual devices of one GPU on upstream's device-local copy: the 6-device suite used to
+    measure 'bridge' and 'bridge-batched' there, i.e. no bridge at all; on one GPU they run forced."""
+    monkeypatch.setattr(bench, "n_gpus", lambda: 1)
+    args = _args(
+        variants_dir=variants,
+        model=env.model,
+        rounds=1,
+        reps=1,
+        report=tmp_path / "r",
+        suite="batched-pp-6dev",
+        microbench=False,
+    )
+    assert bench.bench(args, env.settings) == 0
+    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    names = [c["name"] for c in rep["cases"]]
+    assert set(names) == {"off", "batched", "bridge-force", "bridge-force-batched"}
+    forced = next(c for c in rep["cases"] if c["name"] == "bridge-force")
+    assert "boundaries=" in forced["engagement"]
+    # with as many GPUs as devices, auto is what users run and is measured as such
+    monkeypatch.setattr(bench, "n_gpus", lambda: 6)
+    args.report = tmp_path / "r6"
+    assert bench.bench(args, env.settings) == 0
+    rep = json.loads((tmp_path / "r6" / "bench.json").read_text())
+    assert {c["name"] for c in rep["cases"]} == {"off", "batched", "bridge", "bridge-batched"}
