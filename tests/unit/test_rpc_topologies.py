@@ -63,8 +63,8 @@ def test_schema_keys_and_their_checks():
 
 
 def test_shipped_one_gpu_rpc_and_split_rungs():
-    """ladders/cuda-1gpu.toml holds the three RPC topologies of one GPU, a shaped one, and the split modes of
-    b11434 other than layer (row, tensor) with the bridge forced on virtual devices."""
+    """ladders/cuda-1gpu.toml holds the three RPC topologies of one GPU and a shaped one; -sm row is in
+    ladders/cuda.toml (two GPUs)."""
     lad = ladder.load_ladder(ROOT / "ladders" / "cuda-1gpu.toml")
     rungs = {r.name: r for r in lad.rungs}
     virt = rungs["rpc1x2virt-small-ub512"]
@@ -75,8 +75,17 @@ def test_shipped_one_gpu_rpc_and_split_rungs():
     front = rungs["rpcfront-small-ub512"]
     assert front.rpc_front_gpu and front.rpc_servers == [["CUDA0"]]
     assert rungs["rpcfront-shaped-small-ub512"].rpc_link == "10gbit/0.2ms"
+    # the head size 32 of "small" has no CUDA flash-attention kernel in b11434 and -fa auto turns it on for a
+    # model entirely behind RPC (the rpc-server aborted in fattn.cu on the H200): those rungs turn it off
+    for name in ("rpc1x2virt-small-ub512", "rpc2x1gpu-small-ub512"):
+        assert rungs[name].server_args == ["-fa", "off"] and rungs[name].perplexity_args == ["-fa", "off"]
+    # b11434 refuses -sm row on virtual devices of one GPU (no split buffers) and aborts -sm tensor on these
+    # shapes: the one-GPU ladder keeps layer splits only, the row rung is in the two-GPU ladder
     splits = {r.split_mode for r in lad.rungs if r.virtual_devices and "bridge-force" in r.modes}
-    assert {"layer", "row", "tensor"} <= splits
+    assert splits == {"layer"}
+    two_gpu = {r.name: r for r in ladder.load_ladder(ROOT / "ladders" / "cuda.toml").rungs}
+    row = two_gpu["2gpu-row-small-ub512"]
+    assert row.split_mode == "row" and row.devices == 2 and not row.virtual_devices and "bridge-force" in row.modes
 
 
 def test_validity_virtual_devices_inside_one_rpc_server():
