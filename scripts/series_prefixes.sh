@@ -29,7 +29,7 @@ out=$work/prefixes.md
 printf '| patches | build s | targets built | ctest |\n|---|---|---|---|\n' > "$out"
 git -C "$tree" checkout -q base
 cmake -S "$tree" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_RPC=ON \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DGGML_CUDA_MAPPED_HOST_BRIDGE=ON -DSAM3D_BATCHED_TRANSFERS=ON "$@" > "$work/configure-0.log" 2>&1
 for k in $(seq 1 "${#series[@]}"); do
     p=${series[$((k - 1))]}
