@@ -138,3 +138,6 @@ def test_vulkan_ladder_on_lavapipe(real_vulkan_build, real_tree, tmp_path: Path)
         for pools in b["pools"].values():
             assert pools["Vulkan0"] == "Vulkan_Host" and pools["Vulkan1"].startswith("none (its pinned host"), pools
         assert all(n == 2 for n in r["modes"]["batched"]["validity"]["devices_used"].values())
+    # the perf-logger rung ran ggml-vulkan's timestamp logger (its per-graph table) with batching on: the drain
+    logged = (tmp_path / "rep" / "tiny-f16-2dev-perf-logger" / "batched" / "server.log").read_text(errors="replace")
+    assert "Vulkan Timings:" in logged and "llama_batched_transfers: stats:" in logged
