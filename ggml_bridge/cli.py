@@ -202,9 +202,10 @@ def _build_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--backend",
-        metavar="{auto,cpu,cuda}",
+        metavar="{auto,cpu,cuda,vulkan}",
         default=None,
-        help="auto = cuda when nvcc and cuBLAS headers are found, else cpu",
+        help="auto = cuda when nvcc and cuBLAS headers are found, else cpu; vulkan only when named "
+        "(Vulkan headers, loader, glslc, SPIRV-Headers; $VULKAN_SDK first)",
     )
     parser.add_argument("--cuda-arch", metavar="ARCH", default=None, help="CMAKE_CUDA_ARCHITECTURES (default native)")
     parser.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
@@ -437,10 +438,11 @@ def _wheel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", "-j", metavar="N", type=int, default=None, help="parallel jobs (default: all cores)")
     parser.add_argument(
         "--backend",
-        metavar="{cpu,cuda}",
+        metavar="{cpu,cuda,vulkan}",
         default=None,
-        help="cpu (default: portable, every CPU variant) or cuda (every architecture of "
-        "build_support/cuda_runtime.json the toolkit accepts, NVIDIA runtime wheels as deps)",
+        help="cpu (default: portable, every CPU variant), cuda (every architecture of "
+        "build_support/cuda_runtime.json the toolkit accepts, NVIDIA runtime wheels as deps) or vulkan "
+        "(ggml's Vulkan backend; the system's Vulkan loader at run time)",
     )
     parser.add_argument(
         "--cuda-arch",

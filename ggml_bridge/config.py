@@ -30,7 +30,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-BACKENDS = ("auto", "cpu", "cuda")
+#: ``--backend`` values (``auto`` never picks vulkan: it is asked for by name).
+BACKENDS = ("auto", "cpu", "cuda", "vulkan")
 #: Sections of Settings (config tables), each a dataclass its stage reads.
 SECTIONS = ("fetch", "build", "serve", "rebase")
 #: Stages that read no settings from the config file (a table for them is an error saying so).
@@ -67,7 +68,7 @@ class BuildSettings:
     """patched (series applied, our CMake options ON), upstream, or upstream-nopeer (CUDA only)."""
 
     backend: str = "auto"
-    """cpu, cuda, or auto: cuda when nvcc is found and the CUDA toolkit has cuBLAS headers, else cpu."""
+    """cpu, cuda, vulkan, or auto: cuda when nvcc is found and the CUDA toolkit has cuBLAS headers, else cpu."""
 
     cuda_arch: str = "native"
     """CMAKE_CUDA_ARCHITECTURES: native, all, all-major, or numbers like 90 or 86;90."""

@@ -45,6 +45,10 @@ BATCHED_ENABLED = re.compile(
     r"(?: per process, graphs of up to (?P<max_tokens>\d+) tokens staged)?"
 )
 BATCHED_INACTIVE = re.compile(BATCHED + r": inactive: (?P<reason>.*?)\s*$")
+#: after the enabled line: each backend's pinned pool (its host buffer type) or why it has none, ``; ``-separated:
+#: ``Vulkan0: pool Vulkan_Host; Vulkan1: none (its pinned host buffer type is pinned for Vulkan0); CPU: none (..)``
+BATCHED_POOLS = re.compile(BATCHED + r": pools: (?P<pools>.*?)\s*$")
+BATCHED_POOL_ITEM = re.compile(r"^(?P<backend>[^:;]+): (?:pool (?P<buft>\S+)|none \((?P<why>.*)\))$")
 # async_* count only what batching staged, sync_* what it could not stage (fallbacks), upstream_* what it left on
 # upstream's path by design (declined graphs, inputs already on a device, downloads upstream already makes
 # asynchronously): a line without that split (an older patch) is not taken as batching's stats
@@ -146,6 +150,8 @@ class BatchedInfo:
     inactive_reason: str | None = None
     enabled_lines: int = 0
     stats: list[dict[str, int]] = field(default_factory=list)
+    pools: dict[str, str] = field(default_factory=dict)
+    """Backend name -> its pinned pool's host buffer type, or ``none (why)`` (the ``pools:`` line; last wins)."""
 
     @property
     def seen(self) -> bool:
@@ -181,6 +187,21 @@ class LogInfo:
         return len(dict.fromkeys(self.devices))
 
 
+def parse_pools(text: str) -> dict[str, str]:
+    """``Vulkan0: pool Vulkan_Host; CPU: none (computes in host memory)`` -> ``{"Vulkan0": "Vulkan_Host", "CPU":
+    "none (computes in host memory)"}``; an item of another form is kept whole under its text."""
+    out: dict[str, str] = {}
+    for item in (x.strip() for x in text.split("; ") if x.strip()):
+        m = BATCHED_POOL_ITEM.match(item)
+        if m is None:
+            out[item] = "?"
+        elif m["buft"]:
+            out[m["backend"]] = m["buft"]
+        else:
+            out[m["backend"]] = f"none ({m['why']})"
+    return out
+
+
 def parse(lines: Iterable[str] | str) -> LogInfo:
     """Parse llama.cpp log text (a string or lines) into a :class:`LogInfo`."""
     if isinstance(lines, str):
@@ -212,6 +233,8 @@ def parse(lines: Iterable[str] | str) -> LogInfo:
                 t.max_tokens = int(m["max_tokens"]) if m["max_tokens"] else None
             elif m := BATCHED_STATS.search(line):
                 t.stats.append(_kv(m["kv"]))
+            elif m := BATCHED_POOLS.search(line):
+                t.pools = parse_pools(m["pools"])
             elif m := BATCHED_INACTIVE.search(line):
                 t.inactive_reason = m["reason"]
             continue

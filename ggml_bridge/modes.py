@@ -32,6 +32,9 @@ RPC_STATS_INTERVAL = "GGML_BRIDGE_RPC_STATS_INTERVAL"  # seconds between ggml-rp
 CUDA_P2P = "GGML_CUDA_P2P"  # 1: enable peer access between the GPUs
 CUDA_DEVICES = "GGML_CUDA_DEVICES"  # N: emulate N cards on the visible GPUs
 NCCL_NVLS = "NCCL_NVLS_ENABLE"  # 0 on the lent machines (NVLink multicast off)
+VK_DEVICES = "GGML_VK_VISIBLE_DEVICES"  # Vulkan device indices; "0,0" = two devices on one (CPU-type ones
+# such as lavapipe are used only when named here)
+VK_PERF_LOGGER = "GGML_VK_PERF_LOGGER"  # ggml-vulkan's per-graph timestamp logger (batching drains before compute)
 
 #: ``--bridge`` / ``--batched`` words -> selector values
 BRIDGE_VALUES = {"on": "1", "off": "0", "auto": "auto", "force": "force"}

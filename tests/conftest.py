@@ -191,14 +191,34 @@ def _gpu_unavailable() -> str | None:
     return None
 
 
+#: Set by .ci/run: the vulkan-marked tests must run (a missing Vulkan piece fails them instead of skipping them).
+REQUIRE_VULKAN = "GGML_BRIDGE_TEST_REQUIRE_VULKAN"
+
+
+def _vulkan_unavailable() -> str | None:
+    """Why vulkan-marked tests cannot run here (None when they can): the Vulkan build pieces (headers new enough,
+    loader, glslc, SPIRV-Headers; ``$VULKAN_SDK`` first) must be found."""
+    from ggml_bridge import build
+    from ggml_bridge.errors import ToolchainError
+
+    try:
+        build.toolchain.detect_vulkan()
+    except ToolchainError as e:
+        return str(e)
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
-    if not gpu_items:
-        return
-    reason = _gpu_unavailable()
+    reason = _gpu_unavailable() if gpu_items else None
     if reason:
         for item in gpu_items:
             item.add_marker(pytest.mark.skip(reason=f"gpu test: {reason}"))
+    vk_items = [item for item in items if item.get_closest_marker("vulkan") is not None]
+    reason = _vulkan_unavailable() if vk_items and not os.environ.get(REQUIRE_VULKAN) else None
+    if reason:
+        for item in vk_items:
+            item.add_marker(pytest.mark.skip(reason=f"vulkan test ({REQUIRE_VULKAN} unset): {reason}"))
 
 
 # --------------------------------------------------------------------------------------------- slow: real tree
@@ -234,6 +254,19 @@ def real_build(real_settings: config.Settings, real_tree: object) -> Callable[[s
         return done[variant]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def real_vulkan_build(real_settings: config.Settings, real_tree: object):  # type: ignore[no-untyped-def]
+    """The real llama.cpp built for Vulkan, upstream and patched in one shared tree (``build --backend vulkan
+    --variant upstream,patched --shared-tree``), once per session, then cached: ``{"upstream": .., "patched": ..}``."""
+    import dataclasses
+
+    from ggml_bridge import build
+
+    settings = dataclasses.replace(real_settings, build=dataclasses.replace(real_settings.build, backend="vulkan"))
+    results = build.ensure_shared(settings, ["upstream", "patched"])
+    return {r.variant: r for r in results}
 
 
 @pytest.fixture(autouse=True)

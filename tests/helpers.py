@@ -294,3 +294,39 @@ def make_vocab(path: Path) -> Path:
     w.write_ti_data_to_file()
     w.close()
     return path
+
+
+VK_CORE_NEW = (
+    "#define VK_HEADER_VERSION 309\n"
+    "#define VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION(0, 1, 4, VK_HEADER_VERSION)\n"
+    "typedef struct VkLayerSettingEXT { int x; } VkLayerSettingEXT;\n"
+)
+VK_CORE_OLD = "#define VK_HEADER_VERSION 239\n#define VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION(0, 1, 3, VK_HEADER_VERSION)\n"
+
+
+def fake_vulkan_root(
+    root: Path,
+    *,
+    headers: str | None = VK_CORE_NEW,
+    loader: str | None = "lib/x86_64-linux-gnu/libvulkan.so.1",
+    glslc: bool = True,
+    spirv: bool = True,
+) -> Path:
+    """A fake Vulkan installation under ``root`` (a /usr or an SDK): the pieces asked for, nothing else."""
+    root.mkdir(parents=True, exist_ok=True)
+    if headers is not None:
+        (root / "include" / "vulkan").mkdir(parents=True)
+        (root / "include" / "vulkan" / "vulkan.hpp").write_text("// fake\n")
+        (root / "include" / "vulkan" / "vulkan_core.h").write_text(headers)
+    if loader is not None:
+        (root / loader).parent.mkdir(parents=True, exist_ok=True)
+        (root / loader).write_bytes(b"\x7fELF")
+    if glslc:
+        (root / "bin").mkdir(exist_ok=True)
+        (root / "bin" / "glslc").write_text("#!/bin/sh\n")
+        (root / "bin" / "glslc").chmod(0o755)
+    if spirv:
+        d = root / "share" / "cmake" / "SPIRV-Headers"
+        d.mkdir(parents=True)
+        (d / "SPIRV-HeadersConfig.cmake").write_text("# fake\n")
+    return root

@@ -112,6 +112,7 @@ def ensure(
     v = modes.variant(variant)
     backend, cuda = resolve_backend(settings.build.backend)
     modes.check_backend(v, backend, fix="use --backend cuda, or --variant upstream")
+    tools = find_toolchain(cuda, backend)  # before minutes of fetching: a missing tool fails at once
 
     tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
     if v.patched:
@@ -121,7 +122,6 @@ def ensure(
     else:
         src, head, series = tree.path, None, None
 
-    tools = find_toolchain(cuda)
     ui = uimod.ensure(settings, src)
     args = cmake_args(settings, src, variant, backend, tools)
     key = build_key(tree, series, variant, backend, args, tools, ui)

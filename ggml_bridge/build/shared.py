@@ -77,6 +77,7 @@ def ensure_shared(
     backend, cuda = resolve_backend(settings.build.backend)
     for name in order:
         modes.check_backend(modes.variant(name), backend, fix=f"use --backend cuda, or leave {name} out")
+    tools = find_toolchain(cuda, backend)  # before minutes of fetching: a missing tool fails at once
 
     tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
     patched = (
@@ -84,7 +85,6 @@ def ensure_shared(
         if modes.PATCHED in order
         else None
     )
-    tools = find_toolchain(cuda)
     # each variant is configured with its own options (the tree is re-configured when they change); static
     # libraries, so that a variant's binaries do not load the libraries the next variant rebuilds
     args = {

@@ -83,6 +83,9 @@ def cmake_args(settings: Settings, src: Path, variant: str, backend: str, tools:
         opts["CMAKE_CUDA_ARCHITECTURES"] = settings.build.cuda_arch
     else:
         opts["GGML_CUDA"] = "OFF"
+    if backend == "vulkan":
+        assert tools.vulkan is not None
+        opts.update(tools.vulkan.cmake_args())
     for name, value in modes.variant(variant).cmake.items():
         if not re.search(rf"\b{name}\b", text):
             log(f"note: {name} is not defined by this tree's CMakeLists (yet); passing it anyway")
@@ -111,6 +114,7 @@ def build_key(
         "cc": tools.cc.version,
         "cxx": tools.cxx.version,
         "nvcc": tools.cuda.version if tools.cuda else None,
+        "vulkan_headers": tools.vulkan.header_version if tools.vulkan else None,
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
@@ -245,7 +249,7 @@ def manifest_for(
     binaries: dict[str, Path],
     ui: uimod.UiAssets,
 ) -> dict[str, Any]:
-    toolchain = {
+    toolchain: dict[str, Any] = {
         "cc": {"path": str(tools.cc.path), "version": tools.cc.version},
         "cxx": {"path": str(tools.cxx.path), "version": tools.cxx.version},
         "cmake": {"path": str(tools.cmake.path), "version": tools.cmake.version},
@@ -253,6 +257,12 @@ def manifest_for(
     }
     if tools.cuda:
         toolchain["nvcc"] = {"path": str(tools.cuda.nvcc), "version": tools.cuda.version}
+    if tools.vulkan:
+        toolchain["vulkan"] = {
+            "headers": {"path": str(tools.vulkan.include_dir), "version": tools.vulkan.header_version},
+            "loader": str(tools.vulkan.library),
+            "glslc": str(tools.vulkan.glslc),
+        }
     return {
         "schema": 1,
         "ggml_bridge_version": __version__,

@@ -1,5 +1,6 @@
 """Find the build tools: cmake and ninja (the system ones, else the PyPI packages'), the C/C++ compilers,
-and the CUDA toolkit (nvcc with cuBLAS) that decides the ``auto`` backend."""
+the CUDA toolkit (nvcc with cuBLAS) that decides the ``auto`` backend, and the Vulkan pieces of ``--backend
+vulkan`` (headers new enough for ggml, the loader, glslc, SPIRV-Headers' CMake config)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import BACKENDS
 from ..errors import ToolchainError, UsageError
 from ..runner import log, run
 
@@ -33,20 +35,63 @@ class CudaToolkit:
 
 
 @dataclass(frozen=True)
+class VulkanKit:
+    """What ggml's Vulkan backend needs at configure time, each found in ``$VULKAN_SDK`` first, then the system."""
+
+    include_dir: Path
+    """Holds vulkan/vulkan.hpp and vulkan/vulkan_core.h."""
+    header_version: str
+    """e.g. 1.4.309 (VK_HEADER_VERSION_COMPLETE)."""
+    library: Path
+    """The loader: libvulkan.so, or libvulkan.so.1 when no development link is installed."""
+    glslc: Path
+    spirv_headers_dir: Path
+    """The folder of SPIRV-HeadersConfig.cmake."""
+
+    def cmake_args(self) -> dict[str, str]:
+        return {
+            "GGML_VULKAN": "ON",
+            "Vulkan_INCLUDE_DIR": str(self.include_dir),
+            "Vulkan_LIBRARY": str(self.library),
+            "Vulkan_GLSLC_EXECUTABLE": str(self.glslc),
+            "SPIRV-Headers_DIR": str(self.spirv_headers_dir),
+        }
+
+
+#: The Vulkan-Headers feature ggml-vulkan of the pinned tree needs (vk::LayerSettingEXT, VK_EXT_layer_settings).
+VULKAN_HEADER_FEATURE = "VkLayerSettingEXT"
+#: Newer headers than bookworm's 1.3.239: Debian trixie's libvulkan-dev, pinned by .ci/run (unpack, VULKAN_SDK).
+VULKAN_HEADERS_DEB = "http://deb.debian.org/debian/pool/main/v/vulkan-loader/libvulkan-dev_1.4.309.0-1_amd64.deb"
+#: Debian packages per missing piece (the one error line names them).
+VULKAN_PACKAGES = {
+    "headers": "libvulkan-dev",
+    "loader": "libvulkan1",
+    "glslc": "glslc",
+    "SPIRV-Headers": "spirv-headers",
+}
+_VULKAN_FIX = (
+    "install them (Debian: apt-get install libvulkan1 libvulkan-dev glslc spirv-headers mesa-vulkan-drivers), "
+    "or point $VULKAN_SDK at a Vulkan SDK (include/, lib/, bin/glslc)"
+)
+
+
+@dataclass(frozen=True)
 class Toolchain:
     cmake: Tool
     ninja: Tool
     cc: Tool
     cxx: Tool
     cuda: CudaToolkit | None = None
+    vulkan: VulkanKit | None = None
 
 
 def resolve_backend(requested: str) -> tuple[str, CudaToolkit | None]:
-    """(cpu|cuda, toolkit). ``auto`` picks cuda only when nvcc is found AND the toolkit has cuBLAS headers."""
-    if requested == "cpu":
-        return "cpu", None
+    """(cpu|cuda|vulkan, toolkit). ``auto`` picks cuda only when nvcc is found AND the toolkit has cuBLAS
+    headers; vulkan only when asked for (its pieces are checked by :func:`detect_vulkan`)."""
+    if requested in ("cpu", "vulkan"):
+        return requested, None
     if requested not in ("auto", "cuda"):
-        raise UsageError(f"unknown backend {requested!r}", fix="use one of: auto, cpu, cuda")
+        raise UsageError(f"unknown backend {requested!r}", fix=f"use one of: {', '.join(BACKENDS)}")
     cuda = detect_cuda()
     if cuda is not None and cuda.cublas_header is not None:
         if requested == "auto":
@@ -91,14 +136,80 @@ def detect_cuda() -> CudaToolkit | None:
     return CudaToolkit(real, roots[0], version, header)
 
 
-def find_toolchain(cuda: CudaToolkit | None = None) -> Toolchain:
+def find_toolchain(cuda: CudaToolkit | None = None, backend: str | None = None) -> Toolchain:
+    """The build tools; with ``backend == "vulkan"`` also the Vulkan pieces (ToolchainError when one is missing)."""
+    vulkan = detect_vulkan() if backend == "vulkan" else None
     return Toolchain(
         find_cmake(),
         find_ninja(),
         _compiler("CC", ("cc", "gcc", "clang")),
         _compiler("CXX", ("c++", "g++", "clang++")),
         cuda,
+        vulkan,
     )
+
+
+def detect_vulkan(env: dict[str, str] | None = None, system_roots: tuple[Path, ...] = (Path("/usr"),)) -> VulkanKit:
+    """The Vulkan headers, loader, glslc and SPIRV-Headers config, from ``$VULKAN_SDK`` (an SDK, or an unpacked
+    Debian package's ``usr``) first, then ``system_roots``. ToolchainError naming every missing piece's Debian
+    package, or saying that the headers are too old and where newer ones come from."""
+    env = dict(os.environ) if env is None else env
+    roots = _unique(([Path(env["VULKAN_SDK"])] if env.get("VULKAN_SDK") else []) + list(system_roots))
+    libdirs = [d for r in roots for d in (r / "lib", *sorted(r.glob("lib/*-linux-gnu")), r / "lib64")]
+    include = next((r / "include" for r in roots if (r / "include" / "vulkan" / "vulkan.hpp").is_file()), None)
+    library = next(
+        (d / n for n in ("libvulkan.so", "libvulkan.so.1") for d in libdirs if (d / n).is_file()),
+        None,
+    )
+    glslc_found = shutil.which("glslc", path=os.pathsep.join([str(r / "bin") for r in roots] + [env.get("PATH", "")]))
+    spirv = next(
+        (
+            c.parent
+            for r in roots
+            for c in (
+                *sorted(r.glob("share/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake")),
+                *sorted(r.glob("lib/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake")),
+                *sorted(r.glob("lib/*/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake")),
+            )
+            if c.is_file()
+        ),
+        None,
+    )
+    found = {"headers": include, "loader": library, "glslc": glslc_found, "SPIRV-Headers": spirv}
+    missing = [k for k, v in found.items() if v is None]
+    where = " and ".join(str(r) for r in roots)
+    if missing:
+        raise ToolchainError(
+            f"the Vulkan backend was requested but its {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} missing",
+            why=f"searched $VULKAN_SDK, {where} and PATH; Debian packages: "
+            + ", ".join(VULKAN_PACKAGES[k] for k in missing),
+            fix=_VULKAN_FIX,
+        )
+    assert include is not None and library is not None and glslc_found is not None and spirv is not None
+    core = (
+        (include / "vulkan" / "vulkan_core.h").read_text(errors="replace")
+        if (include / "vulkan" / "vulkan_core.h").is_file()
+        else ""
+    )
+    version = _vulkan_header_version(core)
+    if VULKAN_HEADER_FEATURE not in core:
+        raise ToolchainError(
+            f"the Vulkan headers at {include} ({version}) are too old for ggml's Vulkan backend",
+            why=f"vulkan_core.h has no {VULKAN_HEADER_FEATURE} (VK_EXT_layer_settings; Debian bookworm's 1.3.239 "
+            "lacks it, trixie's 1.4.309 has it)",
+            fix=f"unpack Debian trixie's libvulkan-dev ({VULKAN_HEADERS_DEB}, `dpkg-deb -x`) and set "
+            "VULKAN_SDK=<folder>/usr, or install a newer Vulkan SDK",
+        )
+    return VulkanKit(include, version, library, Path(glslc_found), spirv)
+
+
+def _vulkan_header_version(core: str) -> str:
+    m = re.search(r"#define\s+VK_HEADER_VERSION_COMPLETE\s+VK_MAKE_API_VERSION\(\s*\d+,\s*(\d+),\s*(\d+)", core)
+    patch = re.search(r"#define\s+VK_HEADER_VERSION\s+(\d+)", core)
+    if m and patch:
+        return f"{m.group(1)}.{m.group(2)}.{patch.group(1)}"
+    return "unknown version"
 
 
 def find_cmake() -> Tool:

@@ -85,6 +85,8 @@ def _find_vocab(args: argparse.Namespace, settings: Settings, bins: Binaries) ->
 
 def _device_env(rung: Rung) -> dict[str, str]:
     env: dict[str, str] = {}
+    if modes.VK_DEVICES in rung.env:
+        return env  # Vulkan devices, named by the rung itself (e.g. "0,0": two devices on one); no CUDA here
     if rung.devices > 0:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         ids = [x for x in visible.split(",") if x.strip()] if visible else [str(i) for i in range(rung.devices)]
@@ -396,7 +398,7 @@ def run_rung(
 
 def default_ladder(settings: Settings) -> Path:
     backend = getattr(getattr(settings, "build", None), "backend", "cpu")
-    name = "cuda.toml" if backend == "cuda" else "cpu.toml"
+    name = f"{backend}.toml" if backend in ("cuda", "vulkan") else "cpu.toml"
     here = Path(__file__).resolve().parent  # ggml_bridge/ladder
     for root in (getattr(settings, "project_dir", None), here.parent.parent, here.parent / "_data"):
         if root is not None and (Path(root) / "ladders" / name).is_file():
@@ -410,7 +412,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="ladder TOML (default: ladders/cpu.toml, or ladders/cuda.toml when the backend is cuda)",
+        help="ladder TOML (default: ladders/cpu.toml, ladders/cuda.toml or ladders/vulkan.toml after the backend)",
     )
     parser.add_argument(
         "--report",

@@ -20,6 +20,8 @@ else:  # pragma: no cover
 
 
 EXPECT_VALUES = ("engaged", "inactive", "either")
+#: the builds a ladder file may name (``backend``): whose latest upstream and patched builds it compares
+LADDER_BACKENDS = ("cpu", "cuda", "vulkan")
 SPLIT_MODES = ("none", "layer", "row", "tensor")
 
 
@@ -55,6 +57,9 @@ class Rung:
     rpc_front_gpu: bool = False  # rpc-* modes: llama-server keeps the rung's GPUs (else it gets none)
     rpc_link: str | None = None  # rpc-* modes: a shaped link RATE/DELAY to each rpc-server (shaper.py)
     require_boundaries: bool = True  # bridge modes on a multi-device rung: the counters must show boundaries
+    # batched modes: backend -> the host buffer type its pinned pool must come from, or "none" (it must have none),
+    # as the mechanism's ``pools:`` line says (e.g. Vulkan's host buffer type belongs to device 0 only)
+    expect_pools: dict[str, str] = field(default_factory=dict)
 
     @property
     def n_devices(self) -> int:
@@ -146,7 +151,7 @@ def _check_rung_types(merged: dict[str, Any], where: str) -> None:
         items = _as_list(v) if key == "modes" else v  # modes may be one name; the argument lists are lists
         if not isinstance(items, list) or not all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in items):
             raise bad(key, "a list of strings")
-    for key in ("expect", "env"):
+    for key in ("expect", "env", "expect_pools"):
         v = merged.get(key, {})
         if not isinstance(v, dict) or not all(isinstance(x, (str, int, float, bool)) for x in v.values()):
             raise bad(key, "a table of strings")
@@ -260,6 +265,9 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
     r.server_args = [str(a) for a in r.server_args]
     r.perplexity_args = [str(a) for a in r.perplexity_args]
     r.env = {str(k): str(v) for k, v in r.env.items()}
+    r.expect_pools = {str(k): str(v) for k, v in r.expect_pools.items()}
+    if r.expect_pools and not any(MODES[m].uses_batched for m in r.modes):
+        raise LadderSetupError(f"{where} ({r.name}): expect_pools needs a batched mode")
     return r
 
 
@@ -300,8 +308,8 @@ def load_ladder(path: Path) -> Ladder:
     if dup:
         raise LadderSetupError(f"{path}: duplicate rung name(s) {', '.join(sorted(dup))}")
     backend = data.get("backend", "cpu")
-    if backend not in ("cpu", "cuda"):
-        raise LadderSetupError(f"{path}: backend must be cpu or cuda")
+    if backend not in LADDER_BACKENDS:
+        raise LadderSetupError(f"{path}: backend must be one of {', '.join(LADDER_BACKENDS)}")
     return Ladder(
         name=data.get("name", Path(path).stem),
         path=Path(path),

@@ -27,6 +27,20 @@ def _not_engaged(
     return f"{what} not engaged ({why})"
 
 
+def _pool_problems(expect: dict[str, str], pools: dict[str, dict[str, str]]) -> list[str]:
+    """Each process's ``pools:`` line against the rung's ``expect_pools`` (backend -> host buffer type or "none")."""
+    problems = []
+    for proc, got in pools.items():
+        if not got:
+            problems.append(f"{proc}: no 'llama_batched_transfers: pools:' line (the rung expects pools)")
+            continue
+        for backend, want in expect.items():
+            have = got.get(backend)
+            if have is None or not (have.startswith("none") if want == "none" else have == want):
+                problems.append(f"{proc}: {backend}'s pinned pool is {have or 'not listed'}, the rung expects {want}")
+    return problems
+
+
 def validate_mode(
     mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo], metrics: dict[str, int] | None = None
 ) -> dict[str, Any]:
@@ -113,10 +127,15 @@ def validate_mode(
         summary["batched"] = {
             "state": state,
             "pool_mib": {p: logs[p].batched.pool_mib for p in on},
+            "pools": {p: logs[p].batched.pools for p in on},
             "inactive": inactive,
             "stats": batched_stats,
             "async_uploads": tot(batched_stats, "async_uploads"),
             "async_downloads": tot(batched_stats, "async_downloads"),
+            # what batching tried and could not stage (sync_*), and what it left on upstream's path (a backend
+            # without a pinned pool of its own, a declined graph): reported, never counted as batches
+            "fallbacks": tot(batched_stats, "fallbacks"),
+            "upstream_uploads": tot(batched_stats, "upstream_uploads"),
         }
         expect = rung.expect.get(mode.name, rung.expect_batched)
         if state == "engaged":
@@ -129,6 +148,15 @@ def validate_mode(
                 # pinned output buffer, which upstream already downloads asynchronously (upstream_downloads)
                 if tot(batched_stats, "async_uploads") <= 0:
                     problems.append("batched counters show no async upload (async_uploads=0)")
+            if rung.expect_pools:
+                problems += _pool_problems(rung.expect_pools, {p: logs[p].batched.pools for p in on})
+                first = logs[on[0]].batched.pools if on else {}
+                notes.append(
+                    "batched pools: "
+                    + "; ".join(f"{b}: {v}" for b, v in first.items())
+                    + f" (fallbacks={tot(batched_stats, 'fallbacks')}, "
+                    f"upstream_uploads={tot(batched_stats, 'upstream_uploads')})"
+                )
             if metrics is not None and mode.variant == "patched":
                 live = metrics.get("batched_async_uploads_total", 0)
                 summary["batched"]["metrics_async_uploads"] = live

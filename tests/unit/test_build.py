@@ -14,6 +14,7 @@ from ggml_bridge import build, config
 from ggml_bridge.errors import BuildError, NotBuiltError, ToolchainError, UsageError
 
 from conftest import FakeUpstream
+from helpers import VK_CORE_OLD, fake_vulkan_root
 
 
 def _run(binary: Path) -> str:
@@ -428,3 +429,107 @@ def test_shared_tree_refuses_a_variant_it_cannot_build(
     )
     with pytest.raises(UsageError, match="upstream-lto cannot be built in a shared tree"):
         build.ensure_shared(settings, ["upstream", "upstream-lto"])
+
+
+# --------------------------------------------------------------------------------------------- Vulkan backend
+
+
+def test_vulkan_is_a_backend_auto_never_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build.toolchain, "detect_cuda", lambda: None)
+    assert build.resolve_backend("vulkan") == ("vulkan", None)
+    assert build.resolve_backend("auto") == ("cpu", None)
+    with pytest.raises(UsageError, match="auto, cpu, cuda, vulkan"):
+        build.resolve_backend("metal")
+    assert "vulkan" in config.BACKENDS
+
+
+def test_vulkan_pieces_found_in_the_system(tmp_path: Path) -> None:
+    usr = fake_vulkan_root(tmp_path / "usr")
+    kit = build.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
+    assert kit.include_dir == usr / "include" and kit.header_version == "1.4.309"
+    assert kit.library == usr / "lib/x86_64-linux-gnu/libvulkan.so.1", "no dev link: the loader itself"
+    assert kit.glslc == usr / "bin" / "glslc"
+    assert kit.cmake_args() == {
+        "GGML_VULKAN": "ON",
+        "Vulkan_INCLUDE_DIR": str(usr / "include"),
+        "Vulkan_LIBRARY": str(usr / "lib/x86_64-linux-gnu/libvulkan.so.1"),
+        "Vulkan_GLSLC_EXECUTABLE": str(usr / "bin" / "glslc"),
+        "SPIRV-Headers_DIR": str(usr / "share/cmake/SPIRV-Headers"),
+    }
+
+
+def test_vulkan_sdk_headers_win_over_the_systems_old_ones(tmp_path: Path) -> None:
+    """CI's case: bookworm's loader, glslc and SPIRV-Headers, trixie's headers unpacked under $VULKAN_SDK (whose
+    libvulkan.so is a dangling link to a libvulkan.so.1 the .deb does not carry)."""
+    usr = fake_vulkan_root(tmp_path / "usr", headers=VK_CORE_OLD)
+    sdk = fake_vulkan_root(tmp_path / "deb" / "usr", loader=None, glslc=False, spirv=False)
+    (sdk / "lib" / "x86_64-linux-gnu").mkdir(parents=True)
+    (sdk / "lib" / "x86_64-linux-gnu" / "libvulkan.so").symlink_to("libvulkan.so.1")
+    kit = build.toolchain.detect_vulkan(env={"VULKAN_SDK": str(sdk), "PATH": ""}, system_roots=(usr,))
+    assert kit.include_dir == sdk / "include" and kit.header_version == "1.4.309"
+    assert kit.library == usr / "lib/x86_64-linux-gnu/libvulkan.so.1"
+    assert kit.glslc == usr / "bin" / "glslc" and kit.spirv_headers_dir == usr / "share/cmake/SPIRV-Headers"
+
+
+def test_vulkan_headers_too_old_name_what_to_do(tmp_path: Path) -> None:
+    usr = fake_vulkan_root(tmp_path / "usr", headers=VK_CORE_OLD)
+    with pytest.raises(ToolchainError) as e:
+        build.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
+    msg = str(e.value)
+    assert e.value.exit_code == 30 and "\n" not in msg
+    assert "(1.3.239) are too old" in msg and "VkLayerSettingEXT" in msg
+    assert "libvulkan-dev_1.4.309.0-1_amd64.deb" in msg and "VULKAN_SDK" in msg
+
+
+@pytest.mark.parametrize(
+    ("missing", "package"),
+    [("headers", "libvulkan-dev"), ("loader", "libvulkan1"), ("glslc", "glslc"), ("spirv", "spirv-headers")],
+)
+def test_each_missing_vulkan_piece_names_its_debian_package(tmp_path: Path, missing: str, package: str) -> None:
+    kw: dict[str, object] = (
+        {"headers": None} if missing == "headers" else {"loader": None} if missing == "loader" else {missing: False}
+    )
+    usr = fake_vulkan_root(tmp_path / "usr", **kw)  # type: ignore[arg-type]
+    with pytest.raises(ToolchainError) as e:
+        build.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
+    msg = str(e.value)
+    assert e.value.exit_code == 30 and "\n" not in msg
+    assert f"Debian packages: {package}." in msg and "apt-get install libvulkan1 libvulkan-dev glslc" in msg
+
+
+def test_vulkan_build_fails_before_fetching_without_the_pieces(
+    make_settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """`build --backend vulkan` (plain and --shared-tree) on a machine without Vulkan: the toolchain error before
+    anything is fetched."""
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    real = build.toolchain.detect_vulkan
+    monkeypatch.setattr(build.toolchain, "detect_vulkan", lambda: real(env={"PATH": ""}, system_roots=(empty,)))
+    settings = make_settings(build__backend="vulkan")
+    for attempt in (lambda: build.ensure(settings, "patched"), lambda: build.ensure_shared(settings, ["upstream"])):
+        with pytest.raises(ToolchainError, match="headers, loader, glslc, SPIRV-Headers are missing") as e:
+            attempt()
+        assert e.value.exit_code == 30
+    assert not (settings.cache_dir / "trees").exists(), "fetched before checking the toolchain"
+
+
+def test_vulkan_cmake_options_and_build_key(settings: config.Settings, tmp_path: Path) -> None:
+    usr = fake_vulkan_root(tmp_path / "usr")
+    kit = build.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
+    tools = build.Toolchain(
+        build.Tool(Path("cmake"), "3.25"),
+        build.Tool(Path("ninja"), "1.11"),
+        build.Tool(Path("/usr/bin/cc"), "gcc"),
+        build.Tool(Path("/usr/bin/c++"), "g++"),
+        None,
+        kit,
+    )
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "CMakeLists.txt").write_text("option(LLAMA_CURL x OFF)\n")
+    args = build.cmake_args(settings, src, "patched", "vulkan", tools)
+    assert "-DGGML_VULKAN=ON" in args and "-DGGML_CUDA=OFF" in args
+    assert f"-DVulkan_INCLUDE_DIR={usr / 'include'}" in args and "-DSAM3D_BATCHED_TRANSFERS=ON" in args
+    cpu_args = build.cmake_args(settings, src, "patched", "cpu", tools)
+    assert not any("VULKAN" in a.upper() for a in cpu_args)

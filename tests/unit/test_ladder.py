@@ -25,7 +25,7 @@ MICRO = 'shape = { name = "micro", n_embd = 32, n_layer = 2, n_head = 4, n_head_
 # --- ladder files -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["cpu.toml", "cuda.toml"])
+@pytest.mark.parametrize("name", ["cpu.toml", "cuda.toml", "vulkan.toml"])
 def test_shipped_ladders_parse(name):
     lad = ladder.load_ladder(ROOT / "ladders" / name)
     assert lad.rungs
@@ -550,3 +550,58 @@ def test_cuda_ladder_bridge_expectations_follow_the_patch():
             # every bridge mode must engage: the ladder never enables peer access, so mode 1 routes too
             assert r.expect_bridge == "engaged" and r.expect == {}
             assert r.expect_batched == "engaged"
+
+
+VK_POOLS = (
+    "llama_batched_transfers: pools: Vulkan0: pool Vulkan_Host; Vulkan1: none (its pinned host buffer type is "
+    "pinned for Vulkan0); CPU: none (computes in host memory)\n"
+)
+VK_DEV2 = "using device Vulkan0 (llvmpipe) (x) - 1 MiB free\nusing device Vulkan1 (llvmpipe) (x) - 1 MiB free\n"
+
+
+def test_validity_batched_pools_the_device_zero_rule():
+    """expect_pools: the pinned pool of each backend as the mechanism names it; a rung whose pools differ (the
+    second Vulkan device staging through device 0's host memory, or no pool where one is expected) fails."""
+    r = rung(expect_pools={"Vulkan0": "Vulkan_Host", "Vulkan1": "none"}, env={"GGML_VK_VISIBLE_DEVICES": "0,0"})
+    ok = v("batched", r, server=BT_EN + VK_POOLS + VK_DEV2 + BT_ST.format(u=2, d=0))
+    assert ok["ok"], ok["problems"]
+    assert ok["batched"]["pools"]["server"]["Vulkan0"] == "Vulkan_Host"
+    assert "fallbacks" in ok["batched"] and any("batched pools: Vulkan0: Vulkan_Host" in n for n in ok["notes"])
+    wrong = VK_POOLS.replace(
+        "Vulkan1: none (its pinned host buffer type is pinned for Vulkan0)", "Vulkan1: pool Vulkan_Host"
+    )
+    bad = v("batched", r, server=BT_EN + wrong + VK_DEV2 + BT_ST.format(u=2, d=0))
+    assert not bad["ok"] and any(
+        "Vulkan1's pinned pool is Vulkan_Host, the rung expects none" in p for p in bad["problems"]
+    )
+    noline = v("batched", r, server=BT_EN + VK_DEV2 + BT_ST.format(u=2, d=0))
+    assert not noline["ok"] and any("no 'llama_batched_transfers: pools:' line" in p for p in noline["problems"])
+    assert ladder.orchestrate._device_env(r) == {}, "Vulkan devices named by the rung: CUDA's variables untouched"
+
+
+def test_a_vulkan_ladder_file_and_expect_pools_checks(tmp_path):
+    from ggml_bridge.errors import LadderSetupError
+
+    lf = tmp_path / "v.toml"
+    lf.write_text(
+        'name = "v"\nbackend = "vulkan"\n[[rung]]\nname = "a"\nshape = "tiny"\nmodes = ["upstream", "batched"]\n'
+        'reference = "upstream"\nexpect_pools = { Vulkan0 = "Vulkan_Host" }\n'
+    )
+    lad = ladder.load_ladder(lf)
+    assert lad.backend == "vulkan" and lad.rungs[0].expect_pools == {"Vulkan0": "Vulkan_Host"}
+    lf.write_text(lf.read_text().replace('"upstream", "batched"', '"upstream", "off"'))
+    with pytest.raises(LadderSetupError, match="expect_pools needs a batched mode"):
+        ladder.load_ladder(lf)
+    lf.write_text('name = "v"\nbackend = "metal"\n[[rung]]\nname = "a"\nshape = "tiny"\n')
+    with pytest.raises(LadderSetupError, match="backend must be one of cpu, cuda, vulkan"):
+        ladder.load_ladder(lf)
+
+
+def test_the_shipped_vulkan_ladder_parses_and_proves_what_the_issue_asks():
+    lad = ladder.load_ladder(ROOT / "ladders" / "vulkan.toml")
+    assert lad.backend == "vulkan"
+    for r in lad.rungs:
+        assert {"upstream", "off", "batched"} <= set(r.modes) and r.reference == "upstream"
+        assert r.env.get("GGML_VK_VISIBLE_DEVICES") == "0,0" and r.n_devices == 2
+        assert r.expect_pools == {"Vulkan0": "Vulkan_Host", "Vulkan1": "none"}
+    assert any(r.env.get("GGML_VK_PERF_LOGGER") for r in lad.rungs), "a rung with the perf logger (the drain)"

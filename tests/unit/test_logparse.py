@@ -203,3 +203,21 @@ def test_startup_failures():
     assert "crashed" in logparse.startup_failure_reason(crash, -6)
     assert "signal 9" in logparse.startup_failure_reason(logparse.parse(""), -9)
     assert "status 3" in logparse.startup_failure_reason(logparse.parse(""), 3)
+
+
+VK_POOLS = (
+    "llama_batched_transfers: pools: Vulkan0: pool Vulkan_Host; Vulkan1: none (its pinned host buffer type is "
+    "pinned for Vulkan0); CPU: none (computes in host memory)\n"
+)
+
+
+def test_batched_pools_line_names_each_backends_host_buffer_type():
+    t = logparse.parse("llama_batched_transfers: enabled, pinned pool up to 32 MiB\n" + VK_POOLS).batched
+    assert t.enabled
+    assert t.pools == {
+        "Vulkan0": "Vulkan_Host",
+        "Vulkan1": "none (its pinned host buffer type is pinned for Vulkan0)",
+        "CPU": "none (computes in host memory)",
+    }
+    assert logparse.parse_pools("CUDA0: pool CUDA_Host; odd item") == {"CUDA0": "CUDA_Host", "odd item": "?"}
+    assert logparse.parse("llama_batched_transfers: enabled, pinned pool up to 32 MiB\n").batched.pools == {}

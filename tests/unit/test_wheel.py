@@ -18,7 +18,7 @@ import pytest
 from ggml_bridge import cli, config, wheel
 from ggml_bridge.errors import BuildError, NotBuiltError, ServeError, ToolchainError
 
-from helpers import fake_model, write_fake_bin
+from helpers import fake_model, fake_vulkan_root, write_fake_bin
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "ggml_bridge" / "server_dist"
@@ -137,6 +137,9 @@ def test_version_tag_follows_cmake_args(tmp_path: Path, monkeypatch: pytest.Monk
     assert plugin.backend_tag("-DGGML_NATIVE=OFF -DGGML_CUDA=ON") == "cu130"
     assert plugin.backend_tag("-DGGML_CUDA:BOOL=on") == "cu130"
     assert plugin.backend_tag("-DGGML_CUDA=ON -DGGML_CUDA=OFF") == "cpu", "the last one wins, as in CMake"
+    assert plugin.backend_tag("-DGGML_VULKAN=ON") == "vulkan"
+    assert plugin.backend_tag("-DGGML_VULKAN:BOOL=1 -DGGML_VULKAN=OFF") == "cpu"
+    assert plugin.dependencies("-DGGML_VULKAN=ON") == [], "the Vulkan loader and driver come with the system"
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA=1")
     assert plugin.dynamic_metadata("version", {"base": "0.1.0"}) == "0.1.0+cu130"
     monkeypatch.setenv("CUDACXX", str(tmp_path / "none"))
@@ -510,3 +513,30 @@ def test_wheel_from_a_missing_sdist_is_one_usage_error(tmp_path: Path, capsys: p
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == UsageError.exit_code and len(err) == 1 and "nope.tar.gz: no such file" in err[0], err
     assert not (tmp_path / "dist").exists()
+
+
+def test_the_vulkan_wheel_plan_passes_the_vulkan_pieces_and_the_tag_check_knows_vulkan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ggml_bridge.build import toolchain
+
+    usr = fake_vulkan_root(tmp_path / "usr")
+    monkeypatch.setattr(wheel, "detect_vulkan", lambda: toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,)))
+    p = wheel.plan(_settings(tmp_path, **{"build.backend": "vulkan"}), cpu_variants=wheel.CI_CPU_VARIANTS)
+    assert p.runtime is None
+    assert p.cmake_args[:3] == (
+        "-DGGML_BRIDGE_CPU_VARIANTS=x64;haswell",
+        "-DGGML_VULKAN=ON",
+        f"-DVulkan_INCLUDE_DIR={usr / 'include'}",
+    )
+    assert _plugin().backend_tag(" ".join(p.cmake_args)) == "vulkan"
+    cml = (TEMPLATES / "CMakeLists.txt").read_text()
+    assert "elseif (GGML_VULKAN)\n    set(backend vulkan)\n    set(tag vulkan)" in cml
+    assert wheel.VULKAN_LOADER == "libvulkan.so.1"
+    empty = tmp_path / "none"
+    empty.mkdir()
+    monkeypatch.setattr(
+        wheel, "detect_vulkan", lambda: toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(empty,))
+    )
+    with pytest.raises(ToolchainError, match="Debian packages: libvulkan-dev, libvulkan1, glslc, spirv-headers"):
+        wheel.plan(_settings(tmp_path, **{"build.backend": "vulkan"}))

@@ -1,8 +1,10 @@
-"""scikit-build-core metadata plugin: the version with a local tag naming the backend (+cpu, +cu130, ...), and the
-dependencies: none for CPU, NVIDIA's runtime wheels (cuda_runtime.json beside this file) for CUDA.
+"""scikit-build-core metadata plugin: the version with a local tag naming the backend (+cpu, +cu130, +vulkan), and
+the dependencies: none for CPU and Vulkan (the system's Vulkan loader and driver), NVIDIA's runtime wheels
+(cuda_runtime.json beside this file) for CUDA.
 
 The backend follows CMAKE_ARGS as CMake sees it: -DGGML_CUDA=ON (any CMake true value) builds for CUDA, and
-the tag carries the CUDA toolkit's release (nvcc from $CUDACXX, PATH, $CUDA_HOME or /usr/local/cuda).
+the tag carries the CUDA toolkit's release (nvcc from $CUDACXX, PATH, $CUDA_HOME or /usr/local/cuda);
+-DGGML_VULKAN=ON (without CUDA) builds for Vulkan.
 CMakeLists.txt checks that the tag agrees with what CMake actually built.
 """
 
@@ -18,24 +20,33 @@ from pathlib import Path
 
 _TRUE = ("1", "on", "yes", "true", "y")
 _CUDA_ARG = re.compile(r"^-DGGML_CUDA(?::BOOL)?=(.*)$", re.IGNORECASE)
+_VULKAN_ARG = re.compile(r"^-DGGML_VULKAN(?::BOOL)?=(.*)$", re.IGNORECASE)
 
 
 CUDA_RUNTIME = Path(__file__).resolve().parent / "cuda_runtime.json"
 
 
-def cuda_requested(cmake_args: str | None = None) -> bool:
+def _requested(pattern: re.Pattern[str], cmake_args: str | None) -> bool:
     value = None
     for arg in shlex.split(os.environ.get("CMAKE_ARGS", "") if cmake_args is None else cmake_args):
-        m = _CUDA_ARG.match(arg)
+        m = pattern.match(arg)
         if m:
             value = m.group(1)
     return value is not None and value.strip().lower() in _TRUE
 
 
+def cuda_requested(cmake_args: str | None = None) -> bool:
+    return _requested(_CUDA_ARG, cmake_args)
+
+
+def vulkan_requested(cmake_args: str | None = None) -> bool:
+    return _requested(_VULKAN_ARG, cmake_args)
+
+
 def backend_tag(cmake_args: str | None = None) -> str:
-    if not cuda_requested(cmake_args):
-        return "cpu"
-    return "cu" + "".join(_cuda_release())
+    if cuda_requested(cmake_args):
+        return "cu" + "".join(_cuda_release())
+    return "vulkan" if vulkan_requested(cmake_args) else "cpu"
 
 
 def dependencies(cmake_args: str | None = None) -> list[str]:

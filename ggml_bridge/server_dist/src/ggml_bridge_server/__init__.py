@@ -164,6 +164,12 @@ def check_backend() -> str:
                 f"{PACKAGE_DIR.parent / 'nvidia'}, nor on the system); install the wheel with "
                 "its dependencies (pip install nvidia-cuda-runtime nvidia-cublas), not --no-deps"
             )
+    if backend == "vulkan" and not _loadable("libvulkan.so.1"):
+        raise BackendUnavailable(
+            f"this ggml-bridge-server wheel ({build.get('version')}) is built for Vulkan, and this machine has no "
+            "Vulkan loader (libvulkan.so.1); install it (Debian/Ubuntu: apt-get install libvulkan1 and a Vulkan "
+            "driver such as mesa-vulkan-drivers), or install the CPU wheel (+cpu) here"
+        )
     return backend
 
 

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Batched transfers on a GPU through Vulkan, in one call on a lent machine without network (Ubuntu 24.04, NVIDIA
+# driver with its Vulkan ICD, but no Vulkan loader, no glslc), through the product's own CLI:
+#   1. unpack the carried Debian packages (.carry-vk/, filled by scripts/gpu/carry-vk.sh) into /tmp/vk-root: the
+#      loader, glslc, SPIRV-Headers, the 1.4.309 headers, vulkaninfo; nothing is installed;
+#   2. `vulkaninfo --summary`: does the GPU appear as a Vulkan device? If not, say so with the output and stop;
+#   3. `ggml-bridge build --backend vulkan --shared-tree --variant upstream,patched` (VULKAN_SDK=/tmp/vk-root/usr);
+#   4. test-batched-transfers on two Vulkan devices over the one GPU (GGML_VK_VISIBLE_DEVICES=0,0) with a tiny model;
+#   5. the Vulkan ladder (ladders/vulkan.toml: upstream vs patched, batching off and on, byte for byte, two devices);
+#   6. `ggml-bridge bench --suite batched` (tg128 and pp512, batching off vs on, interleaved rounds) on one device;
+# each step only when the time left (BUDGET seconds from the start) allows it. $OUT gets summary.txt and
+# results.tar.gz (every log, report and manifest).
+#
+# Carry (git-ignored): .carry-vk/ (scripts/gpu/carry-vk.sh), .carry/<the pinned sdist>, .whl/ (as prove.sh).
+# Usage, from the repository root:  OUT=/tmp/out BUDGET=570 bash scripts/gpu/vulkan.sh [STEP ...]
+#   STEP: vulkaninfo build tests ladder bench (default: all, in this order)
+set -uo pipefail
+repo=$(pwd)
+export PYTHONUNBUFFERED=1
+export GGML_BRIDGE_CACHE_DIR=${GGML_BRIDGE_CACHE_DIR:-$repo/.cache-gpu}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+BUDGET=${BUDGET:-570}
+STEPS=${*:-vulkaninfo build tests ladder bench}
+
+log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/summary.txt"; }
+left() { echo $((BUDGET - SECONDS)); }
+step() {
+    local name=$1 need=$2 limit=$3 rc; shift 3
+    if [ "$(left)" -lt "$need" ]; then log "SKIPPED $name: $(left)s left, needs ~${need}s"; return 0; fi
+    [ "$limit" -gt "$(left)" ] && limit=$(left)
+    log "$name (limit ${limit}s)"
+    timeout --kill-after=5 "$limit" "$@" > "$OUT/$name.txt" 2>&1; rc=$?
+    log "  $name rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)')"
+    return $rc
+}
+bundle() {
+    tar czf /tmp/vulkan-results.tar.gz -C "$OUT" --exclude=./summary.txt . \
+        && find "$OUT" -mindepth 1 ! -name summary.txt -delete && mv /tmp/vulkan-results.tar.gz "$OUT/results.tar.gz"
+}
+trap bundle EXIT
+gb=(python3 -m ggml_bridge)
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv,noheader 2>&1 | tee -a "$OUT/summary.txt"
+ls -l /usr/share/vulkan/icd.d/ /etc/vulkan/icd.d/ >> "$OUT/summary.txt" 2>&1
+
+# 1. the carried Debian packages, checked and unpacked: the Vulkan pieces into /tmp/vk-root; the libraries only
+# vulkaninfo links (X11, wayland) into /tmp/vk-xlibs, used only for the ones the system lacks
+(cd .carry-vk && sha256sum -c --quiet SHA256SUMS) || { log "the .carry-vk/ packages do not match SHA256SUMS"; exit 1; }
+rm -rf /tmp/vk-root /tmp/vk-xlibs && mkdir -p /tmp/vk-root /tmp/vk-xlibs
+for deb in .carry-vk/*.deb; do
+    case $(basename "$deb") in
+        libvulkan1_* | libvulkan-dev_* | glslc_* | libshaderc1_* | spirv-headers_* | vulkan-tools_*)
+            dpkg-deb -x "$deb" /tmp/vk-root ;;
+        *) dpkg-deb -x "$deb" /tmp/vk-xlibs ;;
+    esac
+done
+vklib=/tmp/vk-root/usr/lib/x86_64-linux-gnu
+export VULKAN_SDK=/tmp/vk-root/usr PATH=/tmp/vk-root/usr/bin:$PATH
+export LD_LIBRARY_PATH=$vklib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+log "carried: $(ls .carry-vk/*.deb | xargs -n1 basename | tr '\n' ' ')"
+log "glslc: $(glslc --version 2>&1 | head -1); loader: $(ls $vklib/libvulkan.so.1.*)"
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$repo || { log "cannot install the carried wheels"; exit 1; }
+mkdir -p "$GGML_BRIDGE_CACHE_DIR/sdists" && cp .carry/*.tar.gz "$GGML_BRIDGE_CACHE_DIR/sdists/"
+
+# 2. does the GPU appear as a Vulkan device?
+if want vulkaninfo; then
+    missing=$(LD_LIBRARY_PATH=$LD_LIBRARY_PATH ldd /tmp/vk-root/usr/bin/vulkaninfo | awk '/not found/ {print $1}')
+    mkdir -p /tmp/vk-xonly
+    for lib in $missing; do ln -sf /tmp/vk-xlibs/usr/lib/x86_64-linux-gnu/"$lib" /tmp/vk-xonly/; done
+    log "vulkaninfo: system lacks: ${missing:-nothing}"
+    step vulkaninfo 5 60 env LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/tmp/vk-xonly" vulkaninfo --summary
+    grep -E "deviceName|deviceType|driverName|driverInfo|apiVersion|ERROR" "$OUT/vulkaninfo.txt" | tee -a "$OUT/summary.txt"
+    if ! grep -q "PHYSICAL_DEVICE_TYPE_DISCRETE_GPU\|PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU" "$OUT/vulkaninfo.txt"; then
+        log "no GPU among the Vulkan devices (output above and in vulkaninfo.txt): stopping here"
+        exit 0
+    fi
+fi
+
+if want build; then
+    step build 150 420 "${gb[@]}" build --backend vulkan --no-ui --shared-tree --variant upstream,patched
+    grep -E "^==>|done in|up to date|error|Error" "$OUT/build.txt" | tail -n 20 | tee -a "$OUT/summary.txt"
+    mkdir -p "$OUT/manifests"
+    for v in upstream patched; do
+        m=$("${gb[@]}" build --backend vulkan --variant "$v" --print-manifest 2>/dev/null) && cp "$m" "$OUT/manifests/$v.json"
+    done
+fi
+bindir() { "${gb[@]}" build --backend vulkan --variant "$1" --print-bin-dir 2>/dev/null; }
+pbin=$(bindir patched) && ubin=$(bindir upstream) || { log "the Vulkan builds are not there: stopping"; exit 1; }
+bins=(--bin-dir-patched "$pbin" --bin-dir-upstream "$ubin")
+tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
+vocab=$tree/models/ggml-vocab-llama-spm.gguf
+env GGML_VK_VISIBLE_DEVICES=0,0 "$pbin/llama-server" --list-devices 2>&1 | grep -E "Vulkan|ggml_vulkan" | tee -a "$OUT/summary.txt"
+
+if want tests; then
+    python3 -c "from ggml_bridge.model import write_model; import sys; write_model('/tmp/tiny.gguf', 'tiny', 1, sys.argv[1])" \
+        "$vocab" > /dev/null 2>&1
+    step test-batched-2dev 15 120 env GGML_VK_VISIBLE_DEVICES=0,0 "$pbin/test-batched-transfers" --model /tmp/tiny.gguf
+    grep -E "GPU device|batched transfers (not )?available|^main: stats|^second-gpu: stats|passed|FAIL" \
+        "$OUT/test-batched-2dev.txt" | tail -n 12 | tee -a "$OUT/summary.txt"
+    # uploads on the GPU's separate transfer queue (lavapipe has one queue, so only a GPU exercises this): the
+    # ordering behind earlier compute (ev_prior) is what keeps these outputs exact
+    step test-batched-transfer-queue 15 120 env GGML_VK_VISIBLE_DEVICES=0,0 GGML_VK_ASYNC_USE_TRANSFER_QUEUE=1 \
+        "$pbin/test-batched-transfers" --model /tmp/tiny.gguf
+    grep -E "passed|FAIL" "$OUT/test-batched-transfer-queue.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
+    step test-batched-perf-logger 15 120 env GGML_VK_PERF_LOGGER=1 "$pbin/test-batched-transfers" --model /tmp/tiny.gguf
+    grep -E "passed|FAIL" "$OUT/test-batched-perf-logger.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
+fi
+
+if want ladder; then
+    step ladder 40 150 "${gb[@]}" ladder --ladder ladders/vulkan.toml --vocab "$vocab" "${bins[@]}" --report "$OUT/ladder"
+    grep -E "^\[|==> ladder" "$OUT/ladder.txt" | tail -n 6 | tee -a "$OUT/summary.txt"
+    # the same rungs with uploads on the transfer queue
+    step ladder-transfer-queue 40 150 env GGML_VK_ASYNC_USE_TRANSFER_QUEUE=1 "${gb[@]}" ladder \
+        --ladder ladders/vulkan.toml --vocab "$vocab" "${bins[@]}" --report "$OUT/ladder-transfer-queue"
+    grep -E "^\[|==> ladder" "$OUT/ladder-transfer-queue.txt" | tail -n 6 | tee -a "$OUT/summary.txt"
+    rm -f "$OUT"/ladder*/*/*.bin 2>/dev/null
+fi
+
+if want bench; then
+    # batching off vs on, one Vulkan device (the GPU), tg128 and pp512, interleaved rounds within the time left
+    budget=$(( $(left) - 40 ))
+    step bench-batched 60 $((budget + 30)) "${gb[@]}" bench --no-build --no-microbench --suite batched \
+        --rounds 10 --time-budget "$budget" --vocab "$vocab" "${bins[@]}" --report "$OUT/bench/batched"
+    grep "^|" "$OUT/bench/batched/bench.md" 2>/dev/null | tee -a "$OUT/summary.txt"
+fi
+log "done"

@@ -1,0 +1,143 @@
+"""The Vulkan backend for real, on Mesa lavapipe (slow, vulkan): upstream and patched built for Vulkan in one shared
+tree, the batched-transfer test program on two Vulkan devices, and ladders/vulkan.toml byte for byte.
+
+lavapipe is a CPU-type Vulkan device, which ggml uses only when GGML_VK_VISIBLE_DEVICES names it; "0,0" presents
+it twice, so that a model split by layer has a cross-device boundary and the second device's host buffer type
+belongs to device zero (the rule the batched path must respect). Under .ci/run (GGML_BRIDGE_TEST_REQUIRE_VULKAN=1)
+these tests fail rather than skip when a Vulkan piece is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ggml_bridge import ladder, model
+
+ROOT = Path(__file__).resolve().parents[2]
+TWO_DEVICES = {"GGML_VK_VISIBLE_DEVICES": "0,0"}
+
+pytestmark = [pytest.mark.slow, pytest.mark.vulkan]
+
+
+def _manifest(result) -> dict:  # type: ignore[no-untyped-def]
+    return json.loads(Path(result.manifest_path).read_text())
+
+
+def test_vulkan_build_upstream_and_patched_in_one_shared_tree(real_vulkan_build) -> None:  # type: ignore[no-untyped-def]
+    up, pa = real_vulkan_build["upstream"], real_vulkan_build["patched"]
+    mu, mp = _manifest(up), _manifest(pa)
+    for m in (mu, mp):
+        assert m["backend"] == "vulkan" and "-DGGML_VULKAN=ON" in m["cmake_args"]
+        assert "VkLayerSettingEXT" not in json.dumps(m) and m["toolchain"]["vulkan"]["glslc"]
+    assert mu["shared_tree"]["tree"] == mp["shared_tree"]["tree"], "one CMake tree for both variants"
+    assert mu["patches"] == [] and len(mp["patches"]) >= 4
+    assert up.server != pa.server and up.server.read_bytes() != pa.server.read_bytes()
+    assert "test-batched-transfers" in pa.binaries and "llama-perplexity" in up.binaries
+    # the binaries see the Vulkan device (lavapipe here, named explicitly)
+    out = subprocess.run(
+        [str(pa.server), "--list-devices"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **TWO_DEVICES},
+    )
+    listed = out.stdout + out.stderr
+    assert "Vulkan0" in listed and "Vulkan1" in listed, listed[-2000:]
+
+
+def _tiny_model(real_settings, real_tree) -> Path:  # type: ignore[no-untyped-def]
+    vocab = Path(real_tree.path) / "models" / model.VOCAB_FILE
+    return model.ensure_model(real_settings.cache_dir, "tiny", 1234, vocab)
+
+
+def test_batched_transfer_program_on_two_vulkan_devices(
+    real_vulkan_build, real_settings, real_tree, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """test-batched-transfers (what `ctest -L batched` runs, plus a real model) on lavapipe presented twice: every
+    payload and guard byte, batching off vs on, on Vulkan0 (staged through Vulkan's host buffer type) and on
+    Vulkan1, whose host buffer type belongs to device zero: there nothing may be counted as a batch, every
+    transfer as upstream's own."""
+    prog = real_vulkan_build["patched"].binaries["test-batched-transfers"]
+    res = subprocess.run(
+        [str(prog), "--model", str(_tiny_model(real_settings, real_tree))],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={**os.environ, **TWO_DEVICES},
+    )
+    out = res.stdout + res.stderr
+    (tmp_path / "test-batched-transfers.log").write_text(out)
+    assert res.returncode == 0, out[-4000:]
+    summary = re.search(r"^(\d+) passed, (\d+) failed$", res.stdout, re.MULTILINE)
+    assert summary and int(summary[1]) > 1000 and summary[2] == "0", out[-2000:]
+    assert "test-batched-transfers: 2 GPU device(s)" in res.stdout
+    assert re.search(r"^main: Vulkan0, batched transfers available$", res.stdout, re.MULTILINE), out[-3000:]
+    assert re.search(
+        r"^second-gpu: Vulkan1, batched transfers not available: .*Vulkan1: its pinned host buffer type is pinned "
+        r"for Vulkan0",
+        res.stdout,
+        re.MULTILINE,
+    ), out[-3000:]
+
+    def stats(name: str) -> dict[str, int]:
+        m = re.search(rf"^{name}: stats: (.*)$", res.stdout, re.MULTILINE)
+        assert m, f"no {name} stats line"
+        return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m[1])}
+
+    main, second = stats("main"), stats("second-gpu")
+    assert main["async_uploads"] > 0 and main["async_downloads"] > 0, main
+    assert second["async_uploads"] == second["async_downloads"] == 0 and second["upstream_uploads"] > 0, second
+    assert second["sync_uploads"] == second["fallbacks"] == 0 and second["pool"] == 0, second
+    # the llama end-to-end part on the first Vulkan device: off and on identical, batching engaged
+    assert re.search(r"^llama Vulkan0 logits: .*llama_batched_transfers: stats: .*async_uploads=[1-9]", out, re.M)
+
+
+def test_vulkan_ladder_on_lavapipe(real_vulkan_build, real_tree, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """ladders/vulkan.toml: upstream-Vulkan vs patched-Vulkan with batching off and on, full logits and greedy
+    responses identical byte for byte, the model split over two Vulkan devices; the batched mode engaged by its own
+    counters (stats line and /metrics), its pools as the device-zero rule says, also under GGML_VK_PERF_LOGGER."""
+    p = argparse.ArgumentParser()
+    ladder.add_arguments(p)
+    a = p.parse_args(
+        [
+            "--ladder",
+            str(ROOT / "ladders" / "vulkan.toml"),
+            "--report",
+            str(tmp_path / "rep"),
+            "--vocab",
+            str(Path(real_tree.path) / "models" / model.VOCAB_FILE),
+            "--bin-dir-patched",
+            str(real_vulkan_build["patched"].bin_dir),
+            "--bin-dir-upstream",
+            str(real_vulkan_build["upstream"].bin_dir),
+            "--threads",
+            "2",
+        ]
+    )
+    rc = ladder.run(a, SimpleNamespace(cache_dir=tmp_path / "cache"))
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    bad = {r["name"]: r["problems"] for r in rep["rungs"] if r["status"] != "pass"}
+    assert rc == 0 and not bad, bad
+    assert rep["backend"] == "vulkan" and rep["binaries"]["same_build"] is False
+    assert len(rep["rungs"]) >= 2
+    for r in rep["rungs"]:
+        for name in ("off", "batched"):
+            c = r["modes"][name]["compare"]
+            assert c["logits"]["identical"] and c["logits"]["bytes_compared"] > 100_000, (r["name"], name, c)
+            assert c["responses"]["identical"], (r["name"], name, c)
+        b = r["modes"]["batched"]["validity"]["batched"]
+        assert b["state"] == "engaged" and b["async_uploads"] > 0 and b["metrics_async_uploads"] > 0, b
+        for pools in b["pools"].values():
+            assert pools["Vulkan0"] == "Vulkan_Host" and pools["Vulkan1"].startswith("none (its pinned host"), pools
+        assert all(n == 2 for n in r["modes"]["batched"]["validity"]["devices_used"].values())
+    # the perf-logger rung ran ggml-vulkan's timestamp logger (its per-graph table) with batching on: the drain
+    logged = (tmp_path / "rep" / "tiny-f16-2dev-perf-logger" / "batched" / "server.log").read_text(errors="replace")
+    assert "Vulkan Timings:" in logged and "llama_batched_transfers: stats:" in logged
