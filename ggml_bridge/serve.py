@@ -344,6 +344,7 @@ class Server:
         assert self.proc is not None
         t0 = time.monotonic()
         deadline = t0 + self.startup_timeout
+        pause = 0.01  # short first polls (a small model is up in a moment), then every 0.1 s
         while True:
             if self.proc.poll() is not None:
                 self.proc.wait(5)
@@ -358,7 +359,8 @@ class Server:
             if time.monotonic() > deadline:
                 err = self._failure(f"llama-server did not become ready within {self.startup_timeout:.0f}s")
                 raise err
-            time.sleep(0.1)
+            time.sleep(pause)
+            pause = min(0.1, pause * 2)
 
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.proc is None:
