@@ -429,11 +429,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--check", action="store_true", help="start, confirm what engaged, stop and exit (0: confirmed)"
     )
     parser.add_argument(
-        "--no-stats",
-        action="store_true",
-        help="no effect since issue 26 (both mechanisms print their stats whenever on); accepted for old command lines",
-    )
-    parser.add_argument(
         "--startup-timeout",
         type=float,
         default=None,
@@ -501,7 +496,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     server_args = list(getattr(args, "server_args", None) or [])
     if server_args and server_args[0] == "--":
         server_args = server_args[1:]
-    env = selector_env(args.bridge, args.batched, stats=not args.no_stats)
+    env = selector_env(args.bridge, args.batched)
     from . import build  # the build's patched llama-server, else an installed ggml-bridge-server wheel's
 
     binary = (
