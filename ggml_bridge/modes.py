@@ -39,14 +39,13 @@ VK_PERF_LOGGER = "GGML_VK_PERF_LOGGER"  # ggml-vulkan's per-graph timestamp logg
 #: ``--bridge`` / ``--batched`` words -> selector values
 BRIDGE_VALUES = {"on": "1", "off": "0", "auto": "auto", "force": "force"}
 BATCHED_VALUES = {"on": "1", "off": "0"}
-#: both selectors 0, and both counters on
+#: both selectors 0
 SELECTORS_OFF = {BRIDGE: "0", BATCHED: "0"}
-#: no stats variables any more: both mechanisms print their stats line whenever they are on (issue 26)
-STATS_ON: dict[str, str] = {}
 
 
-def selector_env(bridge: str | None, batched: str | None, *, stats: bool = True) -> dict[str, str]:
-    """Environment for the selectors. ``None`` leaves a selector unset (the build's default)."""
+def selector_env(bridge: str | None, batched: str | None) -> dict[str, str]:
+    """Environment for the selectors. ``None`` leaves a selector unset (the build's default). There is nothing to
+    switch the counters on: both mechanisms print their stats line whenever they are on (issue 26)."""
     env: dict[str, str] = {}
     if bridge is not None:
         if bridge not in BRIDGE_VALUES:
@@ -56,8 +55,6 @@ def selector_env(bridge: str | None, batched: str | None, *, stats: bool = True)
         if batched not in BATCHED_VALUES:
             raise UsageError(f"--batched must be one of {', '.join(BATCHED_VALUES)}, not {batched!r}")
         env[BATCHED] = BATCHED_VALUES[batched]
-    if stats:
-        env.update(STATS_ON)
     return env
 
 
@@ -146,12 +143,12 @@ class Mode:
         """Which mechanisms must prove that they engaged: ``()``, ``("bridge",)``, ``("batched",)`` or both."""
         return (("bridge",) if self.uses_bridge else ()) + (("batched",) if self.uses_batched else ())
 
-    def env(self, *, stats: bool = True) -> dict[str, str]:
-        """The mode's environment: selectors (with their counters when ``stats``) for a patched variant,
-        GGML_CUDA_P2P for the *-p2p modes, and the rejected values of a typo mode."""
+    def env(self) -> dict[str, str]:
+        """The mode's environment: selectors for a patched variant, GGML_CUDA_P2P for the *-p2p modes, and the
+        rejected values of a typo mode."""
         env = {CUDA_P2P: "1"} if self.p2p else {}
         if VARIANTS[self.variant].patched:
-            env.update(selector_env(self.bridge, self.batched, stats=stats))
+            env.update(selector_env(self.bridge, self.batched))
         return {**env, **dict(self.rejected)}
 
 

@@ -39,6 +39,7 @@ _GIT_CONFIG = {
     ("core", "autocrlf"): "false",
     ("core", "filemode"): "true",
     ("gc", "auto"): "0",
+    ("maintenance", "auto"): "false",  # no `git maintenance run --auto` process after each `git am`
     ("commit", "gpgsign"): "false",
     ("am", "threeWay"): "true",
 }

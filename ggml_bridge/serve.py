@@ -344,6 +344,7 @@ class Server:
         assert self.proc is not None
         t0 = time.monotonic()
         deadline = t0 + self.startup_timeout
+        pause = 0.01  # short first polls (a small model is up in a moment), then every 0.1 s
         while True:
             if self.proc.poll() is not None:
                 self.proc.wait(5)
@@ -358,7 +359,8 @@ class Server:
             if time.monotonic() > deadline:
                 err = self._failure(f"llama-server did not become ready within {self.startup_timeout:.0f}s")
                 raise err
-            time.sleep(0.1)
+            time.sleep(pause)
+            pause = min(0.1, pause * 2)
 
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.proc is None:
@@ -425,11 +427,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--check", action="store_true", help="start, confirm what engaged, stop and exit (0: confirmed)"
-    )
-    parser.add_argument(
-        "--no-stats",
-        action="store_true",
-        help="no effect since issue 26 (both mechanisms print their stats whenever on); accepted for old command lines",
     )
     parser.add_argument(
         "--startup-timeout",
@@ -499,7 +496,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     server_args = list(getattr(args, "server_args", None) or [])
     if server_args and server_args[0] == "--":
         server_args = server_args[1:]
-    env = selector_env(args.bridge, args.batched, stats=not args.no_stats)
+    env = selector_env(args.bridge, args.batched)
     from . import build  # the build's patched llama-server, else an installed ggml-bridge-server wheel's
 
     binary = (

@@ -30,6 +30,20 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SDIST_NAME = "fake_llama-1.0"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Every git the tests start (theirs and ggml-bridge's) skips work no test looks at: no `git maintenance run
+    --auto` process after each commit/am/fetch, no sample hooks copied into each new repository (the suite makes
+    a few hundred repositories). Set in os.environ here, so xdist workers and the CLIs they start inherit it."""
+    n = int(os.environ.get("GIT_CONFIG_COUNT") or 0)
+    have = {os.environ.get(f"GIT_CONFIG_KEY_{i}") for i in range(n)}  # xdist workers inherit the controller's
+    for key, value in {"maintenance.auto": "false", "init.templateDir": ""}.items():
+        if key not in have:
+            os.environ[f"GIT_CONFIG_KEY_{n}"] = key
+            os.environ[f"GIT_CONFIG_VALUE_{n}"] = value
+            n += 1
+    os.environ["GIT_CONFIG_COUNT"] = str(n)
+
+
 @dataclass
 class FakeUpstream:
     repo: Path

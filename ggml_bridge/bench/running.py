@@ -121,7 +121,7 @@ def run_case(
         argv += ["-ngl", "0"]
     if suite.get("threads"):
         argv += ["-t", str(suite["threads"])]
-    env = {**base_env, **modes.STATS_ON, **case.env()}
+    env = {**base_env, **case.env()}
     err_path = out_dir / f"{case.name}-r{rnd}.log"
     topo = None
     if case.rpc:  # the server gets the GPUs and the selectors, llama-bench neither GPU nor bridge (unless the

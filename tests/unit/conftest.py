@@ -1,10 +1,12 @@
 """Fixtures of the unit tests shared by several modules: the synthetic upstream of the rebase and radar tests
-(``up``), a project checkout pinned to it (``proj``) and its settings (``st``)."""
+(``up``), a project checkout pinned to it (``proj``) and its settings (``st``); bench's plots only where asked
+for (``plots`` marker)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,16 @@ from ggml_bridge import config
 
 from fixtures import fakellama
 from helpers import RebaseUpstream, make_rebase_upstream, rebase_pin_text
+
+
+@pytest.fixture(autouse=True)
+def _bench_plots(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench renders its report's PNG plots with matplotlib, a third of a CPU-second each. Tests marked ``plots``
+    render them (one per kind of suite: throughput with the microbenchmark, rpc, link); the others read no plot,
+    and there bench's plot step makes none."""
+    bench = sys.modules.get("ggml_bridge.bench")
+    if bench is not None and request.node.get_closest_marker("plots") is None:
+        monkeypatch.setattr(bench, "plot", lambda report, out_dir: [])
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,7 @@ def env(tmp_path, monkeypatch):
     return SimpleNamespace(order=order, model=model, settings=SimpleNamespace(cache_dir=tmp_path / "cache"))
 
 
+@pytest.mark.plots
 def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     report_dir = tmp_path / "report"
     args = _args(variants_dir=variants, model=env.model, rounds=3, reps=3, report=report_dir)
@@ -174,6 +175,7 @@ def test_rotate():
     assert bench.rotate(["a", "b", "c"], 3) == ["a", "b", "c"]
 
 
+@pytest.mark.plots
 def test_plot_microbench_only(tmp_path):
     """A report with no throughput figures (every case failed) still plots its microbenchmark."""
     rows = [

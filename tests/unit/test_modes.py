@@ -11,7 +11,7 @@ from ggml_bridge.errors import BenchError, LadderSetupError, UsageError
 
 
 def test_mode_environments_say_what_their_names_say():
-    env = {n: m.env(stats=False) for n, m in modes.MODES.items()}
+    env = {n: m.env() for n, m in modes.MODES.items()}
     assert env["upstream"] == {} and env["rpc-upstream"] == {}
     assert env["upstream-p2p"] == {"GGML_CUDA_P2P": "1"}
     assert env["off"] == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "0", "LLAMA_BATCHED_TRANSFERS": "0"}

@@ -459,6 +459,7 @@ def bench_env(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.plots
 def test_bench_rpc_suite(bench_env):
     import json
 

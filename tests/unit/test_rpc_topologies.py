@@ -249,6 +249,7 @@ def bench_env(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.plots
 def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(bench_env):
     from ggml_bridge import bench
 

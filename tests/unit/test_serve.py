@@ -36,12 +36,12 @@ def srv_args(model, port):
 
 def test_selector_env():
     assert serve.selector_env("on", "off") == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "1", "LLAMA_BATCHED_TRANSFERS": "0"}
-    assert serve.selector_env("auto", None, stats=False) == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "auto"}
-    assert serve.selector_env("force", "on", stats=False) == {
+    assert serve.selector_env("auto", None) == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "auto"}
+    assert serve.selector_env("force", "on") == {
         "GGML_CUDA_MAPPED_HOST_BRIDGE": "force",
         "LLAMA_BATCHED_TRANSFERS": "1",
     }
-    assert serve.selector_env(None, None, stats=False) == {}
+    assert serve.selector_env(None, None) == {}
     with pytest.raises(UsageError):
         serve.selector_env("yes", None)
 
