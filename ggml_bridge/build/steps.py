@@ -198,6 +198,8 @@ class Progress:
         if not m:
             return
         n, total = int(m.group(1)), int(m.group(2))
+        if total < self.total:
+            return  # a nested build's line (ggml-vulkan's shader generator is an ExternalProject): not ninja's own
         self.total = total
         decile = n * 10 // total
         if decile > self.decile:

@@ -207,6 +207,18 @@ def test_progress_logs_every_ten_percent(capsys: pytest.CaptureFixture[str]) -> 
     assert [line.split("]")[0].strip("[ ") for line in lines] == [f"{n}%" for n in range(10, 101, 10)]
 
 
+def test_progress_ignores_a_nested_builds_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    """ggml-vulkan builds its shader generator as an ExternalProject whose own ninja prints "[1/2]", "[2/2]" among
+    the outer build's lines: they are not the build's progress (they logged "[ 50%] 1/2", "[100%] 2/2")."""
+    p = build.Progress(clock=lambda: 0.0)
+    p("[1/900] Creating directories for 'vulkan-shaders-gen'")
+    p("[1/2] Building CXX object CMakeFiles/vulkan-shaders-gen.dir/vulkan-shaders-gen.cpp.o")
+    p("[2/2] Linking CXX executable vulkan-shaders-gen")
+    p("[90/900] Building CXX object x.o")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "%]" in line]
+    assert lines == ["    [ 10%] 90/900 (0s)"], lines
+
+
 def _fake_cuda(tmp_path: Path, with_cublas: bool) -> Path:
     root = tmp_path / "cuda"
     (root / "bin").mkdir(parents=True)
