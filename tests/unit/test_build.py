@@ -545,3 +545,17 @@ def test_vulkan_cmake_options_and_build_key(settings: config.Settings, tmp_path:
     assert f"-DVulkan_INCLUDE_DIR={usr / 'include'}" in args and "-DSAM3D_BATCHED_TRANSFERS=ON" in args
     cpu_args = build.cmake_args(settings, src, "patched", "cpu", tools)
     assert not any("VULKAN" in a.upper() for a in cpu_args)
+
+
+def test_build_targets_narrow_the_programs_and_key_the_build(make_settings) -> None:  # type: ignore[no-untyped-def]
+    """``build.targets``: only those programs (llama-server always), a build dir of their own; empty: all, with the
+    key of a build made before the setting existed."""
+    full = build.ensure(make_settings(), "patched")
+    assert "llama-bench" in full.binaries
+    few = build.ensure(make_settings(build__targets=["llama-perplexity"]), "patched")
+    assert set(few.binaries) == {"llama-server"} and few.build_dir != full.build_dir
+    shared = build.ensure_shared(make_settings(build__targets=["llama-server"]), ["upstream", "patched"])
+    assert all(set(r.binaries) == {"llama-server"} for r in shared)
+    assert build.ensure(make_settings(), "patched").up_to_date, "the full build is untouched"
+    with pytest.raises(UsageError, match="unknown build target.*llama-cli"):
+        make_settings(build__targets=["llama-cli"])
