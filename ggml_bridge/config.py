@@ -30,6 +30,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+#: The programs a build makes when the tree defines them, in this order (llama-server is required); ``build.targets``
+#: may narrow them. The build stage's own list (:data:`ggml_bridge.build.WANTED_TARGETS`) is this one.
+BUILD_TARGETS = (
+    "llama-server",
+    "llama-bench",
+    "llama-perplexity",
+    "test-batched-transfers",
+    "test-mapped-host-bridge",
+    "ggml-rpc-server",
+)
 #: ``--backend`` values (``auto`` never picks vulkan: it is asked for by name).
 BACKENDS = ("auto", "cpu", "cuda", "vulkan")
 #: Sections of Settings (config tables), each a dataclass its stage reads.
@@ -85,6 +95,10 @@ class BuildSettings:
 
     cmake_args: list[str] = field(default_factory=list)
     """Extra CMake arguments, appended last (the CMAKE_ARGS environment variable adds to these)."""
+
+    targets: list[str] = field(default_factory=list)
+    """Build only these of the programs a build makes (llama-server always), e.g. ``["llama-server",
+    "llama-perplexity", "test-batched-transfers"]`` for a test build; empty: all of them. Part of the build key."""
 
 
 @dataclass
@@ -230,6 +244,13 @@ def validate(settings: Settings) -> None:
             f"invalid CUDA architecture {b.cuda_arch!r}",
             why="CMAKE_CUDA_ARCHITECTURES takes native, all, all-major, or numbers such as 90 or 86;90",
             fix="pass e.g. --cuda-arch 90",
+        )
+    unknown = [t for t in b.targets if t not in BUILD_TARGETS]
+    if unknown:
+        raise UsageError(
+            f"unknown build target(s) {', '.join(unknown)}",
+            why=f"a build makes {', '.join(BUILD_TARGETS)}",
+            fix="list some of those in [build] targets, or leave it empty for all",
         )
     if b.jobs < 0:
         raise UsageError(f"invalid job count {b.jobs}", why="it must be 0 (one per core) or more")

@@ -124,7 +124,7 @@ def ensure(
 
     ui = uimod.ensure(settings, src)
     args = cmake_args(settings, src, variant, backend, tools)
-    key = build_key(tree, series, variant, backend, args, tools, ui)
+    key = build_key(tree, series, variant, backend, args, tools, ui, settings.build.targets)
     build_dir = settings.cache_dir / "builds" / f"{variant}-{backend}-{key[:16]}"
     pointer = latest_path(settings, variant, backend) if record_latest else None
 
@@ -152,7 +152,7 @@ def ensure(
         env = {"GIT_CEILING_DIRECTORIES": str(src.parent)}
         with step(f"configure {variant}/{backend} ({len(args)} CMake options) in {build_dir}"):
             steps.configure(tools, src, build_dir, args, log_file, env)
-        targets = select_targets(tools, build_dir, log_file)
+        targets = select_targets(tools, build_dir, log_file, settings.build.targets)
         jobs = settings.build.jobs or os.cpu_count() or 1
         with step(f"build {', '.join(targets)} with {jobs} job(s)"), uimod.placed(settings, src, ui):
             steps.compile_targets(tools, build_dir, targets, jobs, log_file, env)

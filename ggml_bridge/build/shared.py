@@ -111,6 +111,7 @@ def ensure_shared(
         [a for v in order for a in [v, *args[v]]],
         tools,
         ui,
+        settings.build.targets,
     )
     root = settings.cache_dir / "builds" / f"shared-{backend}-{key[:16]}"
 
@@ -187,13 +188,18 @@ def _shared_build(
             if not upstream_built:  # nopeer alone: the upstream objects first
                 with uimod.placed(settings, src, ui):
                     steps.compile_targets(
-                        tools, build_dir, select_targets(tools, build_dir, log_file), jobs, log_file, env
+                        tools,
+                        build_dir,
+                        select_targets(tools, build_dir, log_file, settings.build.targets),
+                        jobs,
+                        log_file,
+                        env,
                     )
-            targets = select_targets(tools, build_dir, log_file)
+            targets = select_targets(tools, build_dir, log_file, settings.build.targets)
             with step("upstream-nopeer: recompile ggml-cuda.cu with -DGGML_CUDA_NO_PEER_COPY, relink"):
                 bins = _nopeer_relink(tools, build_dir, root / v / "bin", targets, log_file, env)
         else:
-            targets = select_targets(tools, build_dir, log_file)
+            targets = select_targets(tools, build_dir, log_file, settings.build.targets)
             with step(f"{v}: build {', '.join(targets)} with {jobs} job(s)"), uimod.placed(settings, src, ui):
                 steps.compile_targets(tools, build_dir, targets, jobs, log_file, env)
             uimod.check_embedded(build_dir, ui)

@@ -10,26 +10,19 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .. import __version__, cache, modes
 from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import ui as uimod
-from ..config import Settings
+from ..config import BUILD_TARGETS, Settings
 from ..errors import BuildError
 from ..runner import log, run
 from .toolchain import Toolchain
 
-#: Targets built when the tree defines them, in this order. llama-server is required.
-WANTED_TARGETS = (
-    "llama-server",
-    "llama-bench",
-    "llama-perplexity",
-    "test-batched-transfers",
-    "test-mapped-host-bridge",
-    "ggml-rpc-server",
-)
+#: Targets built when the tree defines them, in this order (``build.targets`` may narrow them). llama-server is required.
+WANTED_TARGETS = BUILD_TARGETS
 REQUIRED_TARGETS = ("llama-server",)
 #: Turned OFF when the tree's CMakeLists mention them. The web UI is never built by CMake (npm) nor downloaded
 #: (LLAMA_USE_PREBUILT_UI): :mod:`ggml_bridge.ui` builds it from the tree and places it where upstream embeds it.
@@ -101,8 +94,9 @@ def build_key(
     args: list[str],
     tools: Toolchain,
     ui: uimod.UiAssets | None = None,
+    targets: Sequence[str] = (),
 ) -> str:
-    ident = {
+    ident: dict[str, Any] = {
         "ui": ui.sha256 if ui else None,
         "tree": tree.key,
         "content": tree.content_sha256,
@@ -116,6 +110,8 @@ def build_key(
         "nvcc": tools.cuda.version if tools.cuda else None,
         "vulkan_headers": tools.vulkan.header_version if tools.vulkan else None,
     }
+    if targets:  # (only then: the keys of full builds stay as they were)
+        ident["targets"] = sorted(targets)
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
@@ -144,7 +140,7 @@ def configure(
         )
 
 
-def select_targets(tools: Toolchain, build_dir: Path, log_file: Path) -> list[str]:
+def select_targets(tools: Toolchain, build_dir: Path, log_file: Path, only: Sequence[str] = ()) -> list[str]:
     res = run([tools.ninja.path, "-C", build_dir, "-t", "targets", "all"], error=BuildError)
     defined = {line.split(":", 1)[0].strip() for line in res.stdout.splitlines() if ":" in line}
     missing = [t for t in REQUIRED_TARGETS if t not in defined]
@@ -154,8 +150,9 @@ def select_targets(tools: Toolchain, build_dir: Path, log_file: Path) -> list[st
             why="`ninja -t targets all` after configure does not list it",
             fix="check that --source is a llama.cpp tree with tools/server (LLAMA_BUILD_SERVER)",
         )
-    chosen = [t for t in WANTED_TARGETS if t in defined]
-    skipped = [t for t in WANTED_TARGETS if t not in defined]
+    wanted = [t for t in WANTED_TARGETS if not only or t in only or t in REQUIRED_TARGETS]
+    chosen = [t for t in wanted if t in defined]
+    skipped = [t for t in wanted if t not in defined]
     if skipped:
         log(f"    not defined by this tree, skipped: {', '.join(skipped)}")
     return chosen
@@ -198,6 +195,8 @@ class Progress:
         if not m:
             return
         n, total = int(m.group(1)), int(m.group(2))
+        if total < self.total:
+            return  # a nested build's line (ggml-vulkan's shader generator is an ExternalProject): not ninja's own
         self.total = total
         decile = n * 10 // total
         if decile > self.decile:

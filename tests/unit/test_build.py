@@ -207,6 +207,18 @@ def test_progress_logs_every_ten_percent(capsys: pytest.CaptureFixture[str]) -> 
     assert [line.split("]")[0].strip("[ ") for line in lines] == [f"{n}%" for n in range(10, 101, 10)]
 
 
+def test_progress_ignores_a_nested_builds_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    """ggml-vulkan builds its shader generator as an ExternalProject whose own ninja prints "[1/2]", "[2/2]" among
+    the outer build's lines: they are not the build's progress (they logged "[ 50%] 1/2", "[100%] 2/2")."""
+    p = build.Progress(clock=lambda: 0.0)
+    p("[1/900] Creating directories for 'vulkan-shaders-gen'")
+    p("[1/2] Building CXX object CMakeFiles/vulkan-shaders-gen.dir/vulkan-shaders-gen.cpp.o")
+    p("[2/2] Linking CXX executable vulkan-shaders-gen")
+    p("[90/900] Building CXX object x.o")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "%]" in line]
+    assert lines == ["    [ 10%] 90/900 (0s)"], lines
+
+
 def _fake_cuda(tmp_path: Path, with_cublas: bool) -> Path:
     root = tmp_path / "cuda"
     (root / "bin").mkdir(parents=True)
@@ -533,3 +545,17 @@ def test_vulkan_cmake_options_and_build_key(settings: config.Settings, tmp_path:
     assert f"-DVulkan_INCLUDE_DIR={usr / 'include'}" in args and "-DSAM3D_BATCHED_TRANSFERS=ON" in args
     cpu_args = build.cmake_args(settings, src, "patched", "cpu", tools)
     assert not any("VULKAN" in a.upper() for a in cpu_args)
+
+
+def test_build_targets_narrow_the_programs_and_key_the_build(make_settings) -> None:  # type: ignore[no-untyped-def]
+    """``build.targets``: only those programs (llama-server always), a build dir of their own; empty: all, with the
+    key of a build made before the setting existed."""
+    full = build.ensure(make_settings(), "patched")
+    assert "llama-bench" in full.binaries
+    few = build.ensure(make_settings(build__targets=["llama-perplexity"]), "patched")
+    assert set(few.binaries) == {"llama-server"} and few.build_dir != full.build_dir
+    shared = build.ensure_shared(make_settings(build__targets=["llama-server"]), ["upstream", "patched"])
+    assert all(set(r.binaries) == {"llama-server"} for r in shared)
+    assert build.ensure(make_settings(), "patched").up_to_date, "the full build is untouched"
+    with pytest.raises(UsageError, match="unknown build target.*llama-cli"):
+        make_settings(build__targets=["llama-cli"])
