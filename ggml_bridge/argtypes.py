@@ -1,11 +1,20 @@
 """Checked argparse ``type=`` callables for numeric options: a value out of range is argparse's usage error
-(exit 2, one line naming the option), never a traceback later (``--timeout nan``, ``--rounds -1``)."""
+(exit 2, one line naming the option), never a traceback later (``--timeout nan``, ``--rounds -1``); and
+:func:`user_path`, the one way a path the user typed has its ``~`` expanded."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 from typing import Callable
+
+
+def user_path(text: str | os.PathLike[str]) -> Path:
+    """``text`` with ``~`` / ``~user`` expanded as the shell does: an unknown user leaves it as it is (a path
+    that then does not exist), where ``Path.expanduser`` raises RuntimeError."""
+    return Path(os.path.expanduser(text))
 
 
 def count(minimum: int = 1, maximum: int = 2**31 - 1) -> Callable[[str], int]:

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from . import modes
 from . import pin as pinmod
+from .argtypes import user_path
 from .errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -265,7 +266,7 @@ def _choice(value: str, choices: tuple[str, ...], what: str) -> None:
 
 def _read_config(explicit: Path | str | None, cwd: Path) -> tuple[Path | None, dict[str, Any]]:
     if explicit:
-        path = Path(explicit).expanduser()
+        path = user_path(explicit)
         if not path.is_absolute():
             path = cwd / path
         if not path.is_file():
@@ -365,7 +366,7 @@ def _coerce(current: Any, value: Any, *, key: str, origin: str, base: Path) -> A
                 why="an empty value would silently mean the current directory",
                 fix="give a directory, or leave the setting out for the default",
             )
-        p = Path(value).expanduser()
+        p = user_path(value)
         return p if p.is_absolute() else (base / p)
     if isinstance(current, list):
         if isinstance(value, str):

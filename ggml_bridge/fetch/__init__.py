@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from .. import cache
 from .. import pin as pinmod
+from ..argtypes import user_path
 from ..config import Settings
 from ..errors import ChecksumError, FetchError, SourceError, UnknownRefError, UsageError
 from ..runner import log, step
@@ -113,7 +114,7 @@ def obtain(settings: Settings, source_spec: str | None = None, allow_unpinned: b
 
 
 def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned: bool) -> Tree:
-    path = Path(spec).expanduser()
+    path = user_path(spec)
     if path.is_dir():
         return _from_directory(settings, pin, path.resolve(), allow_unpinned)
     if path.is_file():

@@ -20,6 +20,7 @@ from .. import cache
 from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import pin as pinmod
+from ..argtypes import user_path
 from ..config import Settings
 from ..errors import (
     BuildError,
@@ -505,7 +506,7 @@ def _require_clean_checkout(onto: str, check: bool) -> None:
     """A local checkout with uncommitted changes has no commit to pin: refuse it (allowed, with a note, in --check)."""
     import git
 
-    path = Path(onto).expanduser()
+    path = user_path(onto)
     if not (path.is_dir() and (path / ".git").exists()):
         return
     try:

@@ -15,6 +15,7 @@ from .. import cache
 from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import pin as pinmod
+from ..argtypes import user_path
 from ..config import Settings
 from ..errors import BuildError, PatchError
 from ..runner import log
@@ -211,7 +212,7 @@ def sdist_source(tree: fetchmod.Tree, onto: str) -> pinmod.SdistSource | None:
         filename = f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}.tar.gz"
         subdir = None
     else:
-        path = Path(onto).expanduser()
+        path = user_path(onto)
         fm = re.match(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>\d[^/]*?)\.tar\.gz$", path.name)
         if not (fm and path.is_file()):
             return None

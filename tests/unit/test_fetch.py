@@ -555,3 +555,15 @@ def test_pin_without_commit_needs_an_sdist(tmp_path: Path) -> None:
     f.write_text('[upstream]\nurl = "x"\ntag = "b7"\n[[source]]\nkind = "git"\nurl = "x"\n')
     with pytest.raises(UsageError, match="upstream.commit is missing"):
         pin.load(f)
+
+
+def test_tilde_of_an_unknown_user_is_a_path_that_does_not_exist(settings: config.Settings, tmp_path: Path) -> None:
+    """``~user`` of a user that does not exist is left as it is, as the shell does (pathlib's expanduser raised
+    RuntimeError: a traceback; test_properties found it with the source ``~0``)."""
+    from ggml_bridge.errors import FatalError
+
+    with pytest.raises(FatalError) as e:
+        fetch.obtain(settings, "~no-such-user-ggml-bridge")
+    assert "~no-such-user-ggml-bridge" in str(e.value)
+    loaded = config.load({"cache_dir": "~no-such-user-ggml-bridge/c"}, env={}, cwd=tmp_path)
+    assert loaded.cache_dir == tmp_path / "~no-such-user-ggml-bridge" / "c"
