@@ -171,8 +171,9 @@ def test_added_latency_is_twice_the_one_way_delay_per_round_trip():
         proxied = statistics.median(rtts(sh0.endpoint))
     echo.close()
     added = through - proxied
-    # 10 ms added per round trip; the timers of a busy machine may add a little, never take any away
-    assert 0.0099 <= added <= 0.0115, (direct, proxied, through, late)
+    # 10 ms added per round trip: never less; the timers of a busy machine add a little (11.9 ms seen at load 6), so
+    # the upper bound only catches a wrong delay (once per round trip: 5 ms; three or four times: 15-20 ms)
+    assert 0.0099 <= added < 0.015, (direct, proxied, through, late)
 
 
 def test_stop_with_connections_open_leaves_no_thread_and_is_bounded():
