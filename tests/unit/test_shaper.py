@@ -166,14 +166,16 @@ def test_added_latency_is_twice_the_one_way_delay_per_round_trip():
     direct = statistics.median(rtts(echo.addr))
     with shaper.Shaper(echo.addr, shaper.parse_link("unlimited/5ms")) as sh:
         through = statistics.median(rtts(sh.endpoint))
-        late = sh.stats()["up"]["late_mean_us"]
+        stats = sh.stats()
+        late = stats["up"]["late_mean_us"] + stats["down"]["late_mean_us"]
     with shaper.Shaper(echo.addr, shaper.parse_link("unlimited/0")) as sh0:
         proxied = statistics.median(rtts(sh0.endpoint))
     echo.close()
     added = through - proxied
-    # 10 ms added per round trip: never less; the timers of a busy machine add a little (11.9 ms seen at load 6), so
-    # the upper bound only catches a wrong delay (once per round trip: 5 ms; three or four times: 15-20 ms)
-    assert 0.0099 <= added < 0.015, (direct, proxied, through, late)
+    # 10 ms added per round trip: never less; on a busy machine the shaper's timers wake late (11.9 ms seen at load 6,
+    # more at nice 19), and it measures that lateness itself: beyond 10 ms, only what it reports as late (up plus
+    # down, and a scheduling margin) may be added, so a wrong delay (15-20 ms for three or four) still fails
+    assert 0.0099 <= added <= 0.010 + late / 1e6 + 0.002, (direct, proxied, through, late)
 
 
 def test_stop_with_connections_open_leaves_no_thread_and_is_bounded():
