@@ -27,33 +27,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-580}
 STEPS=${*:-build tests ladder bench rpc ladder-rest}
 
-log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/summary.txt"; }
-left() { echo $((BUDGET - SECONDS)); }
-# run "NAME NEED_S LIMIT_S command...": only when NEED_S seconds are left; killed after min(LIMIT_S, time left)
-step() {
-    local name=$1 need=$2 limit=$3 rc; shift 3
-    if [ "$(left)" -lt "$need" ]; then log "SKIPPED $name: $(left)s left, needs ~${need}s"; return 0; fi
-    [ "$limit" -gt "$(left)" ] && limit=$(left)
-    log "$name (limit ${limit}s)"
-    timeout --kill-after=5 "$limit" "$@" > "$OUT/$name.txt" 2>&1; rc=$?
-    log "  $name rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)')"
-    return $rc
-}
-# a lent machine returns only a few files of $OUT: on every exit, everything but the summary becomes one archive
-bundle() {
-    # a file over 2 MB would crowd the archive out of what comes back (16 MiB a file): logs keep head and tail
-    find "$OUT" -type f -size +2M ! -name summary.txt | while read -r f; do
-        case "$f" in
-            *.log|*.txt|*.csv) { head -n 200 "$f"; echo "[... $(wc -l < "$f") lines in all, cut by prove.sh ...]"; tail -n 400 "$f"; } > "$f.cut" && mv "$f.cut" "$f" ;;
-            *) echo "dropped $(du -h "$f" | cut -f1) ${f#"$OUT"/}" >> "$OUT/summary.txt"; rm -f "$f" ;;
-        esac
-    done
-    tar czf /tmp/prove-results.tar.gz -C "$OUT" --exclude=./summary.txt . \
-        && find "$OUT" -mindepth 1 ! -name summary.txt -delete && mv /tmp/prove-results.tar.gz "$OUT/results.tar.gz"
-}
+# shellcheck source=scripts/gpu/steps.sh
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 trap bundle EXIT
-gb=(python3 -m ggml_bridge)  # `timeout` runs programs, not shell functions
-want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv,noheader | tee -a "$OUT/summary.txt"
 # one GPU: no NO_PEER_COPY variant (nothing to copy between GPUs), virtual cards (GGML_CUDA_DEVICES) with the bridge

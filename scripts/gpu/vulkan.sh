@@ -22,24 +22,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-570}
 STEPS=${*:-vulkaninfo build tests ladder bench}
 
-log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/summary.txt"; }
-left() { echo $((BUDGET - SECONDS)); }
-step() {
-    local name=$1 need=$2 limit=$3 rc; shift 3
-    if [ "$(left)" -lt "$need" ]; then log "SKIPPED $name: $(left)s left, needs ~${need}s"; return 0; fi
-    [ "$limit" -gt "$(left)" ] && limit=$(left)
-    log "$name (limit ${limit}s)"
-    timeout --kill-after=5 "$limit" "$@" > "$OUT/$name.txt" 2>&1; rc=$?
-    log "  $name rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)')"
-    return $rc
-}
-bundle() {
-    tar czf /tmp/vulkan-results.tar.gz -C "$OUT" --exclude=./summary.txt . \
-        && find "$OUT" -mindepth 1 ! -name summary.txt -delete && mv /tmp/vulkan-results.tar.gz "$OUT/results.tar.gz"
-}
+# shellcheck source=scripts/gpu/steps.sh
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 trap bundle EXIT
-gb=(python3 -m ggml_bridge)
-want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv,noheader 2>&1 | tee -a "$OUT/summary.txt"
 ls -l /usr/share/vulkan/icd.d/ /etc/vulkan/icd.d/ >> "$OUT/summary.txt" 2>&1
