@@ -77,6 +77,12 @@ def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     assert (report_dir / "microbench.png").stat().st_size > 1000
 
 
+def _report(args, env):  # type: ignore[no-untyped-def]
+    """Run the bench (it must exit 0) and read the bench.json it wrote into args.report."""
+    assert bench.bench(args, env.settings) == 0
+    return json.loads((Path(args.report) / "bench.json").read_text())
+
+
 def test_not_engaged_bridge_fails_and_is_reported(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NO_ENGAGE", "1")
     report_dir = tmp_path / "r"
@@ -122,8 +128,7 @@ def test_batched_suite_requires_async_counts(variants, env, tmp_path):
         suite="batched",
         microbench=False,
     )
-    assert bench.bench(args, env.settings) == 0
-    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    rep = _report(args, env)
     assert rep["ratios"]["off"]["batched"]["tg128"]["ratio"] == pytest.approx(103.0 / 99.0)
     order = env.order.read_text().splitlines()
     assert all("patched" in line for line in order) and len(order) == 4
@@ -231,8 +236,7 @@ def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monke
         microbench=False,
         build=False,
     )
-    assert bench.bench(args, env.settings) == 0
-    rep = json.loads((tmp_path / "r2" / "bench.json").read_text())
+    rep = _report(args, env)
     assert built == [] and [c["name"] for c in rep["cases"]] == ["upstream-p2p"]
     assert any("bridge: no patched build" in s for s in rep["skipped"])
 
@@ -273,8 +277,7 @@ def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monke
         cases="upstream-p2p,bridge",
         microbench=False,
     )
-    assert bench.bench(args, env.settings) == 0
-    rep = json.loads((report_dir / "bench.json").read_text())
+    rep = _report(args, env)
     assert rep["warmup_reps"] == 1
     pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
     # llama-bench ran 3 repetitions; the cold first one (50.0) is gone, the two kept are full speed
@@ -291,8 +294,7 @@ def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monke
         microbench=False,
         warmup_reps=0,
     )
-    assert bench.bench(args, env.settings) == 0
-    rep = json.loads((tmp_path / "r0" / "bench.json").read_text())
+    rep = _report(args, env)
     pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
     assert pp["values"] == pytest.approx([50.0, 100.0])  # without warm-up the cold repetition counts
 
@@ -357,8 +359,7 @@ def test_ubatch_and_tg_override_the_suite(variants, env, tmp_path):
         ubatch="4096",
         tg=0,
     )
-    assert bench.bench(args, env.settings) == 0
-    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    rep = _report(args, env)
     assert rep["tests"] == ["pp4096/ub4096"]  # no ub512, no tg: shorter processes
     assert rep["settings"]["ubatch"] == [4096] and rep["settings"]["tg"] == 0
     assert rep["ratios"]["upstream-p2p"]["bridge"]["pp4096/ub4096"]["ratio"] == pytest.approx(0.97)
@@ -384,8 +385,7 @@ def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
         microbench=False,
         time_budget=1e-6,
     )
-    assert bench.bench(args, env.settings) == 0
-    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    rep = _report(args, env)
     # the first round always runs; the second would end past the budget
     assert rep["rounds"] == 1 and rep["rounds_planned"] == 5
     assert "1 of 5 rounds" in rep["stopped"]
@@ -403,8 +403,7 @@ def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
         microbench=False,
         time_budget=3600,
     )
-    assert bench.bench(args, env.settings) == 0
-    rep = json.loads((tmp_path / "r2" / "bench.json").read_text())
+    rep = _report(args, env)
     assert rep["rounds"] == 3 and rep["stopped"] == ""
 
 
@@ -456,8 +455,7 @@ def test_report_carries_the_build_manifests(variants, env, tmp_path):
         cases="upstream-p2p,bridge",
         microbench=False,
     )
-    assert bench.bench(args, env.settings) == 0
-    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    rep = _report(args, env)
     got = rep["manifests"]["patched"]
     assert got["cmake_args"] == manifest["cmake_args"] and got["series_hash"] == manifest["series_hash"]
     assert got["upstream"] == manifest["upstream"] and got["file"] == str(variants / "patched" / "manifest.json")
@@ -483,8 +481,7 @@ def test_smi_records_the_gpu_state_of_every_process(variants, env, tmp_path, mon
         microbench=False,
         smi=20,
     )
-    assert bench.bench(args, env.settings) == 0
-    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    rep = _report(args, env)
     assert rep["smi"]["samples"] > 0 and rep["smi"]["file"] == "logs/smi.csv"
     assert ("clocks_event_reasons.active" in rep["smi"]["fields"]) == reasons
     assert len(rep["runs"]) == 4
@@ -593,8 +590,7 @@ def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, env, tmp
         suite="batched-pp-6dev",
         microbench=False,
     )
-    assert bench.bench(args, env.settings) == 0
-    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    rep = _report(args, env)
     names = [c["name"] for c in rep["cases"]]
     assert set(names) == {"off", "batched", "bridge-force", "bridge-force-batched"}
     forced = next(c for c in rep["cases"] if c["name"] == "bridge-force")
@@ -602,6 +598,5 @@ def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, env, tmp
     # with as many GPUs as devices, auto is what users run and is measured as such
     monkeypatch.setattr(bench, "n_gpus", lambda: 6)
     args.report = tmp_path / "r6"
-    assert bench.bench(args, env.settings) == 0
-    rep = json.loads((tmp_path / "r6" / "bench.json").read_text())
+    rep = _report(args, env)
     assert {c["name"] for c in rep["cases"]} == {"off", "batched", "bridge", "bridge-batched"}
