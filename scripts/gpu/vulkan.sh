@@ -50,6 +50,17 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     && export PYTHONPATH=/tmp/site:$repo || { log "cannot install the carried wheels"; exit 1; }
 mkdir -p "$GGML_BRIDGE_CACHE_DIR/sdists" && cp .carry/*.tar.gz "$GGML_BRIDGE_CACHE_DIR/sdists/"
 
+# The driver's manifest names libGLX_nvidia.so.0, which needs an X display: on a headless server it loads but
+# returns no vkCreateInstance ("Found no drivers"). The same driver's EGL library is a Vulkan ICD that works
+# without a display; when the system manifest names GLX and the EGL library is there, use a manifest naming it.
+sysicd=$(ls /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json 2>/dev/null | head -1)
+egl=$( (ldconfig -p | awk '/libEGL_nvidia\.so\.0 / {print $NF}'; ls /usr/lib/libEGL_nvidia.so.0 /usr/local/nvidia/lib64/libEGL_nvidia.so.0) 2>/dev/null | head -1)
+if [ -n "$sysicd" ] && [ -n "$egl" ] && grep -q libGLX_nvidia "$sysicd"; then
+    sed 's/libGLX_nvidia\.so\.0/libEGL_nvidia.so.0/' "$sysicd" > /tmp/vk-root/nvidia_egl_icd.json
+    export VK_DRIVER_FILES=/tmp/vk-root/nvidia_egl_icd.json VK_ICD_FILENAMES=/tmp/vk-root/nvidia_egl_icd.json
+    log "Vulkan ICD: $sysicd names libGLX_nvidia.so.0 (needs X); using libEGL_nvidia.so.0 ($VK_DRIVER_FILES)"
+fi
+
 # 2. does the GPU appear as a Vulkan device?
 if want vulkaninfo; then
     missing=$(LD_LIBRARY_PATH=$LD_LIBRARY_PATH ldd /tmp/vk-root/usr/bin/vulkaninfo | awk '/not found/ {print $1}')
@@ -92,6 +103,23 @@ if want tests; then
     grep -E "passed|FAIL" "$OUT/test-batched-transfer-queue.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
     step test-batched-perf-logger 15 120 env GGML_VK_PERF_LOGGER=1 "$pbin/test-batched-transfers" --model /tmp/tiny.gguf
     grep -E "passed|FAIL" "$OUT/test-batched-perf-logger.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
+    if grep -q "GGML_ASSERT" "$OUT/test-batched-perf-logger.txt" && command -v gdb > /dev/null; then
+        # where it aborted, by function: the build has symbols but no line tables
+        step perf-logger-gdb 15 120 env GGML_VK_PERF_LOGGER=1 gdb -q -batch -ex run -ex bt \
+            --args "$pbin/test-batched-transfers" --model /tmp/tiny.gguf
+        grep -E "^#[0-9]+ " "$OUT/perf-logger-gdb.txt" | head -n 14 | cut -c1-200 | tee -a "$OUT/summary.txt"
+    elif grep -q "GGML_ASSERT" "$OUT/test-batched-perf-logger.txt"; then
+        # no gdb: the backtrace's offsets by the binary's symbol table (a PIE: nm's addresses are offsets)
+        nm -C --defined-only "$pbin/test-batched-transfers" > "$OUT/nm.txt"
+        python3 - "$OUT/nm.txt" "$OUT/test-batched-perf-logger.txt" <<'PY' | tee -a "$OUT/summary.txt"
+import bisect, re, sys
+syms = sorted((int(a, 16), n) for a, _, n in (l.rstrip("\n").split(" ", 2) for l in open(sys.argv[1])) if a)
+keys = [a for a, _ in syms]
+for off in re.findall(r"test-batched-transfers\(\+(0x[0-9a-f]+)\)", open(sys.argv[2], errors="replace").read()):
+    i = bisect.bisect_right(keys, int(off, 16)) - 1
+    print(off, syms[i][1][:160] if i >= 0 else "?")
+PY
+    fi
 fi
 
 if want ladder; then

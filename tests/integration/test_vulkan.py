@@ -141,3 +141,51 @@ def test_vulkan_ladder_on_lavapipe(real_vulkan_build, real_tree, tmp_path: Path)
     # the perf-logger rung ran ggml-vulkan's timestamp logger (its per-graph table) with batching on: the drain
     logged = (tmp_path / "rep" / "tiny-f16-2dev-perf-logger" / "batched" / "server.log").read_text(errors="replace")
     assert "Vulkan Timings:" in logged and "llama_batched_transfers: stats:" in logged
+
+
+def test_batched_transfer_program_under_the_vulkan_perf_logger(
+    real_vulkan_build, real_settings, real_tree, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """test-batched-transfers with ggml-vulkan's timestamp logger on (GGML_VK_PERF_LOGGER): batching drains its
+    uploads before compute, so every case passes, except the pipeline-parallel CPU-computed input, which upstream's
+    own path aborts on (see the next test); the program says it skips that one. Before the skip, the program
+    aborted there (GGML_ASSERT(ctx->compute_ctx.expired()), on lavapipe and on an H200, Dec 2) with batching off."""
+    prog = real_vulkan_build["patched"].binaries["test-batched-transfers"]
+    res = subprocess.run(
+        [str(prog), "--model", str(_tiny_model(real_settings, real_tree))],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={**os.environ, "GGML_VK_VISIBLE_DEVICES": "0", "GGML_VK_PERF_LOGGER": "1"},
+    )
+    out = res.stdout + res.stderr
+    (tmp_path / "test-batched-transfers.log").write_text(out)
+    assert res.returncode == 0, out[-4000:]
+    summary = re.search(r"^(\d+) passed, (\d+) failed$", res.stdout, re.MULTILINE)
+    assert summary and int(summary[1]) > 1000 and summary[2] == "0", out[-2000:]
+    assert "Vulkan Timings:" in out  # the logger ran
+    main = re.search(r"^main: stats: .*\bdrains=(\d+)", res.stdout, re.MULTILINE)
+    assert main and int(main[1]) > 0, out[-3000:]  # the drain before compute happened
+    assert "pipeline: CPU-computed inputs skipped: with GGML_VK_PERF_LOGGER upstream's own path aborts" in res.stdout
+    assert re.search(r"^pipeline: stats: .*async_uploads=[1-9]", res.stdout, re.MULTILINE), out[-3000:]
+
+
+def test_upstream_aborts_under_the_perf_logger_with_pipeline_parallelism(
+    real_vulkan_build, real_settings, real_tree, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Why the program above skips a case: the unpatched llama-perplexity, two Vulkan devices, every layer offloaded
+    (pipeline parallelism: the scheduler waits for input events with ggml_backend_event_wait, which opens Vulkan's
+    compute context), aborts when GGML_VK_PERF_LOGGER is set. When a rebase brings upstream's fix, this fails: then
+    the skip goes."""
+    ppl = real_vulkan_build["upstream"].binaries["llama-perplexity"]
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(["the quick brown fox jumps over the lazy dog"] * 60))
+    argv = [str(ppl), "-m", str(_tiny_model(real_settings, real_tree)), "-f", str(text), "-t", "2"]
+    argv += ["-c", "64", "-b", "64", "-ub", "16", "-ngl", "99", "-dev", "Vulkan0,Vulkan1"]
+    env = {**os.environ, **TWO_DEVICES, "GGML_VK_PERF_LOGGER": "1"}
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "GGML_ASSERT(ctx->compute_ctx.expired())" in out, out[-3000:]
+    # and the same run without the logger completes: the abort is the logger's
+    clean = subprocess.run(argv, capture_output=True, text=True, timeout=900, env={**os.environ, **TWO_DEVICES})
+    assert clean.returncode == 0 and "Final estimate: PPL" in clean.stdout + clean.stderr, clean.stderr[-3000:]
