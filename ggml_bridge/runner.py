@@ -349,6 +349,7 @@ class Process:
         """Kept lines dropped between the first KEEP_HEAD and the last KEEP_TAIL."""
         self._tail: deque[str] = deque(maxlen=tail)
         self._lock = threading.Lock()
+        self._last_line = time.monotonic()  # when the pump last took a line (settle())
         self._reader = threading.Thread(target=self._pump, name=f"pump-{popen.pid}", daemon=True)
         self._reader.start()
 
@@ -370,6 +371,7 @@ class Process:
                         written += len(text)
                 keep = self._keep is True or (callable(self._keep) and self._keep(line))
                 with self._lock:
+                    self._last_line = time.monotonic()
                     self._tail.append(line)
                     if keep:
                         if len(self._head) < self.KEEP_HEAD:
@@ -437,6 +439,18 @@ class Process:
                 log(f"    {Path(self.args[0]).name} (pid {self.pid}) did not stop in {timeout:.0f}s; killing it")
                 self.popen.kill()
         return self.wait()
+
+    def settle(self, quiet: float = 0.05, limit: float = 0.2) -> None:
+        """Until the pump has taken no line for ``quiet`` seconds (the child's burst of lines around an event, e.g.
+        a server's "listening", is in), at most ``limit`` seconds."""
+        end = time.monotonic() + limit
+        while True:
+            now = time.monotonic()
+            with self._lock:
+                idle = now - self._last_line
+            if idle >= quiet or now >= end:
+                return
+            time.sleep(min(quiet - idle, end - now))
 
     def lines(self) -> list[str]:
         """The kept lines (see ``keep``), or the tail when nothing is kept."""

@@ -352,8 +352,8 @@ class Server:
             if self.health() == 200:
                 info = logparse.parse(self.proc.lines())
                 if info.listening or info.model_loaded:
-                    # let the pump catch up with lines printed just before/after ready
-                    time.sleep(0.2)
+                    # the lines printed around ready: until the pump has been idle for 50 ms (at most 0.2 s)
+                    self.proc.settle()
                     self.ready_s = time.monotonic() - t0
                     return
             if time.monotonic() > deadline:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -292,6 +293,31 @@ def test_runner_start_stop_kills_a_process_that_ignores_sigterm(tmp_path):
     assert p.lines() == ["ready"] and (tmp_path / "log").read_text() == "ready\n"
 
 
+def test_runner_settle_waits_for_the_burst_of_lines_and_no_longer(tmp_path):
+    """settle(): returns once the pump has taken no line for `quiet` seconds (a line 0.15 s after the first is
+    in), and at `limit` when the child never pauses: what wait_ready does instead of a fixed 0.2 s sleep."""
+    from ggml_bridge import runner
+
+    code = "import sys, time\nprint('a', flush=True)\ntime.sleep(0.15)\nprint('b', flush=True)\ntime.sleep(60)\n"
+    p = runner.start([sys.executable, "-c", code], keep=True)
+    try:
+        t0 = time.monotonic()
+        while "a" not in p.lines() and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        p.settle(quiet=0.4, limit=5.0)
+        assert p.lines() == ["a", "b"]
+    finally:
+        p.stop(timeout=1.0)
+    chatty = "import time\nwhile True:\n    print('x', flush=True)\n    time.sleep(0.01)\n"
+    q = runner.start([sys.executable, "-c", chatty], keep=False)
+    try:
+        t0 = time.monotonic()
+        q.settle(quiet=0.2, limit=0.5)
+        assert 0.45 < time.monotonic() - t0 < 3.0  # bounded by the limit, not the quiet window
+    finally:
+        q.stop(timeout=1.0)
+
+
 def test_runner_start_missing_binary(tmp_path):
     from ggml_bridge import runner
 
@@ -382,14 +408,21 @@ def test_serve_without_selectors_leaves_the_arguments_alone():
 def test_signal_during_startup_stops_the_server(fake, sig):
     from ggml_bridge import runner
 
-    p = _cli_proc(fake, {"FAKE_LOAD_S": "60"}, "--server", str(fake.server), *srv_args(fake.model, serve.free_port()))
+    port = serve.free_port()
+    p = _cli_proc(fake, {"FAKE_LOAD_S": "60"}, "--server", str(fake.server), *srv_args(fake.model, port))
     try:
         t0 = time.monotonic()
         while not runner.descendants(p.pid) and time.monotonic() - t0 < 20:
             time.sleep(0.05)
         tree = runner.descendants(p.pid)
         assert tree, "the fake server never started"
-        time.sleep(0.5)  # into the start-up wait
+        # into the start-up wait: the server answers (503, loading) and the launcher polls it
+        while time.monotonic() - t0 < 20:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.02)
         p.send_signal(sig)
         rc = p.wait(20)
     finally:
