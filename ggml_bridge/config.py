@@ -42,7 +42,7 @@ BUILD_TARGETS = (
     "ggml-rpc-server",
 )
 #: ``--backend`` values (``auto`` never picks vulkan: it is asked for by name).
-BACKENDS = ("auto", "cpu", "cuda", "vulkan")
+BACKENDS = ("auto", *modes.BACKENDS)
 #: Sections of Settings (config tables), each a dataclass its stage reads.
 SECTIONS = ("fetch", "build", "serve", "rebase")
 #: Stages that read no settings from the config file (a table for them is an error saying so).

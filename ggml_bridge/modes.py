@@ -58,6 +58,39 @@ def selector_env(bridge: str | None, batched: str | None) -> dict[str, str]:
     return env
 
 
+# --- build backends ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    cuda: bool  # GGML_CUDA=ON (nvcc and cuBLAS needed)
+    vulkan: bool  # GGML_VULKAN=ON (Vulkan headers, loader, glslc and SPIRV-Headers needed)
+    about: str
+
+
+#: What ``build --backend`` compiles (``auto`` is resolved to cpu or cuda by the toolchain, never to vulkan). The CPU
+#: backend is in every build. ``cuda-vulkan``: both GPU backends in one build, so that one model can be split over a
+#: CUDA and a Vulkan device (a rig of an NVIDIA card and an AMD or Intel one).
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("cpu", False, False, "ggml's CPU backend only"),
+        Backend("cuda", True, False, "ggml-cuda"),
+        Backend("vulkan", False, True, "ggml-vulkan"),
+        Backend("cuda-vulkan", True, True, "ggml-cuda and ggml-vulkan in one build (a model split over both)"),
+    )
+}
+
+
+def backend(name: str) -> Backend:
+    """The build backend called ``name``; a UsageError naming the known ones otherwise."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise UsageError(f"unknown backend {name!r}", fix=f"use one of: auto, {', '.join(BACKENDS)}") from None
+
+
 # --- build variants ---------------------------------------------------------------------------------------
 
 #: The variant names (the keys of :data:`VARIANTS`).
@@ -110,7 +143,7 @@ def variant(name: str, where: str = "") -> Variant:
 
 def check_backend(v: Variant, backend: str, fix: str) -> None:
     """A CUDA-only variant on another backend is a UsageError."""
-    if v.cuda_only and backend != "cuda":
+    if v.cuda_only and not (backend in BACKENDS and BACKENDS[backend].cuda):
         raise UsageError(f"variant {v.name} only exists for the CUDA backend", why=f"the backend is {backend}", fix=fix)
 
 

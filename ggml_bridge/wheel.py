@@ -142,6 +142,12 @@ def plan(settings: Settings, *, cpu_variants: Sequence[str] = (), nvcc: str | No
     guesses from the build machine), CUDA architectures (``--cuda-arch`` or the table's list), the CPU variants
     (empty = all), then the user's CMAKE_ARGS last (they win, as in CMake)."""
     b = settings.build
+    if b.backend == "cuda-vulkan":
+        raise UsageError(
+            "a wheel is built for one GPU backend: cuda-vulkan is a build backend only",
+            why="the wheel's local version and runtime dependencies name one backend (+cu130 or +vulkan)",
+            fix="build a wheel with --backend cuda or --backend vulkan, or use `ggml-bridge build --backend cuda-vulkan`",
+        )
     args: list[str] = []
     runtime = None
     if cpu_variants:

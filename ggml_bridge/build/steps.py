@@ -69,14 +69,15 @@ def cmake_args(settings: Settings, src: Path, variant: str, backend: str, tools:
     opts["CMAKE_CXX_COMPILER"] = str(tools.cxx.path)
     opts["GGML_NATIVE"] = "ON" if settings.build.native else "OFF"
     opts["GGML_RPC"] = "ON"  # every variant: llama-server --rpc and ggml-rpc-server (docs/rpc.md)
-    if backend == "cuda":
+    kind = modes.backend(backend)
+    if kind.cuda:
         assert tools.cuda is not None
         opts["GGML_CUDA"] = "ON"
         opts["CMAKE_CUDA_COMPILER"] = str(tools.cuda.nvcc)
         opts["CMAKE_CUDA_ARCHITECTURES"] = settings.build.cuda_arch
     else:
         opts["GGML_CUDA"] = "OFF"
-    if backend == "vulkan":
+    if kind.vulkan:
         assert tools.vulkan is not None
         opts.update(tools.vulkan.cmake_args())
     for name, value in modes.variant(variant).cmake.items():

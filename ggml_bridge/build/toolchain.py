@@ -10,6 +10,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import modes
 from ..config import BACKENDS
 from ..errors import ToolchainError, UsageError
 from ..runner import log, run
@@ -86,26 +87,26 @@ class Toolchain:
 
 
 def resolve_backend(requested: str) -> tuple[str, CudaToolkit | None]:
-    """(cpu|cuda|vulkan, toolkit). ``auto`` picks cuda only when nvcc is found AND the toolkit has cuBLAS
-    headers; vulkan only when asked for (its pieces are checked by :func:`detect_vulkan`)."""
-    if requested in ("cpu", "vulkan"):
-        return requested, None
-    if requested not in ("auto", "cuda"):
+    """(a :data:`modes.BACKENDS` name, toolkit). ``auto`` picks cuda only when nvcc is found AND the toolkit has
+    cuBLAS headers; vulkan only when asked for (its pieces are checked by :func:`detect_vulkan`)."""
+    if requested != "auto" and requested not in BACKENDS:
         raise UsageError(f"unknown backend {requested!r}", fix=f"use one of: {', '.join(BACKENDS)}")
+    if requested != "auto" and not modes.backend(requested).cuda:
+        return requested, None
     cuda = detect_cuda()
     if cuda is not None and cuda.cublas_header is not None:
         if requested == "auto":
             log(f"backend auto: CUDA {cuda.version} with cuBLAS at {cuda.root}: building for cuda")
-        return "cuda", cuda
-    if requested == "cuda":
+        return ("cuda" if requested == "auto" else requested), cuda
+    if requested != "auto":
         if cuda is None:
             raise ToolchainError(
-                "the CUDA backend was requested but nvcc was not found",
+                f"the {requested} backend was requested but nvcc was not found",
                 why="no nvcc on PATH, $CUDACXX, $CUDA_HOME or /usr/local/cuda",
                 fix="install the CUDA toolkit (and put nvcc on PATH), or use --backend cpu",
             )
         raise ToolchainError(
-            f"the CUDA backend was requested but CUDA {cuda.version} at {cuda.root} has no cuBLAS",
+            f"the {requested} backend was requested but CUDA {cuda.version} at {cuda.root} has no cuBLAS",
             why="cublas_v2.h was not found in its include directories; ggml-cuda needs cuBLAS",
             fix="install the toolkit's cuBLAS development package (e.g. libcublas-dev), or use --backend cpu",
         )
@@ -137,8 +138,8 @@ def detect_cuda() -> CudaToolkit | None:
 
 
 def find_toolchain(cuda: CudaToolkit | None = None, backend: str | None = None) -> Toolchain:
-    """The build tools; with ``backend == "vulkan"`` also the Vulkan pieces (ToolchainError when one is missing)."""
-    vulkan = detect_vulkan() if backend == "vulkan" else None
+    """The build tools; for a backend with Vulkan also the Vulkan pieces (ToolchainError when one is missing)."""
+    vulkan = detect_vulkan() if backend is not None and modes.backend(backend).vulkan else None
     return Toolchain(
         find_cmake(),
         find_ninja(),

@@ -398,7 +398,7 @@ def run_rung(
 
 def default_ladder(settings: Settings) -> Path:
     backend = getattr(getattr(settings, "build", None), "backend", "cpu")
-    name = f"{backend}.toml" if backend in ("cuda", "vulkan") else "cpu.toml"
+    name = f"{backend}.toml" if backend in modes.BACKENDS else "cpu.toml"
     here = Path(__file__).resolve().parent  # ggml_bridge/ladder
     for root in (getattr(settings, "project_dir", None), here.parent.parent, here.parent / "_data"):
         if root is not None and (Path(root) / "ladders" / name).is_file():

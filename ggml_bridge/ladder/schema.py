@@ -21,7 +21,7 @@ else:  # pragma: no cover
 
 EXPECT_VALUES = ("engaged", "inactive", "either")
 #: the builds a ladder file may name (``backend``): whose latest upstream and patched builds it compares
-LADDER_BACKENDS = ("cpu", "cuda", "vulkan")
+LADDER_BACKENDS = tuple(modes.BACKENDS)
 SPLIT_MODES = ("none", "layer", "row", "tensor")
 
 
@@ -32,6 +32,9 @@ class Rung:
     seed: int = 1234
     devices: int = 0  # GPUs (CUDA_VISIBLE_DEVICES first N); 0 = CPU only
     virtual_devices: int | None = None  # GGML_CUDA_DEVICES: virtual cards over the GPUs
+    # devices the model is split over when server_args name more than the GPUs give (e.g. -dev CUDA0,Vulkan0 on
+    # one GPU): the log must show it on that many
+    split_devices: int | None = None
     split_mode: str = "layer"
     gpu_layers: int | None = None  # -ngl; default 999 with devices, 0 without
     ubatch: int = 512
@@ -66,7 +69,7 @@ class Rung:
         """Devices the model is meant to be split over (virtual cards count)."""
         if self.devices <= 0 or self.split_mode == "none":
             return 0 if self.devices <= 0 else 1
-        return self.virtual_devices or self.devices
+        return self.split_devices or self.virtual_devices or self.devices
 
     @property
     def multi_device(self) -> bool:
@@ -110,6 +113,7 @@ RUNG_INTS: dict[str, tuple[int, bool]] = {
     "n_predict": (1, False),
     "n_probs": (0, False),
     "virtual_devices": (1, True),
+    "split_devices": (1, True),
     "gpu_layers": (0, True),
     "ctx": (1, True),
     "ppl_ctx": (1, True),

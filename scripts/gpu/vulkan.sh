@@ -13,7 +13,9 @@
 #
 # Carry (git-ignored): .carry-vk/ (scripts/gpu/carry-vk.sh), .carry/<the pinned sdist>, .whl/ (as prove.sh).
 # Usage, from the repository root:  OUT=/tmp/out BUDGET=570 bash scripts/gpu/vulkan.sh [STEP ...]
-#   STEP: vulkaninfo build tests ladder bench (default: all, in this order)
+#   STEP: vulkaninfo build tests ladder bench mixed (default: all but mixed; steps run in the order above, mixed
+#   right after build); mixed: ggml-bridge build --backend cuda-vulkan (CUDA and Vulkan in one build, about 400 s on
+#   16 cores) and ladders/cuda-vulkan.toml, a model split over CUDA0 and Vulkan0 of the GPU
 set -uo pipefail
 repo=$(pwd)
 export PYTHONUNBUFFERED=1
@@ -83,12 +85,38 @@ if want build; then
         m=$("${gb[@]}" build --backend vulkan --variant "$v" --print-manifest 2>/dev/null) && cp "$m" "$OUT/manifests/$v.json"
     done
 fi
-bindir() { "${gb[@]}" build --backend vulkan --variant "$1" --print-bin-dir 2>/dev/null; }
-pbin=$(bindir patched) && ubin=$(bindir upstream) || { log "the Vulkan builds are not there: stopping"; exit 1; }
-bins=(--bin-dir-patched "$pbin" --bin-dir-upstream "$ubin")
+bindir() { "${gb[@]}" build --backend "${2:-vulkan}" --variant "$1" --print-bin-dir 2>/dev/null; }
 tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
 vocab=$tree/models/ggml-vocab-llama-spm.gguf
-env GGML_VK_VISIBLE_DEVICES=0,0 "$pbin/llama-server" --list-devices 2>&1 | grep -E "Vulkan|ggml_vulkan" | tee -a "$OUT/summary.txt"
+
+# a model split over a CUDA and a Vulkan device of the one GPU: ggml-cuda and ggml-vulkan in one build, then
+# ladders/cuda-vulkan.toml (upstream vs patched, batching off and on, byte for byte; a pinned pool per backend)
+if want mixed; then
+    step build-mixed 300 480 "${gb[@]}" build --backend cuda-vulkan --cuda-arch 90 --no-ui --shared-tree \
+        --variant upstream,patched
+    grep -E "^==>|done in|up to date|error|Error" "$OUT/build-mixed.txt" | tail -n 20 | tee -a "$OUT/summary.txt"
+    mkdir -p "$OUT/manifests-mixed"
+    for v in upstream patched; do
+        m=$("${gb[@]}" build --backend cuda-vulkan --variant "$v" --print-manifest 2>/dev/null) &&
+            cp "$m" "$OUT/manifests-mixed/$v.json"
+    done
+    if mp=$(bindir patched cuda-vulkan) && mu=$(bindir upstream cuda-vulkan); then
+        "$mp/llama-server" --list-devices 2>&1 | grep -E "CUDA|Vulkan" | tee -a "$OUT/summary.txt"
+        step ladder-mixed 40 200 "${gb[@]}" ladder --ladder ladders/cuda-vulkan.toml --vocab "$vocab" \
+            --bin-dir-patched "$mp" --bin-dir-upstream "$mu" --report "$OUT/ladder-mixed"
+        grep -E "^\[|==> ladder" "$OUT/ladder-mixed.txt" | tail -n 6 | tee -a "$OUT/summary.txt"
+        rm -f "$OUT"/ladder-mixed/*/*/*.bin 2>/dev/null
+    else
+        log "the CUDA + Vulkan builds are not there: no mixed ladder"
+    fi
+fi
+
+if want tests || want ladder || want bench; then
+    pbin=$(bindir patched) && ubin=$(bindir upstream) || { log "the Vulkan builds are not there: stopping"; exit 1; }
+    bins=(--bin-dir-patched "$pbin" --bin-dir-upstream "$ubin")
+    env GGML_VK_VISIBLE_DEVICES=0,0 "$pbin/llama-server" --list-devices 2>&1 | grep -E "Vulkan|ggml_vulkan" |
+        tee -a "$OUT/summary.txt"
+fi
 
 if want tests; then
     python3 -c "from ggml_bridge.model import write_model; import sys; write_model('/tmp/tiny.gguf', 'tiny', 1, sys.argv[1])" \

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import build, config
+from ggml_bridge import build, config, modes
 from ggml_bridge.errors import BuildError, NotBuiltError, ToolchainError, UsageError
 
 from conftest import FakeUpstream
@@ -450,7 +450,7 @@ def test_vulkan_is_a_backend_auto_never_picks(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(build.toolchain, "detect_cuda", lambda: None)
     assert build.resolve_backend("vulkan") == ("vulkan", None)
     assert build.resolve_backend("auto") == ("cpu", None)
-    with pytest.raises(UsageError, match="auto, cpu, cuda, vulkan"):
+    with pytest.raises(UsageError, match="auto, cpu, cuda, vulkan, cuda-vulkan"):
         build.resolve_backend("metal")
     assert "vulkan" in config.BACKENDS
 
@@ -545,6 +545,42 @@ def test_vulkan_cmake_options_and_build_key(settings: config.Settings, tmp_path:
     assert f"-DVulkan_INCLUDE_DIR={usr / 'include'}" in args and "-DSAM3D_BATCHED_TRANSFERS=ON" in args
     cpu_args = build.cmake_args(settings, src, "patched", "cpu", tools)
     assert not any("VULKAN" in a.upper() for a in cpu_args)
+
+
+def test_cuda_vulkan_builds_both_gpu_backends_and_needs_both_toolkits(
+    settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--backend cuda-vulkan``: ggml-cuda and ggml-vulkan in one build (a model split over a CUDA and a Vulkan
+    device); it needs nvcc with cuBLAS like cuda (the error names the backend asked for) and the Vulkan pieces like
+    vulkan; the CUDA-only variant exists for it."""
+    usr = fake_vulkan_root(tmp_path / "usr")
+    kit = build.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
+    cuda = build.toolchain.CudaToolkit(Path("/opt/cuda/bin/nvcc"), Path("/opt/cuda"), "13.0", Path("/opt/cuda/h"))
+    tools = build.Toolchain(
+        build.Tool(Path("cmake"), "3.25"),
+        build.Tool(Path("ninja"), "1.11"),
+        build.Tool(Path("/usr/bin/cc"), "gcc"),
+        build.Tool(Path("/usr/bin/c++"), "g++"),
+        cuda,
+        kit,
+    )
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "CMakeLists.txt").write_text("option(LLAMA_CURL x OFF)\n")
+    args = build.cmake_args(settings, src, "patched", "cuda-vulkan", tools)
+    assert (
+        "-DGGML_CUDA=ON" in args and "-DGGML_VULKAN=ON" in args and "-DCMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc" in args
+    )
+    assert f"-DVulkan_INCLUDE_DIR={usr / 'include'}" in args
+    assert not any("VULKAN" in a.upper() for a in build.cmake_args(settings, src, "patched", "cuda", tools))
+    monkeypatch.setattr(build.toolchain, "detect_cuda", lambda: None)
+    with pytest.raises(ToolchainError, match="the cuda-vulkan backend was requested but nvcc was not found"):
+        build.resolve_backend("cuda-vulkan")
+    monkeypatch.setattr(build.toolchain, "detect_cuda", lambda: cuda)
+    assert build.resolve_backend("cuda-vulkan") == ("cuda-vulkan", cuda)
+    modes.check_backend(modes.variant("upstream-nopeer"), "cuda-vulkan", fix="-")  # no error
+    with pytest.raises(UsageError, match="only exists for the CUDA backend"):
+        modes.check_backend(modes.variant("upstream-nopeer"), "vulkan", fix="-")
 
 
 def test_build_targets_narrow_the_programs_and_key_the_build(make_settings) -> None:  # type: ignore[no-untyped-def]

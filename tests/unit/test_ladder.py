@@ -25,7 +25,7 @@ MICRO = 'shape = { name = "micro", n_embd = 32, n_layer = 2, n_head = 4, n_head_
 # --- ladder files -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["cpu.toml", "cuda.toml", "vulkan.toml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "ladders").glob("*.toml")))
 def test_shipped_ladders_parse(name):
     lad = ladder.load_ladder(ROOT / "ladders" / name)
     assert lad.rungs
@@ -605,3 +605,25 @@ def test_the_shipped_vulkan_ladder_parses_and_proves_what_the_issue_asks():
         assert r.env.get("GGML_VK_VISIBLE_DEVICES") == "0,0" and r.n_devices == 2
         assert r.expect_pools == {"Vulkan0": "Vulkan_Host", "Vulkan1": "none"}
     assert any(r.env.get("GGML_VK_PERF_LOGGER") for r in lad.rungs), "a rung with the perf logger (the drain)"
+
+
+def test_split_devices_counts_devices_the_gpus_do_not_and_the_shipped_mixed_ladder():
+    """split_devices: a rung on one GPU whose server_args name two devices (-dev CUDA0,Vulkan0) must show the model
+    on two; one device in the log is not a pass. ladders/cuda-vulkan.toml asks exactly that, with a pool per backend."""
+    mixed = rung(devices=1, split_devices=2, expect_pools={"CUDA0": "CUDA_Host", "Vulkan0": "Vulkan_Host"})
+    pools = "llama_batched_transfers: pools: CUDA0: pool CUDA_Host; Vulkan0: pool Vulkan_Host; CPU: none (computes in host memory)\n"
+    both = "using device CUDA0 (A) (a) - 1 MiB free\nusing device Vulkan0 (A) (a) - 1 MiB free\n"
+    ok = v("batched", mixed, server=BT_EN + pools + both + BT_ST.format(u=2, d=0))
+    assert ok["ok"], ok["problems"]
+    one = v(
+        "batched", mixed, server=BT_EN + pools + "using device CUDA0 (A) (a) - 1 MiB free\n" + BT_ST.format(u=2, d=0)
+    )
+    assert not one["ok"] and any("over 2 devices but the log shows it on fewer" in p for p in one["problems"])
+    assert v("batched", rung(devices=1), server=BT_EN + BT_ST.format(u=2, d=0))["ok"]  # without it: one device
+    lad = ladder.load_ladder(ROOT / "ladders" / "cuda-vulkan.toml")
+    assert lad.backend == "cuda-vulkan" and len(lad.rungs) >= 2
+    for r in lad.rungs:
+        assert r.devices == 1 and r.n_devices == 2 and r.reference == "upstream"
+        assert {"upstream", "off", "batched"} <= set(r.modes)
+        assert r.server_args == r.perplexity_args == ["-dev", "CUDA0,Vulkan0"]
+        assert r.expect_pools == {"CUDA0": "CUDA_Host", "Vulkan0": "Vulkan_Host"}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ggml_bridge import cli, config, wheel
-from ggml_bridge.errors import BuildError, NotBuiltError, ServeError, ToolchainError
+from ggml_bridge.errors import BuildError, NotBuiltError, ServeError, ToolchainError, UsageError
 
 from helpers import fake_model, fake_vulkan_root, write_fake_bin
 
@@ -514,6 +514,11 @@ def test_wheel_from_a_missing_sdist_is_one_usage_error(tmp_path: Path, capsys: p
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == UsageError.exit_code and len(err) == 1 and "nope.tar.gz: no such file" in err[0], err
     assert not (tmp_path / "dist").exists()
+
+
+def test_a_cuda_vulkan_wheel_is_refused_not_built_as_cpu(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="cuda-vulkan is a build backend only"):
+        wheel.plan(_settings(tmp_path, **{"build.backend": "cuda-vulkan"}))
 
 
 def test_the_vulkan_wheel_plan_passes_the_vulkan_pieces_and_the_tag_check_knows_vulkan(
