@@ -8,6 +8,9 @@ Every subcommand is one :class:`Command` in :data:`COMMANDS`: name, help, ``add_
 runs (:func:`stage`). Parsing is the same for all: the global options and the command name first, then the
 command's own parser; a command with ``passthrough`` collects what its parser does not know (and everything after
 ``--``) into that attribute, in order (``serve`` hands it to llama-server).
+
+Over 500 lines: the argument parsers of every command that has no stage module of its own (fetch, patch, build,
+sdist, wheel, rebase), each a few lines, and main(), the only place that turns a FatalError into an exit status.
 """
 
 from __future__ import annotations

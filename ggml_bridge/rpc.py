@@ -14,6 +14,10 @@ The handshake (``RPC_CMD_HELLO``) carries only the protocol version, which a pat
 of one upstream release share: :func:`hello` detects a different protocol (another upstream release) and
 anything that is not an rpc-server; a patched front with an upstream rpc-server is only visible from the
 rpc-server's own log (no ``ggml_bridge_rpc: state`` line), i.e. for the servers started here.
+
+Over 500 lines: the RPC topology (endpoints, the protocol handshake, local rpc-servers, the topology a command line
+describes, the one line on which boundaries cross TCP); about a third is the docstrings that record upstream's
+behaviour at each boundary kind.
 """
 
 from __future__ import annotations

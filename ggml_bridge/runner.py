@@ -1,5 +1,9 @@
 """Every subprocess goes through here: it logs what it runs, captures or streams output, and turns
-failures into the caller's FatalError with the tail of the output."""
+failures into the caller's FatalError with the tail of the output.
+
+Over 500 lines: the one place subprocesses go through (the project's rule): run, start and Process, the process-tree
+stop on signals, and log/step; splitting it would make a second place that starts processes.
+"""
 
 from __future__ import annotations
 

@@ -12,6 +12,11 @@ and the server's "listening" line, then reads the bridge/batched lines (regexes 
 * bridge requested on a single device: says so plainly and keeps serving.
 
 :class:`Server` is also what the ladder uses to run every mode.
+
+Over 500 lines: one command's whole life cycle, read top to bottom: the selectors, the Server (start, readiness,
+stop), the engagement proof from the log and from /metrics with its messages, and the run that forwards signals and
+exit statuses. The proof's decision itself is engagement.py's; the next cut, if it grows, is the proof's messages
+(check_engagement and its helpers) into a module of their own.
 """
 
 from __future__ import annotations

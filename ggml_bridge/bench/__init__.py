@@ -19,6 +19,10 @@ with a 95 % bootstrap interval that resamples whole rounds. ``--smi [MS]`` sampl
 and records, per llama-bench process, the GPUs' clocks, utilisation, peak power and temperature and throttle
 reasons (``logs/smi.csv`` and a table in the report). ``--pool REPORT...`` runs nothing and pools the rounds of
 several reports of one suite and settings into one. The report carries the build manifest of every variant.
+
+Over 500 lines: the command (its options, case resolution, the interleaved round loop, the report's assembly);
+running one llama-bench, the statistics and the rendering are already bench.running, bench.stats and bench.report.
+What is left is the one loop whose order (rotation, time budget, stop on a failed case) must be read in one piece.
 """
 
 from __future__ import annotations

@@ -20,6 +20,11 @@ Source specs accepted by :func:`obtain` (``--source``):
 * ``git+URL[@REF]``, a URL, or a bare ref/commit (``b11400``) resolved against the pinned upstream URL.
 
 Anything other than the pinned tree needs ``allow_unpinned=True`` (``--allow-unpinned``).
+
+Over 500 lines: the source kinds' dispatch (pinned: git, archive, sdist; a user's directory, checkout, tarball,
+registry or git spec), each a short function; archives, registries and the cached trees are fetch.archive,
+fetch.registry and fetch.tree. One function per source kind in one file keeps the fallback order (git -> archive ->
+sdist) readable.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Orchestration: binaries, one mode's processes, one rung, and the ``ggml-bridge ladder`` command."""
+"""Orchestration: binaries, one mode's processes, one rung, and the ``ggml-bridge ladder`` command.
+
+Over 500 lines: the ladder's execution (binaries, one mode's processes incl. rpc-servers and shaped links, one rung,
+the command); the schema, validity and reports are ladder.schema, ladder.validity and ladder.report.
+"""
 
 from __future__ import annotations
 
