@@ -260,20 +260,32 @@ def test_nvcc_wrapper_script_is_resolved(tmp_path: Path) -> None:
     assert build.toolchain._real_nvcc(wrapper) == (root / "bin" / "nvcc").resolve()
 
 
-def test_cuda_options(settings: config.Settings, tmp_path: Path) -> None:
-    root = _fake_cuda(tmp_path, with_cublas=True)
-    cuda = build.CudaToolkit(root / "bin" / "nvcc", root, "12.4", root / "include" / "cublas_v2.h")
+def _tools_and_tree(
+    tmp_path: Path,
+    cuda: build.CudaToolkit | None = None,
+    vulkan: build.toolchain.VulkanKit | None = None,
+) -> tuple[build.Toolchain, Path]:
+    """A fixed toolchain (with the given CUDA toolkit and Vulkan pieces) and a source tree whose CMakeLists defines
+    one option: what cmake_args() reads."""
     tools = build.Toolchain(
         build.Tool(Path("cmake"), "3.25"),
         build.Tool(Path("ninja"), "1.11"),
         build.Tool(Path("/usr/bin/cc"), "gcc"),
         build.Tool(Path("/usr/bin/c++"), "g++"),
         cuda,
+        vulkan,
     )
-    settings.build.cuda_arch = "90"
     src = tmp_path / "src"
     src.mkdir()
     (src / "CMakeLists.txt").write_text("option(LLAMA_CURL x OFF)\n")
+    return tools, src
+
+
+def test_cuda_options(settings: config.Settings, tmp_path: Path) -> None:
+    root = _fake_cuda(tmp_path, with_cublas=True)
+    cuda = build.CudaToolkit(root / "bin" / "nvcc", root, "12.4", root / "include" / "cublas_v2.h")
+    tools, src = _tools_and_tree(tmp_path, cuda=cuda)
+    settings.build.cuda_arch = "90"
     args = build.cmake_args(settings, src, "upstream-nopeer", "cuda", tools)
     assert "-DGGML_CUDA=ON" in args and "-DCMAKE_CUDA_ARCHITECTURES=90" in args
     assert f"-DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}" in args
@@ -529,17 +541,7 @@ def test_vulkan_build_fails_before_fetching_without_the_pieces(
 def test_vulkan_cmake_options_and_build_key(settings: config.Settings, tmp_path: Path) -> None:
     usr = fake_vulkan_root(tmp_path / "usr")
     kit = build.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
-    tools = build.Toolchain(
-        build.Tool(Path("cmake"), "3.25"),
-        build.Tool(Path("ninja"), "1.11"),
-        build.Tool(Path("/usr/bin/cc"), "gcc"),
-        build.Tool(Path("/usr/bin/c++"), "g++"),
-        None,
-        kit,
-    )
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "CMakeLists.txt").write_text("option(LLAMA_CURL x OFF)\n")
+    tools, src = _tools_and_tree(tmp_path, vulkan=kit)
     args = build.cmake_args(settings, src, "patched", "vulkan", tools)
     assert "-DGGML_VULKAN=ON" in args and "-DGGML_CUDA=OFF" in args
     assert f"-DVulkan_INCLUDE_DIR={usr / 'include'}" in args and "-DSAM3D_BATCHED_TRANSFERS=ON" in args
@@ -555,18 +557,8 @@ def test_cuda_vulkan_builds_both_gpu_backends_and_needs_both_toolkits(
     vulkan; the CUDA-only variant exists for it."""
     usr = fake_vulkan_root(tmp_path / "usr")
     kit = build.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
-    cuda = build.toolchain.CudaToolkit(Path("/opt/cuda/bin/nvcc"), Path("/opt/cuda"), "13.0", Path("/opt/cuda/h"))
-    tools = build.Toolchain(
-        build.Tool(Path("cmake"), "3.25"),
-        build.Tool(Path("ninja"), "1.11"),
-        build.Tool(Path("/usr/bin/cc"), "gcc"),
-        build.Tool(Path("/usr/bin/c++"), "g++"),
-        cuda,
-        kit,
-    )
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "CMakeLists.txt").write_text("option(LLAMA_CURL x OFF)\n")
+    cuda = build.CudaToolkit(Path("/opt/cuda/bin/nvcc"), Path("/opt/cuda"), "13.0", Path("/opt/cuda/h"))
+    tools, src = _tools_and_tree(tmp_path, cuda=cuda, vulkan=kit)
     args = build.cmake_args(settings, src, "patched", "cuda-vulkan", tools)
     assert (
         "-DGGML_CUDA=ON" in args and "-DGGML_VULKAN=ON" in args and "-DCMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc" in args
