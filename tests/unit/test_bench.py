@@ -77,6 +77,13 @@ def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     assert (report_dir / "microbench.png").stat().st_size > 1000
 
 
+def _quick(variants, env, report, rounds=1, reps=1, **kw):  # type: ignore[no-untyped-def]
+    """The bench's arguments for the fake variants and model: ``rounds`` x ``reps``, no microbenchmark, ``kw`` set."""
+    return _args(
+        variants_dir=variants, model=env.model, rounds=rounds, reps=reps, report=report, microbench=False, **kw
+    )
+
+
 def _report(args, env):  # type: ignore[no-untyped-def]
     """Run the bench (it must exit 0) and read the bench.json it wrote into args.report."""
     assert bench.bench(args, env.settings) == 0
@@ -86,15 +93,7 @@ def _report(args, env):  # type: ignore[no-untyped-def]
 def test_not_engaged_bridge_fails_and_is_reported(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NO_ENGAGE", "1")
     report_dir = tmp_path / "r"
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=1,
-        reps=1,
-        report=report_dir,
-        cases="upstream-p2p,bridge",
-        microbench=False,
-    )
+    args = _quick(variants, env, report_dir, cases="upstream-p2p,bridge")
     with pytest.raises(BenchError, match="did not engage"):
         bench.bench(args, env.settings)
     rep = json.loads((report_dir / "bench.json").read_text())
@@ -105,29 +104,13 @@ def test_not_engaged_bridge_fails_and_is_reported(variants, env, tmp_path, monke
 
 def test_failed_case_is_an_error(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "nopeer")
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=1,
-        reps=1,
-        report=tmp_path / "r",
-        cases="upstream-p2p,upstream-nopeer",
-        microbench=False,
-    )
+    args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p,upstream-nopeer")
     with pytest.raises(BenchError, match="nopeer"):
         bench.bench(args, env.settings)
 
 
 def test_batched_suite_requires_async_counts(variants, env, tmp_path):
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=2,
-        reps=2,
-        report=tmp_path / "r",
-        suite="batched",
-        microbench=False,
-    )
+    args = _quick(variants, env, tmp_path / "r", rounds=2, reps=2, suite="batched")
     rep = _report(args, env)
     assert rep["ratios"]["off"]["batched"]["tg128"]["ratio"] == pytest.approx(103.0 / 99.0)
     order = env.order.read_text().splitlines()
@@ -268,15 +251,7 @@ def test_paired_ratio_cancels_drift_between_rounds():
 def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_COLD_FIRST", "1")
     report_dir = tmp_path / "report"
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=1,
-        reps=2,
-        report=report_dir,
-        cases="upstream-p2p,bridge",
-        microbench=False,
-    )
+    args = _quick(variants, env, report_dir, reps=2, cases="upstream-p2p,bridge")
     rep = _report(args, env)
     assert rep["warmup_reps"] == 1
     pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
@@ -284,16 +259,7 @@ def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monke
     assert pp["values"] == pytest.approx([100.0, 100.25])
     assert "after 1 discarded" in (report_dir / "bench.md").read_text()
 
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=1,
-        reps=2,
-        report=tmp_path / "r0",
-        cases="upstream-p2p",
-        microbench=False,
-        warmup_reps=0,
-    )
+    args = _quick(variants, env, tmp_path / "r0", reps=2, cases="upstream-p2p", warmup_reps=0)
     rep = _report(args, env)
     pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
     assert pp["values"] == pytest.approx([50.0, 100.0])  # without warm-up the cold repetition counts
@@ -313,16 +279,7 @@ def test_cpus_pin_every_case_and_are_restored(variants, env, tmp_path):
 
     mine = os.sched_getaffinity(0)
     one = min(mine)
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=1,
-        reps=1,
-        report=tmp_path / "r",
-        cases="upstream-p2p,bridge",
-        microbench=False,
-        cpus=str(one),
-    )
+    args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p,bridge", cpus=str(one))
     assert bench.bench(args, env.settings) == 0
     lines = env.order.read_text().splitlines()
     assert len(lines) == 2 and all(line.endswith(f"cpus={one}") for line in lines)
@@ -348,17 +305,7 @@ def test_parse_cpu_list():
 
 
 def test_ubatch_and_tg_override_the_suite(variants, env, tmp_path):
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=2,
-        reps=1,
-        report=tmp_path / "r",
-        cases="upstream-p2p,bridge",
-        microbench=False,
-        ubatch="4096",
-        tg=0,
-    )
+    args = _quick(variants, env, tmp_path / "r", rounds=2, cases="upstream-p2p,bridge", ubatch="4096", tg=0)
     rep = _report(args, env)
     assert rep["tests"] == ["pp4096/ub4096"]  # no ub512, no tg: shorter processes
     assert rep["settings"]["ubatch"] == [4096] and rep["settings"]["tg"] == 0
@@ -375,16 +322,7 @@ def test_bad_ubatch_or_tg_are_usage_errors(variants, env, tmp_path, kw):
 
 
 def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=5,
-        reps=1,
-        report=tmp_path / "r",
-        cases="upstream-p2p,bridge",
-        microbench=False,
-        time_budget=1e-6,
-    )
+    args = _quick(variants, env, tmp_path / "r", rounds=5, cases="upstream-p2p,bridge", time_budget=1e-6)
     rep = _report(args, env)
     # the first round always runs; the second would end past the budget
     assert rep["rounds"] == 1 and rep["rounds_planned"] == 5
@@ -393,16 +331,7 @@ def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
     assert "stopped early" in (tmp_path / "r" / "bench.md").read_text()
     assert all(r["started"] > 0 for r in rep["runs"])
     # a budget that is never reached runs every round and says nothing
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=3,
-        reps=1,
-        report=tmp_path / "r2",
-        cases="upstream-p2p",
-        microbench=False,
-        time_budget=3600,
-    )
+    args = _quick(variants, env, tmp_path / "r2", rounds=3, cases="upstream-p2p", time_budget=3600)
     rep = _report(args, env)
     assert rep["rounds"] == 3 and rep["stopped"] == ""
 
@@ -419,15 +348,7 @@ def test_bad_time_budget_is_a_usage_error(variants, env, tmp_path, budget):
 
 
 def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, env, tmp_path):
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=1,
-        reps=1,
-        report=tmp_path / "r",
-        cases="upstream-p2p,off-p2p",
-        microbench=False,
-    )
+    args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p,off-p2p")
     assert bench.bench(args, env.settings) == 0
     lines = env.order.read_text().splitlines()
     assert any(x.startswith("patched bridge=0 p2p=1 batched=0") for x in lines)
@@ -446,15 +367,7 @@ def test_report_carries_the_build_manifests(variants, env, tmp_path):
         "cmake_args": ["-DGGML_CUDA_MAPPED_HOST_BRIDGE=ON", "-DSAM3D_BATCHED_TRANSFERS=ON", "-DGGML_RPC=ON"],
     }
     (variants / "patched" / "manifest.json").write_text(json.dumps(manifest))
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=1,
-        reps=1,
-        report=tmp_path / "r",
-        cases="upstream-p2p,bridge",
-        microbench=False,
-    )
+    args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p,bridge")
     rep = _report(args, env)
     got = rep["manifests"]["patched"]
     assert got["cmake_args"] == manifest["cmake_args"] and got["series_hash"] == manifest["series_hash"]
@@ -471,16 +384,7 @@ def test_smi_records_the_gpu_state_of_every_process(variants, env, tmp_path, mon
     monkeypatch.setenv("FAKE_SLEEP_S", "0.3")
     if not reasons:
         monkeypatch.setenv("FAKE_SMI_NO_REASONS", "1")
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=2,
-        reps=1,
-        report=tmp_path / "r",
-        cases="upstream-p2p,bridge",
-        microbench=False,
-        smi=20,
-    )
+    args = _quick(variants, env, tmp_path / "r", rounds=2, cases="upstream-p2p,bridge", smi=20)
     rep = _report(args, env)
     assert rep["smi"]["samples"] > 0 and rep["smi"]["file"] == "logs/smi.csv"
     assert ("clocks_event_reasons.active" in rep["smi"]["fields"]) == reasons
@@ -497,16 +401,7 @@ def test_smi_records_the_gpu_state_of_every_process(variants, env, tmp_path, mon
 
 def test_smi_without_nvidia_smi_is_one_clear_error(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=1,
-        reps=1,
-        report=tmp_path / "r",
-        cases="upstream-p2p",
-        microbench=False,
-        smi=100,
-    )
+    args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p", smi=100)
     with pytest.raises(BenchError, match="--smi needs nvidia-smi"):
         bench.bench(args, env.settings)
 
@@ -526,15 +421,7 @@ def test_paired_ratio_interval_resamples_rounds():
 
 def test_pool_reports_numbers_rounds_one_after_the_other(variants, env, tmp_path):
     for name in ("a", "b"):
-        args = _args(
-            variants_dir=variants,
-            model=env.model,
-            rounds=2,
-            reps=2,
-            report=tmp_path / name,
-            cases="upstream-p2p,bridge",
-            microbench=False,
-        )
+        args = _quick(variants, env, tmp_path / name, rounds=2, reps=2, cases="upstream-p2p,bridge")
         assert bench.bench(args, env.settings) == 0
     assert (
         bench.bench(_args(pool=[tmp_path / "a", tmp_path / "b" / "bench.json"], report=tmp_path / "p"), env.settings)
@@ -551,16 +438,7 @@ def test_pool_reports_numbers_rounds_one_after_the_other(variants, env, tmp_path
 
 def test_pool_refuses_reports_measured_differently(variants, env, tmp_path):
     for name, ub in (("a", "512"), ("b", "4096")):
-        args = _args(
-            variants_dir=variants,
-            model=env.model,
-            rounds=1,
-            reps=1,
-            report=tmp_path / name,
-            cases="upstream-p2p",
-            microbench=False,
-            ubatch=ub,
-        )
+        args = _quick(variants, env, tmp_path / name, cases="upstream-p2p", ubatch=ub)
         assert bench.bench(args, env.settings) == 0
     with pytest.raises(BenchError, match="was not measured like") as e:
         bench.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), env.settings)
@@ -581,15 +459,7 @@ def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, env, tmp
     """auto leaves virtual devices of one GPU on upstream's device-local copy: the 6-device suite used to
     measure 'bridge' and 'bridge-batched' there, i.e. no bridge at all; on one GPU they run forced."""
     monkeypatch.setattr(bench, "n_gpus", lambda: 1)
-    args = _args(
-        variants_dir=variants,
-        model=env.model,
-        rounds=1,
-        reps=1,
-        report=tmp_path / "r",
-        suite="batched-pp-6dev",
-        microbench=False,
-    )
+    args = _quick(variants, env, tmp_path / "r", suite="batched-pp-6dev")
     rep = _report(args, env)
     names = [c["name"] for c in rep["cases"]]
     assert set(names) == {"off", "batched", "bridge-force", "bridge-force-batched"}
