@@ -58,6 +58,25 @@ def _tiny_model(real_settings, real_tree) -> Path:  # type: ignore[no-untyped-de
     return model.ensure_model(real_settings.cache_dir, "tiny", 1234, vocab)
 
 
+def _run_program(real_vulkan_build, real_settings, real_tree, tmp_path: Path, env: dict[str, str]):  # type: ignore[no-untyped-def]
+    """test-batched-transfers of the patched Vulkan build with the tiny model and ``env`` added; it must exit 0 with
+    over 1000 checks passed and none failed. Returns the result and stdout + stderr (also kept in tmp_path)."""
+    prog = real_vulkan_build["patched"].binaries["test-batched-transfers"]
+    res = subprocess.run(
+        [str(prog), "--model", str(_tiny_model(real_settings, real_tree))],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={**os.environ, **env},
+    )
+    out = res.stdout + res.stderr
+    (tmp_path / "test-batched-transfers.log").write_text(out)
+    assert res.returncode == 0, out[-4000:]
+    summary = re.search(r"^(\d+) passed, (\d+) failed$", res.stdout, re.MULTILINE)
+    assert summary and int(summary[1]) > 1000 and summary[2] == "0", out[-2000:]
+    return res, out
+
+
 def test_batched_transfer_program_on_two_vulkan_devices(
     real_vulkan_build, real_settings, real_tree, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -65,19 +84,7 @@ def test_batched_transfer_program_on_two_vulkan_devices(
     payload and guard byte, batching off vs on, on Vulkan0 (staged through Vulkan's host buffer type) and on
     Vulkan1, whose host buffer type belongs to device zero: there nothing may be counted as a batch, every
     transfer as upstream's own."""
-    prog = real_vulkan_build["patched"].binaries["test-batched-transfers"]
-    res = subprocess.run(
-        [str(prog), "--model", str(_tiny_model(real_settings, real_tree))],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        env={**os.environ, **TWO_DEVICES},
-    )
-    out = res.stdout + res.stderr
-    (tmp_path / "test-batched-transfers.log").write_text(out)
-    assert res.returncode == 0, out[-4000:]
-    summary = re.search(r"^(\d+) passed, (\d+) failed$", res.stdout, re.MULTILINE)
-    assert summary and int(summary[1]) > 1000 and summary[2] == "0", out[-2000:]
+    res, out = _run_program(real_vulkan_build, real_settings, real_tree, tmp_path, TWO_DEVICES)
     assert "test-batched-transfers: 2 GPU device(s)" in res.stdout
     assert re.search(r"^main: Vulkan0, batched transfers available$", res.stdout, re.MULTILINE), out[-3000:]
     assert re.search(
@@ -150,19 +157,13 @@ def test_batched_transfer_program_under_the_vulkan_perf_logger(
     uploads before compute, so every case passes, except the pipeline-parallel CPU-computed input, which upstream's
     own path aborts on (see the next test); the program says it skips that one. Before the skip, the program
     aborted there (GGML_ASSERT(ctx->compute_ctx.expired()), on lavapipe and on an H200, Dec 2) with batching off."""
-    prog = real_vulkan_build["patched"].binaries["test-batched-transfers"]
-    res = subprocess.run(
-        [str(prog), "--model", str(_tiny_model(real_settings, real_tree))],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        env={**os.environ, "GGML_VK_VISIBLE_DEVICES": "0", "GGML_VK_PERF_LOGGER": "1"},
+    res, out = _run_program(
+        real_vulkan_build,
+        real_settings,
+        real_tree,
+        tmp_path,
+        {"GGML_VK_VISIBLE_DEVICES": "0", "GGML_VK_PERF_LOGGER": "1"},
     )
-    out = res.stdout + res.stderr
-    (tmp_path / "test-batched-transfers.log").write_text(out)
-    assert res.returncode == 0, out[-4000:]
-    summary = re.search(r"^(\d+) passed, (\d+) failed$", res.stdout, re.MULTILINE)
-    assert summary and int(summary[1]) > 1000 and summary[2] == "0", out[-2000:]
     assert "Vulkan Timings:" in out  # the logger ran
     main = re.search(r"^main: stats: .*\bdrains=(\d+)", res.stdout, re.MULTILINE)
     assert main and int(main[1]) > 0, out[-3000:]  # the drain before compute happened
