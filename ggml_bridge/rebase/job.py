@@ -2,9 +2,9 @@
 hand-off of a work tree stopped at a conflict.
 
 Over 500 lines: the rebase job as a state machine (check, rebase, stop at a conflict, --continue, --abort) with the
-state file and the hand-off of a stopped work tree; the git operations and the checks are rebase.git and
-rebase.checks. The states and their transitions are kept in one file so that every way out of a stopped rebase is
-visible together.
+state file and the hand-off of a stopped work tree; probing, series regeneration, the checks and the report are
+rebase.probe, rebase.series, rebase.checks and rebase.report. The states and their transitions are kept in one file
+so that every way out of a stopped rebase is visible together.
 """
 
 from __future__ import annotations
