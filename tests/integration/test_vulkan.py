@@ -19,10 +19,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import ladder, model
+from ggml_bridge import ladder, model, net, serve
+from ggml_bridge.errors import ServeError
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_DEVICES = {"GGML_VK_VISIBLE_DEVICES": "0,0"}
+#: 68 tokens with the tiny model's vocabulary: with -b 64 -ub 16 a first batch of four ubatches, then one of 4 tokens
+MULTI_BATCH_PROMPT = "The quick brown fox jumps over the lazy dog " * 6
 
 pytestmark = [pytest.mark.slow, pytest.mark.vulkan]
 
@@ -190,3 +193,40 @@ def test_upstream_aborts_under_the_perf_logger_with_pipeline_parallelism(
     # and the same run without the logger completes: the abort is the logger's
     clean = subprocess.run(argv, capture_output=True, text=True, timeout=900, env={**os.environ, **TWO_DEVICES})
     assert clean.returncode == 0 and "Final estimate: PPL" in clean.stdout + clean.stderr, clean.stderr[-3000:]
+
+
+def _multi_batch_completion(binary: Path, model_path: Path, batched: str) -> tuple[dict, dict[str, int]]:
+    """One fresh llama-server on Vulkan0 (the tiny model's layers on lavapipe, its output layer on the CPU), the
+    multi-batch prompt, 24 greedy tokens with their top-4 probabilities; returns the answer and /metrics."""
+    args = ["-m", str(model_path), "--port", str(net.free_port()), "-c", "256", "-t", "2", "--no-webui"]
+    args += ["-ngl", "2", "-b", "64", "-ub", "16", "--metrics"]
+    env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": "0", "LLAMA_BATCHED_TRANSFERS": batched}
+    with serve.Server(binary, args, env=env, startup_timeout=300) as srv:
+        payload = {"prompt": MULTI_BATCH_PROMPT, "n_predict": 24, "temperature": 0, "seed": 1}
+        answer = json.loads(srv.post("/completion", {**payload, "cache_prompt": False, "n_probs": 4}, timeout=300))
+        metrics = srv.metrics() or {}
+    return answer, metrics
+
+
+def test_batched_server_answers_a_prompt_of_several_batches(real_vulkan_build, real_settings, real_tree) -> None:  # type: ignore[no-untyped-def]
+    """The defect of Dec 2: the patched Vulkan llama-server with batching on died (SIGSEGV in lavapipe's queue
+    thread) in 2 of 3 processes on this request: a prompt of two batches (ubatches 16, 16, 16, 16, then 4) where
+    the last one needs pipelines ggml-vulkan compiles on first use, while the staged uploads it had just submitted
+    were still executing. Six fresh processes must each answer, with the completion and top-4 probabilities of
+    batching off and of the unpatched build, byte for byte, with batched uploads engaged."""
+    tiny = _tiny_model(real_settings, real_tree)
+    reference, _ = _multi_batch_completion(real_vulkan_build["upstream"].binaries["llama-server"], tiny, "0")
+    off, _ = _multi_batch_completion(real_vulkan_build["patched"].binaries["llama-server"], tiny, "0")
+    assert reference["tokens_predicted"] == 24 and off["content"] == reference["content"]
+    assert off["completion_probabilities"] == reference["completion_probabilities"]
+    died = []
+    for run in range(6):
+        try:
+            on, metrics = _multi_batch_completion(real_vulkan_build["patched"].binaries["llama-server"], tiny, "1")
+        except ServeError as e:
+            died.append(f"process {run + 1}: {e}")
+            continue
+        assert on["content"] == reference["content"], (run, on["content"], reference["content"])
+        assert on["completion_probabilities"] == reference["completion_probabilities"], run
+        assert metrics.get("batched_async_uploads_total", 0) > 0, metrics
+    assert not died, "\n".join(died)
