@@ -265,8 +265,8 @@ def parse(lines: Iterable[str] | str) -> LogInfo:
     return info
 
 
-def startup_failure_reason(info: LogInfo, rc: int | None) -> str:
-    """One sentence saying why a server that exited during start-up failed."""
+def startup_failure_reason(info: LogInfo, rc: int | None, when: str = "during start-up") -> str:
+    """One sentence saying why a server that exited ``when`` (during start-up, or while serving) failed."""
     if info.bind_failed:
         host, port = info.bind_failed
         return f"port {port} on {host} is already in use (llama-server could not bind its HTTP socket)"
@@ -280,14 +280,14 @@ def startup_failure_reason(info: LogInfo, rc: int | None) -> str:
     if info.model_load_failed:
         return "llama-server failed to load the model"
     if info.oom_lines:
-        return f"out of memory during start-up: {info.oom_lines[0]}"
+        return f"out of memory {when}: {info.oom_lines[0]}"
     if info.crash_lines:
-        return f"llama-server crashed during start-up: {info.crash_lines[0]}"
+        return f"llama-server crashed {when}: {info.crash_lines[0]}"
     if rc is None:
         return "llama-server is still running but has not logged that it listens with /health answering 200"
     if rc < 0:
-        return f"llama-server was killed by signal {-rc} during start-up"
-    return f"llama-server exited with status {rc} during start-up"
+        return f"llama-server was killed by signal {-rc} {when}"
+    return f"llama-server exited with status {rc} {when}"
 
 
 def is_read(line: str) -> bool:

@@ -317,10 +317,10 @@ class Server:
             raise
         return self
 
-    def _failure(self, what: str) -> ServeError:
+    def _failure(self, what: str, when: str = "during start-up") -> ServeError:
         assert self.proc is not None
         rc = self.proc.poll()
-        reason = logparse.startup_failure_reason(logparse.parse(self.proc.lines()), rc)
+        reason = logparse.startup_failure_reason(logparse.parse(self.proc.lines()), rc, when)
         why = reason + "; " + _fmt_tail(self.proc.tail(15))
         if self.log_file:
             why += f"\n    full log: {self.log_file}"
@@ -402,7 +402,7 @@ class Server:
             raise ServeError(f"POST {path} failed with HTTP {e.code}", why=body) from None
         except (urllib.error.URLError, OSError) as e:
             if self.proc is not None and self.proc.poll() is not None:
-                raise self._failure(f"llama-server died while serving POST {path}") from None
+                raise self._failure(f"llama-server died while serving POST {path}", "while serving") from None
             raise ServeError(f"POST {path} failed", why=str(e)) from None
 
 

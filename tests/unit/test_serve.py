@@ -544,3 +544,15 @@ def test_sigkill_of_the_launcher_does_not_orphan_the_server(fake):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_a_server_that_dies_while_serving_is_not_said_to_have_died_during_start_up(fake, monkeypatch):
+    """A crash mid-request (the lavapipe defect of Dec 2 was reported as "killed by signal 11 during start-up")."""
+    monkeypatch.setenv("FAKE_DIE_AFTER_S", "1")
+    with serve.Server(fake.server, srv_args(fake.model, serve.free_port()), startup_timeout=20) as s:
+        time.sleep(1.5)
+        with pytest.raises(ServeError) as ei:
+            s.post("/completion", {"prompt": "x", "n_predict": 1}, timeout=5)
+    msg = str(ei.value)
+    assert "died while serving POST /completion" in msg and "exited with status 3 while serving" in msg, msg
+    assert "during start-up" not in msg, msg
