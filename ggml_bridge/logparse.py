@@ -265,8 +265,8 @@ def parse(lines: Iterable[str] | str) -> LogInfo:
     return info
 
 
-def startup_failure_reason(info: LogInfo, rc: int | None, when: str = "during start-up") -> str:
-    """One sentence saying why a server that exited ``when`` (during start-up, or while serving) failed."""
+def exit_reason(info: LogInfo, rc: int | None, when: str = "during start-up") -> str:
+    """One sentence saying why a server that exited ``when`` (during start-up, or while serving a request) failed."""
     if info.bind_failed:
         host, port = info.bind_failed
         return f"port {port} on {host} is already in use (llama-server could not bind its HTTP socket)"

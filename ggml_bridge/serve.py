@@ -320,7 +320,7 @@ class Server:
     def _failure(self, what: str, when: str = "during start-up") -> ServeError:
         assert self.proc is not None
         rc = self.proc.poll()
-        reason = logparse.startup_failure_reason(logparse.parse(self.proc.lines()), rc, when)
+        reason = logparse.exit_reason(logparse.parse(self.proc.lines()), rc, when)
         why = reason + "; " + _fmt_tail(self.proc.tail(15))
         if self.log_file:
             why += f"\n    full log: {self.log_file}"

@@ -182,8 +182,8 @@ def test_startup_failures():
         "srv    main: exiting due to HTTP server error\n"
     )
     assert bind.bind_failed == ("127.0.0.1", 8080)
-    assert "port 8080" in logparse.startup_failure_reason(bind, 1)
-    assert "already in use" in logparse.startup_failure_reason(bind, 1)
+    assert "port 8080" in logparse.exit_reason(bind, 1)
+    assert "already in use" in logparse.exit_reason(bind, 1)
 
     missing = logparse.parse(
         "gguf_init_from_file: failed to open GGUF file '/x/m.gguf' (No such file or directory)\n"
@@ -193,16 +193,16 @@ def test_startup_failures():
     )
     assert missing.gguf_open_failed == ("/x/m.gguf", "No such file or directory")
     assert missing.model_load_failed
-    r = logparse.startup_failure_reason(missing, 1)
+    r = logparse.exit_reason(missing, 1)
     assert "/x/m.gguf" in r and "No such file" in r
 
     bad = logparse.parse("llama_model_load: error loading model: missing tensor 'output_norm.weight'\n")
-    assert "missing tensor" in logparse.startup_failure_reason(bad, 1)
+    assert "missing tensor" in logparse.exit_reason(bad, 1)
 
     crash = logparse.parse("/src/ggml.c:123: GGML_ASSERT(x) failed\n")
-    assert "crashed" in logparse.startup_failure_reason(crash, -6)
-    assert "signal 9" in logparse.startup_failure_reason(logparse.parse(""), -9)
-    assert "status 3" in logparse.startup_failure_reason(logparse.parse(""), 3)
+    assert "crashed" in logparse.exit_reason(crash, -6)
+    assert "signal 9" in logparse.exit_reason(logparse.parse(""), -9)
+    assert "status 3" in logparse.exit_reason(logparse.parse(""), 3)
 
 
 VK_POOLS = (
