@@ -346,7 +346,7 @@ def cmd_wheel(args: argparse.Namespace, settings: config.Settings) -> int:
         sdist = args.sdist
     else:
         sdist = wheel.make_sdist(settings, args.out, source_spec=args.source, allow_unpinned=args.allow_unpinned).path
-    raw = wheel.build_wheel(settings, sdist, args.out / "unrepaired", wplan)
+    raw = wheel.build_wheel(settings, sdist, args.out / "unrepaired", wplan, build_dir=args.build_dir)
     repaired = wheel.repair_wheel(raw, args.out, wplan.runtime)
     if args.index is not None:
         wheel.write_index(args.index, [repaired.path, sdist])
@@ -465,6 +465,14 @@ def _wheel_args(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="build from this sdist (from `ggml-bridge sdist`) instead of making one",
+    )
+    parser.add_argument(
+        "--build-dir",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="keep the unpacked sdist and CMake's build folder in DIR: a stopped build, or a rebuild of the "
+        "same sdist, continues where it stopped (default: a temporary folder, removed)",
     )
     parser.add_argument(
         "--index",

@@ -32,6 +32,7 @@ import shlex
 import shutil
 import sys
 import tarfile
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ from .build.installed import installed_server as installed_server  # re-exported
 from .build.toolchain import detect_vulkan
 from .config import Settings
 from .errors import BuildError, ToolchainError, UsageError
+from .fetch.archive import UNSAFE, safe_extractall
 from .runner import log, run, step
 
 PACKAGE = "ggml_bridge_server"
@@ -252,8 +254,71 @@ def make_sdist(
     return Sdist(target, version, count, ui)
 
 
-def build_wheel(settings: Settings, sdist: Path, out_dir: Path, wplan: WheelPlan | None = None) -> Path:
-    """``pip wheel`` of the sdist with no network and no build isolation; returns the (unrepaired) wheel."""
+#: What marks a ``--build-dir`` folder as ours, and which sdist its source and CMake folders belong to.
+BUILD_DIR_STAMP = "ggml-bridge-wheel-build.json"
+
+
+def prepare_build_dir(build_dir: Path, sdist: Path) -> Path:
+    """The sdist unpacked into ``build_dir/src`` (CMake's folder is ``build_dir/cmake``), so that a wheel build
+    that was stopped, or a rebuild of the same sdist, continues where the last one stopped (ninja recompiles only
+    what is missing). Returns the source folder. A folder of another sdist is started afresh (both subfolders: the
+    sdist's members all carry one fixed mtime, so ninja could not tell changed sources from old objects); a
+    non-empty folder without our stamp is refused, never emptied."""
+    stamp = build_dir / BUILD_DIR_STAMP
+    digest = cache.file_sha256(sdist)
+    if build_dir.is_dir() and any(build_dir.iterdir()) and not stamp.is_file():
+        raise UsageError(
+            f"--build-dir {build_dir} is not empty and is not a wheel build folder of ggml-bridge",
+            why=f"it has no {BUILD_DIR_STAMP}; nothing in it was touched",
+            fix="name a new or empty folder (or one an earlier `ggml-bridge wheel --build-dir` used)",
+        )
+    ensure_out_dir(build_dir)
+    src = build_dir / "src"
+    try:
+        same = json.loads(stamp.read_text()).get("sha256") == digest if stamp.is_file() else False
+    except (OSError, ValueError):
+        same = False
+    if same and (src / "pyproject.toml").is_file():
+        log(f"build folder {build_dir}: continuing the build of {sdist.name}")
+        return src
+    if stamp.is_file():
+        log(f"build folder {build_dir}: another sdist was built there; starting afresh")
+    stamp.unlink(missing_ok=True)
+    for sub in (src, build_dir / "cmake"):
+        shutil.rmtree(sub, ignore_errors=True)
+    stage = Path(tempfile.mkdtemp(dir=build_dir, prefix=".unpack-"))
+    try:
+        try:
+            with tarfile.open(sdist) as tar:
+                safe_extractall(tar, stage, tar.getmembers())
+        except (tarfile.TarError, OSError, *UNSAFE) as e:  # type: ignore[misc]
+            raise UsageError(
+                f"cannot unpack {sdist}", why=str(e), fix="pass the sdist `ggml-bridge sdist` wrote"
+            ) from None
+        tops = [p for p in stage.iterdir() if p.is_dir()]
+        if len(tops) != 1 or not (tops[0] / "pyproject.toml").is_file():
+            raise UsageError(
+                f"{sdist} is not an sdist of {DIST_NAME}",
+                why="expected one top folder holding pyproject.toml",
+                fix="pass the sdist `ggml-bridge sdist` wrote",
+            )
+        tops[0].rename(src)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    stamp.write_text(json.dumps({"sdist": sdist.name, "sha256": digest}, indent=1) + "\n")
+    return src
+
+
+def build_wheel(
+    settings: Settings,
+    sdist: Path,
+    out_dir: Path,
+    wplan: WheelPlan | None = None,
+    build_dir: Path | None = None,
+) -> Path:
+    """``pip wheel`` of the sdist with no network and no build isolation; returns the (unrepaired) wheel. With
+    ``build_dir``, from the sdist unpacked there and with scikit-build-core's build folder there too
+    (:func:`prepare_build_dir`): incremental."""
     wplan = wplan or plan(settings)
     if importlib.util.find_spec("scikit_build_core") is None:
         raise ToolchainError(
@@ -283,8 +348,12 @@ def build_wheel(settings: Settings, sdist: Path, out_dir: Path, wplan: WheelPlan
         "-v",
         "-w",
         str(out_dir),
-        str(sdist),
     ]
+    if build_dir is None:
+        argv.append(str(sdist))
+    else:
+        src = prepare_build_dir(build_dir, sdist)
+        argv += ["--config-settings", f"build-dir={(build_dir / 'cmake').resolve()}", str(src.resolve())]
     # pip's build and unpack folders (about 70 MB) go to a folder of ours that is removed however the run ends
     # (an interrupt included); a SIGKILLed run's is removed by the next run's cache clean-up
     with (

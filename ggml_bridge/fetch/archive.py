@@ -188,9 +188,9 @@ def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exce
             members = [m for m in tf.getmembers() if m.name.startswith(prefix) or m.name == subdir]
             if not members:
                 raise tarfile.TarError(f"archive has no {subdir}/")
-            _safe_extractall(tf, tmp, members)
+            safe_extractall(tf, tmp, members)
         os.rename(tmp / subdir, dest)
-    except _UNSAFE as e:
+    except UNSAFE as e:
         member = getattr(getattr(e, "tarinfo", None), "name", None) or str(e)
         msg = f"archive {archive.name} has an unsafe archive member {member!r}"
         why = "it would be written outside the tree (absolute path, ../, or a link or device escaping it)"
@@ -219,12 +219,12 @@ class _UnsafeMember(tarfile.TarError):
 
 
 #: What an escaping member raises: tarfile's "data" filter errors (Python >= 3.11.4), or ours.
-_UNSAFE: tuple[type[Exception], ...] = (_UnsafeMember,) + (
+UNSAFE: tuple[type[Exception], ...] = (_UnsafeMember,) + (
     (tarfile.FilterError,) if hasattr(tarfile, "FilterError") else ()
 )
 
 
-def _safe_extractall(tf: tarfile.TarFile, dest: Path, members: list[tarfile.TarInfo]) -> None:
+def safe_extractall(tf: tarfile.TarFile, dest: Path, members: list[tarfile.TarInfo]) -> None:
     """extractall that refuses paths or links escaping ``dest`` and special files (tarfile's "data" filter)."""
     if hasattr(tarfile, "data_filter"):
         tf.extractall(dest, members=members, filter="data")

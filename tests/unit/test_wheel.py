@@ -4,6 +4,7 @@ serve's use of an installed wheel (real wheels in a fresh venv: tests/integratio
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,67 @@ def test_wheel_without_scikit_build_core_is_a_toolchain_error(
     )
     with pytest.raises(ToolchainError, match="scikit-build-core"):
         wheel.build_wheel(settings, tmp_path / "x.tar.gz", tmp_path)
+
+
+def tiny_sdist(where: Path, body: str = "int main(void) { return 0; }\n") -> Path:
+    """An sdist shaped like ggml-bridge-server's (scikit-build-core, one C program installed into the package):
+    the real pip, scikit-build-core, CMake and ninja build it in seconds."""
+    root = "ggml_bridge_server-0.1.0"
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = ["scikit-build-core>=0.10"]\n'
+        'build-backend = "scikit_build_core.build"\n[project]\nname = "ggml-bridge-server"\nversion = "0.1.0"\n'
+        '[tool.scikit-build]\nwheel.packages = ["src/ggml_bridge_server"]\nwheel.py-api = "py3"\n',
+        "CMakeLists.txt": "cmake_minimum_required(VERSION 3.21)\nproject(tiny C)\nadd_executable(tiny tiny.c)\n"
+        "install(TARGETS tiny DESTINATION ggml_bridge_server/bin)\n",
+        "tiny.c": body,
+        "src/ggml_bridge_server/__init__.py": "",
+    }
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / f"{root}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(f"{root}/{name}")
+            info.size, info.mtime = len(text.encode()), wheel.MTIME
+            tar.addfile(info, io.BytesIO(text.encode()))
+    return path
+
+
+def test_a_build_folder_refuses_a_foreign_folder_and_restarts_for_another_sdist(tmp_path: Path) -> None:
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(UsageError, match="not a wheel build folder"):
+        wheel.prepare_build_dir(foreign, tiny_sdist(tmp_path / "a"))
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]  # nothing touched
+
+    bd = tmp_path / "bd"
+    src = wheel.prepare_build_dir(bd, tiny_sdist(tmp_path / "a"))
+    assert (src / "pyproject.toml").is_file() and (src / "tiny.c").stat().st_mtime == wheel.MTIME
+    (bd / "cmake").mkdir()
+    (bd / "cmake" / "object.o").write_text("compiled")
+    assert wheel.prepare_build_dir(bd, tiny_sdist(tmp_path / "a")) == src  # the same sdist: both folders kept
+    assert (bd / "cmake" / "object.o").is_file()
+    other = tiny_sdist(tmp_path / "b", "int main(void) { return 1; }\n")
+    assert wheel.prepare_build_dir(bd, other) == src
+    assert "return 1" in (src / "tiny.c").read_text()
+    assert not (bd / "cmake").exists()  # same mtimes, new sources: old objects must go
+    assert sorted(p.name for p in bd.iterdir()) == [wheel.BUILD_DIR_STAMP, "src"]  # no unpack folder left
+
+
+@pytest.mark.slow
+def test_a_wheel_build_with_a_build_folder_continues_instead_of_recompiling(
+    settings: config.Settings, tmp_path: Path
+) -> None:
+    sdist, bd, out = tiny_sdist(tmp_path / "sd"), tmp_path / "bd", tmp_path / "out"
+    first = wheel.build_wheel(settings, sdist, out, build_dir=bd)
+    objs = list((bd / "cmake").rglob("tiny.c.o"))
+    assert len(objs) == 1, "scikit-build-core did not build in the build folder"
+    built = objs[0].stat().st_mtime_ns
+    first.unlink()
+    second = wheel.build_wheel(settings, sdist, out, build_dir=bd)
+    assert second.is_file() and objs[0].stat().st_mtime_ns == built  # nothing recompiled
+    with zipfile.ZipFile(second) as z:
+        assert "ggml_bridge_server/bin/tiny" in z.namelist()
 
 
 # --------------------------------------------------------------------------------------------- version plugin
