@@ -39,20 +39,28 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$repo PATH=/tmp/site/bin:$PATH
 sdist=$(ls .carry/ggml_bridge_server-*.tar.gz) || fail "no carried sdist"
 
+dist=$GGML_BRIDGE_CACHE_DIR/wheel-dist
+if [ -n "${REUSE_WHEEL:-}" ] && ls "$dist"/ggml_bridge_server-*manylinux*.whl > /dev/null 2>&1; then
+    log "REUSE_WHEEL: the wheel an earlier call built: $(basename "$(ls "$dist"/ggml_bridge_server-*manylinux*.whl)")"
+else
 log "wheel: --backend cuda --cuda-arch '$ARCHS' --cpu-variants $VARIANTS ($(nproc) cores)"
+rm -rf "$dist"
 start=$SECONDS
 timeout --kill-after=15 "$BUILD_LIMIT" python3 -m ggml_bridge wheel --backend cuda --cuda-arch "$ARCHS" \
-    --cpu-variants "$VARIANTS" --sdist "$sdist" --out /tmp/dist --build-dir "$GGML_BRIDGE_CACHE_DIR/wheel-build" \
+    --cpu-variants "$VARIANTS" --sdist "$sdist" --out "$dist" --build-dir "$GGML_BRIDGE_CACHE_DIR/wheel-build" \
     >> "$OUT/wheel.txt" 2>&1
 rc=$?
 grep -E "^==>|done in|build folder|CMAKE_CUDA_ARCHITECTURES|repaired|error" "$OUT/wheel.txt" | tail -n 20 >> "$OUT/summary.txt"
 # ninja's progress: how far a build the limit stopped got (the next call continues from there)
-grep -oE "\[[0-9]+/[0-9]+\]" "$OUT/wheel.txt" | tail -n 1 | sed 's/^/last ninja step: /' | tee -a "$OUT/summary.txt"
+cp "$dist"/unrepaired/*.wheel.log "$OUT/" 2>/dev/null
+grep -ohE "^\[[0-9]+/[0-9]+\]" "$OUT"/*.wheel.log 2>/dev/null | tail -n 1 | sed 's/^/last ninja step: /' | tee -a "$OUT/summary.txt"
 [ $rc -eq 124 ] && fail "the build did not finish in ${BUILD_LIMIT} s: run this again on the same machine to continue it"
 [ $rc -eq 0 ] || { tail -n 40 "$OUT/wheel.txt"; fail "ggml-bridge wheel rc=$rc"; }
-whl=$(ls /tmp/dist/ggml_bridge_server-*manylinux*.whl)
-log "built + repaired in $((SECONDS - start)) s: $(basename "$whl") $(du -m "$whl" | cut -f1) MB"
-cp /tmp/dist/*.auditwheel.txt "$OUT/"
+log "built + repaired in $((SECONDS - start)) s"
+fi
+whl=$(ls "$dist"/ggml_bridge_server-*manylinux*.whl)
+log "$(basename "$whl"): $(stat -c %s "$whl") bytes; unrepaired $(stat -c %s "$dist"/unrepaired/*.whl) bytes"
+cp "$dist"/*.auditwheel.txt "$OUT/"
 
 # a fresh, empty site folder (the machine may lack python3-venv): only the wheel in it, and the stand-in below
 site=/tmp/wheel-site
