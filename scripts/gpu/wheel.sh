@@ -53,7 +53,7 @@ rc=$?
 grep -E "^==>|done in|build folder|CMAKE_CUDA_ARCHITECTURES|repaired|error" "$OUT/wheel.txt" | tail -n 20 >> "$OUT/summary.txt"
 # ninja's progress: how far a build the limit stopped got (the next call continues from there)
 cp "$dist"/unrepaired/*.wheel.log "$OUT/" 2>/dev/null
-grep -ohE "^\[[0-9]+/[0-9]+\]" "$OUT"/*.wheel.log 2>/dev/null | tail -n 1 | sed 's/^/last ninja step: /' | tee -a "$OUT/summary.txt"
+grep -ohE "\[[0-9]+/[0-9]+\]" "$OUT"/*.wheel.log 2>/dev/null | tail -n 1 | sed 's/^/last ninja step: /' | tee -a "$OUT/summary.txt"
 [ $rc -eq 124 ] && fail "the build did not finish in ${BUILD_LIMIT} s: run this again on the same machine to continue it"
 [ $rc -eq 0 ] || { tail -n 40 "$OUT/wheel.txt"; fail "ggml-bridge wheel rc=$rc"; }
 log "built + repaired in $((SECONDS - start)) s"
