@@ -33,6 +33,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -389,6 +390,21 @@ class Repaired:
     path: Path
     platform: str
     show: Path
+    #: (file name, bytes) of each library auditwheel grafted into ``ggml_bridge_server.libs/``
+    grafted: tuple[tuple[str, int], ...] = ()
+
+
+def grafted_libraries(whl: Path) -> tuple[tuple[str, int], ...]:
+    """(name, bytes) of the libraries ``auditwheel repair`` copied into the wheel (``<package>.libs/``): what the
+    build machine contributed beyond the package itself, each one a reason to check the build's options."""
+    with zipfile.ZipFile(whl) as z:
+        return tuple(
+            sorted(
+                (i.filename.rsplit("/", 1)[-1], i.file_size)
+                for i in z.infolist()
+                if i.filename.startswith(f"{PACKAGE}.libs/") and not i.is_dir()
+            )
+        )
 
 
 def repair_wheel(raw: Path, out_dir: Path, runtime: CudaRuntime | None = None) -> Repaired:
@@ -426,8 +442,13 @@ def repair_wheel(raw: Path, out_dir: Path, runtime: CudaRuntime | None = None) -
     show_file = whl.with_name(whl.name + ".auditwheel.txt")
     show_file.write_text(show)
     platform = whl.name[:-4].split("-")[-1]
+    grafted = grafted_libraries(whl)
     log(f"repaired: {whl} ({whl.stat().st_size / 1e6:.1f} MB, {platform})")
-    return Repaired(whl, platform, show_file)
+    log(
+        "grafted in by auditwheel: "
+        + (", ".join(f"{name} ({size / 1e6:.1f} MB)" for name, size in grafted) or "nothing")
+    )
+    return Repaired(whl, platform, show_file, grafted)
 
 
 def normalize(name: str) -> str:

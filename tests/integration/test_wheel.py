@@ -123,6 +123,8 @@ def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(
     show = " ".join(real_wheel.with_name(real_wheel.name + ".auditwheel.txt").read_text().split())
     tag = real_wheel.name[:-4].split("-")[-1]
     assert f'is consistent with the following platform tag: "{tag}"' in show and "libcuda" not in show, show
+    # only OpenMP comes from the build machine (a CUDA wheel once took its NCCL too: 190 MB)
+    assert [n.split("-")[0] for n, _ in wheel.grafted_libraries(real_wheel)] == ["libgomp"]
     home = tmp_path / "home"
     home.mkdir()
     venv.EnvBuilder(with_pip=True).create(tmp_path / "venv")
@@ -151,7 +153,7 @@ def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(
     pkg = Path(pkg_line)
     assert pkg.is_relative_to(tmp_path / "venv") and no_toolkit == "None", where.stdout
     build = json.loads((pkg / "build.json").read_text())
-    assert build["ggml_native"] == "OFF" and build["ggml_backend_dl"] == "ON"
+    assert build["ggml_native"] == "OFF" and build["ggml_backend_dl"] == "ON" and build["ggml_cuda_nccl"] == "OFF"
     variants = build["cpu_variants"]
     assert "x64" in variants and (os.environ.get("GGML_BRIDGE_TEST_WHEEL") or variants == list(wheel.CI_CPU_VARIANTS))
     assert sorted(p.name for p in (pkg / "bin").glob("libggml-cpu-*.so")) == sorted(

@@ -163,6 +163,18 @@ def test_a_build_folder_refuses_a_foreign_folder_and_restarts_for_another_sdist(
     assert sorted(p.name for p in bd.iterdir()) == [wheel.BUILD_DIR_STAMP, "src"]  # no unpack folder left
 
 
+def test_the_libraries_auditwheel_grafted_are_listed_with_their_sizes(tmp_path: Path) -> None:
+    whl = tmp_path / "ggml_bridge_server-0.1.0+cu130-py3-none-manylinux_2_38_x86_64.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("ggml_bridge_server/bin/llama-server", b"x" * 10)
+        z.writestr("ggml_bridge_server.libs/libnccl-2db3d5f5.so.2.28.3", b"n" * 300)
+        z.writestr("ggml_bridge_server.libs/libgomp-135f3c8f.so.1.0.0", b"g" * 20)
+    assert wheel.grafted_libraries(whl) == (
+        ("libgomp-135f3c8f.so.1.0.0", 20),
+        ("libnccl-2db3d5f5.so.2.28.3", 300),
+    )
+
+
 @pytest.mark.slow
 def test_a_wheel_build_with_a_build_folder_continues_instead_of_recompiling(
     settings: config.Settings, tmp_path: Path
@@ -417,6 +429,7 @@ def test_the_default_wheel_plan_is_the_portable_cpu_build(tmp_path: Path) -> Non
         "gb_default(GGML_NATIVE OFF)",
         "gb_default(GGML_BACKEND_DL ON)",
         "gb_default(GGML_CPU_ALL_VARIANTS ${GGML_BACKEND_DL})",
+        "gb_default(GGML_CUDA_NCCL OFF)",  # else the build machine's NCCL is grafted in (265.8 vs 77.8 MB)
     ):
         assert opt in cml
 
