@@ -273,7 +273,7 @@ def prepare_build_dir(build_dir: Path, sdist: Path) -> Path:
             why=f"it has no {BUILD_DIR_STAMP}; nothing in it was touched",
             fix="name a new or empty folder (or one an earlier `ggml-bridge wheel --build-dir` used)",
         )
-    ensure_out_dir(build_dir)
+    ensure_out_dir(build_dir, "--build-dir")
     src = build_dir / "src"
     try:
         same = json.loads(stamp.read_text()).get("sha256") == digest if stamp.is_file() else False
@@ -282,11 +282,13 @@ def prepare_build_dir(build_dir: Path, sdist: Path) -> Path:
     if same and (src / "pyproject.toml").is_file():
         log(f"build folder {build_dir}: continuing the build of {sdist.name}")
         return src
-    if stamp.is_file():
+    if stamp.is_file() and not same:
         log(f"build folder {build_dir}: another sdist was built there; starting afresh")
-    stamp.unlink(missing_ok=True)
-    for sub in (src, build_dir / "cmake"):
+    # stopped anywhere below, the next run redoes this: the stamp names this sdist only once the old folders are
+    # gone, and src appears whole (a rename) or not at all
+    for sub in (src, build_dir / "cmake", *build_dir.glob(".unpack-*")):
         shutil.rmtree(sub, ignore_errors=True)
+    stamp.write_text(json.dumps({"sdist": sdist.name, "sha256": digest}, indent=1) + "\n")
     stage = Path(tempfile.mkdtemp(dir=build_dir, prefix=".unpack-"))
     try:
         try:
@@ -306,7 +308,6 @@ def prepare_build_dir(build_dir: Path, sdist: Path) -> Path:
         tops[0].rename(src)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    stamp.write_text(json.dumps({"sdist": sdist.name, "sha256": digest}, indent=1) + "\n")
     return src
 
 
@@ -547,23 +548,23 @@ def _writing(target: Path) -> Iterator[None]:
         ) from None
 
 
-def ensure_out_dir(out_dir: Path) -> None:
-    """``--out`` is a folder we can write (created when missing); UsageError naming it otherwise."""
+def ensure_out_dir(out_dir: Path, flag: str = "--out") -> None:
+    """``--out`` (or ``flag``) is a folder we can write (created when missing); UsageError naming it otherwise."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
         raise UsageError(
-            f"--out {out_dir} is a file, not a folder", fix="pass a folder (it is created if missing)"
+            f"{flag} {out_dir} is a file, not a folder", fix="pass a folder (it is created if missing)"
         ) from None
     except OSError as e:
         raise UsageError(
-            f"--out {out_dir}: cannot create the folder", why=e.strerror or str(e), fix="pass a folder you can write"
+            f"{flag} {out_dir}: cannot create the folder", why=e.strerror or str(e), fix="pass a folder you can write"
         ) from None
     if not out_dir.is_dir():
-        raise UsageError(f"--out {out_dir} is not a folder", fix="pass a folder (it is created if missing)")
+        raise UsageError(f"{flag} {out_dir} is not a folder", fix="pass a folder (it is created if missing)")
     if not os.access(out_dir, os.W_OK | os.X_OK):
         raise UsageError(
-            f"--out {out_dir} is not writable",
+            f"{flag} {out_dir} is not writable",
             why="nothing was written",
             fix="pass a folder you can write, or fix its permissions",
         )

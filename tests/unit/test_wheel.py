@@ -161,6 +161,13 @@ def test_a_build_folder_refuses_a_foreign_folder_and_restarts_for_another_sdist(
     assert "return 1" in (src / "tiny.c").read_text()
     assert not (bd / "cmake").exists()  # same mtimes, new sources: old objects must go
     assert sorted(p.name for p in bd.iterdir()) == [wheel.BUILD_DIR_STAMP, "src"]  # no unpack folder left
+    # a run stopped while unpacking (stamp written, src not yet there, its unpack folder left): the next redoes it
+    shutil.rmtree(src)
+    (bd / ".unpack-abc" / "half").mkdir(parents=True)
+    assert wheel.prepare_build_dir(bd, other) == src and (src / "tiny.c").is_file()
+    assert sorted(p.name for p in bd.iterdir()) == [wheel.BUILD_DIR_STAMP, "src"]
+    with pytest.raises(UsageError, match="--build-dir .* is a file"):
+        wheel.prepare_build_dir(foreign / "notes.txt", other)
 
 
 def test_the_libraries_auditwheel_grafted_are_listed_with_their_sizes(tmp_path: Path) -> None:
