@@ -15,6 +15,10 @@ with ``-DGGML_VULKAN=ON`` (``--backend vulkan`` passes the Vulkan pieces :func:`
 beside the wheel) and, with ``--index DIR``, a PEP 503 simple index. The CPU wheel is portable (every CPU
 variant, picked at run time); ``--backend cuda`` builds for every architecture of :data:`CUDA_TABLE` the toolkit
 accepts. :func:`installed_server` is how ``serve`` finds an installed wheel.
+
+Over 500 lines: the distribution's one stage, sdist -> wheel -> repair -> index (and the build folder a stopped
+wheel build continues in), sharing the package name, the templates, the CUDA table and the sdist's fixed mtime;
+split, each part would import the others' names.
 """
 
 from __future__ import annotations
