@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -62,6 +63,11 @@ def main() -> int:
     ap.add_argument("--vocab", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--shape", default="small")
+    ap.add_argument(
+        "--serve-args",
+        default="--bridge force --batched on",
+        help="ggml-bridge serve's mechanism flags for both sides (on a CPU build: --bridge off --batched off)",
+    )
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     bins = {"source": a.source_bin, "wheel": a.wheel_bin}
@@ -76,7 +82,7 @@ def main() -> int:
     try:
         for side in SIDES:
             result["bins"][side] = str(bins[side])
-            launcher = ["--bridge", "force", "--batched", "on", "--server", str(bins[side] / "llama-server")]
+            launcher = [*shlex.split(a.serve_args), "--server", str(bins[side] / "llama-server")]
             greedy[side] = run(side, launcher, server_args, env, a.out)
     except (RuntimeError, OSError) as e:
         print(f"wheel_vs_source: {e}", file=sys.stderr)
