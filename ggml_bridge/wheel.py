@@ -46,6 +46,7 @@ from typing import Iterator
 from . import __version__, cache
 from . import fetch as fetchmod
 from . import patch as patchmod
+from . import pin as pinmod
 from . import ui as uimod
 from .build import steps as buildmod
 from .build.installed import DIST_NAME
@@ -193,6 +194,17 @@ class Sdist:
     ui: uimod.UiAssets
 
 
+def build_info_cmake(tree: fetchmod.Tree, build: int | None, series: patchmod.Series | None) -> str:
+    """What llama-server's ``--version`` (and ``/props``) says in the wheel: llama.cpp reads its build number and
+    commit from git in the source folder, and the vendored tree has no ``.git``, so git found the enclosing
+    checkout's (a wheel built inside the ggml-bridge checkout said ``version: 351 (a39c5a5)``, ggml-bridge's own
+    commit count and hash) or none (``0 (unknown)``). The sdist sets both: upstream's build number, and upstream's
+    commit (or ``bNNNN``) with the series hash."""
+    ident = tree.commit[:9] if tree.commit else (f"b{build}" if build is not None else tree.commit_or_id[:16])
+    commit = f"{ident}+bridge-{series.hash[:8] if series else 'none'}"
+    return f'set(LLAMA_BUILD_NUMBER {build if build is not None else 0})\nset(LLAMA_BUILD_COMMIT "{commit}")\n'
+
+
 def sdist_filename(version: str = __version__) -> str:
     return f"{PACKAGE}-{version}.tar.gz"
 
@@ -219,6 +231,9 @@ def make_sdist(
     }
     upstream = f"{tree.commit_or_id[:12]}" + (" (pinned)" if tree.pinned else "")
     generated = {
+        "build_info.cmake": build_info_cmake(
+            tree, pinmod.load(settings.pin_file).build if tree.pinned else None, patched.series
+        ),
         "pyproject.toml": _template("pyproject.toml").replace("@VERSION@", version).replace("@UPSTREAM@", upstream),
         "ui.cmake": f"set(GGML_BRIDGE_SERVER_UI {'ON' if ui.dist is not None else 'OFF'})\n",
         f"src/{PACKAGE}/manifest.json": json.dumps(manifest, indent=2, sort_keys=True) + "\n",

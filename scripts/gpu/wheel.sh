@@ -98,13 +98,7 @@ grep -E "using llama-server|bridge|batched|check" "$OUT/serve-check.txt" | tail 
 [ $rc -eq 0 ] || fail "serve --check rc=$rc"
 log "serve --check PASS"
 
-# the source build of the same series, if `prove.sh build` left it in the cache (or source-then-wheel.sh's, running
-# beside this script, writes $SOURCE_WAIT when it ends)
-if [ -n "${SOURCE_WAIT:-}" ]; then
-    log "waiting for the source build"
-    while [ ! -f "$SOURCE_WAIT" ] && [ $SECONDS -lt 1200 ]; do sleep 2; done
-    log "source build ended (rc $(cat "$SOURCE_WAIT" 2>/dev/null))"
-fi
+# the source build of the same series, if `prove.sh build` or source-then-wheel.sh left it in the cache
 source_bin=$(python3 -m ggml_bridge build --backend cuda --variant patched --print-bin-dir 2>/dev/null) || source_bin=
 if [ -z "$source_bin" ]; then log "no patched CUDA source build in $GGML_BRIDGE_CACHE_DIR: wheel vs source not compared"; exit 0; fi
 python3 -m ggml_bridge build --backend cuda --variant patched --print-manifest 2>/dev/null | xargs -r cp -t "$OUT/" 2>/dev/null

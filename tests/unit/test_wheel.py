@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import cli, config, wheel
+from ggml_bridge import cli, config, pin, wheel
 from ggml_bridge.errors import BuildError, NotBuiltError, ServeError, ToolchainError, UsageError
 
 from helpers import fake_model, fake_vulkan_root, write_fake_bin
@@ -52,6 +52,7 @@ def test_sdist_carries_the_patched_tree_templates_and_manifest(
     root = f"ggml_bridge_server-{made.version}/"
     for rel in (
         "pyproject.toml",
+        "build_info.cmake",
         "CMakeLists.txt",
         "ui.cmake",
         "PKG-INFO",
@@ -71,6 +72,11 @@ def test_sdist_carries_the_patched_tree_templates_and_manifest(
     assert manifest["upstream"]["commit"] == upstream.commit
     assert [p["name"] for p in manifest["patches"]] == [p.name for p in upstream.patches.series]
     assert manifest["ui"] == {"embedded": False, "reason": "the tree has no tools/ui"}
+    # --version of the wheel: upstream's identity and the series, not whatever git repository encloses the build
+    build = pin.load(settings.pin_file).build
+    assert build is not None and read_member(made.path, root + "build_info.cmake") == (
+        f'set(LLAMA_BUILD_NUMBER {build})\nset(LLAMA_BUILD_COMMIT "{upstream.commit[:9]}+bridge-{manifest["series_hash"][:8]}")\n'
+    )
     # the vendored tree is the patched one, file for file
     from ggml_bridge import fetch, patch
 
