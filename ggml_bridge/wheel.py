@@ -307,7 +307,7 @@ def prepare_build_dir(build_dir: Path, sdist: Path) -> Path:
     # gone, and src appears whole (a rename) or not at all
     for sub in (src, build_dir / "cmake", *build_dir.glob(".unpack-*")):
         shutil.rmtree(sub, ignore_errors=True)
-    stamp.write_text(json.dumps({"sdist": sdist.name, "sha256": digest}, indent=1) + "\n")
+    cache.write_json_atomic(stamp, {"sdist": sdist.name, "sha256": digest})
     stage = Path(tempfile.mkdtemp(dir=build_dir, prefix=".unpack-"))
     try:
         try:
