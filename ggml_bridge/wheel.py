@@ -197,8 +197,8 @@ class Sdist:
 def build_info_cmake(tree: fetchmod.Tree, build: int | None, series: patchmod.Series | None) -> str:
     """What llama-server's ``--version`` (and ``/props``) says in the wheel: llama.cpp reads its build number and
     commit from git in the source folder, and the vendored tree has no ``.git``, so git found the enclosing
-    checkout's (a wheel built inside the ggml-bridge checkout said ``version: 351 (a39c5a5)``, ggml-bridge's own
-    commit count and hash) or none (``0 (unknown)``). The sdist sets both: upstream's build number, and upstream's
+    checkout's (a wheel built inside the ggml-bridge checkout said ``build 351, commit a39c5a5``, ggml-bridge's own
+    commit count and hash) or none (``build 0, commit unknown``). The sdist sets both: upstream's build number, and upstream's
     commit (or ``bNNNN``) with the series hash."""
     ident = tree.commit[:9] if tree.commit else (f"b{build}" if build is not None else tree.commit_or_id[:16])
     commit = f"{ident}+bridge-{series.hash[:8] if series else 'none'}"
