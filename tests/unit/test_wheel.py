@@ -188,10 +188,10 @@ def test_the_libraries_auditwheel_grafted_are_listed_with_their_sizes(tmp_path: 
     )
 
 
-@pytest.mark.slow
 def test_a_wheel_build_with_a_build_folder_continues_instead_of_recompiling(
     settings: config.Settings, tmp_path: Path
 ) -> None:
+    """Real pip, scikit-build-core, CMake and the C compiler on a tiny project (about 2 s): a fast test."""
     sdist, bd, out = tiny_sdist(tmp_path / "sd"), tmp_path / "bd", tmp_path / "out"
     first = wheel.build_wheel(settings, sdist, out, build_dir=bd)
     objs = list((bd / "cmake").rglob("tiny.c.o"))
