@@ -35,12 +35,14 @@ from ggml_bridge import model  # noqa: E402
 from ggml_bridge.ladder import inputs  # noqa: E402
 
 SIDES = ("source", "wheel")
+#: both mechanisms on for the full-logits runs (on a build without CUDA the bridge's variable is not read)
+PPL_ENV = {"GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "LLAMA_BATCHED_TRANSFERS": "1"}
 
 
 def perplexity(bindir: Path, gguf: Path, text: Path, dump: Path, log: Path) -> dict:
     argv = [str(bindir / "llama-perplexity"), "-m", str(gguf), "-f", str(text), "-c", "256", "-b", "512"]
     argv += ["-ub", "128", "-ngl", "999", "-sm", "layer", "--kl-divergence-base", str(dump)]
-    env = {**os.environ, "GGML_CUDA_MAPPED_HOST_BRIDGE": "force", "LLAMA_BATCHED_TRANSFERS": "1"}
+    env = {**os.environ, **PPL_ENV}
     t0 = time.monotonic()
     res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     out = res.stdout + res.stderr
@@ -105,8 +107,8 @@ def main() -> int:
     result["identical"] = ok
     (a.out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
-        f"# Installed CUDA wheel vs source build ({a.shape}, GGML_CUDA_DEVICES={result['GGML_CUDA_DEVICES']}, "
-        "bridge forced, batching on)",
+        f"# Installed wheel vs source build ({a.shape}, GGML_CUDA_DEVICES={result['GGML_CUDA_DEVICES']}; serve "
+        f"{a.serve_args}; llama-perplexity with {' '.join(f'{k}={v}' for k, v in PPL_ENV.items())})",
         "",
         f"- greedy (serve): {sum(same)}/{len(PROMPTS)} responses identical ({result['greedy']['bytes']} bytes)",
         f"- full logits (llama-perplexity --kl-divergence-base): {'identical' if logits_same else '**DIFFERENT**'}, "
