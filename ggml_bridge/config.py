@@ -23,7 +23,6 @@ from typing import Any, Mapping
 
 from . import modes
 from . import pin as pinmod
-from .argtypes import user_path
 from .errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -151,6 +150,12 @@ class Settings:
     @property
     def patches_dir(self) -> Path:
         return self.project_dir / "patches"
+
+
+def user_path(text: str | os.PathLike[str]) -> Path:
+    """``text`` with ``~`` / ``~user`` expanded as the shell does: an unknown user leaves it as it is (a path
+    that then does not exist), where ``Path.expanduser`` raises RuntimeError."""
+    return Path(os.path.expanduser(text))
 
 
 def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -304,10 +304,9 @@ RPC_STATE = re.compile(
 )
 #: patch 0006's counters line (on SIGUSR1, periodically with an interval, and at exit)
 RPC_COUNTERS = re.compile(r"ggml_bridge_rpc: counters: trigger=(?P<trigger>\w+)(?P<kv>(?:\s+\w+=\d+)+)")
-#: upstream rpc-server lines: its banner, each device it serves, and an RPC client's version refusal
+#: upstream rpc-server lines: its banner and each device it serves
 RPC_STARTING = re.compile(r"Starting RPC server v(?P<version>\d+\.\d+\.\d+)")
 RPC_DEVICE = re.compile(r"^\s+(?P<dev>[A-Za-z]+\d*): (?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)")
-RPC_VERSION_MISMATCH = re.compile(r"RPC server version mismatch: (?P<version>\S+)")
 
 
 @dataclass

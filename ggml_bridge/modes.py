@@ -27,35 +27,75 @@ BRIDGE = "GGML_CUDA_MAPPED_HOST_BRIDGE"  # 0|1|auto|force (its only setting; sta
 BATCHED = "LLAMA_BATCHED_TRANSFERS"  # 0|1 (its stats line comes at teardown when 1)
 #: the CMake switches that compile the mechanisms in (the bridge's switch is named like its selector)
 BATCHED_CMAKE = "SAM3D_BATCHED_TRANSFERS"
-RPC_STATS_INTERVAL = "GGML_BRIDGE_RPC_STATS_INTERVAL"  # seconds between ggml-rpc-server counter lines
+#: the RPC server program of a build (the rpc-* modes start it; serve's --rpc-local too)
+RPC_SERVER = "ggml-rpc-server"
 #: upstream's own variables the modes and suites set
 CUDA_P2P = "GGML_CUDA_P2P"  # 1: enable peer access between the GPUs
 CUDA_DEVICES = "GGML_CUDA_DEVICES"  # N: emulate N cards on the visible GPUs
 NCCL_NVLS = "NCCL_NVLS_ENABLE"  # 0 on the lent machines (NVLink multicast off)
 VK_DEVICES = "GGML_VK_VISIBLE_DEVICES"  # Vulkan device indices; "0,0" = two devices on one (CPU-type ones
 # such as lavapipe are used only when named here)
-VK_PERF_LOGGER = "GGML_VK_PERF_LOGGER"  # ggml-vulkan's per-graph timestamp logger (batching drains before compute)
 
 #: ``--bridge`` / ``--batched`` words -> selector values
 BRIDGE_VALUES = {"on": "1", "off": "0", "auto": "auto", "force": "force"}
 BATCHED_VALUES = {"on": "1", "off": "0"}
-#: both selectors 0
-SELECTORS_OFF = {BRIDGE: "0", BATCHED: "0"}
+#: the ``--bridge`` words that ask for the bridge (it must then prove that it engaged, or say why not) and the one
+#: that asks for batching: the single rule serve, rpc, the ladder and the bench apply
+BRIDGE_ASKS = ("on", "auto", "force")
+BATCHED_ASKS = ("on",)
+
+
+@dataclass(frozen=True)
+class Selectors:
+    """The ``--bridge`` / ``--batched`` words of one process (``None``: left unset, the build's default)."""
+
+    bridge: str | None = None
+    batched: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.bridge is not None and self.bridge not in BRIDGE_VALUES:
+            raise UsageError(f"--bridge must be one of {', '.join(BRIDGE_VALUES)}, not {self.bridge!r}")
+        if self.batched is not None and self.batched not in BATCHED_VALUES:
+            raise UsageError(f"--batched must be one of {', '.join(BATCHED_VALUES)}, not {self.batched!r}")
+
+    @property
+    def asks_bridge(self) -> bool:
+        """The bridge is asked for: it must engage or say why it may not (``on``, ``auto``, ``force``)."""
+        return self.bridge in BRIDGE_ASKS
+
+    @property
+    def asks_batched(self) -> bool:
+        return self.batched in BATCHED_ASKS
+
+    @property
+    def any_set(self) -> bool:
+        """A selector is set: there is something to prove (asked for, or asked to stay off)."""
+        return self.bridge is not None or self.batched is not None
+
+    @property
+    def bridge_mode(self) -> str | None:
+        """What the server reports in its ``enabled (mode M)`` line when the bridge engages as asked."""
+        return BRIDGE_VALUES[self.bridge] if self.asks_bridge and self.bridge is not None else None
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        """Which mechanisms must prove that they engaged: ``()``, ``("bridge",)``, ``("batched",)`` or both."""
+        return (("bridge",) if self.asks_bridge else ()) + (("batched",) if self.asks_batched else ())
+
+    def env(self) -> dict[str, str]:
+        """The selectors' environment variables (only those set)."""
+        env: dict[str, str] = {}
+        if self.bridge is not None:
+            env[BRIDGE] = BRIDGE_VALUES[self.bridge]
+        if self.batched is not None:
+            env[BATCHED] = BATCHED_VALUES[self.batched]
+        return env
 
 
 def selector_env(bridge: str | None, batched: str | None) -> dict[str, str]:
     """Environment for the selectors. ``None`` leaves a selector unset (the build's default). There is nothing to
-    switch the counters on: both mechanisms print their stats line whenever they are on (issue 26)."""
-    env: dict[str, str] = {}
-    if bridge is not None:
-        if bridge not in BRIDGE_VALUES:
-            raise UsageError(f"--bridge must be one of {', '.join(BRIDGE_VALUES)}, not {bridge!r}")
-        env[BRIDGE] = BRIDGE_VALUES[bridge]
-    if batched is not None:
-        if batched not in BATCHED_VALUES:
-            raise UsageError(f"--batched must be one of {', '.join(BATCHED_VALUES)}, not {batched!r}")
-        env[BATCHED] = BATCHED_VALUES[batched]
-    return env
+    switch the counters on: both mechanisms print their stats line whenever they are on."""
+    return Selectors(bridge, batched).env()
 
 
 # --- build backends ---------------------------------------------------------------------------------------
@@ -164,17 +204,21 @@ class Mode:
     link: str | None = None  # rpc modes in the bench: a shaped link RATE/DELAY (netbench.py)
 
     @property
+    def selectors(self) -> Selectors:
+        return Selectors(self.bridge, self.batched)
+
+    @property
     def uses_bridge(self) -> bool:
-        return self.bridge in ("on", "auto", "force")
+        return self.selectors.asks_bridge
 
     @property
     def uses_batched(self) -> bool:
-        return self.batched == "on"
+        return self.selectors.asks_batched
 
     @property
     def mechanisms(self) -> tuple[str, ...]:
         """Which mechanisms must prove that they engaged: ``()``, ``("bridge",)``, ``("batched",)`` or both."""
-        return (("bridge",) if self.uses_bridge else ()) + (("batched",) if self.uses_batched else ())
+        return self.selectors.mechanisms
 
     def env(self) -> dict[str, str]:
         """The mode's environment: selectors for a patched variant, GGML_CUDA_P2P for the *-p2p modes, and the

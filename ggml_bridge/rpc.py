@@ -1,7 +1,7 @@
 """RPC topologies: ggml-rpc-server processes started here or given as ``host:port``, checked before llama-server
 starts, watched while it serves, and the one line that says which boundaries cross TCP (docs/rpc.md).
 
-What upstream (b11312) does at each boundary of a split that uses RPC devices:
+What upstream does at each boundary of a split that uses RPC devices:
 
 * two CUDA devices of one process (llama-server, or one rpc-server): the CUDA backend's copy, i.e. the bridge
   (in llama-server through ``cpy_tensor_async``; inside an rpc-server through ``RPC_CMD_COPY_TENSOR`` ->
@@ -29,16 +29,14 @@ import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from . import logparse, runner, shaper
-from .cli_options import RPC_SERVER as RPC_SERVER  # re-exported: the ladder and the bench start it
 from .engagement import BRIDGE, engaged
 from .errors import RpcError, UsageError
-from .net import free_port
-
-if TYPE_CHECKING:
-    import argparse
+from .modes import RPC_SERVER as RPC_SERVER  # re-exported: the ladder and the bench start it
+from .modes import Selectors
+from .net import free_port, parse_hostport
 
 #: RPC_CMD_HELLO and the sizes of rpc_msg_hello_req / _rsp (ggml-rpc.cpp, transport.h RPC_CONN_CAPS_SIZE)
 HELLO_CMD = 14
@@ -61,13 +59,10 @@ def parse_endpoints(spec: str) -> list[Endpoint]:
     """``host:port,host:port`` (llama-server's ``--rpc`` syntax) -> endpoints; UsageError on a bad entry."""
     out: list[Endpoint] = []
     for item in (x.strip() for x in spec.split(",")):
-        m = re.fullmatch(r"\[?([^\[\]]+?)\]?:(\d+)", item)
-        if not m or not (0 < int(m.group(2)) < 65536):
-            raise UsageError(
-                f"--rpc: {item!r} is not host:port",
-                fix="give a comma-separated list such as 192.168.1.2:50052,192.168.1.3:50052",
-            )
-        out.append(Endpoint(m.group(1), int(m.group(2))))
+        host, port = parse_hostport(
+            item, "--rpc:", example="a comma-separated list such as 192.168.1.2:50052,192.168.1.3:50052"
+        )
+        out.append(Endpoint(host, port))
     if len(set(out)) != len(out):
         raise UsageError(f"--rpc {spec}: an endpoint is listed twice")
     return out
@@ -391,7 +386,7 @@ class Topology:
                     f"nothing crossed the shaped link {st['link']} to {RPC_SERVER} on {ep} "
                     f"({up} B up, {down} B down): llama-server did not use it"
                 )
-        if bridge not in ("on", "force"):
+        if not Selectors(bridge).asks_bridge:
             return notes, errors
         for s in self.local:
             info = s.info()
@@ -449,8 +444,30 @@ def take_rpc_arg(server_args: list[str]) -> str | None:
     return value
 
 
-def from_args(
-    args: argparse.Namespace,
+@dataclass(frozen=True)
+class RpcOptions:
+    """The RPC topology serve's options ask for (``--rpc``, ``--rpc-local*``, ``--rpc-link``, ``--rpc-server``)."""
+
+    endpoints: str | None = None
+    """``--rpc``: remote rpc-servers, ``host:port,...``."""
+    local: int = 0
+    """``--rpc-local N``: local rpc-servers to start."""
+    local_devices: tuple[tuple[str, ...], ...] = ()
+    """``--rpc-local-devices``: the devices of each local rpc-server (sets their number)."""
+    local_only: bool = False
+    """``--rpc-local-only``: llama-server gets no GPU of its own."""
+    link: str | None = None
+    """``--rpc-link RATE/DELAY``: a shaped loopback link in front of each local rpc-server."""
+    server: Path | None = None
+    """``--rpc-server``: the ggml-rpc-server binary."""
+
+    @property
+    def n_local(self) -> int:
+        return len(self.local_devices) or self.local
+
+
+def from_options(
+    opts: RpcOptions,
     settings: object,
     server_binary: Path,
     env: Mapping[str, str],
@@ -458,17 +475,17 @@ def from_args(
     log_dir: Path | None = None,
 ) -> Topology | None:
     """The topology the serve options ask for (None: no RPC), not started yet. A ``--rpc`` in
-    ``server_args`` is taken out of them and joins ``args.rpc``."""
-    given = [x for x in (getattr(args, "rpc", None), take_rpc_arg(server_args)) if x]
+    ``server_args`` is taken out of them and joins ``opts.endpoints``."""
+    given = [x for x in (opts.endpoints, take_rpc_arg(server_args)) if x]
     remote = parse_endpoints(",".join(given)) if given else []
-    devices = [[d for d in x.split(",") if d] for x in (getattr(args, "rpc_local_devices", None) or [])]
-    n = len(devices) or int(getattr(args, "rpc_local", 0) or 0)
+    devices = [list(d) for d in opts.local_devices]
+    n = opts.n_local
     if n < 0:
         raise UsageError("--rpc-local must be 0 or more")
     if not remote and not n:
         return None
     devices += [[] for _ in range(n - len(devices))]
-    binary = getattr(args, "rpc_server", None) or Path(server_binary).parent / RPC_SERVER
+    binary = opts.server or Path(server_binary).parent / RPC_SERVER
     if n and not Path(binary).is_file():
         from . import build
 
@@ -477,20 +494,19 @@ def from_args(
         LocalRpcServer(binary, devices=d, env=env, log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
         for i, d in enumerate(devices)
     ]
-    link = getattr(args, "rpc_link", None)
-    if link and not local:
+    if opts.link and not local:
         raise UsageError(
             "--rpc-link needs local rpc-servers",
             why="a remote endpoint's link is the network's",
             fix="add --rpc-local N or --rpc-local-devices",
         )
-    return Topology(local, remote, link=shaper.parse_link(link) if link else None)
+    return Topology(local, remote, link=shaper.parse_link(opts.link) if opts.link else None)
 
 
-def front_env(args: argparse.Namespace) -> dict[str, str]:
+def front_env(opts: RpcOptions) -> dict[str, str]:
     """llama-server's extra environment: no GPU of its own with --rpc-local-only (a multi-host test topology)."""
-    if getattr(args, "rpc_local_only", False):
-        if not (getattr(args, "rpc_local", 0) or getattr(args, "rpc_local_devices", None)):
+    if opts.local_only:
+        if not opts.n_local:
             raise UsageError("--rpc-local-only needs local rpc-servers", fix="add --rpc-local N or --rpc-local-devices")
         return {"CUDA_VISIBLE_DEVICES": ""}
     return {}

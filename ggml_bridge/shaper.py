@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Deque
 
 from .errors import RpcError, UsageError
+from .net import parse_hostport
 
 CHUNK = 256 * 1024  # the most one read takes from a socket (the link's burst)
 MIN_IN_FLIGHT = 8 << 20  # bytes a direction may hold, at least
@@ -530,38 +531,23 @@ def measure_ceiling(nbytes: int = 256 << 20, link: Link | None = None) -> float:
 # --- `ggml-bridge shape` -----------------------------------------------------------------------------------------
 
 
-def add_arguments(parser: Any) -> None:
-    parser.add_argument(
-        "--listen",
-        required=True,
-        metavar="[HOST:]PORT",
-        help="where to accept connections (loopback; default host 127.0.0.1)",
-    )
-    parser.add_argument("--to", required=True, metavar="HOST:PORT", help="where to forward them (loopback)")
-    parser.add_argument("--rate", default="unlimited", help="per-direction bandwidth, e.g. 10gbit, 25gbit, 800mbit")
-    parser.add_argument("--delay", default="0", help="one-way latency added, e.g. 0.2ms, 100us")
-    parser.add_argument(
-        "--ceiling",
-        action="store_true",
-        help="first measure what the shaper can move on this machine and warn below the rate",
-    )
+@dataclass(frozen=True)
+class ShapeOptions:
+    """``ggml-bridge shape``'s options: where to listen, where to forward, the link."""
+
+    listen: str
+    to: str
+    rate: str = "unlimited"
+    delay: str = "0"
+    ceiling: bool = False
 
 
-def _hostport(text: str, what: str, default_host: str | None = None) -> tuple[str, int]:
-    m = re.fullmatch(r"(?:\[?([^\[\]]+?)\]?:)?(\d+)", text.strip())
-    if not m or not 0 <= int(m.group(2)) < 65536 or (m.group(1) is None and default_host is None):
-        raise UsageError(
-            f"{what} {text!r} is not {'[HOST:]PORT' if default_host else 'HOST:PORT'}", fix="e.g. 127.0.0.1:50052"
-        )
-    return m.group(1) or str(default_host), int(m.group(2))
-
-
-def run(args: Any, settings: Any = None) -> int:
+def run(args: ShapeOptions) -> int:
     from .runner import log
 
     link = Link(parse_rate(args.rate), parse_delay(args.delay))
-    host, port = _hostport(args.listen, "--listen", "127.0.0.1")
-    target = _hostport(args.to, "--to")
+    host, port = parse_hostport(args.listen, "--listen", default_host="127.0.0.1", allow_zero=True)
+    target = parse_hostport(args.to, "--to", allow_zero=True)
     sh = Shaper(target, link, listen_host=host, listen_port=port)
     if args.ceiling:
         ceiling = measure_ceiling(128 << 20)

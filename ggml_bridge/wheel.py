@@ -587,7 +587,3 @@ def ensure_out_dir(out_dir: Path, flag: str = "--out") -> None:
             why="nothing was written",
             fix="pass a folder you can write, or fix its permissions",
         )
-
-
-def default_out_dir() -> Path:
-    return Path.cwd() / "dist"

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from tiny_server import tiny_setup  # noqa: E402  (scripts/ is on sys.path)
 
-from ggml_bridge import serve  # noqa: E402
+from ggml_bridge import llama_server, modes  # noqa: E402
 
 
 def proc_kib(pid: int, key: str) -> int | None:
@@ -98,7 +98,7 @@ def one_run(
     n_predict: int,
     same_env: bool = True,
 ) -> dict:
-    port = serve.free_port()
+    port = llama_server.free_port()
     run_dir = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=work))
     server_args = ["-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-c", "512", "-np", "1", "-t", "2"]
     err_file = run_dir / "stderr"
@@ -108,7 +108,7 @@ def one_run(
         if kind == "plain":
             cmd = [str(server), *server_args]
             # the selectors serve sets (bridge on, batched on, their stats): the same server work, no launcher
-            env = {**os.environ, **(serve.selector_env("on", "on") if same_env else {})}
+            env = {**os.environ, **(modes.selector_env("on", "on") if same_env else {})}
             proc = subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
             env_root = None
         else:

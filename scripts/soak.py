@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from tiny_server import tiny_setup  # noqa: E402  (scripts/ is on sys.path)
 
-from ggml_bridge import runner, serve  # noqa: E402
+from ggml_bridge import llama_server, runner  # noqa: E402
 
 
 def rss_kib(pid: int) -> int | None:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     server, gguf, work = setup
     args.report.mkdir(parents=True, exist_ok=True)
-    port = serve.free_port()
+    port = llama_server.free_port()
     server_log = work / "server.log"
     cmd = [
         sys.executable,

@@ -38,14 +38,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ggml_bridge import model, serve  # noqa: E402
+from ggml_bridge import llama_server, model  # noqa: E402
 
 
 class Server:
     """A llama-server on the model, waited for until /health answers; (seconds to ready) in .ready_s."""
 
     def __init__(self, server: Path, gguf: Path, ctx: int = 512) -> None:
-        self.port = serve.free_port()
+        self.port = llama_server.free_port()
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [str(server), "-m", str(gguf), "--port", str(self.port), "-c", str(ctx), "-np", "1", "-t", "2"],

@@ -60,18 +60,25 @@ def write_fake_variants(root: Path, *, prefix: str = "", rpc_server: str | None 
     return root
 
 
-def bench_args(**kw: object):  # -> argparse.Namespace
+def bench_args(**kw: object):
     """``ggml-bridge bench``'s defaults with ``kw`` set."""
-    import argparse
+    import dataclasses
 
-    from ggml_bridge import bench
+    from ggml_bridge import cli
 
-    p = argparse.ArgumentParser()
-    bench.add_arguments(p)
-    ns = p.parse_args([])
+    opts = cli.parse_command(cli.COMMANDS["bench"], [])
+    if dataclasses.is_dataclass(opts):
+        return dataclasses.replace(opts, **kw)
     for k, v in kw.items():
-        setattr(ns, k, v)
-    return ns
+        setattr(opts, k, v)
+    return opts
+
+
+def ladder_options(argv: list[str]):  # -> ggml_bridge.ladder.LadderOptions
+    """``ggml-bridge ladder ARGV`` as the typed options the ladder runs with."""
+    from ggml_bridge import cli
+
+    return cli.parse_command(cli.COMMANDS["ladder"], argv)
 
 
 def fake_model(d: Path) -> Path:

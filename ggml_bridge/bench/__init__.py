@@ -36,7 +36,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .. import argtypes, modes, netbench
+from .. import modes, netbench
 from ..cache import file_sha256
 from ..config import Settings
 from ..errors import BenchError, UsageError
@@ -271,112 +271,6 @@ def resolve_bins(args: argparse.Namespace, settings: Settings, variants: set[str
         except UsageError as e:  # e.g. upstream-nopeer on a CPU-only machine: that case is skipped
             log(f"    cannot build {v}: {e}")
     return dirs
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--suite",
-        choices=sorted(SUITES),
-        default=None,
-        help="which comparison (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)",
-    )
-    parser.add_argument("--cases", default=None, help="comma-separated subset of the suite's cases")
-    parser.add_argument(
-        "--links",
-        default=None,
-        metavar="RATE/DELAY,...",
-        help="shaped links for the suite's rpc cases, e.g. 10gbit/0.2ms,25gbit/0.1ms (default: the "
-        "suite's; each rpc case runs unshaped and once per link)",
-    )
-    parser.add_argument(
-        "--variants-dir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="DIR/{upstream,nopeer,patched}/llama-bench: one folder per build variant",
-    )
-    for v in modes.VARIANTS:
-        parser.add_argument(f"--bin-dir-{v}", type=Path, default=None, metavar="DIR", help=f"llama-bench of {v}")
-    parser.add_argument(
-        "--build",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="build the variants that are missing (default; --no-build only reuses builds)",
-    )
-    parser.add_argument("--model", type=Path, default=None, help="GGUF to use instead of the suite's random model")
-    parser.add_argument("--vocab", type=Path, default=None, help="vocabulary GGUF for the random model")
-    parser.add_argument("--rounds", type=argtypes.count(1), default=3, help="interleaved rounds (default 3)")
-    parser.add_argument(
-        "--time-budget",
-        type=argtypes.seconds(),
-        default=None,
-        metavar="SECONDS",
-        help="start no round that would end past this many seconds (judged by the longest round so "
-        "far): --rounds becomes a ceiling and the report says how many rounds ran",
-    )
-    parser.add_argument(
-        "--reps", type=argtypes.count(1), default=3, help="llama-bench repetitions kept per round (default 3)"
-    )
-    parser.add_argument(
-        "--ubatch",
-        default=None,
-        metavar="LIST",
-        help="ubatch sizes instead of the suite's, e.g. 4096 (shorter processes, so more rounds fit)",
-    )
-    parser.add_argument(
-        "--tg",
-        type=argtypes.count(0),
-        default=None,
-        metavar="N",
-        help="generated tokens instead of the suite's; 0 skips token generation",
-    )
-    parser.add_argument(
-        "--cpus",
-        default=None,
-        metavar="LIST",
-        help="run every case on these CPUs only, e.g. 0-15 (one socket): same placement for all",
-    )
-    parser.add_argument(
-        "--warmup-reps",
-        type=argtypes.count(0),
-        default=1,
-        metavar="N",
-        help="repetitions run first and discarded in every llama-bench process (default 1)",
-    )
-    parser.add_argument(
-        "--virtual-devices",
-        type=argtypes.count(1),
-        default=None,
-        metavar="N",
-        help="GGML_CUDA_DEVICES=N: emulate N cards on the visible GPUs",
-    )
-    parser.add_argument(
-        "--microbench",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="boundary copy microbenchmark (needs 2+ devices)",
-    )
-    parser.add_argument(
-        "--smi",
-        nargs="?",
-        type=argtypes.count(1),
-        const=100,
-        default=None,
-        metavar="MS",
-        help="sample nvidia-smi every MS milliseconds (default 100) while the cases run: every "
-        "process's GPU clocks, power, temperature and throttle reasons go into the report",
-    )
-    parser.add_argument(
-        "--pool",
-        type=Path,
-        nargs="+",
-        default=None,
-        metavar="REPORT",
-        help="run nothing: pool the rounds of these bench.json reports (same suite and settings, "
-        "e.g. two GPU calls) into one report in --report",
-    )
-    parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="report directory")
-    parser.add_argument("--timeout", type=argtypes.seconds(), default=600.0, help="seconds per llama-bench invocation")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

@@ -40,8 +40,7 @@ from urllib.parse import urlsplit
 
 from .. import cache
 from .. import pin as pinmod
-from ..argtypes import user_path
-from ..config import Settings
+from ..config import Settings, user_path
 from ..errors import ChecksumError, FetchError, SourceError, UnknownRefError, UsageError
 from ..runner import log, step
 from .archive import _HEX40, _download, _extract, _git_fetch, _pypi_sdist_url, _sdist_subdir, inspect_archive

@@ -57,51 +57,50 @@ Exit status: 0 all rungs pass; 1 any mismatch or validity failure; 2 setup error
 
 from __future__ import annotations
 
-# the ladder, split along its stages; every name stays importable as ggml_bridge.ladder.NAME
+# the ladder's public names, importable as ggml_bridge.ladder.NAME (private helpers stay in their stage modules)
 from ..modes import MODES as MODES
 from ..modes import Mode as Mode
-from .diff import (  # noqa: F401
-    _read_at,
-    compare_files,
-    describe_logits_diff,
-    describe_responses_diff,
-    first_difference,
-    sha256_file,
-)
-from .inputs import (  # noqa: F401
-    RESULT_KEYS,
-    WORDS,
-    canonical_response,
-    make_prompts,
-    make_text,
-    make_words,
-    request_payload,
-)
-from .orchestrate import (  # noqa: F401
-    Binaries,
-    ModeRun,
-    _artifact,
-    _common_args,
-    _device_env,
-    _dir_fingerprint,
-    _find_vocab,
-    _write_reports,
-    add_arguments,
-    default_ladder,
-    resolve_binaries,
-    run,
-    run_mode,
-    run_rung,
-)
-from .report import _human, markdown_report, progress_line  # noqa: F401
-from .schema import (  # noqa: F401
-    EXPECT_VALUES,
-    RUNG_KEYS,
-    SPLIT_MODES,
-    Ladder,
-    Rung,
-    _as_list,
-    load_ladder,
-    parse_rung,
-)
-from .validity import _state, validate_front, validate_mode, validate_rpc  # noqa: F401
+from .binaries import Binaries, resolve_binaries
+from .diff import compare_files, describe_logits_diff, describe_responses_diff, first_difference, sha256_file
+from .inputs import RESULT_KEYS, WORDS, canonical_response, make_prompts, make_text, make_words, request_payload
+from .orchestrate import LadderOptions, ModeRun, default_ladder, run, run_mode, run_rung
+from .report import markdown_report, progress_line
+from .schema import EXPECT_VALUES, RUNG_KEYS, SPLIT_MODES, Ladder, Rung, load_ladder, parse_rung
+from .validity import validate_front, validate_mode, validate_rpc
+
+__all__ = [
+    "EXPECT_VALUES",
+    "MODES",
+    "RESULT_KEYS",
+    "RUNG_KEYS",
+    "SPLIT_MODES",
+    "WORDS",
+    "Binaries",
+    "LadderOptions",
+    "Ladder",
+    "Mode",
+    "ModeRun",
+    "Rung",
+    "canonical_response",
+    "compare_files",
+    "default_ladder",
+    "describe_logits_diff",
+    "describe_responses_diff",
+    "first_difference",
+    "load_ladder",
+    "make_prompts",
+    "make_text",
+    "make_words",
+    "markdown_report",
+    "parse_rung",
+    "progress_line",
+    "request_payload",
+    "resolve_binaries",
+    "run",
+    "run_mode",
+    "run_rung",
+    "sha256_file",
+    "validate_front",
+    "validate_mode",
+    "validate_rpc",
+]

@@ -1,12 +1,10 @@
 """Orchestration: binaries, one mode's processes, one rung, and the ``ggml-bridge ladder`` command.
 
-Over 500 lines: the ladder's execution (binaries, one mode's processes incl. rpc-servers and shaped links, one rung,
-the command); the schema, validity and reports are ladder.schema, ladder.validity and ladder.report.
+The schema, validity and reports are ladder.schema, ladder.validity and ladder.report.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as _dt
 import json
@@ -16,11 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import argtypes, build, cache, logparse, model, modes, rpc, runner, serve, shaper
+from .. import logparse, model, modes, rpc, runner, shaper
 from ..config import Settings
 from ..errors import FatalError, LadderSetupError, RpcError, ServeError
+from ..llama_server import CONTRACT_VERBOSITY, Server
 from ..modes import MODES, Mode
+from ..net import free_port
 from ..runner import log
+from .binaries import Binaries, find_vocab, resolve_binaries
 from .diff import compare_files, sha256_file
 from .inputs import canonical_response, make_prompts, make_text, request_payload
 from .report import markdown_report, progress_line
@@ -28,63 +29,22 @@ from .schema import Ladder, Rung, load_ladder
 from .validity import validate_front, validate_mode, validate_rpc
 
 
-@dataclass
-class Binaries:
-    patched: dict[str, Path]
-    upstream: dict[str, Path]
-    same_build: bool = False
+@dataclass(frozen=True)
+class LadderOptions:
+    """What ``ggml-bridge ladder`` was asked to run."""
 
-
-def _dir_fingerprint(d: Path) -> str:
-    return cache.dir_digest(d, sorted(p for p in d.iterdir() if p.is_file() and not p.is_symlink()))
-
-
-def resolve_binaries(
-    args: argparse.Namespace, settings: Settings, backend: str, needed: set[str], with_rpc: bool = False
-) -> Binaries:
-    names = ("llama-server", "llama-perplexity") + ((rpc.RPC_SERVER,) if with_rpc else ())
-    found: dict[str, dict[str, Path]] = {}
-    for variant in ("patched", "upstream"):
-        if variant not in needed:
-            continue
-        override = getattr(args, f"bin_dir_{variant}", None)
-        found[variant] = {}
-        for name in names:
-            try:
-                p = build.locate(settings, variant, name, override, backend=backend)
-            except FatalError as e:
-                if override is not None:
-                    raise LadderSetupError(f"{name} not found in --bin-dir-{variant} {override}") from None
-                fix = (e.fix + ", or pass" if e.fix else "pass") + f" --bin-dir-{variant} DIR"
-                raise LadderSetupError(e.what, why=e.why, fix=fix) from None
-            found[variant][name] = p
-    same = False
-    if "patched" in found and "upstream" in found:
-        dp = found["patched"]["llama-server"].resolve().parent
-        du = found["upstream"]["llama-server"].resolve().parent
-        same = dp == du or _dir_fingerprint(dp) == _dir_fingerprint(du)
-    return Binaries(found.get("patched", {}), found.get("upstream", {}), same)
-
-
-def _find_vocab(args: argparse.Namespace, settings: Settings, bins: Binaries) -> Path:
-    if getattr(args, "vocab", None):
-        p = Path(args.vocab)
-        if not p.is_file():
-            raise LadderSetupError(f"--vocab {p} not found")
-        return p
-    roots: list[Path] = []
-    for d in list(bins.patched.values())[:1] + list(bins.upstream.values())[:1]:
-        roots += list(d.resolve().parents)[:5]
-    found = model.find_vocab(*roots)
-    if found is None:
-        cache = getattr(settings, "cache_dir", None)
-        found = model.find_vocab(cache) if cache else None
-    if found is None:
-        raise LadderSetupError(
-            f"cannot find the upstream vocabulary models/{model.VOCAB_FILE}",
-            fix="pass --vocab PATH or set GGML_BRIDGE_VOCAB (it is in the upstream tree's models/)",
-        )
-    return found
+    ladder: Path | None = None
+    """The ladder file (None: ladders/<backend>.toml)."""
+    report: Path | None = None
+    bin_dirs: dict[str, Path] = field(default_factory=dict)
+    """Build variant -> the folder of its binaries (``--bin-dir-patched``; else the latest build)."""
+    rungs: tuple[str, ...] = ()
+    """Only these rungs (empty: all)."""
+    vocab: Path | None = None
+    threads: int | None = None
+    startup_timeout: float = 900.0
+    keep_logits: bool = False
+    allow_same_build: bool = False
 
 
 def _device_env(rung: Rung) -> dict[str, str]:
@@ -109,7 +69,7 @@ def _common_args(rung: Rung, threads: int) -> list[str]:
     # -lv 4: the contract's INFO lines (bridge enabled/stats, "using device") are dropped below it
     a = [
         "-lv",
-        str(serve.CONTRACT_VERBOSITY),
+        str(CONTRACT_VERBOSITY),
         "-t",
         str(threads),
         "-ngl",
@@ -184,7 +144,7 @@ def run_mode(
         if topo:
             topo.start(rpc.expected_version(server_bin))
             extra = [*topo.server_args(), "-ngl", "999"]  # the shapers' ends exist once started
-        port = serve.free_port()
+        port = free_port()
         sargs = [
             "-m",
             str(model_path),
@@ -204,7 +164,7 @@ def run_mode(
         ]
         slog = out / "server.log"
         slog.unlink(missing_ok=True)
-        srv = serve.Server(server_bin, sargs, env=env, log_file=slog, startup_timeout=startup_timeout)
+        srv = Server(server_bin, sargs, env=env, log_file=slog, startup_timeout=startup_timeout)
         srv.start()
         try:
             resp = out / "responses.jsonl"
@@ -410,84 +370,28 @@ def default_ladder(settings: Settings) -> Path:
     raise LadderSetupError(f"no ladders/{name} found", fix="pass --ladder FILE")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--ladder",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="ladder TOML (default: ladders/cpu.toml, ladders/cuda.toml or ladders/vulkan.toml after the backend)",
-    )
-    parser.add_argument(
-        "--report",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="report directory (default: <cache>/reports/<ladder>-<time>)",
-    )
-    parser.add_argument(
-        "--bin-dir-patched",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="directory with the patched llama-server and llama-perplexity (skips the build stage)",
-    )
-    parser.add_argument(
-        "--bin-dir-upstream",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="directory with the unpatched llama-server and llama-perplexity",
-    )
-    parser.add_argument("--rung", action="append", default=None, metavar="NAME", help="run only this rung (repeatable)")
-    parser.add_argument(
-        "--vocab",
-        type=Path,
-        default=None,
-        metavar="GGUF",
-        help=f"vocabulary GGUF (default: models/{model.VOCAB_FILE} of the upstream tree)",
-    )
-    parser.add_argument(
-        "--threads", type=argtypes.count(1), default=None, help="-t for every process (default: all cores)"
-    )
-    parser.add_argument(
-        "--startup-timeout",
-        type=argtypes.seconds(),
-        default=900.0,
-        metavar="S",
-        help="seconds to wait for each llama-server to become ready (default: 900)",
-    )
-    parser.add_argument(
-        "--keep-logits", action="store_true", help="keep the logits dumps of passing rungs (they are kept on mismatch)"
-    )
-    parser.add_argument(
-        "--allow-same-build",
-        action="store_true",
-        help="allow identical patched and upstream binaries (development only: such a "
-        "comparison proves nothing about the patches)",
-    )
-
-
-def run(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: LadderOptions, settings: Settings) -> int:
     ladder = load_ladder(args.ladder or default_ladder(settings))
     rungs = ladder.rungs
-    if args.rung:
-        unknown = set(args.rung) - {r.name for r in rungs}
+    if args.rungs:
+        unknown = set(args.rungs) - {r.name for r in rungs}
         if unknown:
             raise LadderSetupError(
                 f"no rung named {', '.join(sorted(unknown))} in {ladder.path}",
                 fix=f"rungs: {', '.join(r.name for r in rungs)}",
             )
-        rungs = [r for r in rungs if r.name in args.rung]
+        rungs = [r for r in rungs if r.name in args.rungs]
     needed = {MODES[m].variant for r in rungs for m in r.modes}
-    bins = resolve_binaries(args, settings, ladder.backend, needed, any(MODES[m].rpc for r in rungs for m in r.modes))
+    bins = resolve_binaries(
+        args.bin_dirs, settings, ladder.backend, needed, any(MODES[m].rpc for r in rungs for m in r.modes)
+    )
     if bins.same_build and "upstream" in needed and "patched" in needed and not args.allow_same_build:
         raise LadderSetupError(
             "the patched and upstream binaries are the same build",
             why="comparing a build with itself proves nothing about the patches",
             fix="point --bin-dir-upstream at an unpatched build (or pass --allow-same-build for development)",
         )
-    vocab = _find_vocab(args, settings, bins)
+    vocab = find_vocab(args.vocab, settings, bins)
     cache_dir = Path(settings.cache_dir)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     report_dir = Path(args.report) if args.report else cache_dir / "reports" / f"{ladder.name}-{stamp}"

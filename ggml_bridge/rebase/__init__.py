@@ -37,14 +37,15 @@ git and GitHub-archive sources, tried first.
 The package, along the stages of a run: :mod:`.job` (the command, the job, ``--continue``/``--abort``, conflict
 hand-off), :mod:`.report` (the report model and options), :mod:`.probe` (git probing and application),
 :mod:`.series` (series regeneration and the swap of ``patches/`` + ``pin.toml``; the pin text is
-:func:`ggml_bridge.pin.render`), :mod:`.checks` (build checks). ``--radar`` is declared here but run by
-:func:`ggml_bridge.cli.cmd_rebase` with :mod:`ggml_bridge.radar`, which uses this package (never the reverse).
+:func:`ggml_bridge.pin.render`), :mod:`.checks` (build checks). The command's options are
+:mod:`ggml_bridge.commands.rebase`'s; ``--radar`` is run there with :mod:`ggml_bridge.radar`, which uses this package
+(never the reverse).
 """
 
 from __future__ import annotations
 
 from .checks import cuda_check
-from .job import abort, add_arguments, continue_rebase, rebase, run
+from .job import RebaseRequest, abort, continue_rebase, rebase, run
 from .report import APPLIED, STATUSES, Options, PatchOutcome, RebaseReport
 from .series import sdist_source
 
@@ -54,8 +55,8 @@ __all__ = [
     "Options",
     "PatchOutcome",
     "RebaseReport",
+    "RebaseRequest",
     "abort",
-    "add_arguments",
     "continue_rebase",
     "cuda_check",
     "rebase",

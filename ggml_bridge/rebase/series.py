@@ -15,8 +15,7 @@ from .. import cache
 from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import pin as pinmod
-from ..argtypes import user_path
-from ..config import Settings
+from ..config import Settings, user_path
 from ..errors import BuildError, PatchError
 from ..runner import log
 from .checks import build_checks

@@ -47,13 +47,13 @@ def report_dir() -> Path:
 def served_ui(tmp_path: Path):  # type: ignore[no-untyped-def]
     """`ggml-bridge serve` (a subprocess, as a user runs it) on a tiny random-weight model; yields (URL, model
     file). The build is the session's (conftest's real_build through GGML_BRIDGE_TEST_BIN_DIR), not a new one."""
-    from ggml_bridge import model, serve
+    from ggml_bridge import llama_server, model
 
     bd, vocab = real_bin_dir(), real_vocab()
     if bd is None or vocab is None:
         pytest.skip("no llama-server build (set GGML_BRIDGE_TEST_BIN_DIR) or no vocab GGUF")
     gguf = model.ensure_model(tmp_path, "tiny", 1, vocab)
-    port = serve.free_port()
+    port = llama_server.free_port()
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(
         [

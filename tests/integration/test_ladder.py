@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 from ggml_bridge import ladder, model
 
-from helpers import real_bin_dir, real_vocab, write_ladder
+from helpers import ladder_options, real_bin_dir, real_vocab, write_ladder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,9 +37,7 @@ ppl_ctx = 64
 n_predict = 4
 """
     lf = write_ladder(tmp_path / "l.toml", body)
-    p = argparse.ArgumentParser()
-    ladder.add_arguments(p)
-    a = p.parse_args(
+    a = ladder_options(
         [
             "--ladder",
             str(lf),
@@ -77,9 +74,7 @@ def test_real_cpu_ladder_upstream_vs_patched(real_build, real_tree, tmp_path):  
     against the patched build with every selector 0, byte for byte, every rung."""
     patched, upstream = real_build("patched"), real_build("upstream")
     assert patched.server != upstream.server
-    p = argparse.ArgumentParser()
-    ladder.add_arguments(p)
-    a = p.parse_args(
+    a = ladder_options(
         [
             "--ladder",
             str(ROOT / "ladders" / "cpu.toml"),
@@ -126,9 +121,7 @@ def test_real_cuda_rungs(tmp_path, rung_name):
         pytest.skip("set GGML_BRIDGE_TEST_CUDA_PATCHED, GGML_BRIDGE_TEST_CUDA_UPSTREAM and GGML_BRIDGE_VOCAB")
     if _gpu_count() < 2:
         pytest.skip("needs 2 GPUs")
-    p = argparse.ArgumentParser()
-    ladder.add_arguments(p)
-    a = p.parse_args(
+    a = ladder_options(
         [
             "--ladder",
             str(ROOT / "ladders" / "cuda.toml"),

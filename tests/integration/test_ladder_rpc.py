@@ -3,7 +3,6 @@ ladder byte for byte against the local run, and serve --rpc-local with an rpc-se
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -16,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import ladder, logparse, model, rpc, serve
+from ggml_bridge import ladder, llama_server, logparse, model, rpc
 
-from helpers import real_bin_dir, real_vocab
+from helpers import ladder_options, real_bin_dir, real_vocab
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -77,9 +76,7 @@ def test_real_rpc_cpu_ladder_is_byte_identical(tmp_path):
     """ladders/rpc-cpu.toml: two localhost rpc-servers vs the local run, logits and responses identical; one rung
     again through a shaped link to each server."""
     bd, vocab = _real()
-    p = argparse.ArgumentParser()
-    ladder.add_arguments(p)
-    a = p.parse_args(
+    a = ladder_options(
         [
             "--ladder",
             str(ROOT / "ladders" / "rpc-cpu.toml"),
@@ -135,7 +132,7 @@ def _serve_proc(args, env_extra=None):
 def test_real_serve_rpc_local_then_an_rpc_server_killed(tmp_path):
     bd, vocab = _real()
     m = model.ensure_model(tmp_path, "small", 1, vocab)
-    port = serve.free_port()
+    port = llama_server.free_port()
     log = tmp_path / "logs" / "server.log"
     log.parent.mkdir()
     p = _serve_proc(
@@ -211,7 +208,7 @@ def test_real_serve_rpc_link_check_and_greedy_against_local(tmp_path):
             "-m",
             m,
             "--port",
-            serve.free_port(),
+            llama_server.free_port(),
             "-ngl",
             "99",
             "--no-repack",

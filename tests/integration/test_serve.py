@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ggml_bridge import serve
+from ggml_bridge import llama_server, modes
 from ggml_bridge.errors import ServeError
 
 from helpers import busy_port, real_bin_dir, real_vocab
@@ -25,11 +25,11 @@ def _real_tiny(tmp_path):
 @pytest.mark.slow
 def test_real_server_tiny_model(tmp_path):
     bd, m = _real_tiny(tmp_path)
-    port = serve.free_port()
-    with serve.Server(
+    port = llama_server.free_port()
+    with llama_server.Server(
         bd / "llama-server",
         ["-m", str(m), "--port", str(port), "-c", "256", "-np", "1", "-t", "2"],
-        env=serve.selector_env("off", "off"),
+        env=modes.selector_env("off", "off"),
         startup_timeout=120,
     ) as s:
         import json
@@ -61,7 +61,7 @@ def test_real_server_tiny_model(tmp_path):
     sock, busy = busy_port()
     try:
         with pytest.raises(ServeError, match=f"port {busy}"):
-            serve.Server(bd / "llama-server", ["-m", str(m), "--port", str(busy)], startup_timeout=60).start()
+            llama_server.Server(bd / "llama-server", ["-m", str(m), "--port", str(busy)], startup_timeout=60).start()
     finally:
         sock.close()
 
@@ -70,11 +70,11 @@ def test_real_server_tiny_model(tmp_path):
 def test_real_server_metrics_grow(tmp_path):
     """patch 0005: llama-server --metrics exports batching's process-wide counters, live, as they grow."""
     bd, m = _real_tiny(tmp_path)
-    port = serve.free_port()
-    with serve.Server(
+    port = llama_server.free_port()
+    with llama_server.Server(
         bd / "llama-server",
         ["-m", str(m), "--port", str(port), "-c", "256", "-np", "1", "-t", "2", "--metrics"],
-        env=serve.selector_env("off", "on"),
+        env=modes.selector_env("off", "on"),
         startup_timeout=120,
     ) as s:
         before = s.metrics()

@@ -9,7 +9,6 @@ these tests fail rather than skip when a Vulkan piece is missing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -19,8 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import ladder, model, net, serve
+from ggml_bridge import ladder, llama_server, model, net
 from ggml_bridge.errors import ServeError
+
+from helpers import ladder_options
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_DEVICES = {"GGML_VK_VISIBLE_DEVICES": "0,0"}
@@ -114,9 +115,7 @@ def test_vulkan_ladder_on_lavapipe(real_vulkan_build, real_tree, tmp_path: Path)
     """ladders/vulkan.toml: upstream-Vulkan vs patched-Vulkan with batching off and on, full logits and greedy
     responses identical byte for byte, the model split over two Vulkan devices; the batched mode engaged by its own
     counters (stats line and /metrics), its pools as the device-zero rule says, also under GGML_VK_PERF_LOGGER."""
-    p = argparse.ArgumentParser()
-    ladder.add_arguments(p)
-    a = p.parse_args(
+    a = ladder_options(
         [
             "--ladder",
             str(ROOT / "ladders" / "vulkan.toml"),
@@ -201,7 +200,7 @@ def _multi_batch_completion(binary: Path, model_path: Path, batched: str) -> tup
     args = ["-m", str(model_path), "--port", str(net.free_port()), "-c", "256", "-t", "2", "--no-webui"]
     args += ["-ngl", "2", "-b", "64", "-ub", "16", "--metrics"]
     env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": "0", "LLAMA_BATCHED_TRANSFERS": batched}
-    with serve.Server(binary, args, env=env, startup_timeout=300) as srv:
+    with llama_server.Server(binary, args, env=env, startup_timeout=300) as srv:
         payload = {"prompt": MULTI_BATCH_PROMPT, "n_predict": 24, "temperature": 0, "seed": 1}
         answer = json.loads(srv.post("/completion", {**payload, "cache_prompt": False, "n_probs": 4}, timeout=300))
         metrics = srv.metrics() or {}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import cache, config, wheel
+from ggml_bridge import cache, config, llama_server, wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,7 +118,7 @@ def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(
     import shutil
     import urllib.request
 
-    from ggml_bridge import model, serve
+    from ggml_bridge import model
 
     assert "manylinux" in real_wheel.name and "+cpu-py3-none-" in real_wheel.name, real_wheel.name
     show = " ".join(real_wheel.with_name(real_wheel.name + ".auditwheel.txt").read_text().split())
@@ -174,7 +174,7 @@ def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(
     gguf = model.ensure_model(tmp_path / "models", "tiny", 1, Path(real_tree.path) / "models" / model.VOCAB_FILE)
 
     def greedy(label: str) -> tuple[str, str]:
-        port = serve.free_port()
+        port = llama_server.free_port()
         log = tmp_path / f"server-{label}.log"
         with open(log, "w") as fh:
             proc = subprocess.Popen(
@@ -260,7 +260,7 @@ def test_real_cpu_wheel_installs_and_serve_uses_it(
     """The real wheel in a fresh venv: $ORIGIN libraries, the embedded UI in its manifest, `serve --check` with
     no build present engages exactly as with a build. (Byte-identity with upstream is the CPU ladder's, on the
     source builds, and per CPU variant for the portable wheel: docs/wheel.md.)"""
-    from ggml_bridge import model, serve
+    from ggml_bridge import model
 
     assert "+cpu-py3-none-manylinux" in real_wheel.name
     py = _fresh_venv(tmp_path / "venv")
@@ -305,7 +305,7 @@ def test_real_cpu_wheel_installs_and_serve_uses_it(
             "-m",
             str(gguf),
             "--port",
-            str(serve.free_port()),
+            str(llama_server.free_port()),
             "-c",
             "256",
             "-t",

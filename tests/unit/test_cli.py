@@ -138,14 +138,14 @@ def test_stage_module_missing_errors_cleanly(
     )
     assert cli.main([*cli_env, "nosuchstage", "--anything"]) == 2
     err = capsys.readouterr().err
-    assert "nosuchstage subcommand is not available" in err and "ggml_bridge.nosuchstage" in err
+    assert "nosuchstage subcommand is not available" in err and "ggml_bridge.commands.nosuchstage" in err
 
 
 def test_stage_module_is_imported_lazily_and_delegated(
     cli_env: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, settings: config.Settings
 ) -> None:
     seen: dict[str, object] = {}
-    mod = types.ModuleType("ggml_bridge.fakestage")
+    mod = types.ModuleType("ggml_bridge.commands.fakestage")
 
     def add_arguments(parser):  # type: ignore[no-untyped-def]
         parser.add_argument("--model")
@@ -157,7 +157,7 @@ def test_stage_module_is_imported_lazily_and_delegated(
 
     mod.add_arguments, mod.run = add_arguments, run  # type: ignore[attr-defined]
     monkeypatch.setitem(cli.COMMANDS, "fakestage", cli.Command("fakestage", "test stage", *cli.stage("fakestage")))
-    monkeypatch.setitem(sys.modules, "ggml_bridge.fakestage", mod)
+    monkeypatch.setitem(sys.modules, "ggml_bridge.commands.fakestage", mod)
     assert cli.main([*cli_env, "fakestage", "--model", "m.gguf", "--backend", "cpu"]) == 7
     assert seen == {"model": "m.gguf", "backend": "cpu", "cache": settings.cache_dir}
 
@@ -176,6 +176,7 @@ def test_every_command_parses_the_same_way(capsys: pytest.CaptureFixture[str]) -
         "rebase",
         "bench",
         "shape",
+        "model",
     ]
     for name in ("build", "rebase"):
         assert cli.main([name, "--help"]) == 0
@@ -185,14 +186,16 @@ def test_every_command_parses_the_same_way(capsys: pytest.CaptureFixture[str]) -
     assert cli.main(["fetch", "--bogus"]) == 2
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
     ns = cli.parse_command(cli.COMMANDS["serve"], ["--bridge", "force", "-m", "x.gguf", "--", "--check", "-c", "8"])
-    assert ns.bridge == "force" and ns.server_args == ["-m", "x.gguf", "--check", "-c", "8"]
+    assert ns.bridge == "force" and ns.server_args == ("-m", "x.gguf", "--check", "-c", "8")
 
 
 def test_stage_module_without_interface(
     cli_env: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(cli.COMMANDS, "halfstage", cli.Command("halfstage", "x", *cli.stage("halfstage")))
-    monkeypatch.setitem(sys.modules, "ggml_bridge.halfstage", types.ModuleType("ggml_bridge.halfstage"))
+    monkeypatch.setitem(
+        sys.modules, "ggml_bridge.commands.halfstage", types.ModuleType("ggml_bridge.commands.halfstage")
+    )
     assert cli.main([*cli_env, "halfstage"]) == 2
     assert "does not define add_arguments, run" in capsys.readouterr().err
 

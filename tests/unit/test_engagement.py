@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ggml_bridge import logparse
+from ggml_bridge import logparse, proof
 from ggml_bridge.engagement import ABSENT, ENGAGED, IDLE, INACTIVE, engaged
 
 
@@ -32,7 +32,7 @@ def test_every_caller_uses_it() -> None:
     """serve, rpc, the ladder and the bench decide through engagement.engaged (the wheel test via serve --check)."""
     import inspect
 
-    from ggml_bridge import rpc, serve
+    from ggml_bridge import rpc
     from ggml_bridge.bench import running
     from ggml_bridge.ladder import validity
 
@@ -41,7 +41,7 @@ def test_every_caller_uses_it() -> None:
     # serve, at llama-server's default verbosity, through from_metrics (engaged, then the /metrics counters)
     from ggml_bridge import engagement
 
-    assert "from_metrics(" in inspect.getsource(serve) and serve.from_metrics is engagement.from_metrics
+    assert "from_metrics(" in inspect.getsource(proof) and proof.from_metrics is engagement.from_metrics
     assert "engaged(mechanism, info)" in inspect.getsource(engagement.from_metrics)
 
 

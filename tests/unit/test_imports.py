@@ -14,11 +14,12 @@ ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 #: The floors of the package, lowest first: a module may import modules of its own floor or below, never above
 #: (a package, e.g. ``build``, is one entry: its submodules share its floor). Every module must be listed.
 FLOORS: list[set[str]] = [
-    {"ggml_bridge", "errors", "net", "cli_options", "argtypes", "logparse", "engagement"},  # the root
-    # (__version__), errors, checked option types, the log-line parser and the one engagement decision
+    {"ggml_bridge", "errors", "net", "logparse", "engagement"},  # the root (__version__), errors, addresses and
+    # ports, the log-line parser and the one engagement decision
     {"runner", "modes", "config", "pin"},  # the subprocess runner; the table of variants, selectors and modes;
     # the settings and the pin
-    {"cache", "shaper"},  # the cache primitives; the loopback link shaper
+    {"cache", "shaper", "llama_server", "proof"},  # the cache primitives; the loopback link shaper; one
+    # llama-server process; what its log and counters prove
     {"fetch", "model", "ui"},  # upstream trees, the GGUF writer, the web UI assets
     {"patch"},  # the series applied to a tree
     {"build"},  # CMake + Ninja builds; the installed-wheel lookup
@@ -27,7 +28,7 @@ FLOORS: list[set[str]] = [
     {"serve", "radar", "netbench"},  # the launcher; the rebase check of every newer build; rpc cases over shaped
     # links for the bench
     {"bench", "ladder"},  # the measurements and the proof ladder, which launch servers and rpc-servers
-    {"cli", "__main__"},  # the command line: imports anything
+    {"cli", "commands", "__main__"},  # the command line, one module per command: imports anything
 ]
 #: Not part of ggml_bridge's import graph: the templates of the server distribution (their own package).
 EXCLUDED = ("server_dist",)

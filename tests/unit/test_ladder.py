@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import struct
@@ -14,7 +13,7 @@ import pytest
 from ggml_bridge import ladder, logparse, model
 from ggml_bridge.errors import LadderSetupError
 
-from helpers import make_vocab, real_vocab, write_fake_bin, write_ladder
+from helpers import ladder_options, make_vocab, real_vocab, write_fake_bin, write_ladder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -324,9 +323,7 @@ def env(tmp_path, monkeypatch):
 
 def run_ladder(e, body, *extra):
     lf = write_ladder(e.tmp / "ladder.toml", body)
-    p = argparse.ArgumentParser()
-    ladder.add_arguments(p)
-    a = p.parse_args(
+    a = ladder_options(
         [
             "--ladder",
             str(lf),
@@ -483,9 +480,7 @@ def test_server_crash_is_a_setup_error(env):
 
 def test_same_build_is_refused(env):
     lf = write_ladder(env.tmp / "l.toml", GPU_LADDER)
-    p = argparse.ArgumentParser()
-    ladder.add_arguments(p)
-    a = p.parse_args(
+    a = ladder_options(
         [
             "--ladder",
             str(lf),
@@ -504,15 +499,13 @@ def test_same_build_is_refused(env):
 
 
 def test_missing_bin_dir_and_rung(env):
-    p = argparse.ArgumentParser()
-    ladder.add_arguments(p)
     lf = write_ladder(env.tmp / "l.toml", GPU_LADDER)
-    a = p.parse_args(
+    a = ladder_options(
         ["--ladder", str(lf), "--bin-dir-patched", str(env.tmp / "nope"), "--bin-dir-upstream", str(env.upstream)]
     )
     with pytest.raises(LadderSetupError, match="not found in --bin-dir-patched"):
         ladder.run(a, env.settings)
-    a = p.parse_args(["--ladder", str(lf), "--rung", "zzz"])
+    a = ladder_options(["--ladder", str(lf), "--rung", "zzz"])
     with pytest.raises(LadderSetupError, match="no rung named zzz"):
         ladder.run(a, env.settings)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import bench, build, ladder, modes, serve
+from ggml_bridge import bench, build, ladder, modes, proof, serve
 from ggml_bridge.errors import BenchError, LadderSetupError, UsageError
 
 
@@ -66,7 +66,7 @@ def test_bench_serve_and_build_derive_from_the_table():
     assert bench.CASES is modes.MODES
     for suite in bench.SUITES.values():
         assert set(suite["cases"]) <= set(modes.MODES)
-    assert serve.selector_env is modes.selector_env and serve.BRIDGE_VAR == modes.BRIDGE
+    assert proof.BRIDGE_VAR == modes.BRIDGE and not hasattr(serve, "selector_env")
     assert dict(modes.VARIANTS["patched"].cmake) == {
         "GGML_CUDA_MAPPED_HOST_BRIDGE": "ON",
         "SAM3D_BATCHED_TRANSFERS": "ON",
@@ -76,12 +76,12 @@ def test_bench_serve_and_build_derive_from_the_table():
 
 
 def test_bench_refuses_ladder_only_modes(tmp_path, monkeypatch):
-    import argparse
+    from ggml_bridge import cli
 
-    p = argparse.ArgumentParser()
-    bench.add_arguments(p)
     monkeypatch.setattr(bench, "n_gpus", lambda: 0)
     for cases, msg in (("off,bridge-typo", "ladder checks"), ("off,both", "no longer accepted")):
-        args = p.parse_args(["--suite", "cpu", "--cases", cases, "--report", str(tmp_path / "r")])
+        args = cli.parse_command(
+            cli.COMMANDS["bench"], ["--suite", "cpu", "--cases", cases, "--report", str(tmp_path / "r")]
+        )
         with pytest.raises(BenchError, match=msg):
             bench.bench(args, None)

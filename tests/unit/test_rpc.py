@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import cli, logparse, rpc, serve
+from ggml_bridge import cli, llama_server, logparse, rpc, serve
 from ggml_bridge.errors import RpcError, UsageError
 
 from helpers import FAKE_RPC, bench_args, fake_model, write_fake_bin, write_fake_variants
@@ -80,7 +80,7 @@ def test_real_tree_protocol_version():
 
 
 def test_hello_refused_is_fast_and_clear():
-    port = serve.free_port()
+    port = llama_server.free_port()
     t0 = time.monotonic()
     with pytest.raises(RpcError) as ei:
         rpc.check_endpoints([rpc.Endpoint("127.0.0.1", port)], (7, 0, 0))
@@ -262,7 +262,7 @@ def test_serve_rpc_local_check(fake, capsys):
             "2",
             "--server-log",
             str(log),
-            *srv_args(fake.model, serve.free_port()),
+            *srv_args(fake.model, llama_server.free_port()),
         ]
     )
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
@@ -283,7 +283,7 @@ def test_serve_rpc_local_check(fake, capsys):
             "--rpc-local",
             "1",
             "--rpc-local-only",
-            *srv_args(fake.model, serve.free_port()),
+            *srv_args(fake.model, llama_server.free_port()),
         ]
     )
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
@@ -294,22 +294,23 @@ def test_serve_rpc_local_check(fake, capsys):
 
 def test_rpc_given_to_llama_server_is_checked_too(fake):
     a = parse(["--rpc", "127.0.0.1:1", "--", "--rpc", "127.0.0.1:2", "-m", "x"])
-    assert a.rpc == "127.0.0.1:1" and a.server_args == ["--rpc", "127.0.0.1:2", "-m", "x"]
-    topo = rpc.from_args(a, None, fake.server, {}, a.server_args)
-    assert a.server_args == ["-m", "x"] and topo.server_args() == ["--rpc", "127.0.0.1:1,127.0.0.1:2"]
+    assert a.rpc.endpoints == "127.0.0.1:1" and a.server_args == ("--rpc", "127.0.0.1:2", "-m", "x")
+    server_args = list(a.server_args)
+    topo = rpc.from_options(a.rpc, None, fake.server, {}, server_args)
+    assert server_args == ["-m", "x"] and topo.server_args() == ["--rpc", "127.0.0.1:1,127.0.0.1:2"]
     assert rpc.take_rpc_arg(args := ["--rpc=h:3", "-ngl", "9"]) == "h:3" and args == ["-ngl", "9"]
-    assert rpc.from_args(parse([]), None, fake.server, {}, []) is None
+    assert rpc.from_options(parse([]).rpc, None, fake.server, {}, []) is None
 
 
 def test_serve_unreachable_endpoint_fails_before_llama_server(fake):
     log = fake.tmp / "server.log"
-    port = serve.free_port()
+    port = llama_server.free_port()
     a = parse(
         [
             "--server",
             str(fake.server),
             "--rpc",
-            f"127.0.0.1:{serve.free_port()}",
+            f"127.0.0.1:{llama_server.free_port()}",
             "--server-log",
             str(log),
             *srv_args(fake.model, port),
@@ -344,7 +345,7 @@ def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
             "2",
             "--server-log",
             str(log),
-            *srv_args(fake.model, serve.free_port()),
+            *srv_args(fake.model, llama_server.free_port()),
         ],
         env=env,
         stdout=subprocess.PIPE,

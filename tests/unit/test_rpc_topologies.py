@@ -5,7 +5,6 @@ against the fake llama-server and rpc-server (the real ones: tests/integration/t
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -14,10 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import ladder, logparse, rpc
+from ggml_bridge import ladder, llama_server, logparse, rpc
 from ggml_bridge.errors import LadderSetupError
 
-from helpers import FAKE_RPC, make_vocab, write_fake_bin
+from helpers import FAKE_RPC, ladder_options, make_vocab, write_fake_bin
 
 ROOT = Path(__file__).resolve().parents[2]
 BANNER = "Starting RPC server v7.0.0\nDevices:\n"
@@ -159,9 +158,7 @@ def env(tmp_path, monkeypatch):
 def _run(e, body):
     lf = e.tmp / "l.toml"
     lf.write_text(body)
-    p = argparse.ArgumentParser()
-    ladder.add_arguments(p)
-    a = p.parse_args(
+    a = ladder_options(
         [
             "--ladder",
             str(lf),
@@ -390,7 +387,7 @@ def test_serve_rpc_link_puts_a_shaper_before_each_local_server(tmp_path, monkeyp
             "-m",
             str(m),
             "--port",
-            str(serve.free_port()),
+            str(llama_server.free_port()),
         ],
     )
     assert serve.run(a, SimpleNamespace(cache_dir=tmp_path)) == 0

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import cli, logparse, serve
+from ggml_bridge import cli, llama_server, logparse, modes, proof, serve
 from ggml_bridge.errors import ServeError, UsageError
 
 from helpers import busy_port, fake_model, write_fake_bin
@@ -36,15 +36,15 @@ def srv_args(model, port):
 
 
 def test_selector_env():
-    assert serve.selector_env("on", "off") == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "1", "LLAMA_BATCHED_TRANSFERS": "0"}
-    assert serve.selector_env("auto", None) == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "auto"}
-    assert serve.selector_env("force", "on") == {
+    assert modes.selector_env("on", "off") == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "1", "LLAMA_BATCHED_TRANSFERS": "0"}
+    assert modes.selector_env("auto", None) == {"GGML_CUDA_MAPPED_HOST_BRIDGE": "auto"}
+    assert modes.selector_env("force", "on") == {
         "GGML_CUDA_MAPPED_HOST_BRIDGE": "force",
         "LLAMA_BATCHED_TRANSFERS": "1",
     }
-    assert serve.selector_env(None, None) == {}
+    assert modes.selector_env(None, None) == {}
     with pytest.raises(UsageError):
-        serve.selector_env("yes", None)
+        modes.selector_env("yes", None)
 
 
 def info(text):
@@ -56,42 +56,42 @@ TWO_DEV = "using device CUDA0 (A) (a) - 1 MiB free\nusing device CUDA1 (B) (b) -
 
 
 def test_engagement_rules():
-    e = serve.check_engagement(info(ENABLED + TWO_DEV), "on", None)
+    e = proof.check_engagement(info(ENABLED + TWO_DEV), "on", None)
     assert e.ok and "4 slots x 64 MiB" in e.notes[0] and "2 devices" in e.notes[0]
     # multi-device, inactive -> error with the reason from the log
-    e = serve.check_engagement(
+    e = proof.check_engagement(
         info("ggml_cuda_mapped_host_bridge: inactive: peer access is faster\n" + TWO_DEV), "on", None
     )
     assert not e.ok and "peer access is faster" in e.errors[0] and "2-device" in e.errors[0]
     # multi-device, no line at all -> error
-    e = serve.check_engagement(info(TWO_DEV), "force", None)
+    e = proof.check_engagement(info(TWO_DEV), "force", None)
     assert not e.ok and "no ggml_cuda_mapped_host_bridge line" in e.errors[0]
     # single device -> plain note, keeps serving
-    e = serve.check_engagement(
+    e = proof.check_engagement(
         info("ggml_cuda_mapped_host_bridge: inactive: single device\nusing device CUDA0 (A) (a) - 1 MiB free\n"),
         "on",
         None,
     )
     assert e.ok and "single device" in e.notes[0]
     # force requested but mode 1 reported
-    e = serve.check_engagement(info(ENABLED + TWO_DEV), "force", None)
+    e = proof.check_engagement(info(ENABLED + TWO_DEV), "force", None)
     assert not e.ok
     # off requested but enabled
-    assert not serve.check_engagement(info(ENABLED), "off", None).ok
+    assert not proof.check_engagement(info(ENABLED), "off", None).ok
     # batched
-    e = serve.check_engagement(info("llama_batched_transfers: enabled, pinned pool up to 32 MiB\n"), None, "on")
+    e = proof.check_engagement(info("llama_batched_transfers: enabled, pinned pool up to 32 MiB\n"), None, "on")
     assert e.ok and "32 MiB" in e.notes[0]
-    e = serve.check_engagement(info("llama_batched_transfers: inactive: no GPU\n"), None, "on")
+    e = proof.check_engagement(info("llama_batched_transfers: inactive: no GPU\n"), None, "on")
     assert e.ok and "no GPU" in e.notes[0]
-    assert not serve.check_engagement(
+    assert not proof.check_engagement(
         info("llama_batched_transfers: enabled, pinned pool up to 32 MiB\n"), None, "off"
     ).ok
     # invalid selector value reported by the server
-    assert not serve.check_engagement(
+    assert not proof.check_engagement(
         info('ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="x"'), None, None
     ).ok
     # any of the bridge's selectors: a rejected chunk size fails the check too, with the bridge on
-    e = serve.check_engagement(
+    e = proof.check_engagement(
         info(
             ENABLED + TWO_DEV + 'ggml_cuda_mapped_host_bridge: ignoring invalid '
             'GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="abc" (expected 64..65536); using 2048\n'
@@ -107,11 +107,11 @@ def test_engagement_rules():
 
 def test_server_starts_and_confirms_bridge(fake, monkeypatch):
     monkeypatch.setenv("FAKE_DEVICES", "2")
-    port = serve.free_port()
-    env = serve.selector_env("force", "on")
-    with serve.Server(fake.server, srv_args(fake.model, port), env=env, startup_timeout=20) as s:
+    port = llama_server.free_port()
+    env = modes.selector_env("force", "on")
+    with llama_server.Server(fake.server, srv_args(fake.model, port), env=env, startup_timeout=20) as s:
         assert s.health() == 200
-        e = serve.check_engagement(s.info(), "force", "on")
+        e = proof.check_engagement(s.info(), "force", "on")
         assert e.ok, e.errors
         assert s.info().bridge.slots == 4
         out = s.post("/completion", {"prompt": "a b c", "n_predict": 3})
@@ -125,7 +125,7 @@ def test_server_starts_and_confirms_bridge(fake, monkeypatch):
 def test_port_in_use(fake):
     sock, port = busy_port()
     try:
-        s = serve.Server(fake.server, srv_args(fake.model, port), startup_timeout=20)
+        s = llama_server.Server(fake.server, srv_args(fake.model, port), startup_timeout=20)
         with pytest.raises(ServeError) as ei:
             s.start()
         msg = str(ei.value)
@@ -136,7 +136,7 @@ def test_port_in_use(fake):
 
 
 def test_missing_model(fake):
-    s = serve.Server(fake.server, srv_args(fake.tmp / "nope.gguf", serve.free_port()), startup_timeout=20)
+    s = llama_server.Server(fake.server, srv_args(fake.tmp / "nope.gguf", llama_server.free_port()), startup_timeout=20)
     with pytest.raises(ServeError, match="model file not found"):
         s.start()
     assert s.proc is None  # not started at all
@@ -144,7 +144,7 @@ def test_missing_model(fake):
 
 def test_dies_during_startup(fake, monkeypatch):
     monkeypatch.setenv("FAKE_DIE_AT_START", "134")
-    s = serve.Server(fake.server, srv_args(fake.model, serve.free_port()), startup_timeout=20)
+    s = llama_server.Server(fake.server, srv_args(fake.model, llama_server.free_port()), startup_timeout=20)
     with pytest.raises(ServeError) as ei:
         s.start()
     msg = str(ei.value)
@@ -153,7 +153,7 @@ def test_dies_during_startup(fake, monkeypatch):
 
 def test_startup_timeout(fake, monkeypatch):
     monkeypatch.setenv("FAKE_LOAD_S", "30")
-    s = serve.Server(fake.server, srv_args(fake.model, serve.free_port()), startup_timeout=1.0)
+    s = llama_server.Server(fake.server, srv_args(fake.model, llama_server.free_port()), startup_timeout=1.0)
     t0 = time.monotonic()
     with pytest.raises(ServeError, match="did not become ready within 1s"):
         s.start()
@@ -163,16 +163,16 @@ def test_startup_timeout(fake, monkeypatch):
 
 def test_missing_binary(tmp_path):
     with pytest.raises(ServeError, match="not found or not executable"):
-        serve.Server(tmp_path / "llama-server", ["--port", "1"]).start()
+        llama_server.Server(tmp_path / "llama-server", ["--port", "1"]).start()
 
 
 def test_arg_value_and_url():
-    s = serve.Server("/x", ["-m", "a", "--host=0.0.0.0", "--port", "9999"])
+    s = llama_server.Server("/x", ["-m", "a", "--host=0.0.0.0", "--port", "9999"])
     assert s.port == 9999 and s.url == "http://0.0.0.0:9999" and s._probe == "http://127.0.0.1:9999"
-    s = serve.Server("/x", [])
+    s = llama_server.Server("/x", [])
     assert s.port == 8080 and s.host == "127.0.0.1"
     with pytest.raises(UsageError):
-        serve.Server("/x", ["--port", "abc"])
+        llama_server.Server("/x", ["--port", "abc"])
 
 
 # --- the CLI entry point ------------------------------------------------------------------------------
@@ -184,17 +184,19 @@ def parse(argv):
 
 def test_cli_parsing_passes_unknown_args_through():
     a = parse(["--bridge", "force", "-m", "x.gguf", "-c", "256", "--batch-size", "8"])
-    assert a.bridge == "force" and a.server_args == ["-m", "x.gguf", "-c", "256", "--batch-size", "8"]
+    assert a.bridge == "force" and a.server_args == ("-m", "x.gguf", "-c", "256", "--batch-size", "8")
     a = parse(["--check", "--", "--check", "-m", "y"])
-    assert a.check and a.server_args == ["--check", "-m", "y"]
-    assert parse([]).server_args == []
+    assert a.check and a.server_args == ("--check", "-m", "y")
+    assert parse([]).server_args == ()
 
 
 def test_run_check_multi_device_not_engaged_fails(fake, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_DEVICES", "2")
     # the device count comes from the bridge's own WARN line (the INFO "using device" lines are hidden by default)
     monkeypatch.setenv("FAKE_BRIDGE_INACTIVE", "no device pair needs it in mode 1 (2 device(s) on 2 physical GPU(s))")
-    a = parse(["--bridge", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, serve.free_port())])
+    a = parse(
+        ["--bridge", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
+    )
     with pytest.raises(ServeError) as ei:
         serve.run(a, SimpleNamespace(cache_dir=fake.tmp))
     assert "no device pair needs it" in str(ei.value) and ei.value.exit_code != 0
@@ -203,7 +205,7 @@ def test_run_check_multi_device_not_engaged_fails(fake, monkeypatch, capsys):
 def test_run_check_single_device_keeps_serving(fake, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_DEVICES", "1")
     monkeypatch.setenv("FAKE_BRIDGE_INACTIVE", "one device")
-    port = serve.free_port()
+    port = llama_server.free_port()
     a = parse(["--bridge", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, port)])
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
     cap = capsys.readouterr()
@@ -214,11 +216,15 @@ def test_run_check_single_device_keeps_serving(fake, monkeypatch, capsys):
 def test_run_check_reads_live_metrics(fake, monkeypatch, capsys):
     """--check asks the server for /metrics and requires batching's live counters when it says it is enabled."""
     monkeypatch.setenv("FAKE_METRICS", "3")
-    a = parse(["--batched", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, serve.free_port())])
+    a = parse(
+        ["--batched", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
+    )
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
     assert "/metrics: batched_graphs_total=3 batched_async_uploads_total=3" in capsys.readouterr().err
     monkeypatch.setenv("FAKE_METRICS", "0")
-    a = parse(["--batched", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, serve.free_port())])
+    a = parse(
+        ["--batched", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
+    )
     with pytest.raises(ServeError, match="/metrics counts no staged graph after the warm-up"):
         serve.run(a, SimpleNamespace(cache_dir=fake.tmp))
 
@@ -247,7 +253,7 @@ def _wait_url(p, timeout=20):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signal_forwarded_and_exit_code_propagated(fake, sig):
-    port = serve.free_port()
+    port = llama_server.free_port()
     p = _cli_proc(fake, {"FAKE_EXIT_CODE": "7"}, "--server", str(fake.server), *srv_args(fake.model, port))
     try:
         url = _wait_url(p)
@@ -265,7 +271,7 @@ def test_signal_forwarded_and_exit_code_propagated(fake, sig):
 
 def test_server_dying_while_serving_propagates(fake):
     p = _cli_proc(
-        fake, {"FAKE_DIE_AFTER_S": "1.5"}, "--server", str(fake.server), *srv_args(fake.model, serve.free_port())
+        fake, {"FAKE_DIE_AFTER_S": "1.5"}, "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())
     )
     try:
         _wait_url(p)
@@ -327,12 +333,12 @@ def test_runner_start_missing_binary(tmp_path):
 
 def test_verbosity_added_unless_chosen(monkeypatch):
     monkeypatch.delenv("LLAMA_ARG_LOG_VERBOSITY", raising=False)
-    assert serve.with_verbosity(["-m", "x"]) == (["-lv", "4", "-m", "x"], 4)
-    assert serve.with_verbosity(["-m", "x"], add=False) == (["-m", "x"], serve.DEFAULT_VERBOSITY)
-    assert serve.with_verbosity(["-lv", "2", "-m", "x"]) == (["-lv", "2", "-m", "x"], 2)
-    assert serve.with_verbosity(["--log-verbosity=5"]) == (["--log-verbosity=5"], 5)
-    assert serve.with_verbosity(["-v"])[0] == ["-v"]
-    assert serve.with_verbosity([], {"LLAMA_ARG_LOG_VERBOSITY": "3"}) == ([], 3)
+    assert llama_server.with_verbosity(["-m", "x"]) == (["-lv", "4", "-m", "x"], 4)
+    assert llama_server.with_verbosity(["-m", "x"], add=False) == (["-m", "x"], llama_server.DEFAULT_VERBOSITY)
+    assert llama_server.with_verbosity(["-lv", "2", "-m", "x"]) == (["-lv", "2", "-m", "x"], 2)
+    assert llama_server.with_verbosity(["--log-verbosity=5"]) == (["--log-verbosity=5"], 5)
+    assert llama_server.with_verbosity(["-v"])[0] == ["-v"]
+    assert llama_server.with_verbosity([], {"LLAMA_ARG_LOG_VERBOSITY": "3"}) == ([], 3)
 
 
 def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, capsys):
@@ -348,7 +354,7 @@ def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, ca
             "--check",
             "--server",
             str(fake.server),
-            *srv_args(fake.model, serve.free_port()),
+            *srv_args(fake.model, llama_server.free_port()),
         ]
     )
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
@@ -367,7 +373,7 @@ def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, ca
             "--metrics",
             "-lv",
             "4",
-            *srv_args(fake.model, serve.free_port()),
+            *srv_args(fake.model, llama_server.free_port()),
         ]
     )
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
@@ -385,7 +391,7 @@ def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, ca
             str(fake.server),
             "-lv",
             "3",
-            *srv_args(fake.model, serve.free_port()),
+            *srv_args(fake.model, llama_server.free_port()),
         ]
     )
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
@@ -395,7 +401,7 @@ def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, ca
 
 def test_serve_without_selectors_leaves_the_arguments_alone():
     args = ["-m", "x", "--port", "1"]
-    assert not serve.needs_proof(None, None)
+    assert not modes.Selectors(None, None).any_set
     assert serve.with_metrics(args, {}) == (args + ["--metrics"], True)
     assert serve.with_metrics(args + ["--metrics"], {}) == (args + ["--metrics"], False)
     assert serve.with_metrics(args, {"LLAMA_ARG_ENDPOINT_METRICS": "1"}) == (args, False)
@@ -408,7 +414,7 @@ def test_serve_without_selectors_leaves_the_arguments_alone():
 def test_signal_during_startup_stops_the_server(fake, sig):
     from ggml_bridge import runner
 
-    port = serve.free_port()
+    port = llama_server.free_port()
     p = _cli_proc(fake, {"FAKE_LOAD_S": "60"}, "--server", str(fake.server), *srv_args(fake.model, port))
     try:
         t0 = time.monotonic()
@@ -442,15 +448,15 @@ def test_relative_server_path_runs_that_file_not_one_on_path(fake, tmp_path, mon
     impostor.chmod(0o755)
     monkeypatch.setenv("PATH", f"{impostor.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.chdir(fake.bin)
-    a = parse(["--check", "--server", "./llama-server", *srv_args(fake.model, serve.free_port())])
+    a = parse(["--check", "--server", "./llama-server", *srv_args(fake.model, llama_server.free_port())])
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
 
 
 def test_server_log_in_a_missing_folder_fails_before_starting(fake):
     t0 = time.monotonic()
-    s = serve.Server(
+    s = llama_server.Server(
         fake.server,
-        srv_args(fake.model, serve.free_port()),
+        srv_args(fake.model, llama_server.free_port()),
         log_file=fake.tmp / "nope" / "server.log",
         startup_timeout=10,
     )
@@ -469,13 +475,13 @@ def test_server_log_in_a_missing_folder_fails_before_starting(fake):
 )
 def test_ports_the_launcher_cannot_check_are_refused(fake, args, match):
     with pytest.raises(UsageError, match=match):
-        serve.Server(fake.server, ["-m", str(fake.model), *args])
+        llama_server.Server(fake.server, ["-m", str(fake.model), *args])
 
 
 @pytest.mark.parametrize("timeout", [-5.0, 0.0, float("nan")])
 def test_bad_startup_timeout_is_refused(fake, timeout):
     with pytest.raises(UsageError, match="startup-timeout"):
-        serve.Server(fake.server, srv_args(fake.model, serve.free_port()), startup_timeout=timeout)
+        llama_server.Server(fake.server, srv_args(fake.model, llama_server.free_port()), startup_timeout=timeout)
 
 
 def test_server_output_is_not_all_kept_in_memory(fake, monkeypatch, tmp_path):
@@ -484,11 +490,11 @@ def test_server_output_is_not_all_kept_in_memory(fake, monkeypatch, tmp_path):
     monkeypatch.setenv("FAKE_DEVICES", "2")
     monkeypatch.setenv("FAKE_NOISE", "20000")
     log = tmp_path / "server.log"
-    with serve.Server(
+    with llama_server.Server(
         fake.server,
-        srv_args(fake.model, serve.free_port()),
+        srv_args(fake.model, llama_server.free_port()),
         log_file=log,
-        env=serve.selector_env("force", None),
+        env=modes.selector_env("force", None),
         startup_timeout=30,
     ) as s:
         pass
@@ -524,7 +530,7 @@ def test_server_log_is_rotated_at_its_cap(tmp_path):
 
 def test_sigkill_of_the_launcher_does_not_orphan_the_server(fake):
     """Issue 27: kill -9 of serve (no handler runs) still stops llama-server (PR_SET_PDEATHSIG in the child)."""
-    port = serve.free_port()
+    port = llama_server.free_port()
     p = _cli_proc(fake, {}, "--server", str(fake.server), *srv_args(fake.model, port))
     try:
         _wait_url(p)
@@ -549,10 +555,46 @@ def test_sigkill_of_the_launcher_does_not_orphan_the_server(fake):
 def test_a_server_that_dies_while_serving_is_not_said_to_have_died_during_start_up(fake, monkeypatch):
     """A crash mid-request (the lavapipe defect of Dec 2 was reported as "killed by signal 11 during start-up")."""
     monkeypatch.setenv("FAKE_DIE_AFTER_S", "1")
-    with serve.Server(fake.server, srv_args(fake.model, serve.free_port()), startup_timeout=20) as s:
+    with llama_server.Server(fake.server, srv_args(fake.model, llama_server.free_port()), startup_timeout=20) as s:
         time.sleep(1.5)
         with pytest.raises(ServeError) as ei:
             s.post("/completion", {"prompt": "x", "n_predict": 1}, timeout=5)
     msg = str(ei.value)
     assert "died while serving POST /completion" in msg and "exited with status 3 while serving" in msg, msg
     assert "during start-up" not in msg, msg
+
+
+@pytest.mark.parametrize("value", ["on", "auto", "force"])
+def test_every_bridge_value_that_asks_for_the_bridge_is_proved(fake, monkeypatch, capsys, value):
+    """``--bridge auto`` asks for the bridge like ``on`` and ``force`` (modes.Selectors): serve proves it engaged,
+    fails on a multi-device split where it did not, and says what it cannot prove (it used to add --metrics and then
+    say nothing about the bridge for ``auto``)."""
+    assert modes.Selectors(value).asks_bridge and modes.Selectors(value).mechanisms == ("bridge",)
+    want = modes.BRIDGE_VALUES[value]
+    enabled = f"ggml_cuda_mapped_host_bridge: enabled (mode {want}), 4 slots x 64 MiB pinned host memory\n"
+    e = proof.check_engagement(info(enabled + TWO_DEV), value, None)
+    assert e.ok and e.notes[0].startswith(f"bridge engaged: mode {want}, 4 slots x 64 MiB pinned host memory")
+    other = "force" if want != "force" else "1"
+    e = proof.check_engagement(info(enabled.replace(f"(mode {want})", f"(mode {other})") + TWO_DEV), value, None)
+    assert not e.ok and f"requested in mode {want} but the server reports mode {other}" in e.errors[0]
+    monkeypatch.setenv("FAKE_DEVICES", "2")
+    a = parse(
+        ["--bridge", value, "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
+    )
+    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert "bridge engaged: 7 boundaries crossed" in capsys.readouterr().err
+    monkeypatch.setenv("FAKE_BRIDGE_INACTIVE", "no device pair needs it (2 device(s) on 2 physical GPU(s))")
+    monkeypatch.setenv("FAKE_METRICS", "0")
+    a = parse(
+        ["--bridge", value, "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
+    )
+    with pytest.raises(ServeError, match=f"bridge requested \\({value}\\) but not engaged on a 2-device split"):
+        serve.run(a, SimpleNamespace(cache_dir=fake.tmp))
+    monkeypatch.delenv("FAKE_BRIDGE_INACTIVE")
+    monkeypatch.setenv("FAKE_NO_METRICS", "1")
+    a = parse(
+        ["--bridge", value, "--check", "--server", str(fake.server), "-lv", "3"]
+        + srv_args(fake.model, llama_server.free_port())
+    )
+    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert "answers no /metrics and log verbosity 3 hides" in capsys.readouterr().err

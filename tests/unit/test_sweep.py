@@ -30,7 +30,7 @@ from typing import Callable
 
 import pytest
 
-from ggml_bridge import cli, config, errors, fetch, serve, wheel
+from ggml_bridge import cli, config, errors, fetch, llama_server, wheel
 
 from helpers import fake_model, write_fake_bin
 
@@ -233,7 +233,7 @@ CASES = [
         "serve-startup-timeout-nan",
         ["serve", "--server", "{scratch}/bin/llama-server", "--startup-timeout", "nan", "--", "-m", "{scratch}/m.gguf"],
         USAGE,
-        "must be a positive number",
+        "argument --startup-timeout: 'nan': it must be a finite number above 0",
         files=_fake_server,
     ),
     Case(
@@ -308,7 +308,7 @@ def test_serve_stopped_by_a_signal_exits_128_plus_n(tmp_path: Path) -> None:
     model = fake_model(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    port = serve.free_port()
+    port = llama_server.free_port()
     p = subprocess.Popen(
         [
             sys.executable,

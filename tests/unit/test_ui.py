@@ -100,7 +100,7 @@ def test_opt_out_warns_once_and_records_no_ui(
 
 def test_opt_out_from_cli_config_and_environment(tmp_path: Path) -> None:
     build = cli.COMMANDS["build"]
-    args = cli.parse_command(build, ["--no-ui"])
+    args = cli.parse_namespace(build, ["--no-ui"])
     assert build.overrides is not None and config.load(build.overrides(args), env={}, cwd=tmp_path).build.ui is False
     assert config.load({}, env={"GGML_BRIDGE_UI": "0"}, cwd=tmp_path).build.ui is False
     (tmp_path / "ggml-bridge.toml").write_text("[build]\nui = false\n")

@@ -321,7 +321,7 @@ def test_serve_uses_an_installed_wheel_when_nothing_is_built(
     fake_install(installed)
     monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
-    port = str(__import__("ggml_bridge.serve", fromlist=["free_port"]).free_port())
+    port = str(__import__("ggml_bridge.net", fromlist=["free_port"]).free_port())
     rc = cli.main(["serve", "--check", "--batched", "on", "--", "-m", str(fake_model(tmp_path)), "--port", port])
     err = capsys.readouterr().err
     assert rc == 0, err

@@ -1,20 +1,11 @@
 """Checked argparse ``type=`` callables for numeric options: a value out of range is argparse's usage error
-(exit 2, one line naming the option), never a traceback later (``--timeout nan``, ``--rounds -1``); and
-:func:`user_path`, the one way a path the user typed has its ``~`` expanded."""
+(exit 2, one line naming the option), never a traceback later (``--timeout nan``, ``--rounds -1``)."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
-from pathlib import Path
 from typing import Callable
-
-
-def user_path(text: str | os.PathLike[str]) -> Path:
-    """``text`` with ``~`` / ``~user`` expanded as the shell does: an unknown user leaves it as it is (a path
-    that then does not exist), where ``Path.expanduser`` raises RuntimeError."""
-    return Path(os.path.expanduser(text))
 
 
 def count(minimum: int = 1, maximum: int = 2**31 - 1) -> Callable[[str], int]:
@@ -49,3 +40,14 @@ def seconds(*, allow_zero: bool = False) -> Callable[[str], float]:
 
     parse.__name__ = "number"
     return parse
+
+
+def mebibytes(text: str) -> float:
+    """A finite size in MiB, 0 meaning no limit."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 (no limit) or a positive number of MiB")
+    return value

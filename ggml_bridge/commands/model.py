@@ -1,0 +1,57 @@
+"""``ggml-bridge model``: write one generated GGUF model (:mod:`ggml_bridge.model`: a shape, a seed and the upstream
+vocabulary give the same bytes on every machine); prints its path. Without ``--out`` it is the cached copy the
+ladder and the bench use (``<cache>/models``)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import model
+from ..config import Settings
+from ..errors import ModelError
+from . import argtypes, cmdoptions
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    shape: str
+    seed: int
+    vocab: Path | None
+    out: Path | None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shape", default="tiny", metavar="NAME", help=f"a preset shape: {', '.join(model.PRESETS)} (default tiny)"
+    )
+    parser.add_argument("--seed", type=argtypes.count(0), default=1, metavar="N", help="weights seed (default 1)")
+    cmdoptions.model_vocab(parser, model.VOCAB_FILE)
+    parser.add_argument(
+        "--out", "-o", type=Path, default=None, metavar="PATH", help="write here (default: the cached copy)"
+    )
+
+
+def options(ns: argparse.Namespace) -> ModelOptions:
+    return ModelOptions(shape=ns.shape, seed=ns.seed, vocab=ns.vocab, out=ns.out)
+
+
+def run(opts: ModelOptions, settings: Settings) -> int:
+    shape = model.get_shape(opts.shape)
+    vocab = opts.vocab or model.find_vocab(settings.cache_dir)
+    if vocab is None or not Path(vocab).is_file():
+        raise ModelError(
+            f"cannot find the upstream vocabulary models/{model.VOCAB_FILE}"
+            + (f" ({opts.vocab} does not exist)" if opts.vocab else ""),
+            fix="pass --vocab PATH, set GGML_BRIDGE_VOCAB, or run `ggml-bridge fetch` first (it is in the tree's models/)",
+        )
+    if opts.out is None:
+        path = model.ensure_model(settings.cache_dir, shape, opts.seed, vocab)
+    else:
+        try:
+            path = model.write_model(opts.out, shape, opts.seed, vocab)
+        except OSError as e:
+            raise ModelError(f"cannot write model {opts.out}", why=str(e)) from None
+    print(path)
+    return 0

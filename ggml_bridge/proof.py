@@ -1,0 +1,155 @@
+"""The engagement proof of ``ggml-bridge serve``: what a llama-server's start-up log and its live ``/metrics``
+counters prove about the mechanisms the selectors asked for, as notes for the user and errors that fail the launch.
+Which words ask for a mechanism is :class:`ggml_bridge.modes.Selectors`'; whether one engaged in a process is
+:mod:`ggml_bridge.engagement`'s."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from . import logparse
+from .engagement import ABSENT, BATCHED, BRIDGE, IDLE, from_metrics
+from .modes import BRIDGE as BRIDGE_VAR
+from .modes import Selectors
+
+
+@dataclass
+class Engagement:
+    """What the log proves about the requested mechanisms."""
+
+    info: logparse.LogInfo
+    notes: list[str] = field(default_factory=list)  # plain statements for the user
+    errors: list[str] = field(default_factory=list)  # reasons to exit non-zero
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def check_engagement(
+    info: logparse.LogInfo,
+    bridge: str | None,
+    batched: str | None,
+    n_devices: int | None = None,
+    metrics: Mapping[str, int] | None = None,
+    warmed_up: bool = True,
+) -> Engagement:
+    """Apply the launcher's rules to a parsed start-up log and, when given, the live counters of /metrics (patch
+    0005; see the module docstring and :func:`ggml_bridge.engagement.from_metrics`). The counters prove engagement
+    at the default log verbosity, where the INFO "enabled" lines are hidden and only the WARN lines ("inactive",
+    rejected selectors) show. What asks for a mechanism is :class:`~ggml_bridge.modes.Selectors`' rule (``--bridge
+    on``, ``auto`` and ``force`` ask for the bridge)."""
+    sel = Selectors(bridge, batched)
+    eng = Engagement(info)
+    ndev = info.n_devices if n_devices is None else n_devices
+    if not ndev and info.bridge.inactive_reason:
+        ndev = _devices_in_reason(info.bridge.inactive_reason)
+    for var, value in info.bridge.rejected.items():
+        eng.errors.append(f'the server rejected {var}="{value}"' + (" (bridge off)" if var == BRIDGE_VAR else ""))
+    _prove_bridge(eng, sel, ndev, metrics)
+    _prove_batched(eng, sel, metrics, warmed_up)
+    return eng
+
+
+def _prove_bridge(eng: Engagement, sel: Selectors, ndev: int, metrics: Mapping[str, int] | None) -> None:
+    b, live = eng.info.bridge, dict(metrics or {})
+    vb = from_metrics(BRIDGE, b, metrics)
+    if sel.asks_bridge:
+        if vb.engaged and b.enabled:
+            eng.notes.append(
+                f"bridge engaged: mode {b.mode}, {b.slots} slots x {b.slot_mib} MiB pinned host memory"
+                + (f", model on {ndev} devices" if ndev else "")
+            )
+            if b.mode != sel.bridge_mode:
+                eng.errors.append(f"bridge requested in mode {sel.bridge_mode} but the server reports mode {b.mode}")
+        elif vb.engaged:
+            eng.notes.append(
+                f"bridge engaged: {live.get('bridge_boundaries_total', 0)} boundaries crossed through "
+                f"pinned host memory, {live.get('bridge_bytes_total', 0)} bytes "
+                "(llamacpp:bridge_* on /metrics)"
+            )
+        elif ndev > 1:
+            why = (
+                f"the server says: inactive: {vb.reason}"
+                if vb.reason is not None
+                else "the server printed no ggml_cuda_mapped_host_bridge line (binary without the patch, or not a CUDA build?)"
+            )
+            eng.errors.append(f"bridge requested ({sel.bridge}) but not engaged on a {ndev}-device split; {why}")
+        else:
+            eng.notes.append(
+                _not_engaged(
+                    "bridge",
+                    vb.reason and f"single device ({vb.reason})",
+                    "single device or CPU, and the server printed no bridge line "
+                    "(binary without the patch, or not a CUDA build)",
+                )
+            )
+    elif sel.bridge == "off" and vb.engaged:
+        eng.errors.append(
+            f"bridge requested off but the server reports it enabled (mode {b.mode})"
+            if b.enabled
+            else f"bridge requested off but /metrics counts {live.get('bridge_boundaries_total', 0)} "
+            "boundaries crossed through it"
+        )
+
+
+def _prove_batched(eng: Engagement, sel: Selectors, metrics: Mapping[str, int] | None, warmed_up: bool) -> None:
+    t, live = eng.info.batched, dict(metrics or {})
+    vt = from_metrics(BATCHED, t, metrics)
+    if sel.asks_batched:
+        if vt.engaged and t.enabled:
+            eng.notes.append(f"batched transfers engaged: pinned pool up to {t.pool_mib} MiB")
+        elif vt.engaged:
+            eng.notes.append(
+                f"batched transfers engaged: {live.get('batched_graphs_total', 0)} graph(s) staged, "
+                f"{live.get('batched_async_uploads_total', 0)} asynchronous uploads "
+                "(llamacpp:batched_* on /metrics)"
+            )
+        elif vt.state == IDLE and warmed_up:
+            # patched, no "inactive" warning, and yet the start-up warm-up decode staged nothing
+            eng.errors.append(
+                "batched transfers requested but /metrics counts no staged graph after the warm-up "
+                f"decode (llamacpp:batched_graphs_total {live.get('batched_graphs_total', 0)})"
+            )
+        else:
+            no_line = (
+                "the server printed no llama_batched_transfers line (binary without the patch?)"
+                if metrics is None
+                else "/metrics has no llamacpp:batched_* counters (binary without the patch?)"
+                if vt.state == ABSENT
+                else "/metrics counts no staged graph yet (no warm-up decode: --no-warmup)"
+            )
+            eng.notes.append(_not_engaged("batched transfers", vt.reason, no_line))
+    elif sel.batched == "off" and vt.engaged:
+        eng.errors.append(
+            "batched transfers requested off but the server reports them enabled"
+            if t.enabled
+            else f"batched transfers requested off but /metrics counts "
+            f"{live.get('batched_graphs_total', 0)} staged graph(s)"
+        )
+
+
+_REASON_DEVICES = re.compile(r"\b(?P<n>\d+) device\(s\)")
+
+
+def _devices_in_reason(reason: str) -> int:
+    """The device count an "inactive" reason of the bridge (patch 0001, a WARN line: shown at the default verbosity,
+    where the INFO "using device" lines are not) states: "single device" 1, "... (2 device(s) on ...)" 2, a failed
+    allocation of its slots (only tried for a split that needs them) at least 2; else 0 (not known)."""
+    if reason.startswith("single device"):
+        return 1
+    if m := _REASON_DEVICES.search(reason):
+        return int(m["n"])
+    if "could not be allocated" in reason or "cudaHostAlloc" in reason:
+        return 2
+    return 0
+
+
+def _not_engaged(what: str, reason: str | None, no_line: str) -> str:
+    """The note for a mechanism that was asked for but may rightly stay off here (one device, CPU): the server's own
+    reason when it gave one, else what was missing from its log."""
+    if reason:
+        return f"{what} not engaged: {reason}; serving anyway"
+    return f"{what} not confirmed: {no_line}; serving anyway"
