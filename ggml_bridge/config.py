@@ -31,7 +31,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 #: The programs a build makes when the tree defines them, in this order (llama-server is required); ``build.targets``
-#: may narrow them. The build stage's own list (:data:`ggml_bridge.build.WANTED_TARGETS`) is this one.
+#: may narrow them. The build stage's own list (:data:`ggml_bridge.builder.WANTED_TARGETS`) is this one.
 BUILD_TARGETS = (
     "llama-server",
     "llama-bench",

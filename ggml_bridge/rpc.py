@@ -487,9 +487,9 @@ def from_options(
     devices += [[] for _ in range(n - len(devices))]
     binary = opts.server or Path(server_binary).parent / RPC_SERVER
     if n and not Path(binary).is_file():
-        from . import build
+        from . import builder
 
-        binary = build.locate(settings, "patched", RPC_SERVER)  # type: ignore[arg-type]
+        binary = builder.locate(settings, "patched", RPC_SERVER)  # type: ignore[arg-type]
     local = [
         LocalRpcServer(binary, devices=d, env=env, log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
         for i, d in enumerate(devices)

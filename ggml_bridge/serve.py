@@ -78,10 +78,10 @@ def run(opts: ServeOptions, settings: Settings) -> int:
         server_args = server_args[1:]
     sel = opts.selectors
     env = sel.env()
-    from . import build  # the build's patched llama-server, else an installed ggml-bridge-server wheel's
+    from . import builder  # the build's patched llama-server, else an installed ggml-bridge-server wheel's
 
     binary = (
-        opts.server if opts.server is not None else build.locate(settings, "patched", "llama-server", installed=True)
+        opts.server if opts.server is not None else builder.locate(settings, "patched", "llama-server", installed=True)
     )
     if any(a in INFO_ONLY_FLAGS for a in server_args):  # `serve -- --help`: llama-server's own answer and status
         return runner.run(

@@ -48,10 +48,10 @@ from . import fetch as fetchmod
 from . import patch as patchmod
 from . import pin as pinmod
 from . import ui as uimod
-from .build import steps as buildmod
-from .build.installed import DIST_NAME
-from .build.installed import installed_server as installed_server  # re-exported: the lookup lives below build
-from .build.toolchain import detect_vulkan
+from .builder import steps as buildmod
+from .builder.installed import DIST_NAME
+from .builder.installed import installed_server as installed_server  # re-exported: the lookup lives below builder
+from .builder.toolchain import detect_vulkan
 from .config import Settings
 from .errors import BuildError, ToolchainError, UsageError
 from .fetch.archive import UNSAFE, safe_extractall

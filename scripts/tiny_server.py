@@ -10,13 +10,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ggml_bridge import build, config, model  # noqa: E402
+from ggml_bridge import builder, config, model  # noqa: E402
 
 
 def tiny_setup(server: Path | None, vocab: Path | None, prefix: str) -> tuple[Path, Path, Path] | None:
     """(llama-server, tiny GGUF, work folder); None (after one line on stderr) when no vocabulary is found."""
     settings = config.load({"build.backend": "cpu"})
-    server = server or build.find_binary(settings, "llama-server", variant="patched", backend="cpu")
+    server = server or builder.find_binary(settings, "llama-server", variant="patched", backend="cpu")
     vocab = vocab or model.find_vocab(settings.cache_dir / "trees", settings.cache_dir)
     if vocab is None:
         print("no vocab GGUF found: pass --vocab", file=sys.stderr)

@@ -93,9 +93,9 @@ def real_bin_dir() -> Path | None:
     if d and (Path(d) / "llama-server").is_file():
         return Path(d)
     try:
-        from ggml_bridge import build, config
+        from ggml_bridge import builder, config
 
-        return build.find_binary(config.load({}), "llama-server", variant="patched", backend="cpu").parent
+        return builder.find_binary(config.load({}), "llama-server", variant="patched", backend="cpu").parent
     except Exception:  # noqa: BLE001 - no build available: the slow tests skip
         return None
 

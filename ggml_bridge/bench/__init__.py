@@ -248,7 +248,7 @@ def parse_cpu_list(text: str) -> set[int]:
 
 def resolve_bins(args: argparse.Namespace, settings: Settings, variants: set[str]) -> dict[str, Path]:
     """Directory holding llama-bench for each variant: --variants-dir, --bin-dir-*, or the build stage."""
-    from .. import build  # the build stage needs git tooling only when it is used
+    from .. import builder  # the build stage needs git tooling only when it is used
     from ..errors import NotBuiltError
 
     dirs: dict[str, Path] = {}
@@ -257,7 +257,7 @@ def resolve_bins(args: argparse.Namespace, settings: Settings, variants: set[str
         if override is None and args.variants_dir is not None:
             override = Path(args.variants_dir) / modes.VARIANTS[v].subdir
         try:
-            dirs[v] = build.locate(settings, v, "llama-bench", override).parent
+            dirs[v] = builder.locate(settings, v, "llama-bench", override).parent
             continue
         except NotBuiltError as e:
             if override is not None:
@@ -267,7 +267,7 @@ def resolve_bins(args: argparse.Namespace, settings: Settings, variants: set[str
                 continue
         try:
             with step(f"build {v}"):
-                dirs[v] = build.ensure(settings, v).bin_dir
+                dirs[v] = builder.ensure(settings, v).bin_dir
         except UsageError as e:  # e.g. upstream-nopeer on a CPU-only machine: that case is skipped
             log(f"    cannot build {v}: {e}")
     return dirs

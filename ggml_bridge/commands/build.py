@@ -85,18 +85,18 @@ def options(ns: argparse.Namespace) -> BuildOptions:
 
 
 def run(opts: BuildOptions, settings: Settings) -> int:
-    from .. import build
+    from .. import builder
 
     variants = list(opts.variants or (settings.build.variant,))
     if opts.print_manifest or opts.print_bin_dir:
         # what a build left, for scripts (scripts/gpu/prove.sh): the CLI knows where the cache keeps it
         for v in variants:
-            manifest = build.find_manifest(settings, v)
-            print(manifest if opts.print_manifest else build.find_binary(settings, "llama-server", variant=v).parent)
+            manifest = builder.find_manifest(settings, v)
+            print(manifest if opts.print_manifest else builder.find_binary(settings, "llama-server", variant=v).parent)
         return 0
     src = opts.source
     if opts.shared_tree:
-        results = build.ensure_shared(
+        results = builder.ensure_shared(
             settings,
             variants,
             source_spec=src.source,
@@ -105,7 +105,7 @@ def run(opts: BuildOptions, settings: Settings) -> int:
         )
     else:
         results = [
-            build.ensure(
+            builder.ensure(
                 settings,
                 v,
                 source_spec=src.source,

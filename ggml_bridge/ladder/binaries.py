@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import build, cache, model, rpc
+from .. import builder, cache, model, rpc
 from ..config import Settings
 from ..errors import FatalError, LadderSetupError
 
@@ -34,7 +34,7 @@ def resolve_binaries(
         found[variant] = {}
         for name in names:
             try:
-                p = build.locate(settings, variant, name, override, backend=backend)
+                p = builder.locate(settings, variant, name, override, backend=backend)
             except FatalError as e:
                 if override is not None:
                     raise LadderSetupError(f"{name} not found in --bin-dir-{variant} {override}") from None

@@ -21,12 +21,12 @@ def build_checks(staged: Settings, wt: Path, report: RebaseReport, opts: Options
     if not opts.build:
         report.build["cpu"] = "skipped: --no-build"
     else:
-        from .. import build
+        from .. import builder
 
         cpu = dataclasses.replace(staged, build=dataclasses.replace(staged.build, backend="cpu"))
         try:
             with step("build the rebased series (CPU)"):
-                res = build.ensure(cpu, modes.PATCHED, source_spec=source_spec, allow_unpinned=True)
+                res = builder.ensure(cpu, modes.PATCHED, source_spec=source_spec, allow_unpinned=True)
             report.build["cpu"] = f"built: {res.bin_dir}"
         except (BuildError, ToolchainError, PatchError) as e:
             report.build["cpu"] = f"failed: {e.kind}: {e.what}"
@@ -37,9 +37,9 @@ def build_checks(staged: Settings, wt: Path, report: RebaseReport, opts: Options
 
 
 def _detect_cuda() -> Any:
-    from .. import build
+    from .. import builder
 
-    return build.detect_cuda()
+    return builder.detect_cuda()
 
 
 def cuda_check(wt: Path, report: RebaseReport, extra_includes: list[Path]) -> str:

@@ -187,7 +187,7 @@ def test_plot_microbench_only(tmp_path):
 def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monkeypatch):
     """Without bin dirs the bench reuses the build stage's builds, builds what is missing (--build, the
     default), and with --no-build skips those cases instead of inventing figures."""
-    from ggml_bridge import build
+    from ggml_bridge import builder
     from ggml_bridge.errors import NotBuiltError
 
     built: list[str] = []
@@ -201,8 +201,8 @@ def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monke
         built.append(variant)
         return SimpleNamespace(bin_dir=variants / "patched")
 
-    monkeypatch.setattr(build, "find_binary", find_binary)
-    monkeypatch.setattr(build, "ensure", ensure)
+    monkeypatch.setattr(builder, "find_binary", find_binary)
+    monkeypatch.setattr(builder, "ensure", ensure)
     args = _args(
         model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases="upstream-p2p,bridge", microbench=False
     )

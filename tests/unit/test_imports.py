@@ -22,7 +22,7 @@ FLOORS: list[set[str]] = [
     # llama-server process; what its log and counters prove
     {"fetch", "model", "ui"},  # upstream trees, the GGUF writer, the web UI assets
     {"patch"},  # the series applied to a tree
-    {"build"},  # CMake + Ninja builds; the installed-wheel lookup
+    {"builder"},  # CMake + Ninja builds; the installed-wheel lookup
     {"wheel", "rebase"},  # the server distribution; moving the series onto another upstream
     {"rpc"},  # ggml-rpc-server topologies
     {"serve", "radar", "netbench"},  # the launcher; the rebase check of every newer build; rpc cases over shaped
@@ -142,10 +142,10 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_a_submodule_import_counts_its_package() -> None:
-    """``wheel`` importing ``build.steps`` runs ``build/__init__``: were that to import wheel, it is a cycle."""
+    """``wheel`` importing ``builder.steps`` runs ``builder/__init__``: were that to import wheel, it is a cycle."""
     g = graph()
-    assert "ggml_bridge.build" in g["ggml_bridge.wheel"] and "ggml_bridge.build.steps" in g["ggml_bridge.wheel"]
-    assert "ggml_bridge.build" not in g["ggml_bridge.build.shared"], "a package's own modules do not count it"
+    assert "ggml_bridge.builder" in g["ggml_bridge.wheel"] and "ggml_bridge.builder.steps" in g["ggml_bridge.wheel"]
+    assert "ggml_bridge.builder" not in g["ggml_bridge.builder.shared"], "a package's own modules do not count it"
 
 
 def test_no_import_cycles() -> None:

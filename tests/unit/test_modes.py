@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import bench, build, ladder, modes, proof, serve
+from ggml_bridge import bench, builder, ladder, modes, proof, serve
 from ggml_bridge.errors import BenchError, LadderSetupError, UsageError
 
 
@@ -72,7 +72,7 @@ def test_bench_serve_and_build_derive_from_the_table():
         "SAM3D_BATCHED_TRANSFERS": "ON",
     }
     assert [n for n, v in modes.VARIANTS.items() if v.cuda_only] == ["upstream-nopeer"]
-    assert build.SHARED_ORDER == tuple(modes.VARIANTS), "the shared tree can make every variant, in table order"
+    assert builder.SHARED_ORDER == tuple(modes.VARIANTS), "the shared tree can make every variant, in table order"
 
 
 def test_bench_refuses_ladder_only_modes(tmp_path, monkeypatch):

@@ -613,7 +613,7 @@ def test_a_cuda_vulkan_wheel_is_refused_not_built_as_cpu(tmp_path: Path) -> None
 def test_the_vulkan_wheel_plan_passes_the_vulkan_pieces_and_the_tag_check_knows_vulkan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ggml_bridge.build import toolchain
+    from ggml_bridge.builder import toolchain
 
     usr = fake_vulkan_root(tmp_path / "usr")
     monkeypatch.setattr(wheel, "detect_vulkan", lambda: toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,)))
