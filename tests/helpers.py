@@ -34,11 +34,11 @@ def write_exe(path: Path, text: str) -> Path:
     return path
 
 
-def write_fake_bin(d: Path, *, unpatched: bool = False) -> Path:
+def write_fake_bin(d: Path, *, unpatched: bool = False, prefix: str = "") -> Path:
     """The fake llama-server and llama-perplexity in ``d``; ``unpatched`` makes them print no patch lines (an
-    upstream build)."""
+    upstream build); ``prefix`` is code they run first."""
     d.mkdir(parents=True, exist_ok=True)
-    prefix = "import os\nos.environ['FAKE_UNPATCHED'] = '1'\n" if unpatched else ""
+    prefix += "import os\nos.environ['FAKE_UNPATCHED'] = '1'\n" if unpatched else ""
     for name in ("llama-server", "llama-perplexity"):
         write_exe(d / name, prefix + FAKE_SERVER.read_text())
     return d

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import Callable
 
 
@@ -51,3 +52,11 @@ def mebibytes(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: must be 0 (no limit) or a positive number of MiB")
     return value
+
+
+def name_and_path(text: str) -> tuple[str, Path]:
+    """``NAME=DIR`` (``--side``)."""
+    name, sep, folder = text.partition("=")
+    if not sep or not name or not folder or ":" in name or "/" in name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=DIR (e.g. wheel=site-packages/ggml_bridge_server/bin)")
+    return name, Path(folder)

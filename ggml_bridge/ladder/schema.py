@@ -23,6 +23,47 @@ EXPECT_VALUES = ("engaged", "inactive", "either")
 #: the builds a ladder file may name (``backend``): whose latest upstream and patched builds it compares
 LADDER_BACKENDS = tuple(modes.BACKENDS)
 SPLIT_MODES = ("none", "layer", "row", "tensor")
+#: keys of a ``[sides.NAME]`` table
+SIDE_KEYS = ("variant", "about", "cpu_variant")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One set of binaries a ladder runs modes of: a build variant's latest build (the sides named ``patched`` and
+    ``upstream`` exist in every ladder), or any folder given with ``--side NAME=DIR`` (an installed wheel's bin/,
+    another build of the same series). A rung names a mode on a side as ``SIDE:MODE``; a bare mode runs on the side
+    named after its variant. The side's variant must be the mode's (a patched mode on an upstream build would prove
+    nothing)."""
+
+    name: str
+    variant: str
+    about: str = ""
+    cpu_variant: str | None = None
+    """The one ggml CPU variant module (``libggml-cpu-<name>.so``) the side's folder must hold (ggml loads the
+    best one it finds beside the program: a comparison per CPU variant needs exactly one on each side)."""
+
+
+#: the sides every ladder has
+DEFAULT_SIDES = {
+    v: Side(v, v, "the latest build of this variant, or --side %s=DIR" % v) for v in ("patched", "upstream")
+}
+
+
+def run_parts(run: str) -> tuple[str | None, str]:
+    """``"wheel:off"`` -> ("wheel", "off"); ``"off"`` -> (None, "off")."""
+    side, sep, mode = run.rpartition(":")
+    return (side if sep else None), mode
+
+
+def mode_of(run: str) -> modes.Mode:
+    """The mode of a rung's run (``MODE`` or ``SIDE:MODE``)."""
+    return MODES[run_parts(run)[1]]
+
+
+def side_of(run: str) -> str:
+    """The side a rung's run runs on: the one it names, else the one named after its mode's variant."""
+    side, mode = run_parts(run)
+    return side or MODES[mode].variant
 
 
 @dataclass
@@ -173,7 +214,7 @@ def _check_rung_types(merged: dict[str, Any], where: str) -> None:
         raise bad("rpc_servers", "a list of device lists")
 
 
-def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
+def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str, sides: dict[str, Side] | None = None) -> Rung:
     if not isinstance(d, dict) or not isinstance(defaults, dict):
         raise LadderSetupError(f"{where}: a rung (and [defaults]) must be a table")
     merged = {**defaults, **d}
@@ -199,16 +240,17 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
         r = Rung(**merged)
     except TypeError as e:
         raise LadderSetupError(f"{where}: {e}") from None
+    known = DEFAULT_SIDES if sides is None else sides
     try:  # current names (older ones with a deprecation note, see modes.ALIASES)
-        r.modes = [modes.canonical(str(m), f"{where} ({r.name})") for m in _as_list(r.modes)]
-        r.reference = modes.canonical(str(r.reference), f"{where} ({r.name}) reference")
-        r.expect = {modes.canonical(str(k), f"{where} ({r.name}) expect"): v for k, v in dict(r.expect).items()}
+        r.modes = [_canonical_run(str(m), known, f"{where} ({r.name})") for m in _as_list(r.modes)]
+        r.reference = _canonical_run(str(r.reference), known, f"{where} ({r.name}) reference")
+        r.expect = {_canonical_run(str(k), known, f"{where} ({r.name}) expect"): v for k, v in dict(r.expect).items()}
     except UsageError as e:
         raise LadderSetupError(e.what, why=e.why, fix=e.fix) from None
-    other = [m for m in r.modes if MODES[m].variant not in ("patched", "upstream")]
+    other = [m for m in r.modes if mode_of(m).variant not in ("patched", "upstream")]
     if other:
         raise LadderSetupError(
-            f"{where} ({r.name}): mode(s) {', '.join(other)} need the {MODES[other[0]].variant} build",
+            f"{where} ({r.name}): mode(s) {', '.join(other)} need the {mode_of(other[0]).variant} build",
             why="the ladder compares the patched and upstream builds only",
             fix="use modes of those two builds",
         )
@@ -238,10 +280,10 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
         )
     if r.server_ctx() < max(r.prompts_words()) + r.n_predict + 16:
         raise LadderSetupError(f"{where} ({r.name}): ctx {r.server_ctx()} is too small for the longest prompt")
-    if any(MODES[m].uses_bridge for m in r.modes) and r.devices <= 0:
+    if any(mode_of(m).uses_bridge for m in r.modes) and r.devices <= 0:
         raise LadderSetupError(f"{where} ({r.name}): bridge modes need GPUs (devices >= 1)")
     r.rpc_servers = [[str(d) for d in _as_list(x)] for x in _as_list(r.rpc_servers)]
-    if any(MODES[m].rpc for m in r.modes) and not r.rpc_servers:
+    if any(mode_of(m).rpc for m in r.modes) and not r.rpc_servers:
         raise LadderSetupError(
             f"{where} ({r.name}): rpc-* modes need rpc_servers (one device list per server)",
             fix='e.g. rpc_servers = [["CPU"], ["CPU"]]',
@@ -255,7 +297,7 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
                 fix='e.g. rpc_env = [{ GGML_CUDA_DEVICES = "2" }]',
             )
         r.rpc_env = [{str(k): str(v) for k, v in e.items()} for e in envs]
-    if (r.rpc_env or r.rpc_front_gpu or r.rpc_link) and not any(MODES[m].rpc for m in r.modes):
+    if (r.rpc_env or r.rpc_front_gpu or r.rpc_link) and not any(mode_of(m).rpc for m in r.modes):
         raise LadderSetupError(f"{rpc_like}: rpc_env, rpc_front_gpu and rpc_link need rpc-* modes")
     if r.rpc_front_gpu and r.devices <= 0:
         raise LadderSetupError(f"{rpc_like}: rpc_front_gpu needs devices >= 1")
@@ -270,9 +312,52 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
     r.perplexity_args = [str(a) for a in r.perplexity_args]
     r.env = {str(k): str(v) for k, v in r.env.items()}
     r.expect_pools = {str(k): str(v) for k, v in r.expect_pools.items()}
-    if r.expect_pools and not any(MODES[m].uses_batched for m in r.modes):
+    if r.expect_pools and not any(mode_of(m).uses_batched for m in r.modes):
         raise LadderSetupError(f"{where} ({r.name}): expect_pools needs a batched mode")
     return r
+
+
+def _canonical_run(text: str, sides: dict[str, Side], where: str) -> str:
+    """``SIDE:MODE`` or ``MODE`` with the mode's current name; the side written only where it is not the default
+    one of the mode's variant. The side must exist and build the mode's variant."""
+    side, name = run_parts(text)
+    mode = modes.lookup(name, where)
+    if side is None:
+        return mode.name
+    if side not in sides:
+        raise LadderSetupError(
+            f"{where}: {text!r} names the side {side!r}, which the ladder does not declare",
+            fix=f"sides: {', '.join(sides)}; declare others as [sides.{side}] with variant = ...",
+        )
+    if sides[side].variant != mode.variant:
+        raise LadderSetupError(
+            f"{where}: {text!r}: mode {mode.name} runs the {mode.variant} build, side {side} is {sides[side].variant}",
+            why="a mode of one build on binaries of another proves nothing",
+        )
+    return mode.name if side == mode.variant else f"{side}:{mode.name}"
+
+
+def parse_sides(table: Any, where: str) -> dict[str, Side]:
+    """The ladder's ``[sides.NAME]`` tables over the default ones (``patched``, ``upstream``)."""
+    out = dict(DEFAULT_SIDES)
+    if table is None:
+        return out
+    if not isinstance(table, dict):
+        raise LadderSetupError(f"{where}: [sides] must hold tables [sides.NAME]")
+    for name, t in table.items():
+        if not isinstance(t, dict) or set(t) - set(SIDE_KEYS) or not all(isinstance(v, str) for v in t.values()):
+            raise LadderSetupError(
+                f"{where}: [sides.{name}] must be a table of strings", fix=f"keys: {', '.join(SIDE_KEYS)}"
+            )
+        if not name or ":" in name or "/" in name:
+            raise LadderSetupError(f"{where}: side name {name!r} may not be empty or hold ':' or '/'")
+        variant = t.get("variant", out[name].variant if name in out else None)
+        if variant not in ("patched", "upstream"):
+            raise LadderSetupError(
+                f"{where}: [sides.{name}] variant = {variant!r}", fix="variant = \"patched\" or \"upstream\""
+            )
+        out[name] = Side(name, variant, t.get("about", ""), t.get("cpu_variant"))
+    return out
 
 
 @dataclass
@@ -283,6 +368,7 @@ class Ladder:
     rungs: list[Rung]
     description: str = ""
     text_seed: int = 7
+    sides: dict[str, Side] = field(default_factory=lambda: dict(DEFAULT_SIDES))
 
 
 def load_ladder(path: Path) -> Ladder:
@@ -292,7 +378,7 @@ def load_ladder(path: Path) -> Ladder:
         raise LadderSetupError(f"ladder file not found: {path}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise LadderSetupError(f"ladder file {path} is not valid TOML", why=str(e)) from None
-    known = {"name", "description", "backend", "defaults", "rung", "text_seed"}
+    known = {"name", "description", "backend", "defaults", "rung", "text_seed", "sides"}
     unknown = set(data) - known
     if unknown:
         raise LadderSetupError(f"{path}: unknown top-level key(s) {', '.join(sorted(unknown))}")
@@ -306,7 +392,8 @@ def load_ladder(path: Path) -> Ladder:
         v = data.get(key)
         if v is not None and (not isinstance(v, kind) or isinstance(v, bool)):
             raise LadderSetupError(f"{path}: {key} = {v!r} is not a{'n integer' if kind is int else ' string'}")
-    rungs = [parse_rung(r, defaults, f"{path} rung {i + 1}") for i, r in enumerate(rungs_raw)]
+    sides = parse_sides(data.get("sides"), str(path))
+    rungs = [parse_rung(r, defaults, f"{path} rung {i + 1}", sides) for i, r in enumerate(rungs_raw)]
     names = [r.name for r in rungs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -321,4 +408,5 @@ def load_ladder(path: Path) -> Ladder:
         rungs=rungs,
         description=data.get("description", ""),
         text_seed=int(data.get("text_seed", 7)),
+        sides=sides,
     )

@@ -82,8 +82,7 @@ if want tests; then
     step test-bridge-rejected 8 60 env "${bridge_test_env[@]}" GGML_CUDA_MAPPED_HOST_BRIDGE=yes \
         "$pbin/test-mapped-host-bridge" --quick
     grep -E "rejected|FAIL|passed" "$OUT/test-bridge-rejected.txt" | tee -a "$OUT/summary.txt"
-    python3 -c "from ggml_bridge.model import write_model; import sys; write_model('/tmp/tiny.gguf', 'tiny', 1, sys.argv[1])" \
-        "$vocab" > /dev/null 2>&1
+    "${gb[@]}" model --shape tiny --vocab "$vocab" --out /tmp/tiny.gguf > /dev/null 2>&1
     step test-batched 10 60 "$pbin/test-batched-transfers" --model /tmp/tiny.gguf
     grep -E "passed|FAIL" "$OUT/test-batched.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
 fi
@@ -161,14 +160,14 @@ if want link; then
 fi
 if want serve-rpc; then
     # the launcher's RPC mode on the GPU: one rpc-server owning two virtual devices, llama-server without a GPU;
-    # --check (engagement from the rpc-server's counters), then serving: greedy completions against the local server
-    python3 -c "from ggml_bridge.model import write_model; import sys; write_model('/tmp/small.gguf', 'small', 1, sys.argv[1])" \
-        "$vocab" > /dev/null 2>&1
+    # --check (engagement from the rpc-server's counters)
+    "${gb[@]}" model --shape small --vocab "$vocab" --out /tmp/small.gguf > /dev/null 2>&1
     step serve-rpc-check 20 90 env GGML_CUDA_DEVICES=2 "${gb[@]}" serve --check --bridge force --server "$pbin/llama-server" \
         --rpc-local-devices CUDA0,CUDA1 --rpc-local-only -- -m /tmp/small.gguf -ngl 99 --port 18080
     grep -E "ggml-bridge:" "$OUT/serve-rpc-check.txt" | tail -n 8 | tee -a "$OUT/summary.txt"
-    step serve-rpc-greedy 30 120 env GGML_CUDA_DEVICES=2 python3 scripts/gpu/serve_rpc_greedy.py --server "$pbin/llama-server" \
-        --model /tmp/small.gguf --out "$OUT/serve-rpc"
+    # then serving: ladders/rpc-greedy.toml, greedy responses and full logits against the local server on one GPU
+    step serve-rpc-greedy 30 180 "${gb[@]}" ladder --ladder ladders/rpc-greedy.toml --side patched="$pbin" \
+        --vocab "$vocab" --report "$OUT/serve-rpc"
     tail -n 3 "$OUT/serve-rpc-greedy.txt" | tee -a "$OUT/summary.txt"
 fi
 

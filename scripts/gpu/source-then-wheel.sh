@@ -3,7 +3,7 @@
 #   the source build (`ggml-bridge build --backend cuda --variant patched --cuda-arch $SOURCE_ARCH`, into .cache-gpu),
 #   then wheel.sh with the rest of the call (ARCHS; its build folder .cache-gpu/wheel-build keeps what it compiled).
 #   Run again on the same warm machine: the source build is "up to date", the wheel build continues where it stopped,
-#   then wheel.sh installs the wheel, runs serve --check and compares it with the source build (wheel_vs_source.py);
+#   then wheel.sh installs the wheel, runs serve --check and compares it with the source build (ladders/wheel-vs-source.toml);
 #   then, if time is left, the source build's test programs.
 # One after the other, not side by side: on the H200 machine (16 cores) the two CUDA builds run together reached
 # 154/383 and 186/417 ninja steps in 490 s (Dec 3), where each alone takes about 260-290 s.
@@ -35,8 +35,8 @@ if [ $((LIMIT - SECONDS)) -gt 60 ]; then
         > "$OUT/source/test-bridge.txt" 2>&1
     log "test-mapped-host-bridge --quick (4 virtual, forced) rc=$? $(tail -n 1 "$OUT/source/test-bridge.txt")"
     tree=$(python3 -m ggml_bridge fetch 2>/dev/null)
-    python3 -c "from ggml_bridge.model import write_model; import sys; write_model('/tmp/tiny.gguf', 'tiny', 1, sys.argv[1])" \
-        "$tree/models/ggml-vocab-llama-spm.gguf" > /dev/null 2>&1
+    python3 -m ggml_bridge model --shape tiny --vocab "$tree/models/ggml-vocab-llama-spm.gguf" --out /tmp/tiny.gguf \
+        > /dev/null 2>&1
     timeout 30 "$pbin/test-batched-transfers" --model /tmp/tiny.gguf > "$OUT/source/test-batched.txt" 2>&1
     log "test-batched-transfers rc=$? $(grep -E "passed" "$OUT/source/test-batched.txt" | tail -n 1)"
 fi

@@ -119,8 +119,7 @@ if want tests || want ladder || want bench; then
 fi
 
 if want tests; then
-    python3 -c "from ggml_bridge.model import write_model; import sys; write_model('/tmp/tiny.gguf', 'tiny', 1, sys.argv[1])" \
-        "$vocab" > /dev/null 2>&1
+    "${gb[@]}" model --shape tiny --vocab "$vocab" --out /tmp/tiny.gguf > /dev/null 2>&1
     step test-batched-2dev 15 120 env GGML_VK_VISIBLE_DEVICES=0,0 "$pbin/test-batched-transfers" --model /tmp/tiny.gguf
     grep -E "GPU device|batched transfers (not )?available|^main: stats|^second-gpu: stats|passed|FAIL" \
         "$OUT/test-batched-2dev.txt" | tail -n 12 | tee -a "$OUT/summary.txt"

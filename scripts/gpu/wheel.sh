@@ -10,7 +10,7 @@
 #   4. `ggml-bridge serve --check` on the installed wheel (no build present): the bridge forced on virtual devices
 #      (GGML_CUDA_DEVICES=4) with batching, on a tiny random-weight model;
 #   5. when the patched CUDA source build is in the cache (`prove.sh build` ran first, same .cache-gpu):
-#      wheel_vs_source.py, greedy responses and full logits of the installed wheel against it, byte for byte.
+#      ladders/wheel-vs-source.toml, greedy responses and full logits of the installed wheel against it, byte for byte.
 # The build keeps its folder in .cache-gpu/wheel-build (`ggml-bridge wheel --build-dir`): a call the build limit
 # stopped leaves it there, and the next call on the same warm machine continues it (ninja compiles what is missing).
 # $OUT gets summary.txt and wheel.tar.gz (the wheel's auditwheel show, build.json, ldd, the logs, the comparison).
@@ -86,8 +86,8 @@ done
 grep -E "libcudart|libcublas" "$OUT/ldd.txt" | sort -u | head -n 6 | tee -a "$OUT/summary.txt"
 "$pkg/bin/llama-server" --version >> "$OUT/summary.txt" 2>&1 || fail "--version"
 
-gguf=$(python3 -c "import glob; from ggml_bridge import model; \
-print(model.ensure_model('/tmp/models', 'small', 1, glob.glob('.carry/ggml-vocab-*.gguf')[0]))") || fail "model"
+vocab=$(ls .carry/ggml-vocab-*.gguf | head -n 1)
+gguf=$(GGML_BRIDGE_CACHE_DIR=/tmp PYTHONPATH="/tmp/site:$repo" python3 -m ggml_bridge model --shape small --vocab "$vocab") || fail "model"
 log "serve --check: installed wheel, bridge forced on 4 virtual devices, batched on"
 cd /tmp && GGML_CUDA_DEVICES=4 GGML_BRIDGE_BACKEND=cuda GGML_BRIDGE_CACHE_DIR=/tmp/no-build \
     PYTHONPATH="$site:/tmp/site:$repo" python3 -m ggml_bridge serve --check --bridge force --batched on -- -m "$gguf" -ngl 999 -sm layer \
@@ -103,8 +103,8 @@ source_bin=$(python3 -m ggml_bridge build --backend cuda --variant patched --pri
 if [ -z "$source_bin" ]; then log "no patched CUDA source build in $GGML_BRIDGE_CACHE_DIR: wheel vs source not compared"; exit 0; fi
 python3 -m ggml_bridge build --backend cuda --variant patched --print-manifest 2>/dev/null | xargs -r cp -t "$OUT/" 2>/dev/null
 log "wheel vs source build ($source_bin): greedy + full logits, bridge forced on 4 virtual devices, batching on"
-GGML_CUDA_DEVICES=4 PYTHONPATH="/tmp/site:$repo" timeout 300 python3 scripts/gpu/wheel_vs_source.py --wheel-bin "$pkg/bin" \
-    --source-bin "$source_bin" --vocab "$(ls .carry/ggml-vocab-*.gguf | head -n 1)" --out "$OUT/compare" \
+PYTHONPATH="/tmp/site:$repo" timeout 300 python3 -m ggml_bridge ladder --ladder ladders/wheel-vs-source.toml \
+    --side wheel="$pkg/bin" --side source="$source_bin" --vocab "$vocab" --report "$OUT/compare" \
     > "$OUT/compare.txt" 2>&1
 rc=$?
 tee -a "$OUT/summary.txt" < "$OUT/compare.txt" | tail -n 5

@@ -191,9 +191,9 @@ def test_real_serve_rpc_local_then_an_rpc_server_killed(tmp_path):
 
 
 def test_real_serve_rpc_link_check_and_greedy_against_local(tmp_path):
-    """serve --check --rpc-local 2 --rpc-link: bytes through both shapers at start-up; then
-    scripts/gpu/serve_rpc_greedy.py (the GPU proof's serve-rpc step) on CPU: the launcher's RPC mode serving greedy
-    requests identical to the local server's."""
+    """serve --check --rpc-local 2 --rpc-link: bytes through both shapers at start-up; then ladders/rpc-greedy.toml
+    (the GPU proof's serve-rpc step) on CPU: greedy responses and full logits over an rpc-server identical to the
+    local server's."""
     bd, vocab = _real()
     m = model.ensure_model(tmp_path, "small", 1, vocab)
     p = _serve_proc(
@@ -220,27 +220,29 @@ def test_real_serve_rpc_link_check_and_greedy_against_local(tmp_path):
     assert p.returncode == 0, err[-3000:]
     assert err.count("ggml-bridge: shaped link 10gbit/0.2ms to ggml-rpc-server on 127.0.0.1:") == 2
     assert "(shaped: 10gbit/0.2ms)" in err
+    # ladders/rpc-greedy.toml (the GPU proof's serve-rpc step) on CPU, through the command line as the GPU driver
+    # runs it: one rpc-server owning the model, llama-server without it, against the local run
+    gpu = (ROOT / "ladders" / "rpc-greedy.toml").read_text()
+    cpu = (
+        gpu.replace('backend = "cuda"', 'backend = "cpu"')
+        .replace("devices = 1\nvirtual_devices = 2\n", "devices = 0\n")
+        .replace('rpc_servers = [["CUDA0", "CUDA1"]]', 'rpc_servers = [["CPU"]]\nserver_args = ["--no-repack"]')
+        .replace('["off-1gpu", "rpc-bridge-force"]', '["off", "rpc-off"]')
+        .replace('reference = "off-1gpu"', 'reference = "off"\nperplexity_args = ["--no-repack"]')
+    )
+    assert cpu.count("CPU") == 1 and "off-1gpu" not in cpu
+    (tmp_path / "rpc-greedy-cpu.toml").write_text(cpu)
     r = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "gpu" / "serve_rpc_greedy.py"),
-            "--server",
-            str(bd / "llama-server"),
-            "--model",
-            str(m),
-            "--out",
-            str(tmp_path / "g"),
-            "--devices",
-            "CPU",
-            "--server-arg=--no-repack",
-            "--server-arg=-t",
-            "--server-arg=1",
-        ],
+        [sys.executable, "-m", "ggml_bridge", "ladder", "--ladder", str(tmp_path / "rpc-greedy-cpu.toml")]
+        + ["--side", f"patched={bd}", "--vocab", str(vocab), "--threads", "1", "--report", str(tmp_path / "g")],
         capture_output=True,
         text=True,
         timeout=600,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), GGML_BRIDGE_CACHE_DIR=str(tmp_path / "cache")),
     )
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
-    res = json.loads((tmp_path / "g" / "result.json").read_text())
-    assert res["identical"] == res["requests"] == 3 and res["rpc_bytes"] > 1000
+    rung = json.loads((tmp_path / "g" / "report.json").read_text())["rungs"][0]
+    cmp = rung["modes"]["rpc-off"]["compare"]
+    assert cmp["responses"]["identical"] and cmp["logits"]["identical"] and cmp["responses"]["bytes_compared"] > 1000
+    assert list(rung["modes"]["rpc-off"]["validity"]["rpc"].values())[0]["counters"]["rpc_graph_compute"] > 0

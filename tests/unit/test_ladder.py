@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from ggml_bridge import ladder, logparse, model
-from ggml_bridge.errors import LadderSetupError
+from ggml_bridge.errors import LadderSetupError, UsageError
 
 from helpers import ladder_options, make_vocab, real_vocab, write_fake_bin, write_ladder
 
@@ -620,3 +620,77 @@ def test_split_devices_counts_devices_the_gpus_do_not_and_the_shipped_mixed_ladd
         assert {"upstream", "off", "batched"} <= set(r.modes)
         assert r.server_args == r.perplexity_args == ["-dev", "CUDA0,Vulkan0"]
         assert r.expect_pools == {"CUDA0": "CUDA_Host", "Vulkan0": "Vulkan_Host"}
+
+
+# --- sides: any two sets of binaries ------------------------------------------------------------------
+
+SIDES_LADDER = f"""
+name = "sides"
+backend = "cpu"
+[sides.wheel]
+variant = "patched"
+about = "an installed wheel's bin/"
+[[rung]]
+name = "r"
+{MICRO}
+ubatch = 8
+batch = 16
+modes = ["upstream", "off", "wheel:off"]
+reference = "upstream"
+expect_batched = "inactive"
+"""
+
+
+def test_a_rung_compares_modes_on_any_declared_side(env):
+    """``SIDE:MODE`` runs a mode on the binaries given with ``--side SIDE=DIR``: compared byte for byte with the
+    reference like any other mode, and reported with its side."""
+    wheel = write_fake_bin(env.tmp / "wheel")
+    rc, rep, md = run_ladder(env, SIDES_LADDER, "--side", f"wheel={wheel}")
+    assert rc == 0, rep["rungs"][0]["problems"]
+    modes_run = rep["rungs"][0]["modes"]
+    assert modes_run["wheel:off"]["side"] == "wheel" and modes_run["off"]["side"] == "patched"
+    assert modes_run["wheel:off"]["compare"]["logits"]["identical"]
+    assert rep["binaries"]["wheel"] == str(wheel) and "wheel:off" in md
+    # a perturbed wheel is caught like a perturbed patched build
+    bad = write_fake_bin(
+        env.tmp / "bad", prefix="import os\nos.environ['FAKE_PERTURB_WHEN'] = 'GGML_CUDA_MAPPED_HOST_BRIDGE=0'\n"
+    )
+    rc, rep, _ = run_ladder(env, SIDES_LADDER, "--side", f"wheel={bad}")
+    assert rc == 1 and any(p.startswith("wheel:off: ") for p in rep["rungs"][0]["problems"])
+
+
+def test_sides_are_checked_before_anything_runs(env):
+    with pytest.raises(LadderSetupError, match="pass --side wheel=DIR"):
+        run_ladder(env, SIDES_LADDER)
+    with pytest.raises(LadderSetupError, match="the ladder .* has no such side"):
+        run_ladder(env, SIDES_LADDER, "--side", f"nosuch={env.patched}")
+    with pytest.raises(LadderSetupError, match="does not declare"):
+        run_ladder(env, SIDES_LADDER.replace('"wheel:off"]', '"other:off"]'))
+    with pytest.raises(LadderSetupError, match="mode upstream runs the upstream build, side wheel is patched"):
+        run_ladder(env, SIDES_LADDER.replace('"wheel:off"]', '"wheel:upstream"]'))
+    with pytest.raises(UsageError, match="two folders"):
+        run_ladder(env, SIDES_LADDER, "--side", f"patched={env.upstream}")
+    # a side that must hold exactly one CPU variant module
+    body = SIDES_LADDER.replace('about = "an installed wheel\'s bin/"', 'cpu_variant = "x64"')
+    wheel = write_fake_bin(env.tmp / "wheel")
+    (wheel / "libggml-cpu-haswell.so").write_bytes(b"")
+    with pytest.raises(LadderSetupError, match="must hold exactly libggml-cpu-x64.so"):
+        run_ladder(env, body, "--side", f"wheel={wheel}")
+    (wheel / "libggml-cpu-haswell.so").rename(wheel / "libggml-cpu-x64.so")
+    assert run_ladder(env, body, "--side", f"wheel={wheel}")[0] == 0
+
+
+@pytest.mark.parametrize("name", ["cpu-variant.toml", "wheel-vs-source.toml", "rpc-greedy.toml"])
+def test_the_comparison_ladders_load(name):
+    """The CPU-variant proof, the wheel against the source build and the RPC launcher against the local server are
+    ladder files: what they compare is declared there."""
+    lad = ladder.load_ladder(ROOT / "ladders" / name)
+    runs = [m for r in lad.rungs for m in r.modes]
+    if name == "cpu-variant.toml":
+        assert {s.cpu_variant for s in lad.sides.values() if s.name in ("wheel", "upstream")} == {"x64"}
+        assert all(r.modes == ["upstream", "wheel:off"] and r.perplexity for r in lad.rungs) and len(lad.rungs) == 4
+    elif name == "wheel-vs-source.toml":
+        assert set(runs) == {"source:bridge-force-batched", "wheel:bridge-force-batched"}
+        assert all(r.virtual_devices == 4 for r in lad.rungs)
+    else:
+        assert set(runs) == {"off-1gpu", "rpc-bridge-force"} and lad.rungs[0].rpc_servers == [["CUDA0", "CUDA1"]]
