@@ -10,15 +10,13 @@
 
 ``pip wheel`` of it needs no network (``--no-build-isolation`` with scikit-build-core installed) and gives a
 ``py3-none-<platform>`` wheel, ``+cpu`` by default, ``+cu130`` with ``CMAKE_ARGS="-DGGML_CUDA=ON"``, ``+vulkan``
-with ``-DGGML_VULKAN=ON`` (``--backend vulkan`` passes the Vulkan pieces :func:`detect_vulkan` found).
+with ``-DGGML_VULKAN=ON`` (``--backend vulkan`` passes the Vulkan pieces the toolchain found).
 ``ggml-bridge wheel`` does both steps, then ``auditwheel repair`` (a ``manylinux_*`` tag, ``auditwheel show``
 beside the wheel) and, with ``--index DIR``, a PEP 503 simple index. The CPU wheel is portable (every CPU
-variant, picked at run time); ``--backend cuda`` builds for every architecture of :data:`CUDA_TABLE` the toolkit
+variant, picked at run time); ``--backend cuda`` builds for every architecture of the CUDA table the toolkit
 accepts. :func:`installed_server` is how ``serve`` finds an installed wheel.
 
-Over 500 lines: the distribution's one stage, sdist -> wheel -> repair -> index (and the build folder a stopped
-wheel build continues in), sharing the package name, the templates, the CUDA table and the sdist's fixed mtime;
-split, each part would import the others' names.
+What one wheel build compiles (backend, CUDA architectures, CPU variants) is :mod:`ggml_bridge.wheel_plan`'s.
 """
 
 from __future__ import annotations
@@ -51,11 +49,11 @@ from . import ui as uimod
 from .builder import steps as buildmod
 from .builder.installed import DIST_NAME
 from .builder.installed import installed_server as installed_server  # re-exported: the lookup lives below builder
-from .builder.toolchain import detect_vulkan
 from .config import Settings
 from .errors import BuildError, ToolchainError, UsageError
 from .fetch.archive import UNSAFE, safe_extractall
 from .runner import log, run, step
+from .wheel_plan import CudaRuntime, WheelPlan, plan
 
 PACKAGE = "ggml_bridge_server"
 TEMPLATES = Path(__file__).resolve().parent / "server_dist"
@@ -67,123 +65,6 @@ MTIME = calendar.timegm((2026, 11, 30, 0, 0, 0))
 CUDA_DRIVER = "libcuda.so.1"
 #: The Vulkan loader: never bundled either (it finds the system's drivers through their ICD files).
 VULKAN_LOADER = "libvulkan.so.1"
-#: The reduced CPU variant set for CI builds (the x86-64 baseline and AVX2); release wheels carry all of them.
-CI_CPU_VARIANTS = ("x64", "haswell")
-_CUDA_ARG = re.compile(r"^-DGGML_CUDA(?::BOOL)?=(.*)$", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class CudaRuntime:
-    """One row of build_support/cuda_runtime.json: how a wheel for a CUDA major is built and what it needs."""
-
-    major: int
-    archs: tuple[str, ...]
-    ptx: str
-    requires: tuple[str, ...]
-    libdirs: tuple[str, ...]
-    libs: tuple[str, ...]
-
-
-def cuda_table() -> dict[int, CudaRuntime]:
-    raw = json.loads((TEMPLATES / "build_support" / "cuda_runtime.json").read_text())
-    return {
-        int(k): CudaRuntime(
-            int(k), tuple(v["archs"]), v["ptx"], tuple(v["requires"]), tuple(v["libdirs"]), tuple(v["libs"])
-        )
-        for k, v in raw.items()
-        if k.isdigit()
-    }
-
-
-CUDA_TABLE = cuda_table()
-
-
-def cuda_architectures(runtime: CudaRuntime, supported: Sequence[str]) -> str:
-    """CMAKE_CUDA_ARCHITECTURES for a wheel: real code for each wanted architecture the toolkit lists
-    (``supported``: the numbers of ``nvcc --list-gpu-arch``'s compute_<n>), PTX of ``runtime.ptx`` (or of the
-    newest kept one) for GPUs newer than the list."""
-    have = set(supported)
-    kept = [a for a in runtime.archs if re.sub(r"[af]$", "", a) in have]
-    if not kept:
-        raise ToolchainError(
-            f"the CUDA {runtime.major} toolkit lists none of the wheel's architectures",
-            why=f"wanted {', '.join(runtime.archs)}; nvcc --list-gpu-arch gives "
-            f"{', '.join(sorted(have, key=int)) or 'nothing'}",
-            fix="pass --cuda-arch LIST (CMAKE_CUDA_ARCHITECTURES) explicitly",
-        )
-    ptx = runtime.ptx if runtime.ptx in have else re.sub(r"[af]$", "", kept[-1])
-    return ";".join([f"{a}-real" for a in kept] + [f"{ptx}-virtual"])
-
-
-def nvcc_gpu_archs(nvcc: str) -> tuple[tuple[int, int], list[str]]:
-    """(release, architectures) of a CUDA toolkit: ``nvcc --version`` and ``nvcc --list-gpu-arch``."""
-    ver = run([nvcc, "--version"], error=ToolchainError).stdout
-    m = re.search(r"release (\d+)\.(\d+)", ver)
-    if not m:
-        raise ToolchainError(f"cannot read the CUDA release from {nvcc} --version", why=ver.strip()[-200:])
-    listed = run([nvcc, "--list-gpu-arch"], error=ToolchainError).stdout
-    return (int(m.group(1)), int(m.group(2))), re.findall(r"compute_(\d+)", listed)
-
-
-def find_nvcc() -> str | None:
-    for cand in (
-        os.environ.get("CUDACXX"),
-        shutil.which("nvcc"),
-        os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None,
-        "/usr/local/cuda/bin/nvcc",
-    ):
-        if cand and Path(cand).is_file():
-            return cand
-    return None
-
-
-@dataclass(frozen=True)
-class WheelPlan:
-    """What one ``pip wheel`` builds: its CMAKE_ARGS and, for CUDA, the runtime row (auditwheel excludes)."""
-
-    cmake_args: tuple[str, ...]
-    runtime: CudaRuntime | None = None
-
-
-def plan(settings: Settings, *, cpu_variants: Sequence[str] = (), nvcc: str | None = None) -> WheelPlan:
-    """The CMake arguments of a wheel build: the backend (``settings.build.backend``; auto = CPU, a wheel never
-    guesses from the build machine), CUDA architectures (``--cuda-arch`` or the table's list), the CPU variants
-    (empty = all), then the user's CMAKE_ARGS last (they win, as in CMake)."""
-    b = settings.build
-    if b.backend == "cuda-vulkan":
-        raise UsageError(
-            "a wheel is built for one GPU backend: cuda-vulkan is a build backend only",
-            why="the wheel's local version and runtime dependencies name one backend (+cu130 or +vulkan)",
-            fix="build a wheel with --backend cuda or --backend vulkan, or use `ggml-bridge build --backend cuda-vulkan`",
-        )
-    args: list[str] = []
-    runtime = None
-    if cpu_variants:
-        args.append(f"-DGGML_BRIDGE_CPU_VARIANTS={';'.join(cpu_variants)}")
-    user_cuda = [m.group(1) for a in b.cmake_args if (m := _CUDA_ARG.match(a))]
-    if b.backend == "cuda" or (user_cuda and user_cuda[-1].lower() in ("1", "on", "yes", "true", "y")):
-        nvcc = nvcc or find_nvcc()
-        if nvcc is None:
-            raise ToolchainError(
-                "--backend cuda needs the CUDA toolkit's nvcc",
-                why="none on PATH, $CUDACXX, $CUDA_HOME/bin or /usr/local/cuda/bin",
-                fix="install the CUDA toolkit (12 or 13) or build the CPU wheel",
-            )
-        (major, minor), supported = nvcc_gpu_archs(nvcc)
-        runtime = CUDA_TABLE.get(major)
-        if runtime is None:
-            raise ToolchainError(
-                f"CUDA {major}.{minor} is not a toolkit the wheel knows the runtime wheels of",
-                why=f"build_support/cuda_runtime.json lists CUDA {', '.join(map(str, CUDA_TABLE))}",
-                fix="build with a CUDA 12 or 13 toolkit",
-            )
-        args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={nvcc}"]
-        if not any(a.startswith("-DCMAKE_CUDA_ARCHITECTURES") for a in b.cmake_args):
-            archs = b.cuda_arch if b.cuda_arch != "native" else cuda_architectures(runtime, supported)
-            args.append(f"-DCMAKE_CUDA_ARCHITECTURES={archs}")
-    elif b.backend == "vulkan":
-        args += [f"-D{k}={v}" for k, v in detect_vulkan().cmake_args().items()]
-    return WheelPlan(tuple(args + list(b.cmake_args)), runtime)
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def resolve_backend(requested: str) -> tuple[str, CudaToolkit | None]:
 
 
 def detect_cuda() -> CudaToolkit | None:
-    nvcc = _find_nvcc()
+    nvcc = find_nvcc()
     if nvcc is None:
         return None
     real = _real_nvcc(nvcc)
@@ -288,7 +288,9 @@ def _compiler(var: str, names: tuple[str, ...]) -> Tool:
     return Tool(Path(path), first[0])
 
 
-def _find_nvcc() -> Path | None:
+def find_nvcc() -> Path | None:
+    """The CUDA compiler, the one finder of the builds and the wheel: ``$CUDACXX`` when set (and then only it),
+    else nvcc on PATH, in ``$CUDA_HOME/bin``, ``$CUDA_PATH/bin`` or ``/usr/local/cuda/bin``."""
     if os.environ.get("CUDACXX"):
         return Path(os.environ["CUDACXX"]) if Path(os.environ["CUDACXX"]).is_file() else None
     found = shutil.which("nvcc")

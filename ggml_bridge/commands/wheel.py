@@ -70,9 +70,9 @@ def options(ns: argparse.Namespace) -> WheelOptions:
 
 
 def run(opts: WheelOptions, settings: Settings) -> int:
-    from .. import wheel
+    from .. import wheel, wheel_plan
 
-    wplan = wheel.plan(settings, cpu_variants=list(opts.cpu_variants))
+    wplan = wheel_plan.plan(settings, cpu_variants=list(opts.cpu_variants))
     out, src = opts.dist.out, opts.dist.source
     if opts.sdist is not None:
         if not opts.sdist.is_file():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import cache, config, llama_server, wheel
+from ggml_bridge import cache, config, llama_server, wheel, wheel_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ def real_wheel(real_settings: config.Settings, real_tree) -> Path:  # type: igno
     pytest.importorskip("auditwheel")
 
     made = wheel.make_sdist(real_settings, real_settings.cache_dir / "test-sdist")
-    variants = wheel.CI_CPU_VARIANTS
+    variants = wheel_plan.CI_CPU_VARIANTS
     key = cache.file_sha256(made.path)[:16] + "-" + "-".join(variants)
     out = real_settings.cache_dir / "test-wheels" / key
     done = sorted(out.glob("ggml_bridge_server-*+cpu-*manylinux*.whl"))
@@ -80,7 +80,7 @@ def real_wheel(real_settings: config.Settings, real_tree) -> Path:  # type: igno
     if not raw:
         raw = [
             wheel.build_wheel(
-                real_settings, made.path, out / "unrepaired", wheel.plan(real_settings, cpu_variants=variants)
+                real_settings, made.path, out / "unrepaired", wheel_plan.plan(real_settings, cpu_variants=variants)
             )
         ]
     return wheel.repair_wheel(raw[0], out).path
@@ -156,7 +156,9 @@ def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(
     build = json.loads((pkg / "build.json").read_text())
     assert build["ggml_native"] == "OFF" and build["ggml_backend_dl"] == "ON" and build["ggml_cuda_nccl"] == "OFF"
     variants = build["cpu_variants"]
-    assert "x64" in variants and (os.environ.get("GGML_BRIDGE_TEST_WHEEL") or variants == list(wheel.CI_CPU_VARIANTS))
+    assert "x64" in variants and (
+        os.environ.get("GGML_BRIDGE_TEST_WHEEL") or variants == list(wheel_plan.CI_CPU_VARIANTS)
+    )
     assert sorted(p.name for p in (pkg / "bin").glob("libggml-cpu-*.so")) == sorted(
         f"libggml-cpu-{v}.so" for v in variants
     )

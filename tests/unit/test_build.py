@@ -246,7 +246,7 @@ def test_auto_backend_needs_nvcc_and_cublas(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_cuda_requested_without_nvcc(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(builder.toolchain, "_find_nvcc", lambda: None)
+    monkeypatch.setattr(builder.toolchain, "find_nvcc", lambda: None)
     assert builder.resolve_backend("auto") == ("cpu", None)
     with pytest.raises(ToolchainError, match="nvcc was not found"):
         builder.resolve_backend("cuda")
@@ -587,3 +587,23 @@ def test_build_targets_narrow_the_programs_and_key_the_build(make_settings) -> N
     assert builder.ensure(make_settings(), "patched").up_to_date, "the full build is untouched"
     with pytest.raises(UsageError, match="unknown build target.*llama-cli"):
         make_settings(build__targets=["llama-cli"])
+
+
+def test_one_nvcc_finder_for_the_builds_and_the_wheel(tmp_path, monkeypatch):
+    """The builds and the wheel plan find nvcc the same way: $CUDACXX alone when set, else PATH, $CUDA_HOME,
+    $CUDA_PATH (the wheel's own finder used to skip $CUDA_PATH and to fall back past a wrong $CUDACXX)."""
+    from ggml_bridge import wheel_plan
+
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755)
+    for var in ("CUDACXX", "CUDA_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("CUDA_PATH", str(tmp_path / "cuda"))
+    assert wheel_plan.find_nvcc is builder.toolchain.find_nvcc
+    if not Path("/usr/local/cuda/bin/nvcc").is_file():
+        assert builder.toolchain.find_nvcc() == nvcc
+        monkeypatch.setenv("CUDACXX", str(tmp_path / "missing"))
+        assert builder.toolchain.find_nvcc() is None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import cli, config, pin, wheel
+from ggml_bridge import cli, config, pin, wheel, wheel_plan
 from ggml_bridge.errors import BuildError, NotBuiltError, ServeError, ToolchainError, UsageError
 
 from helpers import fake_model, fake_vulkan_root, write_fake_bin
@@ -414,18 +414,18 @@ CUDA126_ARCHS = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90)  # nvcc
 
 
 def test_cuda_architectures_are_the_tables_that_the_toolkit_lists() -> None:
-    t = wheel.CUDA_TABLE
+    t = wheel_plan.CUDA_TABLE
     assert (
-        wheel.cuda_architectures(t[13], [str(a) for a in CUDA13_ARCHS])
+        wheel_plan.cuda_architectures(t[13], [str(a) for a in CUDA13_ARCHS])
         == "75-real;80-real;86-real;89-real;90-real;100-real;120a-real;120-virtual"
     )
     # CUDA 12.6 lists no 100/120: real code up to Hopper, PTX of the newest kept (90) for what comes after
     assert (
-        wheel.cuda_architectures(t[12], [str(a) for a in CUDA126_ARCHS])
+        wheel_plan.cuda_architectures(t[12], [str(a) for a in CUDA126_ARCHS])
         == "61-real;70-real;75-real;80-real;86-real;89-real;90-real;90-virtual"
     )
     with pytest.raises(ToolchainError, match="lists none of the wheel's architectures"):
-        wheel.cuda_architectures(t[13], ["50", "52"])
+        wheel_plan.cuda_architectures(t[13], ["50", "52"])
 
 
 def _settings(tmp_path: Path, **over: str) -> config.Settings:
@@ -433,9 +433,9 @@ def _settings(tmp_path: Path, **over: str) -> config.Settings:
 
 
 def test_the_default_wheel_plan_is_the_portable_cpu_build(tmp_path: Path) -> None:
-    p = wheel.plan(_settings(tmp_path))
+    p = wheel_plan.plan(_settings(tmp_path))
     assert p.cmake_args == () and p.runtime is None  # portable: the template's defaults (GGML_NATIVE=OFF, ...)
-    p = wheel.plan(_settings(tmp_path), cpu_variants=wheel.CI_CPU_VARIANTS)
+    p = wheel_plan.plan(_settings(tmp_path), cpu_variants=wheel_plan.CI_CPU_VARIANTS)
     assert p.cmake_args == ("-DGGML_BRIDGE_CPU_VARIANTS=x64;haswell",)
     cml = (TEMPLATES / "CMakeLists.txt").read_text()
     for opt in (
@@ -449,14 +449,14 @@ def test_the_default_wheel_plan_is_the_portable_cpu_build(tmp_path: Path) -> Non
 
 def test_the_cuda_wheel_plan_builds_every_architecture_and_excludes_the_runtime(tmp_path: Path) -> None:
     nvcc = fake_nvcc(tmp_path, "13.0", CUDA13_ARCHS)
-    p = wheel.plan(_settings(tmp_path, **{"build.backend": "cuda"}), nvcc=str(nvcc))
+    p = wheel_plan.plan(_settings(tmp_path, **{"build.backend": "cuda"}), nvcc=str(nvcc))
     assert p.cmake_args == (
         "-DGGML_CUDA=ON",
         f"-DCMAKE_CUDA_COMPILER={nvcc}",
         "-DCMAKE_CUDA_ARCHITECTURES=75-real;80-real;86-real;89-real;90-real;100-real;120a-real;120-virtual",
     )
     assert p.runtime is not None and p.runtime.libs == ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13")
-    two = wheel.plan(
+    two = wheel_plan.plan(
         _settings(tmp_path, **{"build.backend": "cuda", "build.cuda_arch": "86-real;90-real;120-virtual"}),
         nvcc=str(nvcc),
     )
@@ -464,11 +464,11 @@ def test_the_cuda_wheel_plan_builds_every_architecture_and_excludes_the_runtime(
     # CMAKE_ARGS of the user: CUDA asked there is CUDA (runtime excluded from repair), their architectures win
     s = _settings(tmp_path)
     s.build.cmake_args = ["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=89"]
-    user = wheel.plan(s, nvcc=str(fake_nvcc(tmp_path, "12.8", CUDA126_ARCHS + (100, 120))))
+    user = wheel_plan.plan(s, nvcc=str(fake_nvcc(tmp_path, "12.8", CUDA126_ARCHS + (100, 120))))
     assert user.runtime is not None and user.runtime.major == 12
     assert [a for a in user.cmake_args if "ARCHITECTURES" in a] == ["-DCMAKE_CUDA_ARCHITECTURES=89"]
     with pytest.raises(ToolchainError, match="CUDA 11.8 is not a toolkit"):
-        wheel.plan(_settings(tmp_path, **{"build.backend": "cuda"}), nvcc=str(fake_nvcc(tmp_path, "11.8", (75,))))
+        wheel_plan.plan(_settings(tmp_path, **{"build.backend": "cuda"}), nvcc=str(fake_nvcc(tmp_path, "11.8", (75,))))
 
 
 def test_a_cuda_wheel_declares_the_nvidia_runtime_wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -607,7 +607,7 @@ def test_wheel_from_a_missing_sdist_is_one_usage_error(tmp_path: Path, capsys: p
 
 def test_a_cuda_vulkan_wheel_is_refused_not_built_as_cpu(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="cuda-vulkan is a build backend only"):
-        wheel.plan(_settings(tmp_path, **{"build.backend": "cuda-vulkan"}))
+        wheel_plan.plan(_settings(tmp_path, **{"build.backend": "cuda-vulkan"}))
 
 
 def test_the_vulkan_wheel_plan_passes_the_vulkan_pieces_and_the_tag_check_knows_vulkan(
@@ -616,8 +616,10 @@ def test_the_vulkan_wheel_plan_passes_the_vulkan_pieces_and_the_tag_check_knows_
     from ggml_bridge.builder import toolchain
 
     usr = fake_vulkan_root(tmp_path / "usr")
-    monkeypatch.setattr(wheel, "detect_vulkan", lambda: toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,)))
-    p = wheel.plan(_settings(tmp_path, **{"build.backend": "vulkan"}), cpu_variants=wheel.CI_CPU_VARIANTS)
+    monkeypatch.setattr(
+        wheel_plan, "detect_vulkan", lambda: toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
+    )
+    p = wheel_plan.plan(_settings(tmp_path, **{"build.backend": "vulkan"}), cpu_variants=wheel_plan.CI_CPU_VARIANTS)
     assert p.runtime is None
     assert p.cmake_args[:3] == (
         "-DGGML_BRIDGE_CPU_VARIANTS=x64;haswell",
@@ -631,7 +633,7 @@ def test_the_vulkan_wheel_plan_passes_the_vulkan_pieces_and_the_tag_check_knows_
     empty = tmp_path / "none"
     empty.mkdir()
     monkeypatch.setattr(
-        wheel, "detect_vulkan", lambda: toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(empty,))
+        wheel_plan, "detect_vulkan", lambda: toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(empty,))
     )
     with pytest.raises(ToolchainError, match="Debian packages: libvulkan-dev, libvulkan1, glslc, spirv-headers"):
-        wheel.plan(_settings(tmp_path, **{"build.backend": "vulkan"}))
+        wheel_plan.plan(_settings(tmp_path, **{"build.backend": "vulkan"}))
