@@ -372,8 +372,8 @@ def test_unsafe_archive_member_is_the_intended_error(tmp_path: Path) -> None:
         tf.addfile(info, io.BytesIO(b"x"))
         tf.addfile(tarfile.TarInfo("top/CMakeLists.txt"), io.BytesIO(b""))
     (tmp_path / "dest").mkdir()
-    with pytest.raises(fetch._Failed, match="unsafe archive member"):
-        fetch._extract(evil, tmp_path / "dest" / "src", subdir="top", failed=fetch._Failed)
+    with pytest.raises(fetch.tree._Failed, match="unsafe archive member"):
+        fetch.archive._extract(evil, tmp_path / "dest" / "src", subdir="top", failed=fetch.tree._Failed)
     assert not (tmp_path / "escape.txt").exists()
 
 
