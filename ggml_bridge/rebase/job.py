@@ -1,10 +1,9 @@
 """``ggml-bridge rebase``: the command, the job (check or rebase), ``--continue`` / ``--abort`` and the
 hand-off of a work tree stopped at a conflict.
 
-Over 500 lines: the rebase job as a state machine (check, rebase, stop at a conflict, --continue, --abort) with the
-state file and the hand-off of a stopped work tree; probing, series regeneration, the checks and the report are
-rebase.probe, rebase.series, rebase.checks and rebase.report. The states and their transitions are kept in one file
-so that every way out of a stopped rebase is visible together.
+The rebase job as a state machine (check, rebase, stop at a conflict, --continue, --abort) with the state file and
+the hand-off of a stopped work tree; what must hold before a rebase starts is rebase.preconditions; probing, series
+regeneration, the build checks and the report are rebase.probe, rebase.series, rebase.checks and rebase.report.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import json
-import os
 import re
 import shlex
 import shutil
@@ -24,34 +22,20 @@ from .. import cache
 from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import pin as pinmod
-from ..config import Settings, user_path
+from ..config import Settings
 from ..errors import (
     BuildError,
     CacheError,
-    DirtyProjectError,
-    FetchError,
     RebaseConflict,
     RebaseInProgress,
     SourceError,
-    UnknownRefError,
     UsageError,
 )
 from ..runner import log, step
+from .preconditions import obtain_target, require_clean_checkout, require_clean_project
 from .probe import apply_all, apply_one, provide_preimages, run_git, subject, touched
 from .report import Options, PatchOutcome, RebaseReport, report_from_json, write_report
 from .series import build_number, write_series_and_pin
-
-_UNKNOWN_REF_HINTS = (
-    "couldn't find remote ref",
-    "not our ref",
-    "not found on",
-    "has no sdist",
-    "HTTP 404",
-    "unknown revision",
-    "no such ref",
-    "invalid refspec",
-    "bad revision",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +100,9 @@ def rebase(settings: Settings, onto: str, opts: Options | None = None) -> Rebase
     series = patchmod.read_series(settings.patches_dir)  # PatchError: a series naming a missing patch
     if not opts.check:
         _require_no_stopped_rebase(settings)
-        _require_clean_project(settings)
-    _require_clean_checkout(onto, opts.check)
-    tree = _obtain_target(settings, onto)
+        require_clean_project(settings)
+    require_clean_checkout(onto, opts.check)
+    tree = obtain_target(settings, onto)
     commit = (opts.commit or tree.commit or "").lower() or None
     report = RebaseReport(
         onto=onto,
@@ -321,7 +305,7 @@ def continue_rebase(settings: Settings) -> RebaseReport:
             why="the stopped work tree is for the old series",
             fix="ggml-bridge rebase --abort, then ggml-bridge rebase --onto " + shlex.quote(state["onto"]),
         )
-    _require_clean_project(settings)
+    require_clean_project(settings)
     wt = Path(state["worktree"])
     if not (wt / ".git").is_dir():
         raise UsageError(
@@ -329,7 +313,7 @@ def continue_rebase(settings: Settings) -> RebaseReport:
         )
     pin = pinmod.load(settings.pin_file)
     report = report_from_json(state["report"])
-    tree = _obtain_target(settings, state["onto"])
+    tree = obtain_target(settings, state["onto"])
     idx = int(state["stopped"])
     _resolve_stopped(wt, report.results[idx])
     for i in range(idx + 1, len(series.patches)):
@@ -402,69 +386,6 @@ def _date(value: str | None) -> str:
         return _dt.date.fromisoformat(value).isoformat()
     except ValueError:
         raise UsageError(f"bad --date {value!r}", fix="use YYYY-MM-DD") from None
-
-
-def _require_clean_project(settings: Settings) -> None:
-    """Refuse to overwrite uncommitted edits of pin.toml or patches/ (when the project is a git checkout)."""
-    import git
-
-    try:
-        repo = git.Repo(settings.project_dir, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        return
-    try:
-        root = Path(repo.working_tree_dir or settings.project_dir).resolve()
-        rels = [os.path.relpath(p.resolve(), root) for p in (settings.pin_file, settings.patches_dir)]
-        out = repo.git.status("--porcelain", "--untracked-files=all", "--", *rels)
-    finally:
-        repo.close()
-    if out.strip():
-        lines = [line for line in out.splitlines() if line.strip()]  # not strip(): the status column
-        raise DirtyProjectError(
-            f"{settings.project_dir} has uncommitted changes in pin.toml or patches/",
-            why="the rebase rewrites both: "
-            + ", ".join(line[3:] for line in lines[:6])
-            + (" ..." if len(lines) > 6 else ""),
-            fix="commit or stash them first (git stash -- pin.toml patches), or use --check",
-        )
-
-
-def _require_clean_checkout(onto: str, check: bool) -> None:
-    """A local checkout with uncommitted changes has no commit to pin: refuse it (allowed, with a note, in --check)."""
-    import git
-
-    path = user_path(onto)
-    if not (path.is_dir() and (path / ".git").exists()):
-        return
-    try:
-        repo = git.Repo(path)
-        dirty = repo.is_dirty(untracked_files=True)
-        repo.close()
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
-        return
-    if dirty and not check:
-        raise SourceError(
-            f"refusing to rebase onto {path}",
-            why="the checkout has uncommitted changes or untracked files, so no upstream commit describes it",
-            fix="commit or stash them, or use --check",
-        )
-    if dirty:
-        log(f"note: {path} has uncommitted changes; checking against its work tree as it is")
-
-
-def _obtain_target(settings: Settings, onto: str) -> fetchmod.Tree:
-    """fetch.obtain, with a missing ref/version told apart from an unreachable host."""
-    try:
-        return fetchmod.obtain(settings, onto, allow_unpinned=True)
-    except FetchError as e:
-        if type(e) is FetchError and any(h.lower() in str(e).lower() for h in _UNKNOWN_REF_HINTS):
-            raise UnknownRefError(
-                f"{onto} does not exist upstream",
-                why=e.why or e.what,
-                fix="check the tag/commit or version (e.g. git ls-remote --tags "
-                "https://github.com/ggml-org/llama.cpp 'b*')",
-            ) from None
-        raise
 
 
 def _handoff(
