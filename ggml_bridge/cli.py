@@ -18,7 +18,7 @@ import signal
 import sys
 from typing import Any, Sequence
 
-from . import __version__, config, errors, runner
+from . import __version__, config, errors, runner, signals
 from .commands import COMMANDS as COMMANDS
 from .commands import Command as Command
 from .commands import cmdoptions
@@ -31,9 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ggml-bridge`` console script; returns the exit status."""
     parser = build_parser()
     try:
-        with runner.stop_children_on_signals():
+        with signals.stop_children_on_signals():
             return _main(parser, argv)
-    except runner.Interrupted as e:
+    except signals.Interrupted as e:
         print(f"ggml-bridge: interrupted by {signal.Signals(e.signum).name}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

@@ -15,9 +15,7 @@ of one upstream release share: :func:`hello` detects a different protocol (anoth
 anything that is not an rpc-server; a patched front with an upstream rpc-server is only visible from the
 rpc-server's own log (no ``ggml_bridge_rpc: state`` line), i.e. for the servers started here.
 
-Over 500 lines: the RPC topology (endpoints, the protocol handshake, local rpc-servers, the topology a command line
-describes, the one line on which boundaries cross TCP); about a third is the docstrings that record upstream's
-behaviour at each boundary kind.
+The topology serve's options describe is :func:`ggml_bridge.serve.rpc_topology`'s.
 """
 
 from __future__ import annotations
@@ -424,92 +422,6 @@ def expected_version(server_binary: Path) -> tuple[int, int, int] | None:
     except (OSError, ValueError):
         return None
     return protocol_version(manifest.get("source_dir"))
-
-
-def take_rpc_arg(server_args: list[str]) -> str | None:
-    """Remove llama-server's own ``--rpc LIST`` from ``server_args`` (given after ``--``) and return LIST,
-    so that those endpoints are checked too."""
-    value = None
-    i = 0
-    while i < len(server_args):
-        a = server_args[i]
-        if a == "--rpc" and i + 1 < len(server_args):
-            value = server_args[i + 1]
-            del server_args[i : i + 2]
-        elif a.startswith("--rpc="):
-            value = a.split("=", 1)[1]
-            del server_args[i]
-        else:
-            i += 1
-    return value
-
-
-@dataclass(frozen=True)
-class RpcOptions:
-    """The RPC topology serve's options ask for (``--rpc``, ``--rpc-local*``, ``--rpc-link``, ``--rpc-server``)."""
-
-    endpoints: str | None = None
-    """``--rpc``: remote rpc-servers, ``host:port,...``."""
-    local: int = 0
-    """``--rpc-local N``: local rpc-servers to start."""
-    local_devices: tuple[tuple[str, ...], ...] = ()
-    """``--rpc-local-devices``: the devices of each local rpc-server (sets their number)."""
-    local_only: bool = False
-    """``--rpc-local-only``: llama-server gets no GPU of its own."""
-    link: str | None = None
-    """``--rpc-link RATE/DELAY``: a shaped loopback link in front of each local rpc-server."""
-    server: Path | None = None
-    """``--rpc-server``: the ggml-rpc-server binary."""
-
-    @property
-    def n_local(self) -> int:
-        return len(self.local_devices) or self.local
-
-
-def from_options(
-    opts: RpcOptions,
-    settings: object,
-    server_binary: Path,
-    env: Mapping[str, str],
-    server_args: list[str],
-    log_dir: Path | None = None,
-) -> Topology | None:
-    """The topology the serve options ask for (None: no RPC), not started yet. A ``--rpc`` in
-    ``server_args`` is taken out of them and joins ``opts.endpoints``."""
-    given = [x for x in (opts.endpoints, take_rpc_arg(server_args)) if x]
-    remote = parse_endpoints(",".join(given)) if given else []
-    devices = [list(d) for d in opts.local_devices]
-    n = opts.n_local
-    if n < 0:
-        raise UsageError("--rpc-local must be 0 or more")
-    if not remote and not n:
-        return None
-    devices += [[] for _ in range(n - len(devices))]
-    binary = opts.server or Path(server_binary).parent / RPC_SERVER
-    if n and not Path(binary).is_file():
-        from . import builder
-
-        binary = builder.locate(settings, "patched", RPC_SERVER)  # type: ignore[arg-type]
-    local = [
-        LocalRpcServer(binary, devices=d, env=env, log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
-        for i, d in enumerate(devices)
-    ]
-    if opts.link and not local:
-        raise UsageError(
-            "--rpc-link needs local rpc-servers",
-            why="a remote endpoint's link is the network's",
-            fix="add --rpc-local N or --rpc-local-devices",
-        )
-    return Topology(local, remote, link=shaper.parse_link(opts.link) if opts.link else None)
-
-
-def front_env(opts: RpcOptions) -> dict[str, str]:
-    """llama-server's extra environment: no GPU of its own with --rpc-local-only (a multi-host test topology)."""
-    if opts.local_only:
-        if not opts.n_local:
-            raise UsageError("--rpc-local-only needs local rpc-servers", fix="add --rpc-local N or --rpc-local-devices")
-        return {"CUDA_VISIBLE_DEVICES": ""}
-    return {}
 
 
 def front_devices(info: logparse.LogInfo) -> int:

@@ -26,16 +26,103 @@ from typing import Any, Mapping
 
 from . import rpc, runner
 from .config import Settings
-from .errors import ServeError
+from .errors import ServeError, UsageError
 from .llama_server import CONTRACT_VERBOSITY, Server
 from .modes import Selectors
 from .proof import Engagement, check_engagement
 from .runner import log
+from .shaper import parse_link
 
 DEFAULT_LOG_MAX_MB = 64
 #: llama-server options that print something and exit without serving: serve runs the binary with them as it is
 INFO_ONLY_FLAGS = ("-h", "--help", "--usage", "--version", "--list-devices", "--completion-bash")
 METRICS_FLAG, METRICS_ENV = "--metrics", "LLAMA_ARG_ENDPOINT_METRICS"
+
+
+def take_rpc_arg(server_args: list[str]) -> str | None:
+    """Remove llama-server's own ``--rpc LIST`` from ``server_args`` (given after ``--``) and return LIST,
+    so that those endpoints are checked too."""
+    value = None
+    i = 0
+    while i < len(server_args):
+        a = server_args[i]
+        if a == "--rpc" and i + 1 < len(server_args):
+            value = server_args[i + 1]
+            del server_args[i : i + 2]
+        elif a.startswith("--rpc="):
+            value = a.split("=", 1)[1]
+            del server_args[i]
+        else:
+            i += 1
+    return value
+
+
+@dataclass(frozen=True)
+class RpcOptions:
+    """The RPC topology serve's options ask for (``--rpc``, ``--rpc-local*``, ``--rpc-link``, ``--rpc-server``)."""
+
+    endpoints: str | None = None
+    """``--rpc``: remote rpc-servers, ``host:port,...``."""
+    local: int = 0
+    """``--rpc-local N``: local rpc-servers to start."""
+    local_devices: tuple[tuple[str, ...], ...] = ()
+    """``--rpc-local-devices``: the devices of each local rpc-server (sets their number)."""
+    local_only: bool = False
+    """``--rpc-local-only``: llama-server gets no GPU of its own."""
+    link: str | None = None
+    """``--rpc-link RATE/DELAY``: a shaped loopback link in front of each local rpc-server."""
+    server: Path | None = None
+    """``--rpc-server``: the ggml-rpc-server binary."""
+
+    @property
+    def n_local(self) -> int:
+        return len(self.local_devices) or self.local
+
+
+def rpc_topology(
+    opts: RpcOptions,
+    settings: object,
+    server_binary: Path,
+    env: Mapping[str, str],
+    server_args: list[str],
+    log_dir: Path | None = None,
+) -> rpc.Topology | None:
+    """The topology the serve options ask for (None: no RPC), not started yet. A ``--rpc`` in
+    ``server_args`` is taken out of them and joins ``opts.endpoints``."""
+    given = [x for x in (opts.endpoints, take_rpc_arg(server_args)) if x]
+    remote = rpc.parse_endpoints(",".join(given)) if given else []
+    devices = [list(d) for d in opts.local_devices]
+    n = opts.n_local
+    if n < 0:
+        raise UsageError("--rpc-local must be 0 or more")
+    if not remote and not n:
+        return None
+    devices += [[] for _ in range(n - len(devices))]
+    binary = opts.server or Path(server_binary).parent / rpc.RPC_SERVER
+    if n and not Path(binary).is_file():
+        from . import builder
+
+        binary = builder.locate(settings, "patched", rpc.RPC_SERVER)  # type: ignore[arg-type]
+    local = [
+        rpc.LocalRpcServer(binary, devices=d, env=env, log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
+        for i, d in enumerate(devices)
+    ]
+    if opts.link and not local:
+        raise UsageError(
+            "--rpc-link needs local rpc-servers",
+            why="a remote endpoint's link is the network's",
+            fix="add --rpc-local N or --rpc-local-devices",
+        )
+    return rpc.Topology(local, remote, link=parse_link(opts.link) if opts.link else None)
+
+
+def front_env(opts: RpcOptions) -> dict[str, str]:
+    """llama-server's extra environment: no GPU of its own with --rpc-local-only (a multi-host test topology)."""
+    if opts.local_only:
+        if not opts.n_local:
+            raise UsageError("--rpc-local-only needs local rpc-servers", fix="add --rpc-local N or --rpc-local-devices")
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    return {}
 
 
 @dataclass(frozen=True)
@@ -51,7 +138,7 @@ class ServeOptions:
     startup_timeout: float = 600.0
     server_log: Path | None = None
     server_log_max_mb: float = DEFAULT_LOG_MAX_MB
-    rpc: rpc.RpcOptions = field(default_factory=rpc.RpcOptions)
+    rpc: RpcOptions = field(default_factory=RpcOptions)
     server_args: tuple[str, ...] = ()
     """llama-server's own arguments, in order."""
 
@@ -92,12 +179,12 @@ def run(opts: ServeOptions, settings: Settings) -> int:
     if proof:  # the proof reads the live counters on /metrics (patch 0005), not INFO lines at -lv 4
         server_args, metrics_added = with_metrics(server_args, env)
     log_dir = opts.server_log.parent if opts.server_log else None
-    topo = rpc.from_options(opts.rpc, settings, binary, env, server_args, log_dir)
+    topo = rpc_topology(opts.rpc, settings, binary, env, server_args, log_dir)
     cap = opts.server_log_max_mb
     srv = Server(
         binary,
         server_args + (topo.server_args() if topo else []),
-        env={**env, **rpc.front_env(opts.rpc)},
+        env={**env, **front_env(opts.rpc)},
         log_file=opts.server_log,
         echo=True,
         startup_timeout=opts.startup_timeout,

@@ -19,9 +19,7 @@ thread pair can move: :func:`measure_ceiling` measures that ceiling, which the b
 
 Loopback only: both ends must be 127.0.0.0/8 or ::1 (this is a test device for one machine, not a router).
 
-Over 500 lines: one mechanism, the link model (rate, delay, one instance per direction) and the proxy that carries
-connections through it, plus its command; about a third is the docstrings that state the model's guarantees the
-tests check.
+The command ``ggml-bridge shape`` is :mod:`ggml_bridge.commands.shape`.
 """
 
 from __future__ import annotations
@@ -35,10 +33,10 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Deque
 
 from .errors import RpcError, UsageError
-from .net import parse_hostport
 
 CHUNK = 256 * 1024  # the most one read takes from a socket (the link's burst)
 MIN_IN_FLIGHT = 8 << 20  # bytes a direction may hold, at least
@@ -89,7 +87,7 @@ def parse_delay(text: str) -> float:
     return float(m.group(1)) * _DELAY_UNITS[m.group(2)]
 
 
-def _fmt_rate(rate: float) -> str:
+def fmt_rate(rate: float) -> str:
     if math.isinf(rate):
         return "unlimited"
     bits = rate * 8
@@ -113,10 +111,10 @@ class Link:
     @property
     def label(self) -> str:
         """A name usable in file and case names: ``10gbit-0.2ms``."""
-        return f"{_fmt_rate(self.rate)}-{_fmt_delay(self.delay)}"
+        return f"{fmt_rate(self.rate)}-{_fmt_delay(self.delay)}"
 
     def __str__(self) -> str:
-        return f"{_fmt_rate(self.rate)}/{_fmt_delay(self.delay)}"
+        return f"{fmt_rate(self.rate)}/{_fmt_delay(self.delay)}"
 
     @property
     def in_flight(self) -> int:
@@ -473,12 +471,13 @@ class Shaper:
         self.stop()
 
 
+#: The two ends of :func:`measure_ceiling`, in a process of their own: a sink that prints its port, then a source
+#: that connects to the shaper's port (argv[2]) once it listens and sends argv[1] bytes; last line "BYTES SECONDS".
 _ENDS = r"""
 import socket, sys, threading, time
-n = int(sys.argv[1])
+n, shaper_port = int(sys.argv[1]), int(sys.argv[2])
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
 print(srv.getsockname()[1], flush=True)
-shaper_port = int(sys.stdin.readline())
 got = [0, 0.0]
 def sink():
     c, _ = srv.accept()
@@ -489,7 +488,11 @@ def sink():
         got[0] += len(d)
     got[1] = time.monotonic()
 t = threading.Thread(target=sink); t.start()
-c = socket.create_connection(("127.0.0.1", shaper_port))
+for _ in range(1000):
+    try:
+        c = socket.create_connection(("127.0.0.1", shaper_port)); break
+    except OSError:
+        time.sleep(0.01)
 buf = bytes(1 << 20)
 t0 = time.monotonic()
 for _ in range(n >> 20):
@@ -504,73 +507,32 @@ def measure_ceiling(nbytes: int = 256 << 20, link: Link | None = None) -> float:
     """Bytes per second one direction of a shaper (unlimited, or ``link``) moves on this machine, the source and
     the sink in another process (as llama.cpp's are): the rate above which the shaper, not the set rate, bounds
     a run."""
-    import subprocess
     import sys
+    import tempfile
 
-    p = subprocess.Popen(
-        [sys.executable, "-c", _ENDS, str(nbytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    from .net import free_port
+    from .runner import start
+
+    port = free_port()
     sh: Shaper | None = None
-    try:
-        assert p.stdin is not None and p.stdout is not None
-        sink_port = int(p.stdout.readline())
-        sh = Shaper(("127.0.0.1", sink_port), link or Link(math.inf, 0.0), name="shaper-ceiling").start()
-        p.stdin.write(f"{sh.endpoint[1]}\n")
-        p.stdin.flush()
-        got, seconds = p.stdout.readline().split()
-        p.wait(10)
-    finally:
-        if sh is not None:
-            sh.stop()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    with tempfile.TemporaryDirectory(prefix="ggml-bridge-ceiling-") as tmp:
+        ends = Path(tmp) / "ends.py"
+        ends.write_text(_ENDS)
+        proc = start([sys.executable, ends, str(nbytes), str(port)], error=RpcError, what="cannot measure the shaper")
+        try:
+            deadline = time.monotonic() + 30
+            while not proc.lines() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if not proc.lines():
+                raise RpcError("the shaper's measuring ends did not start", why="; ".join(proc.tail(5)) or None)
+            sink_port = int(proc.lines()[0])
+            sh = Shaper(("127.0.0.1", sink_port), link or Link(math.inf, 0.0), listen_port=port, name="shaper-ceiling")
+            sh.start()
+            proc.wait(300)
+        finally:
+            if sh is not None:
+                sh.stop()
+            if proc.poll() is None:
+                proc.stop(5)
+    got, seconds = proc.lines()[-1].split()
     return int(got) / float(seconds) if float(seconds) > 0 else math.inf
-
-
-# --- `ggml-bridge shape` -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ShapeOptions:
-    """``ggml-bridge shape``'s options: where to listen, where to forward, the link."""
-
-    listen: str
-    to: str
-    rate: str = "unlimited"
-    delay: str = "0"
-    ceiling: bool = False
-
-
-def run(args: ShapeOptions) -> int:
-    from .runner import log
-
-    link = Link(parse_rate(args.rate), parse_delay(args.delay))
-    host, port = parse_hostport(args.listen, "--listen", default_host="127.0.0.1", allow_zero=True)
-    target = parse_hostport(args.to, "--to", allow_zero=True)
-    sh = Shaper(target, link, listen_host=host, listen_port=port)
-    if args.ceiling:
-        ceiling = measure_ceiling(128 << 20)
-        log(f"ggml-bridge: shaper ceiling on this machine: {ceiling * 8 / 1e9:.2f} Gbit/s per direction")
-        if ceiling < link.rate:
-            log(
-                f"ggml-bridge: warning: the set rate {_fmt_rate(link.rate)} is above that ceiling: "
-                "the shaper, not the rate, bounds the link"
-            )
-    sh.start()
-    h, p = sh.endpoint
-    log(
-        f"ggml-bridge: shaping {h}:{p} -> {target[0]}:{target[1]} at {link} (rate/one-way delay); "
-        "Ctrl-C or SIGTERM stops it"
-    )
-    print(f"{h}:{p}", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    finally:
-        st = sh.stop()
-        log(
-            "ggml-bridge: shaper stopped: "
-            + " ".join(f"{d}_bytes={st[d]['bytes']} {d}_late_mean_us={st[d]['late_mean_us']}" for d in ("up", "down"))
-            + f" connections={st['connections']}"
-        )

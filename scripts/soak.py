@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from tiny_server import tiny_setup  # noqa: E402  (scripts/ is on sys.path)
 
-from ggml_bridge import llama_server, runner  # noqa: E402
+from ggml_bridge import llama_server, signals  # noqa: E402
 
 
 def rss_kib(pid: int) -> int | None:
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         if not url.startswith("http"):
             print(f"the launcher did not start (status {launcher.wait()})", file=sys.stderr)
             return 1
-        srv_pid = next(iter(runner.descendants(launcher.pid)), None)
+        srv_pid = next(iter(signals.descendants(launcher.pid)), None)
 
         def sample(done: int) -> None:
             samples.append(

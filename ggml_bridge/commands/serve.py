@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import rpc
 from ..config import Settings
 from ..modes import BATCHED, BATCHED_VALUES, BRIDGE, BRIDGE_VALUES
-from ..serve import DEFAULT_LOG_MAX_MB, ServeOptions
+from ..serve import DEFAULT_LOG_MAX_MB, RpcOptions, ServeOptions
 from . import argtypes, cmdoptions
 
 
@@ -60,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def rpc_options(ns: argparse.Namespace) -> rpc.RpcOptions:
-    return rpc.RpcOptions(
+def rpc_options(ns: argparse.Namespace) -> RpcOptions:
+    return RpcOptions(
         endpoints=ns.rpc,
         local=ns.rpc_local,
         local_devices=tuple(tuple(d for d in x.split(",") if d) for x in (ns.rpc_local_devices or [])),

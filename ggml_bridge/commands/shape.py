@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import time
+from dataclasses import dataclass
 
+from .. import shaper
 from ..config import Settings
-from ..shaper import ShapeOptions
+from ..net import parse_hostport
+from ..runner import log
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +33,44 @@ def options(ns: argparse.Namespace) -> ShapeOptions:
     return ShapeOptions(listen=ns.listen, to=ns.to, rate=ns.rate, delay=ns.delay, ceiling=ns.ceiling)
 
 
-def run(opts: ShapeOptions, settings: Settings) -> int:
-    from .. import shaper
+@dataclass(frozen=True)
+class ShapeOptions:
+    """``ggml-bridge shape``'s options: where to listen, where to forward, the link."""
 
-    return shaper.run(opts)
+    listen: str
+    to: str
+    rate: str = "unlimited"
+    delay: str = "0"
+    ceiling: bool = False
+
+
+def run(args: ShapeOptions, settings: Settings) -> int:
+    link = shaper.Link(shaper.parse_rate(args.rate), shaper.parse_delay(args.delay))
+    host, port = parse_hostport(args.listen, "--listen", default_host="127.0.0.1", allow_zero=True)
+    target = parse_hostport(args.to, "--to", allow_zero=True)
+    sh = shaper.Shaper(target, link, listen_host=host, listen_port=port)
+    if args.ceiling:
+        ceiling = shaper.measure_ceiling(128 << 20)
+        log(f"ggml-bridge: shaper ceiling on this machine: {ceiling * 8 / 1e9:.2f} Gbit/s per direction")
+        if ceiling < link.rate:
+            log(
+                f"ggml-bridge: warning: the set rate {shaper.fmt_rate(link.rate)} is above that ceiling: "
+                "the shaper, not the rate, bounds the link"
+            )
+    sh.start()
+    h, p = sh.endpoint
+    log(
+        f"ggml-bridge: shaping {h}:{p} -> {target[0]}:{target[1]} at {link} (rate/one-way delay); "
+        "Ctrl-C or SIGTERM stops it"
+    )
+    print(f"{h}:{p}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        st = sh.stop()
+        log(
+            "ggml-bridge: shaper stopped: "
+            + " ".join(f"{d}_bytes={st[d]['bytes']} {d}_late_mean_us={st[d]['late_mean_us']}" for d in ("up", "down"))
+            + f" connections={st['connections']}"
+        )

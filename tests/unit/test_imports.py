@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 FLOORS: list[set[str]] = [
     {"ggml_bridge", "errors", "net", "logparse", "engagement"},  # the root (__version__), errors, addresses and
     # ports, the log-line parser and the one engagement decision
-    {"runner", "modes", "config", "pin"},  # the subprocess runner; the table of variants, selectors and modes;
+    {"runner", "signals", "modes", "config", "pin"},  # the subprocess runner and the stop on signals; the table of
+    # variants, selectors and modes;
     # the settings and the pin
     {"cache", "shaper", "llama_server", "proof"},  # the cache primitives; the loopback link shaper; one
     # llama-server process; what its log and counters prove

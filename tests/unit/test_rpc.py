@@ -296,10 +296,10 @@ def test_rpc_given_to_llama_server_is_checked_too(fake):
     a = parse(["--rpc", "127.0.0.1:1", "--", "--rpc", "127.0.0.1:2", "-m", "x"])
     assert a.rpc.endpoints == "127.0.0.1:1" and a.server_args == ("--rpc", "127.0.0.1:2", "-m", "x")
     server_args = list(a.server_args)
-    topo = rpc.from_options(a.rpc, None, fake.server, {}, server_args)
+    topo = serve.rpc_topology(a.rpc, None, fake.server, {}, server_args)
     assert server_args == ["-m", "x"] and topo.server_args() == ["--rpc", "127.0.0.1:1,127.0.0.1:2"]
-    assert rpc.take_rpc_arg(args := ["--rpc=h:3", "-ngl", "9"]) == "h:3" and args == ["-ngl", "9"]
-    assert rpc.from_options(parse([]).rpc, None, fake.server, {}, []) is None
+    assert serve.take_rpc_arg(args := ["--rpc=h:3", "-ngl", "9"]) == "h:3" and args == ["-ngl", "9"]
+    assert serve.rpc_topology(parse([]).rpc, None, fake.server, {}, []) is None
 
 
 def test_serve_unreachable_endpoint_fails_before_llama_server(fake):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import cli, llama_server, logparse, modes, proof, serve
+from ggml_bridge import cli, llama_server, logparse, modes, proof, serve, signals
 from ggml_bridge.errors import ServeError, UsageError
 
 from helpers import busy_port, fake_model, write_fake_bin
@@ -412,15 +412,14 @@ def test_serve_without_selectors_leaves_the_arguments_alone():
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
 def test_signal_during_startup_stops_the_server(fake, sig):
-    from ggml_bridge import runner
 
     port = llama_server.free_port()
     p = _cli_proc(fake, {"FAKE_LOAD_S": "60"}, "--server", str(fake.server), *srv_args(fake.model, port))
     try:
         t0 = time.monotonic()
-        while not runner.descendants(p.pid) and time.monotonic() - t0 < 20:
+        while not signals.descendants(p.pid) and time.monotonic() - t0 < 20:
             time.sleep(0.05)
-        tree = runner.descendants(p.pid)
+        tree = signals.descendants(p.pid)
         assert tree, "the fake server never started"
         # into the start-up wait: the server answers (503, loading) and the launcher polls it
         while time.monotonic() - t0 < 20:
@@ -436,9 +435,9 @@ def test_signal_during_startup_stops_the_server(fake, sig):
             p.kill()
     assert rc == 128 + sig, p.stderr.read()
     t0 = time.monotonic()
-    while any(runner._alive(pid, st) for pid, st in tree.items()) and time.monotonic() - t0 < 10:
+    while any(signals._alive(pid, st) for pid, st in tree.items()) and time.monotonic() - t0 < 10:
         time.sleep(0.05)
-    assert not any(runner._alive(pid, st) for pid, st in tree.items()), "llama-server outlived the launcher"
+    assert not any(signals._alive(pid, st) for pid, st in tree.items()), "llama-server outlived the launcher"
 
 
 def test_relative_server_path_runs_that_file_not_one_on_path(fake, tmp_path, monkeypatch):
@@ -534,16 +533,15 @@ def test_sigkill_of_the_launcher_does_not_orphan_the_server(fake):
     p = _cli_proc(fake, {}, "--server", str(fake.server), *srv_args(fake.model, port))
     try:
         _wait_url(p)
-        from ggml_bridge import runner
 
-        children = runner.descendants(p.pid)
+        children = signals.descendants(p.pid)
         assert children
         p.kill()
         p.wait(10)
         t0 = time.monotonic()
-        while any(runner._alive(pid, st) for pid, st in children.items()) and time.monotonic() - t0 < 20:
+        while any(signals._alive(pid, st) for pid, st in children.items()) and time.monotonic() - t0 < 20:
             time.sleep(0.05)
-        left = [pid for pid, st in children.items() if runner._alive(pid, st)]
+        left = [pid for pid, st in children.items() if signals._alive(pid, st)]
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         assert not left, "llama-server outlived a SIGKILLed launcher"

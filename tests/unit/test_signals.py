@@ -20,7 +20,7 @@ from typing import Callable
 
 import pytest
 
-from ggml_bridge import config, runner
+from ggml_bridge import config, signals
 from ggml_bridge.errors import UsageError
 
 from conftest import REPO_ROOT
@@ -58,7 +58,7 @@ def _launch(
             "GGML_BRIDGE_BACKEND": "cpu",
             "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
             # the tree's setsid child ignores SIGTERM: it is SIGKILLed after this grace (default 10 s)
-            runner.STOP_GRACE_VAR: "0.5",
+            signals.STOP_GRACE_VAR: "0.5",
             **env,
         }
     )
@@ -80,14 +80,14 @@ def _tree_of(p: subprocess.Popen[str], pids: Path) -> dict[int, int]:
         if p.poll() is not None or time.monotonic() - t0 > 120:
             raise AssertionError(f"the fake tree never started: {p.communicate()[1][-3000:]}")
         time.sleep(0.05)
-    tree = runner.descendants(p.pid)
+    tree = signals.descendants(p.pid)
     recorded = {int(x) for x in pids.read_text().split()}
     assert recorded <= set(tree), (recorded, tree)
     return tree
 
 
 def _gone(tree: dict[int, int]) -> list[int]:
-    return [pid for pid, started in tree.items() if runner._alive(pid, started)]
+    return [pid for pid, started in tree.items() if signals._alive(pid, started)]
 
 
 def _kill_leftovers(tree: dict[int, int]) -> None:
@@ -155,8 +155,8 @@ def test_sigterm_to_patch_check_stops_git_and_removes_the_temporary_tree(
 
 
 def test_stop_grace_comes_from_the_environment() -> None:
-    assert runner.stop_grace({}) == runner.STOP_GRACE_S == 10.0
-    assert runner.stop_grace({runner.STOP_GRACE_VAR: "0.5"}) == 0.5
+    assert signals.stop_grace({}) == signals.STOP_GRACE_S == 10.0
+    assert signals.stop_grace({signals.STOP_GRACE_VAR: "0.5"}) == 0.5
     for bad in ("soon", "-1", "601"):
-        with pytest.raises(UsageError, match=runner.STOP_GRACE_VAR):
-            runner.stop_grace({runner.STOP_GRACE_VAR: bad})
+        with pytest.raises(UsageError, match=signals.STOP_GRACE_VAR):
+            signals.stop_grace({signals.STOP_GRACE_VAR: bad})
