@@ -3,7 +3,7 @@
 
 A mechanism *engaged* when the process says it is enabled (its ``enabled`` line) and, where counters are given
 (the bench's last stats line, an rpc-server's SIGUSR1 counters), they show it did work: the bridge crossed a
-boundary, batching staged an upload or declined a prompt-sized graph by its policy. Otherwise it is *idle*
+boundary, batching staged an upload (every graph on a device stages its small inputs: positions, KV indices). Otherwise it is *idle*
 (enabled, no work), *inactive* (the process gave its own reason, e.g. one device) or *absent* (no line at all:
 a binary without the patch).
 """
@@ -37,7 +37,7 @@ def did_work(mechanism: str, counters: Mapping[str, int]) -> bool:
     """Counters (a stats line, or an rpc-server's counters with their ``bridge_`` prefix) show work."""
     if mechanism == BRIDGE:
         return counters.get("boundaries", counters.get("bridge_boundaries", 0)) > 0
-    return counters.get("async_uploads", 0) > 0 or counters.get("declined_graphs", 0) > 0
+    return counters.get("async_uploads", 0) > 0
 
 
 def engaged(mechanism: str, info: BridgeInfo | BatchedInfo, counters: Mapping[str, int] | None = None) -> Verdict:

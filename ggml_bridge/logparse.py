@@ -42,7 +42,8 @@ BRIDGE_PAIR = re.compile(
 BATCHED = "llama_batched_transfers"
 BATCHED_ENABLED = re.compile(
     BATCHED + r": enabled, pinned pool up to (?P<pool_mib>\d+) MiB\b"
-    r"(?: per process, graphs of up to (?P<max_tokens>\d+) tokens staged)?"
+    r"(?: per process, split inputs in host memory up to (?P<stage_max>\d+) bytes staged)?"
+    r"(?:.*\(selected by (?P<selector>\w+)=1\b)?"
 )
 BATCHED_INACTIVE = re.compile(BATCHED + r": inactive: (?P<reason>.*?)\s*$")
 #: after the enabled line: each backend's pinned pool (its host buffer type) or why it has none, ``; ``-separated:
@@ -50,11 +51,10 @@ BATCHED_INACTIVE = re.compile(BATCHED + r": inactive: (?P<reason>.*?)\s*$")
 BATCHED_POOLS = re.compile(BATCHED + r": pools: (?P<pools>.*?)\s*$")
 BATCHED_POOL_ITEM = re.compile(r"^(?P<backend>[^:;]+): (?:pool (?P<buft>\S+)|none \((?P<why>.*)\))$")
 # async_* count only what batching staged, sync_* what it could not stage (fallbacks), upstream_* what it left on
-# upstream's path by design (declined graphs, inputs already on a device, downloads upstream already makes
-# asynchronously): a line without that split (an older patch) is not taken as batching's stats
+# upstream's path by design (inputs over the stage limit, inputs already on a device, downloads upstream already
+# makes asynchronously): a line without that split (an older patch) is not taken as batching's stats
 BATCHED_STATS_KEYS = (
     "graphs",
-    "declined_graphs",
     "async_uploads",
     "async_downloads",
     "sync_uploads",
@@ -67,9 +67,13 @@ BATCHED_STATS_KEYS = (
     "pool_waits",
     "pool_drains",
 )
-# (later keys, e.g. the adaptive policy's probe_graphs, classes_staged, classes_upstream, are parsed too)
+# (later keys are parsed too, and so are the keys of the series before 2026-12-03: declined_graphs after graphs,
+# probe_graphs, classes_staged and classes_upstream at the end, from its measuring policy)
 BATCHED_STATS = re.compile(
-    BATCHED + r": stats: (?P<kv>" + " ".join(rf"{k}=\d+" for k in BATCHED_STATS_KEYS) + r"(?: \w+=\d+)*)"
+    BATCHED
+    + r": stats: (?P<kv>graphs=\d+(?: declined_graphs=\d+)? "
+    + " ".join(rf"{k}=\d+" for k in BATCHED_STATS_KEYS[1:])
+    + r"(?: \w+=\d+)*)"
 )
 
 _KV = re.compile(r"(\w+)=(\d+)")
@@ -146,7 +150,8 @@ class BridgeInfo:
 class BatchedInfo:
     enabled: bool = False
     pool_mib: int | None = None
-    max_tokens: int | None = None  # graphs of up to this many tokens are staged, larger ones declined
+    stage_max: int | None = None  # split inputs in host memory of up to this many bytes are staged
+    selector: str | None = None  # the variable that enabled it, when the line names one (SAM3D_BATCHED_TRANSFERS)
     inactive_reason: str | None = None
     enabled_lines: int = 0
     stats: list[dict[str, int]] = field(default_factory=list)
@@ -230,7 +235,8 @@ def parse(lines: Iterable[str] | str) -> LogInfo:
                 t.enabled = True
                 t.enabled_lines += 1
                 t.pool_mib = int(m["pool_mib"])
-                t.max_tokens = int(m["max_tokens"]) if m["max_tokens"] else None
+                t.stage_max = int(m["stage_max"]) if m["stage_max"] else None
+                t.selector = m["selector"]
             elif m := BATCHED_STATS.search(line):
                 t.stats.append(_kv(m["kv"]))
             elif m := BATCHED_POOLS.search(line):

@@ -133,7 +133,7 @@ def validate_mode(
             "async_uploads": tot(batched_stats, "async_uploads"),
             "async_downloads": tot(batched_stats, "async_downloads"),
             # what batching tried and could not stage (sync_*), and what it left on upstream's path (a backend
-            # without a pinned pool of its own, a declined graph): reported, never counted as batches
+            # without a pinned pool of its own, an input over the stage limit): reported, never counted as batches
             "fallbacks": tot(batched_stats, "fallbacks"),
             "upstream_uploads": tot(batched_stats, "upstream_uploads"),
         }
@@ -144,7 +144,7 @@ def validate_mode(
             if not batched_stats:
                 problems.append("no batched-transfers stats line (LLAMA_BATCHED_TRANSFERS=1 prints it at teardown)")
             else:
-                # async_* count only what batching staged: token generation's inputs. Logits go to llama.cpp's
+                # async_* count only what batching staged: every graph's small inputs. Logits go to llama.cpp's
                 # pinned output buffer, which upstream already downloads asynchronously (upstream_downloads)
                 if tot(batched_stats, "async_uploads") <= 0:
                     problems.append("batched counters show no async upload (async_uploads=0)")

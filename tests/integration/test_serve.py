@@ -82,7 +82,6 @@ def test_real_server_metrics_grow(tmp_path):
         after = s.metrics()
     names = (
         "graphs",
-        "declined_graphs",
         "async_uploads",
         "async_downloads",
         "sync_uploads",
@@ -94,19 +93,11 @@ def test_real_server_metrics_grow(tmp_path):
         "fallbacks",
         "pool_waits",
         "pool_drains",
-        "probe_graphs",
-        "classes_staged",
-        "classes_upstream",
     )
     assert before is not None and after is not None
     assert sorted(after) == sorted(f"batched_{n}_total" for n in names), after
 
-    # every generated token is a graph of one token, counted once: staged (graphs) or, while the adaptive policy
-    # measures or after it chose upstream's path, declined (issue 26); on the CPU nothing reaches a device, so
-    # nothing is counted as an async transfer
-    def seen(m: dict[str, float]) -> float:
-        return m["batched_graphs_total"] + m["batched_declined_graphs_total"]
-
-    assert seen(after) >= seen(before) + 7
-    assert after["batched_probe_graphs_total"] > before["batched_probe_graphs_total"]
+    # every generated token is a graph of one token, counted once as begun (graphs); on the CPU nothing reaches a
+    # device, so nothing is counted as an async transfer
+    assert after["batched_graphs_total"] >= before["batched_graphs_total"] + 7
     assert after["batched_async_uploads_total"] == 0 and after["batched_async_downloads_total"] == 0

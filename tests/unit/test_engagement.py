@@ -16,7 +16,7 @@ def test_enabled_is_engaged_and_counters_must_show_work() -> None:
     assert engaged("bridge", b, {"bridge_boundaries": 2}).engaged, "an rpc-server's counters"
     t = logparse.BatchedInfo(enabled=True)
     assert engaged("batched", t, {"async_uploads": 1}).engaged
-    assert engaged("batched", t, {"declined_graphs": 4}).engaged, "declining prompt-sized graphs is its policy"
+    assert engaged("batched", t, {"graphs": 4, "upstream_uploads": 8}).state == IDLE, "inputs left to upstream's copy"
     assert engaged("batched", t, {"async_downloads": 9}).state == IDLE, "downloads are upstream's own"
 
 

@@ -201,7 +201,7 @@ BR_ST = (
 BT_EN = "llama_batched_transfers: enabled, pinned pool up to 32 MiB\n"
 BT_IN = "llama_batched_transfers: inactive: no device to batch to\n"
 BT_ST = (
-    "llama_batched_transfers: stats: graphs=3 declined_graphs=0 async_uploads={u} async_downloads={d} sync_uploads=0 "
+    "llama_batched_transfers: stats: graphs=3 async_uploads={u} async_downloads={d} sync_uploads=0 "
     "sync_downloads=0 upstream_uploads=0 upstream_downloads=0 bytes_up=1 bytes_down=1 fallbacks=0 pool_waits=0 pool_drains=0\n"
 )
 DEV2 = "using device CUDA0 (A) (a) - 1 MiB free\nusing device CUDA1 (B) (b) - 1 MiB free\n"

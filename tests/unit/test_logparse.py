@@ -14,7 +14,7 @@ llama_model_load_from_file_impl: using device CUDA1 (NVIDIA H200) (0000:3b:00.0)
 llama_batched_transfers: enabled, pinned pool up to 32 MiB
 main: server is listening on http://127.0.0.1:8080
 srv    load_model: model loaded
-llama_batched_transfers: stats: graphs=12 declined_graphs=0 async_uploads=24 async_downloads=12 sync_uploads=0 sync_downloads=0 upstream_uploads=0 upstream_downloads=0 bytes_up=4096 bytes_down=128000 fallbacks=0 pool_waits=0 pool_drains=0
+llama_batched_transfers: stats: graphs=12 async_uploads=24 async_downloads=12 sync_uploads=0 sync_downloads=0 upstream_uploads=0 upstream_downloads=0 bytes_up=4096 bytes_down=128000 fallbacks=0 pool_waits=0 pool_drains=0
 ggml_cuda_mapped_host_bridge: stats: boundaries=36 bytes=1048576 chunks=40 producer_waits=3 sync_copies=0 fallbacks=0
 """
 
@@ -42,12 +42,12 @@ def test_batched_stats_keep_upstream_apart():
     """The stats line says what batching staged (async), could not stage (sync) and left to upstream; a line of the
     older contract, where upstream's own asynchronous logits download was counted as batched, is not taken."""
     new = (
-        "llama_batched_transfers: stats: graphs=3 declined_graphs=8 async_uploads=6 async_downloads=0 sync_uploads=0 "
+        "llama_batched_transfers: stats: graphs=3 async_uploads=6 async_downloads=0 sync_uploads=0 "
         "sync_downloads=0 upstream_uploads=40 upstream_downloads=11 bytes_up=64 bytes_down=0 fallbacks=0 "
         "pool_waits=0 pool_drains=0"
     )
     t = logparse.parse([new]).batched
-    assert t.total("declined_graphs") == 8 and t.total("upstream_downloads") == 11 and t.total("async_downloads") == 0
+    assert t.total("upstream_uploads") == 40 and t.total("upstream_downloads") == 11 and t.total("async_downloads") == 0
     old = (
         "llama_batched_transfers: stats: graphs=12 async_uploads=24 async_downloads=12 sync_uploads=0 "
         "sync_downloads=0 bytes_up=4096 bytes_down=128000 fallbacks=0 pool_waits=0 pool_drains=0"
@@ -55,34 +55,46 @@ def test_batched_stats_keep_upstream_apart():
     assert logparse.parse([old]).batched.stats == []
 
 
-def test_batched_stats_with_the_adaptive_policy_counters():
-    """The adaptive decline's counters follow the stable keys and are parsed with them."""
+def test_batched_stats_of_the_measuring_policy_still_parse():
+    """The series before 2026-12-03 measured both paths inside the run: its extra counters (declined_graphs after
+    graphs, the probe and class counters at the end) are parsed with the stable keys (older result logs)."""
     line = (
         "llama_batched_transfers: stats: graphs=3 declined_graphs=8 async_uploads=6 async_downloads=0 sync_uploads=0 "
         "sync_downloads=0 upstream_uploads=40 upstream_downloads=11 bytes_up=64 bytes_down=0 fallbacks=0 "
         "pool_waits=0 pool_drains=0 probe_graphs=11 classes_staged=1 classes_upstream=2"
     )
     t = logparse.parse([line]).batched
-    assert t.total("declined_graphs") == 8 and t.total("probe_graphs") == 11
+    assert t.total("declined_graphs") == 8 and t.total("probe_graphs") == 11 and t.total("async_uploads") == 6
     assert t.total("classes_staged") == 1 and t.total("classes_upstream") == 2
 
 
-def test_batched_enabled_line_adaptive():
+def test_batched_enabled_line_of_the_measuring_policy():
     line = (
         "llama_batched_transfers: enabled, pinned pool up to 32 MiB per process, staged or not per graph size by "
         "measured host time (8 graphs per path and size)"
     )
     t = logparse.parse([line]).batched
-    assert t.enabled and t.pool_mib == 32 and t.max_tokens is None
+    assert t.enabled and t.pool_mib == 32 and t.stage_max is None and t.selector is None
 
 
-def test_batched_enabled_line_with_policy():
+def test_batched_enabled_line_with_the_stage_limit():
     line = (
-        "llama_batched_transfers: enabled, pinned pool up to 32 MiB per process, graphs of up to 32 tokens staged "
-        "(larger ones keep upstream's path)"
+        "llama_batched_transfers: enabled, pinned pool up to 32 MiB per process, split inputs in host memory up to "
+        "65536 bytes staged, larger ones on upstream's copy"
     )
     t = logparse.parse([line]).batched
-    assert t.enabled and t.pool_mib == 32 and t.max_tokens == 32
+    assert t.enabled and t.pool_mib == 32 and t.stage_max == 65536 and t.selector is None
+
+
+def test_batched_enabled_line_names_the_specifications_selector():
+    """SAM3D_BATCHED_TRANSFERS=1 (the name in the mechanism's specification) enabled it: the line says so."""
+    line = (
+        "llama_batched_transfers: enabled, pinned pool up to 32 MiB per process, split inputs in host memory up to "
+        "1024 bytes staged, larger ones on upstream's copy (selected by SAM3D_BATCHED_TRANSFERS=1, the "
+        "specification's name of LLAMA_BATCHED_TRANSFERS)"
+    )
+    t = logparse.parse([line]).batched
+    assert t.enabled and t.stage_max == 1024 and t.selector == "SAM3D_BATCHED_TRANSFERS"
 
 
 def test_mode_1_with_prefix_and_colours():
