@@ -3,6 +3,7 @@ must show for a mode to count."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import logparse
@@ -41,23 +42,47 @@ def _pool_problems(expect: dict[str, str], pools: dict[str, dict[str, str]]) -> 
     return problems
 
 
+def _tot(stats: list[dict[str, int]], key: str) -> int:
+    return sum(s.get(key, 0) for s in stats)
+
+
+@dataclass
+class _Validation:
+    """One mode's validation under way: its inputs, and the problems, notes and summary found so far."""
+
+    mode: Mode
+    rung: Rung
+    logs: dict[str, logparse.LogInfo]
+    metrics: dict[str, int] | None
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=lambda: {"bridge": None, "batched": None})
+    bridge_stats: list[dict[str, int]] = field(default_factory=list)
+    batched_stats: list[dict[str, int]] = field(default_factory=list)
+
+
 def validate_mode(
     mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo], metrics: dict[str, int] | None = None
 ) -> dict[str, Any]:
     """Check the log-line contract for one mode across its processes (server, perplexity), and the server's live
     counters on /metrics (``metrics``, when it served them)."""
-    problems: list[str] = []
-    notes: list[str] = []
-    bridge_stats: list[dict[str, int]] = []
-    batched_stats: list[dict[str, int]] = []
+    v = _Validation(mode, rung, logs, metrics)
     for info in logs.values():
-        bridge_stats += info.bridge.stats
-        batched_stats += info.batched.stats
-    summary: dict[str, Any] = {"bridge": None, "batched": None}
+        v.bridge_stats += info.bridge.stats
+        v.batched_stats += info.batched.stats
+    _check_selectors(v)
+    if mode.uses_bridge:
+        _check_bridge(v)
+    if mode.uses_batched:
+        _check_batched(v)
+    if rung.multi_device:
+        _check_devices(v)
+    return {"ok": not v.problems, "problems": v.problems, "notes": v.notes, **v.summary}
 
-    def tot(stats: list[dict[str, int]], key: str) -> int:
-        return sum(s.get(key, 0) for s in stats)
 
+def _check_selectors(v: _Validation) -> None:
+    """Patch lines in an upstream build; rejected selector values; a mechanism on whose selector is 0."""
+    mode, logs, problems = v.mode, v.logs, v.problems
     if not VARIANTS[mode.variant].patched:
         for proc, info in logs.items():
             if info.bridge.seen or info.batched.seen or info.bridge.stats or info.batched.stats:
@@ -76,119 +101,144 @@ def validate_mode(
             if not mode.uses_batched and info.batched.enabled:
                 problems.append(f"{proc}: batched transfers reported enabled in mode {mode.name} (selector 0)")
 
-    if mode.uses_bridge:
-        assert mode.bridge is not None  # uses_bridge
-        want_mode = BRIDGE_VALUES[mode.bridge]
-        verdicts = {p: engaged(BRIDGE, i.bridge) for p, i in logs.items()}
-        on = [p for p, v in verdicts.items() if v.engaged]
-        inactive = {p: v.reason for p, v in verdicts.items() if v.state == INACTIVE and v.reason is not None}
-        state = _state(len(on), len(inactive), len(logs))
-        summary["bridge"] = {
-            "state": state,
-            "slots": {p: logs[p].bridge.slots for p in on},
-            "slot_mib": {p: logs[p].bridge.slot_mib for p in on},
-            "inactive": inactive,
-            "stats": bridge_stats,
-            "boundaries": tot(bridge_stats, "boundaries"),
-        }
-        expect = rung.expect.get(mode.name, rung.expect_bridge)
-        if state == "engaged":
-            if expect == "inactive":
-                problems.append("bridge engaged but the rung expects it inactive")
-            for p in on:
-                if logs[p].bridge.mode != want_mode:
-                    problems.append(f"{p}: bridge mode {logs[p].bridge.mode}, expected {want_mode}")
-            if rung.multi_device and rung.require_boundaries:
-                if not bridge_stats:
-                    problems.append("no bridge stats line (printed when the last CUDA backend is freed)")
-                elif tot(bridge_stats, "boundaries") <= 0:
-                    problems.append("bridge counters show no boundary crossed (boundaries=0) on a multi-device rung")
-            if rung.multi_device and not rung.require_boundaries:
-                notes.append(
-                    f"bridge engaged, {tot(bridge_stats, 'boundaries')} boundaries counted (the rung "
-                    "does not require any: its split copies between devices on another path)"
-                )
-            if expect == "either":
-                notes.append("bridge engaged")
-        elif state == "inactive" and expect in ("inactive", "either"):
-            notes.append(
-                "bridge inactive as the rung expects ("
-                + "; ".join(sorted(set(inactive.values())))
-                + "): compared, not a bridge pass"
-            )
-        else:
-            problems.append(_not_engaged("bridge", "no bridge line", logs, on, inactive))
 
-    if mode.uses_batched:
-        verdicts = {p: engaged(BATCHED, i.batched) for p, i in logs.items()}
-        on = [p for p, v in verdicts.items() if v.engaged]
-        inactive = {p: v.reason for p, v in verdicts.items() if v.state == INACTIVE and v.reason is not None}
-        state = _state(len(on), len(inactive), len(logs))
-        summary["batched"] = {
-            "state": state,
-            "pool_mib": {p: logs[p].batched.pool_mib for p in on},
-            "pools": {p: logs[p].batched.pools for p in on},
-            "inactive": inactive,
-            "stats": batched_stats,
-            "async_uploads": tot(batched_stats, "async_uploads"),
-            "async_downloads": tot(batched_stats, "async_downloads"),
-            # what batching tried and could not stage (sync_*), and what it left on upstream's path (a backend
-            # without a pinned pool of its own, an input over the stage limit): reported, never counted as batches
-            "fallbacks": tot(batched_stats, "fallbacks"),
-            "upstream_uploads": tot(batched_stats, "upstream_uploads"),
-        }
-        expect = rung.expect.get(mode.name, rung.expect_batched)
-        if state == "engaged":
-            if expect == "inactive":
-                problems.append("batched transfers engaged but the rung expects them inactive")
-            if not batched_stats:
-                problems.append("no batched-transfers stats line (LLAMA_BATCHED_TRANSFERS=1 prints it at teardown)")
-            else:
-                # async_* count only what batching staged: every graph's small inputs. Logits go to llama.cpp's
-                # pinned output buffer, which upstream already downloads asynchronously (upstream_downloads)
-                if tot(batched_stats, "async_uploads") <= 0:
-                    problems.append("batched counters show no async upload (async_uploads=0)")
-            if rung.expect_pools:
-                problems += _pool_problems(rung.expect_pools, {p: logs[p].batched.pools for p in on})
-                first = logs[on[0]].batched.pools if on else {}
-                notes.append(
-                    "batched pools: "
-                    + "; ".join(f"{b}: {v}" for b, v in first.items())
-                    + f" (fallbacks={tot(batched_stats, 'fallbacks')}, "
-                    f"upstream_uploads={tot(batched_stats, 'upstream_uploads')})"
-                )
-            if metrics is not None and mode.variant == "patched":
-                live = metrics.get("batched_async_uploads_total", 0)
-                summary["batched"]["metrics_async_uploads"] = live
-                if live <= 0:
-                    problems.append(
-                        "/metrics shows no batched async upload (llamacpp:batched_async_uploads_total="
-                        f"{metrics.get('batched_async_uploads_total', 'absent')})"
-                    )
-            if expect == "either":
-                notes.append("batched transfers engaged")
-        elif state == "inactive" and expect in ("inactive", "either"):
-            if tot(batched_stats, "async_uploads") or tot(batched_stats, "async_downloads"):
-                problems.append("batched transfers inactive but async transfers were counted")
+def _check_bridge(v: _Validation) -> None:
+    """A bridge mode: engaged in every process (with boundaries on a multi-device rung), or inactive as the rung expects."""
+    mode, rung, logs, problems, notes, summary, bridge_stats = (
+        v.mode,
+        v.rung,
+        v.logs,
+        v.problems,
+        v.notes,
+        v.summary,
+        v.bridge_stats,
+    )
+    assert mode.bridge is not None  # uses_bridge
+    want_mode = BRIDGE_VALUES[mode.bridge]
+    verdicts = {p: engaged(BRIDGE, i.bridge) for p, i in logs.items()}
+    on = [p for p, v in verdicts.items() if v.engaged]
+    inactive = {p: v.reason for p, v in verdicts.items() if v.state == INACTIVE and v.reason is not None}
+    state = _state(len(on), len(inactive), len(logs))
+    summary["bridge"] = {
+        "state": state,
+        "slots": {p: logs[p].bridge.slots for p in on},
+        "slot_mib": {p: logs[p].bridge.slot_mib for p in on},
+        "inactive": inactive,
+        "stats": bridge_stats,
+        "boundaries": _tot(bridge_stats, "boundaries"),
+    }
+    expect = rung.expect.get(mode.name, rung.expect_bridge)
+    if state == "engaged":
+        if expect == "inactive":
+            problems.append("bridge engaged but the rung expects it inactive")
+        for p in on:
+            if logs[p].bridge.mode != want_mode:
+                problems.append(f"{p}: bridge mode {logs[p].bridge.mode}, expected {want_mode}")
+        if rung.multi_device and rung.require_boundaries:
+            if not bridge_stats:
+                problems.append("no bridge stats line (printed when the last CUDA backend is freed)")
+            elif _tot(bridge_stats, "boundaries") <= 0:
+                problems.append("bridge counters show no boundary crossed (boundaries=0) on a multi-device rung")
+        if rung.multi_device and not rung.require_boundaries:
             notes.append(
-                "batched transfers inactive as the rung expects ("
-                + "; ".join(sorted(set(inactive.values())))
-                + "): compared, not a batched pass"
+                f"bridge engaged, {_tot(bridge_stats, 'boundaries')} boundaries counted (the rung "
+                "does not require any: its split copies between devices on another path)"
             )
-        else:
-            problems.append(_not_engaged("batched transfers", "no batched-transfers line", logs, on, inactive))
+        if expect == "either":
+            notes.append("bridge engaged")
+    elif state == "inactive" and expect in ("inactive", "either"):
+        notes.append(
+            "bridge inactive as the rung expects ("
+            + "; ".join(sorted(set(inactive.values())))
+            + "): compared, not a bridge pass"
+        )
+    else:
+        problems.append(_not_engaged("bridge", "no bridge line", logs, on, inactive))
 
-    if rung.multi_device:
-        used = {p: i.n_devices for p, i in logs.items()}
-        summary["devices_used"] = used
-        want = rung.n_devices
-        low = {p: n for p, n in used.items() if n < want}
-        if low:
-            problems.append(
-                f"the rung splits the model over {want} devices but the log shows it on fewer: "
-                + ", ".join(f"{p}: {n}" for p, n in low.items())
+
+def _check_batched(v: _Validation) -> None:
+    """A batched mode: engaged with async uploads (and its pools), or inactive as the rung expects."""
+    mode, rung, logs, metrics, problems, notes, summary, batched_stats = (
+        v.mode,
+        v.rung,
+        v.logs,
+        v.metrics,
+        v.problems,
+        v.notes,
+        v.summary,
+        v.batched_stats,
+    )
+    verdicts = {p: engaged(BATCHED, i.batched) for p, i in logs.items()}
+    on = [p for p, v in verdicts.items() if v.engaged]
+    inactive = {p: v.reason for p, v in verdicts.items() if v.state == INACTIVE and v.reason is not None}
+    state = _state(len(on), len(inactive), len(logs))
+    summary["batched"] = {
+        "state": state,
+        "pool_mib": {p: logs[p].batched.pool_mib for p in on},
+        "pools": {p: logs[p].batched.pools for p in on},
+        "inactive": inactive,
+        "stats": batched_stats,
+        "async_uploads": _tot(batched_stats, "async_uploads"),
+        "async_downloads": _tot(batched_stats, "async_downloads"),
+        # what batching tried and could not stage (sync_*), and what it left on upstream's path (a backend
+        # without a pinned pool of its own, an input over the stage limit): reported, never counted as batches
+        "fallbacks": _tot(batched_stats, "fallbacks"),
+        "upstream_uploads": _tot(batched_stats, "upstream_uploads"),
+    }
+    expect = rung.expect.get(mode.name, rung.expect_batched)
+    if state == "engaged":
+        if expect == "inactive":
+            problems.append("batched transfers engaged but the rung expects them inactive")
+        if not batched_stats:
+            problems.append("no batched-transfers stats line (LLAMA_BATCHED_TRANSFERS=1 prints it at teardown)")
+        else:
+            # async_* count only what batching staged: every graph's small inputs. Logits go to llama.cpp's
+            # pinned output buffer, which upstream already downloads asynchronously (upstream_downloads)
+            if _tot(batched_stats, "async_uploads") <= 0:
+                problems.append("batched counters show no async upload (async_uploads=0)")
+        if rung.expect_pools:
+            problems += _pool_problems(rung.expect_pools, {p: logs[p].batched.pools for p in on})
+            first = logs[on[0]].batched.pools if on else {}
+            notes.append(
+                "batched pools: "
+                + "; ".join(f"{b}: {v}" for b, v in first.items())
+                + f" (fallbacks={_tot(batched_stats, 'fallbacks')}, "
+                f"upstream_uploads={_tot(batched_stats, 'upstream_uploads')})"
             )
-    return {"ok": not problems, "problems": problems, "notes": notes, **summary}
+        if metrics is not None and mode.variant == "patched":
+            live = metrics.get("batched_async_uploads_total", 0)
+            summary["batched"]["metrics_async_uploads"] = live
+            if live <= 0:
+                problems.append(
+                    "/metrics shows no batched async upload (llamacpp:batched_async_uploads_total="
+                    f"{metrics.get('batched_async_uploads_total', 'absent')})"
+                )
+        if expect == "either":
+            notes.append("batched transfers engaged")
+    elif state == "inactive" and expect in ("inactive", "either"):
+        if _tot(batched_stats, "async_uploads") or _tot(batched_stats, "async_downloads"):
+            problems.append("batched transfers inactive but async transfers were counted")
+        notes.append(
+            "batched transfers inactive as the rung expects ("
+            + "; ".join(sorted(set(inactive.values())))
+            + "): compared, not a batched pass"
+        )
+    else:
+        problems.append(_not_engaged("batched transfers", "no batched-transfers line", logs, on, inactive))
+
+
+def _check_devices(v: _Validation) -> None:
+    """A multi-device rung: every process shows the model on the rung's devices."""
+    rung, logs, problems, summary = v.rung, v.logs, v.problems, v.summary
+    used = {p: i.n_devices for p, i in logs.items()}
+    summary["devices_used"] = used
+    want = rung.n_devices
+    low = {p: n for p, n in used.items() if n < want}
+    if low:
+        problems.append(
+            f"the rung splits the model over {want} devices but the log shows it on fewer: "
+            + ", ".join(f"{p}: {n}" for p, n in low.items())
+        )
 
 
 def validate_rpc(
@@ -207,7 +257,6 @@ def validate_rpc(
     summary: dict[str, Any] = {}
     wanted = list(rung.rpc_servers) if rung is not None else []
     for i, (ep, info) in enumerate(servers.items()):
-        gpus = [d for d in info.devices if d.startswith("CUDA")]
         c = info.latest
         summary[ep] = {
             "devices": info.devices,
@@ -216,16 +265,7 @@ def validate_rpc(
             "bridge_mode": info.bridge.mode,
         }
         if links and ep in links:
-            summary[ep]["link"] = links[ep]
-            up, down = links[ep]["up"]["bytes"], links[ep]["down"]["bytes"]
-            if up <= 0 or down <= 0:
-                problems.append(
-                    f"rpc-server {ep}: nothing crossed its shaped link {links[ep]['link']} (up {up} B, down {down} B)"
-                )
-            else:
-                notes.append(
-                    f"rpc-server {ep}: {up} B up and {down} B down through the shaped link {links[ep]['link']}"
-                )
+            _rpc_link(ep, links[ep], summary[ep], problems, notes)
         if i < len(wanted) and info.devices and len(info.devices) != len(wanted[i]):
             problems.append(
                 f"rpc-server {ep}: given devices {','.join(wanted[i])} but it serves {','.join(info.devices)}"
@@ -247,55 +287,71 @@ def validate_rpc(
                 f"rpc-server {ep}: owns {len(info.devices)} devices but served no RPC_CMD_COPY_TENSOR "
                 "(rpc_copy_tensor=0): no boundary between them was exercised"
             )
-        if not mode.uses_bridge:
-            if info.bridge.enabled:
-                problems.append(f"rpc-server {ep}: bridge enabled in mode {mode.name} (selector 0)")
-        elif len(gpus) > 1:
-            v = engaged(BRIDGE, info.bridge)
-            want_mode = BRIDGE_VALUES[mode.bridge or "off"]
-            if not v.engaged:
-                problems.append(
-                    f"rpc-server {ep}: bridge not engaged on its {len(gpus)} GPUs ("
-                    + (f"inactive: {v.reason}" if v.reason else "no bridge line")
-                    + ")"
-                )
-            elif info.bridge.mode != want_mode:
-                problems.append(f"rpc-server {ep}: bridge mode {info.bridge.mode}, expected {want_mode}")
-            elif not c.get("bridge"):
-                problems.append(
-                    f"rpc-server {ep}: the CUDA registry exports no bridge counters "
-                    "(0001 without ggml_backend_cuda_mapped_host_bridge_counters)"
-                )
-            elif c.get("bridge_boundaries", 0) <= 0:
-                problems.append(
-                    f"rpc-server {ep}: bridge engaged but bridge_boundaries=0 "
-                    f"(rpc_copy_tensor={c.get('rpc_copy_tensor', 0)})"
-                )
-            else:
-                notes.append(
-                    f"rpc-server {ep}: bridge engaged (mode {info.bridge.mode}) on {len(gpus)} GPUs: "
-                    f"bridge_boundaries={c['bridge_boundaries']} bridge_bytes={c.get('bridge_bytes', 0)} "
-                    f"rpc_copy_tensor={c.get('rpc_copy_tensor', 0)}"
-                )
-        else:
-            crossed = c.get("bridge_boundaries", 0)
-            if crossed > 0:
-                problems.append(
-                    f"rpc-server {ep}: {len(gpus) or 'no'} GPU, yet its bridge counted {crossed} boundaries"
-                )
-            else:
-                said = (
-                    f"it says: inactive: {info.bridge.inactive_reason}"
-                    if info.bridge.inactive_reason
-                    else "enabled, nothing routed"
-                    if info.bridge.enabled
-                    else "no bridge line"
-                )
-                notes.append(
-                    f"rpc-server {ep}: bridge idle, as it must be with {len(gpus) or 'no'} GPU "
-                    f"({said}; bridge_boundaries=0): every boundary of this topology crosses TCP"
-                )
+        _rpc_bridge(mode, ep, info, problems, notes)
     return {"ok": not problems, "problems": problems, "notes": notes, "servers": summary}
+
+
+def _rpc_link(ep: str, link: dict[str, Any], summary: dict[str, Any], problems: list[str], notes: list[str]) -> None:
+    """Bytes crossed an rpc-server's shaped link both ways."""
+    summary["link"] = link
+    up, down = link["up"]["bytes"], link["down"]["bytes"]
+    if up <= 0 or down <= 0:
+        problems.append(f"rpc-server {ep}: nothing crossed its shaped link {link['link']} (up {up} B, down {down} B)")
+    else:
+        notes.append(f"rpc-server {ep}: {up} B up and {down} B down through the shaped link {link['link']}")
+
+
+def _rpc_bridge(mode: Mode, ep: str, info: logparse.RpcServerInfo, problems: list[str], notes: list[str]) -> None:
+    """The bridge inside one rpc-server: off in a mode without it; engaged with boundaries where it owns two or
+    more GPUs; idle (no boundary counted) with one GPU or none."""
+    gpus = [d for d in info.devices if d.startswith("CUDA")]
+    c = info.latest
+    if not mode.uses_bridge:
+        if info.bridge.enabled:
+            problems.append(f"rpc-server {ep}: bridge enabled in mode {mode.name} (selector 0)")
+    elif len(gpus) > 1:
+        v = engaged(BRIDGE, info.bridge)
+        want_mode = BRIDGE_VALUES[mode.bridge or "off"]
+        if not v.engaged:
+            problems.append(
+                f"rpc-server {ep}: bridge not engaged on its {len(gpus)} GPUs ("
+                + (f"inactive: {v.reason}" if v.reason else "no bridge line")
+                + ")"
+            )
+        elif info.bridge.mode != want_mode:
+            problems.append(f"rpc-server {ep}: bridge mode {info.bridge.mode}, expected {want_mode}")
+        elif not c.get("bridge"):
+            problems.append(
+                f"rpc-server {ep}: the CUDA registry exports no bridge counters "
+                "(0001 without ggml_backend_cuda_mapped_host_bridge_counters)"
+            )
+        elif c.get("bridge_boundaries", 0) <= 0:
+            problems.append(
+                f"rpc-server {ep}: bridge engaged but bridge_boundaries=0 "
+                f"(rpc_copy_tensor={c.get('rpc_copy_tensor', 0)})"
+            )
+        else:
+            notes.append(
+                f"rpc-server {ep}: bridge engaged (mode {info.bridge.mode}) on {len(gpus)} GPUs: "
+                f"bridge_boundaries={c['bridge_boundaries']} bridge_bytes={c.get('bridge_bytes', 0)} "
+                f"rpc_copy_tensor={c.get('rpc_copy_tensor', 0)}"
+            )
+    else:
+        crossed = c.get("bridge_boundaries", 0)
+        if crossed > 0:
+            problems.append(f"rpc-server {ep}: {len(gpus) or 'no'} GPU, yet its bridge counted {crossed} boundaries")
+        else:
+            said = (
+                f"it says: inactive: {info.bridge.inactive_reason}"
+                if info.bridge.inactive_reason
+                else "enabled, nothing routed"
+                if info.bridge.enabled
+                else "no bridge line"
+            )
+            notes.append(
+                f"rpc-server {ep}: bridge idle, as it must be with {len(gpus) or 'no'} GPU "
+                f"({said}; bridge_boundaries=0): every boundary of this topology crosses TCP"
+            )
 
 
 def validate_front(rung: Rung, logs: dict[str, logparse.LogInfo]) -> list[str]:
