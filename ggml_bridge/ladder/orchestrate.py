@@ -98,6 +98,19 @@ class ModeRun:
     links: dict[str, dict[str, Any]] = field(default_factory=dict)  # by endpoint: what crossed its shaped link
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What one mode's processes run with: the rung (as the mode sees it), its side's programs and environment."""
+
+    mode: Mode
+    rung: Rung
+    programs: dict[str, Path]
+    env: dict[str, str]
+    out: Path
+    threads: int
+    extra: tuple[str, ...] = ()  # the rpc-servers' llama arguments, once they started
+
+
 def run_mode(
     mode: Mode,
     rung: Rung,
@@ -112,114 +125,23 @@ def run_mode(
 ) -> ModeRun:
     out.mkdir(parents=True, exist_ok=True)
     b = bins.by_side[side]
-    server_bin, ppl_bin = b["llama-server"], b["llama-perplexity"]
     rung = dataclasses.replace(rung, devices=mode.devices, virtual_devices=None) if mode.devices else rung
     env = {**_device_env(rung), **mode.env(), **rung.env}
-    lib_dir = str(server_bin.resolve().parent)
+    lib_dir = str(b["llama-server"].resolve().parent)
     env["LD_LIBRARY_PATH"] = lib_dir + (
         ":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else ""
     )
     res = ModeRun(mode.name)
     t0 = time.monotonic()
-    topo = None
-    if mode.rpc:  # the GPUs belong to the rpc-servers; llama-server and llama-perplexity get none (unless
-        # rpc_front_gpu: the front keeps the rung's GPUs, as a host with its own GPU plus rpc-servers)
-        topo = rpc.Topology(
-            [
-                rpc.LocalRpcServer(
-                    b[rpc.RPC_SERVER],
-                    devices=d,
-                    env={**env, **(rung.rpc_env[i] if rung.rpc_env else {})},
-                    threads=threads,
-                    log_file=out / f"rpc-server-{i}.log",
-                )
-                for i, d in enumerate(rung.rpc_servers)
-            ],
-            link=shaper.parse_link(rung.rpc_link) if rung.rpc_link else None,
-        )
-        if not rung.rpc_front_gpu:
-            env = {**env, "CUDA_VISIBLE_DEVICES": ""}
-        elif mode.uses_bridge:  # an rpc mode's bridge selector is the rpc-servers'; the front is validated as off
-            env = {**env, modes.BRIDGE: "0"}
-    extra: list[str] = []
+    topo, env = _rpc_topology(mode, rung, b, env, threads, out)
+    job = _Job(mode, rung, b, env, out, threads)
     try:
         if topo:
-            topo.start(rpc.expected_version(server_bin))
-            extra = [*topo.server_args(), "-ngl", "999"]  # the shapers' ends exist once started
-        port = free_port()
-        sargs = [
-            "-m",
-            str(model_path),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "-c",
-            str(rung.server_ctx()),
-            "-np",
-            "1",
-            "--no-webui",
-            "--metrics",
-            *_common_args(rung, threads),
-            *extra,
-            *rung.server_args,
-        ]
-        slog = out / "server.log"
-        slog.unlink(missing_ok=True)
-        srv = Server(server_bin, sargs, env=env, log_file=slog, startup_timeout=startup_timeout)
-        srv.start()
-        try:
-            resp = out / "responses.jsonl"
-            with open(resp, "wb") as fh:
-                for i, p in enumerate(prompts):
-                    fh.write(
-                        canonical_response(srv.post("/completion", request_payload(p, rung), timeout=rung.timeout), i)
-                    )
-            res.responses = resp
-            res.metrics = srv.metrics()
-        finally:
-            rc = srv.stop()
-        res.logs["server"] = srv.info()
-        if rc not in (0, None):
-            raise ServeError(
-                f"llama-server exited with status {rc} when stopped",
-                why="last lines:\n    " + "\n    ".join(srv.tail(10)),
-            )
+            topo.start(rpc.expected_version(b["llama-server"]))
+            job = dataclasses.replace(job, extra=(*topo.server_args(), "-ngl", "999"))  # the shapers' ends exist now
+        _serve(job, res, model_path, prompts, startup_timeout)
         if rung.perplexity:
-            logits = out / "logits.bin"
-            logits.unlink(missing_ok=True)
-            plog = out / "perplexity.log"
-            plog.unlink(missing_ok=True)
-            pc = rung.perplexity_ctx()
-            pargs: list[str | Path] = [
-                ppl_bin,
-                "-m",
-                model_path,
-                "-f",
-                text_path,
-                "-c",
-                str(pc),
-                *_common_args(rung, threads),
-                *extra,
-                "--kl-divergence-base",
-                logits,
-                *rung.perplexity_args,
-            ]
-            r = runner.run(
-                pargs,
-                env=env,
-                log_file=plog,
-                error=ServeError,
-                timeout=rung.timeout,
-                what=f"llama-perplexity failed in mode {mode.name}",
-            )
-            res.logs["perplexity"] = logparse.parse(plog.read_text(errors="replace"))
-            if not logits.is_file() or logits.stat().st_size <= 20:
-                raise ServeError(
-                    f"llama-perplexity wrote no logits in mode {mode.name}",
-                    why="last lines:\n    " + r.stdout[-2000:].replace("\n", "\n    "),
-                )
-            res.logits = logits
+            _perplexity(job, res, model_path, text_path)
         if topo and mode.variant == "patched":
             topo.counters()  # one counters line per server, parsed below
     except FatalError as e:
@@ -235,6 +157,113 @@ def run_mode(
             res.links = topo.link_stats()
     res.wall_s = time.monotonic() - t0
     return res
+
+
+def _rpc_topology(
+    mode: Mode, rung: Rung, b: dict[str, Path], env: dict[str, str], threads: int, out: Path
+) -> tuple[rpc.Topology | None, dict[str, str]]:
+    """An rpc mode's local rpc-servers (not started) and the front's environment: the GPUs belong to the
+    rpc-servers, llama-server and llama-perplexity get none (unless rpc_front_gpu: the front keeps the rung's GPUs,
+    as a host with its own GPU plus rpc-servers)."""
+    if not mode.rpc:
+        return None, env
+    topo = rpc.Topology(
+        [
+            rpc.LocalRpcServer(
+                b[rpc.RPC_SERVER],
+                devices=d,
+                env={**env, **(rung.rpc_env[i] if rung.rpc_env else {})},
+                threads=threads,
+                log_file=out / f"rpc-server-{i}.log",
+            )
+            for i, d in enumerate(rung.rpc_servers)
+        ],
+        link=shaper.parse_link(rung.rpc_link) if rung.rpc_link else None,
+    )
+    if not rung.rpc_front_gpu:
+        env = {**env, "CUDA_VISIBLE_DEVICES": ""}
+    elif mode.uses_bridge:  # an rpc mode's bridge selector is the rpc-servers'; the front is validated as off
+        env = {**env, modes.BRIDGE: "0"}
+    return topo, env
+
+
+def _serve(job: _Job, res: ModeRun, model_path: Path, prompts: list[str], startup_timeout: float) -> None:
+    """llama-server on a free port, the rung's requests (canonical responses in responses.jsonl), its /metrics."""
+    rung = job.rung
+    sargs = [
+        "-m",
+        str(model_path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        "-c",
+        str(rung.server_ctx()),
+        "-np",
+        "1",
+        "--no-webui",
+        "--metrics",
+        *_common_args(rung, job.threads),
+        *job.extra,
+        *rung.server_args,
+    ]
+    slog = job.out / "server.log"
+    slog.unlink(missing_ok=True)
+    srv = Server(job.programs["llama-server"], sargs, env=job.env, log_file=slog, startup_timeout=startup_timeout)
+    srv.start()
+    try:
+        resp = job.out / "responses.jsonl"
+        with open(resp, "wb") as fh:
+            for i, p in enumerate(prompts):
+                fh.write(canonical_response(srv.post("/completion", request_payload(p, rung), timeout=rung.timeout), i))
+        res.responses = resp
+        res.metrics = srv.metrics()
+    finally:
+        rc = srv.stop()
+    res.logs["server"] = srv.info()
+    if rc not in (0, None):
+        raise ServeError(
+            f"llama-server exited with status {rc} when stopped",
+            why="last lines:\n    " + "\n    ".join(srv.tail(10)),
+        )
+
+
+def _perplexity(job: _Job, res: ModeRun, model_path: Path, text_path: Path) -> None:
+    """llama-perplexity --kl-divergence-base over the rung's text: every evaluated token's logits in logits.bin."""
+    rung, out = job.rung, job.out
+    logits = out / "logits.bin"
+    logits.unlink(missing_ok=True)
+    plog = out / "perplexity.log"
+    plog.unlink(missing_ok=True)
+    pargs: list[str | Path] = [
+        job.programs["llama-perplexity"],
+        "-m",
+        model_path,
+        "-f",
+        text_path,
+        "-c",
+        str(rung.perplexity_ctx()),
+        *_common_args(rung, job.threads),
+        *job.extra,
+        "--kl-divergence-base",
+        logits,
+        *rung.perplexity_args,
+    ]
+    r = runner.run(
+        pargs,
+        env=job.env,
+        log_file=plog,
+        error=ServeError,
+        timeout=rung.timeout,
+        what=f"llama-perplexity failed in mode {job.mode.name}",
+    )
+    res.logs["perplexity"] = logparse.parse(plog.read_text(errors="replace"))
+    if not logits.is_file() or logits.stat().st_size <= 20:
+        raise ServeError(
+            f"llama-perplexity wrote no logits in mode {job.mode.name}",
+            why="last lines:\n    " + r.stdout[-2000:].replace("\n", "\n    "),
+        )
+    res.logits = logits
 
 
 def _artifact(path: Path | None) -> dict[str, Any] | None:
@@ -274,21 +303,10 @@ def run_rung(
     }
     out = report_dir / rung.name
     try:
-        vt = model.load_vocab(vocab)
-        rep["n_params"] = rung.shape.n_params(len(vt.tokens))
-        rep["boundary_mib_f32"] = rung.shape.n_embd * rung.ubatch * 4 / (1 << 20)
-        mpath = model.ensure_model(cache_dir, rung.shape, rung.seed, vocab)
-        rep["model"] = str(mpath)
-        out.mkdir(parents=True, exist_ok=True)
-        text = out / "text.txt"
-        pc = rung.perplexity_ctx()
-        text.write_text(make_text(2 * pc + pc // 2 + 64, ladder.text_seed, vt.tokens), encoding="utf-8")
-        prompts = make_prompts(rung, ladder.text_seed, vt.tokens)
-        rep["prompt_words"] = rung.prompts_words()
+        mpath, text, prompts = _prepare(rung, ladder, vocab, cache_dir, out, rep)
     except FatalError as e:
         rep.update(status="error", error=str(e), wall_s=time.monotonic() - t0)
         return rep
-
     runs: dict[str, ModeRun] = {}
     order = [rung.reference] + [m for m in rung.modes if m != rung.reference]
     for name in order:
@@ -298,46 +316,79 @@ def run_rung(
             mode, rung, bins, side, mpath, text, prompts, out / name.replace(":", "@"), threads, startup_timeout
         )
         runs[name] = mr
-        entry: dict[str, Any] = {
-            "wall_s": round(mr.wall_s, 2),
-            "side": side,
-            "variant": mode.variant,
-            "selectors": mode.env(),
-            "responses": _artifact(mr.responses),
-            "logits": _artifact(mr.logits),
-        }
-        if mr.error:
-            entry["error"] = mr.error
-            rep["status"] = "error"
-            rep["problems"].append(f"{name}: {mr.error}")
-        else:
-            front = dataclasses.replace(mode, bridge="off" if mode.bridge else None) if mode.rpc else mode
-            v = validate_mode(
-                front,
-                dataclasses.replace(rung, devices=mode.devices, virtual_devices=None) if mode.devices else rung,
-                mr.logs,
-                mr.metrics,
-            )
-            if mode.rpc:
-                r = validate_rpc(mode, mr.rpc_servers, rung, mr.links)
-                if rung.rpc_front_gpu:
-                    r["problems"] += validate_front(rung, mr.logs)
-                    r["ok"] = not r["problems"]
-                v.update(
-                    ok=v["ok"] and r["ok"],
-                    problems=v["problems"] + r["problems"],
-                    notes=v["notes"] + r["notes"],
-                    rpc=r["servers"],
-                )
-            entry["validity"] = v
-            if not v["ok"]:
-                if rep["status"] == "pass":
-                    rep["status"] = "invalid"
-                rep["problems"] += [f"{name}: {p}" for p in v["problems"]]
-        rep["modes"][name] = entry
+        rep["modes"][name] = _mode_entry(rep, name, rung, mr)
         if name == rung.reference and mr.error:
             break  # nothing to compare against
+    _compare(rep, rung, runs)
+    if not keep_logits and rep["status"] in ("pass", "invalid"):
+        for mr in runs.values():
+            if mr.logits and mr.logits.exists():
+                mr.logits.unlink()
+    rep["wall_s"] = round(time.monotonic() - t0, 2)
+    return rep
 
+
+def _prepare(
+    rung: Rung, ladder: Ladder, vocab: Path, cache_dir: Path, out: Path, rep: dict[str, Any]
+) -> tuple[Path, Path, list[str]]:
+    """The rung's model (cached), its perplexity text and its prompts; what they are goes into ``rep``."""
+    vt = model.load_vocab(vocab)
+    rep["n_params"] = rung.shape.n_params(len(vt.tokens))
+    rep["boundary_mib_f32"] = rung.shape.n_embd * rung.ubatch * 4 / (1 << 20)
+    mpath = model.ensure_model(cache_dir, rung.shape, rung.seed, vocab)
+    rep["model"] = str(mpath)
+    out.mkdir(parents=True, exist_ok=True)
+    text = out / "text.txt"
+    pc = rung.perplexity_ctx()
+    text.write_text(make_text(2 * pc + pc // 2 + 64, ladder.text_seed, vt.tokens), encoding="utf-8")
+    rep["prompt_words"] = rung.prompts_words()
+    return mpath, text, make_prompts(rung, ladder.text_seed, vt.tokens)
+
+
+def _mode_entry(rep: dict[str, Any], name: str, rung: Rung, mr: ModeRun) -> dict[str, Any]:
+    """One mode's report entry: its artifacts, and its error or its validity (which may fail the rung)."""
+    mode = mode_of(name)
+    entry: dict[str, Any] = {
+        "wall_s": round(mr.wall_s, 2),
+        "side": side_of(name),
+        "variant": mode.variant,
+        "selectors": mode.env(),
+        "responses": _artifact(mr.responses),
+        "logits": _artifact(mr.logits),
+    }
+    if mr.error:
+        entry["error"] = mr.error
+        rep["status"] = "error"
+        rep["problems"].append(f"{name}: {mr.error}")
+        return entry
+    front = dataclasses.replace(mode, bridge="off" if mode.bridge else None) if mode.rpc else mode
+    v = validate_mode(
+        front,
+        dataclasses.replace(rung, devices=mode.devices, virtual_devices=None) if mode.devices else rung,
+        mr.logs,
+        mr.metrics,
+    )
+    if mode.rpc:
+        r = validate_rpc(mode, mr.rpc_servers, rung, mr.links)
+        if rung.rpc_front_gpu:
+            r["problems"] += validate_front(rung, mr.logs)
+            r["ok"] = not r["problems"]
+        v.update(
+            ok=v["ok"] and r["ok"],
+            problems=v["problems"] + r["problems"],
+            notes=v["notes"] + r["notes"],
+            rpc=r["servers"],
+        )
+    entry["validity"] = v
+    if not v["ok"]:
+        if rep["status"] == "pass":
+            rep["status"] = "invalid"
+        rep["problems"] += [f"{name}: {p}" for p in v["problems"]]
+    return entry
+
+
+def _compare(rep: dict[str, Any], rung: Rung, runs: dict[str, ModeRun]) -> None:
+    """Every mode's responses and logits against the reference's, byte for byte."""
     ref = runs.get(rung.reference)
     if ref is not None and not ref.error:
         for name, mr in runs.items():
@@ -356,13 +407,6 @@ def run_rung(
                         f"{name}: {kind} differ from {rung.reference} at byte {fd.get('offset')} ({fd.get('where')})"
                     )
             rep["modes"][name]["compare"] = cmp
-
-    if not keep_logits and rep["status"] in ("pass", "invalid"):
-        for mr in runs.values():
-            if mr.logits and mr.logits.exists():
-                mr.logits.unlink()
-    rep["wall_s"] = round(time.monotonic() - t0, 2)
-    return rep
 
 
 def default_ladder(settings: Settings) -> Path:
