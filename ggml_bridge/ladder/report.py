@@ -39,9 +39,8 @@ def markdown_report(rep: dict[str, Any]) -> str:
         f"- file: `{rep['file']}`",
         f"- started: {rep['started']}",
         f"- wall time: {rep['wall_s']:.1f}s",
-        f"- patched binaries: `{rep['binaries'].get('patched')}`",
-        f"- upstream binaries: `{rep['binaries'].get('upstream')}`",
     ]
+    L += [f"- {side} binaries: `{d}`" for side, d in rep["binaries"].items() if side != "same_build"]
     if rep["binaries"].get("same_build"):
         L.append(
             "- **warning: patched and upstream binaries are the same build; upstream-vs-patched "
@@ -66,76 +65,88 @@ def markdown_report(rep: dict[str, Any]) -> str:
             f"{r.get('wall_s', 0):.1f}s |"
         )
     for r in rep["rungs"]:
-        L += ["", f"## {r['name']}: {r['status']}", ""]
-        if r.get("error"):
-            L += [f"setup error: {r['error']}", ""]
-        if r.get("n_params"):
-            L.append(
-                f"model: {r['n_params'] / 1e6:.1f}M params, seed {r['seed']}, boundary activation "
-                f"{r['boundary_mib_f32']:.2f} MiB f32 (n_embd x ubatch); server ctx {r['ctx']}, "
-                f"perplexity ctx {r['ppl_ctx']}"
-            )
-            L.append("")
-        L += [
-            "| mode | responses sha256 | logits sha256 | vs reference | mechanism | wall |",
-            "|---|---|---|---|---|---|",
-        ]
-        for name, m in r["modes"].items():
-            rs = (m.get("responses") or {}).get("sha256", "-")[:16]
-            ls = (m.get("logits") or {}).get("sha256", "-")[:16]
-            if name == r["reference"]:
-                vs = "reference"
-            elif "compare" in m:
-                parts = []
-                for kind, c in m["compare"].items():
-                    if c["identical"]:
-                        parts.append(f"{kind} identical ({_human(c['bytes_compared'])})")
-                    else:
-                        fd = c.get("first_difference", {})
-                        parts.append(
-                            f"{kind} DIFFER at byte {fd.get('offset')}: {fd.get('where')} "
-                            f"ref={fd.get('reference')} mode={fd.get('mode')}"
-                        )
-                vs = "; ".join(parts)
-            else:
-                vs = "not compared"
-            v = m.get("validity") or {}
-            mech = []
-            if v.get("bridge"):
-                bb = v["bridge"]
-                slots = sorted(set(bb["slots"].values()))
-                mech.append(
-                    f"bridge {bb['state']}"
-                    + (f", {slots[0]} slots" if slots else "")
-                    + f", boundaries={bb['boundaries']}"
-                )
-            if v.get("batched"):
-                tb = v["batched"]
-                mech.append(f"batched {tb['state']}, async up/down={tb['async_uploads']}/{tb['async_downloads']}")
-            for ep, srv in (v.get("rpc") or {}).items():
-                c = srv["counters"]
-                mech.append(
-                    f"rpc-server {ep} ({','.join(srv['devices'])}): graphs={c.get('rpc_graph_compute', '-')}"
-                    f" copy_tensor={c.get('rpc_copy_tensor', '-')} set/get MiB="
-                    f"{c.get('rpc_set_tensor_bytes', 0) / 2**20:.1f}/{c.get('rpc_get_tensor_bytes', 0) / 2**20:.1f}"
-                    + (
-                        f" bridge={'on' if srv['bridge_enabled'] else 'off'} "
-                        f"boundaries={c.get('bridge_boundaries', '-')}"
-                        if c.get("bridge")
-                        else ""
-                    )
-                    + (
-                        f" link {srv['link']['link']}: up/down MiB={srv['link']['up']['bytes'] / 2**20:.2f}/"
-                        f"{srv['link']['down']['bytes'] / 2**20:.2f}"
-                        if srv.get("link")
-                        else ""
-                    )
-                )
-            mech += [n for n in v.get("notes", []) if n.startswith("rpc-server")]  # e.g. the bridge proven idle
-            if m.get("error"):
-                mech.append(f"ERROR: {m['error'].splitlines()[0]}")
-            mech += v.get("problems", [])
-            L.append(f"| {name} | `{rs}` | `{ls}` | {vs} | {'; '.join(mech) or '-'} | {m['wall_s']:.1f}s |")
-        if r["problems"]:
-            L += ["", "Problems:", ""] + [f"- {p}" for p in r["problems"]]
+        L += _rung_section(r)
     return "\n".join(L) + "\n"
+
+
+def _rung_section(r: dict[str, Any]) -> list[str]:
+    L = ["", f"## {r['name']}: {r['status']}", ""]
+    if r.get("error"):
+        L += [f"setup error: {r['error']}", ""]
+    if r.get("n_params"):
+        L.append(
+            f"model: {r['n_params'] / 1e6:.1f}M params, seed {r['seed']}, boundary activation "
+            f"{r['boundary_mib_f32']:.2f} MiB f32 (n_embd x ubatch); server ctx {r['ctx']}, "
+            f"perplexity ctx {r['ppl_ctx']}"
+        )
+        L.append("")
+    L += [
+        "| mode | responses sha256 | logits sha256 | vs reference | mechanism | wall |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in r["modes"].items():
+        rs = (m.get("responses") or {}).get("sha256", "-")[:16]
+        ls = (m.get("logits") or {}).get("sha256", "-")[:16]
+        vs = "reference" if name == r["reference"] else _vs_reference(m)
+        mech = _mechanisms(m)
+        L.append(f"| {name} | `{rs}` | `{ls}` | {vs} | {'; '.join(mech) or '-'} | {m['wall_s']:.1f}s |")
+    if r["problems"]:
+        L += ["", "Problems:", ""] + [f"- {p}" for p in r["problems"]]
+    return L
+
+
+def _vs_reference(m: dict[str, Any]) -> str:
+    if "compare" not in m:
+        return "not compared"
+    parts = []
+    for kind, c in m["compare"].items():
+        if c["identical"]:
+            parts.append(f"{kind} identical ({_human(c['bytes_compared'])})")
+        else:
+            fd = c.get("first_difference", {})
+            parts.append(
+                f"{kind} DIFFER at byte {fd.get('offset')}: {fd.get('where')} "
+                f"ref={fd.get('reference')} mode={fd.get('mode')}"
+            )
+    return "; ".join(parts)
+
+
+def _mechanisms(m: dict[str, Any]) -> list[str]:
+    """What engaged in one mode: the bridge, batching, each rpc-server; its error and problems."""
+    v = m.get("validity") or {}
+    mech = []
+    if v.get("bridge"):
+        bb = v["bridge"]
+        slots = sorted(set(bb["slots"].values()))
+        mech.append(
+            f"bridge {bb['state']}" + (f", {slots[0]} slots" if slots else "") + f", boundaries={bb['boundaries']}"
+        )
+    if v.get("batched"):
+        tb = v["batched"]
+        mech.append(f"batched {tb['state']}, async up/down={tb['async_uploads']}/{tb['async_downloads']}")
+    mech += [_rpc_server_line(ep, srv) for ep, srv in (v.get("rpc") or {}).items()]
+    mech += [n for n in v.get("notes", []) if n.startswith("rpc-server")]  # e.g. the bridge proven idle
+    if m.get("error"):
+        mech.append(f"ERROR: {m['error'].splitlines()[0]}")
+    problems: list[str] = v.get("problems", [])
+    return mech + problems
+
+
+def _rpc_server_line(ep: str, srv: dict[str, Any]) -> str:
+    c = srv["counters"]
+    return (
+        f"rpc-server {ep} ({','.join(srv['devices'])}): graphs={c.get('rpc_graph_compute', '-')}"
+        f" copy_tensor={c.get('rpc_copy_tensor', '-')} set/get MiB="
+        f"{c.get('rpc_set_tensor_bytes', 0) / 2**20:.1f}/{c.get('rpc_get_tensor_bytes', 0) / 2**20:.1f}"
+        + (
+            f" bridge={'on' if srv['bridge_enabled'] else 'off'} boundaries={c.get('bridge_boundaries', '-')}"
+            if c.get("bridge")
+            else ""
+        )
+        + (
+            f" link {srv['link']['link']}: up/down MiB={srv['link']['up']['bytes'] / 2**20:.2f}/"
+            f"{srv['link']['down']['bytes'] / 2**20:.2f}"
+            if srv.get("link")
+            else ""
+        )
+    )
