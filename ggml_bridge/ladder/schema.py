@@ -215,6 +215,22 @@ def _check_rung_types(merged: dict[str, Any], where: str) -> None:
 
 
 def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str, sides: dict[str, Side] | None = None) -> Rung:
+    """One ``[[rung]]`` over ``[defaults]``, every key checked; a LadderSetupError naming the rung otherwise."""
+    r = _make_rung(d, defaults, where)
+    _check_modes(r, where, DEFAULT_SIDES if sides is None else sides)
+    _check_sizes(r, where)
+    _check_rpc(r, where)
+    r.server_args = [str(a) for a in r.server_args]
+    r.perplexity_args = [str(a) for a in r.perplexity_args]
+    r.env = {str(k): str(v) for k, v in r.env.items()}
+    r.expect_pools = {str(k): str(v) for k, v in r.expect_pools.items()}
+    if r.expect_pools and not any(mode_of(m).uses_batched for m in r.modes):
+        raise LadderSetupError(f"{where} ({r.name}): expect_pools needs a batched mode")
+
+    return r
+
+
+def _make_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
     if not isinstance(d, dict) or not isinstance(defaults, dict):
         raise LadderSetupError(f"{where}: a rung (and [defaults]) must be a table")
     merged = {**defaults, **d}
@@ -237,10 +253,13 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str, sides: d
     except (TypeError, ValueError, ArithmeticError) as e:  # a shape table with values of the wrong kind
         raise LadderSetupError(f"{where} ({merged['name']}): bad shape", why=f"{type(e).__name__}: {e}") from None
     try:
-        r = Rung(**merged)
+        return Rung(**merged)
     except TypeError as e:
         raise LadderSetupError(f"{where}: {e}") from None
-    known = DEFAULT_SIDES if sides is None else sides
+
+
+def _check_modes(r: Rung, where: str, known: dict[str, Side]) -> None:
+    """The runs (``MODE`` or ``SIDE:MODE``) by their current names, the reference among them, the expectations."""
     try:  # current names (older ones with a deprecation note, see modes.ALIASES)
         r.modes = [_canonical_run(str(m), known, f"{where} ({r.name})") for m in _as_list(r.modes)]
         r.reference = _canonical_run(str(r.reference), known, f"{where} ({r.name}) reference")
@@ -268,6 +287,9 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str, sides: d
                 f"{where} ({r.name}): expect.{k} = {val!r}: keys are the rung's modes, "
                 f"values one of {', '.join(EXPECT_VALUES)}"
             )
+
+
+def _check_sizes(r: Rung, where: str) -> None:
     if r.split_mode not in SPLIT_MODES:
         raise LadderSetupError(f"{where} ({r.name}): split_mode must be one of {', '.join(SPLIT_MODES)}")
     if r.ubatch <= 0 or r.batch <= 0 or r.ubatch > r.batch:
@@ -282,6 +304,9 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str, sides: d
         raise LadderSetupError(f"{where} ({r.name}): ctx {r.server_ctx()} is too small for the longest prompt")
     if any(mode_of(m).uses_bridge for m in r.modes) and r.devices <= 0:
         raise LadderSetupError(f"{where} ({r.name}): bridge modes need GPUs (devices >= 1)")
+
+
+def _check_rpc(r: Rung, where: str) -> None:
     r.rpc_servers = [[str(d) for d in _as_list(x)] for x in _as_list(r.rpc_servers)]
     if any(mode_of(m).rpc for m in r.modes) and not r.rpc_servers:
         raise LadderSetupError(
@@ -308,13 +333,6 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str, sides: d
             r.rpc_link = str(parse_link(str(r.rpc_link)))
         except UsageError as e:
             raise LadderSetupError(f"{rpc_like}: rpc_link: {e.what}", fix=e.fix) from None
-    r.server_args = [str(a) for a in r.server_args]
-    r.perplexity_args = [str(a) for a in r.perplexity_args]
-    r.env = {str(k): str(v) for k, v in r.env.items()}
-    r.expect_pools = {str(k): str(v) for k, v in r.expect_pools.items()}
-    if r.expect_pools and not any(mode_of(m).uses_batched for m in r.modes):
-        raise LadderSetupError(f"{where} ({r.name}): expect_pools needs a batched mode")
-    return r
 
 
 def _canonical_run(text: str, sides: dict[str, Side], where: str) -> str:
