@@ -15,7 +15,8 @@ model of one full-duplex link, one instance per direction shared by all connecti
 So a message of ``b`` bytes sent at ``t0`` on an idle link arrives complete at ``t0 + b / rate + delay``, and a
 request/response pair costs ``2 * delay`` more than on loopback. Accuracy is bounded by the host's timers (the
 writer threads ask for 1 µs timer slack; Python's sleep then overshoots by ~5-30 µs) and by what one Python
-thread pair can move: :func:`measure_ceiling` measures that ceiling, which the bench reports next to the set rate.
+thread pair can move: :func:`ggml_bridge.netbench.measure_ceiling` measures that ceiling, which the bench reports
+next to the set rate.
 
 Loopback only: both ends must be 127.0.0.0/8 or ::1 (this is a test device for one machine, not a router).
 
@@ -33,7 +34,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Deque
 
 from .errors import RpcError, UsageError
@@ -469,70 +469,3 @@ class Shaper:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-#: The two ends of :func:`measure_ceiling`, in a process of their own: a sink that prints its port, then a source
-#: that connects to the shaper's port (argv[2]) once it listens and sends argv[1] bytes; last line "BYTES SECONDS".
-_ENDS = r"""
-import socket, sys, threading, time
-n, shaper_port = int(sys.argv[1]), int(sys.argv[2])
-srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
-print(srv.getsockname()[1], flush=True)
-got = [0, 0.0]
-def sink():
-    c, _ = srv.accept()
-    while True:
-        d = c.recv(1 << 20)
-        if not d:
-            break
-        got[0] += len(d)
-    got[1] = time.monotonic()
-t = threading.Thread(target=sink); t.start()
-for _ in range(1000):
-    try:
-        c = socket.create_connection(("127.0.0.1", shaper_port)); break
-    except OSError:
-        time.sleep(0.01)
-buf = bytes(1 << 20)
-t0 = time.monotonic()
-for _ in range(n >> 20):
-    c.sendall(buf)
-c.shutdown(socket.SHUT_WR)
-t.join(120)
-print(got[0], got[1] - t0, flush=True)
-"""
-
-
-def measure_ceiling(nbytes: int = 256 << 20, link: Link | None = None) -> float:
-    """Bytes per second one direction of a shaper (unlimited, or ``link``) moves on this machine, the source and
-    the sink in another process (as llama.cpp's are): the rate above which the shaper, not the set rate, bounds
-    a run."""
-    import sys
-    import tempfile
-
-    from .net import free_port
-    from .runner import start
-
-    port = free_port()
-    sh: Shaper | None = None
-    with tempfile.TemporaryDirectory(prefix="ggml-bridge-ceiling-") as tmp:
-        ends = Path(tmp) / "ends.py"
-        ends.write_text(_ENDS)
-        proc = start([sys.executable, ends, str(nbytes), str(port)], error=RpcError, what="cannot measure the shaper")
-        try:
-            deadline = time.monotonic() + 30
-            while not proc.lines() and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if not proc.lines():
-                raise RpcError("the shaper's measuring ends did not start", why="; ".join(proc.tail(5)) or None)
-            sink_port = int(proc.lines()[0])
-            sh = Shaper(("127.0.0.1", sink_port), link or Link(math.inf, 0.0), listen_port=port, name="shaper-ceiling")
-            sh.start()
-            proc.wait(300)
-        finally:
-            if sh is not None:
-                sh.stop()
-            if proc.poll() is None:
-                proc.stop(5)
-    got, seconds = proc.lines()[-1].split()
-    return int(got) / float(seconds) if float(seconds) > 0 else math.inf

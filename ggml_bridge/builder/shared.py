@@ -157,19 +157,7 @@ def _shared_build(
     log_file.write_text("")
     for v in order:
         (root / v / COMPLETE_MARKER).unlink(missing_ok=True)
-    # the sources start as the pristine tree; a tree left by an interrupted run may hold the patched files
-    if src.exists():
-        shutil.rmtree(src)
-    with step(f"copy the upstream tree to {src}"):
-        shutil.copytree(tree.path, src, symlinks=True)
-        if patched is not None:
-            # the copy keeps the pristine files' old times, but the build folder may hold objects compiled from
-            # the series' version of them (a run stopped after the patched variant began): ninja would take those
-            # objects as up to date and link them into the upstream binaries. The files the series changes are
-            # made newer than any such object, so that they are compiled again from upstream's version.
-            for _, rel in _series_changes(patched):
-                if (src / rel).is_file():
-                    os.utime(src / rel)
+    _pristine_sources(tree, patched, src)
     env = {"GIT_CEILING_DIRECTORIES": str(root)}
     jobs = settings.build.jobs or os.cpu_count() or 1
     results = []
@@ -207,23 +195,25 @@ def _shared_build(
             bins = _copy_binaries(build_dir / "bin", root / v / "bin", targets)
         how = {"tree": str(root), "order": order, "made": SHARED_RECIPES[v].format(object=NOPEER_OBJECT)}
         vargs = args[v] + (["-DGGML_CUDA_NO_PEER_COPY=ON"] if v == modes.UPSTREAM_NOPEER else [])
-        results.append(
-            _finish_shared(
-                tree,
-                patched if v == modes.PATCHED else None,
-                v,
-                backend,
-                key,
-                root / v,
-                src,
-                vargs,
-                tools,
-                bins,
-                how,
-                ui,
-            )
-        )
+        vpatched = patched if v == modes.PATCHED else None
+        results.append(_finish_shared(tree, vpatched, v, backend, key, root / v, src, vargs, tools, bins, how, ui))
     return results
+
+
+def _pristine_sources(tree: fetchmod.Tree, patched: patchmod.PatchedTree | None, src: Path) -> None:
+    """The sources start as the pristine tree; a tree left by an interrupted run may hold the patched files."""
+    if src.exists():
+        shutil.rmtree(src)
+    with step(f"copy the upstream tree to {src}"):
+        shutil.copytree(tree.path, src, symlinks=True)
+        if patched is not None:
+            # the copy keeps the pristine files' old times, but the build folder may hold objects compiled from
+            # the series' version of them (a run stopped after the patched variant began): ninja would take those
+            # objects as up to date and link them into the upstream binaries. The files the series changes are
+            # made newer than any such object, so that they are compiled again from upstream's version.
+            for _, rel in _series_changes(patched):
+                if (src / rel).is_file():
+                    os.utime(src / rel)
 
 
 def _series_changes(patched: patchmod.PatchedTree) -> list[tuple[str, str]]:

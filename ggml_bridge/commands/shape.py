@@ -6,7 +6,7 @@ import argparse
 import time
 from dataclasses import dataclass
 
-from .. import shaper
+from .. import netbench, shaper
 from ..config import Settings
 from ..net import parse_hostport
 from ..runner import log
@@ -50,7 +50,7 @@ def run(args: ShapeOptions, settings: Settings) -> int:
     target = parse_hostport(args.to, "--to", allow_zero=True)
     sh = shaper.Shaper(target, link, listen_host=host, listen_port=port)
     if args.ceiling:
-        ceiling = shaper.measure_ceiling(128 << 20)
+        ceiling = netbench.measure_ceiling(128 << 20)
         log(f"ggml-bridge: shaper ceiling on this machine: {ceiling * 8 / 1e9:.2f} Gbit/s per direction")
         if ceiling < link.rate:
             log(

@@ -63,9 +63,9 @@ from ..modes import Mode as Mode
 from .binaries import Binaries, resolve_binaries
 from .diff import compare_files, describe_logits_diff, describe_responses_diff, first_difference, sha256_file
 from .inputs import RESULT_KEYS, WORDS, canonical_response, make_prompts, make_text, make_words, request_payload
-from .orchestrate import LadderOptions, ModeRun, default_ladder, run, run_mode, run_rung
+from .orchestrate import LadderOptions, ModeRun, run, run_mode, run_rung
 from .report import markdown_report, progress_line
-from .schema import EXPECT_VALUES, RUNG_KEYS, SPLIT_MODES, Ladder, Rung, load_ladder, parse_rung
+from .schema import EXPECT_VALUES, RUNG_KEYS, SPLIT_MODES, Ladder, Rung, default_ladder, load_ladder, parse_rung
 from .validity import validate_front, validate_mode, validate_rpc
 
 __all__ = [

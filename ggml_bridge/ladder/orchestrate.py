@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -24,8 +23,8 @@ from ..runner import log
 from .binaries import Binaries, find_vocab, resolve_binaries
 from .diff import compare_files, sha256_file
 from .inputs import canonical_response, make_prompts, make_text, request_payload
-from .report import markdown_report, progress_line
-from .schema import Ladder, Rung, load_ladder, mode_of, side_of
+from .report import progress_line, write_reports
+from .schema import Ladder, Rung, default_ladder, load_ladder, mode_of, side_of
 from .validity import validate_front, validate_mode, validate_rpc
 
 
@@ -409,16 +408,6 @@ def _compare(rep: dict[str, Any], rung: Rung, runs: dict[str, ModeRun]) -> None:
             rep["modes"][name]["compare"] = cmp
 
 
-def default_ladder(settings: Settings) -> Path:
-    backend = getattr(getattr(settings, "build", None), "backend", "cpu")
-    name = f"{backend}.toml" if backend in modes.BACKENDS else "cpu.toml"
-    here = Path(__file__).resolve().parent  # ggml_bridge/ladder
-    for root in (getattr(settings, "project_dir", None), here.parent.parent, here.parent / "_data"):
-        if root is not None and (Path(root) / "ladders" / name).is_file():
-            return Path(root) / "ladders" / name
-    raise LadderSetupError(f"no ladders/{name} found", fix="pass --ladder FILE")
-
-
 def run(args: LadderOptions, settings: Settings) -> int:
     ladder = load_ladder(args.ladder or default_ladder(settings))
     rungs = ladder.rungs
@@ -472,7 +461,7 @@ def run(args: LadderOptions, settings: Settings) -> int:
         r = run_rung(rung, ladder, bins, vocab, cache_dir, report_dir, threads, args.startup_timeout, args.keep_logits)
         rep["rungs"].append(r)
         log(progress_line(i, len(rungs), r))
-        _write_reports(rep, report_dir, time.monotonic() - t0)  # partial report after every rung
+        write_reports(rep, report_dir, time.monotonic() - t0)  # partial report after every rung
     statuses = [r["status"] for r in rep["rungs"]]
     if any(s in ("mismatch", "invalid") for s in statuses):
         rep["status"], rc = "fail", 1
@@ -480,7 +469,7 @@ def run(args: LadderOptions, settings: Settings) -> int:
         rep["status"], rc = "error", LadderSetupError.exit_code
     else:
         rep["status"], rc = "pass", 0
-    _write_reports(rep, report_dir, time.monotonic() - t0)
+    write_reports(rep, report_dir, time.monotonic() - t0)
     log(
         f"==> ladder {ladder.name}: {rep['status'].upper()} "
         f"({statuses.count('pass')}/{len(statuses)} rungs passed) in {rep['wall_s']:.1f}s"
@@ -492,10 +481,3 @@ def run(args: LadderOptions, settings: Settings) -> int:
         )
     print(report_dir / "report.md")
     return rc
-
-
-def _write_reports(rep: dict[str, Any], report_dir: Path, wall: float) -> None:
-    rep["wall_s"] = round(wall, 2)
-    rep.setdefault("status", "running")
-    (report_dir / "report.json").write_text(json.dumps(rep, indent=2, default=str) + "\n", encoding="utf-8")
-    (report_dir / "report.md").write_text(markdown_report(rep), encoding="utf-8")

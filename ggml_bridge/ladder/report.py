@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 
@@ -150,3 +152,10 @@ def _rpc_server_line(ep: str, srv: dict[str, Any]) -> str:
             else ""
         )
     )
+
+
+def write_reports(rep: dict[str, Any], report_dir: Path, wall: float) -> None:
+    rep["wall_s"] = round(wall, 2)
+    rep.setdefault("status", "running")
+    (report_dir / "report.json").write_text(json.dumps(rep, indent=2, default=str) + "\n", encoding="utf-8")
+    (report_dir / "report.md").write_text(markdown_report(rep), encoding="utf-8")

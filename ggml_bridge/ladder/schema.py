@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import model, modes
+from ..config import Settings
 from ..errors import FatalError, LadderSetupError, UsageError
 from ..modes import MODES
 
@@ -428,3 +429,13 @@ def load_ladder(path: Path) -> Ladder:
         text_seed=int(data.get("text_seed", 7)),
         sides=sides,
     )
+
+
+def default_ladder(settings: Settings) -> Path:
+    backend = getattr(getattr(settings, "build", None), "backend", "cpu")
+    name = f"{backend}.toml" if backend in modes.BACKENDS else "cpu.toml"
+    here = Path(__file__).resolve().parent  # ggml_bridge/ladder
+    for root in (getattr(settings, "project_dir", None), here.parent.parent, here.parent / "_data"):
+        if root is not None and (Path(root) / "ladders" / name).is_file():
+            return Path(root) / "ladders" / name
+    raise LadderSetupError(f"no ladders/{name} found", fix="pass --ladder FILE")
