@@ -6,7 +6,7 @@ A suite asks for it with ``links`` (``RATE/DELAY`` strings; ``--links`` override
 many rpc-servers each rpc case starts, default 1) and ``rpc_front_gpu`` (llama-bench keeps its GPUs: a host with
 a GPU using other hosts; else it gets none). The case ``rpc-off`` over ``10gbit/0.2ms`` is called
 ``rpc-off@10gbit-0.2ms``; the rpc case without a link stays in the suite (loopback TCP, no shaper): it and the
-local case are what the scale model (scripts/paper_model.py) is calibrated on.
+local case are what the scale model (:mod:`ggml_bridge.paper_model`) is calibrated on.
 """
 
 from __future__ import annotations

@@ -153,6 +153,11 @@ COMMANDS: dict[str, Command] = {
             "write a generated GGUF model (the shapes the ladder and bench use); prints its path",
             *stage("model"),
         ),
+        Command(
+            "paper-model",
+            "the scale model of a boundary's host round trip (docs/paper-model.md); --bench: predicted vs measured",
+            *stage("paper_model"),
+        ),
     )
 }
 

@@ -152,10 +152,10 @@ if want split1; then
 fi
 if want link; then
     # rpc-servers behind shaped links (10/25 Gbit/s, 0.1-0.5 ms) against the local run: pp512, pp4096, tg128;
-    # the report's bench.json is what scripts/paper_model.py --bench checks the scale model against
+    # the report's bench.json is what ggml-bridge paper-model --bench checks the scale model against
     bench_suite rpc-link 90 150 --suite rpc-link --rounds 3
     grep -E "shaper_ceiling|bounded_by_shaper" -A0 "$OUT/bench/rpc-link/bench.json" | tee -a "$OUT/summary.txt"
-    python3 scripts/paper_model.py --bench "$OUT/bench/rpc-link/bench.json" --shape bench-1b > "$OUT/bench/rpc-link/predicted-vs-measured.md" 2>&1 \
+    "${gb[@]}" paper-model --bench "$OUT/bench/rpc-link/bench.json" --shape bench-1b > "$OUT/bench/rpc-link/predicted-vs-measured.md" 2>&1 \
         && tee -a "$OUT/summary.txt" < "$OUT/bench/rpc-link/predicted-vs-measured.md"
 fi
 if want serve-rpc; then

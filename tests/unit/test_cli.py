@@ -177,6 +177,7 @@ def test_every_command_parses_the_same_way(capsys: pytest.CaptureFixture[str]) -
         "bench",
         "shape",
         "model",
+        "paper-model",
     ]
     for name in ("build", "rebase"):
         assert cli.main([name, "--help"]) == 0

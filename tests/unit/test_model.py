@@ -155,3 +155,37 @@ def test_find_vocab(tmp_path, monkeypatch):
     f.write_bytes(b"x")
     assert model.find_vocab(tmp_path / "src" / "abc") == f
     assert model.find_vocab(tmp_path) == f
+
+
+def test_the_model_command_writes_the_same_bytes_as_the_library(tmp_path, monkeypatch, capsys):
+    """``ggml-bridge model`` (what the GPU drivers call): --out writes there, else the cached copy; a missing
+    vocabulary is one line and ModelError's exit status."""
+    from ggml_bridge import cli
+    from ggml_bridge.errors import ModelError
+
+    from helpers import make_vocab
+
+    monkeypatch.delenv("GGML_BRIDGE_VOCAB", raising=False)
+    vocab = make_vocab(tmp_path / "vocab.gguf")
+    out = tmp_path / "m.gguf"
+    assert (
+        cli.main(
+            ["--cache-dir", str(tmp_path / "c"), "model", "--shape", "tiny", "--vocab", str(vocab), "--out", str(out)]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out.strip() == str(out)
+    ref = model.write_model(tmp_path / "ref.gguf", "tiny", 1, vocab)
+    assert out.read_bytes() == ref.read_bytes()
+    assert (
+        cli.main(["--cache-dir", str(tmp_path / "c"), "model", "--shape", "tiny", "--seed", "1", "--vocab", str(vocab)])
+        == 0
+    )
+    cached = Path(capsys.readouterr().out.strip())
+    assert cached == model.cached_path(tmp_path / "c", "tiny", 1, vocab) and cached.read_bytes() == ref.read_bytes()
+    assert (
+        cli.main(["--cache-dir", str(tmp_path / "empty"), "model", "--vocab", str(tmp_path / "nope.gguf")])
+        == ModelError.exit_code
+    )
+    err = capsys.readouterr().err
+    assert "cannot find the upstream vocabulary" in err and "nope.gguf" in err and "Traceback" not in err

@@ -1,12 +1,10 @@
-"""scripts/paper_model.py's host model: the per-hop cost, the predicted-vs-measured table built from a bench
+"""ggml_bridge/paper_model.py's host model: the per-hop cost, the predicted-vs-measured table built from a bench
 report of the rpc-link suite, and the hosts table."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,11 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def pm():
-    spec = importlib.util.spec_from_file_location("paper_model", ROOT / "scripts" / "paper_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["paper_model"] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    from ggml_bridge import paper_model
+
+    return paper_model
 
 
 def test_hop_is_two_one_way_delays_and_the_activation_in_and_out(pm):
@@ -97,3 +93,12 @@ def test_hosts_table_faster_networks_allow_more_hosts(pm):
 
     assert pp50("70B-class", "10 GbE") < pp50("70B-class", "25 GbE") < pp50("70B-class", "100 GbE")
     assert by[("70B-class", "10 GbE")][2].strip() == "8192" and by[("70B-class", "10 GbE")][3].strip() == "80"
+
+
+def test_the_paper_model_command_prints_the_tables(capsys):
+    from ggml_bridge import cli
+
+    assert cli.main(["paper-model"]) == 0
+    out = capsys.readouterr().out
+    assert "## Predicted transfer time added by the boundaries" in out and "## Hosts: how many before" in out
+    assert "| bytes | bridge predicted | bridge measured |" in out

@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
 """Paper model of a host round trip per cross-card boundary: the bridge vs sequential staging.
 
-Prints the Markdown tables of docs/paper-model.md. Inputs are the link's one-way bandwidth B and per-copy
+``ggml-bridge paper-model`` prints the Markdown tables of docs/paper-model.md (``--bench``: a bench report's
+predicted-vs-measured table). Inputs are the link's one-way bandwidth B and per-copy
 latency L, the model's hidden size h, the ubatch U, the number of cards D, and for sequential staging the
 host-side synchronization cost S and the pageable-memory bandwidth Bp of its malloc'd buffer.
 
@@ -17,15 +17,12 @@ host-side synchronization cost S and the pageable-memory bandwidth Bp of its mal
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from typing import Any
 
 MiB = 1 << 20
 CHUNK = 2 * MiB
@@ -247,7 +244,7 @@ HOST_MODELS = [
 ]
 
 
-def _model_sizes(name: str, spec: dict | None) -> tuple[int, int, float]:
+def _model_sizes(name: str, spec: dict[str, Any] | None) -> tuple[int, int, float]:
     if spec:
         return int(spec["n_embd"]), int(spec["n_layer"]), float(spec["n_params"])
     from ggml_bridge import model as modelmod
@@ -287,35 +284,17 @@ def hosts_table(bytes_per_param: float = 2.0, ubatch: int = 512) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--microbench",
-        type=Path,
-        default=Path("results/2026-11-30-h200x2-s1-tests-sanitizers-microbench/microbench.csv"),
+def report(microbench: Path) -> str:
+    """Every table of docs/paper-model.md, the microbenchmark check against ``microbench``."""
+    return "\n".join(
+        [
+            "## Predicted transfer time added by the boundaries\n",
+            tables(),
+            "\n## Network links (RPC between hosts) next to PCIe, one boundary, two cards\n",
+            network_tables(),
+            "\n## Check against the H200 microbenchmark\n",
+            check(microbench),
+            "\n## Hosts: how many before the network bounds tokens/s\n",
+            hosts_table(),
+        ]
     )
-    ap.add_argument(
-        "--bench",
-        type=Path,
-        default=None,
-        metavar="BENCH_JSON",
-        help="a `ggml-bridge bench --suite rpc-link` report: print only its predicted-vs-measured table",
-    )
-    ap.add_argument("--shape", default=None, help="the bench model's shape (default: the report's)")
-    a = ap.parse_args()
-    if a.bench is not None:
-        print("## Hosts over a shaped link: predicted vs measured\n")
-        print(check_bench(a.bench, a.shape))
-        return
-    print("## Predicted transfer time added by the boundaries\n")
-    print(tables())
-    print("\n## Network links (RPC between hosts) next to PCIe, one boundary, two cards\n")
-    print(network_tables())
-    print("\n## Check against the H200 microbenchmark\n")
-    print(check(a.microbench))
-    print("\n## Hosts: how many before the network bounds tokens/s\n")
-    print(hosts_table())
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,53 @@
+"""``ggml-bridge paper-model``: the scale model's tables (docs/paper-model.md), or with ``--bench`` a bench report's
+predicted-vs-measured table (the rpc-link suite)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import Settings
+
+#: the H200 microbenchmark the single-boundary check reads (a results folder of the project)
+MICROBENCH = Path("results/2026-11-30-h200x2-s1-tests-sanitizers-microbench/microbench.csv")
+
+
+@dataclass(frozen=True)
+class PaperModelOptions:
+    microbench: Path | None = None
+    bench: Path | None = None
+    shape: str | None = None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--microbench",
+        type=Path,
+        default=None,
+        metavar="CSV",
+        help=f"the boundary microbenchmark to check the single-boundary figures against (default: {MICROBENCH})",
+    )
+    parser.add_argument(
+        "--bench",
+        type=Path,
+        default=None,
+        metavar="BENCH_JSON",
+        help="a `ggml-bridge bench --suite rpc-link` report: print only its predicted-vs-measured table",
+    )
+    parser.add_argument("--shape", default=None, help="the bench model's shape (default: the report's)")
+
+
+def options(ns: argparse.Namespace) -> PaperModelOptions:
+    return PaperModelOptions(ns.microbench, ns.bench, ns.shape)
+
+
+def run(opts: PaperModelOptions, settings: Settings) -> int:
+    from .. import paper_model
+
+    if opts.bench is not None:
+        print("## Hosts over a shaped link: predicted vs measured\n")
+        print(paper_model.check_bench(opts.bench, opts.shape))
+        return 0
+    print(paper_model.report(opts.microbench or settings.project_dir / MICROBENCH))
+    return 0
