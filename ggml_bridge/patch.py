@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -22,7 +23,7 @@ from . import cache
 from .config import Settings
 from .errors import PatchError, WorkTreeModified
 from .fetch import Tree
-from .runner import log, step
+from .runner import log, run, step
 
 #: Identity and date of every commit we make, so the same inputs give the same commit ids.
 GIT_IDENTITY = {
@@ -114,20 +115,7 @@ def read_series(patches_dir: Path) -> Series:
     """Read ``patches_dir/series`` (names in order, ``#`` comments), or take ``*.patch`` in numeric order."""
     series_file = patches_dir / "series"
     if series_file.is_file():
-        names = []
-        for raw in _series_lines(series_file):
-            line = raw.split("#", 1)[0].strip()
-            if line:
-                names.append(line)
-        odd = [n for n in names if "/" in n or "\0" in n or n in (".", "..")]
-        if odd:
-            raise PatchError(
-                f"{series_file} lists {odd[0]!r}, which is not a file name in {patches_dir}",
-                fix="list the patch files of that folder by name, one per line",
-            )
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise PatchError(f"{series_file} lists {', '.join(dupes)} more than once", fix="list each patch once")
+        names = series_names(patches_dir)
         missing = [n for n in names if not (patches_dir / n).is_file()]
         if missing:
             raise PatchError(
@@ -144,6 +132,26 @@ def read_series(patches_dir: Path) -> Series:
     patches = tuple(PatchFile(n, patches_dir / n, cache.file_sha256(patches_dir / n)) for n in names)
     h = hashlib.sha256("".join(f"{p.name} {p.sha256}\n" for p in patches).encode())
     return Series(patches, h.hexdigest())
+
+
+def series_names(patches_dir: Path) -> list[str]:
+    """The names ``patches_dir/series`` lists, in order (``#`` comments dropped; the files need not exist yet)."""
+    series_file = patches_dir / "series"
+    names = []
+    for raw in _series_lines(series_file):
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            names.append(line)
+    odd = [n for n in names if "/" in n or "\0" in n or n in (".", "..")]
+    if odd:
+        raise PatchError(
+            f"{series_file} lists {odd[0]!r}, which is not a file name in {patches_dir}",
+            fix="list the patch files of that folder by name, one per line",
+        )
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise PatchError(f"{series_file} lists {', '.join(dupes)} more than once", fix="list each patch once")
+    return names
 
 
 def _series_lines(series_file: Path) -> list[str]:
@@ -367,3 +375,51 @@ def _load_existing(final: Path, tree: Tree, series: Series) -> PatchedTree | Non
 
 def _natural_key(name: str) -> list[object]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+_LAST_UPDATE_RE = re.compile(r"^Last-Update: .*$", re.M)
+#: git without the user's or the system's configuration (format-patch output must not depend on them)
+GIT_PLAIN = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+
+
+def format_series(wt: Path, base: str, names: list[str], dest: Path, date: str | None = None) -> None:
+    """The series' format: ``git format-patch --zero-commit --no-signature --no-numbered`` of every commit of the
+    work tree ``wt`` after ``base``, written into ``dest`` under ``names`` (one per commit, in order); with ``date``,
+    each patch's ``Last-Update:`` line set to it. The one place the series is written from commits (``rebase``,
+    ``patch --export``)."""
+    out = Path(tempfile.mkdtemp(prefix="fp-", dir=wt.parent))
+    try:
+        run(
+            [
+                "git",
+                "-C",
+                str(wt),
+                "-c",
+                "core.abbrev=7",
+                "-c",
+                "diff.noprefix=false",
+                "-c",
+                "diff.mnemonicPrefix=false",
+            ]
+            + ["format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "--no-notes"]
+            + ["--no-cover-letter", "-o", str(out), f"{base}..HEAD"],
+            env=GIT_PLAIN,
+            error=PatchError,
+            what=f"git format-patch {base}..HEAD failed in {wt}",
+        )
+        files = sorted(out.glob("*.patch"))
+        if len(files) != len(names):
+            raise PatchError(
+                f"{wt} has {len(files)} commit(s) after {base}, the series names {len(names)} patch(es)",
+                fix="one commit per patch of the series, in its order (git rebase -i to squash or split)",
+            )
+        dest.mkdir(parents=True, exist_ok=True)
+        for f, name in zip(files, names, strict=True):
+            text = f.read_text()
+            body_end = text.find("\n---\n")
+            head, rest = (text[:body_end], text[body_end:]) if body_end >= 0 else (text, "")
+            if date is not None and _LAST_UPDATE_RE.search(head):
+                head = _LAST_UPDATE_RE.sub(f"Last-Update: {date}", head, count=1)
+            (dest / name).write_text(head + rest)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

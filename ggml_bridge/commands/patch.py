@@ -1,12 +1,14 @@
-"""``ggml-bridge patch``: apply the series onto the upstream tree (``--check``: only report whether each applies)."""
+"""``ggml-bridge patch``: apply the series onto the upstream tree (``--check``: only report whether each applies;
+``--export``: write a work tree's commits back as the series' patch files)."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..config import Settings
-from ..errors import PatchError
+from ..errors import PatchError, UsageError
 from . import cmdoptions
 from .fetch import SourceOptions, source_options
 
@@ -16,20 +18,39 @@ class PatchOptions:
     source: SourceOptions
     check: bool = False
     discard_changes: bool = False
+    export: Path | None = None
+    """A work tree whose commits after ``base`` become the series' patch files."""
+    base: str | None = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     cmdoptions.source(parser)
     parser.add_argument("--check", action="store_true", help="report whether each patch applies, writing nothing")
     cmdoptions.discard_changes(parser)
+    parser.add_argument(
+        "--export",
+        type=Path,
+        default=None,
+        metavar="WORKTREE",
+        help="write the commits of WORKTREE after --base into patches/ (format-patch --zero-commit, one commit per "
+        "patch, under the series' names, in its order); prints the patches folder",
+    )
+    parser.add_argument(
+        "--base", default=None, metavar="REV", help="with --export: the upstream commit (default: the root commit)"
+    )
 
 
 def options(ns: argparse.Namespace) -> PatchOptions:
-    return PatchOptions(source_options(ns), ns.check, ns.discard_changes)
+    if ns.base is not None and ns.export is None:
+        raise UsageError("--base goes with --export", fix="ggml-bridge patch --export WORKTREE --base REV")
+    return PatchOptions(source_options(ns), ns.check, ns.discard_changes, ns.export, ns.base)
 
 
 def run(opts: PatchOptions, settings: Settings) -> int:
     from .. import fetch, patch
+
+    if opts.export is not None:
+        return export(opts.export, opts.base, settings)
 
     tree = fetch.obtain(settings, opts.source.source, opts.source.allow_unpinned)
     if opts.check:
@@ -38,4 +59,19 @@ def run(opts: PatchOptions, settings: Settings) -> int:
         return 0 if report.ok else PatchError.exit_code
     patched = patch.apply_series(settings, tree, discard_changes=opts.discard_changes)
     print(patched.path)
+    return 0
+
+
+def export(wt: Path, base: str | None, settings: Settings) -> int:
+    from .. import patch, runner
+
+    if not (wt / ".git").exists():
+        raise UsageError(f"--export {wt}: not a git work tree", fix="pass the work tree holding one commit per patch")
+    if base is None:
+        roots = runner.run(["git", "-C", str(wt), "rev-list", "--max-parents=0", "HEAD"], error=PatchError).stdout
+        base = roots.split()[0]
+    names = patch.series_names(settings.patches_dir)
+    patch.format_series(wt, base, names, settings.patches_dir)
+    runner.log(f"wrote {len(names)} patch(es) from {wt} ({base[:12]}..HEAD) into {settings.patches_dir}")
+    print(settings.patches_dir)
     return 0

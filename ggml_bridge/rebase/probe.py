@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from pathlib import Path
@@ -30,7 +29,7 @@ _DIFF_RE = re.compile(r"^diff --git a/(?P<a>\S+) b/(?P<b>\S+)$", re.M)
 
 
 #: Environment of the git commands whose output lands in the series: no user/system config may change it.
-GIT_PLAIN = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+GIT_PLAIN = patchmod.GIT_PLAIN
 
 
 def run_git(wt: Path, *args: str, check: bool = False, env: dict[str, str] | None = None) -> tuple[int, str]:

@@ -16,13 +16,10 @@ from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import pin as pinmod
 from ..config import Settings, user_path
-from ..errors import BuildError, PatchError
+from ..errors import BuildError
 from ..runner import log
 from .checks import build_checks
-from .probe import GIT_PLAIN, run_git
 from .report import Options, RebaseReport, write_report
-
-_LAST_UPDATE_RE = re.compile(r"^Last-Update: .*$", re.M)
 
 
 def write_series_and_pin(
@@ -42,7 +39,7 @@ def write_series_and_pin(
     stage_proj = Path(tempfile.mkdtemp(prefix=".rebase-stage-", dir=settings.project_dir))
     try:
         new_patches = stage_proj / "patches"
-        _regenerate(wt, base, keep, new_patches, date)
+        patchmod.format_series(wt, base, keep, new_patches, date)
         _carry_other_files(settings.patches_dir, new_patches, series, keep)
         _write_series_file(settings.patches_dir / "series", new_patches / "series", keep)
         pin_text = _pin_text(
@@ -96,46 +93,6 @@ def _seed_pinned_tree(settings: Settings, tree: fetchmod.Tree, commit: str) -> b
             dataclasses.replace(tree, key=commit, pinned=True, path=settings.cache_dir / "trees" / commit / "src"),
         )
     return fetchmod.find_cached(settings, commit) is not None
-
-
-def _regenerate(wt: Path, base: str, names: list[str], dest: Path, date: str) -> None:
-    """format-patch every commit after ``base`` into ``dest`` under ``names``, with ``Last-Update: date``."""
-    out = Path(tempfile.mkdtemp(prefix="fp-", dir=wt.parent))
-    try:
-        run_git(
-            wt,
-            "-c",
-            "core.abbrev=7",
-            "-c",
-            "diff.noprefix=false",
-            "-c",
-            "diff.mnemonicPrefix=false",
-            "format-patch",
-            "-q",
-            "--zero-commit",
-            "--no-signature",
-            "--no-numbered",
-            "--no-notes",
-            "--no-cover-letter",
-            "-o",
-            str(out),
-            f"{base}..HEAD",
-            check=True,
-            env=GIT_PLAIN,
-        )
-        files = sorted(out.glob("*.patch"))
-        if len(files) != len(names):  # pragma: no cover - one commit per applied patch
-            raise PatchError(f"format-patch wrote {len(files)} patch(es) for {len(names)} applied")
-        dest.mkdir(parents=True)
-        for f, name in zip(files, names, strict=True):
-            text = f.read_text()
-            body_end = text.find("\n---\n")
-            head, rest = (text[:body_end], text[body_end:]) if body_end >= 0 else (text, "")
-            if _LAST_UPDATE_RE.search(head):
-                head = _LAST_UPDATE_RE.sub(f"Last-Update: {date}", head, count=1)
-            (dest / name).write_text(head + rest)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
 
 
 def _carry_other_files(old: Path, new: Path, series: patchmod.Series, keep: list[str]) -> None:

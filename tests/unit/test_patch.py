@@ -188,3 +188,36 @@ def test_empty_series_is_an_error(settings: config.Settings, how: str) -> None:
             attempt(settings, tree)
         assert e.value.exit_code == 20 and "--variant upstream" in str(e.value)
     assert not (settings.cache_dir / "work").exists()
+
+
+def test_patch_export_writes_a_work_tree_back_as_the_series(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``ggml-bridge patch --export WORKTREE``: one commit per patch after the root (or --base), format-patch'd
+    under the series' names; a count that does not match writes nothing."""
+    from ggml_bridge import cli
+
+    proj = tmp_path / "proj"
+    (proj / "patches").mkdir(parents=True)
+    (proj / "pin.toml").write_text("")
+    (proj / "patches" / "series").write_text("0001-one.patch\n0002-two.patch\n")
+    wt = tmp_path / "wt"
+    repo = git.Repo.init(wt)
+    with repo.config_writer() as c:
+        c.set_value("user", "name", "t").set_value("user", "email", "t@t")
+    for i, text in enumerate(["base\n", "one\n", "two\n"]):
+        (wt / "f.txt").write_text(text)
+        repo.index.add(["f.txt"])
+        repo.index.commit(f"commit {i}")
+    repo.close()
+    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(proj))
+    assert cli.main(["patch", "--export", str(wt)]) == 0
+    assert capsys.readouterr().out.strip() == str(proj / "patches")
+    one = (proj / "patches" / "0001-one.patch").read_text()
+    assert one.startswith("From 0000000000000000000000000000000000000000") and "-base\n+one" in one
+    assert "Subject: [PATCH] commit 1" in one and "-one\n+two" in (proj / "patches" / "0002-two.patch").read_text()
+    assert patch.read_series(proj / "patches").names == ["0001-one.patch", "0002-two.patch"]
+    (proj / "patches" / "series").write_text("0001-one.patch\n")
+    assert cli.main(["patch", "--export", str(wt)]) == PatchError.exit_code
+    assert "has 2 commit(s) after" in capsys.readouterr().err
+    base = git.Repo(wt).git.rev_parse("HEAD~1")
+    assert cli.main(["patch", "--export", str(wt), "--base", base]) == 0
+    assert "-one\n+two" in (proj / "patches" / "0001-one.patch").read_text()
