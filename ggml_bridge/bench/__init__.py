@@ -1,13 +1,16 @@
 """``ggml-bridge bench``: upstream P2P, upstream staged and no-peer paths, and our mechanisms, side by side.
 
-One run, one model, one set of llama-bench settings: every case is a (build variant, selectors) pair, and the
-cases are interleaved round by round (the order rotates each round) so that clock ramps and thermal drift fall
-on all of them alike. Every sample llama-bench reports is kept; a case's figure is the median of its samples
-and its spread the interquartile range. A difference smaller than the two spreads together is called noise.
+One run, one suite's settings: every case is a (build variant, selectors) pair, and the cases are interleaved
+round by round (the order rotates each round, :func:`running.plan_round`) so that clock ramps and thermal drift
+fall on all of them alike. A round runs every case on every shape of the run, once per run length (``-r N``, every
+repetition kept, so one-shot runs' first-call costs show; without run lengths, ``--reps`` kept after
+``--warmup-reps`` discarded), and where the suite has them llama-perplexity and llama-server (:mod:`wallclock`).
+Every sample is kept; a case's figure is the median of its samples and its spread the interquartile range. A
+difference smaller than the two spreads together is called noise.
 
-A mechanism case counts only if the mechanism says it engaged: the bridge's stats line must show boundaries,
-batching's must show async uploads and downloads. Otherwise the case is reported as *not engaged* and its
-figure is not used for ratios.
+A mechanism case counts only if the mechanism says it engaged in every process: the bridge's stats line (or
+llama-server's /metrics) must show boundaries, batching's must show staged uploads. Otherwise the case is
+reported as *not engaged* and its figures are not used for ratios.
 
 On a CPU-only machine the GPU cases cannot be measured; the report says so and runs the CPU cases.
 A boundary microbenchmark (``test-mapped-host-bridge --bench``) measures copy throughput per boundary size
@@ -419,7 +422,9 @@ def _case_entry(c: Case, bins: dict[str, Path], runs: list[CaseRun]) -> dict[str
         "description": c.about,
         "bin_dir": str(bins[c.variant]),
         "llama_bench_sha256": file_sha256(bins[c.variant] / "llama-bench"),
-        "engagement": "; ".join(r.engagement for r in said.values() if r.engagement),
+        "engagement": "; ".join(
+            (f"{PROGRAMS[m]}: " if len(said) > 1 else "") + r.engagement for m, r in said.items() if r.engagement
+        ),
     }
 
 

@@ -176,5 +176,5 @@ def _server_engagement(
             v = from_metrics(mech, log_info, metrics)
             ok &= v.engaged
             counts = " ".join(f"{k}={(metrics or {}).get(k, 0)}" for k in keys)
-            parts.append(f"llama-server {mech} {v.state}: {counts}" + (f", inactive: {v.reason}" if v.reason else ""))
+            parts.append(f"{mech} {v.state} (/metrics {counts})" + (f", inactive: {v.reason}" if v.reason else ""))
     return ok, "; ".join(parts)

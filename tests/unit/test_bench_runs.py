@@ -246,8 +246,8 @@ def test_perplexity_and_server_figures_and_their_proof(env, monkeypatch):
     counts = [int(x) for x in log.read_text().split()]
     assert len(counts) == 2 * 2 * 8 and 2 <= max(counts) <= 4  # 4 at a time, never more
     batched = next(c for c in rep["cases"] if c["name"] == "batched")["engagement"]
-    assert "batched enabled, graphs=4 async_uploads=4" in batched  # llama-perplexity's stats line (-lv 4)
-    assert "llama-server batched engaged: batched_graphs_total=2 batched_async_uploads_total=2" in batched
+    assert "llama-perplexity: batched enabled, graphs=4 async_uploads=4" in batched  # its stats line (-lv 4)
+    assert "llama-server: batched engaged (/metrics batched_graphs_total=2 batched_async_uploads_total=2)" in batched
     md = (env.tmp / "r" / "bench.md").read_text()
     assert "llama-perplexity -c 512 --chunks 4 -b 2048" in md and "llama-server -np 4, 8 greedy completions" in md
     assert "| user:server |" in md and "batched / off" in md
@@ -265,7 +265,7 @@ def test_bridge_cases_prove_engagement_in_perplexity_and_server(env, monkeypatch
     )
     eng = {c["name"]: c["engagement"] for c in rep["cases"]}
     assert "bridge enabled (4 slots), boundaries=7" in eng["bridge-force"]
-    assert "llama-server bridge engaged: bridge_boundaries_total=7" in eng["bridge-force-batched"]
+    assert "llama-server: bridge engaged (/metrics bridge_boundaries_total=7" in eng["bridge-force-batched"]
     assert "user:server" in rep["ratios"]["bridge-force"]["bridge-force-batched"]
     assert rep["settings"][modes.CUDA_DEVICES] == 2
 
@@ -288,7 +288,7 @@ def test_mechanism_inactive_in_perplexity_and_server_is_not_engaged(env, monkeyp
     assert rep["not_engaged"] == ["batched"] and "batched" not in rep["ratios"].get("off", {})
     states = [r["engagement"] for r in rep["runs"] if r["case"] == "batched"]
     assert any("inactive: no backend" in s and s.startswith("batched not enabled") for s in states)
-    assert any("llama-server batched inactive" in s for s in states)
+    assert any(s.startswith("batched inactive (/metrics") and "inactive: no backend" in s for s in states)
 
 
 def test_perplexity_that_evaluates_nothing_is_an_error(env, monkeypatch):
