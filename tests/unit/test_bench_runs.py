@@ -349,3 +349,22 @@ def test_wall_clock_measurements_need_their_programs_and_local_cases(env):
     )
     with pytest.raises(UsageError, match="rpc case"):
         bench.bench(args, env.settings)
+
+
+def test_time_budget_stops_starting_rounds_of_run_lengths(env):
+    rep = _run(env, "r", suite="batched", cases="off,batched", rounds=4, run_lengths=(1, 3), time_budget=1e-6)
+    assert rep["rounds"] == 1 and "1 of 4 rounds" in rep["stopped"]
+    assert {(r["round"], r["run_length"]) for r in rep["runs"]} == {(0, 1), (0, 3)}
+
+
+@pytest.mark.plots
+def test_many_tests_plot_on_rows(shaped):
+    env = shaped
+    rep = _run(env, "r", suite="cpu-runs", rounds=1, model=None, vocab=env.tmp / "vocab.gguf", measure="bench")
+    assert len(rep["tests"]) == 12  # 2 shapes x (2 pp + tg) x 2 run lengths: two rows of six
+    png = env.tmp / "r" / "throughput.png"
+    assert png.stat().st_size > 1000
+    from PIL import Image
+
+    width, height = Image.open(png).size
+    assert width < 3000 and height > 600  # six columns, two rows (one row of twelve: 5544 x 440 pixels)
