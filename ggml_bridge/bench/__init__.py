@@ -259,8 +259,8 @@ def _cases(args: argparse.Namespace, suite: dict[str, Any], gpus: int, virtual_d
     return cases
 
 
-def _programs(bins: dict[str, Path], cases: list[Case], measures: tuple[str, ...]) -> None:
-    """llama-perplexity and llama-server next to llama-bench in every build the measurements need."""
+def _local(cases: list[Case], measures: tuple[str, ...]) -> None:
+    """UsageError for llama-perplexity or llama-server measurements of rpc cases (before anything is built)."""
     wall = [m for m in measures if m != "bench"]
     rpc_cases = [c.name for c in cases if c.rpc]
     if wall and rpc_cases:
@@ -269,6 +269,11 @@ def _programs(bins: dict[str, Path], cases: list[Case], measures: tuple[str, ...
             why="llama-perplexity and llama-server are measured with local devices only",
             fix="use --measure bench, or cases without rpc-servers",
         )
+
+
+def _programs(bins: dict[str, Path], cases: list[Case], measures: tuple[str, ...]) -> None:
+    """llama-perplexity and llama-server next to llama-bench in every build the measurements need."""
+    wall = [m for m in measures if m != "bench"]
     programs = {"perplexity": "llama-perplexity", "server": "llama-server"}
     for v in sorted({c.variant for c in cases}):
         for m in wall:
@@ -314,6 +319,7 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
     sel = _selection(args, suite_name, suite)
     virtual_devices, skipped = _devices(args, suite_name, suite, gpus)
     cases = _cases(args, suite, 1 if suite["devices"] == "1" else gpus, virtual_devices)
+    _local(cases, sel.measures)
     bins = resolve_bins(args, settings, {c.variant for c in cases})
     runnable = [c for c in cases if c.variant in bins]
     skipped += [f"{c.name}: no {c.variant} build" for c in cases if c not in runnable]
