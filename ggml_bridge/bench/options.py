@@ -1,0 +1,202 @@
+"""``ggml-bridge bench``'s command-line options: what to measure (suite, cases, the part of its matrix), which
+builds and model, how to run (rounds, repetitions or run lengths, budget, telemetry), where the report goes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import argtypes, modes
+from ..errors import UsageError
+from .suites import MEASURES, SUITES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _what(parser)
+    _builds(parser)
+    _how(parser)
+    _report(parser)
+
+
+def _what(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--suite",
+        choices=sorted(SUITES),
+        default=None,
+        help="which comparison (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)",
+    )
+    parser.add_argument("--cases", default=None, help="comma-separated subset of the suite's cases")
+    parser.add_argument(
+        "--shapes",
+        default=None,
+        metavar="LIST",
+        help="comma-separated subset of the suite's model shapes, e.g. bench-2b-6l (default: all of them)",
+    )
+    parser.add_argument(
+        "--run-lengths",
+        type=argtypes.count_list(1),
+        default=None,
+        metavar="LIST",
+        help="one llama-bench process per case, run length and round with -r N, every repetition kept, e.g. "
+        "1,3,10: what one-shot and short runs see (default: the suite's; without any, --reps after --warmup-reps)",
+    )
+    parser.add_argument(
+        "--measure",
+        default=None,
+        metavar="LIST",
+        help=f"comma-separated subset of {','.join(MEASURES)}: llama-bench, llama-perplexity's wall time, "
+        "llama-server's throughput under concurrent requests (default: all the suite has)",
+    )
+    parser.add_argument(
+        "--links",
+        default=None,
+        metavar="RATE/DELAY,...",
+        help="shaped links for the suite's rpc cases, e.g. 10gbit/0.2ms,25gbit/0.1ms (default: the "
+        "suite's; each rpc case runs unshaped and once per link)",
+    )
+
+
+def _builds(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--variants-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="DIR/{upstream,nopeer,patched}/llama-bench: one folder per build variant",
+    )
+    for v in modes.VARIANTS:
+        parser.add_argument(f"--bin-dir-{v}", type=Path, default=None, metavar="DIR", help=f"llama-bench of {v}")
+    parser.add_argument(
+        "--build",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="build the variants that are missing (default; --no-build only reuses builds)",
+    )
+    parser.add_argument("--model", type=Path, default=None, help="GGUF to use instead of the suite's random model")
+    parser.add_argument("--vocab", type=Path, default=None, help="vocabulary GGUF for the random model")
+
+
+def _how(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rounds", type=argtypes.count(1), default=None, help="interleaved rounds (default: the suite's, else 3)"
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=argtypes.seconds(),
+        default=None,
+        metavar="SECONDS",
+        help="start no round that would end past this many seconds (judged by the longest round so "
+        "far): --rounds becomes a ceiling and the report says how many rounds ran",
+    )
+    parser.add_argument(
+        "--reps",
+        type=argtypes.count(1),
+        default=None,
+        help="llama-bench repetitions kept per round (default 3; not with run lengths)",
+    )
+    parser.add_argument(
+        "--warmup-reps",
+        type=argtypes.count(0),
+        default=None,
+        metavar="N",
+        help="repetitions run first and discarded in every llama-bench process (default 1; not with run lengths)",
+    )
+    parser.add_argument(
+        "--ubatch",
+        default=None,
+        metavar="LIST",
+        help="ubatch sizes instead of the suite's, e.g. 4096 (shorter processes, so more rounds fit)",
+    )
+    parser.add_argument(
+        "--tg",
+        type=argtypes.count(0),
+        default=None,
+        metavar="N",
+        help="generated tokens instead of the suite's; 0 skips token generation",
+    )
+    parser.add_argument(
+        "--cpus",
+        default=None,
+        metavar="LIST",
+        help="run every case on these CPUs only, e.g. 0-15 (one socket): same placement for all",
+    )
+    parser.add_argument(
+        "--virtual-devices",
+        type=argtypes.count(1),
+        default=None,
+        metavar="N",
+        help="GGML_CUDA_DEVICES=N: emulate N cards on the visible GPUs",
+    )
+    parser.add_argument("--timeout", type=argtypes.seconds(), default=600.0, help="seconds per process")
+
+
+def _report(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--microbench",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="boundary copy microbenchmark (needs 2+ devices)",
+    )
+    parser.add_argument(
+        "--smi",
+        nargs="?",
+        type=argtypes.count(1),
+        const=100,
+        default=None,
+        metavar="MS",
+        help="sample nvidia-smi every MS milliseconds (default 100) while the cases run: every "
+        "process's GPU clocks, power, temperature and throttle reasons go into the report",
+    )
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="REPORT",
+        help="run nothing: pool the rounds of these bench.json reports (same suite and settings, "
+        "e.g. two GPU calls, or parts of one suite's matrix) into one report in --report",
+    )
+    parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="report directory")
+
+
+def checked(args: argparse.Namespace) -> argparse.Namespace:
+    """The counts, sizes and limits checked (UsageError naming the option), --ubatch parsed; the caller's args
+    unchanged."""
+    bad = [(args.rounds, 1), (args.reps, 1), (args.warmup_reps, 0)]
+    if any(value is not None and value < least for value, least in bad):
+        raise UsageError(
+            f"bad counts: --rounds {args.rounds}, --reps {args.reps}, --warmup-reps {args.warmup_reps}",
+            why="a report needs at least one round of at least one kept repetition",
+            fix="use --rounds >= 1, --reps >= 1 and --warmup-reps >= 0",
+        )
+    if args.ubatch is not None:
+        try:
+            sizes = [int(x) for x in str(args.ubatch).split(",")]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            raise UsageError(
+                f"bad --ubatch {args.ubatch!r}",
+                why="it must list positive ubatch sizes",
+                fix="e.g. --ubatch 4096 or --ubatch 512,4096",
+            )
+        args = argparse.Namespace(**{**vars(args), "ubatch": sizes})
+    if args.time_budget is not None and not args.time_budget > 0:
+        raise UsageError(
+            f"bad --time-budget {args.time_budget}",
+            why="a budget must be a positive number of seconds",
+            fix="e.g. --time-budget 500, or leave it out to run every round",
+        )
+    if getattr(args, "smi", None) is not None and not 10 <= args.smi <= 60000:
+        raise UsageError(
+            f"bad --smi {args.smi}",
+            why="nvidia-smi samples every 10 ms to 60 s",
+            fix="e.g. --smi 100, or --smi alone for every 100 ms",
+        )
+    if args.tg is not None and args.tg < 0:
+        raise UsageError(
+            f"bad --tg {args.tg}",
+            why="a negative number of generated tokens",
+            fix="use --tg 0 to skip token generation, or a positive count",
+        )
+    return args
