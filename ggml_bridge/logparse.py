@@ -116,6 +116,14 @@ MODEL_LOADED = re.compile(r"\bmodel loaded\b")
 OOM = re.compile(r"out of memory|failed to allocate|cudaMalloc failed", re.I)
 #: a crash: ggml assertion or abort, segfault, uncaught C++ exception
 ASSERT = re.compile(r"GGML_ASSERT|GGML_ABORT|Segmentation fault|terminate called", re.I)
+#: llama-perplexity: how many chunks of how many tokens it evaluates
+PERPLEXITY_CHUNKS = re.compile(r"calculating perplexity over (?P<chunks>\d+) chunks, n_ctx=(?P<n_ctx>\d+)")
+
+
+def perplexity_chunks(text: str) -> tuple[int, int] | None:
+    """(chunks, tokens per chunk) of llama-perplexity's "calculating perplexity over N chunks, n_ctx=C" line."""
+    m = PERPLEXITY_CHUNKS.search(text)
+    return (int(m["chunks"]), int(m["n_ctx"])) if m else None
 
 
 def clean(line: str) -> str:

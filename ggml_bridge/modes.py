@@ -334,6 +334,26 @@ FORCED_ON_VIRTUAL: dict[str, str] = {
     "rpc-bridge": "rpc-bridge-force",
 }
 
+
+def baseline(mode: Mode) -> Mode | None:
+    """What a mode with batching on is measured against: the same mode with batching off (same build, bridge
+    setting, peer access and rpc servers), e.g. ``off`` for ``batched``, ``bridge-force`` for
+    ``bridge-force-batched``; None for a mode without batching, or when the table has no such mode."""
+    if not mode.uses_batched:
+        return None
+    for m in MODES.values():
+        same = (m.variant, m.bridge, m.p2p, m.rpc, m.devices) == (
+            mode.variant,
+            mode.bridge,
+            mode.p2p,
+            mode.rpc,
+            mode.devices,
+        )
+        if same and m.batched == "off" and not m.rejected:
+            return m
+    return None
+
+
 #: older names -> current ones (accepted with a deprecation note)
 ALIASES: dict[str, str] = {
     "p2p": "upstream-p2p",

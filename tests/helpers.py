@@ -45,11 +45,11 @@ def write_fake_bin(d: Path, *, unpatched: bool = False, prefix: str = "") -> Pat
 
 
 def write_fake_variants(root: Path, *, prefix: str = "", rpc_server: str | None = None) -> Path:
-    """``root``/{upstream,nopeer,patched}/llama-bench (as bench's --variants-dir), the fake microbenchmark in
-    patched/; ``prefix`` is code run first by every llama-bench, ``rpc_server`` the name of a fake rpc-server
-    to add to every variant."""
+    """``root``/{upstream,nopeer,patched}/llama-bench (as bench's --variants-dir) with the fake llama-server and
+    llama-perplexity (upstream's print no patch lines), the fake microbenchmark in patched/; ``prefix`` is code
+    run first by every llama-bench, ``rpc_server`` the name of a fake rpc-server to add to every variant."""
     for v in ("upstream", "nopeer", "patched"):
-        (root / v).mkdir(parents=True, exist_ok=True)
+        write_fake_bin(root / v, unpatched=v != "patched")
         write_exe(root / v / "llama-bench", prefix + FAKE_BENCH.read_text())
         if rpc_server:
             write_exe(

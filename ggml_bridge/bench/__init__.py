@@ -1,13 +1,16 @@
 """``ggml-bridge bench``: upstream P2P, upstream staged and no-peer paths, and our mechanisms, side by side.
 
-One run, one model, one set of llama-bench settings: every case is a (build variant, selectors) pair, and the
-cases are interleaved round by round (the order rotates each round) so that clock ramps and thermal drift fall
-on all of them alike. Every sample llama-bench reports is kept; a case's figure is the median of its samples
-and its spread the interquartile range. A difference smaller than the two spreads together is called noise.
+One run, one suite's settings: every case is a (build variant, selectors) pair, and the cases are interleaved
+round by round (the order rotates each round, :func:`running.plan_round`) so that clock ramps and thermal drift
+fall on all of them alike. A round runs every case on every shape of the run, once per run length (``-r N``, every
+repetition kept, so one-shot runs' first-call costs show; without run lengths, ``--reps`` kept after
+``--warmup-reps`` discarded), and where the suite has them llama-perplexity and llama-server (:mod:`wallclock`).
+Every sample is kept; a case's figure is the median of its samples and its spread the interquartile range. A
+difference smaller than the two spreads together is called noise.
 
-A mechanism case counts only if the mechanism says it engaged: the bridge's stats line must show boundaries,
-batching's must show async uploads and downloads. Otherwise the case is reported as *not engaged* and its
-figure is not used for ratios.
+A mechanism case counts only if the mechanism says it engaged in every process: the bridge's stats line (or
+llama-server's /metrics) must show boundaries, batching's must show staged uploads. Otherwise the case is
+reported as *not engaged* and its figures are not used for ratios.
 
 On a CPU-only machine the GPU cases cannot be measured; the report says so and runs the CPU cases.
 A boundary microbenchmark (``test-mapped-host-bridge --bench``) measures copy throughput per boundary size
@@ -20,9 +23,10 @@ and records, per llama-bench process, the GPUs' clocks, utilisation, peak power 
 reasons (``logs/smi.csv`` and a table in the report). ``--pool REPORT...`` runs nothing and pools the rounds of
 several reports of one suite and settings into one. The report carries the build manifest of every variant.
 
-Over 500 lines: the command (its options, case resolution, the interleaved round loop, the report's assembly);
-running one llama-bench, the statistics and the rendering are already bench.running, bench.stats and bench.report.
-What is left is the one loop whose order (rotation, time budget, stop on a failed case) must be read in one piece.
+Modules: ``suites`` (the suites and the part of a suite's matrix a run measures), ``options`` (the command line),
+``running`` (the rounds and llama-bench), ``wallclock`` (llama-perplexity and llama-server), ``proof`` (engagement
+from a process's lines), ``stats``, ``report``, ``telemetry``; this one resolves a run (cases, builds, models) and
+assembles its report.
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ from ..cache import file_sha256
 from ..config import Settings
 from ..errors import BenchError, UsageError
 from ..runner import log, step
+from . import wallclock
+from .options import checked
+from .proof import engagement, rpc_engagement
 from .report import plot, pool_reports, render_markdown, smi_table
-from .running import engagement, microbench, rotate, rounds, rpc_engagement, run_case
+from .running import Setup, microbench, plan_round, rotate, rounds, run_case
 from .stats import (
     REFERENCES,
     CaseRun,
@@ -56,6 +63,7 @@ from .stats import (
     summarize,
     test_key,
 )
+from .suites import SUITES, Selection, select
 from .telemetry import SMI_FIELDS, Telemetry, gpu_env, n_gpus
 
 __all__ = [
@@ -68,7 +76,6 @@ __all__ = [
     "Sample",
     "Summary",
     "Telemetry",
-    "add_arguments",
     "bench",
     "compare",
     "engagement",
@@ -78,6 +85,7 @@ __all__ = [
     "paired_interval",
     "paired_ratio",
     "parse_cpu_list",
+    "plan_round",
     "plot",
     "pool",
     "pool_reports",
@@ -99,136 +107,8 @@ __all__ = [
 #: server's COPY_TENSOR.
 Case = modes.Mode
 CASES = modes.MODES
-
-#: Suites: which cases, on which devices, with which model and llama-bench settings.
-SUITES: dict[str, dict[str, Any]] = {
-    "multi-gpu": {
-        "cases": ["upstream-p2p", "upstream", "upstream-nopeer", "off", "bridge", "bridge-force-p2p"],
-        "shape": "bench-3b",
-        "devices": "all",
-        "pp": 4096,
-        "batch": 4096,
-        "ubatch": [512, 4096],
-        "tg": 128,
-        "about": "layer split across every visible GPU: one host round trip per boundary without peer access",
-    },
-    "batched": {
-        "cases": ["off", "batched"],
-        "shape": "bench-1b",
-        "devices": "1",
-        "pp": 512,
-        "batch": 512,
-        "ubatch": [512],
-        "tg": 128,
-        "about": "one GPU: per-token graph inputs and logits, batched through the pinned pool or not",
-    },
-    "batched-multi": {
-        "cases": ["off", "batched", "bridge", "bridge-batched"],
-        "shape": "bench-1b",
-        "devices": "all",
-        "pp": 512,
-        "batch": 512,
-        "ubatch": [512],
-        "tg": 128,
-        "about": "layer split: batching composed with the bridge",
-    },
-    "batched-pipeline": {
-        "cases": ["off", "batched", "bridge", "bridge-batched"],
-        "shape": "bench-1b",
-        "devices": "all",
-        "pp": 2048,
-        "batch": 2048,
-        "ubatch": [512],
-        "tg": 0,
-        "about": "layer split with pipeline parallelism (4 ubatches per prompt): staged inputs must not stall it",
-    },
-    # issue 14 item 2: prompt processing with several ubatches in flight on many-device pipelines; batching
-    # must make nothing >= 1 % slower (it declines prompt-sized graphs) and keep its token-generation gain
-    "batched-pp-6dev": {
-        "cases": ["off", "batched", "bridge", "bridge-batched"],
-        "shape": "bench-2b-6l",
-        "devices": "all",
-        "virtual_devices": 6,
-        "pp": "512,4096",
-        "batch": 4096,
-        "ubatch": [512],
-        "tg": 128,
-        "about": "6 virtual devices on the visible GPUs (one layer each), -sm layer -ub 512 -b 4096: pipeline parallelism",
-    },
-    "batched-pp-2gpu": {
-        "cases": ["off", "batched", "bridge", "bridge-batched"],
-        "shape": "bench-2b-6l",
-        "devices": "all",
-        "pp": "512,4096",
-        "batch": 4096,
-        "ubatch": [512],
-        "tg": 128,
-        "about": "2 GPUs, -sm layer -ub 512 -b 4096: pipeline parallelism over two cards",
-    },
-    "rpc": {
-        "cases": ["rpc-upstream", "rpc-upstream-nopeer", "rpc-off", "rpc-bridge"],
-        "shape": "bench-1b",
-        "devices": "all",
-        "pp": 2048,
-        "batch": 2048,
-        "ubatch": [512, 2048],
-        "tg": 32,
-        "about": "one rpc-server on localhost owning every GPU, llama-bench --rpc: the copies between its GPUs "
-        "are server-side (RPC_CMD_COPY_TENSOR); the activations to and from llama-bench cross TCP",
-    },
-    "rpc-cpu": {
-        "cases": ["off", "rpc-off"],
-        "shape": "small",
-        "devices": "cpu",
-        "pp": 256,
-        "batch": 256,
-        "ubatch": [256],
-        "tg": 16,
-        "threads": 1,
-        "about": "CPU: the same build local and behind one localhost rpc-server (the cost of the TCP hops); one "
-        "thread in both, so the comparison is not about thread counts (the defaults differ)",
-    },
-    # issue 29: hosts over a network, on one GPU. llama-bench keeps the GPU and puts part of the layers on one
-    # localhost rpc-server on the same GPU (a second host); the link between them is shaped (netbench.py)
-    "rpc-link": {
-        "cases": ["off", "rpc-off"],
-        "links": ["unlimited/0", "10gbit/0.2ms", "25gbit/0.2ms", "10gbit/0.5ms", "25gbit/0.1ms"],
-        "rpc_servers": 1,
-        "rpc_front_gpu": True,
-        "shape": "bench-1b",
-        "devices": "1",
-        "pp": "512,4096",
-        "batch": 4096,
-        "ubatch": [512],
-        "tg": 128,
-        "about": "one GPU as two hosts: llama-bench's GPU plus one rpc-server on it, over loopback TCP, through the "
-        "shaper without limits (the scale model's calibration) and over shaped links (rate per direction / "
-        "one-way delay), against the local run",
-    },
-    "rpc-link-cpu": {
-        "cases": ["off", "rpc-off"],
-        "links": ["unlimited/0", "1gbit/0.2ms", "1gbit/1ms"],
-        "rpc_servers": 1,
-        "shape": "small",
-        "devices": "cpu",
-        "pp": 256,
-        "batch": 256,
-        "ubatch": [256],
-        "tg": 16,
-        "threads": 1,
-        "about": "CPU: the same build local, behind one localhost rpc-server, and behind it over a shaped link",
-    },
-    "cpu": {
-        "cases": ["upstream", "off"],
-        "shape": "small",
-        "devices": "cpu",
-        "pp": 256,
-        "batch": 256,
-        "ubatch": [256],
-        "tg": 32,
-        "about": "CPU only: the patched build with its selectors off against upstream (the patches must cost nothing)",
-    },
-}
+#: the program each measurement runs
+PROGRAMS = {"bench": "llama-bench", "perplexity": "llama-perplexity", "server": "llama-server"}
 
 
 def parse_cpu_list(text: str) -> set[int]:
@@ -287,43 +167,7 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
                 fix="e.g. --pool a/bench.json b/bench.json --report pooled",
             )
         return pool_reports(args.pool, args.report)
-
-    if args.rounds < 1 or args.reps < 1 or args.warmup_reps < 0:
-        raise UsageError(
-            f"bad counts: --rounds {args.rounds}, --reps {args.reps}, --warmup-reps {args.warmup_reps}",
-            why="a report needs at least one round of at least one kept repetition",
-            fix="use --rounds >= 1, --reps >= 1 and --warmup-reps >= 0",
-        )
-    if args.ubatch is not None:
-        try:
-            sizes = [int(x) for x in str(args.ubatch).split(",")]
-        except ValueError:
-            sizes = []
-        if not sizes or min(sizes) < 1:
-            raise UsageError(
-                f"bad --ubatch {args.ubatch!r}",
-                why="it must list positive ubatch sizes",
-                fix="e.g. --ubatch 4096 or --ubatch 512,4096",
-            )
-        args = argparse.Namespace(**{**vars(args), "ubatch": sizes})  # parsed once; the caller's args unchanged
-    if args.time_budget is not None and not args.time_budget > 0:
-        raise UsageError(
-            f"bad --time-budget {args.time_budget}",
-            why="a budget must be a positive number of seconds",
-            fix="e.g. --time-budget 500, or leave it out to run every round",
-        )
-    if getattr(args, "smi", None) is not None and not 10 <= args.smi <= 60000:
-        raise UsageError(
-            f"bad --smi {args.smi}",
-            why="nvidia-smi samples every 10 ms to 60 s",
-            fix="e.g. --smi 100, or --smi alone for every 100 ms",
-        )
-    if args.tg is not None and args.tg < 0:
-        raise UsageError(
-            f"bad --tg {args.tg}",
-            why="a negative number of generated tokens",
-            fix="use --tg 0 to skip token generation, or a positive count",
-        )
+    args = checked(args)
     if not args.cpus:
         return _bench(args, settings)
     before = os.sched_getaffinity(0)
@@ -343,18 +187,32 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
         os.sched_setaffinity(0, before)
 
 
-def _bench(args: argparse.Namespace, settings: Settings) -> int:
-    gpus = n_gpus()
-    suite_name = args.suite or ("multi-gpu" if gpus >= 2 else "batched" if gpus == 1 else "cpu")
-    suite = dict(SUITES[suite_name])
-    if args.ubatch is not None:
-        suite["ubatch"] = list(args.ubatch)
-    if args.tg is not None:
-        suite["tg"] = args.tg
+def _selection(args: argparse.Namespace, name: str, suite: dict[str, Any]) -> Selection:
+    """The part of the suite's matrix to run; run lengths and kept-after-discarded repetitions are exclusive."""
+    sel = select(
+        name,
+        suite,
+        shapes=getattr(args, "shapes", None),
+        run_lengths=getattr(args, "run_lengths", None),
+        measures=getattr(args, "measure", None),
+        user_model=args.model is not None,
+    )
+    given = [o for o, v in (("--reps", args.reps), ("--warmup-reps", args.warmup_reps)) if v is not None]
+    if sel.run_lengths and given:
+        raise UsageError(
+            f"{' and '.join(given)} with run lengths ({','.join(map(str, sel.run_lengths))})",
+            why="a run of -r N keeps every repetition; --reps and --warmup-reps belong to runs without run lengths",
+            fix=f"leave out {' and '.join(given)}, or choose a suite without run lengths",
+        )
+    return sel
+
+
+def _devices(args: argparse.Namespace, name: str, suite: dict[str, Any], gpus: int) -> tuple[int, list[str]]:
+    """(virtual devices or 0, what cannot be measured here); BenchError when the suite cannot run at all."""
     skipped: list[str] = []
     if gpus == 0 and suite["devices"] != "cpu":
         raise BenchError(
-            f"suite {suite_name} needs CUDA GPUs and none is visible", fix="run it on a GPU machine, or use --suite cpu"
+            f"suite {name} needs CUDA GPUs and none is visible", fix="run it on a GPU machine, or use --suite cpu"
         )
     if gpus == 0:
         skipped.append(
@@ -362,12 +220,17 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
             "and batched transfers (they need a device with pinned host memory) cannot be measured "
             "here; only the CPU cases ran"
         )
-    virtual_devices = args.virtual_devices or suite.get("virtual_devices")
+    virtual_devices = args.virtual_devices or suite.get("virtual_devices") or 0
     if suite["devices"] == "all" and gpus < 2 and not virtual_devices:
         raise BenchError(
-            f"suite {suite_name} needs 2+ GPUs (found {gpus})",
+            f"suite {name} needs 2+ GPUs (found {gpus})",
             fix="use --virtual-devices N to emulate cards, or --suite batched",
         )
+    return virtual_devices, skipped
+
+
+def _cases(args: argparse.Namespace, suite: dict[str, Any], gpus: int, virtual_devices: int) -> list[Case]:
+    """The cases to run (the suite's or --cases), forced where virtual devices share a GPU, one per shaped link."""
     wanted = args.cases.split(",") if args.cases else suite["cases"]
     try:  # current names (older ones with a deprecation note, see modes.ALIASES)
         cases = [modes.lookup(c, "--cases") for c in wanted]
@@ -392,116 +255,203 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
             f"mode(s) {', '.join(odd)} are ladder checks, not bench cases",
             fix=f"cases: {', '.join(n for n, m in CASES.items() if not (m.devices or m.rejected))}",
         )
+    return cases
 
+
+def _local(cases: list[Case], measures: tuple[str, ...]) -> None:
+    """UsageError for llama-perplexity or llama-server measurements of rpc cases (before anything is built)."""
+    wall = [m for m in measures if m != "bench"]
+    rpc_cases = [c.name for c in cases if c.rpc]
+    if wall and rpc_cases:
+        raise UsageError(
+            f"--measure {','.join(wall)} with rpc case(s) {', '.join(rpc_cases)}",
+            why="llama-perplexity and llama-server are measured with local devices only",
+            fix="use --measure bench, or cases without rpc-servers",
+        )
+
+
+def _programs(bins: dict[str, Path], cases: list[Case], measures: tuple[str, ...]) -> None:
+    """llama-perplexity and llama-server next to llama-bench in every build the measurements need."""
+    wall = [m for m in measures if m != "bench"]
+    programs = {"perplexity": "llama-perplexity", "server": "llama-server"}
+    for v in sorted({c.variant for c in cases}):
+        for m in wall:
+            if not (bins[v] / programs[m]).is_file():
+                raise BenchError(
+                    f"no {programs[m]} next to llama-bench in {bins[v]}",
+                    fix=f"build the {v} variant there, or leave {m} out of --measure",
+                )
+
+
+def _models(
+    args: argparse.Namespace, settings: Settings, shapes: tuple[str, ...], bins: dict[str, Path]
+) -> tuple[dict[str, Path], list[str] | None]:
+    """The model of every shape (--model, or the random models, written once into the cache) and the vocabulary's
+    tokens (None with --model and no --vocab)."""
+    from .. import model as modelmod
+
+    cache_dir = Path(settings.cache_dir)
+    vocab = args.vocab or modelmod.find_vocab(cache_dir, *[d.parent.parent for d in bins.values()])
+    tokens = list(modelmod.load_vocab(vocab).tokens) if vocab is not None else None
+    if args.model is not None:
+        return {shapes[0]: args.model}, tokens
+    if vocab is None:
+        raise BenchError(
+            "no vocabulary GGUF for the random model",
+            fix=f"pass --vocab PATH/{modelmod.VOCAB_FILE} (in the upstream tree's models/)",
+        )
+    models = {}
+    for shape in shapes:
+        with step(f"model {shape}"):
+            models[shape] = modelmod.ensure_model(cache_dir, shape, 1234, vocab)
+    return models, tokens
+
+
+def _bench(args: argparse.Namespace, settings: Settings) -> int:
+    gpus = n_gpus()
+    suite_name = args.suite or ("multi-gpu" if gpus >= 2 else "batched" if gpus == 1 else "cpu")
+    suite = dict(SUITES[suite_name])
+    if args.ubatch is not None:
+        suite["ubatch"] = list(args.ubatch)
+    if args.tg is not None:
+        suite["tg"] = args.tg
+    sel = _selection(args, suite_name, suite)
+    virtual_devices, skipped = _devices(args, suite_name, suite, gpus)
+    cases = _cases(args, suite, 1 if suite["devices"] == "1" else gpus, virtual_devices)
+    _local(cases, sel.measures)
     bins = resolve_bins(args, settings, {c.variant for c in cases})
     runnable = [c for c in cases if c.variant in bins]
-    for c in cases:
-        if c not in runnable:
-            skipped.append(f"{c.name}: no {c.variant} build")
+    skipped += [f"{c.name}: no {c.variant} build" for c in cases if c not in runnable]
     if not runnable:
         raise BenchError(
             "no case can run: no build of any variant it needs",
             fix="build them (ggml-bridge build --variant ...) or pass --variants-dir",
         )
-
+    _programs(bins, runnable, sel.measures)
     base_env: dict[str, str] = {modes.NCCL_NVLS: "0"}
     if suite["devices"] == "1":
         base_env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     if virtual_devices:
         base_env[modes.CUDA_DEVICES] = str(virtual_devices)
-
-    cache_dir = Path(settings.cache_dir)
-    if args.model is not None:
-        model_path = args.model
-    else:
-        from .. import model as modelmod
-
-        vocab = args.vocab or modelmod.find_vocab(cache_dir, *[d.parent.parent for d in bins.values()])
-        if vocab is None:
-            raise BenchError(
-                "no vocabulary GGUF for the random model",
-                fix=f"pass --vocab PATH/{modelmod.VOCAB_FILE} (in the upstream tree's models/)",
-            )
-        with step(f"model {suite['shape']}"):
-            model_path = modelmod.ensure_model(cache_dir, suite["shape"], 1234, vocab)
-
+    models, tokens = _models(args, settings, sel.shapes, bins)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = args.report or cache_dir / "reports" / f"bench-{suite_name}-{stamp}"
-    logs = out_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    out_dir = args.report or Path(settings.cache_dir) / "reports" / f"bench-{suite_name}-{stamp}"
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    setup = Setup(
+        {c.name: c for c in runnable},
+        bins,
+        models,
+        suite,
+        base_env,
+        out_dir / "logs",
+        rounds=args.rounds or suite.get("rounds", 3),
+        time_budget=args.time_budget,
+        reps=args.reps or 3,
+        warmup=1 if args.warmup_reps is None else args.warmup_reps,
+        timeout=args.timeout,
+        run_lengths=sel.run_lengths,
+        measures=sel.measures,
+        keyed_by_shape=sel.keyed_by_shape,
+        inputs=wallclock.make_inputs(suite, sel.measures, out_dir, tokens),
+    )
+    micro = args.microbench and (gpus >= 2 or bool(virtual_devices))
+    report = _measure(setup, suite_name, sel, getattr(args, "smi", None), micro)
+    report |= {"cpus": args.cpus, "skipped": skipped}
+    return _write(report, out_dir)
 
+
+def _measure(setup: Setup, suite_name: str, sel: Selection, smi_ms: int | None, micro: bool) -> dict[str, Any]:
+    """The rounds (with --smi's sampling around them) and the boundary microbenchmark; the report."""
     runs: list[CaseRun] = []
     samples: list[Sample] = []
-    names = [c.name for c in runnable]
-    smi = Telemetry(logs / "smi.csv", args.smi).start() if getattr(args, "smi", None) is not None else None
-    stopped = ""
+    smi = Telemetry(setup.logs / "smi.csv", smi_ms).start() if smi_ms is not None else None
     try:
-        stopped = rounds(args, runnable, bins, model_path, suite, base_env, logs, runs, samples, smi)
+        stopped = rounds(setup, runs, samples, smi)
     finally:
         if smi is not None:
             smi.stop()
-    pooled = pool(names, samples, runs)
-
-    micro: list[dict[str, Any]] = []
-    if args.microbench and modes.PATCHED in bins and (gpus >= 2 or virtual_devices):
+    mb: list[dict[str, Any]] = []
+    if micro and modes.PATCHED in setup.bins:
         with step("boundary microbenchmark"):
-            micro = microbench(bins[modes.PATCHED], base_env, logs)
-
-    report = {
+            mb = microbench(setup.bins[modes.PATCHED], setup.base_env, setup.logs)
+    suite = setup.suite
+    settings = {k: suite[k] for k in ("pp", "batch", "ubatch", "tg", "devices")}
+    settings |= {k: suite[k] for k in ("perplexity", "server") if k in suite}
+    if modes.CUDA_DEVICES in setup.base_env:
+        settings[modes.CUDA_DEVICES] = int(setup.base_env[modes.CUDA_DEVICES])
+    return {
         "suite": suite_name,
         "about": suite["about"],
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "host": platform.node(),
-        "rounds": pooled["rounds"],
-        "rounds_planned": args.rounds,
+        "rounds_planned": setup.rounds,
         "stopped": stopped,
-        "time_budget": args.time_budget,
-        "reps": args.reps,
-        "warmup_reps": args.warmup_reps,
-        "cpus": args.cpus,
-        "settings": {k: suite[k] for k in ("pp", "batch", "ubatch", "tg", "devices")}
-        | ({modes.CUDA_DEVICES: virtual_devices} if virtual_devices else {}),
-        "model": {"shape": suite["shape"] if args.model is None else "user", "path": str(model_path)},
+        "time_budget": setup.time_budget,
+        "reps": None if sel.run_lengths else setup.reps,
+        "warmup_reps": 0 if sel.run_lengths else setup.warmup,
+        "run_lengths": list(sel.run_lengths) or None,
+        "shapes": list(sel.shapes),
+        "keyed_by_shape": sel.keyed_by_shape,
+        "measures": list(sel.measures),
+        "settings": settings,
+        "model": {"shape": ", ".join(setup.models), "path": str(next(iter(setup.models.values())))},
+        "models": {k: str(v) for k, v in setup.models.items()},
         "environment": gpu_env(),
-        "links": netbench.report(runnable, suite),
-        "cases": [
-            {
-                "name": c.name,
-                "variant": c.variant,
-                "env": c.env(),
-                "link": c.link,
-                "description": c.about,
-                "bin_dir": str(bins[c.variant]),
-                "llama_bench_sha256": file_sha256(bins[c.variant] / "llama-bench"),
-                "engagement": next((r.engagement for r in reversed(runs) if r.case == c.name), ""),
-            }
-            for c in runnable
-        ],
-        "manifests": _manifests(bins),
-        **pooled,
+        "links": netbench.report(list(setup.cases.values()), suite),
+        "cases": [_case_entry(c, setup.bins, runs) for c in setup.cases.values()],
+        "manifests": _manifests(setup.bins),
+        **pool(list(setup.cases), samples, runs),
         "samples": [asdict(s) for s in samples],
         "runs": [asdict(r) for r in runs],
-        "skipped": skipped,
-        "microbench": micro,
+        "microbench": mb,
         "smi": (
             {"interval_ms": smi.interval_ms, "fields": smi.fields, "samples": len(smi.rows), "file": "logs/smi.csv"}
             if smi is not None
             else None
         ),
     }
+
+
+def _case_entry(c: Case, bins: dict[str, Path], runs: list[CaseRun]) -> dict[str, Any]:
+    """A case in the report: what it is, its binaries and what its processes said about engagement (per
+    measurement, the first process that did not engage, else the last one)."""
+    said: dict[str, CaseRun] = {}
+    for r in runs:
+        if r.case == c.name and (r.measure not in said or said[r.measure].engaged is not False):
+            said[r.measure] = r
+    return {
+        "name": c.name,
+        "variant": c.variant,
+        "env": c.env(),
+        "link": c.link,
+        "description": c.about,
+        "bin_dir": str(bins[c.variant]),
+        "llama_bench_sha256": file_sha256(bins[c.variant] / "llama-bench"),
+        "engagement": "; ".join(
+            (f"{PROGRAMS[m]}: " if len(said) > 1 else "") + r.engagement for m, r in said.items() if r.engagement
+        ),
+    }
+
+
+def _write(report: dict[str, Any], out_dir: Path) -> int:
+    """bench.json, bench.md and the plots; BenchError when a case failed or did not engage."""
     (out_dir / "bench.json").write_text(json.dumps(report, indent=1))
     (out_dir / "bench.md").write_text(render_markdown(report))
     report["plots"] = plot(report, out_dir)
     log(f"==> report: {out_dir / 'bench.md'}")
     print(out_dir)
-    failed, not_engaged = pooled["failed"], pooled["not_engaged"]
+    failed, not_engaged = report["failed"], report["not_engaged"]
     if failed:
-        raise BenchError(f"llama-bench failed for case(s) {', '.join(failed)}", fix=f"see the logs in {logs}")
+        programs = sorted({PROGRAMS[r.get("measure", "bench")] for r in report["runs"] if r["rc"] != 0})
+        raise BenchError(
+            f"{' and '.join(programs)} failed for case(s) {', '.join(failed)}",
+            fix=f"see the logs in {out_dir / 'logs'}",
+        )
     if not_engaged:
         raise BenchError(
             f"case(s) {', '.join(not_engaged)} did not engage their mechanism",
             why="their figures would be upstream's path under another name",
-            fix=f"see the engagement lines in {out_dir / 'bench.md'} and the logs in {logs}",
+            fix=f"see the engagement lines in {out_dir / 'bench.md'} and the logs in {out_dir / 'logs'}",
         )
     return 0
 

@@ -10,12 +10,12 @@ import platform
 import statistics
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from .. import modes, netbench
 from ..errors import BenchError
 from ..runner import log
-from .stats import CaseRun, Sample, pool, references
+from .stats import CaseRun, Sample, batched_pairs, pool, references
 
 CASES = modes.MODES
 
@@ -28,8 +28,9 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"- GPU {g['index']}: {g['name']}, driver {g['driver_version']}, PCIe gen "
             f"{g['pcie.link.gen.max']} x{g['pcie.link.width.max']} (max)"
         )
-    lines.append(f"- model: {report['model']['shape']} ({report['model']['path']})")
+    lines += _models_line(report)
     lines.append(f"- settings: {report['settings']}" + (f"; CPUs {report['cpus']}" if report.get("cpus") else ""))
+    lines += _wallclock_lines(report["settings"], report.get("measures") or ["bench"])
     if report.get("links"):
         lines.append(f"- shaped links: {netbench.describe(report['links'])}")
     if report.get("pooled_from"):
@@ -37,8 +38,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     if report.get("stopped"):
         lines.append(f"- stopped early, {report['stopped']}")
     lines.append(
-        f"- rounds: {report['rounds']} interleaved, {report['reps']} llama-bench repetitions kept per round "
-        f"after {report.get('warmup_reps', 0)} discarded; "
+        f"- rounds: {report['rounds']} interleaved, {_repetitions(report)}; "
         "figure = median of all samples, ± = interquartile range; 'noise' = difference inside the spreads; "
         "'paired' = median over rounds of the ratio within a round [95 % bootstrap interval over rounds]"
     )
@@ -75,6 +75,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                     cells.append(f"{n} {cmp['ratio']:.3f}" + (f" ({'; '.join(notes)})" if notes else ""))
             row.append("<br>".join(cells) or "—")
         lines.append("| " + " | ".join(row) + " |")
+    lines += batched_table(report)
     if report.get("not_engaged"):
         lines += ["", "**Not engaged (figures not used):** " + ", ".join(report["not_engaged"])]
     if report.get("skipped"):
@@ -94,6 +95,73 @@ def render_markdown(report: dict[str, Any]) -> str:
             ]
             lines.append(f"| {sz} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _models_line(report: dict[str, Any]) -> list[str]:
+    models = report.get("models") or {report["model"]["shape"]: report["model"]["path"]}
+    if not report.get("keyed_by_shape"):
+        return [f"- model: {report['model']['shape']} ({report['model']['path']})"]
+    return ["- models (tests named SHAPE:TEST): " + "; ".join(f"{k} ({v})" for k, v in models.items())]
+
+
+def _repetitions(report: dict[str, Any]) -> str:
+    """How the llama-bench processes ran: run lengths with every repetition kept, or kept after discarded."""
+    if report.get("run_lengths"):
+        n = ", ".join(f"-r {x}" for x in report["run_lengths"])
+        return (
+            f"one llama-bench process per case, run length and round ({n}; test@rN = run length N), every "
+            "repetition kept (llama-bench's own warm-up run only, as in a user's run)"
+        )
+    return f"{report['reps']} llama-bench repetitions kept per round after {report.get('warmup_reps', 0)} discarded"
+
+
+def _wallclock_lines(settings: dict[str, Any], measures: Sequence[str]) -> list[str]:
+    out = []
+    if "perplexity" in measures and "perplexity" in settings:
+        p = settings["perplexity"]
+        out.append(
+            f"- perplexity: llama-perplexity -c {p['ctx']} --chunks {p['chunks']} -b {p['batch']}, tokens evaluated "
+            "per second of the process's wall time (loading and warm-up included)"
+        )
+    if "server" in measures and "server" in settings:
+        v = settings["server"]
+        out.append(
+            f"- server: llama-server -np {v['parallel']}, {v['requests']} greedy completions of {v['n_predict']} "
+            f"tokens, {v['parallel']} at a time; generated tokens per second from the first request to the last answer"
+        )
+    return out
+
+
+def batched_table(report: dict[str, Any]) -> list[str]:
+    """Markdown: every case with batching against its baseline (the same case with batching off), per test: the
+    paired ratio [95 % interval] (rounds), and the lowest of them."""
+    names = [c["name"] for c in report["cases"]]
+    pairs = [(n, b) for n, b in batched_pairs(names) if n in report["ratios"].get(b, {})]
+    if not pairs:
+        return []
+    lines = [
+        "",
+        "## Batching against its baseline (paired ratio [95 % interval] (rounds); above 1 = batching faster)",
+        "",
+        "| test | " + " | ".join(f"{n} / {b}" for n, b in pairs) + " |",
+        "|" + "---|" * (len(pairs) + 1),
+    ]
+    lowest: tuple[float, str] | None = None
+    for t in report["tests"]:
+        cells = []
+        for n, b in pairs:
+            cmp = report["ratios"][b][n].get(t)
+            if not cmp or "paired" not in cmp:
+                cells.append("—")
+                continue
+            ci = " [{:.3f}, {:.3f}]".format(*cmp["paired_ci95"]) if "paired_ci95" in cmp else ""
+            cells.append(f"{cmp['paired']:.3f}{ci} ({cmp['paired_rounds']})")
+            if lowest is None or cmp["paired"] < lowest[0]:
+                lowest = (cmp["paired"], f"{n} / {b}, {t}")
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    if lowest is not None:
+        lines += ["", f"Lowest paired ratio: {lowest[0]:.3f} ({lowest[1]})."]
+    return lines
 
 
 def plot(report: dict[str, Any], out_dir: Path) -> list[str]:
@@ -116,9 +184,17 @@ def plot(report: dict[str, Any], out_dir: Path) -> list[str]:
     return files
 
 
+#: at most this many tests side by side in the throughput plot; more go on further rows
+PLOT_COLUMNS = 6
+
+
 def _plot_throughput(plt: Any, report: dict[str, Any], names: list[str], tests: list[str], out_dir: Path) -> str:
-    fig, axes = plt.subplots(1, len(tests), figsize=(4.2 * len(tests), 4), squeeze=False)
-    for ax, t in zip(axes[0], tests, strict=False):
+    cols = min(len(tests), PLOT_COLUMNS)
+    rows = -(-len(tests) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(tests) :]:
+        ax.set_visible(False)
+    for ax, t in zip(axes.flat, tests, strict=False):
         meds = [report["summary"].get(n, {}).get(t, {}).get("median", 0.0) for n in names]
         errs = [
             (
@@ -131,7 +207,7 @@ def _plot_throughput(plt: Any, report: dict[str, Any], names: list[str], tests: 
         grey = [n in CASES and not modes.VARIANTS[CASES[n].variant].patched for n in names]  # upstream builds
         ax.bar(range(len(names)), meds, yerr=errs, color=["#6b7280" if g else "#0f766e" for g in grey])
         ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
-        ax.set_title(t)
+        ax.set_title(t, fontsize=9)
         ax.set_ylabel("tokens/s")
     fig.suptitle(f"{report['suite']}: {report['model']['shape']} ({report['date'][:10]})")
     fig.tight_layout()
@@ -201,30 +277,10 @@ def smi_table(report: dict[str, Any]) -> list[str]:
 
 def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
     """``bench --pool REPORT...``: the rounds of several reports of the same suite and settings (e.g. two GPU
-    calls) pooled into one report, their rounds numbered one after the other; nothing is run."""
-    reports = []
-    for p in paths:
-        f = Path(p) / "bench.json" if Path(p).is_dir() else Path(p)
-        try:
-            reports.append((f, json.loads(f.read_text())))
-        except (OSError, json.JSONDecodeError) as e:
-            raise BenchError(
-                f"cannot read the bench report {f}",
-                why=str(e),
-                fix="pass bench.json files (or their folders) written by ggml-bridge bench",
-            ) from None
-    first = reports[0][1]
-    envs = {c["name"]: c.get("env") for c in first["cases"]}
-    for f, rep in reports[1:]:
-        same = {k: rep.get(k) == first.get(k) for k in ("suite", "settings", "reps", "warmup_reps")}
-        same["model"] = rep.get("model", {}).get("shape") == first.get("model", {}).get("shape")
-        same["cases"] = all(envs.get(c["name"], c.get("env")) == c.get("env") for c in rep["cases"])
-        if not all(same.values()):
-            raise BenchError(
-                f"{f} was not measured like {reports[0][0]}",
-                why="they differ in " + ", ".join(k for k, v in same.items() if not v),
-                fix="pool only reports of one suite, model, settings and case definitions",
-            )
+    calls, or calls that each ran a part of the suite's matrix: some shapes, run lengths, measurements or cases)
+    pooled into one report, their rounds numbered one after the other; nothing is run."""
+    reports = [_read(p) for p in paths]
+    _check_alike(reports)
     samples: list[Sample] = []
     runs: list[CaseRun] = []
     fields = {f.name for f in dataclasses.fields(CaseRun)}
@@ -240,8 +296,10 @@ def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
         for c in rep["cases"]:
             cases.setdefault(c["name"], c)
     pooled = pool(list(cases), samples, runs)
+    first = reports[0][1]
     report = {
         **first,
+        **_matrix(rep for _, rep in reports),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "host": platform.node(),
         "pooled_from": [str(f) for f, _ in reports],
@@ -260,3 +318,47 @@ def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
     log(f"==> pooled {len(reports)} reports, {pooled['rounds']} rounds: {out_dir / 'bench.md'}")
     print(out_dir)
     return 0
+
+
+def _read(p: Path) -> tuple[Path, dict[str, Any]]:
+    f = Path(p) / "bench.json" if Path(p).is_dir() else Path(p)
+    try:
+        return f, json.loads(f.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise BenchError(
+            f"cannot read the bench report {f}",
+            why=str(e),
+            fix="pass bench.json files (or their folders) written by ggml-bridge bench",
+        ) from None
+
+
+def _check_alike(reports: Sequence[tuple[Path, dict[str, Any]]]) -> None:
+    """BenchError unless every report measured like the first: suite, settings, repetitions, model (or shapes named
+    in the tests), and the same environment for every case of the same name."""
+    first = reports[0][1]
+    envs = {c["name"]: c.get("env") for c in first["cases"]}
+    for f, rep in reports[1:]:
+        same = {k: rep.get(k) == first.get(k) for k in ("suite", "settings", "reps", "warmup_reps", "keyed_by_shape")}
+        if not first.get("keyed_by_shape"):  # (else every test names its shape)
+            same["model"] = rep.get("model", {}).get("shape") == first.get("model", {}).get("shape")
+        same["cases"] = all(envs.get(c["name"], c.get("env")) == c.get("env") for c in rep["cases"])
+        if not all(same.values()):
+            raise BenchError(
+                f"{f} was not measured like {reports[0][0]}",
+                why="they differ in " + ", ".join(k for k, v in same.items() if not v),
+                fix="pool only reports of one suite, model, settings and case definitions",
+            )
+
+
+def _matrix(reports: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The parts of the matrix the reports ran together: shapes, models, run lengths, measurements."""
+    out: dict[str, Any] = {"shapes": [], "models": {}, "measures": [], "run_lengths": []}
+    for rep in reports:
+        out["shapes"] += [x for x in rep.get("shapes", []) if x not in out["shapes"]]
+        out["models"] |= rep.get("models", {})
+        out["measures"] += [x for x in rep.get("measures", ["bench"]) if x not in out["measures"]]
+        out["run_lengths"] = sorted({*out["run_lengths"], *(rep.get("run_lengths") or [])})
+    out["run_lengths"] = out["run_lengths"] or None
+    if out["models"]:
+        out["model"] = {"shape": ", ".join(out["models"]), "path": next(iter(out["models"].values()))}
+    return out

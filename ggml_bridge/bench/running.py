@@ -1,83 +1,91 @@
-"""Running the cases: one llama-bench process per case and round (with its own rpc-server for the rpc
-modes), whether its mechanism engaged, the interleaved rounds, and the boundary copy microbenchmark."""
+"""Running the cases: the processes of a round (:func:`plan_round`), one llama-bench process per case, round
+(and run length) with its own rpc-server for the rpc modes, whether its mechanism engaged, the interleaved rounds,
+and the boundary copy microbenchmark. llama-perplexity and llama-server are bench.wallclock's."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 from .. import logparse, modes, netbench, rpc, runner
-from ..engagement import BATCHED, BRIDGE, engaged
-from ..errors import BenchError, RpcError
+from ..errors import BenchError
 from ..runner import log
+from . import wallclock
+from .proof import engagement, rpc_engagement
 from .stats import CaseRun, Sample, test_key
 from .telemetry import Telemetry
 
 Case = modes.Mode
 CASES = modes.MODES
+T = TypeVar("T")
 
 
-def rotate(items: Sequence[str], k: int) -> list[str]:
+def rotate(items: Sequence[T], k: int) -> list[T]:
     k %= max(1, len(items))
     return list(items[k:]) + list(items[:k])
 
 
-def engagement(case: Case, log_text: str) -> tuple[bool | None, str]:
-    """Did the mechanism the case is about engage? (None when the case proves nothing.)"""
-    if not case.mechanisms:
-        return None, ""
-    info = logparse.parse(log_text)
-    parts: list[str] = []
-    ok = True
-    if "bridge" in case.mechanisms:
-        b = info.bridge
-        # the stats line is cumulative per process: the last one holds the run's totals
-        last = b.stats[-1] if b.stats else {}
-        crossed = last.get("boundaries", 0)
-        ok &= engaged(BRIDGE, b, last).engaged
-        parts.append(
-            f"bridge {'enabled' if b.enabled else 'not enabled'} ({b.slots} slots), "
-            f"boundaries={crossed} bytes={last.get('bytes', 0)}"
-            + (f", inactive: {b.inactive_reason}" if b.inactive_reason else "")
-        )
-    if "batched" in case.mechanisms:
-        t = info.batched
-        last = t.stats[-1] if t.stats else {}
-        up, down = last.get("async_uploads", 0), last.get("async_downloads", 0)
-        # engaged: it staged uploads (the small inputs of every graph; inputs over the stage limit are upstream's);
-        # downloads into llama.cpp's pinned output buffer are upstream's own asynchronous ones (upstream_downloads)
-        ok &= engaged(BATCHED, t, last).engaged
-        parts.append(
-            f"batched {'enabled' if t.enabled else 'not enabled'}, graphs={last.get('graphs', 0)} "
-            f"async_uploads={up} async_downloads={down} "
-            f"sync_uploads={last.get('sync_uploads', 0)} upstream_uploads={last.get('upstream_uploads', 0)}"
-            + (f", inactive: {t.inactive_reason}" if t.inactive_reason else "")
-        )
-    return ok, "; ".join(parts)
+@dataclass(frozen=True)
+class Job:
+    """One process of a round: a case measured on one shape by llama-bench (with ``-r run_length``, or the kept
+    repetitions after the discarded ones when None), llama-perplexity or llama-server."""
+
+    case: str
+    shape: str
+    measure: str = "bench"
+    run_length: int | None = None
 
 
-def rpc_engagement(case: Case, topo: rpc.Topology) -> tuple[bool | None, str]:
-    """The bridge inside the case's rpc-server: its enabled line and its counters (patch 0006, SIGUSR1)."""
-    if not case.mechanisms:
-        return None, ""
-    srv = topo.local[0]
-    try:
-        c = srv.counters()
-    except RpcError as e:
-        return False, str(e)
-    info = srv.info()
-    crossed = c.get("bridge_boundaries", 0)
-    return (
-        engaged(BRIDGE, info.bridge, c).engaged,
-        f"rpc-server bridge {'enabled' if info.bridge.enabled else 'not enabled'}, boundaries={crossed} "
-        f"bytes={c.get('bridge_bytes', 0)} copy_tensor={c.get('rpc_copy_tensor', 0)}"
-        + ("" if c.get("bridge") else " (no bridge counters exported)")
-        + (f", inactive: {info.bridge.inactive_reason}" if info.bridge.inactive_reason else ""),
-    )
+def plan_round(rnd: int, names: Sequence[str], shapes: Sequence[str], groups: Sequence[Job]) -> list[Job]:
+    """The processes of round ``rnd`` in order. ``groups`` are the measurements of one case on one shape (one per
+    run length, then perplexity and server; ``case`` and ``shape`` unset). Shapes rotate with the round, and so
+    do the groups within a shape; within group ``j`` (its place in ``groups``) the cases are rotated by
+    ``rnd + j``, so a case and its baseline run next to each other on the same shape and run length, and over
+    the rounds every case comes first in every group. One group on one shape is the rotation of the cases by
+    ``rnd``."""
+    jobs: list[Job] = []
+    for shape in rotate(shapes, rnd):
+        for j, g in rotate(list(enumerate(groups)), rnd):
+            jobs += [replace(g, case=name, shape=shape) for name in rotate(names, rnd + j)]
+    return jobs
+
+
+@dataclass
+class Setup:
+    """What the rounds run, as values: cases, binaries, models, settings, the matrix and the limits."""
+
+    cases: dict[str, Case]  # by name, in the suite's order (link cases of netbench.expand included)
+    bins: dict[str, Path]  # variant -> folder of its programs
+    models: dict[str, Path]  # shape -> GGUF
+    suite: dict[str, Any]
+    base_env: dict[str, str]
+    logs: Path
+    rounds: int = 3
+    time_budget: float | None = None
+    reps: int = 3
+    warmup: int = 1
+    timeout: float = 600.0
+    run_lengths: tuple[int, ...] = ()
+    measures: tuple[str, ...] = ("bench",)
+    keyed_by_shape: bool = False
+    inputs: wallclock.Inputs = field(default_factory=wallclock.Inputs)
+
+    def groups(self) -> list[Job]:
+        """The measurements of one case on one shape, in a round."""
+        g: list[Job] = []
+        if "bench" in self.measures:
+            g += [Job("", "", "bench", n) for n in self.run_lengths] or [Job("", "")]
+        return g + [Job("", "", m) for m in ("perplexity", "server") if m in self.measures]
+
+    def label(self, job: Job) -> str:
+        """The job's name in logs and log folders: shape, run length, measurement ("" for plain llama-bench)."""
+        parts = [job.shape] if self.keyed_by_shape else []
+        parts += [f"r{job.run_length}"] if job.run_length else []
+        return "/".join(parts + ([job.measure] if job.measure != "bench" else []))
 
 
 def run_case(
@@ -114,12 +122,7 @@ def run_case(
         "json",
         "-v",
     ]
-    if suite["devices"] != "cpu" or case.rpc:
-        argv += ["-ngl", "99", "-sm", "layer"]
-    else:
-        argv += ["-ngl", "0"]
-    if suite.get("threads"):
-        argv += ["-t", str(suite["threads"])]
+    argv += wallclock.device_args(suite, case)
     env = {**base_env, **case.env()}
     err_path = out_dir / f"{case.name}-r{rnd}.log"
     topo = None
@@ -194,57 +197,61 @@ def microbench(bin_dir: Path, base_env: dict[str, str], out_dir: Path) -> list[d
     return rows
 
 
-def rounds(
-    args: argparse.Namespace,
-    runnable: list[Case],
-    bins: dict[str, Path],
-    model_path: Path,
-    suite: dict[str, Any],
-    base_env: dict[str, str],
-    logs: Path,
-    runs: list[CaseRun],
-    samples: list[Sample],
-    smi: Telemetry | None,
-) -> str:
-    """The interleaved rounds (the order rotates each round), until --rounds or the --time-budget; appends to
-    ``runs`` and ``samples``; returns why it stopped early ("" if it did not)."""
-    names = [c.name for c in runnable]
-    by_name = {c.name: c for c in runnable}  # link cases (netbench.expand) are not in CASES
+def run_job(setup: Setup, job: Job, rnd: int) -> tuple[CaseRun, list[Sample]]:
+    """One process of a round; its tests named with the shape (``SHAPE:``) and run length (``@rN``) where the run
+    has them, its logs in a folder of its own (:meth:`Setup.label`)."""
+    case = setup.cases[job.case]
+    label = setup.label(job)
+    out_dir = setup.logs / label if label else setup.logs
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bin_dir, model = setup.bins[case.variant], setup.models[job.shape]
+    if job.measure == "perplexity":
+        cr, ss = wallclock.perplexity(
+            bin_dir, case, model, setup.suite, setup.base_env, setup.inputs, out_dir, rnd, setup.timeout
+        )
+    elif job.measure == "server":
+        cr, ss = wallclock.server(
+            bin_dir, case, model, setup.suite, setup.base_env, setup.inputs, out_dir, rnd, setup.timeout
+        )
+    else:
+        reps, warmup = (job.run_length, 0) if job.run_length else (setup.reps, setup.warmup)
+        cr, ss = run_case(
+            bin_dir, case, model, setup.suite, reps, setup.base_env, out_dir, rnd, setup.timeout, warmup=warmup
+        )
+    prefix = f"{job.shape}:" if setup.keyed_by_shape else ""
+    suffix = f"@r{job.run_length}" if job.run_length else ""
+    cr.measure, cr.shape, cr.run_length = job.measure, job.shape if setup.keyed_by_shape else "", job.run_length
+    return cr, [replace(s, test=prefix + s.test + suffix) for s in ss]
+
+
+def rounds(setup: Setup, runs: list[CaseRun], samples: list[Sample], smi: Telemetry | None) -> str:
+    """The interleaved rounds (:func:`plan_round`), until ``setup.rounds`` or its time budget; appends to ``runs``
+    and ``samples``; returns why it stopped early ("" if it did not)."""
+    names = list(setup.cases)
+    shapes = list(setup.models)
     t_start = time.monotonic()
     longest = 0.0
-    stopped = ""
-    for rnd in range(args.rounds):
+    for rnd in range(setup.rounds):
         elapsed = time.monotonic() - t_start
-        if args.time_budget is not None and rnd > 0 and elapsed + longest > args.time_budget:
+        if setup.time_budget is not None and rnd > 0 and elapsed + longest > setup.time_budget:
             stopped = (
-                f"time budget: {rnd} of {args.rounds} rounds ran in {elapsed:.0f} s; another would "
-                f"take ~{longest:.0f} s of the {args.time_budget:.0f} s budget"
+                f"time budget: {rnd} of {setup.rounds} rounds ran in {elapsed:.0f} s; another would "
+                f"take ~{longest:.0f} s of the {setup.time_budget:.0f} s budget"
             )
             log(f"    stopping: {stopped}")
-            break
+            return stopped
         t_round = time.monotonic()
-        for name in rotate(names, rnd):
-            c = by_name[name]
-            cr, ss = run_case(
-                bins[c.variant],
-                c,
-                model_path,
-                suite,
-                args.reps,
-                base_env,
-                logs,
-                rnd,
-                args.timeout,
-                warmup=args.warmup_reps,
-            )
+        for job in plan_round(rnd, names, shapes, setup.groups()):
+            cr, ss = run_job(setup, job, rnd)
             if smi is not None:
                 cr.gpus = smi.during(cr.started, cr.started + cr.seconds)
             runs.append(cr)
             samples += ss
             figs = " ".join(f"{s.test}={statistics.median(s.values):.1f}" for s in ss)
             log(
-                f"    round {rnd + 1}/{args.rounds} {name:13s} rc={cr.rc} {cr.seconds:5.1f}s {figs}"
+                f"    round {rnd + 1}/{setup.rounds} {job.case:13s} {setup.label(job):>16s} rc={cr.rc} "
+                f"{cr.seconds:5.1f}s {figs}"
                 + ("" if cr.engaged is None else f" [{'engaged' if cr.engaged else 'NOT ENGAGED'}]")
             )
         longest = max(longest, time.monotonic() - t_round)
-    return stopped
+    return ""

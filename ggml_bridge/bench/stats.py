@@ -31,6 +31,10 @@ class CaseRun:
     log_tail: list[str] = field(default_factory=list)
     started: float = 0.0  # wall clock (epoch seconds) when the process started: lines runs up with GPU telemetry
     gpus: dict[str, dict[str, Any]] = field(default_factory=dict)  # --smi: GPU state while it ran, by GPU index
+    measure: str = "bench"  # bench (llama-bench), perplexity (llama-perplexity) or server (llama-server)
+    shape: str = ""  # the model's shape where the run measured several
+    run_length: int | None = None  # llama-bench -r N with every repetition kept (None: kept after discarded ones)
+    detail: str = ""  # what the figure was made of (chunks, requests, tokens, seconds)
 
 
 @dataclass
@@ -109,10 +113,19 @@ def test_key(r: dict[str, Any]) -> str:
     return f"tg{r['n_gen']}"
 
 
-def _test_order(test: str) -> tuple[bool, int, int]:
-    """pp before tg, then by size and ubatch as numbers: pp4096/ub512 before pp4096/ub4096."""
-    head, _, ub = test.partition("/ub")
-    return (head[:2] != "pp", int(head[2:]), int(ub or 0))
+#: the order of the kinds of test: llama-bench's prompt processing and generation, then the wall-time figures
+_KINDS = ("pp", "tg", "perplexity", "server")
+
+
+def _test_order(test: str) -> tuple[str, int, int, int, int]:
+    """By shape (``SHAPE:``), then pp, tg, perplexity, server, then by size, ubatch and run length (``@rN``) as
+    numbers: pp4096/ub512 before pp4096/ub4096, pp512/ub512@r3 before pp512/ub512@r10."""
+    shape, _, body = test.rpartition(":")
+    body, _, runs = body.partition("@r")
+    head, _, ub = body.partition("/ub")
+    kind = head if head in _KINDS else head[:2]
+    size = head[2:] if kind in ("pp", "tg") and head[2:].isdigit() else "0"
+    return (shape, _KINDS.index(kind) if kind in _KINDS else len(_KINDS), int(size), int(ub or 0), int(runs or 0))
 
 
 #: reference cases of the ratios, in this order
@@ -139,19 +152,13 @@ def pool(names: Sequence[str], samples: Sequence[Sample], runs: Sequence[CaseRun
             if vals:
                 summary.setdefault(name, {})[t] = asdict(summarize(name, t, vals))
     usable = [n for n in names if n not in failed and n not in not_engaged]
+    refs = references(usable)
+    pairs = [(n, ref) for ref in refs for n in usable] + [p for p in batched_pairs(usable) if p[1] not in refs]
     ratios: dict[str, dict[str, dict[str, Any]]] = {}
-    for ref in references(usable):
-        for n in usable:
-            for t in tests:
-                if t in summary.get(n, {}) and t in summary.get(ref, {}):
-                    cmp = compare(Summary(**summary[n][t]), Summary(**summary[ref][t]))
-                    paired = paired_ratio(samples, n, ref, t)
-                    if paired is not None:
-                        cmp["paired"], cmp["paired_rounds"] = paired
-                        ci = paired_interval(samples, n, ref, t)
-                        if ci is not None:
-                            cmp["paired_ci95"] = list(ci)
-                    ratios.setdefault(ref, {}).setdefault(n, {})[t] = cmp
+    for n, ref in pairs:
+        for t in tests:
+            if t in summary.get(n, {}) and t in summary.get(ref, {}):
+                ratios.setdefault(ref, {}).setdefault(n, {})[t] = _ratio(samples, summary, n, ref, t)
     return {
         "rounds": len({r.round for r in runs}),
         "tests": tests,
@@ -160,3 +167,30 @@ def pool(names: Sequence[str], samples: Sequence[Sample], runs: Sequence[CaseRun
         "failed": failed,
         "not_engaged": not_engaged,
     }
+
+
+def _ratio(
+    samples: Sequence[Sample], summary: dict[str, dict[str, dict[str, Any]]], n: str, ref: str, t: str
+) -> dict[str, Any]:
+    """Case ``n`` against ``ref`` in test ``t``: the ratio of the pooled medians (and whether it is noise), the
+    paired ratio over rounds with its number of rounds and bootstrap interval."""
+    cmp = compare(Summary(**summary[n][t]), Summary(**summary[ref][t]))
+    paired = paired_ratio(samples, n, ref, t)
+    if paired is not None:
+        cmp["paired"], cmp["paired_rounds"] = paired
+        ci = paired_interval(samples, n, ref, t)
+        if ci is not None:
+            cmp["paired_ci95"] = list(ci)
+    return cmp
+
+
+def batched_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
+    """(batched case, its baseline) for every case in ``names`` with batching on whose baseline (the same mode with
+    batching off, :func:`modes.baseline`) is in ``names`` too: off for batched, bridge-force for
+    bridge-force-batched."""
+    pairs = []
+    for n in names:
+        base = modes.baseline(modes.MODES[n]) if n in modes.MODES else None
+        if base is not None and base.name in names:
+            pairs.append((n, base.name))
+    return pairs

@@ -60,3 +60,17 @@ def name_and_path(text: str) -> tuple[str, Path]:
     if not sep or not name or not folder or ":" in name or "/" in name:
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME=DIR (e.g. wheel=site-packages/ggml_bridge_server/bin)")
     return name, Path(folder)
+
+
+def count_list(minimum: int = 1, maximum: int = 2**31 - 1) -> Callable[[str], tuple[int, ...]]:
+    """A comma-separated list of integers in ``minimum..maximum`` (at least one)."""
+    one = count(minimum, maximum)
+
+    def parse(text: str) -> tuple[int, ...]:
+        items = text.split(",")
+        if not text.strip() or any(not x.strip() for x in items):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers")
+        return tuple(one(x.strip()) for x in items)
+
+    parse.__name__ = "list"
+    return parse

@@ -1,4 +1,5 @@
-"""``ggml-bridge bench``: side-by-side llama-bench report."""
+"""``ggml-bridge bench``'s command line: what to measure (suite, cases, the part of its matrix), which builds and
+model, how to run (rounds, repetitions or run lengths, budget, telemetry), where the report goes."""
 
 from __future__ import annotations
 
@@ -6,19 +7,48 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .. import modes
+from ..bench.suites import MEASURES, SUITES
 from ..config import Settings
-from ..modes import VARIANTS
 from . import argtypes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _what(parser)
+    _builds(parser)
+    _how(parser)
+    _report(parser)
+
+
+def _what(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--suite",
-        choices=sorted(suites()),
+        choices=sorted(SUITES),
         default=None,
         help="which comparison (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)",
     )
     parser.add_argument("--cases", default=None, help="comma-separated subset of the suite's cases")
+    parser.add_argument(
+        "--shapes",
+        default=None,
+        metavar="LIST",
+        help="comma-separated subset of the suite's model shapes, e.g. bench-2b-6l (default: all of them)",
+    )
+    parser.add_argument(
+        "--run-lengths",
+        type=argtypes.count_list(1),
+        default=None,
+        metavar="LIST",
+        help="one llama-bench process per case, run length and round with -r N, every repetition kept, e.g. "
+        "1,3,10: what one-shot and short runs see (default: the suite's; without any, --reps after --warmup-reps)",
+    )
+    parser.add_argument(
+        "--measure",
+        default=None,
+        metavar="LIST",
+        help=f"comma-separated subset of {','.join(MEASURES)}: llama-bench, llama-perplexity's wall time, "
+        "llama-server's throughput under concurrent requests (default: all the suite has)",
+    )
     parser.add_argument(
         "--links",
         default=None,
@@ -26,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="shaped links for the suite's rpc cases, e.g. 10gbit/0.2ms,25gbit/0.1ms (default: the "
         "suite's; each rpc case runs unshaped and once per link)",
     )
+
+
+def _builds(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--variants-dir",
         type=Path,
@@ -33,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="DIR/{upstream,nopeer,patched}/llama-bench: one folder per build variant",
     )
-    for v in VARIANTS:
+    for v in modes.VARIANTS:
         parser.add_argument(f"--bin-dir-{v}", type=Path, default=None, metavar="DIR", help=f"llama-bench of {v}")
     parser.add_argument(
         "--build",
@@ -43,7 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", type=Path, default=None, help="GGUF to use instead of the suite's random model")
     parser.add_argument("--vocab", type=Path, default=None, help="vocabulary GGUF for the random model")
-    parser.add_argument("--rounds", type=argtypes.count(1), default=3, help="interleaved rounds (default 3)")
+
+
+def _how(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rounds", type=argtypes.count(1), default=None, help="interleaved rounds (default: the suite's, else 3)"
+    )
     parser.add_argument(
         "--time-budget",
         type=argtypes.seconds(),
@@ -53,7 +91,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "far): --rounds becomes a ceiling and the report says how many rounds ran",
     )
     parser.add_argument(
-        "--reps", type=argtypes.count(1), default=3, help="llama-bench repetitions kept per round (default 3)"
+        "--reps",
+        type=argtypes.count(1),
+        default=None,
+        help="llama-bench repetitions kept per round (default 3; not with run lengths)",
+    )
+    parser.add_argument(
+        "--warmup-reps",
+        type=argtypes.count(0),
+        default=None,
+        metavar="N",
+        help="repetitions run first and discarded in every llama-bench process (default 1; not with run lengths)",
     )
     parser.add_argument(
         "--ubatch",
@@ -75,19 +123,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run every case on these CPUs only, e.g. 0-15 (one socket): same placement for all",
     )
     parser.add_argument(
-        "--warmup-reps",
-        type=argtypes.count(0),
-        default=1,
-        metavar="N",
-        help="repetitions run first and discarded in every llama-bench process (default 1)",
-    )
-    parser.add_argument(
         "--virtual-devices",
         type=argtypes.count(1),
         default=None,
         metavar="N",
         help="GGML_CUDA_DEVICES=N: emulate N cards on the visible GPUs",
     )
+    parser.add_argument("--timeout", type=argtypes.seconds(), default=600.0, help="seconds per process")
+
+
+def _report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--microbench",
         action=argparse.BooleanOptionalAction,
@@ -111,16 +156,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="REPORT",
         help="run nothing: pool the rounds of these bench.json reports (same suite and settings, "
-        "e.g. two GPU calls) into one report in --report",
+        "e.g. two GPU calls, or parts of one suite's matrix) into one report in --report",
     )
     parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="report directory")
-    parser.add_argument("--timeout", type=argtypes.seconds(), default=600.0, help="seconds per llama-bench invocation")
-
-
-def suites() -> list[str]:
-    from ..bench import SUITES
-
-    return list(SUITES)
 
 
 def run(opts: Any, settings: Settings) -> int:

@@ -32,7 +32,7 @@ runs llama-server and llama-perplexity with ``--rpc`` and no GPU of their own; t
 0006, SIGUSR1) must show each served graph computations, and in ``rpc-bridge`` every server owning two or
 more GPUs must report the bridge engaged with ``bridge_boundaries>0`` (docs/rpc.md).
 
-For every mode the rung runs the real llama-server through :class:`serve.Server`, sends a fixed request
+For every mode the rung runs the real llama-server through :class:`llama_server.Server`, sends a fixed request
 set (greedy, ``n_probs``, prompts from one token up to longer than the ubatch) and records the responses
 (canonical JSON, volatile fields such as timings dropped); then runs ``llama-perplexity
 --kl-divergence-base FILE`` on a fixed generated text, which dumps the (16-bit quantised) log-probabilities

@@ -111,7 +111,7 @@ if want ladder; then
     for r in ${FIRST_RUNGS:-$first_rungs}; do ladder_rung "$r" 45; done
 fi
 
-bench_suite() {
+bench_suite() {  # NAME NEED_S BUDGET_S bench-options...: the bench with --time-budget BUDGET_S, cut 90 s after it
     local name=$1 need=$2 budget=$3; shift 3
     step "bench-$name" "$need" $((budget + 90)) "${gb[@]}" bench --no-build --no-microbench --time-budget "$budget" \
         --vocab "$vocab" "${bins[@]}" ${nbin:+--bin-dir-upstream-nopeer "$nbin"} --report "$OUT/bench/$name" "$@"
@@ -124,13 +124,44 @@ if want bench; then
     bench_suite batched 45 45 --suite batched --rounds 10
 fi
 
+# seconds one round of a short-run suite takes on one H200, per shape (estimates from process counts: a round runs,
+# per case, llama-bench -r 1, -r 3 and -r 10, llama-perplexity and llama-server; scripts/gpu/README.md)
+runs_round_s() {
+    case "$1:$2" in
+        1gpu:bench-1b) echo 24 ;; 1gpu:bench-2b-6l) echo 40 ;;
+        2virt:bench-1b) echo 48 ;; 2virt:bench-2b-6l) echo 80 ;;
+        6virt:bench-1b) echo 62 ;; 6virt:bench-2b-6l) echo 104 ;;
+        *) echo 120 ;;
+    esac
+}
 if want batched; then
-    # batching against bridge-only on 1 device, 2 and 6 virtual devices (bridge forced there): pp512, pp4096,
-    # tg128, interleaved rounds; the goal: nothing >= 1 % slower
+    # batching against its baseline in one-shot, short and long runs (llama-bench -r 1, 3, 10, every repetition
+    # kept), on bench-1b and the 5120-wide bench-2b-6l, on one GPU and on 2 and 6 virtual devices of it (bridge
+    # forced there), with llama-perplexity's wall time and llama-server's throughput under 4 concurrent requests,
+    # interleaved rounds; the goal: no paired ratio below 0.99, tg128 >= +3 % on one GPU. One report per part
+    # (suite and shape; a round that would not end within the time left is not started), the parts of a suite
+    # pooled when this call ran more than one. BATCHED_PARTS ("SUITE:SHAPE ...", default every one of
+    # BATCHED_SUITES (1gpu 2virt 6virt) x BATCHED_SHAPES (bench-1b bench-2b-6l)), BATCHED_ROUNDS (5),
+    # BATCHED_RUN_LENGTHS (e.g. 1,10) and BATCHED_MEASURE (e.g. bench,server) choose a part of the matrix, so that
+    # it can be split over calls and pooled afterwards (bench --pool; scripts/gpu/README.md)
     rounds=${BATCHED_ROUNDS:-5}
-    bench_suite batched-1dev 60 110 --suite batched-pp-2gpu --virtual-devices 1 --cases off,batched --rounds "$rounds"
-    bench_suite batched-2virt 60 130 --suite batched-pp-2gpu --virtual-devices 2 --cases bridge-force,bridge-force-batched --rounds "$rounds"
-    bench_suite batched-6virt 60 150 --suite batched-pp-6dev --cases bridge-force,bridge-force-batched --rounds "$rounds"
+    parts=${BATCHED_PARTS:-$(for s in ${BATCHED_SUITES:-1gpu 2virt 6virt}; do
+        for h in ${BATCHED_SHAPES:-bench-1b bench-2b-6l}; do echo "$s:$h"; done; done)}
+    for part in $parts; do
+        suite=${part%%:*} shape=${part#*:}
+        per=$(runs_round_s "$suite" "$shape")
+        # the part's rounds and half a round of slack, within the call's time left less a minute (the report)
+        budget=$((per * rounds + per / 2)); [ "$budget" -gt $(($(left) - 60)) ] && budget=$(($(left) - 60))
+        bench_suite "runs-$suite-$shape" $((per + 60)) "$budget" --suite "batched-runs-$suite" --shapes "$shape" \
+            --rounds "$rounds" ${BATCHED_RUN_LENGTHS:+--run-lengths "$BATCHED_RUN_LENGTHS"} \
+            ${BATCHED_MEASURE:+--measure "$BATCHED_MEASURE"}
+    done
+    for suite in $(for part in $parts; do echo "${part%%:*}"; done | sort -u); do
+        reports=("$OUT"/bench/runs-"$suite"-*/bench.json)
+        [ -f "${reports[0]}" ] && [ "${#reports[@]}" -ge 2 ] || continue
+        "${gb[@]}" bench --pool "${reports[@]}" --report "$OUT/bench/runs-$suite" > "$OUT/bench-runs-$suite-pool.txt" 2>&1
+        grep -A 40 "^## Batching against" "$OUT/bench/runs-$suite/bench.md" 2>/dev/null | tee -a "$OUT/summary.txt"
+    done
 fi
 
 # the one-GPU topologies run from ladders/cuda-1gpu.toml on any machine (its rungs use one GPU)

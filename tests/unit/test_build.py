@@ -379,7 +379,7 @@ def test_shared_tree_refuses_nopeer_without_cuda_and_unknown_variants(settings: 
 def test_locate_override_build_pointer_and_installed_wheel(
     settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """build.locate is the one binary locator of ladder, bench, serve and rpc: --bin-dir first, then the
+    """builder.locate is the one binary locator of ladder, bench, serve and rpc: --bin-dir first, then the
     latest build, then (serve only: installed=True) an installed ggml-bridge-server wheel."""
     import sys
     import types

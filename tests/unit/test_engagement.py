@@ -33,15 +33,18 @@ def test_every_caller_uses_it() -> None:
     import inspect
 
     from ggml_bridge import rpc
-    from ggml_bridge.bench import running
+    from ggml_bridge.bench import proof as bench_proof
+    from ggml_bridge.bench import wallclock
     from ggml_bridge.ladder import validity
 
-    for mod in (rpc, running, validity):
+    for mod in (rpc, bench_proof, validity):
         assert "engaged(" in inspect.getsource(mod) and mod.engaged is engaged, mod.__name__
-    # serve, at llama-server's default verbosity, through from_metrics (engaged, then the /metrics counters)
+    # serve and the bench's llama-server, at its default verbosity, through from_metrics (engaged, then the
+    # /metrics counters)
     from ggml_bridge import engagement
 
-    assert "from_metrics(" in inspect.getsource(proof) and proof.from_metrics is engagement.from_metrics
+    for mod in (proof, wallclock):  # serve's proof
+        assert "from_metrics(" in inspect.getsource(mod) and mod.from_metrics is engagement.from_metrics
     assert "engaged(mechanism, info)" in inspect.getsource(engagement.from_metrics)
 
 

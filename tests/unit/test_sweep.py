@@ -182,6 +182,23 @@ CASES = [
     Case("bench-tg-negative", ["bench", "--tg", "-3"], USAGE, "argument --tg"),
     Case("bench-time-budget-inf", ["bench", "--time-budget", "inf"], USAGE, "argument --time-budget"),
     Case("bench-warmup-negative", ["bench", "--warmup-reps", "-1"], USAGE, "argument --warmup-reps"),
+    # --- the bench's run lengths, shapes and measurements -----------------------------------------------------------
+    Case("bench-run-lengths-zero", ["bench", "--run-lengths", "0"], USAGE, "argument --run-lengths"),
+    Case("bench-run-lengths-empty-item", ["bench", "--run-lengths", "1,,3"], USAGE, "argument --run-lengths"),
+    Case("bench-run-lengths-word", ["bench", "--run-lengths", "one"], USAGE, "argument --run-lengths"),
+    Case(
+        "bench-shapes-not-in-suite", ["bench", "--suite", "cpu-runs", "--shapes", "bench-1b"], USAGE, "has no bench-1b"
+    ),
+    Case("bench-shapes-empty", ["bench", "--suite", "cpu-runs", "--shapes", ","], USAGE, "bad --shapes"),
+    Case("bench-measure-unknown", ["bench", "--suite", "cpu-runs", "--measure", "speed"], USAGE, "has no speed"),
+    Case("bench-measure-not-in-suite", ["bench", "--suite", "cpu", "--measure", "server"], USAGE, "cpu has no server"),
+    Case(
+        "bench-warmup-with-run-lengths",
+        ["bench", "--suite", "cpu-runs", "--warmup-reps", "1"],
+        USAGE,
+        "--warmup-reps with run lengths",
+    ),
+    Case("bench-reps-with-run-lengths", ["bench", "--run-lengths", "1", "--reps", "3"], USAGE, "with run lengths"),
     Case("ladder-threads-zero", ["ladder", "--threads", "0"], USAGE, "argument --threads"),
     Case("ladder-startup-timeout-nan", ["ladder", "--startup-timeout", "nan"], USAGE, "argument --startup-timeout"),
     # --- low: wrong messages or exit codes -----------------------------------------------------------------------

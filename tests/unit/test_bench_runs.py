@@ -1,0 +1,370 @@
+"""ggml-bridge bench's short-run matrix against the fake programs: run lengths (one llama-bench process per case,
+run length and round, every repetition kept), shapes named in the tests, llama-perplexity's wall time and
+llama-server's throughput under concurrent requests with their engagement proof, the order of a round, the
+batched-vs-baseline table, and pooling the parts of a matrix run in separate calls."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ggml_bridge import bench, modes
+from ggml_bridge import model as modelmod
+from ggml_bridge.bench import stats
+from ggml_bridge.bench.running import Job, plan_round
+from ggml_bridge.errors import BenchError, UsageError
+
+from helpers import bench_args, write_fake_variants
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    for var in ("FAKE_COLD_FIRST", "FAKE_COLD_WHEN", "FAKE_BATCHED_INACTIVE", "FAKE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FAKE_ORDER", str(tmp_path / "order.txt"))
+    monkeypatch.setattr(bench, "n_gpus", lambda: 1)
+    monkeypatch.setattr(bench, "gpu_env", lambda: {})
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    return SimpleNamespace(
+        order=tmp_path / "order.txt",
+        model=model,
+        variants=write_fake_variants(tmp_path / "variants"),
+        settings=SimpleNamespace(cache_dir=tmp_path / "cache"),
+        tmp=tmp_path,
+    )
+
+
+def _run(env, report: str, **kw):  # type: ignore[no-untyped-def]
+    """Run the bench on the fake variants (exit 0 expected) and read its bench.json."""
+    kw.setdefault("model", env.model)
+    args = bench_args(variants_dir=env.variants, report=env.tmp / report, microbench=False, **kw)
+    assert bench.bench(args, env.settings) == 0
+    return json.loads((env.tmp / report / "bench.json").read_text())
+
+
+# --- the order of a round -----------------------------------------------------------------------------------------
+
+
+def test_one_group_on_one_shape_is_the_rotation_of_the_cases():
+    names = ["a", "b", "c"]
+    for rnd in range(4):
+        assert [j.case for j in plan_round(rnd, names, ["s"], [Job("", "")])] == bench.rotate(names, rnd)
+
+
+def test_a_round_runs_every_case_in_every_group_next_to_each_other():
+    names = ["off", "batched"]
+    groups = [Job("", "", "bench", 1), Job("", "", "bench", 3), Job("", "", "perplexity")]
+    r0 = plan_round(0, names, ["a", "b"], groups)
+    r1 = plan_round(1, names, ["a", "b"], groups)
+    for r in (r0, r1):  # every (shape, group, case) once, a group's cases one after the other
+        assert len(r) == len({(j.shape, j.measure, j.run_length, j.case) for j in r}) == 12
+        assert all(r[i].run_length == r[i + 1].run_length and r[i].shape == r[i + 1].shape for i in range(0, 12, 2))
+    assert [(j.shape, j.run_length, j.case) for j in r0[:6]] == [
+        ("a", 1, "off"),
+        ("a", 1, "batched"),
+        ("a", 3, "batched"),
+        ("a", 3, "off"),
+        ("a", None, "off"),
+        ("a", None, "batched"),
+    ]
+    # round 1: shapes and groups rotated, the cases of group j rotated by 1 + j
+    assert [(j.shape, j.run_length, j.measure, j.case) for j in r1[:6]] == [
+        ("b", 3, "bench", "off"),
+        ("b", 3, "bench", "batched"),
+        ("b", None, "perplexity", "batched"),
+        ("b", None, "perplexity", "off"),
+        ("b", 1, "bench", "batched"),
+        ("b", 1, "bench", "off"),
+    ]
+
+
+def test_tests_sort_by_shape_kind_size_ubatch_and_run_length():
+    keys = [
+        "b:server",
+        "b:perplexity",
+        "b:tg128@r10",
+        "b:tg128@r1",
+        "b:pp4096/ub512@r3",
+        "b:pp512/ub512@r10",
+        "b:pp512/ub512@r3",
+        "a:pp4096/ub512@r1",
+    ]
+    assert sorted(keys, key=stats._test_order) == [
+        "a:pp4096/ub512@r1",
+        "b:pp512/ub512@r3",
+        "b:pp512/ub512@r10",
+        "b:pp4096/ub512@r3",
+        "b:tg128@r1",
+        "b:tg128@r10",
+        "b:perplexity",
+        "b:server",
+    ]
+    assert sorted(["tg128", "pp4096/ub4096", "pp4096/ub512"], key=stats._test_order) == [
+        "pp4096/ub512",
+        "pp4096/ub4096",
+        "tg128",
+    ]
+
+
+def test_batching_is_paired_with_its_baseline():
+    assert modes.baseline(modes.MODES["batched"]).name == "off"
+    assert modes.baseline(modes.MODES["bridge-force-batched"]).name == "bridge-force"
+    assert modes.baseline(modes.MODES["bridge-batched"]).name == "bridge"
+    assert modes.baseline(modes.MODES["bridge-force"]) is None
+    names = ["off", "batched", "bridge-force", "bridge-force-batched", "bridge-batched"]
+    assert stats.batched_pairs(names) == [("batched", "off"), ("bridge-force-batched", "bridge-force")]
+
+
+# --- run lengths --------------------------------------------------------------------------------------------------
+
+
+def test_run_lengths_show_what_a_one_shot_run_costs(env, monkeypatch):
+    """A mechanism whose first repetition in a process is slow: kept repetitions after a discarded one (the bench
+    before run lengths) show a gain; run lengths show the loss at -r 1 and none at -r 10."""
+    monkeypatch.setenv("FAKE_COLD_WHEN", "LLAMA_BATCHED_TRANSFERS=1")
+    kept = _run(env, "kept", suite="batched", cases="off,batched", rounds=2, reps=3)
+    assert kept["ratios"]["off"]["batched"]["pp512/ub512"]["paired"] > 1.0  # the cost is invisible here
+
+    rep = _run(env, "runs", suite="batched", cases="off,batched", rounds=2, run_lengths=(1, 10))
+    assert rep["run_lengths"] == [1, 10] and rep["reps"] is None and rep["warmup_reps"] == 0
+    assert rep["tests"] == ["pp512/ub512@r1", "pp512/ub512@r10", "tg128@r1", "tg128@r10"]
+    r = rep["ratios"]["off"]["batched"]
+    assert r["pp512/ub512@r1"]["paired"] == pytest.approx(0.6 * 103 / 99) and r["tg128@r1"]["paired"] < 0.7
+    assert r["pp512/ub512@r10"]["paired"] > 1.0 and r["tg128@r10"]["paired"] > 1.0
+    # every repetition kept: -r N gives N samples per process
+    for s in rep["samples"]:
+        assert len(s["values"]) == int(s["test"].rsplit("@r", 1)[1])
+    reps = [re.search(r"reps=(\d+)", x)[1] for x in env.order.read_text().splitlines()[-8:]]
+    assert sorted(reps) == ["1"] * 4 + ["10"] * 4
+    md = (env.tmp / "runs" / "bench.md").read_text()
+    assert "every repetition kept" in md and "| pp512/ub512@r1 |" in md
+    assert "Batching against its baseline" in md and "Lowest paired ratio: 0.624 (batched / off, pp512/ub512@r1)" in md
+
+
+@pytest.mark.parametrize("kw", [dict(reps=3), dict(warmup_reps=1), dict(reps=2, warmup_reps=0)])
+def test_repetitions_with_run_lengths_are_usage_errors(env, kw):
+    args = bench_args(variants_dir=env.variants, model=env.model, report=env.tmp / "r", run_lengths=(1,), **kw)
+    with pytest.raises(UsageError, match="with run lengths") as e:
+        bench.bench(args, env.settings)
+    assert e.value.exit_code == 2 and not (env.tmp / "r").exists()
+
+
+def test_a_run_length_suite_uses_its_rounds_and_run_lengths(env):
+    rep = _run(env, "r", suite="batched-runs-1gpu", measure="bench", tg=0, ubatch="512")
+    assert rep["rounds"] == 5 and rep["run_lengths"] == [1, 3, 10]
+    assert rep["tests"][:3] == ["user:pp512/ub512@r1", "user:pp512/ub512@r3", "user:pp512/ub512@r10"]
+    assert len(env.order.read_text().splitlines()) == 5 * 3 * 2
+
+
+# --- shapes and pooling the parts of a matrix ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def shaped(env, monkeypatch):
+    """Random models by shape without writing any: one small file per shape, a vocabulary of the ladder's words."""
+
+    def ensure_model(cache_dir, shape, seed, vocab):  # type: ignore[no-untyped-def]
+        p = Path(cache_dir) / f"{shape}.gguf"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"GGUF " + shape.encode())
+        return p
+
+    monkeypatch.setattr(modelmod, "ensure_model", ensure_model)
+    monkeypatch.setattr(modelmod, "load_vocab", lambda path: SimpleNamespace(tokens=["\u2581the", "\u2581of"]))
+    (env.tmp / "vocab.gguf").write_bytes(b"GGUF")
+    return env
+
+
+def test_shapes_name_every_figure_and_parts_of_the_matrix_pool(shaped):
+    env = shaped
+    kw = dict(suite="cpu-runs", cases="upstream,off", rounds=2, model=None, vocab=env.tmp / "vocab.gguf")
+    a = _run(env, "a", shapes="tiny", measure="bench", **kw)
+    assert a["shapes"] == ["tiny"] and a["keyed_by_shape"] and a["model"]["shape"] == "tiny"
+    assert all(t.startswith("tiny:") for t in a["tests"]) and "tiny:pp64/ub64@r3" in a["tests"]
+    assert {re.search(r"model=(\S+)", x)[1] for x in env.order.read_text().splitlines()} == {"tiny.gguf"}
+    b = _run(env, "b", shapes="small", run_lengths=(3,), measure="bench,perplexity", **kw)
+    assert b["run_lengths"] == [3] and "small:perplexity" in b["tests"] and "small:pp256/ub64@r3" in b["tests"]
+    assert (env.tmp / "b" / "logs" / "small" / "r3").is_dir() and (
+        env.tmp / "b" / "logs" / "small" / "perplexity"
+    ).is_dir()
+
+    assert bench.bench(bench_args(pool=[env.tmp / "a", env.tmp / "b"], report=env.tmp / "p"), env.settings) == 0
+    p = json.loads((env.tmp / "p" / "bench.json").read_text())
+    assert p["shapes"] == ["tiny", "small"] and p["run_lengths"] == [1, 3] and p["measures"] == ["bench", "perplexity"]
+    assert p["tests"][3] == "small:perplexity" and p["tests"][-1] == "tiny:tg16@r3"  # by shape, then test
+    cmp = p["ratios"]["upstream"]["off"]["small:pp256/ub64@r3"]
+    assert cmp["paired_rounds"] == 2  # only b's rounds ran the small shape
+    assert "models (tests named SHAPE:TEST): tiny" in (env.tmp / "p" / "bench.md").read_text()
+
+
+def test_shapes_the_suite_does_not_have_are_usage_errors(shaped):
+    env = shaped
+    for kw, msg in (
+        (dict(shapes="bench-1b"), "suite cpu-runs has no bench-1b"),
+        (dict(measure="bench,nope"), "suite cpu-runs has no nope"),
+        (dict(shapes="tiny", model=env.model), "--shapes and --model together"),
+    ):
+        args = bench_args(
+            variants_dir=env.variants, report=env.tmp / "r", suite="cpu-runs", vocab=env.tmp / "vocab.gguf"
+        )
+        for k, v in kw.items():
+            setattr(args, k, v)
+        with pytest.raises(UsageError, match=re.escape(msg)):
+            bench.bench(args, env.settings)
+    args = bench_args(variants_dir=env.variants, report=env.tmp / "r", suite="batched", measure="server")
+    with pytest.raises(UsageError, match="suite batched has no server"):
+        bench.bench(args, env.settings)
+
+
+# --- llama-perplexity and llama-server ----------------------------------------------------------------------------
+
+
+def test_perplexity_and_server_figures_and_their_proof(env, monkeypatch):
+    log = env.tmp / "inflight.txt"
+    monkeypatch.setenv("FAKE_INFLIGHT_LOG", str(log))
+    monkeypatch.setenv("FAKE_COMPLETION_S", "0.2")
+    rep = _run(env, "r", suite="batched-runs-1gpu", cases="off,batched", rounds=2, measure="perplexity,server")
+    assert rep["tests"] == ["user:perplexity", "user:server"] and rep["not_engaged"] == []
+    for r in rep["runs"]:
+        sample = next(
+            s
+            for s in rep["samples"]
+            if s["case"] == r["case"] and s["round"] == r["round"] and s["test"] == f"user:{r['measure']}"
+        )
+        if r["measure"] == "perplexity":  # 4 chunks of 512 tokens over the process's wall time
+            assert r["detail"].startswith("4 chunks x 512 tokens") and sample["values"] == [
+                pytest.approx(2048 / r["seconds"])
+            ]
+        else:  # 8 requests of min(128, 32) tokens (the fake's longest answer) over the time they took
+            n, secs = re.match(r"8 requests, (\d+) tokens generated in ([\d.]+) s", r["detail"]).groups()
+            assert int(n) == 8 * 32 and sample["values"][0] * float(secs) == pytest.approx(256, rel=0.05)
+    counts = [int(x) for x in log.read_text().split()]
+    assert len(counts) == 2 * 2 * 8 and 2 <= max(counts) <= 4  # 4 at a time, never more
+    batched = next(c for c in rep["cases"] if c["name"] == "batched")["engagement"]
+    assert "llama-perplexity: batched enabled, graphs=4 async_uploads=4" in batched  # its stats line (-lv 4)
+    assert "llama-server: batched engaged (/metrics batched_graphs_total=2 batched_async_uploads_total=2)" in batched
+    md = (env.tmp / "r" / "bench.md").read_text()
+    assert "llama-perplexity -c 512 --chunks 4 -b 2048" in md and "llama-server -np 4, 8 greedy completions" in md
+    assert "| user:server |" in md and "batched / off" in md
+
+
+def test_bridge_cases_prove_engagement_in_perplexity_and_server(env, monkeypatch):
+    monkeypatch.setenv("FAKE_DEVICES", "2")  # the fake server exports bridge counters with devices
+    rep = _run(
+        env,
+        "r",
+        suite="batched-runs-2virt",
+        cases="bridge-force,bridge-force-batched",
+        rounds=1,
+        measure="perplexity,server",
+    )
+    eng = {c["name"]: c["engagement"] for c in rep["cases"]}
+    assert "bridge enabled (4 slots), boundaries=7" in eng["bridge-force"]
+    assert "llama-server: bridge engaged (/metrics bridge_boundaries_total=7" in eng["bridge-force-batched"]
+    assert "user:server" in rep["ratios"]["bridge-force"]["bridge-force-batched"]
+    assert rep["settings"][modes.CUDA_DEVICES] == 2
+
+
+def test_mechanism_inactive_in_perplexity_and_server_is_not_engaged(env, monkeypatch):
+    monkeypatch.setenv("FAKE_BATCHED_INACTIVE", "no backend with same-device pinned host memory")
+    args = bench_args(
+        variants_dir=env.variants,
+        model=env.model,
+        report=env.tmp / "r",
+        microbench=False,
+        suite="batched-runs-1gpu",
+        cases="off,batched",
+        rounds=1,
+        measure="perplexity,server",
+    )
+    with pytest.raises(BenchError, match="did not engage"):
+        bench.bench(args, env.settings)
+    rep = json.loads((env.tmp / "r" / "bench.json").read_text())
+    assert rep["not_engaged"] == ["batched"] and "batched" not in rep["ratios"].get("off", {})
+    states = [r["engagement"] for r in rep["runs"] if r["case"] == "batched"]
+    assert any("inactive: no backend" in s and s.startswith("batched not enabled") for s in states)
+    assert any(s.startswith("batched inactive (/metrics") and "inactive: no backend" in s for s in states)
+
+
+def test_perplexity_that_evaluates_nothing_is_an_error(env, monkeypatch):
+    from ggml_bridge.bench import wallclock
+
+    monkeypatch.setattr(wallclock, "make_text", lambda n, seed, tokens: "a text shorter than one chunk\n")
+    args = bench_args(
+        variants_dir=env.variants,
+        model=env.model,
+        report=env.tmp / "r",
+        microbench=False,
+        suite="batched-runs-1gpu",
+        cases="off",
+        rounds=1,
+        measure="perplexity",
+    )
+    with pytest.raises(BenchError, match="llama-perplexity evaluated nothing"):
+        bench.bench(args, env.settings)
+
+
+def test_a_failed_server_is_a_failed_case(env, monkeypatch):
+    monkeypatch.setenv("FAKE_DIE_AT_START", "3")
+    args = bench_args(
+        variants_dir=env.variants,
+        model=env.model,
+        report=env.tmp / "r",
+        microbench=False,
+        suite="batched-runs-1gpu",
+        cases="off",
+        rounds=1,
+        measure="server",
+    )
+    with pytest.raises(BenchError, match="llama-server failed for case"):
+        bench.bench(args, env.settings)
+    rep = json.loads((env.tmp / "r" / "bench.json").read_text())
+    assert rep["failed"] == ["off"] and "exited during start-up" in rep["runs"][0]["log_tail"][0]
+
+
+def test_wall_clock_measurements_need_their_programs_and_local_cases(env):
+    (env.variants / "patched" / "llama-server").unlink()
+    args = bench_args(
+        variants_dir=env.variants,
+        model=env.model,
+        report=env.tmp / "r",
+        suite="batched-runs-1gpu",
+        cases="off",
+        measure="server",
+    )
+    with pytest.raises(BenchError, match="no llama-server next to llama-bench"):
+        bench.bench(args, env.settings)
+    args = bench_args(
+        variants_dir=env.variants,
+        model=env.model,
+        report=env.tmp / "r",
+        suite="batched-runs-1gpu",
+        cases="off,rpc-off",
+        measure="perplexity",
+    )
+    with pytest.raises(UsageError, match="rpc case"):
+        bench.bench(args, env.settings)
+
+
+def test_time_budget_stops_starting_rounds_of_run_lengths(env):
+    rep = _run(env, "r", suite="batched", cases="off,batched", rounds=4, run_lengths=(1, 3), time_budget=1e-6)
+    assert rep["rounds"] == 1 and "1 of 4 rounds" in rep["stopped"]
+    assert {(r["round"], r["run_length"]) for r in rep["runs"]} == {(0, 1), (0, 3)}
+
+
+@pytest.mark.plots
+def test_many_tests_plot_on_rows(shaped):
+    env = shaped
+    rep = _run(env, "r", suite="cpu-runs", rounds=1, model=None, vocab=env.tmp / "vocab.gguf", measure="bench")
+    assert len(rep["tests"]) == 12  # 2 shapes x (2 pp + tg) x 2 run lengths: two rows of six
+    png = env.tmp / "r" / "throughput.png"
+    assert png.stat().st_size > 1000
+    from PIL import Image
+
+    width, height = Image.open(png).size
+    assert width < 3000 and height > 600  # six columns, two rows (one row of twelve: 5544 x 440 pixels)
