@@ -31,7 +31,6 @@ assembles its report.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import os
@@ -46,7 +45,7 @@ from ..config import Settings
 from ..errors import BenchError, UsageError
 from ..runner import log, step
 from . import wallclock
-from .options import checked
+from .options import BenchOptions, checked, ubatch_sizes
 from .proof import engagement, rpc_engagement
 from .report import plot, pool_reports, render_markdown, smi_table
 from .running import Setup, microbench, plan_round, rotate, rounds, run_case
@@ -75,6 +74,7 @@ __all__ = [
     "CaseRun",
     "Sample",
     "Summary",
+    "BenchOptions",
     "Telemetry",
     "bench",
     "compare",
@@ -126,14 +126,14 @@ def parse_cpu_list(text: str) -> set[int]:
     return cpus
 
 
-def resolve_bins(args: argparse.Namespace, settings: Settings, variants: set[str]) -> dict[str, Path]:
+def resolve_bins(args: BenchOptions, settings: Settings, variants: set[str]) -> dict[str, Path]:
     """Directory holding llama-bench for each variant: --variants-dir, --bin-dir-*, or the build stage."""
     from .. import builder  # the build stage needs git tooling only when it is used
     from ..errors import NotBuiltError
 
     dirs: dict[str, Path] = {}
     for v in sorted(variants):
-        override = getattr(args, f"bin_dir_{v.replace('-', '_')}", None)
+        override = args.bin_dirs.get(v)
         if override is None and args.variants_dir is not None:
             override = Path(args.variants_dir) / modes.VARIANTS[v].subdir
         try:
@@ -153,20 +153,20 @@ def resolve_bins(args: argparse.Namespace, settings: Settings, variants: set[str
     return dirs
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: BenchOptions, settings: Settings) -> int:
     """Stage entry point (``ggml-bridge bench``)."""
     return bench(args, settings)
 
 
-def bench(args: argparse.Namespace, settings: Settings) -> int:
-    if getattr(args, "pool", None):
+def bench(args: BenchOptions, settings: Settings) -> int:
+    if args.pool:
         if args.report is None:
             raise UsageError(
                 "--pool needs --report DIR",
                 why="the pooled report is a new report",
                 fix="e.g. --pool a/bench.json b/bench.json --report pooled",
             )
-        return pool_reports(args.pool, args.report)
+        return pool_reports(list(args.pool), args.report)
     args = checked(args)
     if not args.cpus:
         return _bench(args, settings)
@@ -187,14 +187,14 @@ def bench(args: argparse.Namespace, settings: Settings) -> int:
         os.sched_setaffinity(0, before)
 
 
-def _selection(args: argparse.Namespace, name: str, suite: dict[str, Any]) -> Selection:
+def _selection(args: BenchOptions, name: str, suite: dict[str, Any]) -> Selection:
     """The part of the suite's matrix to run; run lengths and kept-after-discarded repetitions are exclusive."""
     sel = select(
         name,
         suite,
-        shapes=getattr(args, "shapes", None),
-        run_lengths=getattr(args, "run_lengths", None),
-        measures=getattr(args, "measure", None),
+        shapes=args.shapes,
+        run_lengths=args.run_lengths,
+        measures=args.measure,
         user_model=args.model is not None,
     )
     given = [o for o, v in (("--reps", args.reps), ("--warmup-reps", args.warmup_reps)) if v is not None]
@@ -207,7 +207,7 @@ def _selection(args: argparse.Namespace, name: str, suite: dict[str, Any]) -> Se
     return sel
 
 
-def _devices(args: argparse.Namespace, name: str, suite: dict[str, Any], gpus: int) -> tuple[int, list[str]]:
+def _devices(args: BenchOptions, name: str, suite: dict[str, Any], gpus: int) -> tuple[int, list[str]]:
     """(virtual devices or 0, what cannot be measured here); BenchError when the suite cannot run at all."""
     skipped: list[str] = []
     if gpus == 0 and suite["devices"] != "cpu":
@@ -229,7 +229,7 @@ def _devices(args: argparse.Namespace, name: str, suite: dict[str, Any], gpus: i
     return virtual_devices, skipped
 
 
-def _cases(args: argparse.Namespace, suite: dict[str, Any], gpus: int, virtual_devices: int) -> list[Case]:
+def _cases(args: BenchOptions, suite: dict[str, Any], gpus: int, virtual_devices: int) -> list[Case]:
     """The cases to run (the suite's or --cases), forced where virtual devices share a GPU, one per shaped link."""
     wanted = args.cases.split(",") if args.cases else suite["cases"]
     try:  # current names (older ones with a deprecation note, see modes.ALIASES)
@@ -244,7 +244,7 @@ def _cases(args: argparse.Namespace, suite: dict[str, Any], gpus: int, virtual_d
                 f"    {virtual_devices} virtual devices on {gpus} GPU(s): {', '.join(forced)} measured forced (auto "
                 "keeps virtual devices of one GPU on upstream's device-local copy)"
             )
-    links = args.links.split(",") if getattr(args, "links", None) else suite.get("links", [])
+    links = args.links.split(",") if args.links else suite.get("links", [])
     try:
         cases = netbench.expand(cases, links)
     except UsageError as e:
@@ -284,7 +284,7 @@ def _programs(bins: dict[str, Path], cases: list[Case], measures: tuple[str, ...
 
 
 def _models(
-    args: argparse.Namespace, settings: Settings, shapes: tuple[str, ...], bins: dict[str, Path]
+    args: BenchOptions, settings: Settings, shapes: tuple[str, ...], bins: dict[str, Path]
 ) -> tuple[dict[str, Path], list[str] | None]:
     """The model of every shape (--model, or the random models, written once into the cache) and the vocabulary's
     tokens (None with --model and no --vocab)."""
@@ -307,12 +307,13 @@ def _models(
     return models, tokens
 
 
-def _bench(args: argparse.Namespace, settings: Settings) -> int:
+def _bench(args: BenchOptions, settings: Settings) -> int:
     gpus = n_gpus()
     suite_name = args.suite or ("multi-gpu" if gpus >= 2 else "batched" if gpus == 1 else "cpu")
     suite = dict(SUITES[suite_name])
-    if args.ubatch is not None:
-        suite["ubatch"] = list(args.ubatch)
+    sizes = ubatch_sizes(args)
+    if sizes is not None:
+        suite["ubatch"] = sizes
     if args.tg is not None:
         suite["tg"] = args.tg
     sel = _selection(args, suite_name, suite)
@@ -355,7 +356,7 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
         inputs=wallclock.make_inputs(suite, sel.measures, out_dir, tokens),
     )
     micro = args.microbench and (gpus >= 2 or bool(virtual_devices))
-    report = _measure(setup, suite_name, sel, getattr(args, "smi", None), micro)
+    report = _measure(setup, suite_name, sel, args.smi, micro)
     report |= {"cpus": args.cpus, "skipped": skipped}
     return _write(report, out_dir)
 

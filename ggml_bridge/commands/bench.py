@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
-from .. import modes
+from ..bench.options import BenchOptions
 from ..bench.suites import MEASURES, SUITES
 from ..config import Settings
-from . import argtypes
+from ..model import VOCAB_FILE
+from . import argtypes, cmdoptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,8 +66,7 @@ def _builds(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="DIR/{upstream,nopeer,patched}/llama-bench: one folder per build variant",
     )
-    for v in modes.VARIANTS:
-        parser.add_argument(f"--bin-dir-{v}", type=Path, default=None, metavar="DIR", help=f"llama-bench of {v}")
+    cmdoptions.bin_dirs(parser, "llama-bench")
     parser.add_argument(
         "--build",
         action=argparse.BooleanOptionalAction,
@@ -75,7 +74,7 @@ def _builds(parser: argparse.ArgumentParser) -> None:
         help="build the variants that are missing (default; --no-build only reuses builds)",
     )
     parser.add_argument("--model", type=Path, default=None, help="GGUF to use instead of the suite's random model")
-    parser.add_argument("--vocab", type=Path, default=None, help="vocabulary GGUF for the random model")
+    cmdoptions.model_vocab(parser, VOCAB_FILE)
 
 
 def _how(parser: argparse.ArgumentParser) -> None:
@@ -158,10 +157,39 @@ def _report(parser: argparse.ArgumentParser) -> None:
         help="run nothing: pool the rounds of these bench.json reports (same suite and settings, "
         "e.g. two GPU calls, or parts of one suite's matrix) into one report in --report",
     )
-    parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="report directory")
+    cmdoptions.report_dir(parser, "<cache>/reports/bench-<suite>-<time>")
 
 
-def run(opts: Any, settings: Settings) -> int:
+def options(ns: argparse.Namespace) -> BenchOptions:
+    return BenchOptions(
+        suite=ns.suite,
+        cases=ns.cases,
+        shapes=ns.shapes,
+        run_lengths=ns.run_lengths,
+        measure=ns.measure,
+        links=ns.links,
+        variants_dir=ns.variants_dir,
+        bin_dirs=cmdoptions.bin_dirs_of(ns),
+        build=ns.build,
+        model=ns.model,
+        vocab=ns.vocab,
+        rounds=ns.rounds,
+        time_budget=ns.time_budget,
+        reps=ns.reps,
+        warmup_reps=ns.warmup_reps,
+        ubatch=ns.ubatch,
+        tg=ns.tg,
+        cpus=ns.cpus,
+        virtual_devices=ns.virtual_devices,
+        timeout=ns.timeout,
+        microbench=ns.microbench,
+        smi=ns.smi,
+        pool=tuple(ns.pool) if ns.pool else None,
+        report=ns.report,
+    )
+
+
+def run(opts: BenchOptions, settings: Settings) -> int:
     from .. import bench
 
-    return int(bench.run(opts, settings))
+    return bench.run(opts, settings)

@@ -66,7 +66,8 @@ def run(args: RebaseRequest, settings: Settings) -> int:
         _print(report, args.json)
         return 0
     opts = dataclasses.replace(args.options, cuda_include=[*settings.rebase.cuda_include, *args.options.cuda_include])
-    assert args.onto is not None  # one of --onto, --continue, --abort (argparse's group)
+    if args.onto is None:
+        raise UsageError("rebase needs --onto, --continue or --abort", fix="ggml-bridge rebase --onto REF")
     try:
         report = rebase(settings, args.onto, opts)
     except RebaseConflict as e:

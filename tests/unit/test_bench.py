@@ -3,6 +3,7 @@ ratios, engagement proof and report files. The real thing runs on GPU machines (
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -125,7 +126,7 @@ def test_gpu_suite_without_gpu_says_what_it_cannot_measure(variants, env, tmp_pa
 
 def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
     args = _args(
-        bin_dir_patched=variants / "patched",
+        bin_dirs={"patched": variants / "patched"},
         model=env.model,
         rounds=1,
         reps=1,
@@ -133,17 +134,16 @@ def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
         cases="off,bridge",
         microbench=False,
     )
-    args.variants_dir = None
+    args = dataclasses.replace(args, variants_dir=None)
     assert bench.bench(args, env.settings) == 0
     args = _args(
-        bin_dir_patched=variants / "patched",
+        bin_dirs={"patched": variants / "patched", "upstream": tmp_path / "nothing-here"},
         model=env.model,
         rounds=1,
         reps=1,
         report=tmp_path / "r2",
         cases="upstream-p2p,bridge",
         microbench=False,
-        bin_dir_upstream=tmp_path / "nothing-here",
     )
     with pytest.raises(BenchError, match="llama-bench not found"):
         bench.bench(args, env.settings)
@@ -467,6 +467,6 @@ def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, env, tmp
     assert "boundaries=" in forced["engagement"]
     # with as many GPUs as devices, auto is what users run and is measured as such
     monkeypatch.setattr(bench, "n_gpus", lambda: 6)
-    args.report = tmp_path / "r6"
+    args = dataclasses.replace(args, report=tmp_path / "r6")
     rep = _report(args, env)
     assert {c["name"] for c in rep["cases"]} == {"off", "batched", "bridge", "bridge-batched"}

@@ -210,10 +210,8 @@ def test_shapes_the_suite_does_not_have_are_usage_errors(shaped):
         (dict(shapes="tiny", model=env.model), "--shapes and --model together"),
     ):
         args = bench_args(
-            variants_dir=env.variants, report=env.tmp / "r", suite="cpu-runs", vocab=env.tmp / "vocab.gguf"
+            variants_dir=env.variants, report=env.tmp / "r", suite="cpu-runs", vocab=env.tmp / "vocab.gguf", **kw
         )
-        for k, v in kw.items():
-            setattr(args, k, v)
         with pytest.raises(UsageError, match=re.escape(msg)):
             bench.bench(args, env.settings)
     args = bench_args(variants_dir=env.variants, report=env.tmp / "r", suite="batched", measure="server")
