@@ -16,19 +16,13 @@ import math
 import os
 import re
 import shlex
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import modes
+from . import modes, tomlfile
 from . import pin as pinmod
 from .errors import UsageError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 #: The programs a build makes when the tree defines them, in this order (llama-server is required); ``build.targets``
 #: may narrow them. The build stage's own list (:data:`ggml_bridge.builder.WANTED_TARGETS`) is this one.
@@ -292,20 +286,7 @@ def _read_config(explicit: Path | str | None, cwd: Path) -> tuple[Path | None, d
 
 
 def _parse_toml(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            data: dict[str, Any] = tomllib.load(fh)
-            return data
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"config file {path} is not valid TOML", why=str(e)) from None
-    except UnicodeDecodeError as e:
-        raise UsageError(
-            f"config file {path} is not UTF-8 text",
-            why=f"byte {e.start}: {e.reason}",
-            fix="save it as UTF-8 (TOML files are UTF-8)",
-        ) from None
-    except OSError as e:
-        raise UsageError(f"cannot read config file {path}", why=str(e)) from None
+    return tomlfile.read(path, "config file")
 
 
 def _apply_table(settings: Settings, table: Mapping[str, Any], *, origin: str, base: Path) -> None:

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import tomlfile
 from .errors import UsageError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -108,23 +103,7 @@ class Pin:
 
 
 def load(path: Path) -> Pin:
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise UsageError(
-            f"pin file {path} not found", fix="run from a ggml-bridge checkout or set GGML_BRIDGE_PROJECT_DIR"
-        ) from None
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"pin file {path} is not valid TOML", why=str(e)) from None
-    except UnicodeDecodeError as e:
-        raise UsageError(
-            f"pin file {path} is not UTF-8 text",
-            why=f"byte {e.start}: {e.reason}",
-            fix="restore it from git (git checkout -- pin.toml)",
-        ) from None
-    except OSError as e:
-        raise UsageError(f"cannot read the pin file {path}", why=e.strerror or str(e)) from None
+    data = tomlfile.read(path, "pin file", fix="run from a ggml-bridge checkout or set GGML_BRIDGE_PROJECT_DIR")
     try:
         up = data["upstream"]
         commit = str(up["commit"]).lower() if up.get("commit") else None

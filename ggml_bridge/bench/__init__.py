@@ -62,7 +62,7 @@ from .stats import (
     summarize,
     test_key,
 )
-from .suites import SUITES, Selection, select
+from .suites import SUITES, SUITES_FILE, Selection, load_suites, select
 from .telemetry import SMI_FIELDS, Telemetry, gpu_env, n_gpus
 
 __all__ = [
@@ -187,6 +187,17 @@ def bench(args: BenchOptions, settings: Settings) -> int:
         os.sched_setaffinity(0, before)
 
 
+def _suite(args: BenchOptions, gpus: int) -> tuple[str, dict[str, Any]]:
+    """The suite's name and settings: --suite of --suite-file or of the package's suites (default: multi-gpu with
+    2+ GPUs, batched with 1, cpu without)."""
+    suites = load_suites(args.suite_file) if args.suite_file is not None else SUITES
+    name = args.suite or ("multi-gpu" if gpus >= 2 else "batched" if gpus == 1 else "cpu")
+    if name not in suites:
+        where = args.suite_file or SUITES_FILE
+        raise UsageError(f"no suite {name!r} in {where}", fix=f"suites there: {', '.join(suites)}")
+    return name, dict(suites[name])
+
+
 def _selection(args: BenchOptions, name: str, suite: dict[str, Any]) -> Selection:
     """The part of the suite's matrix to run; run lengths and kept-after-discarded repetitions are exclusive."""
     sel = select(
@@ -309,8 +320,7 @@ def _models(
 
 def _bench(args: BenchOptions, settings: Settings) -> int:
     gpus = n_gpus()
-    suite_name = args.suite or ("multi-gpu" if gpus >= 2 else "batched" if gpus == 1 else "cpu")
-    suite = dict(SUITES[suite_name])
+    suite_name, suite = _suite(args, gpus)
     sizes = ubatch_sizes(args)
     if sizes is not None:
         suite["ubatch"] = sizes

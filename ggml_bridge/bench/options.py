@@ -14,6 +14,8 @@ from ..errors import UsageError
 class BenchOptions:
     suite: str | None = None
     """A suite's name (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)."""
+    suite_file: Path | None = None
+    """A TOML file of suites instead of the package's (``bench/suites.toml``)."""
     cases: str | None = None
     """A comma-separated subset of the suite's cases."""
     shapes: str | None = None

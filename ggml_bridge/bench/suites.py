@@ -17,197 +17,73 @@ table); a suite measures all it has by default.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
+from .. import tomlfile
 from ..errors import UsageError
+from ..tomlfile import Key
 
 #: what a run can measure: llama-bench, llama-perplexity's wall time, llama-server under concurrent requests
 MEASURES = ("bench", "perplexity", "server")
 
-#: llama-perplexity of the short-run suites: 4 sequences of 512 tokens, all in one batch of 2048
-PERPLEXITY = {"ctx": 512, "chunks": 4, "batch": 2048}
-#: llama-server of the short-run suites: 8 greedy completions of 128 tokens, 4 at a time on 4 slots
-SERVER = {"parallel": 4, "requests": 8, "n_predict": 128, "prompt_words": 256, "ctx": 4096}
-#: the short-run suites' shapes and settings (the 5120-wide model is where one-shot runs lost)
-_RUNS: dict[str, Any] = {
-    "shapes": ["bench-1b", "bench-2b-6l"],
-    "devices": "1",
-    "pp": "512,4096",
-    "batch": 4096,
-    "ubatch": [512],
-    "tg": 128,
-    "run_lengths": [1, 3, 10],
-    "rounds": 5,
-    "perplexity": PERPLEXITY,
-    "server": SERVER,
+#: The suites shipped with the package: which cases, on which devices, with which models and llama-bench settings.
+SUITES_FILE = Path(__file__).resolve().parent / "suites.toml"
+_TABLE = {
+    "ctx": Key("int", 1),
+    "chunks": Key("int", 1),
+    "batch": Key("int", 1),
+    "parallel": Key("int", 1),
+    "requests": Key("int", 1),
+    "n_predict": Key("int", 1),
+    "prompt_words": Key("int", 1),
 }
+#: the keys of a suite, checked as the ladder's rungs are (:mod:`ggml_bridge.tomlfile`)
+SUITE_KEYS: dict[str, Key] = {
+    "about": Key("str"),
+    "cases": Key("strs"),
+    "shape": Key("str"),
+    "shapes": Key("strs"),
+    "devices": Key("str", choices=("all", "1", "cpu")),
+    "virtual_devices": Key("int", 1),
+    "pp": Key("int_or_str", 1),
+    "batch": Key("int", 1),
+    "ubatch": Key("ints", 1),
+    "tg": Key("int", 0),
+    "threads": Key("int", 1),
+    "links": Key("strs"),
+    "rpc_servers": Key("int", 1),
+    "rpc_front_gpu": Key("bool"),
+    "run_lengths": Key("ints", 1),
+    "rounds": Key("int", 1),
+    "perplexity": Key("table", table={k: _TABLE[k] for k in ("ctx", "chunks", "batch")}),
+    "server": Key("table", table={k: _TABLE[k] for k in ("parallel", "requests", "n_predict", "prompt_words", "ctx")}),
+}
+REQUIRED = ("about", "cases", "devices", "pp", "batch", "ubatch", "tg")
 
-#: Suites: which cases, on which devices, with which model and llama-bench settings.
-SUITES: dict[str, dict[str, Any]] = {
-    "multi-gpu": {
-        "cases": ["upstream-p2p", "upstream", "upstream-nopeer", "off", "bridge", "bridge-force-p2p"],
-        "shape": "bench-3b",
-        "devices": "all",
-        "pp": 4096,
-        "batch": 4096,
-        "ubatch": [512, 4096],
-        "tg": 128,
-        "about": "layer split across every visible GPU: one host round trip per boundary without peer access",
-    },
-    "batched": {
-        "cases": ["off", "batched"],
-        "shape": "bench-1b",
-        "devices": "1",
-        "pp": 512,
-        "batch": 512,
-        "ubatch": [512],
-        "tg": 128,
-        "about": "one GPU: per-token graph inputs and logits, batched through the pinned pool or not",
-    },
-    "batched-multi": {
-        "cases": ["off", "batched", "bridge", "bridge-batched"],
-        "shape": "bench-1b",
-        "devices": "all",
-        "pp": 512,
-        "batch": 512,
-        "ubatch": [512],
-        "tg": 128,
-        "about": "layer split: batching composed with the bridge",
-    },
-    "batched-pipeline": {
-        "cases": ["off", "batched", "bridge", "bridge-batched"],
-        "shape": "bench-1b",
-        "devices": "all",
-        "pp": 2048,
-        "batch": 2048,
-        "ubatch": [512],
-        "tg": 0,
-        "about": "layer split with pipeline parallelism (4 ubatches per prompt): staged inputs must not stall it",
-    },
-    # issue 14 item 2: prompt processing with several ubatches in flight on many-device pipelines; batching
-    # must make nothing >= 1 % slower (it declines prompt-sized graphs) and keep its token-generation gain
-    "batched-pp-6dev": {
-        "cases": ["off", "batched", "bridge", "bridge-batched"],
-        "shape": "bench-2b-6l",
-        "devices": "all",
-        "virtual_devices": 6,
-        "pp": "512,4096",
-        "batch": 4096,
-        "ubatch": [512],
-        "tg": 128,
-        "about": "6 virtual devices on the visible GPUs (one layer each), -sm layer -ub 512 -b 4096: pipeline parallelism",
-    },
-    "batched-pp-2gpu": {
-        "cases": ["off", "batched", "bridge", "bridge-batched"],
-        "shape": "bench-2b-6l",
-        "devices": "all",
-        "pp": "512,4096",
-        "batch": 4096,
-        "ubatch": [512],
-        "tg": 128,
-        "about": "2 GPUs, -sm layer -ub 512 -b 4096: pipeline parallelism over two cards",
-    },
-    "rpc": {
-        "cases": ["rpc-upstream", "rpc-upstream-nopeer", "rpc-off", "rpc-bridge"],
-        "shape": "bench-1b",
-        "devices": "all",
-        "pp": 2048,
-        "batch": 2048,
-        "ubatch": [512, 2048],
-        "tg": 32,
-        "about": "one rpc-server on localhost owning every GPU, llama-bench --rpc: the copies between its GPUs "
-        "are server-side (RPC_CMD_COPY_TENSOR); the activations to and from llama-bench cross TCP",
-    },
-    "rpc-cpu": {
-        "cases": ["off", "rpc-off"],
-        "shape": "small",
-        "devices": "cpu",
-        "pp": 256,
-        "batch": 256,
-        "ubatch": [256],
-        "tg": 16,
-        "threads": 1,
-        "about": "CPU: the same build local and behind one localhost rpc-server (the cost of the TCP hops); one "
-        "thread in both, so the comparison is not about thread counts (the defaults differ)",
-    },
-    # issue 29: hosts over a network, on one GPU. llama-bench keeps the GPU and puts part of the layers on one
-    # localhost rpc-server on the same GPU (a second host); the link between them is shaped (netbench.py)
-    "rpc-link": {
-        "cases": ["off", "rpc-off"],
-        "links": ["unlimited/0", "10gbit/0.2ms", "25gbit/0.2ms", "10gbit/0.5ms", "25gbit/0.1ms"],
-        "rpc_servers": 1,
-        "rpc_front_gpu": True,
-        "shape": "bench-1b",
-        "devices": "1",
-        "pp": "512,4096",
-        "batch": 4096,
-        "ubatch": [512],
-        "tg": 128,
-        "about": "one GPU as two hosts: llama-bench's GPU plus one rpc-server on it, over loopback TCP, through the "
-        "shaper without limits (the scale model's calibration) and over shaped links (rate per direction / "
-        "one-way delay), against the local run",
-    },
-    "rpc-link-cpu": {
-        "cases": ["off", "rpc-off"],
-        "links": ["unlimited/0", "1gbit/0.2ms", "1gbit/1ms"],
-        "rpc_servers": 1,
-        "shape": "small",
-        "devices": "cpu",
-        "pp": 256,
-        "batch": 256,
-        "ubatch": [256],
-        "tg": 16,
-        "threads": 1,
-        "about": "CPU: the same build local, behind one localhost rpc-server, and behind it over a shaped link",
-    },
-    "cpu": {
-        "cases": ["upstream", "off"],
-        "shape": "small",
-        "devices": "cpu",
-        "pp": 256,
-        "batch": 256,
-        "ubatch": [256],
-        "tg": 32,
-        "about": "CPU only: the patched build with its selectors off against upstream (the patches must cost nothing)",
-    },
-    # short runs: what a user's one-shot llama-bench sees. Every repetition of a -r N process is kept (llama-bench's
-    # own warm-up run stays, as in a user's run), on today's shape and the wide one, with llama-perplexity's wall
-    # time and llama-server's throughput under concurrent requests; batching against its baseline in every case
-    "batched-runs-1gpu": {
-        "cases": ["off", "batched"],
-        **_RUNS,
-        "about": "one GPU, run lengths -r 1, 3, 10: batching on or off, llama-perplexity and llama-server included",
-    },
-    "batched-runs-2virt": {
-        "cases": ["off", "batched", "bridge-force", "bridge-force-batched"],
-        **_RUNS,
-        "virtual_devices": 2,
-        "about": "2 virtual devices on one GPU (-sm layer), run lengths -r 1, 3, 10: batching on or off, alone "
-        "and with the bridge forced, llama-perplexity and llama-server included",
-    },
-    "batched-runs-6virt": {
-        "cases": ["off", "batched", "bridge-force", "bridge-force-batched"],
-        **_RUNS,
-        "virtual_devices": 6,
-        "about": "6 virtual devices on one GPU (-sm layer, a pipeline of 6), run lengths -r 1, 3, 10: batching on "
-        "or off, alone and with the bridge forced, llama-perplexity and llama-server included",
-    },
-    "cpu-runs": {
-        "cases": ["upstream", "off"],
-        "shapes": ["tiny", "small"],
-        "devices": "cpu",
-        "pp": "64,256",
-        "batch": 256,
-        "ubatch": [64],
-        "tg": 16,
-        "run_lengths": [1, 3],
-        "rounds": 2,
-        "perplexity": {"ctx": 128, "chunks": 4, "batch": 512},
-        "server": {"parallel": 4, "requests": 8, "n_predict": 16, "prompt_words": 32, "ctx": 1024},
-        "about": "CPU only, the short-run matrix in small: run lengths -r 1 and 3 on two tiny shapes, "
-        "llama-perplexity and llama-server included (the code path of the batched-runs suites)",
-    },
-}
+
+def load_suites(path: Path) -> dict[str, dict[str, Any]]:
+    """The suites of a TOML file (one table per suite), every key checked; UsageError naming the file, the suite
+    and the key otherwise."""
+    data = tomlfile.read(path, "suite file")
+    suites: dict[str, dict[str, Any]] = {}
+    for name, suite in data.items():
+        where = f"{path} [{name}]"
+        if not isinstance(suite, dict):
+            raise UsageError(f"{where} is not a table", fix="one [NAME] table per suite")
+        tomlfile.check(suite, SUITE_KEYS, where)
+        missing = [k for k in REQUIRED if k not in suite] + ([] if "shape" in suite or "shapes" in suite else ["shape"])
+        if missing:
+            raise UsageError(
+                f"{where}: no {', '.join(missing)}", fix=f"a suite sets {', '.join(REQUIRED)} and shape(s)"
+            )
+        suites[name] = suite
+    if not suites:
+        raise UsageError(f"suite file {path} holds no suite", fix="one [NAME] table per suite")
+    return suites
+
+
+SUITES = load_suites(SUITES_FILE)
 
 
 @dataclass(frozen=True)

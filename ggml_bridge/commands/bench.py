@@ -23,9 +23,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _what(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--suite",
-        choices=sorted(SUITES),
         default=None,
-        help="which comparison (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)",
+        metavar="NAME",
+        help=f"which comparison: {', '.join(SUITES)} (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)",
+    )
+    parser.add_argument(
+        "--suite-file",
+        type=Path,
+        default=None,
+        metavar="TOML",
+        help="suites of this file instead of the package's (ggml_bridge/bench/suites.toml, the same keys)",
     )
     parser.add_argument("--cases", default=None, help="comma-separated subset of the suite's cases")
     parser.add_argument(
@@ -163,6 +170,7 @@ def _report(parser: argparse.ArgumentParser) -> None:
 def options(ns: argparse.Namespace) -> BenchOptions:
     return BenchOptions(
         suite=ns.suite,
+        suite_file=ns.suite_file,
         cases=ns.cases,
         shapes=ns.shapes,
         run_lengths=ns.run_lengths,

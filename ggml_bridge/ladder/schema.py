@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import model, modes
+from .. import model, modes, tomlfile
 from ..config import Settings
 from ..errors import FatalError, LadderSetupError, UsageError
 from ..modes import MODES
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
+from ..tomlfile import Key
 
 EXPECT_VALUES = ("engaged", "inactive", "either")
 #: the builds a ladder file may name (``backend``): whose latest upstream and patched builds it compares
@@ -164,6 +157,15 @@ RUNG_INTS: dict[str, tuple[int, bool]] = {
 #: the largest n_probs asked of llama-server (it returns that many candidates per token)
 MAX_N_PROBS = 1000
 RUNG_STRS = ("name", "split_mode", "reference", "expect_bridge", "expect_batched")
+#: the rung keys of one plain kind, checked by :func:`ggml_bridge.tomlfile.check` (the bench's suites are too)
+RUNG_SCHEMA: dict[str, Key] = {
+    **{k: Key("int", low, MAX_N_PROBS if k == "n_probs" else _INT_MAX) for k, (low, _) in RUNG_INTS.items()},
+    "timeout": Key("number", 0),
+    **{k: Key("str") for k in RUNG_STRS},
+    "perplexity": Key("bool"),
+}
+#: the keys that may be given as nothing (TOML has no null: only [defaults] merged in code)
+RUNG_OPTIONAL = {k for k, (_, optional) in RUNG_INTS.items() if optional}
 
 
 def _check_rung_types(merged: dict[str, Any], where: str) -> None:
@@ -176,22 +178,8 @@ def _check_rung_types(merged: dict[str, Any], where: str) -> None:
             fix="write a plain TOML value of that kind (no quotes around numbers)",
         )
 
-    for key, (low, optional) in RUNG_INTS.items():
-        if key not in merged or (optional and merged[key] is None):
-            continue
-        v = merged[key]
-        high = MAX_N_PROBS if key == "n_probs" else _INT_MAX
-        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-            raise bad(key, f"an integer in {low}..{high}")
-    if "timeout" in merged:
-        v = merged["timeout"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise bad("timeout", "a finite number of seconds above 0")
-    for key in RUNG_STRS:
-        if key in merged and not isinstance(merged[key], str):
-            raise bad(key, "a string")
-    if "perplexity" in merged and not isinstance(merged["perplexity"], bool):
-        raise bad("perplexity", "true or false")
+    simple = {k: v for k, v in merged.items() if k in RUNG_SCHEMA and not (v is None and k in RUNG_OPTIONAL)}
+    tomlfile.check(simple, RUNG_SCHEMA, where, LadderSetupError)
     for key in ("modes", "server_args", "perplexity_args"):
         v = merged.get(key, [])
         items = _as_list(v) if key == "modes" else v  # modes may be one name; the argument lists are lists
@@ -391,12 +379,7 @@ class Ladder:
 
 
 def load_ladder(path: Path) -> Ladder:
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise LadderSetupError(f"ladder file not found: {path}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise LadderSetupError(f"ladder file {path} is not valid TOML", why=str(e)) from None
+    data = tomlfile.read(path, "ladder file", LadderSetupError)
     known = {"name", "description", "backend", "defaults", "rung", "text_seed", "sides"}
     unknown = set(data) - known
     if unknown:

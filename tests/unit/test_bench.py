@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from ggml_bridge import bench
-from ggml_bridge.errors import BenchError
+from ggml_bridge.errors import BenchError, UsageError
 
 from helpers import FAKE_SMI, write_exe, write_fake_variants
 from helpers import bench_args as _args
@@ -470,3 +470,39 @@ def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, env, tmp
     args = dataclasses.replace(args, report=tmp_path / "r6")
     rep = _report(args, env)
     assert {c["name"] for c in rep["cases"]} == {"off", "batched", "bridge", "bridge-batched"}
+
+
+def test_suites_are_data_checked_like_the_ladders(variants, env, tmp_path, monkeypatch):
+    """The suites are bench/suites.toml, checked key by key (ggml_bridge.tomlfile, as the ladder's rungs are);
+    --suite-file runs a suite of another file; a wrong value is one line naming file, suite and key."""
+    from ggml_bridge.bench import suites
+
+    assert suites.SUITES == suites.load_suites(suites.SUITES_FILE) and "batched-runs-2virt" in suites.SUITES
+    assert suites.SUITES["batched-runs-2virt"]["server"]["parallel"] == 4
+    own = tmp_path / "mine.toml"
+    own.write_text(
+        '[tiny-cpu]\nabout = "mine"\ncases = ["upstream", "off"]\nshape = "small"\ndevices = "cpu"\n'
+        "pp = 64\nbatch = 64\nubatch = [64]\ntg = 4\n"
+    )
+    monkeypatch.setattr(bench, "n_gpus", lambda: 0)
+    rep = _report(_quick(variants, env, tmp_path / "r", suite="tiny-cpu", suite_file=own), env)
+    assert rep["suite"] == "tiny-cpu" and rep["about"] == "mine" and rep["settings"]["pp"] == 64
+    with pytest.raises(UsageError, match="no suite 'cpu' in .*mine.toml"):
+        bench.bench(_quick(variants, env, tmp_path / "r2", suite_file=own), env.settings)
+    for text, msg in (
+        ("ubatch = [0]", r"\[tiny-cpu\]: ubatch = \[0\] is not a list of integers in 1..2147483647"),
+        ('devices = "2"', r"devices = '2' is not one of all, 1, cpu"),
+        ("ppp = 1", "unknown key.s. ppp"),
+    ):
+        key = text.split(" ")[0]
+        body = own.read_text()
+        body = (
+            body.replace("ubatch = [64]", text)
+            if key == "ubatch"
+            else body.replace('devices = "cpu"', text)
+            if key == "devices"
+            else body + text + "\n"
+        )
+        (tmp_path / "bad.toml").write_text(body)
+        with pytest.raises(UsageError, match=msg):
+            suites.load_suites(tmp_path / "bad.toml")
