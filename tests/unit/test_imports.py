@@ -271,3 +271,13 @@ def test_no_function_over_80_lines() -> None:
     """No function of the package over 80 lines, none exempt."""
     long = [f"{p.relative_to(ROOT)}: {f}" for p in _package_files() for f in long_functions(p.read_text())]
     assert not long, f"over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def floors_line() -> str:
+    """The floors as docs/DESIGN.md states them: ``errors/logparse/...; cache/...; ...`` (lowest first)."""
+    return "; ".join("/".join(sorted(f - {"ggml_bridge", "__main__"})) for f in FLOORS)
+
+
+def test_design_states_the_floors_of_this_test() -> None:
+    design = (ROOT.parent / "docs" / "DESIGN.md").read_text()
+    assert floors_line() in " ".join(design.split()), f"docs/DESIGN.md must state the floors as: {floors_line()}"
