@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ def n_gpus() -> int:
     smi = shutil.which("nvidia-smi")
     if not smi:
         return 0
-    out = subprocess.run([smi, "-L"], capture_output=True, text=True)
+    out = runner.run([smi, "-L"], check=False, error=BenchError)
     return len([x for x in out.stdout.splitlines() if x.startswith("GPU ")]) if out.returncode == 0 else 0
 
 
@@ -28,14 +27,14 @@ def gpu_env() -> dict[str, Any]:
     if not smi:
         return {}
     q = "index,name,driver_version,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max"
-    out = subprocess.run([smi, f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True)
+    out = runner.run([smi, f"--query-gpu={q}", "--format=csv,noheader"], check=False, error=BenchError)
     if out.returncode != 0:
         return {}
     keys = q.split(",")
     gpus = [
         dict(zip(keys, [v.strip() for v in line.split(",")], strict=False)) for line in out.stdout.strip().splitlines()
     ]
-    topo = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True).stdout
+    topo = runner.run([smi, "topo", "-m"], check=False, error=BenchError).stdout
     return {"gpus": gpus, "topology": logparse.ANSI.sub("", topo)}
 
 
