@@ -33,7 +33,7 @@ from ..errors import (
 )
 from ..runner import log, step
 from .preconditions import obtain_target, require_clean_checkout, require_clean_project
-from .probe import apply_all, apply_one, provide_preimages, run_git, subject, touched
+from .probe import am_3way, apply_all, apply_one, provide_preimages, run_git, subject, touched
 from .report import Options, PatchOutcome, RebaseReport, report_from_json, write_report
 from .series import build_number, write_series_and_pin
 
@@ -323,15 +323,7 @@ def continue_rebase(settings: Settings) -> RebaseReport:
         report.results[i] = out
         log(f"    {out.status:<9} {out.name}" + (f": {'; '.join(out.hunks[:3])}" if out.hunks else ""))
         if out.status == "conflict":  # stop again, markers in place
-            run_git(
-                wt,
-                "am",
-                "--3way",
-                "--keep-cr",
-                "--committer-date-is-author-date",
-                str(p.path),
-                env=patchmod.GIT_IDENTITY,
-            )
+            am_3way(wt, p.path)
             for later in report.results[i + 1 :]:
                 later.status, later.hunks, later.detail = "not tried", [], []
             report.commands = _commands(settings, report.onto, report, series, state["base"], opts)
@@ -403,15 +395,7 @@ def _handoff(
     idx, head = first
     run_git(wt, "reset", "-q", "--hard", head, check=True)
     run_git(wt, "clean", "-qfdx")
-    run_git(
-        wt,
-        "am",
-        "--3way",
-        "--keep-cr",
-        "--committer-date-is-author-date",
-        str(series.patches[idx].path),
-        env=patchmod.GIT_IDENTITY,
-    )
+    am_3way(wt, series.patches[idx].path)
     final = settings.cache_dir / "rebase" / f"{tree.key[:24]}-{series.hash[:12]}"
     if final.exists():
         shutil.rmtree(final)

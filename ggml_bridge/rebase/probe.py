@@ -37,6 +37,13 @@ def run_git(wt: Path, *args: str, check: bool = False, env: dict[str, str] | Non
     return res.returncode, (res.stdout + res.stderr)
 
 
+def am_3way(wt: Path, patch: Path) -> tuple[int, str]:
+    """``git am --3way`` of one patch file onto ``wt``, as every step of a rebase applies one."""
+    return run_git(
+        wt, "am", "--3way", "--keep-cr", "--committer-date-is-author-date", str(patch), env=patchmod.GIT_IDENTITY
+    )
+
+
 def provide_preimages(
     settings: Settings, wt: Path, series: patchmod.Series, base_source: str | None, stage: Path
 ) -> str:
@@ -122,9 +129,7 @@ def apply_one(wt: Path, path: Path, out: PatchOutcome) -> PatchOutcome:
             out.status = "merged"
             if fuzz is None:
                 out.detail.append("GNU patch not found: fuzz not probed")
-    rc, text = run_git(
-        wt, "am", "--3way", "--keep-cr", "--committer-date-is-author-date", str(path), env=patchmod.GIT_IDENTITY
-    )
+    rc, text = am_3way(wt, path)
     if rc == 0:
         if out.status == "merged":
             out.detail.append("plain apply fails; the 3-way merge applies it")
