@@ -35,7 +35,7 @@ BUILD_TARGETS = (
     "ggml-rpc-server",
 )
 #: ``--backend`` values (``auto`` never picks vulkan: it is asked for by name).
-BACKENDS = ("auto", *modes.BACKENDS)
+BACKEND_CHOICES = ("auto", *modes.BACKENDS)
 #: Sections of Settings (config tables), each a dataclass its stage reads.
 SECTIONS = ("fetch", "build", "serve", "rebase")
 #: Stages that read no settings from the config file (a table for them is an error saying so).
@@ -235,7 +235,7 @@ def split_cmake_args(text: str, origin: str) -> list[str]:
 
 def validate(settings: Settings) -> None:
     b, f = settings.build, settings.fetch
-    _choice(b.backend, BACKENDS, "backend")
+    _choice(b.backend, BACKEND_CHOICES, "backend")
     _choice(b.variant, tuple(modes.VARIANTS), "variant")
     for kind in f.sources:
         _choice(kind, tuple(pinmod.SOURCE_KINDS), "fetch source kind")

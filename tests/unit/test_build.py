@@ -464,7 +464,7 @@ def test_vulkan_is_a_backend_auto_never_picks(monkeypatch: pytest.MonkeyPatch) -
     assert builder.resolve_backend("auto") == ("cpu", None)
     with pytest.raises(UsageError, match="auto, cpu, cuda, vulkan, cuda-vulkan"):
         builder.resolve_backend("metal")
-    assert "vulkan" in config.BACKENDS
+    assert "vulkan" in config.BACKEND_CHOICES
 
 
 def test_vulkan_pieces_found_in_the_system(tmp_path: Path) -> None:
