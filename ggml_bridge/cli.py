@@ -1,4 +1,4 @@
-"""Command line: ``ggml-bridge fetch|patch|build|sdist|wheel|serve|ladder|rebase|bench|shape``.
+"""Command line: ``ggml-bridge fetch|patch|build|sdist|wheel|serve|ladder|rebase|bench|shape|doctor``.
 
 Progress goes to stderr; stdout carries only results (a path, a report). ``main()`` is the only place that turns a
 :class:`~ggml_bridge.errors.FatalError` into an exit status.
@@ -534,6 +534,12 @@ for _c in (
         "shape",
         "a loopback TCP proxy with a link's bandwidth and latency (e.g. in front of an rpc-server); prints its address",
         *stage("shaper"),
+    ),
+    Command(
+        "doctor",
+        "what this rig is (GPUs, links, peer paths, Vulkan and RPC devices), whether its peer copies are safe, "
+        "and how to launch on it; prints the report",
+        *stage("doctor.command"),
     ),
 ):
     register(_c)

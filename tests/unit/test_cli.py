@@ -176,6 +176,7 @@ def test_every_command_parses_the_same_way(capsys: pytest.CaptureFixture[str]) -
         "rebase",
         "bench",
         "shape",
+        "doctor",
     ]
     for name in ("build", "rebase"):
         assert cli.main([name, "--help"]) == 0

@@ -24,8 +24,8 @@ FLOORS: list[set[str]] = [
     {"build"},  # CMake + Ninja builds; the installed-wheel lookup
     {"wheel", "rebase"},  # the server distribution; moving the series onto another upstream
     {"rpc"},  # ggml-rpc-server topologies
-    {"serve", "radar", "netbench"},  # the launcher; the rebase check of every newer build; rpc cases over shaped
-    # links for the bench
+    {"serve", "radar", "netbench", "doctor"},  # the launcher; the rebase check of every newer build; rpc cases over
+    # shaped links for the bench; the rig's inventory, probe and launch advice (builds, rpc endpoints)
     {"bench", "ladder"},  # the measurements and the proof ladder, which launch servers and rpc-servers
     {"cli", "__main__"},  # the command line: imports anything
 ]
