@@ -18,8 +18,11 @@ from .. import build, modes, rpc, runner
 from ..config import Settings
 from ..errors import ModelError, NotBuiltError, RpcError, ServeError, UsageError
 
-#: ``  Vulkan0: llvmpipe (LLVM 15.0.6, 256 bits) (7949 MiB, 7949 MiB free)`` (common_print_available_devices)
-DEVICE_LINE = re.compile(r"^\s+(?P<name>[^\s:]+): (?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)\s*$")
+#: ``  Vulkan0: llvmpipe (LLVM 15.0.6, 256 bits) (7949 MiB, 7949 MiB free)`` (common_print_available_devices);
+#: an RPC device is named ``RPC0[host:port]``
+DEVICE_LINE = re.compile(
+    r"^\s+(?P<name>[^\s:\[]+(?:\[[^\]]*\])?): (?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)\s*$"
+)
 #: ggml's loader, for a build whose backends are modules (GGML_BACKEND_DL): which CPU variant it picked
 LOADED = re.compile(r"load_backend: loaded (?P<reg>\S+) backend from (?P<path>\S+)")
 LIST_TIMEOUT_S = 120.0

@@ -186,7 +186,7 @@ def _rpc(f: Findings) -> list[str]:
             devs = ", ".join(f"{d.name}: {d.description} ({d.total_mib} MiB)" for d in r.devices) or "no device"
             out.append(f"{r.endpoint}: rpc-server, protocol {r.version}, handshake {r.handshake_ms:.1f} ms; {devs}")
         else:
-            out.append(f"{r.endpoint}: {r.problem}")
+            out.append(f"{r.endpoint}: {(r.problem or '').removeprefix(f'RPC endpoint {r.endpoint}: ')}")
     return out + [""]
 
 
