@@ -227,7 +227,7 @@ def split_shares(f: Findings, devices: list[ListedDevice]) -> tuple[list[int], s
             shares = _water_fill([s or 0.0 for s in speeds], caps)
             return _percent(shares), (
                 f"measured speed (F32 matrix multiplication), each device capped by what its free memory holds of "
-                f"{f.model.path.name} ({f.model.bytes / (1 << 30):.1f} GiB)"
+                f"{f.model.path.name} ({_size(f.model.bytes)})"
             )
         basis = f"free memory: {f.model.path.name} does not fit the devices' free memory with headroom, check -ngl"
     elif f.model is not None:
@@ -235,6 +235,10 @@ def split_shares(f: Findings, devices: list[ListedDevice]) -> tuple[list[int], s
     else:
         basis = "free memory (give --model to balance by measured speed within memory)"
     return _percent([float(m) for m in free]), basis
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
 def _speed(p: ProbeResult | None, d: ListedDevice) -> float | None:
