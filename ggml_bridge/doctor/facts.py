@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .inventory import Build, Cpu, Listing, Model, RpcEndpoint
-from .nvml import NvmlReport
+from .nvml import NvmlReport, normalize_pci
 from .probe import ProbeResult
 
 #: the environment variables that change what the doctor sees and what the recommended command must repeat
@@ -65,6 +65,20 @@ class Findings:
     def serving(self) -> Listing | None:
         """The listing of the build the recommended command serves with (the first found, see find_builds)."""
         return self.listings[0] if self.listings else None
+
+    def cuda_ordinal(self, nvml_index: int) -> int | None:
+        """The CUDA runtime ordinal of NVML's GPU ``nvml_index`` (matched by PCI bus id through the probe): NVML
+        numbers GPUs by bus, CUDA fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and the bridge's log lines and
+        its pairs not to trust use CUDA's numbers. None without a probe."""
+        if self.probe is None or not 0 <= nvml_index < len(self.nvml.gpus):
+            return None
+        pci = self.nvml.gpus[nvml_index].pci
+        return next((g.gpu for g in self.probe.gpus.values() if normalize_pci(g.pci) == pci), None)
+
+    def gpu_name(self, nvml_index: int) -> str:
+        """``GPU n`` with CUDA's ordinal where the probe tells it, else ``NVML GPU n``."""
+        ordinal = self.cuda_ordinal(nvml_index)
+        return f"GPU {ordinal}" if ordinal is not None else f"NVML GPU {nvml_index}"
 
     @property
     def hidden(self) -> int:

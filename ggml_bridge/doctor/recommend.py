@@ -187,14 +187,15 @@ def _link_warnings(f: Findings, rec: Recommendation) -> None:
     for g in f.nvml.gpus:
         best = link_gbps(g.pcie_gen_max, g.pcie_width_max)
         measured = _measured_link(f, g.pci)
+        name = f.gpu_name(g.index)
         if g.degraded:
             rec.warnings.append(
-                f"GPU {g.index} ({g.name}) runs its link at x{g.pcie_width} of x{g.pcie_width_max}: a riser or a "
+                f"{name} ({g.name}) runs its link at x{g.pcie_width} of x{g.pcie_width_max}: a riser or a "
                 "slot wired narrower; every boundary through it is bounded by that link"
             )
         if best and measured is not None and measured < 0.5 * best:
             rec.warnings.append(
-                f"GPU {g.index} ({g.name}): {measured:.1f} GB/s measured one way, {best:.1f} GB/s possible at "
+                f"{name} ({g.name}): {measured:.1f} GB/s measured one way, {best:.1f} GB/s possible at "
                 f"Gen{g.pcie_gen_max} x{g.pcie_width_max} (NVML now: Gen{g.pcie_gen} x{g.pcie_width}): the link "
                 "trained lower than it can (slot, riser, BIOS PCIe setting)"
             )

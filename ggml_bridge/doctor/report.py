@@ -59,12 +59,12 @@ def _gpus(f: Findings) -> list[str]:
     n = f.nvml
     if not n.gpus:
         return []
-    out = ["== GPUs (NVML)"]
+    out = ["== GPUs (NVML; GPU n: CUDA's ordinal, as in the bridge's log lines; NVML GPU n: NVML's, by PCI bus)"]
     for g in n.gpus:
         best = link_gbps(g.pcie_gen_max, g.pcie_width_max)
         mem = f"{(g.memory_total_mib or 0) / 1024:.0f} GiB ({(g.memory_free_mib or 0) / 1024:.0f} GiB free)"
         out.append(
-            f"GPU {g.index}: {g.name}, cc {g.cc or '?'}, {mem}, PCIe {_gen(g.pcie_gen, g.pcie_width)} now, "
+            f"{f.gpu_name(g.index)}: {g.name}, cc {g.cc or '?'}, {mem}, PCIe {_gen(g.pcie_gen, g.pcie_width)} now, "
             f"{_gen(g.pcie_gen_max, g.pcie_width_max)} max"
             + (f" ({best:.1f} GB/s per direction)" if best else "")
             + f", {g.pci}"
@@ -74,8 +74,10 @@ def _gpus(f: Findings) -> list[str]:
         for pair in n.pairs:
             words = f"NV{pair.nvlinks} ({pair.nvlinks} NVLinks)" if pair.nvlinks else None
             topo = words or (f"{pair.topology} ({TOPOLOGY_WORDS.get(pair.topology, '')})" if pair.topology else "?")
+            a, b = f.cuda_ordinal(pair.a), f.cuda_ordinal(pair.b)
+            peer = _peer(f.probe, a, b) if a is not None and b is not None else ""
             out.append(
-                f"  GPU {pair.a} - GPU {pair.b}: {topo}; NVML P2P read: {pair.p2p_read or '?'}{_peer(f.probe, pair.a, pair.b)}"
+                f"  {f.gpu_name(pair.a)} - {f.gpu_name(pair.b)}: {topo}; NVML P2P read: {pair.p2p_read or '?'}{peer}"
             )
     return out + [""]
 

@@ -405,3 +405,18 @@ def test_rpc_endpoints_good_and_bad(
     assert said[-1].startswith(f"ggml-bridge: rpc error: 1 of 2 RPC endpoint(s) failed the check ({dead}).")
     assert "start or fix those rpc-servers" in said[-1]
     assert f"--rpc {good.endpoint} --" in out and "Traceback" not in err
+
+
+def test_gpus_are_named_by_cuda_ordinal_not_nvml_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML numbers GPUs by PCI bus, CUDA fastest first: the riser card is NVML's GPU 0 here but CUDA's GPU 2 (the
+    probe's PCI bus ids tell), and the bridge's pairs and log lines use CUDA's numbers."""
+    simulate_nvml(monkeypatch, [RIG[2], RIG[0], RIG[1]])
+    f = _findings(CORRUPT)
+    f.nvml = nvml.read()
+    assert [f.cuda_ordinal(i) for i in range(3)] == [2, 0, 1]
+    rec = recommend.recommend(f, None)
+    assert any(w.startswith("GPU 2 (NVIDIA GeForce RTX 3060) runs its link at x1 of x16") for w in rec.warnings)
+    text = report.render(f, rec)
+    assert "GPU 2: NVIDIA GeForce RTX 3060" in text and "GPU 0 - GPU 1: PIX" not in text
+    f.probe = None  # without the probe CUDA's order is not known: NVML's numbers, said so
+    assert recommend.recommend(f, None).warnings[0].startswith("NVML GPU 0 (NVIDIA GeForce RTX 3060) runs its link")
