@@ -433,3 +433,35 @@ def test_gpus_are_named_by_cuda_ordinal_not_nvml_index(monkeypatch: pytest.Monke
     assert "GPU 2: NVIDIA GeForce RTX 3060" in text and "GPU 0 - GPU 1: PIX" not in text
     f.probe = None  # without the probe CUDA's order is not known: NVML's numbers, said so
     assert recommend.recommend(f, None).warnings[0].startswith("NVML GPU 0 (NVIDIA GeForce RTX 3060) runs its link")
+
+
+def test_the_probe_runs_from_the_cuda_build(
+    doctor_env: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A CUDA build (its ggml-cuda library beside llama-server) with NVML seeing a GPU: the doctor runs the build's
+    test-mapped-host-bridge --probe with its time budget (a stand-in printing the virtual-device fixture) and keeps its
+    raw output in --out."""
+    simulate_nvml(monkeypatch, [SimGpu("NVIDIA H200", "00000000:01:00.0", 5, 5, 16, 16, mem_gib=141)])
+    (doctor_env / "libggml-cuda.so").write_bytes(b"")
+    write_exe(
+        doctor_env / "test-mapped-host-bridge",
+        "#!PYTHON\nimport sys\nassert sys.argv[1:4] == ['--probe', '--deadline', '7'] and '--quick' in sys.argv, sys.argv\n"
+        f"print(open({str(VIRTUAL)!r}).read(), end='')\n",
+    )
+    monkeypatch.setenv(
+        "FAKE_LIST", ";".join(f"CUDA{i}: NVIDIA H200 (dev p0/v{i}) (36000 MiB, 35000 MiB free)" for i in range(4))
+    )
+    monkeypatch.setenv("GGML_CUDA_DEVICES", "4")
+    out = tmp_path / "out"
+    rc = cli.main(["doctor", "--bin-dir", str(doctor_env), "--quick", "--time-budget", "7", "--out", str(out)])
+    text, err = capfd.readouterr()
+    assert rc == 0, err
+    assert "GPU 0: NVIDIA H200, cc 8.6, 141 GiB (140 GiB free), PCIe Gen5 x16 now, Gen5 x16 max" in text
+    assert f"{doctor_env / 'test-mapped-host-bridge'} --probe --quick" in text
+    assert "CUDA0 -> CUDA1 (virtual): bridge" in text and "(none besides the CPU)" not in text
+    assert "probe: end seconds=" in (out / "probe.txt").read_text()
+    server = doctor_env / "llama-server"  # not the build serve finds by itself: named
+    assert (
+        f"GGML_CUDA_DEVICES=4 ggml-bridge serve --server {server} --bridge auto --batched on -- -m MODEL.gguf" in text
+    )
+    assert text.rstrip().endswith("-dev CUDA0,CUDA1,CUDA2,CUDA3 -sm layer -ts 25,25,25,25")
