@@ -465,3 +465,16 @@ def test_the_probe_runs_from_the_cuda_build(
         f"GGML_CUDA_DEVICES=4 ggml-bridge serve --server {server} --bridge auto --batched on -- -m MODEL.gguf" in text
     )
     assert text.rstrip().endswith("-dev CUDA0,CUDA1,CUDA2,CUDA3 -sm layer -ts 25,25,25,25")
+
+
+def test_cpu_and_its_backend(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD Ryzen 9 7950X\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f\n")
+    native = inventory.Build("patched/cpu build", "cpu", Path("/b/bin/llama-server"), ("-DGGML_NATIVE=ON",))
+    cpu = inventory.cpu_info([native], [inventory.Listing(native)], info)
+    assert cpu.model == "AMD Ryzen 9 7950X" and cpu.features == ("sse4_2", "avx", "avx2", "fma", "avx512f")
+    assert cpu.backend.startswith("compiled for this CPU (-DGGML_NATIVE=ON, patched/cpu build)")
+    wheel = inventory.Build("installed ggml-bridge-server wheel", "cpu", Path("/w/bin/llama-server"))
+    loaded = inventory.Listing(wheel, loaded={"CPU": "/w/bin/libggml-cpu-zen4.so"})
+    assert inventory.cpu_info([wheel], [loaded], info).backend.startswith("portable: ggml loads the zen4 variant")
+    assert inventory.cpu_info([], [], tmp_path / "none").model == "unknown CPU"
