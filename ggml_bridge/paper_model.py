@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MiB = 1 << 20
-CHUNK = 2 * MiB
+# the formulas and their constants are defined once, in the package (the doctor uses them with measured links)
+from .doctor.cost import BP_PAGEABLE, CHUNK, E_EVENT, S_SYNC, MiB, t_bridge, t_seq  # noqa: F401
 
 LINKS = {
     # name: (one-way bandwidth B in bytes/s, per-copy latency L in s)
@@ -33,11 +33,6 @@ LINKS = {
     "PCIe Gen3 x16": (12e9, 10e-6),
     "PCIe Gen1 x1 (six-card riser rig)": (0.25e9, 10e-6),
 }
-S_SYNC = 10e-6  # one host synchronization + API round trip (upstream fallback), per side
-BP_PAGEABLE = (
-    9.7e9  # per-direction pageable staging bandwidth on the H200 host (sync-malloc, 16 MiB: 3.47 ms round trip)
-)
-E_EVENT = 3e-6  # cross-device event wait
 
 # Network links between hosts (llama.cpp RPC over TCP, docs/rpc.md): (goodput of one TCP stream in bytes/s,
 # round trip of a small request in s). Assumed, not measured here: 10/25 GbE at ~94 % of line rate; 100 GbE
@@ -47,14 +42,6 @@ NETWORKS = {
     "25 GbE": (2.9e9, 35e-6),
     "100 GbE": (8.75e9, 25e-6),
 }
-
-
-def t_seq(b: float, B: float, L: float) -> float:
-    return 2 * S_SYNC + 2 * (L + b / min(B, BP_PAGEABLE))
-
-
-def t_bridge(b: float, B: float, L: float) -> float:
-    return 2 * L + E_EVENT + b / B + min(b, CHUNK) / B
 
 
 def t_tcp(b: float, Bn: float, rtt: float, B: float, L: float) -> float:

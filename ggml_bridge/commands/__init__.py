@@ -154,6 +154,12 @@ COMMANDS: dict[str, Command] = {
             *stage("model"),
         ),
         Command(
+            "doctor",
+            "what this rig is (GPUs, links, peer paths, Vulkan, CPU, rpc-servers), whether its peer copies are "
+            "correct, and the serve command line for it",
+            *stage("doctor"),
+        ),
+        Command(
             "paper-model",
             "the scale model of a boundary's host round trip (docs/paper-model.md); --bench: predicted vs measured",
             *stage("paper_model"),

@@ -177,6 +177,7 @@ def test_every_command_parses_the_same_way(capsys: pytest.CaptureFixture[str]) -
         "bench",
         "shape",
         "model",
+        "doctor",
         "paper-model",
     ]
     for name in ("build", "rebase"):

@@ -253,6 +253,33 @@ CASES = [
         "argument --startup-timeout: 'nan': it must be a finite number above 0",
         files=_fake_server,
     ),
+    # --- doctor ----------------------------------------------------------------------------------------------------
+    Case("doctor-rpc-not-host-port", ["doctor", "--no-probe", "--rpc", "gpu-box"], USAGE, "'gpu-box' is not HOST:PORT"),
+    Case(
+        "doctor-rpc-refused",
+        ["doctor", "--no-probe", "--rpc", "127.0.0.1:1"],
+        errors.RpcError.exit_code,
+        "1 of 1 RPC endpoint(s) failed the check (127.0.0.1:1)",
+    ),
+    Case(
+        "doctor-out-is-a-file",
+        ["doctor", "--no-probe", "--out", "{scratch}/afile"],
+        USAGE,
+        "is a file, not a folder",
+        files=_write("afile", b"x"),
+    ),
+    Case("doctor-probe-output-missing", ["doctor", "--probe-output", "{scratch}/nope.txt"], USAGE, "no such file"),
+    Case("doctor-probe-output-and-no-probe", ["doctor", "--no-probe", "--probe-output", "x"], USAGE, "not allowed"),
+    Case("doctor-time-budget-nan", ["doctor", "--time-budget", "nan"], USAGE, "argument --time-budget"),
+    Case("doctor-hidden-zero", ["doctor", "--hidden", "0"], USAGE, "argument --hidden"),
+    Case("doctor-model-missing", ["doctor", "--no-probe", "--model", "{scratch}/none.gguf"], USAGE, "no such file"),
+    Case(
+        "doctor-model-not-gguf",
+        ["doctor", "--no-probe", "--model", "{scratch}/m.gguf"],
+        errors.ModelError.exit_code,
+        "is not a readable GGUF file",
+        files=_write("m.gguf", b"GGUF fake model"),
+    ),
     Case(
         "serve-port-zero",
         ["serve", "--server", "{scratch}/bin/llama-server", "--", "-m", "{scratch}/m.gguf", "--port", "0"],

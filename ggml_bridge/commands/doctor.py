@@ -1,0 +1,87 @@
+"""``ggml-bridge doctor``: what this rig is, whether its peer paths are safe, and how to launch on it. Its options,
+turned into the frozen :class:`~ggml_bridge.doctor.facts.Options` the doctor runs on."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import Settings, user_path
+from ..doctor.facts import Options
+from .argtypes import count, seconds
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the JSON document instead of the report")
+    parser.add_argument(
+        "--quick", action="store_true", help="the probe's quick mode: one direction per pair, peer checks up to 16 MiB"
+    )
+    probe = parser.add_mutually_exclusive_group()
+    probe.add_argument("--no-probe", dest="probe", action="store_false", help="no measurements: inventory only")
+    probe.add_argument(
+        "--probe-output",
+        type=user_path,
+        default=None,
+        metavar="FILE",
+        help="read a saved probe output (probe.txt of --out) instead of running the probe",
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=seconds(),
+        default=None,
+        metavar="S",
+        help="seconds the probe may take (default 50, 25 with --quick); it stops measuring when they are spent",
+    )
+    parser.add_argument(
+        "--bin-dir",
+        type=user_path,
+        default=None,
+        metavar="DIR",
+        help="ask this build's programs (default: the latest patched build of each backend, then the installed wheel)",
+    )
+    parser.add_argument(
+        "--rpc",
+        action="append",
+        default=[],
+        metavar="HOST:PORT[,...]",
+        help="rpc-servers to check: handshake, protocol, devices (repeatable)",
+    )
+    parser.add_argument(
+        "--model",
+        type=user_path,
+        default=None,
+        metavar="GGUF",
+        help="the model to serve: its hidden size prices the boundaries, its size balances -ts by measured speed",
+    )
+    parser.add_argument(
+        "--hidden", type=count(1, 1 << 20), default=None, metavar="N", help="hidden size without --model (default 4096)"
+    )
+    parser.add_argument(
+        "--out",
+        type=user_path,
+        default=None,
+        metavar="DIR",
+        help="also write report.txt, doctor.json, probe.txt (the probe's raw output) and pairs.png into DIR",
+    )
+    parser.add_argument("--plot", type=user_path, default=None, metavar="PNG", help="the pair bandwidth plot here")
+
+
+def options(args: argparse.Namespace) -> Options:
+    return Options(
+        json=args.json,
+        quick=args.quick,
+        probe=args.probe,
+        probe_file=args.probe_output,
+        time_budget_s=args.time_budget,
+        bin_dir=args.bin_dir,
+        rpc=tuple(args.rpc),
+        model=args.model,
+        hidden=args.hidden,
+        out=args.out,
+        plot=args.plot,
+    )
+
+
+def run(opts: Options, settings: Settings) -> int:
+    from ..doctor.checkup import run as checkup
+
+    return checkup(opts, settings)
