@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -112,6 +113,7 @@ class Server:
             raise UsageError(f"--startup-timeout {startup_timeout}: must be a positive number of seconds")
         self.host = host
         probe = "127.0.0.1" if host in ("0.0.0.0", "", "localhost") else ("::1" if host == "::" else host)
+        self._probe_host = probe
         self._probe = f"http://[{probe}]:{self.port}" if ":" in probe else f"http://{probe}:{self.port}"
         self.url = f"http://{host}:{self.port}" if ":" not in host else f"http://[{host}]:{self.port}"
         self.proc: runner.Process | None = None
@@ -132,9 +134,17 @@ class Server:
             )
         model = _arg_value(self.server_args, "-m", "--model")
         if model is not None and not Path(model).is_file():
-            raise ServeError(
+            raise UsageError(
                 f"model file not found: {model}", why="llama-server was not started", fix="check the -m path"
             )
+        try:
+            socket.getaddrinfo(self._probe_host, self.port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as e:
+            raise UsageError(
+                f"--host {self.host} does not resolve",
+                why=f"{e.strerror if isinstance(e, socket.gaierror) else e}; llama-server was not started",
+                fix="give an address (e.g. 127.0.0.1) or a name this machine resolves",
+            ) from None
 
     def start(self) -> "Server":
         self._precheck()

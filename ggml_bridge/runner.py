@@ -6,6 +6,7 @@ What stops every child on a stop signal (and the children's children) is :mod:`g
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator, Mapping, Sequence
 
-from .errors import FatalError
+from .errors import FatalError, os_reason
 
 _quiet = False
 
@@ -75,6 +76,78 @@ def _prepare(
     return argv, full_env
 
 
+class _StartFailed(Exception):
+    """The program could not be started (the OSError of exec); other OSErrors (the log file) are not this."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _popen(argv: list[str], **kw: object) -> subprocess.Popen[str]:
+    try:
+        return subprocess.Popen(argv, **kw)  # type: ignore[call-overload, no-any-return]
+    except OSError as e:
+        raise _StartFailed(e) from None
+
+
+def _run_captured(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, **kw)  # type: ignore[call-overload, no-any-return]
+    except OSError as e:
+        raise _StartFailed(e) from None
+
+
+def _stream(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path | str | None,
+    log_file: Path | None,
+    on_line: Callable[[str], None] | None,
+    timeout: float | None,
+) -> Result:
+    """Run ``argv`` with its combined output streamed line by line to ``log_file`` and ``on_line``; the last lines
+    are kept for the error message. A log file that cannot be written is an OSError naming it."""
+    tail: deque[str] = deque(maxlen=40)
+    fh = open(log_file, "a", encoding="utf-8") if log_file else None
+    try:
+        proc = _popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                if fh:
+                    _log_write(fh, line, log_file)
+                tail.append(line.rstrip("\n"))
+                if on_line:
+                    on_line(line.rstrip("\n"))
+            rc = proc.wait(timeout=timeout)
+        except BaseException:  # interrupted, a timeout, a full disk: the child does not outlive the call
+            proc.kill()
+            proc.wait()
+            raise
+    finally:
+        if fh:
+            with contextlib.suppress(OSError):
+                fh.close()
+    return Result(argv, rc, "\n".join(tail), "")
+
+
+def _log_write(fh: IO[str], line: str, log_file: Path | None) -> None:
+    try:
+        fh.write(line)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(log_file)) from None
+
+
 def run(
     args: Sequence[str | os.PathLike[str]],
     *,
@@ -98,38 +171,9 @@ def run(
     argv, full_env = _prepare(args, env, cwd)
     try:
         if log_file is not None or on_line is not None:
-            tail: deque[str] = deque(maxlen=40)
-            fh = open(log_file, "a", encoding="utf-8") if log_file else None
-            try:
-                proc = subprocess.Popen(
-                    argv,
-                    cwd=cwd,
-                    env=full_env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    errors="replace",
-                    bufsize=1,
-                )
-                assert proc.stdout is not None
-                try:
-                    for line in proc.stdout:
-                        if fh:
-                            fh.write(line)
-                        tail.append(line.rstrip("\n"))
-                        if on_line:
-                            on_line(line.rstrip("\n"))
-                    rc = proc.wait(timeout=timeout)
-                except BaseException:  # interrupted, or a timeout: the child does not outlive the call
-                    proc.kill()
-                    proc.wait()
-                    raise
-            finally:
-                if fh:
-                    fh.close()
-            res = Result(argv, rc, "\n".join(tail), "")
+            res = _stream(argv, full_env, cwd, log_file, on_line, timeout)
         else:
-            cp = subprocess.run(
+            cp = _run_captured(
                 argv,
                 cwd=cwd,
                 env=full_env,
@@ -140,8 +184,8 @@ def run(
                 timeout=timeout,
             )
             res = Result(argv, cp.returncode, cp.stdout or "", cp.stderr or "")
-    except FileNotFoundError as e:
-        raise error(what or f"cannot run {argv[0]}", why=str(e), fix=fix) from None
+    except _StartFailed as e:  # not found, not executable, a folder, not a program for this machine (ENOEXEC)
+        raise error(what or f"cannot run {argv[0]}", why=os_reason(e.cause), fix=fix) from None
     except subprocess.TimeoutExpired:
         raise error(what or f"{argv[0]} timed out after {timeout}s", fix=fix) from None
     if check and res.returncode != 0:
@@ -364,7 +408,7 @@ def start(
     except OSError as e:
         if fh:
             fh.close()
-        raise error(what or f"cannot run {argv[0]}", why=str(e), fix=fix) from None
+        raise error(what or f"cannot run {argv[0]}", why=os_reason(e), fix=fix) from None
     return Process(
         argv, popen, log_fh=fh, log_file=log_file, on_line=on_line, keep=keep, tail=tail, log_max_bytes=log_max_bytes
     )

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from . import rpc, runner
 from .config import Settings
-from .errors import ServeError, UsageError
+from .errors import ServeError, UsageError, os_reason
 from .llama_server import CONTRACT_VERBOSITY, Server
 from .modes import Selectors
 from .proof import Engagement, check_engagement
@@ -95,25 +96,47 @@ def rpc_topology(
     n = opts.n_local
     if n < 0:
         raise UsageError("--rpc-local must be 0 or more")
-    if not remote and not n:
-        return None
-    devices += [[] for _ in range(n - len(devices))]
-    binary = opts.server or Path(server_binary).parent / rpc.RPC_SERVER
-    if n and not Path(binary).is_file():
-        from . import builder
-
-        binary = builder.locate(settings, "patched", rpc.RPC_SERVER)  # type: ignore[arg-type]
-    local = [
-        rpc.LocalRpcServer(binary, devices=d, env=env, log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
-        for i, d in enumerate(devices)
-    ]
-    if opts.link and not local:
+    if opts.link and not n:
         raise UsageError(
             "--rpc-link needs local rpc-servers",
             why="a remote endpoint's link is the network's",
             fix="add --rpc-local N or --rpc-local-devices",
         )
+    if opts.server is not None and not n:
+        raise UsageError("--rpc-server is the program of --rpc-local", fix="add --rpc-local N or --rpc-local-devices")
+    if not remote and not n:
+        return None
+    devices += [[] for _ in range(n - len(devices))]
+    if opts.server is not None:  # the user's program, or an error: never silently another one
+        binary = program(opts.server, "--rpc-server")
+    else:
+        binary = Path(server_binary).parent / rpc.RPC_SERVER
+        if n and not binary.is_file():
+            from . import builder
+
+            binary = builder.locate(settings, "patched", rpc.RPC_SERVER)  # type: ignore[arg-type]
+    local = [
+        rpc.LocalRpcServer(binary, devices=d, env=env, log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
+        for i, d in enumerate(devices)
+    ]
     return rpc.Topology(local, remote, link=parse_link(opts.link) if opts.link else None)
+
+
+def program(path: Path, flag: str) -> Path:
+    """A program the user named (``--server``, ``--rpc-server``): a file this user may execute; a UsageError naming
+    ``flag`` otherwise (missing, a folder, not executable). One that is not a program for this machine (a bad ELF)
+    is found when it is run."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise UsageError(
+            f"{flag} {path} cannot be used", why=os_reason(e), fix="give the path of the program"
+        ) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{flag} {path} is a folder, not a program", fix="give the program file inside it")
+    if not os.access(path, os.X_OK):
+        raise UsageError(f"{flag} {path} is not executable", fix=f"chmod +x {path}, or give the program itself")
+    return path
 
 
 def front_env(opts: RpcOptions) -> dict[str, str]:
@@ -167,12 +190,18 @@ def run(opts: ServeOptions, settings: Settings) -> int:
     env = sel.env()
     from . import builder  # the build's patched llama-server, else an installed ggml-bridge-server wheel's
 
-    binary = (
-        opts.server if opts.server is not None else builder.locate(settings, "patched", "llama-server", installed=True)
-    )
+    if opts.server is not None:
+        binary = program(opts.server, "--server")
+    else:
+        binary = builder.locate(settings, "patched", "llama-server", installed=True)
     if any(a in INFO_ONLY_FLAGS for a in server_args):  # `serve -- --help`: llama-server's own answer and status
         return runner.run(
-            [binary, *server_args], env=env, check=False, capture=False, error=ServeError, what=f"cannot run {binary}"
+            [binary, *server_args],
+            env=env,
+            check=False,
+            capture=False,
+            error=UsageError if opts.server is not None else ServeError,
+            what=f"--server {binary} cannot be run" if opts.server is not None else f"cannot run {binary}",
         ).returncode
     proof = sel.any_set or opts.check
     metrics_added = False

@@ -31,6 +31,7 @@ assembles its report.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -39,7 +40,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .. import modes, netbench
+from .. import files, modes, netbench
 from ..cache import file_sha256
 from ..config import Settings
 from ..errors import BenchError, UsageError
@@ -159,6 +160,10 @@ def run(args: BenchOptions, settings: Settings) -> int:
 
 
 def bench(args: BenchOptions, settings: Settings) -> int:
+    if args.model is not None and not Path(args.model).is_file():  # before any build, model or measurement
+        raise UsageError(f"--model {args.model} not found", fix="give a GGUF file, or leave --model out")
+    if args.report is not None:
+        args = dataclasses.replace(args, report=files.output_dir(args.report, "--report"))
     if args.pool:
         if args.report is None:
             raise UsageError(

@@ -29,6 +29,7 @@ def _obtain_pinned(settings: Settings, pin: pinmod.Pin) -> Tree:
     if hit is not None:
         log(f"upstream {pin.ident} found in cache: {hit.path}")
         return hit
+    cache.ensure_writable(settings.cache_dir)  # before any source: offline, an unwritable cache is still exit 13
     attempts: list[str] = []
     for kind in settings.fetch.sources:
         for src in (s for s in pin.sources if s.kind == kind):

@@ -434,7 +434,13 @@ CASES = [
         env=OFFLINE,
         files=_write("afile", b"x"),
     ),
-    Case("cache-under-proc-offline", ["fetch", "--cache-dir", "/proc/ggml-bridge-cache"], CACHE, "not writable", env=OFFLINE),
+    Case(
+        "cache-under-proc-offline",
+        ["fetch", "--cache-dir", "/proc/ggml-bridge-cache"],
+        CACHE,
+        "not writable",
+        env=OFFLINE,
+    ),
     # --- D15: an unreadable vocabulary is the model error the README names ---------------------------------------
     Case(
         "ladder-vocab-not-gguf",
@@ -553,7 +559,7 @@ CASES = [
     ),
     # --- D26, D27, D28: empty or vanishing values -------------------------------------------------------------------
     Case("config-empty", ["fetch", "--config", ""], USAGE, "--config is empty"),
-    Case("sdist-out-empty", ["sdist", "--out", ""], USAGE, "--out is empty"),
+    Case("sdist-out-empty", ["sdist", "--out", ""], USAGE, "argument --out/-o: the path is empty"),
     Case(
         "serve-log-cap-below-a-kib",
         ["serve", "--server-log-max-mb", "1e-7", "--", "-m", "x"],
