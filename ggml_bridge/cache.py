@@ -138,7 +138,7 @@ def write_json_atomic(path: Path, data: object) -> None:
 
 def read_tree_record(entry: Path) -> dict[str, Any] | None:
     """The record of a complete tree entry (``tree.json`` and ``src/`` both present), with ``path`` = its src."""
-    data = files.read_record(entry / TREE_RECORD, required=("key", "commit_or_id", "origin"))
+    data = files.read_record(entry / TREE_RECORD, required=("key",))
     if data is None or not (entry / "src").is_dir():
         return None
     data["path"] = entry / "src"

@@ -52,10 +52,6 @@ def read_json(
     return data
 
 
-class _Unusable(FatalError):
-    """A record :func:`read_record` treats as absent."""
-
-
 def read_record(
     path: Path, *, shape: Mapping[str, Key] | None = None, required: tuple[str, ...] = ()
 ) -> dict[str, Any] | None:
@@ -63,8 +59,8 @@ def read_record(
     object :func:`read_json` would return, or None when it is missing, unreadable or of the wrong shape (the caller
     then makes it again; a damaged record is never trusted nor a traceback)."""
     try:
-        return read_json(path, "record", shape=shape, required=required, error=_Unusable)
-    except _Unusable:
+        return read_json(path, "record", shape=shape, required=required)
+    except UsageError:
         return None
 
 

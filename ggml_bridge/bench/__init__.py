@@ -162,8 +162,6 @@ def run(args: BenchOptions, settings: Settings) -> int:
 def bench(args: BenchOptions, settings: Settings) -> int:
     if args.model is not None and not Path(args.model).is_file():  # before any build, model or measurement
         raise UsageError(f"--model {args.model} not found", fix="give a GGUF file, or leave --model out")
-    if args.report is not None:
-        args = dataclasses.replace(args, report=files.output_dir(args.report, "--report"))
     if args.pool:
         if args.report is None:
             raise UsageError(
@@ -335,6 +333,8 @@ def _bench(args: BenchOptions, settings: Settings) -> int:
     virtual_devices, skipped = _devices(args, suite_name, suite, gpus)
     cases = _cases(args, suite, 1 if suite["devices"] == "1" else gpus, virtual_devices)
     _local(cases, sel.measures)
+    if args.report is not None:  # the options are checked; the report folder before any build or model
+        args = dataclasses.replace(args, report=files.output_dir(args.report, "--report"))
     bins = resolve_bins(args, settings, {c.variant for c in cases})
     runnable = [c for c in cases if c.variant in bins]
     skipped += [f"{c.name}: no {c.variant} build" for c in cases if c not in runnable]

@@ -282,6 +282,7 @@ def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
     pooled into one report, their rounds numbered one after the other; nothing is run."""
     reports = [_read(p) for p in paths]
     _check_alike(reports)
+    out_dir = files.output_dir(out_dir, "--report")  # the inputs are good: the folder of the pooled report
     samples: list[Sample] = []
     runs: list[CaseRun] = []
     fields = {f.name for f in dataclasses.fields(CaseRun)}

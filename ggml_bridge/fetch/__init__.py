@@ -130,7 +130,7 @@ def _path_kind(spec: str) -> str | None:
     path = user_path(spec)
     try:
         st = path.stat()
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL byte, not a path
         return None
     except OSError as e:
         if e.errno == errno.ENAMETOOLONG and "/" not in spec:

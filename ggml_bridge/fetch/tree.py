@@ -53,7 +53,10 @@ def find_cached(settings: Settings, key: str) -> Tree | None:
     if data is None:
         return None
     fields = Tree.__dataclass_fields__
-    return Tree(**{k: v for k, v in data.items() if k in fields})
+    try:
+        return Tree(**{k: v for k, v in data.items() if k in fields})
+    except TypeError:  # a record without the fields of a tree: damaged, made again (publish_tree replaces it)
+        return None
 
 
 def publish_tree(settings: Settings, stage: Path, tree: Tree) -> Tree:

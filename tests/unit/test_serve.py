@@ -136,8 +136,9 @@ def test_port_in_use(fake):
 
 
 def test_missing_model(fake):
+    """A -m the user typed that is not there is their argument's error (exit 2), found before anything starts."""
     s = llama_server.Server(fake.server, srv_args(fake.tmp / "nope.gguf", llama_server.free_port()), startup_timeout=20)
-    with pytest.raises(ServeError, match="model file not found"):
+    with pytest.raises(UsageError, match="model file not found"):
         s.start()
     assert s.proc is None  # not started at all
 
