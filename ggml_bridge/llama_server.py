@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import logparse, runner
+from . import logparse, runner, signals
 from .errors import ServeError, UsageError
 from .net import DEFAULT_HOST
 from .net import free_port as free_port  # re-exported: the ports the callers give their servers
@@ -217,10 +217,11 @@ class Server:
             time.sleep(pause)
             pause = min(0.1, pause * 2)
 
-    def stop(self, timeout: float = 30.0) -> int | None:
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout`` seconds (default: the stop grace, ``GGML_BRIDGE_STOP_GRACE``)."""
         if self.proc is None:
             return None
-        return self.proc.stop(timeout)
+        return self.proc.stop(signals.grace_or_default() if timeout is None else timeout)
 
     def lines(self) -> list[str]:
         """The log lines the engagement proof reads (not every line: see runner.Process)."""

@@ -232,6 +232,8 @@ class Process:
         #: rotate ``log_file`` to ``log_file.1`` when it reaches this size (None: never), so at most twice it is kept
         self.log_max_bytes = log_max_bytes
         self.rotations = 0
+        #: why the log stopped being written (a full disk ...), or None
+        self.log_stopped: str | None = None
         self._on_line = on_line
         self._keep = keep
         self._head: list[str] = []
@@ -245,6 +247,9 @@ class Process:
         self._reader.start()
 
     def _pump(self) -> None:
+        """Read the child's output to its end whatever happens to the log: a log that cannot be written (a full
+        disk, a removed folder) stops the log, said once, never the reading (the child would block on its next
+        write)."""
         assert self.popen.stdout is not None
         fh = self._log_fh
         written = fh.tell() if fh else 0
@@ -253,13 +258,17 @@ class Process:
                 line = raw.rstrip("\n")
                 if fh:
                     text = raw if raw.endswith("\n") else raw + "\n"
-                    if self.log_max_bytes and written and written + len(text) > self.log_max_bytes:
-                        fh = self._rotate(fh)
-                        written = 0
-                    if fh is not None:  # None: the log could not be reopened after rotating; the pump goes on
-                        fh.write(text)
-                        fh.flush()
-                        written += len(text)
+                    try:
+                        if self.log_max_bytes and written and written + len(text) > self.log_max_bytes:
+                            fh = self._rotate(fh)
+                            written = 0
+                        if fh is not None:  # None: the log could not be reopened after rotating; the pump goes on
+                            fh.write(text)
+                            fh.flush()
+                            written += len(text)
+                    except OSError as e:
+                        self._log_stopped(fh, e)
+                        fh = None
                 keep = self._keep is True or (callable(self._keep) and self._keep(line))
                 with self._lock:
                     self._last_line = time.monotonic()
@@ -278,7 +287,20 @@ class Process:
                         pass
         finally:
             if fh:
+                with contextlib.suppress(OSError):
+                    fh.close()
+
+    def _log_stopped(self, fh: IO[str] | None, e: OSError) -> None:
+        """The log cannot be written any more: say so once, close it (what was buffered is lost), go on reading."""
+        log(
+            f"ggml-bridge: the log {self.log_file} stopped: {os_reason(e)}; "
+            f"{Path(self.args[0]).name}'s output is still read (and echoed)"
+        )
+        if fh is not None:
+            with contextlib.suppress(OSError):
                 fh.close()
+        self._log_fh = None
+        self.log_stopped = os_reason(e)
 
     def _rotate(self, fh: IO[str]) -> IO[str] | None:
         """Close the log, move it to ``<log>.1`` (replacing the previous one) and open a fresh one."""
@@ -287,8 +309,8 @@ class Process:
         try:
             os.replace(self.log_file, str(self.log_file) + ".1")
             new = open(self.log_file, "w", encoding="utf-8")
-        except OSError:  # the folder went away or filled up: stop logging to it rather than stop the pump
-            self._log_fh = None
+        except OSError as e:  # the folder went away or filled up: stop logging to it rather than stop the pump
+            self._log_stopped(None, e)
             return None
         self.rotations += 1
         self._log_fh = new
@@ -319,7 +341,7 @@ class Process:
                 pass
 
     def stop(self, timeout: float = 20.0) -> int:
-        """SIGTERM, wait up to ``timeout``, then SIGKILL. Returns the exit status."""
+        """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL. Returns the exit status."""
         import signal as _signal
 
         if self.popen.poll() is None:
@@ -417,10 +439,11 @@ def start(
 _PR_SET_PDEATHSIG = 1
 
 
-def _parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+def _parent_death_signal(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     """A ``preexec_fn`` asking Linux to send ``sig`` to the child when we die, even by SIGKILL (which no handler of
-    ours sees): a long-running child (llama-server, in its own session) is never orphaned. Only from the main thread:
-    the kernel sends the signal when the *thread* that forked exits. None where prctl is unavailable."""
+    ours sees): a long-running child (llama-server, in its own session) is never orphaned. SIGKILL, because a child
+    ignoring SIGTERM would outlive us (with us gone, nobody is left to escalate). Only from the main thread: the
+    kernel sends the signal when the *thread* that forked exits. None where prctl is unavailable."""
     import ctypes
     import threading
 

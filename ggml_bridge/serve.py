@@ -21,11 +21,12 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import rpc, runner
+from . import rpc, runner, signals
 from .config import Settings
 from .errors import ServeError, UsageError, os_reason
 from .llama_server import CONTRACT_VERBOSITY, Server
@@ -231,21 +232,38 @@ class _Launch:
     def __init__(self, opts: ServeOptions, srv: Server, topo: rpc.Topology | None, proof: bool, warmed_up: bool):
         self.opts, self.srv, self.topo, self.proof, self.warmed_up = opts, srv, topo, proof, warmed_up
         self.received: list[int] = []
+        self._escalation: threading.Timer | None = None
 
     def forward(self, signum: int, _frame: Any) -> None:
         """SIGINT/SIGTERM go to the server (it runs in its own session, so it gets each signal once); SIGHUP
-        (terminal closed, ssh dropped) stops it like SIGTERM: llama-server has no SIGHUP handler of its own."""
+        (terminal closed, ssh dropped) stops it like SIGTERM: llama-server has no SIGHUP handler of its own. A
+        server still running after the stop grace (``GGML_BRIDGE_STOP_GRACE``, 10 s) gets SIGKILL."""
         self.received.append(signum)
         if self.srv.proc is not None:
             self.srv.proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+            if self._escalation is None:
+                self._escalation = threading.Timer(signals.grace_or_default(), self._kill)
+                self._escalation.daemon = True
+                self._escalation.start()
         else:
             raise KeyboardInterrupt
+
+    def _kill(self) -> None:
+        proc = self.srv.proc
+        if proc is not None and proc.poll() is None:
+            log(
+                f"ggml-bridge: llama-server (pid {proc.pid}) did not stop within {signals.grace_or_default():g}s of "
+                "the signal; killing it"
+            )
+            proc.popen.kill()
 
     def run(self) -> int:
         old = {s: signal.signal(s, self.forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             return self._run()
         finally:
+            if self._escalation is not None:
+                self._escalation.cancel()
             for s, h in old.items():
                 signal.signal(s, h)
             if self.srv.proc is not None and self.srv.proc.poll() is None:
