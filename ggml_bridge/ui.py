@@ -200,7 +200,16 @@ def _load(entry: Path, key: str) -> UiAssets | None:
 
 
 def _build(npm: str, root: Path, entry: Path, key: str, lock: Path) -> UiAssets:
+    """npm in ``<entry>.work`` (a copy of tools/ui): removed whatever happens (a failure, Ctrl-C: node_modules is
+    hundreds of MB)."""
     work = entry.with_name(entry.name + ".work")
+    try:
+        return _npm_build(npm, root, entry, work, key, lock)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _npm_build(npm: str, root: Path, entry: Path, work: Path, key: str, lock: Path) -> UiAssets:
     shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(entry, ignore_errors=True)
     shutil.copytree(root, work / "ui", ignore=shutil.ignore_patterns(*NOT_SOURCES))

@@ -13,9 +13,7 @@ from ..config import Settings
 from ..errors import ChecksumError, FetchError, SourceError
 from ..runner import log, step
 from .archive import _download, _extract, _git_fetch, _pypi_sdist_url, _sdist_subdir
-from .registry import (
-    cached_sdist,
-)
+from .registry import cached_sdist, set_aside_damaged
 from .tree import (
     Tree,
     _Failed,
@@ -99,6 +97,7 @@ def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source)
             archive, sha = kept, src.sha256
         else:
             archive, sha = _download(settings, url, stage / src.filename, src.sha256)
+            set_aside_damaged(settings, src.filename, sha)
         _extract(archive, stage / "src", subdir=src.subdir or _sdist_subdir(src.filename), failed=SourceError)
         if kept is None:
             archive.unlink()

@@ -126,16 +126,28 @@ def build_tree_key(build: Build) -> str | None:
 
 def cached_sdist(settings: Settings, filename: str, sha256: str | None) -> Path | None:
     """The sdist ``filename`` in ``<cache>/sdists/``, when its sha256 is the expected one (the registry's, or
-    pin.toml's): an earlier download, or a copy placed there for a machine without network."""
+    pin.toml's): an earlier download, or a copy placed there for a machine without network. A copy with another
+    sha256 is not used, and left where it is: it may be damaged, or the expected sha256 may be the wrong one (a
+    mistyped pin); :func:`set_aside_damaged` moves it once a download with that sha256 proved it damaged."""
     path = settings.cache_dir / "sdists" / filename
     if sha256 and path.is_file():
         got = cache.file_sha256(path)
         if got == sha256:
             return path
-        # a truncated or damaged copy: say so and move it aside, so the download replaces it (not silently, forever)
         log(
-            f"warning: {path} is damaged (sha256 {got}, expected {sha256}: truncated or changed); it is moved to "
-            f"{path.name}.damaged and fetched again"
+            f"warning: {path} has sha256 {got}, not the expected {sha256} (truncated or changed, or the expected "
+            "checksum is wrong): not used"
+        )
+    return None
+
+
+def set_aside_damaged(settings: Settings, filename: str, sha256: str) -> None:
+    """After a download with ``sha256`` was verified: a kept copy of ``filename`` with another checksum is damaged;
+    it is moved to ``<name>.damaged``, so the next run does not read it again."""
+    path = settings.cache_dir / "sdists" / filename
+    if path.is_file() and cache.file_sha256(path) != sha256:
+        log(
+            f"warning: {path} is damaged (the download with the expected sha256 replaced it); moved to {path.name}.damaged"
         )
         try:
             os.replace(path, path.with_name(path.name + ".damaged"))
@@ -145,7 +157,6 @@ def cached_sdist(settings: Settings, filename: str, sha256: str | None) -> Path 
                 why=e.strerror or str(e),
                 fix="delete it by hand, then run again",
             ) from None
-    return None
 
 
 def _keep_sdist(settings: Settings, archive: Path) -> Path:

@@ -25,6 +25,7 @@ from .registry import (
     cached_sdist,
     nearest_builds,
     published_builds,
+    set_aside_damaged,
 )
 from .tree import (
     Tree,
@@ -349,7 +350,10 @@ def obtain_build(
         with cache.staging(settings.cache_dir, f"bin-{number}") as stage:
             if archive is None:
                 with step(f"fetch {build.spec} ({build.filename}) from {settings.fetch.pypi_url}"):
-                    archive, _ = _download(settings, build.url, stage / build.filename, build.sha256, failed=FetchError)
+                    archive, sha = _download(
+                        settings, build.url, stage / build.filename, build.sha256, failed=FetchError
+                    )
+                    set_aside_damaged(settings, build.filename, sha)
                     archive = _keep_sdist(settings, archive)
             hit = _from_other_archive(
                 settings,
