@@ -135,9 +135,16 @@ def read_series(patches_dir: Path) -> Series:
         names = sorted((p.name for p in patches_dir.glob("*.patch")), key=_natural_key)
     else:
         names = []
-    patches = tuple(PatchFile(n, patches_dir / n, cache.file_sha256(patches_dir / n)) for n in names)
+    patches = tuple(PatchFile(n, patches_dir / n, _patch_sha256(patches_dir / n)) for n in names)
     h = hashlib.sha256("".join(f"{p.name} {p.sha256}\n" for p in patches).encode())
     return Series(patches, h.hexdigest())
+
+
+def _patch_sha256(path: Path) -> str:
+    try:
+        return cache.file_sha256(path)
+    except OSError as e:
+        raise PatchError(f"cannot read the patch {path}", why=os_reason(e), fix="fix its permissions") from None
 
 
 def series_names(patches_dir: Path) -> list[str]:

@@ -136,7 +136,10 @@ def _path_kind(spec: str) -> str | None:
         if e.errno == errno.ENAMETOOLONG and "/" not in spec:
             return None  # not a path: a long ref or NAME==VERSION, checked as such
         raise SourceError(f"source {spec} cannot be used", why=os_reason(e), fix="pass a path you can read") from None
-    return "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+    kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+    if kind != "other" and not os.access(path, os.R_OK | (os.X_OK if kind == "dir" else 0)):
+        raise SourceError(f"source {spec} cannot be read", why="permission denied", fix="pass a path you can read")
+    return kind
 
 
 def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned: bool) -> Tree:

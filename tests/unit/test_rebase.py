@@ -550,3 +550,20 @@ def test_a_damaged_rebase_state_is_no_dead_end(
     assert not wt.exists() and not state.exists()
     with pytest.raises(RebaseConflict):  # a new rebase starts
         rebase.rebase(st, "b6", rebase.Options(build=False, date=DATE))
+
+
+def test_another_user_of_the_same_checkout_cannot_touch_a_stopped_rebase(
+    st: config.Settings, proj: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One checkout, one cache, two users: the second user's --abort must not drop (nor --continue pick up) the
+    first user's stopped work tree. (The real second user: test_disks_and_users.py.)"""
+    wt = _stopped_with_hand_edit(st, proj, "int edit_of_a = 1;\n")
+    monkeypatch.setattr(os, "getuid", lambda: 4242)
+    capsys.readouterr()
+    assert cli.main(["rebase", "--abort", "--cache-dir", str(st.cache_dir)]) == 2
+    assert "no stopped rebase" in capsys.readouterr().err
+    assert "int edit_of_a = 1;" in (wt / "src" / "demo.c").read_text()
+    monkeypatch.undo()
+    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(proj))
+    monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(st.cache_dir))
+    assert cli.main(["rebase", "--abort", "--cache-dir", str(st.cache_dir)]) == 0 and not wt.exists()
