@@ -223,6 +223,11 @@ def run(opts: ServeOptions, settings: Settings) -> int:
     )
     if metrics_added:
         log(f"ggml-bridge: added {METRICS_FLAG}: the engagement proof reads the transfer counters on /metrics")
+    if opts.rpc.local_only:
+        log(
+            "ggml-bridge: --rpc-local-only: llama-server starts with CUDA_VISIBLE_DEVICES= (the GPUs are the "
+            "rpc-servers'); a CUDA build's \"failed to initialize CUDA: no CUDA-capable device\" from it is expected"
+        )
     return _Launch(opts, srv, topo, proof, warmed_up="--no-warmup" not in server_args).run()
 
 
@@ -301,24 +306,40 @@ class _Launch:
 
     def prove(self, live: dict[str, int] | None) -> Engagement:
         srv, topo, sel = self.srv, self.topo, self.opts.selectors
+        info = srv.info()
         eng = check_engagement(
-            srv.info(),
+            info,
             sel.bridge,
             sel.batched,
-            rpc.front_devices(srv.info()) if topo else None,
+            rpc.front_devices(info) if topo else None,
             metrics=live,
             warmed_up=self.warmed_up,
+            front=self.front(rpc.front_devices(info)) if topo else None,
         )
         if topo:
             notes, errors = topo.engagement(sel.bridge)
-            eng.notes += [topo.describe(srv.info().devices), *notes]
+            eng.notes += [topo.describe(info.devices), *notes]
             eng.errors += errors
+        if info.cuda_init_failed and self.opts.rpc.local_only:
+            eng.notes.append(
+                f"llama-server's \"failed to initialize CUDA: {info.cuda_init_failed}\" is expected: --rpc-local-only "
+                "starts it with CUDA_VISIBLE_DEVICES= (the GPUs are the rpc-servers')"
+            )
+        elif info.cuda_init_failed:
+            eng.notes.append(f"llama-server found no CUDA device ({info.cuda_init_failed}): it computes on the CPU")
         if self.proof and live is None and srv.verbosity < CONTRACT_VERBOSITY and sel.mechanisms:
             eng.notes.append(
                 f"the server answers no /metrics and log verbosity {srv.verbosity} hides the 'enabled' "
                 f"lines (INFO messages): use -lv {CONTRACT_VERBOSITY} for the proof from the log"
             )
         return eng
+
+    def front(self, n_devices: int) -> str:
+        """How serve speaks of llama-server in an RPC topology: the front, and the devices of its own."""
+        if self.opts.rpc.local_only:
+            return "llama-server (the RPC front) has no GPU of its own (--rpc-local-only)"
+        own = "no device" if not n_devices else "1 device" if n_devices == 1 else f"{n_devices} devices"
+        return f"llama-server (the RPC front) uses {own} of its own"
 
     def check(self, live: dict[str, int] | None) -> int:
         """``--check``: the counters, the server stopped, its teardown stats."""
