@@ -75,6 +75,8 @@ def _prove_bridge(
                 f"pinned host memory, {live.get('bridge_bytes_total', 0)} bytes "
                 "(llamacpp:bridge_* on /metrics)"
             )
+        if vb.engaged and metrics is not None:
+            eng.notes += _pair_decisions(live)
         elif ndev > 1:
             why = (
                 f"the server says: inactive: {vb.reason}"
@@ -100,6 +102,22 @@ def _prove_bridge(
             else f"bridge requested off but /metrics counts {live.get('bridge_boundaries_total', 0)} "
             "boundaries crossed through it"
         )
+
+
+def _pair_decisions(live: Mapping[str, int]) -> list[str]:
+    """What /metrics says of the bridge's per-pair decisions (``pairs_bridge``, ``pairs_upstream``), when it has
+    them: the pairs each path took, or that this build counted none although the bridge engaged (patch 0001 counts a
+    pair only where it asks the CUDA runtime: not in mode force, not between virtual devices of one GPU)."""
+    bridge, upstream = live.get("bridge_pairs_bridge_total"), live.get("bridge_pairs_upstream_total")
+    if bridge is None or upstream is None:
+        return []
+    if bridge or upstream:
+        return [f"device pairs: {bridge} through the bridge, {upstream} on upstream's copy (/metrics)"]
+    return [
+        "/metrics counts no device pair decision although the bridge engaged (llamacpp:bridge_pairs_*_total 0): "
+        "this build counts a pair only where it asks the CUDA runtime (not in mode force, not between virtual "
+        "devices of one GPU); the state line at -lv 4 gives the pairs routed"
+    ]
 
 
 def _prove_batched(eng: Engagement, sel: Selectors, metrics: Mapping[str, int] | None, warmed_up: bool) -> None:
