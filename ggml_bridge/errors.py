@@ -54,7 +54,11 @@ class UsageError(FatalError):
 
     exit_code = 2
     kind = "usage error"
-    meaning = 'usage error: bad option, value or config file (an unknown or unread key names the key and the file); subcommand not available'
+    meaning = (
+        "usage error: bad option, value or config file (an unknown or unread key names the key and the file); "
+        "subcommand not available; an OS error on a path outside the cache (an output folder on a full disk, a name "
+        "over 255 bytes, no permission)"
+    )
 
 
 class FetchError(FatalError):
@@ -94,7 +98,7 @@ class CacheError(FatalError):
 
     exit_code = 13
     kind = "cache error"
-    meaning = 'cache directory not writable'
+    meaning = "cache directory not writable (also full, read-only, or a file: any OS error on a path in it)"
 
 
 class PatchError(FatalError):
@@ -192,11 +196,14 @@ class DirtyProjectError(FatalError):
 
 class RebaseInProgress(FatalError):
     """``rebase --onto`` while an earlier rebase of the project is stopped at a conflict (its work tree holds hand
-    edits that a new run would replace)."""
+    edits that a new run would replace), or while another rebase of the project is running."""
 
     exit_code = 53
     kind = "rebase in progress"
-    meaning = "rebase refused: another rebase of the project is stopped at a conflict (`--continue` or `--abort` it)"
+    meaning = (
+        "rebase refused: another rebase of the project is stopped at a conflict (`--continue` or `--abort` it), or "
+        "is running"
+    )
 
 
 class BenchError(FatalError):

