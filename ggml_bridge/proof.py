@@ -75,8 +75,6 @@ def _prove_bridge(
                 f"pinned host memory, {live.get('bridge_bytes_total', 0)} bytes "
                 "(llamacpp:bridge_* on /metrics)"
             )
-        if vb.engaged and metrics is not None:
-            eng.notes += _pair_decisions(live)
         elif ndev > 1:
             why = (
                 f"the server says: inactive: {vb.reason}"
@@ -95,6 +93,8 @@ def _prove_bridge(
                     "(binary without the patch, or not a CUDA build)",
                 )
             )
+        if vb.engaged and metrics is not None:
+            eng.notes += _pair_decisions(live)
     elif sel.bridge == "off" and vb.engaged:
         eng.errors.append(
             f"bridge requested off but the server reports it enabled (mode {b.mode})"
