@@ -15,6 +15,38 @@ Behaviours that are not one command's exit code have their own tests, listed her
 * SIGKILL of the launcher: tests/unit/test_serve.py (test_sigkill_of_the_launcher_does_not_orphan_the_server);
 * serve stopped by a signal, an interrupted wheel's pip files, the unsafe-member error, the wheel's versioned
   libraries: below, after the table.
+
+The fourth sweep: its rows are the table's sections marked "fourth sweep"; its faults beyond one command's exit code
+have their own tests:
+
+* D1 a work tree git cannot read: tests/unit/test_patch.py (test_a_work_tree_whose_state_cannot_be_read_is_kept),
+  another user's in a shared cache: tests/unit/test_disks_and_users.py
+  (test_another_users_hand_edits_in_a_shared_cache_are_kept);
+* D2 two clones, another user, two rebases at once: tests/unit/test_rebase.py
+  (test_two_clones_sharing_a_cache_keep_their_own_stopped_work_trees,
+  test_another_user_of_the_same_checkout_cannot_touch_a_stopped_rebase,
+  test_a_second_rebase_of_one_project_is_refused_while_the_first_runs);
+* D3 the server log on a full disk: tests/unit/test_serve.py (test_the_log_pump_survives_a_full_disk),
+  tests/unit/test_disks_and_users.py (test_serve_with_its_log_on_a_full_disk_keeps_serving,
+  test_serve_with_its_log_on_dev_full);
+* D8 inputs another user cannot read: tests/unit/test_disks_and_users.py
+  (test_inputs_another_user_cannot_read_are_one_error_each);
+* D9 a full disk during fetch's download or patch's copy: tests/unit/test_fetch.py
+  (test_a_full_disk_during_the_download_is_exit_13, test_a_full_disk_while_the_work_tree_is_copied_is_exit_13),
+  tests/unit/test_disks_and_users.py (test_fetch_onto_a_full_disk_is_exit_13_and_leaves_nothing,
+  test_patch_onto_a_full_disk_is_exit_13_and_keeps_the_tree);
+* D10 a damaged rebase state: tests/unit/test_rebase.py (test_a_damaged_rebase_state_is_no_dead_end);
+* D11 Ctrl-C during the web UI's npm: tests/unit/test_ui.py (test_an_interrupted_npm_leaves_no_work_folder);
+* D12 a server ignoring SIGTERM: tests/unit/test_serve.py (test_a_forwarded_sigterm_is_escalated_to_sigkill_after_the_grace,
+  test_check_with_a_stubborn_server_that_never_gets_ready_ends_after_the_grace,
+  test_sigkill_of_the_launcher_kills_even_a_stubborn_server);
+* D13 a wrong sha256 in pin.toml: tests/unit/test_fetch.py (test_a_wrong_sha256_in_pin_toml_leaves_the_good_cached_sdist_alone);
+* D14 a read-only cache offline: tests/unit/test_disks_and_users.py (test_a_read_only_cache_offline_is_exit_13);
+* D24 a corrupt tree.json: tests/unit/test_fetch.py (test_a_damaged_tree_record_is_repaired);
+* D30 a relative XDG_CACHE_HOME: tests/unit/test_config.py (test_a_relative_xdg_cache_home_is_ignored);
+* what serve says about the RPC front and each rpc-server: tests/unit/test_rpc.py
+  (test_serve_says_one_consistent_thing_about_the_rpc_front_and_each_rpc_server); the pair decisions on /metrics:
+  tests/unit/test_engagement.py (test_the_pair_decisions_on_metrics_are_reported_or_said_missing).
 """
 
 from __future__ import annotations
