@@ -26,9 +26,10 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
-from .errors import CacheError
+from . import files
+from .errors import CacheError, os_reason
 from .runner import log
 
 #: The record of an upstream tree entry, ``<cache>/trees/<key>/tree.json`` (beside ``src/``).
@@ -76,7 +77,7 @@ def ensure_writable(cache_dir: Path) -> Path:
     except OSError as e:
         raise CacheError(
             f"cache directory {cache_dir} is not writable",
-            why=f"{type(e).__name__}: {e.strerror or e}",
+            why=os_reason(e),
             fix="fix its permissions, or point GGML_BRIDGE_CACHE_DIR (or --cache-dir) at a writable directory",
         ) from None
     _clean_stale(tmp)
@@ -127,7 +128,7 @@ def write_text_atomic(path: Path, text: str) -> None:
         with atomic_path(path) as tmp:
             tmp.write_text(text)
     except OSError as e:
-        raise CacheError(f"cannot write {path}", why=f"{type(e).__name__}: {e.strerror or e}", fix=_FIX) from None
+        raise CacheError(f"cannot write {path}", why=os_reason(e), fix=_FIX) from None
 
 
 def write_json_atomic(path: Path, data: object) -> None:
@@ -137,14 +138,23 @@ def write_json_atomic(path: Path, data: object) -> None:
 
 def read_tree_record(entry: Path) -> dict[str, Any] | None:
     """The record of a complete tree entry (``tree.json`` and ``src/`` both present), with ``path`` = its src."""
-    try:
-        data = json.loads((entry / TREE_RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not (entry / "src").is_dir():
+    data = files.read_record(entry / TREE_RECORD, required=("key",))
+    if data is None or not (entry / "src").is_dir():
         return None
     data["path"] = entry / "src"
     return data
+
+
+def remove_entry(entry: Path, cache_dir: Path) -> None:
+    """Remove a damaged cache entry: renamed into ``<cache>/tmp`` first (so no reader sees half of it), then
+    deleted."""
+    aside = Path(tempfile.mkdtemp(dir=ensure_writable(cache_dir), prefix="damaged-"))
+    try:
+        os.rename(entry, aside / entry.name)
+    except FileNotFoundError:  # another run got there first
+        pass
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def write_tree_record(stage: Path, record: dict[str, Any]) -> None:
@@ -155,8 +165,9 @@ def write_tree_record(stage: Path, record: dict[str, Any]) -> None:
 
 
 @contextmanager
-def entry_lock(lock_path: Path) -> Iterator[None]:
-    """Exclusive lock on ``lock_path`` (an flock; waits, saying so, when another process holds it)."""
+def entry_lock(lock_path: Path, *, busy: Callable[[], Exception] | None = None) -> Iterator[None]:
+    """Exclusive lock on ``lock_path`` (an flock; waits, saying so, when another process holds it; with ``busy``,
+    raises what it returns instead of waiting)."""
     import fcntl
 
     lock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -164,6 +175,8 @@ def entry_lock(lock_path: Path) -> Iterator[None]:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if busy is not None:
+                raise busy() from None
             log(f"waiting for another process building in {lock_path.with_suffix('')}")
             fcntl.flock(fh, fcntl.LOCK_EX)
         yield

@@ -28,40 +28,52 @@ from .errors import FatalError, UsageError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``ggml-bridge`` console script; returns the exit status."""
+    """Entry point of the ``ggml-bridge`` console script; returns the exit status. The one error boundary: a
+    :class:`FatalError` and any OSError no stage turned into one (a full disk, a name too long, no permission, a
+    file where a folder was expected) become one ``ggml-bridge: <kind>: ...`` line and their exit code."""
     parser = build_parser()
+    known: dict[str, Any] = {}  # the settings once loaded: where the cache is, for an OSError's exit code
     try:
         with signals.stop_children_on_signals():
-            return _main(parser, argv)
+            return _main(parser, argv, known)
     except signals.Interrupted as e:
         print(f"ggml-bridge: interrupted by {signal.Signals(e.signum).name}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("ggml-bridge: interrupted", file=sys.stderr)
         return 130
+    except FatalError as e:
+        return _fatal(e)
+    except OSError as e:
+        settings = known.get("settings")
+        return _fatal(errors.from_os_error(e, settings.cache_dir if settings is not None else None))
 
 
-def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+def _fatal(e: FatalError) -> int:
+    print(f"ggml-bridge: {e.kind}: {e}", file=sys.stderr)
+    return e.exit_code
+
+
+def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None, known: dict[str, Any]) -> int:
     try:
         args, rest = parser.parse_known_args(argv)
         if args.command is None:
             parser.print_help(sys.stderr)
             return UsageError.exit_code
+        signals.stop_grace()  # a bad GGML_BRIDGE_STOP_GRACE is a usage error now, not at the first signal
         command = COMMANDS[args.command]
         # the settings are checked before the command parses (a bad config file or CMAKE_ARGS is an error even
         # with --help), and loaded again when the command's own options override some of them
         overrides: dict[str, Any] = {"cache_dir": getattr(args, "cache_dir", None)}
-        settings = config.load(overrides, config_path=getattr(args, "config", None))
+        config_path = getattr(args, "config", None)
+        known["settings"] = settings = config.load(overrides, config_path=config_path)
         ns = parse_namespace(command, rest, args, settings)
         runner.set_quiet(bool(getattr(args, "quiet", False)))
         if command.overrides is not None:
             overrides.update(command.overrides(ns))
-            settings = config.load(overrides, config_path=getattr(args, "config", None))
+            known["settings"] = settings = config.load(overrides, config_path=config_path)
         opts = command.options(ns) if command.options is not None else ns
         return int(command.run(opts, settings))
-    except FatalError as e:
-        print(f"ggml-bridge: {e.kind}: {e}", file=sys.stderr)
-        return e.exit_code
     except SystemExit as e:  # argparse: --help, --version, usage errors (already printed)
         return e.code if isinstance(e.code, int) else UsageError.exit_code
 

@@ -44,7 +44,9 @@ CONFIG_NAME = "ggml-bridge.toml"
 
 #: List settings whose items are paths (relative ones resolved against the config file's directory).
 _PATH_LISTS = ("rebase.cuda_include",)
-_CUDA_ARCH_RE = re.compile(r"^(native|all|all-major|\d+[a-z]?(-real|-virtual)?(;\d+[a-z]?(-real|-virtual)?)*)$")
+_CUDA_ARCH_RE = re.compile(
+    r"^(native|all|all-major|[0-9]+[a-z]?(-real|-virtual)?(;[0-9]+[a-z]?(-real|-virtual)?)*)$", re.ASCII
+)
 
 
 @dataclass
@@ -153,9 +155,12 @@ def user_path(text: str | os.PathLike[str]) -> Path:
 
 
 def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/ggml-bridge``, else ``~/.cache/ggml-bridge``. A relative ``XDG_CACHE_HOME`` is ignored, as the
+    XDG base directory specification says (it would put the cache wherever the command happens to run)."""
     env = os.environ if env is None else env
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ggml-bridge"
+    xdg = env.get("XDG_CACHE_HOME") or ""
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "ggml-bridge"
 
 
 def default_project_dir(cwd: Path | None = None) -> Path:
@@ -198,6 +203,12 @@ def load(
     """
     env = os.environ if env is None else env
     cwd = cwd or Path.cwd()
+    if config_path is not None and not str(config_path).strip():
+        raise UsageError(
+            "--config is empty",
+            why="an empty value would silently mean the default config file",
+            fix="leave --config out for ./ggml-bridge.toml, or give a file",
+        )
     settings = Settings(cache_dir=default_cache_dir(env), project_dir=default_project_dir(cwd))
 
     path, table = _read_config(config_path or env.get("GGML_BRIDGE_CONFIG"), cwd)
@@ -326,7 +337,7 @@ def _set(settings: Settings, key: str, value: Any, *, origin: str, base: Path) -
 
 def _coerce(current: Any, value: Any, *, key: str, origin: str, base: Path) -> Any:
     """Convert ``value`` (TOML value, env string or CLI value) to the type of the field's current value."""
-    bad = UsageError(f"bad value {value!r} for {key!r} in {origin}", why=f"expected {type(current).__name__}")
+    bad = UsageError(f"bad value {value!r} for {key!r} in {origin}", why=f"expected {_kind(current)}")
     if isinstance(current, bool):
         if isinstance(value, bool):
             return value
@@ -370,3 +381,18 @@ def _coerce(current: Any, value: Any, *, key: str, origin: str, base: Path) -> A
         value = str(value)
         return value.replace(",", ";") if key == "build.cuda_arch" else value
     raise bad  # pragma: no cover
+
+
+def _kind(current: Any) -> str:
+    """What a setting of ``current``'s type takes, in words (never a Python class name)."""
+    for cls, words in (
+        (bool, "true or false"),
+        (int, "a whole number"),
+        (float, "a number"),
+        (Path, "a path"),
+        (list, "a list of strings"),
+        (str, "a string"),
+    ):
+        if isinstance(current, cls):
+            return words
+    return "another kind of value"  # pragma: no cover

@@ -11,6 +11,9 @@ The README's exit-code table and ``ggml-bridge --help``'s epilog are generated f
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +54,11 @@ class UsageError(FatalError):
 
     exit_code = 2
     kind = "usage error"
-    meaning = 'usage error: bad option, value or config file (an unknown or unread key names the key and the file); subcommand not available'
+    meaning = (
+        "usage error: bad option, value or config file (an unknown or unread key names the key and the file); "
+        "subcommand not available; an OS error on a path outside the cache (an output folder on a full disk, a name "
+        "over 255 bytes, no permission)"
+    )
 
 
 class FetchError(FatalError):
@@ -91,7 +98,7 @@ class CacheError(FatalError):
 
     exit_code = 13
     kind = "cache error"
-    meaning = 'cache directory not writable'
+    meaning = "cache directory not writable (also full, read-only, or a file: any OS error on a path in it)"
 
 
 class PatchError(FatalError):
@@ -189,11 +196,14 @@ class DirtyProjectError(FatalError):
 
 class RebaseInProgress(FatalError):
     """``rebase --onto`` while an earlier rebase of the project is stopped at a conflict (its work tree holds hand
-    edits that a new run would replace)."""
+    edits that a new run would replace), or while another rebase of the project is running."""
 
     exit_code = 53
     kind = "rebase in progress"
-    meaning = "rebase refused: another rebase of the project is stopped at a conflict (`--continue` or `--abort` it)"
+    meaning = (
+        "rebase refused: another rebase of the project is stopped at a conflict (`--continue` or `--abort` it), or "
+        "is running"
+    )
 
 
 class BenchError(FatalError):
@@ -202,6 +212,67 @@ class BenchError(FatalError):
     exit_code = 60
     kind = "bench error"
     meaning = 'bench error'
+
+
+# --------------------------------------------------------------------------------------------- OS errors
+
+#: What an OS error says about the path it names, and what to do (``errno`` -> (why, fix)).
+_OS_REASONS: dict[int, tuple[str, str]] = {
+    errno.ENOSPC: ("the disk is full", "free space there, or choose a folder on another disk"),
+    errno.EDQUOT: ("the disk quota is used up", "free space there, or choose a folder on another disk"),
+    errno.EROFS: ("the file system is read-only", "choose a writable folder"),
+    errno.ENAMETOOLONG: (
+        "a name in the path is longer than 255 bytes (or the path than 4096)",
+        "choose a shorter path",
+    ),
+    errno.EACCES: ("permission denied", "fix its permissions, or choose a path you can write"),
+    errno.EPERM: ("operation not permitted", "fix its permissions, or choose a path you can write"),
+    errno.EISDIR: ("it is a folder, not a file", "give a file"),
+    errno.ENOTDIR: ("a part of the path is a file, not a folder", "give a path whose parents are folders"),
+    errno.ENOENT: ("it does not exist", "check the path"),
+    errno.EEXIST: ("it already exists", "remove it or choose another path"),
+    errno.ELOOP: ("too many symbolic links", "check the path"),
+    errno.ENOEXEC: ("it is not a program this machine can run", "give an executable for this machine"),
+}
+
+
+def os_reason(e: OSError) -> str:
+    """What an OS error means, in words (``the disk is full``), else its own text."""
+    known = _OS_REASONS.get(e.errno or 0)
+    return known[0] if known else (e.strerror or str(e) or type(e).__name__)
+
+
+def _inside(path: str, folder: Path) -> bool:
+    a, b = os.path.abspath(path), os.path.abspath(folder)
+    return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
+
+
+def from_os_error(e: OSError, cache_dir: Path | None = None) -> FatalError:
+    """The one translation of an OSError no stage turned into its own error (``cli.main``'s boundary): a path in the
+    cache is a :class:`CacheError` (exit 13), any other path one the user chose (an option, the config, the current
+    folder) a :class:`UsageError` (exit 2); the message names the path and says why and what to do."""
+    if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list) and e.args[0]:  # copytree's errors
+        src, dst, why_text = (list(e.args[0][0]) + ["", "", ""])[:3]
+        return from_os_error(_reparse(str(why_text), str(dst or src)), cache_dir)
+    path = e.filename if e.filename is not None else e.filename2
+    why, fix = _OS_REASONS.get(e.errno or 0, (os_reason(e), "check the path and its permissions"))
+    verb = "cannot write" if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) else "cannot use"
+    if path is None:
+        return UsageError(f"a file could not be read or written: {why}", fix=fix)
+    path = os.fsdecode(path)
+    if cache_dir is not None and _inside(path, cache_dir):
+        return CacheError(
+            f"{verb} {path} in the cache directory",
+            why=why,
+            fix=f"{fix}; or point GGML_BRIDGE_CACHE_DIR (or --cache-dir) at another folder",
+        )
+    return UsageError(f"{verb} {path}", why=why, fix=fix)
+
+
+def _reparse(text: str, path: str) -> OSError:
+    """An OSError of the errno ``text`` names (``[Errno 28] No space left on device``: shutil.Error keeps text)."""
+    code = next((n for n, name in errno.errorcode.items() if f"[Errno {n}]" in text), None)
+    return OSError(code or errno.EIO, os.strerror(code) if code else text, path)
 
 
 # --------------------------------------------------------------------------------------------- the table

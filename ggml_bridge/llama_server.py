@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -14,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import logparse, runner
+from . import logparse, runner, signals
 from .errors import ServeError, UsageError
 from .net import DEFAULT_HOST
 from .net import free_port as free_port  # re-exported: the ports the callers give their servers
@@ -112,6 +113,7 @@ class Server:
             raise UsageError(f"--startup-timeout {startup_timeout}: must be a positive number of seconds")
         self.host = host
         probe = "127.0.0.1" if host in ("0.0.0.0", "", "localhost") else ("::1" if host == "::" else host)
+        self._probe_host = probe
         self._probe = f"http://[{probe}]:{self.port}" if ":" in probe else f"http://{probe}:{self.port}"
         self.url = f"http://{host}:{self.port}" if ":" not in host else f"http://[{host}]:{self.port}"
         self.proc: runner.Process | None = None
@@ -132,9 +134,17 @@ class Server:
             )
         model = _arg_value(self.server_args, "-m", "--model")
         if model is not None and not Path(model).is_file():
-            raise ServeError(
+            raise UsageError(
                 f"model file not found: {model}", why="llama-server was not started", fix="check the -m path"
             )
+        try:
+            socket.getaddrinfo(self._probe_host, self.port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as e:
+            raise UsageError(
+                f"--host {self.host} does not resolve",
+                why=f"{e.strerror if isinstance(e, socket.gaierror) else e}; llama-server was not started",
+                fix="give an address (e.g. 127.0.0.1) or a name this machine resolves",
+            ) from None
 
     def start(self) -> "Server":
         self._precheck()
@@ -207,10 +217,11 @@ class Server:
             time.sleep(pause)
             pause = min(0.1, pause * 2)
 
-    def stop(self, timeout: float = 30.0) -> int | None:
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout`` seconds (default: the stop grace, ``GGML_BRIDGE_STOP_GRACE``)."""
         if self.proc is None:
             return None
-        return self.proc.stop(timeout)
+        return self.proc.stop(signals.grace_or_default() if timeout is None else timeout)
 
     def lines(self) -> list[str]:
         """The log lines the engagement proof reads (not every line: see runner.Process)."""

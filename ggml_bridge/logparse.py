@@ -98,6 +98,8 @@ USING_DEVICE = re.compile(r"using device (?P<dev>\S+) \((?P<desc>[^)]*)\)")
 META_DEVICE = re.compile(r"creating a Meta device (?:for tensor parallelism from|with) (?P<n>\d+) devices")
 #: ggml-cuda: how many CUDA devices (physical, or virtual with GGML_CUDA_DEVICES) the process sees
 CUDA_FOUND = re.compile(r"ggml_cuda_init: found (?P<n>\d+) CUDA devices")
+#: ggml-cuda: a CUDA build that sees no GPU (e.g. started with CUDA_VISIBLE_DEVICES=): upstream's error line
+CUDA_INIT_FAILED = re.compile(r"failed to initialize CUDA: (?P<why>.+)")
 #: llama-server: the port is taken (serve retries on another)
 BIND_FAILED = re.compile(r"couldn't bind HTTP server socket, hostname: (?P<host>\S+), port: (?P<port>\d+)")
 #: the model file cannot be opened, and why
@@ -181,6 +183,7 @@ class LogInfo:
     devices: list[str] = field(default_factory=list)  # "using device" lines, in order
     meta_devices: int = 0  # -sm tensor: devices behind the Meta device
     cuda_found: int | None = None
+    cuda_init_failed: str | None = None  # why a CUDA build found no GPU ("no CUDA-capable device is detected")
     bind_failed: tuple[str, int] | None = None
     gguf_open_failed: tuple[str, str] | None = None
     model_error: str | None = None
@@ -258,6 +261,8 @@ def parse(lines: Iterable[str] | str) -> LogInfo:
             info.meta_devices = int(m["n"])
         elif m := CUDA_FOUND.search(line):
             info.cuda_found = int(m["n"])
+        elif m := CUDA_INIT_FAILED.search(line):
+            info.cuda_init_failed = m["why"].strip()
         elif m := BIND_FAILED.search(line):
             info.bind_failed = (m["host"], int(m["port"]))
         elif m := GGUF_OPEN_FAILED.search(line):
@@ -283,7 +288,10 @@ def exit_reason(info: LogInfo, rc: int | None, when: str = "during start-up") ->
     """One sentence saying why a server that exited ``when`` (during start-up, or while serving a request) failed."""
     if info.bind_failed:
         host, port = info.bind_failed
-        return f"port {port} on {host} is already in use (llama-server could not bind its HTTP socket)"
+        return (
+            f"port {port} on {host} is already in use, or {host} is not an address of this machine (llama-server "
+            "could not bind its HTTP socket)"
+        )
     if info.http_error and not info.model_load_failed:
         return "llama-server could not start its HTTP server (address in use or not available)"
     if info.gguf_open_failed:

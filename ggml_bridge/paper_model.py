@@ -18,14 +18,17 @@ host-side synchronization cost S and the pageable-memory bandwidth Bp of its mal
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import files
+
 # the formulas and their constants are defined once, in the package (the doctor uses them with measured links)
 from .doctor.cost import BP_PAGEABLE, CHUNK, E_EVENT, S_SYNC, MiB, t_bridge, t_seq  # noqa: F401
+from .errors import UsageError
+from .tomlfile import Key
 
 LINKS = {
     # name: (one-way bandwidth B in bytes/s, per-copy latency L in s)
@@ -185,15 +188,28 @@ def check_bench(report: Path, shape_name: str | None = None, calibration: str = 
     from ggml_bridge import model as modelmod
     from ggml_bridge import shaper
 
-    rep = json.loads(Path(report).read_text())
+    fix = "pass the bench.json of `ggml-bridge bench --suite rpc-link`"
+    rep = files.read_json(
+        Path(report),
+        "bench report",
+        shape={"model": Key("table"), "cases": Key("tables"), "summary": Key("table"), "links": Key("table")},
+        required=("model", "cases", "summary"),
+        fix=fix,
+    )
+    if not isinstance(rep["model"].get("shape"), str) and shape_name is None:
+        raise UsageError(f"{report} names no model shape", fix="pass --shape NAME")
     shape = modelmod.get_shape(shape_name or rep["model"]["shape"])
     servers = int((rep.get("links") or {}).get("rpc_servers", 1))
-    cases = {c["name"]: c for c in rep["cases"]}
+    cases = {str(c.get("name")): c for c in rep["cases"]}
     summ = rep["summary"]
     local = next((n for n in ("off", "upstream") if n in summ), None)
     calib = next((n for n, c in cases.items() if c.get("link") == calibration and n in summ), None)
     if local is None or calib is None:
-        raise SystemExit(f"{report}: needs the local case and a case over {calibration} (the calibration)")
+        raise UsageError(
+            f"{report} is not a report of the rpc-link suite",
+            why=f"it needs the local case and a case over {calibration} (the calibration)",
+            fix=fix,
+        )
     rows = [
         f"Model {shape.name}: n_embd {shape.n_embd}, {shape.n_layer} layers; {servers} rpc-server(s); "
         f"calibration: {calib} (S*t_msg and the RPC backend's own costs), local: {local}.",

@@ -19,11 +19,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cache
+from . import cache, files
 from .config import Settings
-from .errors import PatchError, WorkTreeModified
+from .errors import PatchError, WorkTreeModified, os_reason
 from .fetch import Tree
 from .runner import log, run, step
+from .tomlfile import Key
 
 #: Identity and date of every commit we make, so the same inputs give the same commit ids.
 GIT_IDENTITY = {
@@ -114,6 +115,11 @@ class CheckReport:
 def read_series(patches_dir: Path) -> Series:
     """Read ``patches_dir/series`` (names in order, ``#`` comments), or take ``*.patch`` in numeric order."""
     series_file = patches_dir / "series"
+    if series_file.exists() and not series_file.is_file():  # never silently the *.patch files instead
+        raise PatchError(
+            f"{series_file} is a folder, not a file",
+            fix="restore patches/series (git checkout -- patches/series): one patch file name per line",
+        )
     if series_file.is_file():
         names = series_names(patches_dir)
         missing = [n for n in names if not (patches_dir / n).is_file()]
@@ -129,9 +135,16 @@ def read_series(patches_dir: Path) -> Series:
         names = sorted((p.name for p in patches_dir.glob("*.patch")), key=_natural_key)
     else:
         names = []
-    patches = tuple(PatchFile(n, patches_dir / n, cache.file_sha256(patches_dir / n)) for n in names)
+    patches = tuple(PatchFile(n, patches_dir / n, _patch_sha256(patches_dir / n)) for n in names)
     h = hashlib.sha256("".join(f"{p.name} {p.sha256}\n" for p in patches).encode())
     return Series(patches, h.hexdigest())
+
+
+def _patch_sha256(path: Path) -> str:
+    try:
+        return cache.file_sha256(path)
+    except OSError as e:
+        raise PatchError(f"cannot read the patch {path}", why=os_reason(e), fix="fix its permissions") from None
 
 
 def series_names(patches_dir: Path) -> list[str]:
@@ -165,7 +178,7 @@ def _series_lines(series_file: Path) -> list[str]:
             fix="list one patch file name per line (restore it with git checkout -- patches/series)",
         ) from None
     except OSError as e:
-        raise PatchError(f"cannot read {series_file}", why=e.strerror or str(e)) from None
+        raise PatchError(f"cannot read {series_file}", why=os_reason(e)) from None
 
 
 def work_key(tree: Tree, series: Series) -> str:
@@ -188,17 +201,7 @@ def apply_series(
         log(f"patch series {series.hash[:12]} ({len(series.patches)} patch(es)) already applied: {existing.path}")
         return existing
     if final.exists():
-        changed = local_changes(final)
-        if changed and not discard_changes:
-            shown = changed[:20] + ([f"... and {len(changed) - 20} more"] if len(changed) > 20 else [])
-            raise WorkTreeModified(
-                f"the patched work tree {final / 'src'} has local changes",
-                why="changed: " + ", ".join(shown) + "; it would have to be re-created from the series",
-                fix="move your edits into a patch (git format-patch) or copy them elsewhere, then re-run with "
-                "--discard-changes (`ggml-bridge patch --discard-changes`) to delete them",
-            )
-        log(f"discarding {'modified' if changed else 'stale'} work tree {final}")
-        shutil.rmtree(final)
+        _clear_work_tree(final, series, discard_changes)
     with step(f"apply {len(series.patches)} patch(es) (series {series.hash[:12]}) onto {tree.commit_or_id[:12]}"):
         with cache.staging(settings.cache_dir, "work") as stage:
             report, head = _apply_into(stage / "src", tree, series)
@@ -321,53 +324,97 @@ def _require_patches(series: Series, patches_dir: Path) -> None:
         )
 
 
-def local_changes(final: Path) -> list[str]:
-    """Files of the work tree ``final/src`` that differ from what the series made: modified, deleted or
-    untracked files, and files touched by commits added after the series' head. [] for a tree that is not
-    (or no longer) a git repository of ours (a stale or broken one, safe to re-create)."""
+class TreeUnreadable(Exception):
+    """git cannot read a work tree (no ``.git``, a damaged HEAD or index, another user's tree): nobody can tell
+    whether it holds edits."""
+
+
+def _clear_work_tree(final: Path, series: Series, discard_changes: bool) -> None:
+    """Delete the work tree ``final`` so that it can be made again, unless it may hold the user's edits: those (and
+    a tree whose state cannot be read) are a :class:`WorkTreeModified` naming them, unless ``discard_changes``."""
+    keep = "nothing was deleted; copy what you want to keep elsewhere"
+    try:
+        changed = local_changes(final, series)
+    except TreeUnreadable as e:
+        if not discard_changes:
+            raise WorkTreeModified(
+                f"cannot tell whether the patched work tree {final / 'src'} holds edits",
+                why=f"git cannot read it: {e}",
+                fix=f"{keep} (or repair it: git -C {final / 'src'} status), then re-run with --discard-changes "
+                "(`ggml-bridge patch --discard-changes`) to delete it",
+            ) from None
+        changed = ["(a work tree git cannot read)"]
+    if changed and not discard_changes:
+        shown = changed[:20] + ([f"... and {len(changed) - 20} more"] if len(changed) > 20 else [])
+        raise WorkTreeModified(
+            f"the patched work tree {final / 'src'} has local changes",
+            why="changed: " + ", ".join(shown) + "; it would have to be re-created from the series",
+            fix="move your edits into a patch (git format-patch) or copy them elsewhere, then re-run with "
+            "--discard-changes (`ggml-bridge patch --discard-changes`) to delete them",
+        )
+    log(f"discarding {'modified' if changed else 'stale'} work tree {final}")
+    shutil.rmtree(final)
+
+
+def local_changes(final: Path, series: Series) -> list[str]:
+    """Files of the work tree ``final/src`` that differ from what the series made: modified, deleted or untracked
+    files, and files touched by commits added after the series' head (without our marker: commits beyond the
+    series' count). [] for a tree without ``src/`` (a half-made one: nothing of the user's). Raises
+    :class:`TreeUnreadable` when git cannot read the tree: it may hold edits nobody can list."""
     import git
 
-    try:
-        head = json.loads((final / MARKER).read_text()).get("head")
-    except (OSError, ValueError):
-        head = None
+    if not (final / "src").exists():
+        return []
+    marker = files.read_record(final / MARKER, shape={"head": Key("str")})
+    head = marker.get("head") if marker else None
     try:
         repo = git.Repo(final / "src")
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        return []
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as e:
+        raise TreeUnreadable(f"it is not a git repository ({type(e).__name__}: .git missing or damaged)") from None
     try:
+        if not repo.head.is_valid():
+            raise TreeUnreadable("its HEAD names no commit")
         changed = [
             line[3:]
             for line in repo.git.status("--porcelain", "--untracked-files=all", "--no-renames").splitlines()
             if line.strip()
         ]
-        now = repo.head.commit.hexsha if repo.head.is_valid() else "nothing"
+        now = repo.head.commit.hexsha
         if head and now != head:
             with contextlib.suppress(git.GitCommandError):
                 changed += [f for f in repo.git.diff("--name-only", head, "HEAD").splitlines() if f]
             changed.append(f"(HEAD moved from {head[:12]} to {now[:12]})")
-    except git.GitCommandError:
-        return []
+        elif not head and int(repo.git.rev_list("--count", "HEAD")) != len(series.patches) + 1:
+            changed.append(f"(commits past the series: {repo.git.rev_list('--count', 'HEAD')} in all)")
+    except git.GitCommandError as e:
+        raise TreeUnreadable(_git_said(e)) from None
+    except (ValueError, OSError) as e:  # GitPython reading a damaged object or ref
+        raise TreeUnreadable(f"{type(e).__name__}: {e}") from None
     finally:
         repo.close()
     return list(dict.fromkeys(changed))
 
 
+def _git_said(e: Exception) -> str:
+    """git's own last error line (``fatal: detected dubious ownership in repository at ...``)."""
+    text = str(getattr(e, "stderr", "") or e).replace("stderr: ", "").strip().strip("'").strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    fatal = [line for line in lines if line.startswith(("fatal:", "error:"))]
+    return (fatal or lines or ["git failed"])[0]
+
+
 def _load_existing(final: Path, tree: Tree, series: Series) -> PatchedTree | None:
     import git
 
-    try:
-        marker = json.loads((final / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    if marker.get("series_hash") != series.hash or marker.get("tree_key") != tree.key:
+    marker = files.read_record(final / MARKER, shape={"series_hash": Key("str"), "tree_key": Key("str")})
+    if marker is None or marker.get("series_hash") != series.hash or marker.get("tree_key") != tree.key:
         return None
     try:
         repo = git.Repo(final / "src")
         clean = repo.head.commit.hexsha == marker.get("head") and not repo.is_dirty(untracked_files=True)
         repo.close()
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
-        return None
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.GitCommandError, ValueError, OSError):
+        return None  # not reusable as it is: _clear_work_tree decides what may be deleted
     if not clean:
         return None
     return PatchedTree(final / "src", tree, series, marker["head"], final.name)

@@ -10,6 +10,7 @@ from typing import Any
 
 from . import tomlfile
 from .errors import UsageError
+from .tomlfile import Key
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -102,10 +103,27 @@ class Pin:
         return None
 
 
+#: The keys of pin.toml's ``[upstream]`` table and of each ``[[source]]``, checked by :func:`ggml_bridge.tomlfile.check`.
+UPSTREAM_KEYS = {
+    "url": Key("str"),
+    "tag": Key("str"),
+    "commit": Key("str"),
+    "build": Key("int_or_str", 0),
+    "expect_files": Key("strs"),
+}
+SOURCE_KEYS = {k: Key("str") for k in ("kind", "url", "sha256", "subdir", "package", "version", "filename")}
+PIN_KEYS = {"upstream": Key("table", table=UPSTREAM_KEYS), "source": Key("tables", table=SOURCE_KEYS)}
+
+
 def load(path: Path) -> Pin:
     data = tomlfile.read(path, "pin file", fix="run from a ggml-bridge checkout or set GGML_BRIDGE_PROJECT_DIR")
+    if "upstream" not in data:
+        raise UsageError(f"pin file {path} has no [upstream] table", fix="restore pin.toml (git checkout pin.toml)")
+    tomlfile.check(data, PIN_KEYS, f"pin file {path}")
     try:
         up = data["upstream"]
+        if "url" not in up:
+            raise ValueError("[upstream] has no url")
         commit = str(up["commit"]).lower() if up.get("commit") else None
         if commit is not None and not _HEX40.match(commit):
             raise ValueError(f"upstream.commit {commit!r} is not a 40-digit hex commit")
@@ -122,22 +140,34 @@ def load(path: Path) -> Pin:
                 raise ValueError("git and archive sources need upstream.commit")
         tag = str(up.get("tag", ""))
         build = up.get("build")
-        if build is None and re.fullmatch(r"b\d+", tag):
+        if build is None and re.fullmatch(r"b\d+", tag, re.ASCII):
             build = tag[1:]
         return Pin(
             url=str(up["url"]),
             tag=tag,
             commit=commit,
-            expect_files=tuple(up.get("expect_files", ("CMakeLists.txt",))),
+            expect_files=_expect_files(up.get("expect_files", ["CMakeLists.txt"])),
             sources=sources,
             build=int(build) if build is not None else None,
         )
-    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
-        raise UsageError(f"pin file {path} is malformed", why=f"{type(e).__name__}: {e}") from None
+    except ValueError as e:
+        raise UsageError(
+            f"pin file {path} is malformed", why=str(e), fix="restore pin.toml (git checkout pin.toml)"
+        ) from None
+
+
+def _expect_files(names: list[str]) -> tuple[str, ...]:
+    """``upstream.expect_files``: paths relative to the tree's root."""
+    for name in names:
+        if not name.strip() or name.startswith("/") or ".." in Path(name).parts or "\0" in name:
+            raise ValueError(f"expect_files lists {name!r}, which is not a path inside the tree")
+    return tuple(names)
 
 
 def _source(d: dict[str, Any]) -> Source:
-    kind = d["kind"]
+    kind = d.get("kind")
+    if kind is None:
+        raise ValueError("a [[source]] has no kind")
     sha = d.get("sha256")
     sha = None if sha in (None, "", "unknown") else str(sha).lower()
     if sha is not None and not _HEX64.match(sha):

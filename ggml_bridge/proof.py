@@ -35,12 +35,15 @@ def check_engagement(
     n_devices: int | None = None,
     metrics: Mapping[str, int] | None = None,
     warmed_up: bool = True,
+    front: str | None = None,
 ) -> Engagement:
     """Apply the launcher's rules to a parsed start-up log and, when given, the live counters of /metrics (patch
     0005; see the module docstring and :func:`ggml_bridge.engagement.from_metrics`). The counters prove engagement
     at the default log verbosity, where the INFO "enabled" lines are hidden and only the WARN lines ("inactive",
     rejected selectors) show. What asks for a mechanism is :class:`~ggml_bridge.modes.Selectors`' rule (``--bridge
-    on``, ``auto`` and ``force`` ask for the bridge)."""
+    on``, ``auto`` and ``force`` ask for the bridge). ``front``: the process is the front of an RPC topology, so
+    described (its rpc-servers' boundaries are proved apart): one device or none of its own is a plain statement about
+    it, not a bridge left unconfirmed."""
     sel = Selectors(bridge, batched)
     eng = Engagement(info)
     ndev = info.n_devices if n_devices is None else n_devices
@@ -48,12 +51,14 @@ def check_engagement(
         ndev = _devices_in_reason(info.bridge.inactive_reason)
     for var, value in info.bridge.rejected.items():
         eng.errors.append(f'the server rejected {var}="{value}"' + (" (bridge off)" if var == BRIDGE_VAR else ""))
-    _prove_bridge(eng, sel, ndev, metrics)
+    _prove_bridge(eng, sel, ndev, metrics, front)
     _prove_batched(eng, sel, metrics, warmed_up)
     return eng
 
 
-def _prove_bridge(eng: Engagement, sel: Selectors, ndev: int, metrics: Mapping[str, int] | None) -> None:
+def _prove_bridge(
+    eng: Engagement, sel: Selectors, ndev: int, metrics: Mapping[str, int] | None, front: str | None = None
+) -> None:
     b, live = eng.info.bridge, dict(metrics or {})
     vb = from_metrics(BRIDGE, b, metrics)
     if sel.asks_bridge:
@@ -77,6 +82,8 @@ def _prove_bridge(eng: Engagement, sel: Selectors, ndev: int, metrics: Mapping[s
                 else "the server printed no ggml_cuda_mapped_host_bridge line (binary without the patch, or not a CUDA build?)"
             )
             eng.errors.append(f"bridge requested ({sel.bridge}) but not engaged on a {ndev}-device split; {why}")
+        elif front is not None:  # the RPC front: its boundaries with the rpc-servers cross TCP, not the bridge
+            eng.notes.append(f"{front}: no boundary between GPUs of its own for the bridge")
         else:
             eng.notes.append(
                 _not_engaged(
@@ -86,6 +93,8 @@ def _prove_bridge(eng: Engagement, sel: Selectors, ndev: int, metrics: Mapping[s
                     "(binary without the patch, or not a CUDA build)",
                 )
             )
+        if vb.engaged and metrics is not None:
+            eng.notes += _pair_decisions(live)
     elif sel.bridge == "off" and vb.engaged:
         eng.errors.append(
             f"bridge requested off but the server reports it enabled (mode {b.mode})"
@@ -93,6 +102,22 @@ def _prove_bridge(eng: Engagement, sel: Selectors, ndev: int, metrics: Mapping[s
             else f"bridge requested off but /metrics counts {live.get('bridge_boundaries_total', 0)} "
             "boundaries crossed through it"
         )
+
+
+def _pair_decisions(live: Mapping[str, int]) -> list[str]:
+    """What /metrics says of the bridge's per-pair decisions (``pairs_bridge``, ``pairs_upstream``), when it has
+    them: the pairs each path took, or that this build counted none although the bridge engaged (patch 0001 counts a
+    pair only where it asks the CUDA runtime: not in mode force, not between virtual devices of one GPU)."""
+    bridge, upstream = live.get("bridge_pairs_bridge_total"), live.get("bridge_pairs_upstream_total")
+    if bridge is None or upstream is None:
+        return []
+    if bridge or upstream:
+        return [f"device pairs: {bridge} through the bridge, {upstream} on upstream's copy (/metrics)"]
+    return [
+        "/metrics counts no device pair decision although the bridge engaged (llamacpp:bridge_pairs_*_total 0): "
+        "this build counts a pair only where it asks the CUDA runtime (not in mode force, not between virtual "
+        "devices of one GPU); the state line at -lv 4 gives the pairs routed"
+    ]
 
 
 def _prove_batched(eng: Engagement, sel: Selectors, metrics: Mapping[str, int] | None, warmed_up: bool) -> None:

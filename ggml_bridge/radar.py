@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import cache
+from . import cache, files
 from . import fetch as fetchmod
 from . import patch as patchmod
 from . import pin as pinmod
@@ -289,8 +289,9 @@ def write(rep: RadarReport, report_dir: Path) -> list[Path]:
 
 
 def run(settings: Settings, *, report_dir: Path | None, limit: int | None, as_json: bool) -> int:
+    folder = files.output_dir(report_dir, "--report") if report_dir is not None else None  # before the radar runs
     rep = radar(settings, limit=limit)
-    write(rep, report_dir or settings.project_dir / "build" / "radar")
+    write(rep, folder or settings.project_dir / "build" / "radar")
     print(json.dumps(rep.to_json(), indent=2) if as_json else rep.to_markdown(), end="\n" if as_json else "")
     log(f"radar: {rep.verdict} (exit {rep.exit_code})")
     return rep.exit_code

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import logparse, runner, shaper
+from . import files, logparse, runner, shaper
 from .engagement import BRIDGE, engaged
 from .errors import RpcError, UsageError
 from .modes import RPC_SERVER as RPC_SERVER  # re-exported: the ladder and the bench start it
 from .modes import Selectors
 from .net import free_port, parse_hostport
+from .tomlfile import Key
 
 #: RPC_CMD_HELLO and the sizes of rpc_msg_hello_req / _rsp (ggml-rpc.cpp, transport.h RPC_CONN_CAPS_SIZE)
 HELLO_CMD = 14
@@ -415,13 +416,10 @@ class Topology:
 
 def expected_version(server_binary: Path) -> tuple[int, int, int] | None:
     """The RPC protocol of the tree a ggml-bridge build of ``server_binary`` came from (None if unknown)."""
-    import json
-
-    try:
-        manifest = json.loads((Path(server_binary).resolve().parent.parent / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return protocol_version(manifest.get("source_dir"))
+    manifest = files.read_record(
+        Path(server_binary).resolve().parent.parent / "manifest.json", shape={"source_dir": Key("str")}
+    )
+    return protocol_version(manifest.get("source_dir")) if manifest is not None else None
 
 
 def front_devices(info: logparse.LogInfo) -> int:

@@ -6,6 +6,7 @@ What stops every child on a stop signal (and the children's children) is :mod:`g
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator, Mapping, Sequence
 
-from .errors import FatalError
+from .errors import FatalError, os_reason
 
 _quiet = False
 
@@ -75,6 +76,78 @@ def _prepare(
     return argv, full_env
 
 
+class _StartFailed(Exception):
+    """The program could not be started (the OSError of exec); other OSErrors (the log file) are not this."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _popen(argv: list[str], **kw: object) -> subprocess.Popen[str]:
+    try:
+        return subprocess.Popen(argv, **kw)  # type: ignore[call-overload, no-any-return]
+    except OSError as e:
+        raise _StartFailed(e) from None
+
+
+def _run_captured(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, **kw)  # type: ignore[call-overload, no-any-return]
+    except OSError as e:
+        raise _StartFailed(e) from None
+
+
+def _stream(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path | str | None,
+    log_file: Path | None,
+    on_line: Callable[[str], None] | None,
+    timeout: float | None,
+) -> Result:
+    """Run ``argv`` with its combined output streamed line by line to ``log_file`` and ``on_line``; the last lines
+    are kept for the error message. A log file that cannot be written is an OSError naming it."""
+    tail: deque[str] = deque(maxlen=40)
+    fh = open(log_file, "a", encoding="utf-8") if log_file else None
+    try:
+        proc = _popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                if fh:
+                    _log_write(fh, line, log_file)
+                tail.append(line.rstrip("\n"))
+                if on_line:
+                    on_line(line.rstrip("\n"))
+            rc = proc.wait(timeout=timeout)
+        except BaseException:  # interrupted, a timeout, a full disk: the child does not outlive the call
+            proc.kill()
+            proc.wait()
+            raise
+    finally:
+        if fh:
+            with contextlib.suppress(OSError):
+                fh.close()
+    return Result(argv, rc, "\n".join(tail), "")
+
+
+def _log_write(fh: IO[str], line: str, log_file: Path | None) -> None:
+    try:
+        fh.write(line)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(log_file)) from None
+
+
 def run(
     args: Sequence[str | os.PathLike[str]],
     *,
@@ -98,38 +171,9 @@ def run(
     argv, full_env = _prepare(args, env, cwd)
     try:
         if log_file is not None or on_line is not None:
-            tail: deque[str] = deque(maxlen=40)
-            fh = open(log_file, "a", encoding="utf-8") if log_file else None
-            try:
-                proc = subprocess.Popen(
-                    argv,
-                    cwd=cwd,
-                    env=full_env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    errors="replace",
-                    bufsize=1,
-                )
-                assert proc.stdout is not None
-                try:
-                    for line in proc.stdout:
-                        if fh:
-                            fh.write(line)
-                        tail.append(line.rstrip("\n"))
-                        if on_line:
-                            on_line(line.rstrip("\n"))
-                    rc = proc.wait(timeout=timeout)
-                except BaseException:  # interrupted, or a timeout: the child does not outlive the call
-                    proc.kill()
-                    proc.wait()
-                    raise
-            finally:
-                if fh:
-                    fh.close()
-            res = Result(argv, rc, "\n".join(tail), "")
+            res = _stream(argv, full_env, cwd, log_file, on_line, timeout)
         else:
-            cp = subprocess.run(
+            cp = _run_captured(
                 argv,
                 cwd=cwd,
                 env=full_env,
@@ -140,8 +184,8 @@ def run(
                 timeout=timeout,
             )
             res = Result(argv, cp.returncode, cp.stdout or "", cp.stderr or "")
-    except FileNotFoundError as e:
-        raise error(what or f"cannot run {argv[0]}", why=str(e), fix=fix) from None
+    except _StartFailed as e:  # not found, not executable, a folder, not a program for this machine (ENOEXEC)
+        raise error(what or f"cannot run {argv[0]}", why=os_reason(e.cause), fix=fix) from None
     except subprocess.TimeoutExpired:
         raise error(what or f"{argv[0]} timed out after {timeout}s", fix=fix) from None
     if check and res.returncode != 0:
@@ -188,6 +232,8 @@ class Process:
         #: rotate ``log_file`` to ``log_file.1`` when it reaches this size (None: never), so at most twice it is kept
         self.log_max_bytes = log_max_bytes
         self.rotations = 0
+        #: why the log stopped being written (a full disk ...), or None
+        self.log_stopped: str | None = None
         self._on_line = on_line
         self._keep = keep
         self._head: list[str] = []
@@ -201,6 +247,9 @@ class Process:
         self._reader.start()
 
     def _pump(self) -> None:
+        """Read the child's output to its end whatever happens to the log: a log that cannot be written (a full
+        disk, a removed folder) stops the log, said once, never the reading (the child would block on its next
+        write)."""
         assert self.popen.stdout is not None
         fh = self._log_fh
         written = fh.tell() if fh else 0
@@ -209,13 +258,17 @@ class Process:
                 line = raw.rstrip("\n")
                 if fh:
                     text = raw if raw.endswith("\n") else raw + "\n"
-                    if self.log_max_bytes and written and written + len(text) > self.log_max_bytes:
-                        fh = self._rotate(fh)
-                        written = 0
-                    if fh is not None:  # None: the log could not be reopened after rotating; the pump goes on
-                        fh.write(text)
-                        fh.flush()
-                        written += len(text)
+                    try:
+                        if self.log_max_bytes and written and written + len(text) > self.log_max_bytes:
+                            fh = self._rotate(fh)
+                            written = 0
+                        if fh is not None:  # None: the log could not be reopened after rotating; the pump goes on
+                            fh.write(text)
+                            fh.flush()
+                            written += len(text)
+                    except OSError as e:
+                        self._log_stopped(fh, e)
+                        fh = None
                 keep = self._keep is True or (callable(self._keep) and self._keep(line))
                 with self._lock:
                     self._last_line = time.monotonic()
@@ -234,7 +287,20 @@ class Process:
                         pass
         finally:
             if fh:
+                with contextlib.suppress(OSError):
+                    fh.close()
+
+    def _log_stopped(self, fh: IO[str] | None, e: OSError) -> None:
+        """The log cannot be written any more: say so once, close it (what was buffered is lost), go on reading."""
+        log(
+            f"ggml-bridge: the log {self.log_file} stopped: {os_reason(e)}; "
+            f"{Path(self.args[0]).name}'s output is still read (and echoed)"
+        )
+        if fh is not None:
+            with contextlib.suppress(OSError):
                 fh.close()
+        self._log_fh = None
+        self.log_stopped = os_reason(e)
 
     def _rotate(self, fh: IO[str]) -> IO[str] | None:
         """Close the log, move it to ``<log>.1`` (replacing the previous one) and open a fresh one."""
@@ -243,8 +309,8 @@ class Process:
         try:
             os.replace(self.log_file, str(self.log_file) + ".1")
             new = open(self.log_file, "w", encoding="utf-8")
-        except OSError:  # the folder went away or filled up: stop logging to it rather than stop the pump
-            self._log_fh = None
+        except OSError as e:  # the folder went away or filled up: stop logging to it rather than stop the pump
+            self._log_stopped(None, e)
             return None
         self.rotations += 1
         self._log_fh = new
@@ -275,7 +341,7 @@ class Process:
                 pass
 
     def stop(self, timeout: float = 20.0) -> int:
-        """SIGTERM, wait up to ``timeout``, then SIGKILL. Returns the exit status."""
+        """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL. Returns the exit status."""
         import signal as _signal
 
         if self.popen.poll() is None:
@@ -364,7 +430,7 @@ def start(
     except OSError as e:
         if fh:
             fh.close()
-        raise error(what or f"cannot run {argv[0]}", why=str(e), fix=fix) from None
+        raise error(what or f"cannot run {argv[0]}", why=os_reason(e), fix=fix) from None
     return Process(
         argv, popen, log_fh=fh, log_file=log_file, on_line=on_line, keep=keep, tail=tail, log_max_bytes=log_max_bytes
     )
@@ -373,10 +439,11 @@ def start(
 _PR_SET_PDEATHSIG = 1
 
 
-def _parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+def _parent_death_signal(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     """A ``preexec_fn`` asking Linux to send ``sig`` to the child when we die, even by SIGKILL (which no handler of
-    ours sees): a long-running child (llama-server, in its own session) is never orphaned. Only from the main thread:
-    the kernel sends the signal when the *thread* that forked exits. None where prctl is unavailable."""
+    ours sees): a long-running child (llama-server, in its own session) is never orphaned. SIGKILL, because a child
+    ignoring SIGTERM would outlive us (with us gone, nobody is left to escalate). Only from the main thread: the
+    kernel sends the signal when the *thread* that forked exits. None where prctl is unavailable."""
     import ctypes
     import threading
 

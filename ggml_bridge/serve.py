@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import rpc, runner
+from . import rpc, runner, signals
 from .config import Settings
-from .errors import ServeError, UsageError
+from .errors import ServeError, UsageError, os_reason
 from .llama_server import CONTRACT_VERBOSITY, Server
 from .modes import Selectors
 from .proof import Engagement, check_engagement
@@ -95,25 +97,47 @@ def rpc_topology(
     n = opts.n_local
     if n < 0:
         raise UsageError("--rpc-local must be 0 or more")
-    if not remote and not n:
-        return None
-    devices += [[] for _ in range(n - len(devices))]
-    binary = opts.server or Path(server_binary).parent / rpc.RPC_SERVER
-    if n and not Path(binary).is_file():
-        from . import builder
-
-        binary = builder.locate(settings, "patched", rpc.RPC_SERVER)  # type: ignore[arg-type]
-    local = [
-        rpc.LocalRpcServer(binary, devices=d, env=env, log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
-        for i, d in enumerate(devices)
-    ]
-    if opts.link and not local:
+    if opts.link and not n:
         raise UsageError(
             "--rpc-link needs local rpc-servers",
             why="a remote endpoint's link is the network's",
             fix="add --rpc-local N or --rpc-local-devices",
         )
+    if opts.server is not None and not n:
+        raise UsageError("--rpc-server is the program of --rpc-local", fix="add --rpc-local N or --rpc-local-devices")
+    if not remote and not n:
+        return None
+    devices += [[] for _ in range(n - len(devices))]
+    if opts.server is not None:  # the user's program, or an error: never silently another one
+        binary = program(opts.server, "--rpc-server")
+    else:
+        binary = Path(server_binary).parent / rpc.RPC_SERVER
+        if n and not binary.is_file():
+            from . import builder
+
+            binary = builder.locate(settings, "patched", rpc.RPC_SERVER)  # type: ignore[arg-type]
+    local = [
+        rpc.LocalRpcServer(binary, devices=d, env=env, log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
+        for i, d in enumerate(devices)
+    ]
     return rpc.Topology(local, remote, link=parse_link(opts.link) if opts.link else None)
+
+
+def program(path: Path, flag: str) -> Path:
+    """A program the user named (``--server``, ``--rpc-server``): a file this user may execute; a UsageError naming
+    ``flag`` otherwise (missing, a folder, not executable). One that is not a program for this machine (a bad ELF)
+    is found when it is run."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise UsageError(
+            f"{flag} {path} cannot be used", why=os_reason(e), fix="give the path of the program"
+        ) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{flag} {path} is a folder, not a program", fix="give the program file inside it")
+    if not os.access(path, os.X_OK):
+        raise UsageError(f"{flag} {path} is not executable", fix=f"chmod +x {path}, or give the program itself")
+    return path
 
 
 def front_env(opts: RpcOptions) -> dict[str, str]:
@@ -167,12 +191,18 @@ def run(opts: ServeOptions, settings: Settings) -> int:
     env = sel.env()
     from . import builder  # the build's patched llama-server, else an installed ggml-bridge-server wheel's
 
-    binary = (
-        opts.server if opts.server is not None else builder.locate(settings, "patched", "llama-server", installed=True)
-    )
+    if opts.server is not None:
+        binary = program(opts.server, "--server")
+    else:
+        binary = builder.locate(settings, "patched", "llama-server", installed=True)
     if any(a in INFO_ONLY_FLAGS for a in server_args):  # `serve -- --help`: llama-server's own answer and status
         return runner.run(
-            [binary, *server_args], env=env, check=False, capture=False, error=ServeError, what=f"cannot run {binary}"
+            [binary, *server_args],
+            env=env,
+            check=False,
+            capture=False,
+            error=UsageError if opts.server is not None else ServeError,
+            what=f"--server {binary} cannot be run" if opts.server is not None else f"cannot run {binary}",
         ).returncode
     proof = sel.any_set or opts.check
     metrics_added = False
@@ -193,6 +223,11 @@ def run(opts: ServeOptions, settings: Settings) -> int:
     )
     if metrics_added:
         log(f"ggml-bridge: added {METRICS_FLAG}: the engagement proof reads the transfer counters on /metrics")
+    if opts.rpc.local_only:
+        log(
+            "ggml-bridge: --rpc-local-only: llama-server starts with CUDA_VISIBLE_DEVICES= (the GPUs are the "
+            "rpc-servers'); a CUDA build's \"failed to initialize CUDA: no CUDA-capable device\" from it is expected"
+        )
     return _Launch(opts, srv, topo, proof, warmed_up="--no-warmup" not in server_args).run()
 
 
@@ -202,21 +237,38 @@ class _Launch:
     def __init__(self, opts: ServeOptions, srv: Server, topo: rpc.Topology | None, proof: bool, warmed_up: bool):
         self.opts, self.srv, self.topo, self.proof, self.warmed_up = opts, srv, topo, proof, warmed_up
         self.received: list[int] = []
+        self._escalation: threading.Timer | None = None
 
     def forward(self, signum: int, _frame: Any) -> None:
         """SIGINT/SIGTERM go to the server (it runs in its own session, so it gets each signal once); SIGHUP
-        (terminal closed, ssh dropped) stops it like SIGTERM: llama-server has no SIGHUP handler of its own."""
+        (terminal closed, ssh dropped) stops it like SIGTERM: llama-server has no SIGHUP handler of its own. A
+        server still running after the stop grace (``GGML_BRIDGE_STOP_GRACE``, 10 s) gets SIGKILL."""
         self.received.append(signum)
         if self.srv.proc is not None:
             self.srv.proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+            if self._escalation is None:
+                self._escalation = threading.Timer(signals.grace_or_default(), self._kill)
+                self._escalation.daemon = True
+                self._escalation.start()
         else:
             raise KeyboardInterrupt
+
+    def _kill(self) -> None:
+        proc = self.srv.proc
+        if proc is not None and proc.poll() is None:
+            log(
+                f"ggml-bridge: llama-server (pid {proc.pid}) did not stop within {signals.grace_or_default():g}s of "
+                "the signal; killing it"
+            )
+            proc.popen.kill()
 
     def run(self) -> int:
         old = {s: signal.signal(s, self.forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             return self._run()
         finally:
+            if self._escalation is not None:
+                self._escalation.cancel()
             for s, h in old.items():
                 signal.signal(s, h)
             if self.srv.proc is not None and self.srv.proc.poll() is None:
@@ -254,24 +306,40 @@ class _Launch:
 
     def prove(self, live: dict[str, int] | None) -> Engagement:
         srv, topo, sel = self.srv, self.topo, self.opts.selectors
+        info = srv.info()
         eng = check_engagement(
-            srv.info(),
+            info,
             sel.bridge,
             sel.batched,
-            rpc.front_devices(srv.info()) if topo else None,
+            rpc.front_devices(info) if topo else None,
             metrics=live,
             warmed_up=self.warmed_up,
+            front=self.front(rpc.front_devices(info)) if topo else None,
         )
         if topo:
             notes, errors = topo.engagement(sel.bridge)
-            eng.notes += [topo.describe(srv.info().devices), *notes]
+            eng.notes += [topo.describe(info.devices), *notes]
             eng.errors += errors
+        if info.cuda_init_failed and self.opts.rpc.local_only:
+            eng.notes.append(
+                f"llama-server's \"failed to initialize CUDA: {info.cuda_init_failed}\" is expected: --rpc-local-only "
+                "starts it with CUDA_VISIBLE_DEVICES= (the GPUs are the rpc-servers')"
+            )
+        elif info.cuda_init_failed:
+            eng.notes.append(f"llama-server found no CUDA device ({info.cuda_init_failed}): it computes on the CPU")
         if self.proof and live is None and srv.verbosity < CONTRACT_VERBOSITY and sel.mechanisms:
             eng.notes.append(
                 f"the server answers no /metrics and log verbosity {srv.verbosity} hides the 'enabled' "
                 f"lines (INFO messages): use -lv {CONTRACT_VERBOSITY} for the proof from the log"
             )
         return eng
+
+    def front(self, n_devices: int) -> str:
+        """How serve speaks of llama-server in an RPC topology: the front, and the devices of its own."""
+        if self.opts.rpc.local_only:
+            return "llama-server (the RPC front) has no GPU of its own (--rpc-local-only)"
+        own = "no device" if not n_devices else "1 device" if n_devices == 1 else f"{n_devices} devices"
+        return f"llama-server (the RPC front) uses {own} of its own"
 
     def check(self, live: dict[str, int] | None) -> int:
         """``--check``: the counters, the server stopped, its teardown stats."""

@@ -56,20 +56,26 @@ _RATE_UNITS = {
 _DELAY_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
 
 
+#: The rates a link may have (bytes per second): 1 kbit/s (slower, one message of a split would take minutes) to
+#: 10 Tbit/s (faster than any loopback copy: say ``unlimited``).
+MIN_RATE, MAX_RATE = 1e3 / 8, 10e12 / 8
+
+
 def parse_rate(text: str) -> float:
     """``10gbit`` -> bytes/s (tc's units: ``bit``/``kbit``/``mbit``/``gbit``, 1000-based; ``bps``... are bytes);
     ``unlimited`` -> inf."""
     t = str(text).strip().lower()
     if t in ("unlimited", "inf", "0"):
         return math.inf
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]+)", t)
-    if not m or m.group(2) not in _RATE_UNITS or float(m.group(1)) <= 0:
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)", t)
+    rate = float(m.group(1)) * _RATE_UNITS[m.group(2)] if m and m.group(2) in _RATE_UNITS else 0.0
+    if not MIN_RATE <= rate <= MAX_RATE:
         raise UsageError(
             f"bad link rate {text!r}",
-            why="it is a positive number with a unit",
+            why=f"it is a number with a unit, from {fmt_rate(MIN_RATE)} to {fmt_rate(MAX_RATE)} (or unlimited)",
             fix="e.g. 10gbit, 25gbit, 800mbit (tc's units; kbps/mbps/gbps are bytes per second), or unlimited",
         )
-    return float(m.group(1)) * _RATE_UNITS[m.group(2)]
+    return rate
 
 
 def parse_delay(text: str) -> float:
@@ -77,7 +83,7 @@ def parse_delay(text: str) -> float:
     t = str(text).strip().lower()
     if t in ("0", "none"):
         return 0.0
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|ms|us|µs)", t)
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*(s|ms|us|µs)", t)
     if not m or float(m.group(1)) * _DELAY_UNITS[m.group(2)] > 10:
         raise UsageError(
             f"bad link delay {text!r}",

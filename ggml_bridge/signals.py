@@ -54,15 +54,24 @@ def stop_grace(env: Mapping[str, str] | None = None) -> float:
     return value
 
 
+def grace_or_default() -> float:
+    """:func:`stop_grace`, or the default where the variable is bad (``cli.main`` reports that as a usage error
+    before any command runs; a stop must not fail on it)."""
+    try:
+        return stop_grace()
+    except UsageError:
+        return STOP_GRACE_S
+
+
 @contextmanager
 def stop_children_on_signals(grace: float | None = None) -> Iterator[None]:
     """While inside: SIGINT, SIGTERM and SIGHUP stop every descendant process (each process group of ours too),
-    wait until they are gone (SIGKILL after ``grace`` seconds, default :func:`stop_grace`), then raise
+    wait until they are gone (SIGKILL after ``grace`` seconds, default :func:`stop_grace` read when the signal
+    comes), then raise
     :class:`Interrupted` in the main
     thread, so that ``finally`` blocks (build locks, temporary trees) run only once nothing of ours runs.
     A second signal during that clean-up is ignored. Handlers a stage installs itself (serve) take over inside."""
     global _stopping
-    wait_s = stop_grace() if grace is None else grace
 
     def handler(signum: int, _frame: object) -> None:
         global _stopping
@@ -70,7 +79,7 @@ def stop_children_on_signals(grace: float | None = None) -> Iterator[None]:
             return
         _stopping = True
         log(f"ggml-bridge: {signal.Signals(signum).name} received: stopping child processes")
-        stop_descendants(wait_s)
+        stop_descendants(grace_or_default() if grace is None else grace)
         raise Interrupted(signum)
 
     import threading

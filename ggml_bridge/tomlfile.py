@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import FatalError, UsageError
+from .errors import FatalError, UsageError, os_reason
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,6 +28,8 @@ def read(path: Path, what: str, error: type[FatalError] = UsageError, fix: str |
         return data
     except FileNotFoundError:
         raise error(f"{what} {path} not found", fix=fix) from None
+    except IsADirectoryError:
+        raise error(f"{what} {path} is a folder, not a file", fix=fix) from None
     except UnicodeDecodeError as e:
         raise error(
             f"{what} {path} is not UTF-8 text", why=f"byte {e.start}: {e.reason}", fix="save it as UTF-8"
@@ -35,13 +37,14 @@ def read(path: Path, what: str, error: type[FatalError] = UsageError, fix: str |
     except tomllib.TOMLDecodeError as e:
         raise error(f"{what} {path} is not valid TOML", why=str(e)) from None
     except OSError as e:
-        raise error(f"cannot read the {what} {path}", why=e.strerror or str(e)) from None
+        raise error(f"cannot read the {what} {path}", why=os_reason(e)) from None
 
 
 @dataclass(frozen=True)
 class Key:
     """What one key of a table holds: ``int`` (``low``..``high``), ``number`` (finite, above ``low``), ``str``,
-    ``bool``, ``strs`` or ``ints`` (lists of them), ``table`` (of the kinds of ``table``), or ``int_or_str``."""
+    ``bool``, ``strs`` or ``ints`` (lists of them), ``table`` (of the kinds of ``table``), ``tables`` (a list of
+    such tables), ``list`` (of anything), or ``int_or_str``."""
 
     kind: str
     low: float = 0
@@ -65,6 +68,10 @@ def _ok(key: Key, v: Any) -> bool:
         return isinstance(v, list) and all(_ok(Key("int", key.low, key.high), x) for x in v)
     if key.kind == "int_or_str":
         return _ok(Key("int", key.low, key.high), v) or isinstance(v, str)
+    if key.kind == "list":
+        return isinstance(v, list)
+    if key.kind == "tables":
+        return isinstance(v, list) and all(isinstance(x, dict) for x in v)
     return isinstance(v, dict)
 
 
@@ -78,6 +85,8 @@ def _expected(key: Key) -> str:
         "ints": f"a list of integers in {key.low:.0f}..{key.high}",
         "int_or_str": "an integer or a string",
         "table": "a table",
+        "tables": "a list of tables",
+        "list": "a list",
     }[key.kind]
 
 
@@ -96,3 +105,6 @@ def check(table: Mapping[str, Any], keys: Mapping[str, Key], where: str, error: 
             )
         if key.kind == "table" and key.table is not None:
             check(v, key.table, f"{where}.{name}", error)
+        if key.kind == "tables" and key.table is not None:
+            for i, item in enumerate(v):
+                check(item, key.table, f"{where}.{name}[{i}]", error)

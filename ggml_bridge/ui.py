@@ -16,7 +16,6 @@ line, and the manifest says "no UI".
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -26,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import cache
+from . import cache, files
 from .config import Settings
 from .errors import BuildError, ToolchainError, UsageError
 from .runner import log, run, step
+from .tomlfile import Key
 
 UI_DIR = Path("tools") / "ui"
 #: Outputs and tool state inside tools/ui that are not UI sources.
@@ -186,9 +186,8 @@ def _source_files(root: Path) -> Iterator[Path]:
 
 
 def _load(entry: Path, key: str) -> UiAssets | None:
-    try:
-        data = json.loads((entry / DONE).read_text())
-    except (OSError, ValueError):
+    data = files.read_record(entry / DONE, shape={"key": Key("str"), "sha256": Key("str")})
+    if data is None:
         return None
     dist = entry / "dist"
     if data.get("key") != key or not (dist / "index.html").is_file():
@@ -200,7 +199,16 @@ def _load(entry: Path, key: str) -> UiAssets | None:
 
 
 def _build(npm: str, root: Path, entry: Path, key: str, lock: Path) -> UiAssets:
+    """npm in ``<entry>.work`` (a copy of tools/ui): removed whatever happens (a failure, Ctrl-C: node_modules is
+    hundreds of MB)."""
     work = entry.with_name(entry.name + ".work")
+    try:
+        return _npm_build(npm, root, entry, work, key, lock)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _npm_build(npm: str, root: Path, entry: Path, work: Path, key: str, lock: Path) -> UiAssets:
     shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(entry, ignore_errors=True)
     shutil.copytree(root, work / "ui", ignore=shutil.ignore_patterns(*NOT_SOURCES))

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from . import __version__, cache
+from . import __version__, cache, files
 from . import fetch as fetchmod
 from . import patch as patchmod
 from . import pin as pinmod
@@ -175,10 +175,8 @@ def prepare_build_dir(build_dir: Path, sdist: Path) -> Path:
         )
     ensure_out_dir(build_dir, "--build-dir")
     src = build_dir / "src"
-    try:
-        same = json.loads(stamp.read_text()).get("sha256") == digest if stamp.is_file() else False
-    except (OSError, ValueError):
-        same = False
+    record = files.read_record(stamp) if stamp.is_file() else None
+    same = record is not None and record.get("sha256") == digest
     if same and (src / "pyproject.toml").is_file():
         log(f"build folder {build_dir}: continuing the build of {sdist.name}")
         return src
@@ -449,22 +447,5 @@ def _writing(target: Path) -> Iterator[None]:
 
 
 def ensure_out_dir(out_dir: Path, flag: str = "--out") -> None:
-    """``--out`` (or ``flag``) is a folder we can write (created when missing); UsageError naming it otherwise."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise UsageError(
-            f"{flag} {out_dir} is a file, not a folder", fix="pass a folder (it is created if missing)"
-        ) from None
-    except OSError as e:
-        raise UsageError(
-            f"{flag} {out_dir}: cannot create the folder", why=e.strerror or str(e), fix="pass a folder you can write"
-        ) from None
-    if not out_dir.is_dir():
-        raise UsageError(f"{flag} {out_dir} is not a folder", fix="pass a folder (it is created if missing)")
-    if not os.access(out_dir, os.W_OK | os.X_OK):
-        raise UsageError(
-            f"{flag} {out_dir} is not writable",
-            why="nothing was written",
-            fix="pass a folder you can write, or fix its permissions",
-        )
+    """``--out`` (or ``flag``) is a folder we can write (created when missing): :func:`ggml_bridge.files.output_dir`."""
+    files.output_dir(out_dir, flag)

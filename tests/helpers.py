@@ -337,3 +337,93 @@ def fake_vulkan_root(
         d.mkdir(parents=True)
         (d / "SPIRV-HeadersConfig.cmake").write_text("# fake\n")
     return root
+
+
+# --------------------------------------------------------------------------------------------- full disks, other users
+
+#: The user the shared-cache tests run ggml-bridge as (a uid with no passwd entry: nothing is added to the machine).
+OTHER_UID = 4242
+
+
+def small_disk_or_skip(where: Path, size: str = "1m", *, read_only: bool = False) -> Path:
+    """A tmpfs of ``size`` mounted at ``where`` (created), for the disk-full tests; ``pytest.skip`` where mounting is
+    not permitted (not root, or a container without CAP_SYS_ADMIN). Unmount with :func:`unmount`."""
+    import pytest
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root")
+    where.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size},mode=1777" + (",ro" if read_only else "")
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"mount is not permitted here: {res.stderr.strip()}")
+    return where
+
+
+def unmount(where: Path) -> None:
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def fill(folder: Path, leave: int = 0) -> Path:
+    """Fill the file system of ``folder`` until at most ``leave`` bytes are free (a file ``filler`` in it)."""
+    filler = folder / "filler"
+    with open(filler, "wb") as fh:
+        chunk = b"\0" * 65536
+        try:
+            while True:
+                fh.write(chunk)
+                fh.flush()
+        except OSError:
+            pass
+    if leave:
+        size = filler.stat().st_size
+        os.truncate(filler, max(0, size - leave))
+    return filler
+
+
+def shared_folder(tmp_path: Path) -> Path:
+    """A folder another user can reach (pytest's own tmp folder is private to its user), removed by the caller."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="ggml-bridge-shared-", dir="/tmp"))
+    d.chmod(0o777)
+    return d
+
+
+def other_user_or_skip() -> list[str]:
+    """The argv prefix that runs a command as :data:`OTHER_UID` (setpriv, else runuser has no uid form); skips where
+    root cannot switch users, or that user cannot run this Python and import ggml-bridge."""
+    import pytest
+
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("running as another user needs root and setpriv")
+    prefix = [setpriv, f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", "--"]
+    probe = subprocess.run(
+        [*prefix, sys.executable, "-c", "import ggml_bridge, git, requests"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        cwd="/",
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"user {OTHER_UID} cannot run this Python with ggml-bridge: {probe.stderr.strip()[-200:]}")
+    return prefix
+
+
+def run_as_other_user(
+    prefix: list[str], argv: list[str], env: dict[str, str], home: Path
+) -> subprocess.CompletedProcess[str]:
+    """``ggml-bridge ARGV`` as the other user (``prefix`` from :func:`other_user_or_skip`), its HOME ``home``."""
+    home.mkdir(parents=True, exist_ok=True)
+    os.chown(home, OTHER_UID, OTHER_UID)
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_BRIDGE_", "FAKE_"))}
+    full.update(env, HOME=str(home), PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "ggml_bridge", *argv],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=str(home),
+        timeout=300,
+    )

@@ -31,6 +31,7 @@ assembles its report.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -39,7 +40,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .. import modes, netbench
+from .. import files, modes, netbench
 from ..cache import file_sha256
 from ..config import Settings
 from ..errors import BenchError, UsageError
@@ -159,6 +160,8 @@ def run(args: BenchOptions, settings: Settings) -> int:
 
 
 def bench(args: BenchOptions, settings: Settings) -> int:
+    if args.model is not None and not Path(args.model).is_file():  # before any build, model or measurement
+        raise UsageError(f"--model {args.model} not found", fix="give a GGUF file, or leave --model out")
     if args.pool:
         if args.report is None:
             raise UsageError(
@@ -330,6 +333,8 @@ def _bench(args: BenchOptions, settings: Settings) -> int:
     virtual_devices, skipped = _devices(args, suite_name, suite, gpus)
     cases = _cases(args, suite, 1 if suite["devices"] == "1" else gpus, virtual_devices)
     _local(cases, sel.measures)
+    if args.report is not None:  # the options are checked; the report folder before any build or model
+        args = dataclasses.replace(args, report=files.output_dir(args.report, "--report"))
     bins = resolve_bins(args, settings, {c.variant for c in cases})
     runnable = [c for c in cases if c.variant in bins]
     skipped += [f"{c.name}: no {c.variant} build" for c in cases if c not in runnable]
@@ -473,11 +478,8 @@ def _manifests(bins: dict[str, Path]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for v, d in bins.items():
         for cand in (d / "manifest.json", d.parent / "manifest.json", d.parent.parent / "manifest.json"):
-            if cand.is_file():
-                try:
-                    m = json.loads(cand.read_text())
-                except json.JSONDecodeError:
-                    continue
+            m = files.read_record(cand) if cand.is_file() else None
+            if m is not None:
                 out[v] = {"file": str(cand), **m}
                 break
     return out

@@ -12,9 +12,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .. import modes, netbench
+from .. import files, modes, netbench
 from ..errors import BenchError
 from ..runner import log
+from ..tomlfile import Key
 from .stats import CaseRun, Sample, batched_pairs, pool, references
 
 CASES = modes.MODES
@@ -281,6 +282,7 @@ def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
     pooled into one report, their rounds numbered one after the other; nothing is run."""
     reports = [_read(p) for p in paths]
     _check_alike(reports)
+    out_dir = files.output_dir(out_dir, "--report")  # the inputs are good: the folder of the pooled report
     samples: list[Sample] = []
     runs: list[CaseRun] = []
     fields = {f.name for f in dataclasses.fields(CaseRun)}
@@ -320,16 +322,26 @@ def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
     return 0
 
 
+#: What ``--pool`` reads of a bench.json (a ladder's report.json, or any other JSON, is not one).
+POOLED_KEYS = {
+    "suite": Key("str"),
+    "cases": Key("tables", table=None),
+    "samples": Key("tables", table=None),
+    "runs": Key("tables", table=None),
+    "settings": Key("table"),
+}
+
+
 def _read(p: Path) -> tuple[Path, dict[str, Any]]:
     f = Path(p) / "bench.json" if Path(p).is_dir() else Path(p)
-    try:
-        return f, json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise BenchError(
-            f"cannot read the bench report {f}",
-            why=str(e),
-            fix="pass bench.json files (or their folders) written by ggml-bridge bench",
-        ) from None
+    fix = "pass bench.json files (or their folders) written by ggml-bridge bench"
+    data = files.read_json(f, "bench report", shape=POOLED_KEYS, required=tuple(POOLED_KEYS), error=BenchError, fix=fix)
+    for key in ("samples", "runs"):
+        if any(not isinstance(x.get("round"), int) for x in data[key]):
+            raise BenchError(f"{f} is not a bench report", why=f"an entry of {key} has no round number", fix=fix)
+    if any(not isinstance(c.get("name"), str) for c in data["cases"]):
+        raise BenchError(f"{f} is not a bench report", why="a case has no name", fix=fix)
+    return f, data
 
 
 def _check_alike(reports: Sequence[tuple[Path, dict[str, Any]]]) -> None:

@@ -8,18 +8,18 @@ or compiled ("up to date"). Each build writes ``manifest.json`` into its directo
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from .. import cache, modes
+from .. import cache, files, modes
 from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import ui as uimod
 from ..config import Settings
 from ..errors import BuildError, NotBuiltError
 from ..runner import log, step
+from ..tomlfile import Key
 from . import steps
 from .installed import installed_server
 from .shared import NOPEER_LIBRARY, NOPEER_OBJECT, SHARED_ORDER, SHARED_RECIPES, ensure_shared
@@ -235,20 +235,31 @@ def _latest(settings: Settings, variant: str | None, backend: str | None) -> tup
     if backend == "auto":
         backend = resolve_backend("auto")[0]
     pointer = latest_path(settings, variant, backend)
-    try:
-        data = json.loads(pointer.read_text())
-    except (OSError, ValueError):
+    if not pointer.is_file():
         raise NotBuiltError(
             f"no {variant}/{backend} build found",
             why=f"{pointer} does not exist",
             fix=f"run `ggml-bridge build --variant {variant} --backend {backend}` first",
-        ) from None
-    if not isinstance(data, dict):
+        )
+    data = files.read_record(pointer, shape=POINTER_KEYS)
+    if data is None or not all(isinstance(v, str) for v in data.get("binaries", {}).values()):
         raise NotBuiltError(
             f"the {variant}/{backend} build pointer {pointer} is damaged",
+            why="it is not the JSON object a build writes (variant, backend, manifest, binaries by name)",
             fix=f"run `ggml-bridge build --variant {variant} --backend {backend}` again",
         )
     return variant, backend, data
+
+
+#: What a ``latest-<variant>-<backend>.json`` pointer holds (:func:`ggml_bridge.builder.steps.write_pointer`).
+POINTER_KEYS = {
+    "variant": Key("str"),
+    "backend": Key("str"),
+    "key": Key("str"),
+    "build_dir": Key("str"),
+    "manifest": Key("str"),
+    "binaries": Key("table"),
+}
 
 
 def locate(

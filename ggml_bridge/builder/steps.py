@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import __version__, cache, modes
+from .. import __version__, cache, files, modes
 from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import ui as uimod
 from ..config import BUILD_TARGETS, Settings
 from ..errors import BuildError
 from ..runner import log, run
+from ..tomlfile import Key
 from .toolchain import Toolchain
 
 #: Targets built when the tree defines them, in this order (``build.targets`` may narrow them). llama-server is required.
@@ -220,11 +221,10 @@ def build_failed(what: str, rc: int, log_file: Path, fix: str) -> BuildError:
 
 def completed(build_dir: Path, key: str) -> dict[str, Path] | None:
     """The binaries of a finished build with this key, if they are all still there and unchanged."""
-    try:
-        marker = json.loads((build_dir / COMPLETE_MARKER).read_text())
-    except (OSError, ValueError):
+    marker = files.read_record(build_dir / COMPLETE_MARKER, shape={"key": Key("str"), "binaries": Key("table")})
+    if marker is None or marker.get("key") != key or not marker.get("binaries"):
         return None
-    if marker.get("key") != key or not marker.get("binaries"):
+    if not all(isinstance(sha, str) for sha in marker["binaries"].values()):
         return None
     out = {}
     for name, sha in marker["binaries"].items():

@@ -43,14 +43,20 @@ def seconds(*, allow_zero: bool = False) -> Callable[[str], float]:
     return parse
 
 
+#: The smallest size :func:`mebibytes` takes besides 0: one KiB (a smaller one rounded to 0 bytes, i.e. no limit).
+MIN_MEBIBYTES = 1 / 1024
+
+
 def mebibytes(text: str) -> float:
-    """A finite size in MiB, 0 meaning no limit."""
+    """A finite size in MiB, 0 meaning no limit; otherwise at least one KiB."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 (no limit) or a positive number of MiB")
+    if not math.isfinite(value) or value < 0 or 0 < value < MIN_MEBIBYTES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: must be 0 (no limit) or a number of MiB from {MIN_MEBIBYTES:g} (one KiB)"
+        )
     return value
 
 
@@ -74,3 +80,11 @@ def count_list(minimum: int = 1, maximum: int = 2**31 - 1) -> Callable[[str], tu
 
     parse.__name__ = "list"
     return parse
+
+
+def path(text: str) -> Path:
+    """A path the user typed, never empty: ``--out ''`` would silently mean the current folder (``Path('')`` is
+    ``.``), so it is argparse's usage error like any other bad value."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty (an empty value would mean the current folder)")
+    return Path(text)

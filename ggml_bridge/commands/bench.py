@@ -4,7 +4,6 @@ model, how to run (rounds, repetitions or run lengths, budget, telemetry), where
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..bench.options import BenchOptions
 from ..bench.suites import MEASURES, SUITES
@@ -29,7 +28,7 @@ def _what(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--suite-file",
-        type=Path,
+        type=argtypes.path,
         default=None,
         metavar="TOML",
         help="suites of this file instead of the package's (ggml_bridge/bench/suites.toml, the same keys)",
@@ -68,7 +67,7 @@ def _what(parser: argparse.ArgumentParser) -> None:
 def _builds(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--variants-dir",
-        type=Path,
+        type=argtypes.path,
         default=None,
         metavar="DIR",
         help="DIR/{upstream,nopeer,patched}/llama-bench: one folder per build variant",
@@ -80,7 +79,9 @@ def _builds(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="build the variants that are missing (default; --no-build only reuses builds)",
     )
-    parser.add_argument("--model", type=Path, default=None, help="GGUF to use instead of the suite's random model")
+    parser.add_argument(
+        "--model", type=argtypes.path, default=None, help="GGUF to use instead of the suite's random model"
+    )
     cmdoptions.model_vocab(parser, VOCAB_FILE)
 
 
@@ -157,7 +158,7 @@ def _report(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--pool",
-        type=Path,
+        type=argtypes.path,
         nargs="+",
         default=None,
         metavar="REPORT",

@@ -117,14 +117,14 @@ def startup_timeout(parser: argparse.ArgumentParser, default: float | None, what
 
 def report_dir(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument(
-        "--report", type=Path, default=None, metavar="DIR", help=f"report directory (default: {default})"
+        "--report", type=argtypes.path, default=None, metavar="DIR", help=f"report directory (default: {default})"
     )
 
 
 def model_vocab(parser: argparse.ArgumentParser, vocab_file: str) -> None:
     parser.add_argument(
         "--vocab",
-        type=Path,
+        type=argtypes.path,
         default=None,
         metavar="GGUF",
         help=f"vocabulary GGUF (default: models/{vocab_file} of the upstream tree)",
@@ -167,7 +167,7 @@ def rpc(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--rpc-server",
-        type=Path,
+        type=argtypes.path,
         default=None,
         metavar="PATH",
         help=f"{RPC_SERVER} binary for --rpc-local (default: next to llama-server, else the build)",
@@ -179,7 +179,7 @@ def bin_dirs(parser: argparse.ArgumentParser, programs: str) -> None:
     for v in VARIANTS.values():
         parser.add_argument(
             f"--bin-dir-{v.name}",
-            type=Path,
+            type=argtypes.path,
             default=None,
             metavar="DIR",
             help=f"folder with the {v.name} build's {programs} (default: its latest build)",

@@ -16,7 +16,7 @@ from . import argtypes, cmdoptions
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ladder",
-        type=Path,
+        type=argtypes.path,
         default=None,
         metavar="FILE",
         help="ladder TOML (default: ladders/cpu.toml, ladders/cuda.toml or ladders/vulkan.toml after the backend)",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Settings
+from . import argtypes
 
 #: the H200 microbenchmark the single-boundary check reads (a results folder of the project)
 MICROBENCH = Path("results/2026-11-30-h200x2-s1-tests-sanitizers-microbench/microbench.csv")
@@ -23,14 +24,14 @@ class PaperModelOptions:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--microbench",
-        type=Path,
+        type=argtypes.path,
         default=None,
         metavar="CSV",
         help=f"the boundary microbenchmark to check the single-boundary figures against (default: {MICROBENCH})",
     )
     parser.add_argument(
         "--bench",
-        type=Path,
+        type=argtypes.path,
         default=None,
         metavar="BENCH_JSON",
         help="a `ggml-bridge bench --suite rpc-link` report: print only its predicted-vs-measured table",

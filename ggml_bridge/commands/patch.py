@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..config import Settings
 from ..errors import PatchError, UsageError
-from . import cmdoptions
+from . import argtypes, cmdoptions
 from .fetch import SourceOptions, source_options
 
 
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cmdoptions.discard_changes(parser)
     parser.add_argument(
         "--export",
-        type=Path,
+        type=argtypes.path,
         default=None,
         metavar="WORKTREE",
         help="write the commits of WORKTREE after --base into patches/ (format-patch --zero-commit, one commit per "

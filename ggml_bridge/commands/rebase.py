@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--report",
-        type=Path,
+        type=argtypes.path,
         default=None,
         metavar="DIR",
         help="where report.md and report.json go (default <project>/build/rebase; with --check only when given)",

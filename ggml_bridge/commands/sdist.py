@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Settings
-from . import cmdoptions
+from . import argtypes, cmdoptions
 from .fetch import SourceOptions, source_options
 
 
@@ -20,7 +20,7 @@ class SdistOptions:
 def add_dist_arguments(parser: argparse.ArgumentParser) -> None:
     cmdoptions.source(parser)
     parser.add_argument(
-        "--out", "-o", metavar="DIR", type=Path, default=Path("dist"), help="where to write (default: ./dist)"
+        "--out", "-o", metavar="DIR", type=argtypes.path, default=Path("dist"), help="where to write (default: ./dist)"
     )
     cmdoptions.no_ui(parser)
 

@@ -4,7 +4,6 @@ llama-server in order: the registry's passthrough into ``server_args``), typed a
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..config import Settings
 from ..modes import BATCHED, BATCHED_VALUES, BRIDGE, BRIDGE_VALUES
@@ -27,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--server",
-        type=Path,
+        type=argtypes.path,
         default=None,
         metavar="PATH",
         help="llama-server binary (default: the patched build from `ggml-bridge build`, else "
@@ -39,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cmdoptions.startup_timeout(parser, None, "/health (default: [serve] startup_timeout of the config file, 600)")
     parser.add_argument(
         "--server-log",
-        type=Path,
+        type=argtypes.path,
         default=None,
         metavar="FILE",
         help="also write the server log to FILE (rotated to FILE.1 at --server-log-max-mb)",

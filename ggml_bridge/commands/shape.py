@@ -47,7 +47,7 @@ class ShapeOptions:
 def run(args: ShapeOptions, settings: Settings) -> int:
     link = shaper.Link(shaper.parse_rate(args.rate), shaper.parse_delay(args.delay))
     host, port = parse_hostport(args.listen, "--listen", default_host="127.0.0.1", allow_zero=True)
-    target = parse_hostport(args.to, "--to", allow_zero=True)
+    target = parse_hostport(args.to, "--to")  # port 0 is where nothing listens
     sh = shaper.Shaper(target, link, listen_host=host, listen_port=port)
     if args.ceiling:
         ceiling = netbench.measure_ceiling(128 << 20)

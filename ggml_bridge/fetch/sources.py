@@ -3,17 +3,17 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .. import cache
+from .. import cache, files
 from .. import pin as pinmod
 from ..config import Settings
 from ..errors import ChecksumError, FetchError, SourceError, UnknownRefError
 from ..runner import log, step
+from ..tomlfile import Key
 from .archive import _HEX40, _download, _extract, _git_fetch, _pypi_sdist_url, inspect_archive
 from .pinned import _fetch_pinned_sdist
 from .registry import (
@@ -25,6 +25,7 @@ from .registry import (
     cached_sdist,
     nearest_builds,
     published_builds,
+    set_aside_damaged,
 )
 from .tree import (
     Tree,
@@ -185,10 +186,8 @@ def _pinned_sdist(settings: Settings, pin: pinmod.Pin, package: str, version: st
 
 def _aliased(settings: Settings, alias: Path) -> Tree | None:
     """The cached tree an alias file (registry name and version -> cache key) points to, if it is still cached."""
-    try:
-        return find_cached(settings, json.loads(alias.read_text())["key"])
-    except (OSError, ValueError, KeyError):
-        return None
+    data = files.read_record(alias, shape={"key": Key("str")}, required=("key",))
+    return find_cached(settings, data["key"]) if data is not None else None
 
 
 def _known_sdist(
@@ -349,7 +348,10 @@ def obtain_build(
         with cache.staging(settings.cache_dir, f"bin-{number}") as stage:
             if archive is None:
                 with step(f"fetch {build.spec} ({build.filename}) from {settings.fetch.pypi_url}"):
-                    archive, _ = _download(settings, build.url, stage / build.filename, build.sha256, failed=FetchError)
+                    archive, sha = _download(
+                        settings, build.url, stage / build.filename, build.sha256, failed=FetchError
+                    )
+                    set_aside_damaged(settings, build.filename, sha)
                     archive = _keep_sdist(settings, archive)
             hit = _from_other_archive(
                 settings,

@@ -53,14 +53,21 @@ def find_cached(settings: Settings, key: str) -> Tree | None:
     if data is None:
         return None
     fields = Tree.__dataclass_fields__
-    return Tree(**{k: v for k, v in data.items() if k in fields})
+    try:
+        return Tree(**{k: v for k, v in data.items() if k in fields})
+    except TypeError:  # a record without the fields of a tree: damaged, made again (publish_tree replaces it)
+        return None
 
 
 def publish_tree(settings: Settings, stage: Path, tree: Tree) -> Tree:
     """Record ``tree`` in ``stage/tree.json`` and rename the stage (holding ``src/``) into ``<cache>/trees/<key>``;
     the tree as cached (another run's, when it got there first)."""
     cache.write_tree_record(stage, asdict(tree))
-    cache.publish_dir(stage, settings.cache_dir / "trees" / tree.key)
+    final = settings.cache_dir / "trees" / tree.key
+    if final.exists() and cache.read_tree_record(final) is None:  # a damaged entry would never be replaced
+        log(f"    the cached tree {final} is damaged ({cache.TREE_RECORD} unreadable or src/ missing): replacing it")
+        cache.remove_entry(final, settings.cache_dir)
+    cache.publish_dir(stage, final)
     return find_cached(settings, tree.key) or tree
 
 

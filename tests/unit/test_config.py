@@ -170,3 +170,10 @@ def test_source_kinds_are_one_table() -> None:
     assert config.load({}, env={}).fetch.sources == list(pin.SOURCE_KINDS)
     with pytest.raises(UsageError, match="fetch source kind"):
         config.load({"fetch.sources": ["git", "svn"]}, env={})
+
+
+def test_a_relative_xdg_cache_home_is_ignored(tmp_path: Path) -> None:
+    """The XDG base directory specification: a relative XDG_CACHE_HOME is invalid and ignored (it put the cache
+    in whatever folder the command ran in)."""
+    assert config.default_cache_dir({"XDG_CACHE_HOME": "rel/cache"}) == Path.home() / ".cache" / "ggml-bridge"
+    assert config.default_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "ggml-bridge"

@@ -63,3 +63,20 @@ def test_from_metrics_reads_the_live_counters() -> None:
         from_metrics("batched", inactive, {"batched_graphs_total": 5, "batched_async_uploads_total": 0}).state
         == INACTIVE
     )
+
+
+def test_the_pair_decisions_on_metrics_are_reported_or_said_missing() -> None:
+    """/metrics' pairs_bridge / pairs_upstream are the per-pair decision the docs promise: serve says how many pairs
+    took each path, and says so plainly where an engaged bridge counted none (mode force, virtual devices)."""
+    from ggml_bridge import logparse, proof
+
+    live = {"bridge_boundaries_total": 7, "bridge_bytes_total": 4096}
+    two = logparse.parse("llama_model_load_from_file_impl: using device CUDA0 (x) - 1 MiB free\n" * 1)
+    e = proof.check_engagement(two, "auto", None, 2, metrics={**live, "bridge_pairs_bridge_total": 2,
+                                                                  "bridge_pairs_upstream_total": 0})  # fmt: skip
+    assert "device pairs: 2 through the bridge, 0 on upstream's copy (/metrics)" in e.notes, e.notes
+    e = proof.check_engagement(two, "force", None, 2, metrics={**live, "bridge_pairs_bridge_total": 0,
+                                                                   "bridge_pairs_upstream_total": 0})  # fmt: skip
+    assert any("counts no device pair decision" in n for n in e.notes), e.notes
+    e = proof.check_engagement(two, "force", None, 2, metrics=live)  # an older build: no pair counters at all
+    assert not any("pair" in n for n in e.notes), e.notes

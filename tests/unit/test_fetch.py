@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from ggml_bridge import cache, config, fetch, pin
+from ggml_bridge import cache, cli, config, fetch, pin
 from ggml_bridge.errors import CacheError, ChecksumError, FetchError, SourceError, UnknownRefError, UsageError
 
 from conftest import REPO_ROOT, FakeUpstream, write_pin
@@ -567,3 +567,120 @@ def test_tilde_of_an_unknown_user_is_a_path_that_does_not_exist(settings: config
     assert "~no-such-user-ggml-bridge" in str(e.value)
     loaded = config.load({"cache_dir": "~no-such-user-ggml-bridge/c"}, env={}, cwd=tmp_path)
     assert loaded.cache_dir == tmp_path / "~no-such-user-ggml-bridge" / "c"
+
+
+# --------------------------------------------------------------------------------------------- faults
+
+
+@pytest.fixture
+def cli_env(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
+    """``cli.main`` on the fake project and its PyPI (as ``settings``)."""
+    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(settings.project_dir))
+    monkeypatch.setenv("GGML_BRIDGE_PYPI_URL", settings.fetch.pypi_url)
+    monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
+    return settings
+
+
+def test_a_wrong_sha256_in_pin_toml_leaves_the_good_cached_sdist_alone(
+    cli_env: config.Settings,
+    upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """pin.toml's sha256 is wrong, the kept sdist is the registry's (good) file: the checksum error names both, and
+    the good file stays where it is (it was renamed to .damaged before the registry was even asked)."""
+    settings = cli_env
+    monkeypatch.setenv("GGML_BRIDGE_SOURCES", "pypi-sdist")
+    kept = settings.cache_dir / "sdists" / upstream.sdist.name
+    kept.parent.mkdir(parents=True)
+    shutil.copy(upstream.sdist, kept)
+    pin = settings.pin_file.read_text().replace(upstream.sdist_sha, "0" * 64)
+    settings.pin_file.write_text(pin)
+    assert cli.main(["fetch", "--cache-dir", str(settings.cache_dir)]) == ChecksumError.exit_code
+    assert kept.read_bytes() == upstream.sdist.read_bytes()
+    assert not list(kept.parent.glob("*.damaged")), capfd.readouterr().err
+
+
+def test_a_damaged_tree_record_is_repaired(settings: config.Settings, capfd: pytest.CaptureFixture[str]) -> None:
+    """A corrupt tree.json made the entry look absent; the fetched replacement then lost the race to the damaged
+    entry, so every run fetched again and the record stayed corrupt."""
+    tree = fetch.obtain(settings)
+    record = tree.path.parent / "tree.json"
+    record.write_text('{"key": ')
+    again = fetch.obtain(settings)
+    assert again.path == tree.path and json.loads(record.read_text())["key"] == tree.key
+    assert "damaged" in capfd.readouterr().err
+    fetch.obtain(settings)
+    assert "found in cache" in capfd.readouterr().err
+
+
+def _full_disk_at_write(monkeypatch: pytest.MonkeyPatch, module: object) -> None:
+    """ENOSPC at the write of every file ``module`` opens for writing (a simulated full disk)."""
+    import builtins
+    import errno
+
+    real = builtins.open
+
+    class Full:
+        def __init__(self, fh: object, name: str) -> None:
+            self._fh, self.name = fh, name
+
+        def write(self, data: object) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self) -> "Full":
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._fh.close()  # type: ignore[attr-defined]
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._fh, name)
+
+    def full_open(file, mode="r", *a, **kw):  # type: ignore[no-untyped-def]
+        fh = real(file, mode, *a, **kw)
+        return Full(fh, str(file)) if any(c in mode for c in "wax") else fh
+
+    monkeypatch.setattr(module, "open", full_open, raising=False)
+
+
+def test_a_full_disk_during_the_download_is_exit_13(
+    cli_env: config.Settings, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Disk full while the sdist is downloaded into the cache: one line naming the file, exit 13, nothing left."""
+    settings = cli_env
+    from ggml_bridge.fetch import archive
+
+    _full_disk_at_write(monkeypatch, archive)
+    monkeypatch.setenv("GGML_BRIDGE_SOURCES", "pypi-sdist")
+    rc = cli.main(["fetch", "--cache-dir", str(settings.cache_dir)])
+    err = capfd.readouterr().err
+    assert rc == 13 and "the disk is full" in err and ".part" in err and "Traceback" not in err, err
+    assert not list(settings.cache_dir.rglob("*.part")) and not (settings.cache_dir / "trees").exists()
+
+
+def test_a_full_disk_while_the_work_tree_is_copied_is_exit_13(
+    cli_env: config.Settings, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Disk full while patch copies the pristine tree into its work tree: exit 13 naming the file, no work tree."""
+    settings = cli_env
+    import errno
+
+    fetch.obtain(settings)
+    real = shutil.copytree
+
+    def full_copytree(src, dst, *a, **kw):  # type: ignore[no-untyped-def]
+        def copy(s, d, **k):  # type: ignore[no-untyped-def]
+            if str(d).endswith("CMakeLists.txt"):
+                raise OSError(errno.ENOSPC, "No space left on device", str(d))
+            return shutil.copy2(s, d, **k)
+
+        if a or "copy_function" in kw:
+            return real(src, dst, *a, **kw)
+        return real(src, dst, copy_function=copy, **kw)
+
+    monkeypatch.setattr(shutil, "copytree", full_copytree)
+    rc = cli.main(["patch", "--cache-dir", str(settings.cache_dir)])
+    err = capfd.readouterr().err
+    assert rc == 13 and "the disk is full" in err and "CMakeLists.txt" in err and "Traceback" not in err, err
+    assert not (settings.cache_dir / "work").exists() or not any((settings.cache_dir / "work").iterdir())

@@ -78,7 +78,12 @@ def test_check_bench_needs_the_calibration_case(pm, tmp_path):
     rep = json.loads(p.read_text())
     rep["cases"] = [c for c in rep["cases"] if c["link"] != "unlimited/0"]
     p.write_text(json.dumps(rep))
-    with pytest.raises(SystemExit, match="calibration"):
+    from ggml_bridge.errors import UsageError
+
+    with pytest.raises(UsageError, match="calibration"):  # one error line, never an exit from the module
+        pm.check_bench(p)
+    p.write_text("[]")
+    with pytest.raises(UsageError, match="is not a JSON object"):
         pm.check_bench(p)
 
 

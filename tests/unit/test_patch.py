@@ -221,3 +221,43 @@ def test_patch_export_writes_a_work_tree_back_as_the_series(tmp_path: Path, monk
     base = git.Repo(wt).git.rev_parse("HEAD~1")
     assert cli.main(["patch", "--export", str(wt), "--base", base]) == 0
     assert "-one\n+two" in (proj / "patches" / "0001-one.patch").read_text()
+
+
+# --------------------------------------------------------------------------------------------- a tree git cannot read
+
+
+def _hand_edited(settings: config.Settings) -> tuple[fetch.Tree, Path]:
+    """The patched work tree with an edit to CMakeLists.txt and an untracked notes file, as a user leaves it."""
+    tree = fetch.obtain(settings)
+    wt = patch.apply_series(settings, tree).path
+    (wt / "CMakeLists.txt").write_text((wt / "CMakeLists.txt").read_text() + "# my edit\n")
+    (wt / "NOTES.md").write_text("my notes\n")
+    return tree, wt
+
+
+def _damage_head(wt: Path) -> None:
+    (wt / ".git" / "HEAD").write_bytes(b"\0garbage")
+
+
+def _damage_index(wt: Path) -> None:
+    index = wt / ".git" / "index"
+    index.write_bytes(index.read_bytes()[:40])
+
+
+def _remove_git(wt: Path) -> None:
+    shutil.rmtree(wt / ".git")
+
+
+@pytest.mark.parametrize("damage", [_damage_head, _damage_index, _remove_git], ids=["head", "index", "no-git"])
+def test_a_work_tree_whose_state_cannot_be_read_is_kept(settings: config.Settings, damage) -> None:  # type: ignore[no-untyped-def]
+    """A work tree git cannot read may hold edits nobody can list: it is refused (exit 21, how to keep or discard it),
+    never deleted as "stale"; --discard-changes still deletes it."""
+    tree, wt = _hand_edited(settings)
+    damage(wt)
+    with pytest.raises(WorkTreeModified) as e:
+        patch.apply_series(settings, tree)
+    msg = str(e.value)  # (git reads a truncated index as an empty one: then every file is listed as changed)
+    assert e.value.exit_code == 21 and ("cannot tell" in msg or "NOTES.md" in msg) and "--discard-changes" in msg, msg
+    assert (wt / "NOTES.md").read_text() == "my notes\n" and "# my edit" in (wt / "CMakeLists.txt").read_text()
+    again = patch.apply_series(settings, tree, discard_changes=True)
+    assert not (again.path / "NOTES.md").exists()

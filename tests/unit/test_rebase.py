@@ -451,3 +451,119 @@ def test_workflow_runs_the_script() -> None:
     assert "ladders/cpu.toml" in (REPO_ROOT / "ci" / "rebase.sh").read_text()
     radar_wf = (REPO_ROOT / ".github" / "workflows" / "rebase-radar.yml").read_text()
     assert "schedule:" in radar_wf and "ci/rebase.sh --radar" in radar_wf and "upload-artifact" in radar_wf
+
+
+# --------------------------------------------------------------------------------------------- stopped rebases
+
+
+def _stopped_with_hand_edit(st: config.Settings, proj: Path, edit: str) -> Path:
+    """``rebase --onto b6`` of ``proj`` stopped at its conflict, with a hand edit in its work tree."""
+    rc = cli.main(["rebase", "--onto", "b6", "--no-build", "--date", DATE, "--cache-dir", str(st.cache_dir)])
+    assert rc == RebaseConflict.exit_code
+    wt = Path(json.loads((proj / "build" / "rebase" / "report.json").read_text())["worktree"])
+    (wt / "src" / "demo.c").write_text((wt / "src" / "demo.c").read_text() + edit)
+    return wt
+
+
+def test_two_clones_sharing_a_cache_keep_their_own_stopped_work_trees(
+    st: config.Settings, proj: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two checkouts of the project, one cache, the same target: the second clone's rebase must not replace the
+    first one's stopped work tree, and each --abort keeps its own clone's hand edits."""
+    other = proj.parent / "other-clone"
+    fakellama.git(proj.parent, "clone", "-q", str(proj), str(other))
+    a = _stopped_with_hand_edit(st, proj, "int edit_of_a = 1;\n")
+    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(other))
+    b = _stopped_with_hand_edit(st, other, "int edit_of_b = 2;\n")
+    assert a != b
+    assert "edit_of_a" in (a / "src" / "demo.c").read_text() and "edit_of_b" not in (a / "src" / "demo.c").read_text()
+    assert cli.main(["rebase", "--abort", "--cache-dir", str(st.cache_dir)]) == 0  # B's
+    saved_b = (other / "build" / "rebase").glob("aborted-*.patch")
+    assert "+int edit_of_b = 2;" in next(saved_b).read_text() and not b.exists() and a.is_dir()
+    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(proj))
+    assert cli.main(["rebase", "--abort", "--cache-dir", str(st.cache_dir)]) == 0  # A's
+    text = next((proj / "build" / "rebase").glob("aborted-*.patch")).read_text()
+    assert "+int edit_of_a = 1;" in text and "edit_of_b" not in text and not a.exists()
+
+
+def test_a_second_rebase_of_one_project_is_refused_while_the_first_runs(
+    st: config.Settings, proj: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two rebases of one project at once (two terminals) would both write its state and work tree: the second
+    is refused at once (exit 53), the first finishes."""
+    import threading
+
+    from ggml_bridge.rebase import job
+
+    started, release = threading.Event(), threading.Event()
+    real = job.provide_preimages
+
+    def slow_preimages(*a, **kw):  # type: ignore[no-untyped-def]
+        started.set()
+        release.wait(60)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(job, "provide_preimages", slow_preimages)
+    outcome: list[object] = []
+
+    def first() -> None:
+        try:
+            rebase.rebase(st, "b6", rebase.Options(build=False, date=DATE))
+        except Exception as e:  # noqa: BLE001 - the conflict it stops at
+            outcome.append(e)
+
+    t = threading.Thread(target=first)
+    t.start()
+    try:
+        assert started.wait(60)
+        monkeypatch.setattr(job, "provide_preimages", real)
+        rc = cli.main(["rebase", "--onto", "b6", "--no-build", "--cache-dir", str(st.cache_dir)])
+        err = capsys.readouterr().err
+    finally:
+        release.set()
+        t.join(60)
+    assert rc == errors.RebaseInProgress.exit_code, err
+    assert "is running" in err
+    assert isinstance(outcome[0], RebaseConflict)
+
+
+@pytest.mark.parametrize(
+    "damage", [b'{"onto": "b6", "worktr', b"[]", b'{"onto": 5}'], ids=["truncated", "list", "shape"]
+)
+def test_a_damaged_rebase_state_is_no_dead_end(
+    st: config.Settings, proj: Path, damage: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged state file: --continue and --onto say so and point at --abort, which keeps the work tree's hand
+    edits (found without the state) and clears the rebase; then a new one may start."""
+    wt = _stopped_with_hand_edit(st, proj, "int kept_by_abort = 3;\n")
+    state = next((st.cache_dir / "rebase").glob("state-*.json"))
+    state.write_bytes(damage)
+    capsys.readouterr()
+    assert cli.main(["rebase", "--continue", "--cache-dir", str(st.cache_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "damaged" in err and "--abort" in err and "Traceback" not in err, err
+    assert cli.main(["rebase", "--onto", "b6", "--no-build", "--cache-dir", str(st.cache_dir)]) == 53
+    err = capsys.readouterr().err
+    assert "damaged" in err and "onto ?" not in err, err
+    assert cli.main(["rebase", "--abort", "--cache-dir", str(st.cache_dir)]) == 0, capsys.readouterr().err
+    assert "+int kept_by_abort = 3;" in next((proj / "build" / "rebase").glob("aborted-*.patch")).read_text()
+    assert not wt.exists() and not state.exists()
+    with pytest.raises(RebaseConflict):  # a new rebase starts
+        rebase.rebase(st, "b6", rebase.Options(build=False, date=DATE))
+
+
+def test_another_user_of_the_same_checkout_cannot_touch_a_stopped_rebase(
+    st: config.Settings, proj: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One checkout, one cache, two users: the second user's --abort must not drop (nor --continue pick up) the
+    first user's stopped work tree. (The real second user: test_disks_and_users.py.)"""
+    wt = _stopped_with_hand_edit(st, proj, "int edit_of_a = 1;\n")
+    monkeypatch.setattr(os, "getuid", lambda: 4242)
+    capsys.readouterr()
+    assert cli.main(["rebase", "--abort", "--cache-dir", str(st.cache_dir)]) == 2
+    assert "no stopped rebase" in capsys.readouterr().err
+    assert "int edit_of_a = 1;" in (wt / "src" / "demo.c").read_text()
+    monkeypatch.undo()
+    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(proj))
+    monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(st.cache_dir))
+    assert cli.main(["rebase", "--abort", "--cache-dir", str(st.cache_dir)]) == 0 and not wt.exists()

@@ -526,3 +526,19 @@ def test_bench_rpc_cpu_suite_pins_threads_on_both_sides(bench_env, monkeypatch, 
     assert len(calls) == 2 and all(" -t 1" in c for c in calls)
     assert sum("--rpc 127.0.0.1:" in c and "-ngl 99" in c for c in calls) == 1
     assert any(line.endswith(" -t 1") and rpc.RPC_SERVER in line for line in capsys.readouterr().err.splitlines())
+
+
+def test_serve_says_one_consistent_thing_about_the_rpc_front_and_each_rpc_server(fake, capsys, monkeypatch):
+    """--rpc-local-only with the bridge asked for: the front has no GPU by design, the bridge's boundaries are inside
+    the rpc-server. serve said both "bridge not confirmed: single device or CPU ... serving anyway" (about the front)
+    and "bridge engaged in ggml-rpc-server", and left the front's "failed to initialize CUDA" unexplained."""
+    monkeypatch.setenv("FAKE_CUDA_INIT_FAILED", "1")
+    argv = ["--check", "--bridge", "force", "--server", str(fake.server), "--rpc-local-devices", "CUDA0,CUDA1"]
+    a = parse([*argv, "--rpc-local-only", *srv_args(fake.model, llama_server.free_port())])
+    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    err = capsys.readouterr().err
+    assert "not confirmed" not in err and "single device or CPU" not in err, err
+    assert "bridge engaged in ggml-rpc-server on 127.0.0.1:" in err
+    assert "llama-server (the RPC front) has no GPU of its own (--rpc-local-only)" in err, err
+    assert "failed to initialize CUDA: no CUDA-capable device is detected" in err
+    assert "is expected" in err, err

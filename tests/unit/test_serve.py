@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import cli, llama_server, logparse, modes, proof, serve, signals
+from ggml_bridge import cli, llama_server, logparse, modes, proof, runner, serve, signals
 from ggml_bridge.errors import ServeError, UsageError
 
 from helpers import busy_port, fake_model, write_fake_bin
@@ -136,8 +136,9 @@ def test_port_in_use(fake):
 
 
 def test_missing_model(fake):
+    """A -m the user typed that is not there is their argument's error (exit 2), found before anything starts."""
     s = llama_server.Server(fake.server, srv_args(fake.tmp / "nope.gguf", llama_server.free_port()), startup_timeout=20)
-    with pytest.raises(ServeError, match="model file not found"):
+    with pytest.raises(UsageError, match="model file not found"):
         s.start()
     assert s.proc is None  # not started at all
 
@@ -596,3 +597,99 @@ def test_every_bridge_value_that_asks_for_the_bridge_is_proved(fake, monkeypatch
     )
     assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
     assert "answers no /metrics and log verbosity 3 hides" in capsys.readouterr().err
+
+
+# --- a server that ignores SIGTERM -------------------------------------------------------------------------------
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` is gone (or a zombie) within ``timeout`` seconds."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        st = signals._proc_stat(pid)
+        if st is None or st[1] in "ZX":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _stubborn(fake) -> tuple[dict[str, str], Path]:
+    pid_file = fake.tmp / "server.pid"
+    return {"FAKE_IGNORE_SIGTERM": "1", "FAKE_PID_FILE": str(pid_file), "GGML_BRIDGE_STOP_GRACE": "1"}, pid_file
+
+
+def test_a_forwarded_sigterm_is_escalated_to_sigkill_after_the_grace(fake):
+    """README: SIGKILL after the grace (GGML_BRIDGE_STOP_GRACE, default 10 s). A server ignoring the forwarded
+    SIGTERM kept serve waiting forever."""
+    env, pid_file = _stubborn(fake)
+    p = _cli_proc(fake, env, "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port()))
+    try:
+        _wait_url(p)
+        server = int(pid_file.read_text())
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(15)
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc == 128 + signal.SIGKILL, err  # the server was killed
+    assert "killing it" in err and _gone(server, 5), err
+
+
+def test_check_with_a_stubborn_server_that_never_gets_ready_ends_after_the_grace(fake):
+    """``--check --startup-timeout 1`` with a server that neither becomes ready nor stops on SIGTERM took 32 s (a
+    30 s stop timeout): now the timeout, then the grace, then SIGKILL."""
+    env, pid_file = _stubborn(fake)
+    env["FAKE_LOAD_S"] = "600"
+    t0 = time.monotonic()
+    p = _cli_proc(
+        fake, env, "--check", "--startup-timeout", "1", "--server", str(fake.server),
+        *srv_args(fake.model, llama_server.free_port()),
+    )  # fmt: skip
+    try:
+        rc = p.wait(40)
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    took = time.monotonic() - t0
+    assert rc != 0 and "did not become ready within 1s" in err, err
+    assert took < 10, f"{took:.1f}s\n{err}"
+    assert _gone(int(pid_file.read_text()), 5)
+
+
+def test_sigkill_of_the_launcher_kills_even_a_stubborn_server(fake):
+    """The parent-death signal of what serve starts is SIGKILL: a server ignoring SIGTERM outlived a SIGKILLed
+    launcher."""
+    env, pid_file = _stubborn(fake)
+    p = _cli_proc(fake, env, "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port()))
+    try:
+        _wait_url(p)
+        server = int(pid_file.read_text())
+        p.kill()
+        p.wait(10)
+        gone = _gone(server, 5)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    if not gone:
+        os.kill(server, signal.SIGKILL)
+    assert gone, "a server ignoring SIGTERM outlived a SIGKILLed launcher"
+
+
+# --- the server log on a full disk --------------------------------------------------------------------------------
+
+
+def test_the_log_pump_survives_a_full_disk(tmp_path, capfd):
+    """ENOSPC at the write of the log (/dev/full: the kernel's full disk): the pump says once that the log stopped
+    and keeps draining the child's output; it used to die, and the child blocked on its next write."""
+    code = "import sys\nfor i in range(40000): sys.stdout.write('%06d the same line, again and again\\n' % i)\n"
+    p = runner.start([sys.executable, "-c", code], log_file=Path("/dev/full"), keep=False, tail=5)
+    try:
+        rc = p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.popen.kill()
+    err = capfd.readouterr().err
+    assert rc == 0 and p.tail(1) == ["039999 the same line, again and again"]
+    assert err.count("/dev/full stopped") == 1 and "the disk is full" in err, err

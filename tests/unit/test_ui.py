@@ -186,3 +186,23 @@ def test_builds_never_download_nor_run_npm_in_cmake(settings: config.Settings, t
     tools = builder.find_toolchain()
     args = builder.cmake_args(settings, src, "patched", "cpu", tools)
     assert "-DLLAMA_USE_PREBUILT_UI=OFF" in args and "-DLLAMA_BUILD_UI=OFF" in args
+
+
+def test_an_interrupted_npm_leaves_no_work_folder(
+    settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during `npm ci` left <cache>/ui/<key>.work behind (700 MB with node_modules)."""
+    tree = make_ui_tree(tmp_path)
+    monkeypatch.setattr(ui.shutil, "which", lambda name: "/usr/bin/npm")
+    monkeypatch.setattr(ui, "_check_node", lambda: None)
+    monkeypatch.setattr(ui, "_tool_version", lambda cmd: "v20.19.0")
+
+    def interrupted(argv, **kw):  # type: ignore[no-untyped-def]
+        (Path(kw["cwd"]) / "node_modules").mkdir()
+        (Path(kw["cwd"]) / "node_modules" / "big").write_bytes(b"\0" * 1000)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ui, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ui.ensure(settings, tree)
+    assert not list((settings.cache_dir / "ui").glob("*.work"))
