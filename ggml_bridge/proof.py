@@ -28,6 +28,11 @@ class Engagement:
         return not self.errors
 
 
+#: the bridge's own reason when no pair of the split needs it (patch 0001's inactive line); in mode auto that is an
+#: answer, not a failure
+NO_PAIR_NEEDS_IT = "no device pair needs it"
+
+
 def check_engagement(
     info: logparse.LogInfo,
     bridge: str | None,
@@ -75,6 +80,10 @@ def _prove_bridge(
                 f"pinned host memory, {live.get('bridge_bytes_total', 0)} bytes "
                 "(llamacpp:bridge_* on /metrics)"
             )
+        elif ndev > 1 and sel.bridge == "auto" and vb.reason is not None and vb.reason.startswith(NO_PAIR_NEEDS_IT):
+            # auto routes only the pairs that need it: where none does (peer paths enabled and trusted, or virtual
+            # devices of one GPU), upstream's copies are what auto asked for, not a bridge that failed to engage
+            eng.notes.append(f"bridge not needed on this {ndev}-device split in mode auto: {vb.reason}")
         elif ndev > 1:
             why = (
                 f"the server says: inactive: {vb.reason}"

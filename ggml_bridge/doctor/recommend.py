@@ -60,6 +60,25 @@ class Recommendation:
         return None if not costs or any(c is None for c in costs) else sum(c for c in costs if c is not None)
 
 
+#: why batching is left off on a split of several devices (docs/batched.md, results/2026-12-03-h200x1-batched-doctor)
+BATCHING_ON_PIPELINES = (
+    "batched transfers: off on a split of several devices: there staging measured no gain in token generation and "
+    "a loss on long prompts where the bridge carries the boundaries (6 virtual devices of one H200, 2026-12-03: "
+    "tg128 0.99-1.02x, pp4096 0.86-0.90x of batching off); on one GPU it gains (tg128 +4.1-4.5 %)"
+)
+
+
+def _batching_advice(rec: Recommendation, devices: list[ListedDevice]) -> None:
+    """Batching where it was measured to gain: a model on one GPU device; off on a split of several devices (what it
+    measured there) and where no GPU device has anything to stage."""
+    gpus = [d for d in devices if d.kind in ("CUDA", "Vulkan")]
+    rec.batched = len(gpus) == 1 and len(devices) == 1
+    if not gpus:
+        rec.notes.append("no GPU device: batched transfers have nothing to stage (CPU backend), left off")
+    elif not rec.batched:
+        rec.notes.append(BATCHING_ON_PIPELINES)
+
+
 def recommend(f: Findings, default_server: str | None) -> Recommendation:
     """The advice for findings ``f``; ``default_server`` is the llama-server ``ggml-bridge serve`` finds by itself
     (the command names ``--server`` only when the serving build is another one)."""
@@ -84,9 +103,7 @@ def recommend(f: Findings, default_server: str | None) -> Recommendation:
             )
     elif rec.bridge is None and cuda:
         rec.notes.append("one CUDA device: no cross-GPU boundary, the bridge has nothing to do")
-    rec.batched = any(d.kind in ("CUDA", "Vulkan") for d in devices)
-    if not rec.batched:
-        rec.notes.append("no GPU device: batched transfers have nothing to stage (CPU backend), left off")
+    _batching_advice(rec, devices)
     if len(devices) >= 2 and not f.rpc:
         rec.ts, rec.ts_basis = split_shares(f, devices)
         rec.boundaries = boundaries(f, rec, [d for d, s in zip(devices, rec.ts, strict=True) if s > 0])

@@ -87,15 +87,15 @@ def test_doctor_lists_the_lavapipe_devices_and_its_command_serves(  # type: igno
     assert [d["name"] for d in devices] == ["Vulkan0", "Vulkan1"], devices
     assert all("llvmpipe" in d["description"] and d["total_mib"] > 0 for d in devices)
     rec = doc["recommendation"]
-    assert rec["devices"] == ["Vulkan0", "Vulkan1"] and rec["ts"] == [50, 50] and rec["batched"] is True
+    # two devices: batching left off (what it measured on a split of several devices, docs/batched.md)
+    assert rec["devices"] == ["Vulkan0", "Vulkan1"] and rec["ts"] == [50, 50] and rec["batched"] is False
     assert rec["bridge"] is None and rec["env"] == LAVAPIPE
     assert rec["argv"][-6:] == ["-dev", "Vulkan0,Vulkan1", "-sm", "layer", "-ts", "50,50"]
     assert [x["path"] for x in rec["boundaries"]] == ["through host memory (two backends)"]
     report = (tmp_path / "out" / "report.txt").read_text()
     assert "Vulkan0: llvmpipe" in report and "GGML_VK_VISIBLE_DEVICES=0,0 ggml-bridge serve" in report
     (tmp_path / "report.txt").write_text(report)
-    said = _serve_check(rec, env, tmp_path / "serve.log")
-    assert "batched transfers engaged" in said
+    _serve_check(rec, env, tmp_path / "serve.log")  # (batching not asked for: the split has two devices)
 
 
 def _mock_probe(real_build, tmp_path: Path) -> Path:  # type: ignore[no-untyped-def]
