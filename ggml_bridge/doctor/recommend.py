@@ -23,6 +23,8 @@ HEADROOM_MIB = 512
 #: the direct peer copy is recommended only where it is this much faster than the bridge (and verified correct)
 P2P_MIN_GAIN = 1.10
 UBATCH = 512
+#: a boundary the bridge does not carry (a Vulkan or a CPU device on either side): the scheduler stages it in host memory
+HOST_STAGED = "staged in host memory by the scheduler (the bridge carries CUDA pairs only)"
 
 
 @dataclass(frozen=True)
@@ -244,14 +246,14 @@ def split_shares(f: Findings, devices: list[ListedDevice]) -> tuple[list[int], s
         if sum(caps) >= 1.0:
             shares = _water_fill([s or 0.0 for s in speeds], caps)
             return _percent(shares), (
-                f"measured speed (F32 matrix multiplication), each device capped by what its free memory holds of "
-                f"{f.model.path.name} ({_size(f.model.bytes)})"
+                f"by measured speed, an F32 matrix multiplication's, each device capped by what its free memory "
+                f"holds of {f.model.path.name}, {_size(f.model.bytes)}"
             )
-        basis = f"free memory: {f.model.path.name} does not fit the devices' free memory with headroom, check -ngl"
+        basis = f"by free memory: {f.model.path.name} does not fit the devices' free memory with headroom, check -ngl"
     elif f.model is not None:
-        basis = "free memory (no speed measured for every device)"
+        basis = "by free memory: no speed measured for every device"
     else:
-        basis = "free memory (give --model to balance by measured speed within memory)"
+        basis = "by free memory; --model balances by measured speed within memory"
     return _percent([float(m) for m in free]), basis
 
 
@@ -309,7 +311,7 @@ def boundaries(f: Findings, rec: Recommendation, devices: list[ListedDevice]) ->
 def _boundary(f: Findings, rec: Recommendation, a: ListedDevice, b: ListedDevice, tok: int, ub: int) -> Boundary:
     p = f.probe
     if a.kind != "CUDA" or b.kind != "CUDA":
-        return Boundary(a.name, b.name, "through host memory (two backends)", None, None, None, "not measured")
+        return Boundary(a.name, b.name, HOST_STAGED, None, None, None, "not measured")
     if p is None:
         return Boundary(a.name, b.name, "bridge", None, None, None, "not measured (no probe)")
     ia, ib = int(a.name[4:]), int(b.name[4:])

@@ -91,7 +91,9 @@ def test_doctor_lists_the_lavapipe_devices_and_its_command_serves(  # type: igno
     assert rec["devices"] == ["Vulkan0", "Vulkan1"] and rec["ts"] == [50, 50] and rec["batched"] is False
     assert rec["bridge"] is None and rec["env"] == LAVAPIPE
     assert rec["argv"][-6:] == ["-dev", "Vulkan0,Vulkan1", "-sm", "layer", "-ts", "50,50"]
-    assert [x["path"] for x in rec["boundaries"]] == ["through host memory (two backends)"]
+    assert [x["path"] for x in rec["boundaries"]] == [
+        "staged in host memory by the scheduler (the bridge carries CUDA pairs only)"
+    ]
     report = (tmp_path / "out" / "report.txt").read_text()
     assert "Vulkan0: llvmpipe" in report and "GGML_VK_VISIBLE_DEVICES=0,0 ggml-bridge serve" in report
     (tmp_path / "report.txt").write_text(report)

@@ -382,7 +382,9 @@ def test_vulkan_devices_are_listed_and_split(
     assert rec["bridge"] is None and "--bridge" not in rec["argv"] and rec["env"] == {"GGML_VK_VISIBLE_DEVICES": "0,1"}
     assert rec["argv"][-6:] == ["-dev", "Vulkan0,Vulkan1", "-sm", "layer", "-ts", "67,33"]
     assert doc["cpu"]["backend"].startswith("portable: ggml loads the haswell variant")
-    assert [b["path"] for b in rec["boundaries"]] == ["through host memory (two backends)"]
+    assert [b["path"] for b in rec["boundaries"]] == [
+        "staged in host memory by the scheduler (the bridge carries CUDA pairs only)"
+    ]
 
 
 def test_saved_probe_output_report_json_and_plot(
