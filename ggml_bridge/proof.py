@@ -84,6 +84,7 @@ def _prove_bridge(
             # auto routes only the pairs that need it: where none does (peer paths enabled and trusted, or virtual
             # devices of one GPU), upstream's copies are what auto asked for, not a bridge that failed to engage
             eng.notes.append(f"bridge not needed on this {ndev}-device split in mode auto: {vb.reason}")
+            eng.notes += _pair_decisions(live) if metrics is not None else []
         elif ndev > 1:
             why = (
                 f"the server says: inactive: {vb.reason}"
@@ -115,16 +116,17 @@ def _prove_bridge(
 
 def _pair_decisions(live: Mapping[str, int]) -> list[str]:
     """What /metrics says of the bridge's per-pair decisions (``pairs_bridge``, ``pairs_upstream``), when it has
-    them: the pairs each path took, or that this build counted none although the bridge engaged (patch 0001 counts a
-    pair only where it asks the CUDA runtime: not in mode force, not between virtual devices of one GPU)."""
+    them: the ordered device pairs each path took (patch 0001 counts them per set of backends, in every mode), or that
+    the build counted none (the series before 2026-12-03 counted a pair only where it asked the CUDA runtime: not in
+    mode force, not between virtual devices of one GPU)."""
     bridge, upstream = live.get("bridge_pairs_bridge_total"), live.get("bridge_pairs_upstream_total")
     if bridge is None or upstream is None:
         return []
     if bridge or upstream:
         return [f"device pairs: {bridge} through the bridge, {upstream} on upstream's copy (/metrics)"]
     return [
-        "/metrics counts no device pair decision although the bridge engaged (llamacpp:bridge_pairs_*_total 0): "
-        "this build counts a pair only where it asks the CUDA runtime (not in mode force, not between virtual "
+        "/metrics counts no device pair decision (llamacpp:bridge_pairs_*_total 0): a build of the series before "
+        "2026-12-03 counts a pair only where it asks the CUDA runtime (not in mode force, not between virtual "
         "devices of one GPU); the state line at -lv 4 gives the pairs routed"
     ]
 

@@ -80,3 +80,20 @@ def test_the_pair_decisions_on_metrics_are_reported_or_said_missing() -> None:
     assert any("counts no device pair decision" in n for n in e.notes), e.notes
     e = proof.check_engagement(two, "force", None, 2, metrics=live)  # an older build: no pair counters at all
     assert not any("pair" in n for n in e.notes), e.notes
+
+
+def test_auto_not_needed_on_a_split_is_reported_with_its_pairs() -> None:
+    """--bridge auto where no device pair needs the bridge (virtual devices of one GPU, peer paths enabled): a note
+    with the bridge's reason and the pairs /metrics counted on upstream's copy, not an error (the doctor recommends
+    auto there; its command failed serve --check on one H200 as four virtual devices, 2026-12-03)."""
+    from ggml_bridge import logparse, proof
+
+    reason = "no device pair needs it in mode auto (4 device(s) on 1 physical GPU(s))"
+    four = logparse.parse(f"ggml_cuda_mapped_host_bridge: inactive: {reason}\n")
+    live = {"bridge_boundaries_total": 0, "bridge_pairs_bridge_total": 0, "bridge_pairs_upstream_total": 12}
+    e = proof.check_engagement(four, "auto", None, 4, metrics=live)
+    assert e.ok, e.errors
+    assert f"bridge not needed on this 4-device split in mode auto: {reason}" in e.notes, e.notes
+    assert "device pairs: 0 through the bridge, 12 on upstream's copy (/metrics)" in e.notes, e.notes
+    e = proof.check_engagement(four, "on", None, 4, metrics=live)  # 1 (on) was asked to bridge: not engaged
+    assert not e.ok and "bridge requested (on) but not engaged on a 4-device split" in e.errors[0], e.errors
