@@ -12,29 +12,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cache, files
+from . import cache, files, gitrepo
 from .config import Settings
 from .errors import PatchError, WorkTreeModified, os_reason
 from .fetch import Tree
-from .runner import log, run, step
+from .runner import log, step
 from .tomlfile import Key
 
 #: Identity and date of every commit we make, so the same inputs give the same commit ids.
-GIT_IDENTITY = {
-    "GIT_AUTHOR_NAME": "ggml-bridge",
-    "GIT_AUTHOR_EMAIL": "ggml-bridge@localhost",
-    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
-    "GIT_COMMITTER_NAME": "ggml-bridge",
-    "GIT_COMMITTER_EMAIL": "ggml-bridge@localhost",
-    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
-}
+GIT_IDENTITY = gitrepo.IDENTITY
 _GIT_CONFIG = {
     ("user", "name"): "ggml-bridge",
     ("user", "email"): "ggml-bridge@localhost",
@@ -234,67 +226,43 @@ def check_series(settings: Settings, tree: Tree, series: Series | None = None) -
 
 def init_upstream_repo(dest: Path, tree: Tree) -> str:
     """Copy ``tree`` to ``dest`` and make it a git repo with one reproducible commit ``upstream <id>``."""
-    import git
-
     shutil.copytree(tree.path, dest, symlinks=True)
-    repo = git.Repo.init(dest, initial_branch="main")
-    with repo.config_writer() as cw:
+    with contextlib.closing(gitrepo.init(dest, initial_branch="main")) as repo, repo.config_writer() as cw:
         for (section, option), value in _GIT_CONFIG.items():
             cw.set_value(section, option, value)
-    with repo.git.custom_environment(**GIT_IDENTITY):
-        log(f"+ git add -A --force && git commit -m 'upstream {tree.commit_or_id}' (in {dest})")
-        repo.git.add("-A", "--force")
-        repo.git.commit(
-            "-q", "--no-verify", "--allow-empty", "-m", f"upstream {tree.commit_or_id}", "-m", f"origin: {tree.origin}"
-        )
-    head = repo.head.commit.hexsha
-    repo.close()
-    return head
+    gitrepo.run(dest, "add", "-A", "--force", error=PatchError)
+    message = ["-m", f"upstream {tree.commit_or_id}", "-m", f"origin: {tree.origin}"]
+    gitrepo.run(dest, "commit", "-q", "--no-verify", "--allow-empty", *message, env=GIT_IDENTITY, error=PatchError)
+    return gitrepo.run(dest, "rev-parse", "HEAD", error=PatchError).stdout.strip()
 
 
 def _apply_into(dest: Path, tree: Tree, series: Series) -> tuple[CheckReport, str]:
-    import git
-
-    head = init_upstream_repo(dest, tree)
+    init_upstream_repo(dest, tree)
     report = CheckReport(tree.commit_or_id, series.hash, [PatchResult(p.name, "not tried") for p in series.patches])
-    repo = git.Repo(dest)
-    try:
-        with repo.git.custom_environment(**GIT_IDENTITY):
-            for patch, result in zip(series.patches, report.results, strict=True):
-                log(f"+ git am --3way --keep-cr {patch.path}")
-                try:
-                    repo.git.am("--3way", "--keep-cr", "--committer-date-is-author-date", str(patch.path))
-                except git.GitCommandError as e:
-                    result.status = "failed"
-                    result.detail = _conflict_details(repo, e)
-                    try:
-                        repo.git.am("--abort")
-                    except git.GitCommandError:
-                        pass
-                    break
-                result.status = "applied"
-        head = repo.head.commit.hexsha
-    finally:
-        repo.close()
-    return report, head
+    for patch, result in zip(series.patches, report.results, strict=True):
+        am = ("am", "--3way", "--keep-cr", "--committer-date-is-author-date", str(patch.path))
+        res = gitrepo.run(dest, *am, check=False, env=GIT_IDENTITY)
+        if res.returncode != 0:
+            result.status = "failed"
+            result.detail = _conflict_details(dest, res.stdout + "\n" + res.stderr)
+            gitrepo.run(dest, "am", "--abort", check=False)
+            break
+        result.status = "applied"
+    return report, gitrepo.run(dest, "rev-parse", "HEAD", error=PatchError).stdout.strip()
 
 
-def _conflict_details(repo, e) -> list[str]:  # type: ignore[no-untyped-def]
+def _conflict_details(wt: Path, out: str) -> list[str]:
+    """The files in conflict and the hunks that fail (git's own lines) after ``git am`` stopped in ``wt``."""
     detail: list[str] = []
-    try:
-        unmerged = [f for f in repo.git.diff("--name-only", "--diff-filter=U").splitlines() if f]
-    except Exception:  # noqa: BLE001 - best effort while reporting another failure
-        unmerged = []
-    for f in unmerged:
-        detail.append(f"conflict in {f}")
-    out = f"{e.stdout or ''}\n{e.stderr or ''}".replace("stdout: '", "").replace("stderr: '", "")
+    unmerged = gitrepo.run(wt, "diff", "--name-only", "--diff-filter=U", check=False).stdout
+    for f in unmerged.splitlines():
+        if f:
+            detail.append(f"conflict in {f}")
     # which hunks fail to apply plainly (file:line), from the patch git am stopped at
-    failed_patch = Path(repo.git_dir) / "rebase-apply" / "patch"
+    failed_patch = wt / ".git" / "rebase-apply" / "patch"
     if failed_patch.is_file():
-        try:
-            repo.git.apply("--check", "--verbose", str(failed_patch))
-        except Exception as check:  # noqa: BLE001 - the failure output is what we want
-            out += "\n" + str(getattr(check, "stderr", "") or "")
+        check = gitrepo.run(wt, "apply", "--check", "--verbose", str(failed_patch), check=False)
+        out += "\n" + check.stderr
     for line in out.splitlines():
         line = line.strip().strip("'").strip()
         if CONFLICT_LINE.search(line) and line not in detail:
@@ -361,33 +329,31 @@ def local_changes(final: Path, series: Series) -> list[str]:
     files, and files touched by commits added after the series' head (without our marker: commits beyond the
     series' count). [] for a tree without ``src/`` (a half-made one: nothing of the user's). Raises
     :class:`TreeUnreadable` when git cannot read the tree: it may hold edits nobody can list."""
-    import git
-
     if not (final / "src").exists():
         return []
     marker = files.read_record(final / MARKER, shape={"head": Key("str")})
     head = marker.get("head") if marker else None
     try:
-        repo = git.Repo(final / "src")
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as e:
-        raise TreeUnreadable(f"it is not a git repository ({type(e).__name__}: .git missing or damaged)") from None
+        repo = gitrepo.open_repo(final / "src")
+    except gitrepo.NotARepository as e:
+        raise TreeUnreadable(f"it is not a git repository ({e}: .git missing or damaged)") from None
     try:
-        if not repo.head.is_valid():
+        now = gitrepo.head(repo)
+        if now is None:
             raise TreeUnreadable("its HEAD names no commit")
         changed = [
             line[3:]
             for line in repo.git.status("--porcelain", "--untracked-files=all", "--no-renames").splitlines()
             if line.strip()
         ]
-        now = repo.head.commit.hexsha
         if head and now != head:
-            with contextlib.suppress(git.GitCommandError):
+            with contextlib.suppress(gitrepo.GitFailed):
                 changed += [f for f in repo.git.diff("--name-only", head, "HEAD").splitlines() if f]
             changed.append(f"(HEAD moved from {head[:12]} to {now[:12]})")
         elif not head and int(repo.git.rev_list("--count", "HEAD")) != len(series.patches) + 1:
             changed.append(f"(commits past the series: {repo.git.rev_list('--count', 'HEAD')} in all)")
-    except git.GitCommandError as e:
-        raise TreeUnreadable(_git_said(e)) from None
+    except gitrepo.GitFailed as e:
+        raise TreeUnreadable(e.said) from None
     except (ValueError, OSError) as e:  # GitPython reading a damaged object or ref
         raise TreeUnreadable(f"{type(e).__name__}: {e}") from None
     finally:
@@ -395,25 +361,14 @@ def local_changes(final: Path, series: Series) -> list[str]:
     return list(dict.fromkeys(changed))
 
 
-def _git_said(e: Exception) -> str:
-    """git's own last error line (``fatal: detected dubious ownership in repository at ...``)."""
-    text = str(getattr(e, "stderr", "") or e).replace("stderr: ", "").strip().strip("'").strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    fatal = [line for line in lines if line.startswith(("fatal:", "error:"))]
-    return (fatal or lines or ["git failed"])[0]
-
-
 def _load_existing(final: Path, tree: Tree, series: Series) -> PatchedTree | None:
-    import git
-
     marker = files.read_record(final / MARKER, shape={"series_hash": Key("str"), "tree_key": Key("str")})
     if marker is None or marker.get("series_hash") != series.hash or marker.get("tree_key") != tree.key:
         return None
     try:
-        repo = git.Repo(final / "src")
-        clean = repo.head.commit.hexsha == marker.get("head") and not repo.is_dirty(untracked_files=True)
-        repo.close()
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.GitCommandError, ValueError, OSError):
+        with gitrepo.opened(final / "src") as repo:
+            clean = gitrepo.head(repo) == marker.get("head") and not gitrepo.is_dirty(repo)
+    except (gitrepo.NotARepository, gitrepo.GitFailed, ValueError, OSError):
         return None  # not reusable as it is: _clear_work_tree decides what may be deleted
     if not clean:
         return None
@@ -426,7 +381,7 @@ def _natural_key(name: str) -> list[object]:
 
 _LAST_UPDATE_RE = re.compile(r"^Last-Update: .*$", re.M)
 #: git without the user's or the system's configuration (format-patch output must not depend on them)
-GIT_PLAIN = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+GIT_PLAIN = gitrepo.PLAIN
 
 
 def format_series(wt: Path, base: str, names: list[str], dest: Path, date: str | None = None) -> None:
@@ -436,20 +391,11 @@ def format_series(wt: Path, base: str, names: list[str], dest: Path, date: str |
     ``patch --export``)."""
     out = Path(tempfile.mkdtemp(prefix="fp-", dir=wt.parent))
     try:
-        run(
-            [
-                "git",
-                "-C",
-                str(wt),
-                "-c",
-                "core.abbrev=7",
-                "-c",
-                "diff.noprefix=false",
-                "-c",
-                "diff.mnemonicPrefix=false",
-            ]
-            + ["format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "--no-notes"]
-            + ["--no-cover-letter", "-o", str(out), f"{base}..HEAD"],
+        gitrepo.run(
+            wt,
+            *("-c", "core.abbrev=7", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false"),
+            *("format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "--no-notes"),
+            *("--no-cover-letter", "-o", str(out), f"{base}..HEAD"),
             env=GIT_PLAIN,
             error=PatchError,
             what=f"git format-patch {base}..HEAD failed in {wt}",

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from . import __version__, cache, files
+from . import __version__, cache, files, gitrepo
 from . import fetch as fetchmod
 from . import patch as patchmod
 from . import pin as pinmod
@@ -395,7 +395,7 @@ def _tool_path() -> str:
 
 
 def _tracked_files(tree: Path) -> list[str]:
-    res = run(["git", "-C", str(tree), "ls-files", "-z"], error=BuildError)
+    res = gitrepo.run(tree, "ls-files", "-z", error=BuildError)
     files = [f for f in res.stdout.split("\0") if f]
     if not files:
         raise BuildError(f"the patched tree {tree} lists no tracked files")

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .. import cache, modes
+from .. import cache, gitrepo, modes
 from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import ui as uimod
@@ -218,9 +218,9 @@ def _pristine_sources(tree: fetchmod.Tree, patched: patchmod.PatchedTree | None,
 
 def _series_changes(patched: patchmod.PatchedTree) -> list[tuple[str, str]]:
     """(status, path) of every file the series adds (A), modifies (M) or deletes (D)."""
-    base = run(["git", "-C", patched.path, "rev-list", "--max-parents=0", "HEAD"], error=BuildError).stdout.split()[0]
-    diff = run(
-        ["git", "-C", patched.path, "diff", "--name-status", "--no-renames", "-z", base, "HEAD"], error=BuildError
+    base = gitrepo.run(patched.path, "rev-list", "--max-parents=0", "HEAD", error=BuildError).stdout.split()[0]
+    diff = gitrepo.run(
+        patched.path, "diff", "--name-status", "--no-renames", "-z", base, "HEAD", error=BuildError
     ).stdout.split("\0")
     return list(zip(diff[0::2], diff[1::2], strict=False))
 

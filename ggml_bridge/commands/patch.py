@@ -63,12 +63,12 @@ def run(opts: PatchOptions, settings: Settings) -> int:
 
 
 def export(wt: Path, base: str | None, settings: Settings) -> int:
-    from .. import patch, runner
+    from .. import gitrepo, patch, runner
 
     if not (wt / ".git").exists():
         raise UsageError(f"--export {wt}: not a git work tree", fix="pass the work tree holding one commit per patch")
     if base is None:
-        roots = runner.run(["git", "-C", str(wt), "rev-list", "--max-parents=0", "HEAD"], error=PatchError).stdout
+        roots = gitrepo.run(wt, "rev-list", "--max-parents=0", "HEAD", error=PatchError).stdout
         base = roots.split()[0]
     names = patch.series_names(settings.patches_dir)
     patch.format_series(wt, base, names, settings.patches_dir)

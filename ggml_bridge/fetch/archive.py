@@ -17,6 +17,7 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
+from .. import gitrepo
 from ..config import Settings
 from ..errors import CacheError, ChecksumError, FatalError, SourceError, os_reason
 from ..runner import log
@@ -44,26 +45,23 @@ def _probe(url: str, timeout: float) -> None:
 
 def _git_fetch(settings: Settings, url: str, ref: str, dest: Path) -> str:
     """Shallow-fetch ``ref`` of ``url`` into a fresh repo at ``dest`` and check it out; return the commit."""
-    import git
-
     _probe(url, settings.fetch.connect_timeout)
     env = {
         "GIT_TERMINAL_PROMPT": "0",
         "GIT_HTTP_LOW_SPEED_LIMIT": "1000",
         "GIT_HTTP_LOW_SPEED_TIME": str(max(1, int(settings.fetch.read_timeout))),
     }
-    try:
-        repo = git.Repo.init(dest)
-        with repo.git.custom_environment(**env):
-            log(f"+ git fetch --depth=1 {url} {ref} (in {dest})")
-            repo.git.fetch("--depth=1", "--no-tags", url, ref)
-            repo.git.checkout("--detach", "--quiet", "FETCH_HEAD")
-        commit = repo.head.commit.hexsha
-        repo.close()
-        return commit
-    except git.GitCommandError as e:
-        err = (e.stderr or str(e)).strip().replace("stderr: ", "").strip("' \n")
-        raise _Failed(f"git failed: {err.splitlines()[-1] if err else e}") from None
+    dest.mkdir(parents=True, exist_ok=True)
+    for args in (
+        ("init", "-q"),
+        ("fetch", "--depth=1", "--no-tags", url, ref),
+        ("checkout", "--detach", "-q", "FETCH_HEAD"),
+    ):
+        res = gitrepo.run(dest, *args, check=False, env=env)
+        if res.returncode != 0:
+            err = (res.stderr or res.stdout).strip()
+            raise _Failed(f"git failed: {err.splitlines()[-1] if err else f'exit status {res.returncode}'}")
+    return gitrepo.run(dest, "rev-parse", "HEAD", error=SourceError).stdout.strip()
 
 
 def _pypi_sdist_url(settings: Settings, package: str, version: str, filename: str | None) -> tuple[str, str | None]:

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .. import cache, files
+from .. import cache, files, gitrepo
 from .. import pin as pinmod
 from ..config import Settings
 from ..errors import ChecksumError, FetchError, SourceError, UnknownRefError
@@ -63,15 +63,18 @@ def _from_directory(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpin
 
 
 def _from_checkout(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinned: bool) -> Tree:
-    import git
-
     try:
-        repo = git.Repo(path)
-        commit = repo.head.commit.hexsha
-        dirty = repo.is_dirty(untracked_files=True)
-        files = [f for f in repo.git.ls_files("-z", "--cached", "--others", "--exclude-standard").split("\0") if f]
-    except (git.InvalidGitRepositoryError, git.GitCommandError, ValueError) as e:
+        with gitrepo.opened(path) as repo:
+            commit = gitrepo.head(repo)
+            dirty = gitrepo.is_dirty(repo)
+            listed = repo.git.ls_files("-z", "--cached", "--others", "--exclude-standard")
+    except (gitrepo.NotARepository, ValueError) as e:
         raise SourceError(f"{path} is not a usable git checkout", why=str(e).strip().splitlines()[-1]) from None
+    except gitrepo.GitFailed as e:
+        raise SourceError(f"{path} is not a usable git checkout", why=e.said) from None
+    if commit is None:
+        raise SourceError(f"{path} is not a usable git checkout", why="its HEAD names no commit")
+    files = [f for f in listed.split("\0") if f]
     _verify_tree(path, pin, SourceError, what=str(path))
     pinned = commit == pin.commit and not dirty  # a pin without a commit (registry build) matches no checkout
     if not pinned and not allow_unpinned:

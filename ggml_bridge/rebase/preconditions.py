@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from .. import fetch as fetchmod
+from .. import gitrepo
 from ..config import Settings, user_path
 from ..errors import (
     DirtyProjectError,
@@ -31,11 +32,9 @@ _UNKNOWN_REF_HINTS = (
 
 def require_clean_project(settings: Settings) -> None:
     """Refuse to overwrite uncommitted edits of pin.toml or patches/ (when the project is a git checkout)."""
-    import git
-
     try:
-        repo = git.Repo(settings.project_dir, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        repo = gitrepo.open_repo(settings.project_dir, search_parent=True)
+    except gitrepo.NotARepository:
         return
     try:
         root = Path(repo.working_tree_dir or settings.project_dir).resolve()
@@ -56,16 +55,13 @@ def require_clean_project(settings: Settings) -> None:
 
 def require_clean_checkout(onto: str, check: bool) -> None:
     """A local checkout with uncommitted changes has no commit to pin: refuse it (allowed, with a note, in --check)."""
-    import git
-
     path = user_path(onto)
     if not (path.is_dir() and (path / ".git").exists()):
         return
     try:
-        repo = git.Repo(path)
-        dirty = repo.is_dirty(untracked_files=True)
-        repo.close()
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
+        with gitrepo.opened(path) as repo:
+            dirty = gitrepo.is_dirty(repo)
+    except (gitrepo.NotARepository, ValueError):
         return
     if dirty and not check:
         raise SourceError(

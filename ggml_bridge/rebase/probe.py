@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 from .. import fetch as fetchmod
+from .. import gitrepo, runner
 from .. import patch as patchmod
-from .. import runner
 from ..config import Settings
 from ..errors import FatalError, PatchError
 from ..runner import log
@@ -33,7 +33,7 @@ GIT_PLAIN = patchmod.GIT_PLAIN
 
 
 def run_git(wt: Path, *args: str, check: bool = False, env: dict[str, str] | None = None) -> tuple[int, str]:
-    res = runner.run(["git", "-C", str(wt), *args], check=check, env=env, error=PatchError)
+    res = gitrepo.run(wt, *args, check=check, env=env, error=PatchError)
     return res.returncode, (res.stdout + res.stderr)
 
 
@@ -52,8 +52,6 @@ def provide_preimages(
     Applies the series onto the files it touches of the current base tree in a small side repository, then fetches
     its objects into ``wt``. Best effort: returns a line for the report either way.
     """
-    import git
-
     try:
         base = fetchmod.obtain(settings, base_source, allow_unpinned=base_source is not None)
     except FatalError as e:
@@ -67,21 +65,16 @@ def provide_preimages(
         if src.is_file():
             (side / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, side / rel)
-    repo = git.Repo.init(side)
+    run_git(side, "init", "-q", check=True)
+    identity = patchmod.GIT_IDENTITY
     applied = 0
-    try:
-        with repo.git.custom_environment(**patchmod.GIT_IDENTITY):
-            repo.git.add("-A", "--force")
-            repo.git.commit("-q", "--no-verify", "--allow-empty", "-m", "preimages")
-            for p in series.patches:
-                try:
-                    repo.git.am("--keep-cr", str(p.path))
-                except git.GitCommandError:
-                    repo.git.am("--abort")
-                    break
-                applied += 1
-    finally:
-        repo.close()
+    run_git(side, "add", "-A", "--force", check=True, env=identity)
+    run_git(side, "commit", "-q", "--no-verify", "--allow-empty", "-m", "preimages", check=True, env=identity)
+    for p in series.patches:
+        if run_git(side, "am", "--keep-cr", str(p.path), env=identity)[0] != 0:
+            run_git(side, "am", "--abort")
+            break
+        applied += 1
     run_git(wt, "fetch", "-q", "--no-tags", str(side), "HEAD:refs/ggml-bridge/preimages", check=True)
     n = len(series.patches)
     where = f"{base.commit_or_id[:12]} ({base.origin})"

@@ -21,8 +21,8 @@ FLOORS: list[set[str]] = [
     {"runner", "signals", "modes", "config", "pin"},  # the subprocess runner and the stop on signals; the table of
     # variants, selectors and modes;
     # the settings and the pin
-    {"cache", "shaper", "llama_server", "proof"},  # the cache primitives; the loopback link shaper; one
-    # llama-server process; what its log and counters prove
+    {"cache", "gitrepo", "shaper", "llama_server", "proof"},  # the cache primitives; the one door to git; the
+    # loopback link shaper; one llama-server process; what its log and counters prove
     {"fetch", "model", "ui"},  # upstream trees, the GGUF writer, the web UI assets
     {"patch"},  # the series applied to a tree
     {"builder"},  # CMake + Ninja builds; the installed-wheel lookup
@@ -282,3 +282,44 @@ def floors_line() -> str:
 def test_design_states_the_floors_of_this_test() -> None:
     design = (ROOT.parent / "docs" / "DESIGN.md").read_text()
     assert floors_line() in " ".join(design.split()), f"docs/DESIGN.md must state the floors as: {floors_line()}"
+
+
+#: The one module that may import GitPython (``git``): every git process goes through it and the runner.
+GIT_FACADE = "ggml_bridge.gitrepo"
+
+
+def git_uses(source: str) -> list[str]:
+    """Where ``source`` imports GitPython (``import git``, ``from git import ...``, ``import git.cmd``) or runs git
+    by name (a command line, a list, starting with ``"git"``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(a.name == "git" or a.name.startswith("git.") for a in node.names):
+            found.append(f"line {node.lineno}: import git")
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "git":
+            found.append(f"line {node.lineno}: from {node.module} import ...")
+        elif (
+            isinstance(node, ast.List)
+            and node.elts
+            and isinstance(node.elts[0], ast.Constant)
+            and node.elts[0].value == "git"
+        ):
+            found.append(f"line {node.lineno}: a command line starting with 'git'")
+    return found
+
+
+def test_the_git_rule_finds_gitpython_and_git_command_lines() -> None:
+    assert git_uses("import git\n") and git_uses("from git import Repo\n") and git_uses("import git.cmd\n")
+    assert git_uses("run(['git', '-C', wt, 'status'])\n") and git_uses("x = ['git', 'am']\n")
+    assert not git_uses("from . import gitrepo\nimport gitdb\nx = ['gitx', 'git']\nGIT, A = 'git', 'a'\n")
+
+
+def test_only_the_git_facade_imports_gitpython_or_runs_git() -> None:
+    """GitPython and git itself are reached through ``ggml_bridge.gitrepo`` only, whose repositories run every git
+    command through the runner (logged, stopped on a signal, one error wording)."""
+    bad = [
+        f"{module_name(p)}: {use}"
+        for p in _package_files()
+        if module_name(p) != GIT_FACADE
+        for use in git_uses(p.read_text())
+    ]
+    assert not bad, "git outside ggml_bridge.gitrepo:\n" + "\n".join(bad)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -152,6 +153,51 @@ def test_sigterm_to_patch_check_stops_git_and_removes_the_temporary_tree(
 
     _signal_and_wait(p, pids, signal.SIGTERM, while_running=temporary_tree_exists)
     assert not list(tmpdir.glob("ggml-bridge-check-*")), "temporary tree left behind"
+
+
+#: A program that starts a git through ``ggml_bridge.gitrepo`` inside the command line's signal frame: by GitPython's
+#: object model (``repo.git.fsck()``) or by :func:`gitrepo.run`; exits 128 + the signal like ``cli.main``.
+GIT_THROUGH_THE_FACADE = """
+import sys
+from ggml_bridge import gitrepo, signals
+try:
+    with signals.stop_children_on_signals():
+        repo = gitrepo.init(sys.argv[1])
+        if sys.argv[2] == "gitpython":
+            repo.git.fsck()
+        else:
+            gitrepo.run(sys.argv[1], "fsck")
+except signals.Interrupted as e:
+    sys.exit(e.exit_code)
+"""
+
+
+@pytest.mark.parametrize("way", ["gitpython", "run"])
+def test_a_stop_signal_reaches_a_git_started_through_the_facade(tmp_path: Path, way: str) -> None:
+    """Every git of the package is started by the runner (``ggml_bridge.gitrepo``): logged, and stopped with its
+    whole tree on a stop signal, GitPython's commands included."""
+    _tool(tmp_path / "bin", "git-fsck-hangs", shutil.which("git") or "git", " fsck ")
+    pids = tmp_path / "pids"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GGML_BRIDGE_")}
+    env.update(
+        {
+            "PIDS": str(pids),
+            "PYTHONPATH": str(REPO_ROOT),
+            "GIT_PYTHON_GIT_EXECUTABLE": str(tmp_path / "bin" / "git-fsck-hangs"),
+            signals.STOP_GRACE_VAR: "0.5",
+        }
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", GIT_THROUGH_THE_FACADE, str(tmp_path / "repo"), way],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    err = _signal_and_wait(p, pids, signal.SIGTERM)
+    started = [line for line in err.splitlines() if line.startswith("+ LC_ALL=C ") and "/git-fsck-hangs " in line]
+    assert [re.sub(r".*/git-fsck-hangs (-C \S+ )?(\w+).*", r"\2", line) for line in started] == ["init", "fsck"], err
+    assert "SIGTERM received: stopping child processes" in err
 
 
 def test_stop_grace_comes_from_the_environment() -> None:
