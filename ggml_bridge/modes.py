@@ -172,8 +172,11 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-def variant(name: str, where: str = "") -> Variant:
-    """The build variant called ``name``; a UsageError naming the known ones otherwise."""
+def variant(name: str | Variant, where: str = "") -> Variant:
+    """The build variant called ``name`` (a variant already looked up is itself); a UsageError naming the known ones
+    otherwise."""
+    if isinstance(name, Variant):
+        return name
     try:
         return VARIANTS[name]
     except KeyError:

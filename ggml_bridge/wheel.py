@@ -46,6 +46,7 @@ from . import fetch as fetchmod
 from . import patch as patchmod
 from . import pin as pinmod
 from . import ui as uimod
+from .builder import plan as buildplan
 from .builder import steps as buildmod
 from .builder.installed import DIST_NAME
 from .builder.installed import installed_server as installed_server  # re-exported: the lookup lives below builder
@@ -95,9 +96,9 @@ def make_sdist(
 ) -> Sdist:
     """Write the sdist into ``out_dir`` (atomically) and return it."""
     ensure_out_dir(out_dir)  # before minutes of fetching and building the UI
-    tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
-    patched = patchmod.apply_series(settings, tree)
-    ui = uimod.ensure(settings, patched.path)
+    srcs = buildplan.sources(settings, patched=True, source_spec=source_spec, allow_unpinned=allow_unpinned)
+    tree, patched, ui = srcs.tree, srcs.patched, srcs.ui
+    assert patched is not None
     if ui.managed and ui.dist is None:
         log("warning: the sdist carries no web UI; its wheel's llama-server will serve none")
     version = __version__
@@ -232,7 +233,7 @@ def build_wheel(
     env = {
         "CMAKE_ARGS": shlex.join(wplan.cmake_args),
         "PIP_NO_INDEX": "1",
-        "CMAKE_BUILD_PARALLEL_LEVEL": str(settings.build.jobs or os.cpu_count() or 1),
+        "CMAKE_BUILD_PARALLEL_LEVEL": str(buildplan.jobs(settings)),
     }
     log_file = out_dir / f"{sdist.name}.wheel.log"
     log_file.write_text("")

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import modes
+from .builder.plan import backend_options
 from .builder.toolchain import detect_vulkan, find_nvcc
 from .config import Settings
 from .errors import ToolchainError, UsageError
@@ -76,16 +78,21 @@ def nvcc_gpu_archs(nvcc: str) -> tuple[tuple[int, int], list[str]]:
 
 @dataclass(frozen=True)
 class WheelPlan:
-    """What one ``pip wheel`` builds: its CMAKE_ARGS and, for CUDA, the runtime row (auditwheel excludes)."""
+    """What one ``pip wheel`` builds: its CMAKE_ARGS and, for CUDA, the runtime row (auditwheel excludes). The
+    variant is always the patched one: the sdist's CMakeLists forces its options (``server_dist/CMakeLists.txt``,
+    checked against :data:`ggml_bridge.modes.VARIANTS` by tests/unit/test_wheel.py)."""
 
     cmake_args: tuple[str, ...]
     runtime: CudaRuntime | None = None
+    backend: str = "cpu"
+    variant: modes.Variant = modes.VARIANTS[modes.PATCHED]
 
 
 def plan(settings: Settings, *, cpu_variants: Sequence[str] = (), nvcc: str | None = None) -> WheelPlan:
     """The CMake arguments of a wheel build: the backend (``settings.build.backend``; auto = CPU, a wheel never
-    guesses from the build machine), CUDA architectures (``--cuda-arch`` or the table's list), the CPU variants
-    (empty = all), then the user's CMAKE_ARGS last (they win, as in CMake)."""
+    guesses from the build machine) with the options a build of that backend gets
+    (:func:`ggml_bridge.builder.plan.backend_options`), CUDA architectures (``--cuda-arch`` or the table's list),
+    the CPU variants (empty = all), then the user's CMAKE_ARGS last (they win, as in CMake)."""
     b = settings.build
     if b.backend == "cuda-vulkan":
         raise UsageError(
@@ -94,31 +101,38 @@ def plan(settings: Settings, *, cpu_variants: Sequence[str] = (), nvcc: str | No
             fix="build a wheel with --backend cuda or --backend vulkan, or use `ggml-bridge build --backend cuda-vulkan`",
         )
     args: list[str] = []
-    runtime = None
     if cpu_variants:
         args.append(f"-DGGML_BRIDGE_CPU_VARIANTS={';'.join(cpu_variants)}")
     user_cuda = [m.group(1) for a in b.cmake_args if (m := _CUDA_ARG.match(a))]
+    runtime, archs = None, None
     if b.backend == "cuda" or (user_cuda and user_cuda[-1].lower() in ("1", "on", "yes", "true", "y")):
-        found = find_nvcc()
-        nvcc = nvcc or (str(found) if found else None)
-        if nvcc is None:
-            raise ToolchainError(
-                "--backend cuda needs the CUDA toolkit's nvcc",
-                why="none at $CUDACXX, on PATH, in $CUDA_HOME/bin, $CUDA_PATH/bin or /usr/local/cuda/bin",
-                fix="install the CUDA toolkit (12 or 13) or build the CPU wheel",
-            )
-        (major, minor), supported = nvcc_gpu_archs(nvcc)
-        runtime = CUDA_TABLE.get(major)
-        if runtime is None:
-            raise ToolchainError(
-                f"CUDA {major}.{minor} is not a toolkit the wheel knows the runtime wheels of",
-                why=f"build_support/cuda_runtime.json lists CUDA {', '.join(map(str, CUDA_TABLE))}",
-                fix="build with a CUDA 12 or 13 toolkit",
-            )
-        args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={nvcc}"]
+        backend = "cuda"
+        nvcc, runtime, supported = _cuda_toolkit(nvcc)
         if not any(a.startswith("-DCMAKE_CUDA_ARCHITECTURES") for a in b.cmake_args):
             archs = b.cuda_arch if b.cuda_arch != "native" else cuda_architectures(runtime, supported)
-            args.append(f"-DCMAKE_CUDA_ARCHITECTURES={archs}")
-    elif b.backend == "vulkan":
-        args += [f"-D{k}={v}" for k, v in detect_vulkan().cmake_args().items()]
-    return WheelPlan(tuple(args + list(b.cmake_args)), runtime)
+    else:
+        backend = "vulkan" if b.backend == "vulkan" else "cpu"
+    vulkan = detect_vulkan() if backend == "vulkan" else None
+    args += [f"-D{k}={v}" for k, v in backend_options(backend, nvcc, archs, vulkan).items()]
+    return WheelPlan(tuple(args + list(b.cmake_args)), runtime, backend)
+
+
+def _cuda_toolkit(nvcc: str | None) -> tuple[str, CudaRuntime, list[str]]:
+    """(nvcc, the CUDA table's row of its release, the architectures it lists) for a CUDA wheel."""
+    found = find_nvcc()
+    nvcc = nvcc or (str(found) if found else None)
+    if nvcc is None:
+        raise ToolchainError(
+            "--backend cuda needs the CUDA toolkit's nvcc",
+            why="none at $CUDACXX, on PATH, in $CUDA_HOME/bin, $CUDA_PATH/bin or /usr/local/cuda/bin",
+            fix="install the CUDA toolkit (12 or 13) or build the CPU wheel",
+        )
+    (major, minor), supported = nvcc_gpu_archs(nvcc)
+    runtime = CUDA_TABLE.get(major)
+    if runtime is None:
+        raise ToolchainError(
+            f"CUDA {major}.{minor} is not a toolkit the wheel knows the runtime wheels of",
+            why=f"build_support/cuda_runtime.json lists CUDA {', '.join(map(str, CUDA_TABLE))}",
+            fix="build with a CUDA 12 or 13 toolkit",
+        )
+    return nvcc, runtime, supported

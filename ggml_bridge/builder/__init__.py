@@ -8,34 +8,29 @@ or compiled ("up to date"). Each build writes ``manifest.json`` into its directo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from .. import cache, files, modes
-from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import ui as uimod
 from ..config import Settings
 from ..errors import BuildError, NotBuiltError
 from ..runner import log, step
 from ..tomlfile import Key
-from . import steps
+from . import plan, steps
 from .installed import installed_server
+from .plan import OFF_IF_PRESENT, BuildPlan, build_key, cmake_args
 from .shared import NOPEER_LIBRARY, NOPEER_OBJECT, SHARED_ORDER, SHARED_RECIPES, ensure_shared
 from .steps import (
     COMPLETE_MARKER,
-    OFF_IF_PRESENT,
     REQUIRED_TARGETS,
     WANTED_TARGETS,
     BuildResult,
     Progress,
     build_failed,
-    build_key,
-    cmake_args,
     completed,
     latest_path,
-    manifest_for,
     select_targets,
     source_manifest,
     write_pointer,
@@ -64,11 +59,13 @@ __all__ = [
     "SHARED_ORDER",
     "SHARED_RECIPES",
     "WANTED_TARGETS",
+    "BuildPlan",
     "BuildResult",
     "CudaToolkit",
     "Progress",
     "Tool",
     "Toolchain",
+    "build",
     "build_failed",
     "build_key",
     "cmake_args",
@@ -83,6 +80,7 @@ __all__ = [
     "installed_server",
     "latest_path",
     "locate",
+    "plan",
     "resolve_backend",
     "source_manifest",
 ]
@@ -93,7 +91,7 @@ __all__ = [
 
 def ensure(
     settings: Settings,
-    variant: str | None = None,
+    variant: modes.Variant | str | None = None,
     *,
     source_spec: str | None = None,
     allow_unpinned: bool = False,
@@ -108,91 +106,64 @@ def ensure(
     ``latest-<variant>-<backend>.json`` pointer (what :func:`find_binary` returns) alone; ``discard_changes``
     lets :func:`ggml_bridge.patch.apply_series` delete a patched work tree holding edits.
     """
-    variant = variant or settings.build.variant
-    v = modes.variant(variant)
-    backend, cuda = resolve_backend(settings.build.backend)
-    modes.check_backend(v, backend, fix="use --backend cuda, or --variant upstream")
-    tools = find_toolchain(cuda, backend)  # before minutes of fetching: a missing tool fails at once
+    target = plan.resolve(settings, [variant or settings.build.variant], "use --backend cuda, or --variant upstream")
+    v = target.variants[0]
+    srcs = plan.sources(
+        settings,
+        patched=v.patched,
+        source_spec=source_spec,
+        allow_unpinned=allow_unpinned,
+        series=series,
+        discard_changes=discard_changes,
+    )
+    return build(settings, plan.single(settings, target, v, srcs), record_latest=record_latest)
 
-    tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
-    if v.patched:
-        patched = patchmod.apply_series(settings, tree, series, discard_changes=discard_changes)
-        series, src = patched.series, patched.path
-        head = patched.head
+
+def build(settings: Settings, p: plan.BuildPlan, *, record_latest: bool = True) -> BuildResult:
+    """Configure and build what ``p`` plans in its own build folder, unless a finished build of its key is there."""
+    build_dir = p.build_dir(settings)
+    pointer = latest_path(settings, p.variant.name, p.backend) if record_latest else None
+    done = completed(build_dir, p.key)
+    if done is None:
+        cache.ensure_writable(settings.cache_dir)
+        with cache.entry_lock(build_dir.with_name(build_dir.name + ".lock")):
+            done = completed(build_dir, p.key)  # another process may have finished it while we waited
+            if done is None:
+                result = _compile(settings, p, build_dir)
+                write_pointer(pointer, result, p.key)
+                return result
     else:
-        src, head, series = tree.path, None, None
-
-    ui = uimod.ensure(settings, src)
-    args = cmake_args(settings, src, variant, backend, tools)
-    key = build_key(tree, series, variant, backend, args, tools, ui, settings.build.targets)
-    build_dir = settings.cache_dir / "builds" / f"{variant}-{backend}-{key[:16]}"
-    pointer = latest_path(settings, variant, backend) if record_latest else None
-
-    done = completed(build_dir, key)
-    if done is not None:
-        log(f"build {variant}/{backend} is up to date: {build_dir}")
-        result = BuildResult(variant, backend, build_dir, build_dir / "bin", build_dir / "manifest.json", done, True)
-        write_pointer(pointer, result, key)
-        return result
-
-    cache.ensure_writable(settings.cache_dir)
-    with cache.entry_lock(build_dir.with_name(build_dir.name + ".lock")):
-        done = completed(build_dir, key)  # another process may have finished it while we waited
-        if done is not None:
-            result = BuildResult(
-                variant, backend, build_dir, build_dir / "bin", build_dir / "manifest.json", done, True
-            )
-            write_pointer(pointer, result, key)
-            return result
-        build_dir.mkdir(parents=True, exist_ok=True)
-        (build_dir / COMPLETE_MARKER).unlink(missing_ok=True)
-        log_file = build_dir / "build.log"
-        log_file.write_text("")
-        # a pristine tree has no .git: keep git (llama.cpp's build-info) from finding a repository above the cache
-        env = {"GIT_CEILING_DIRECTORIES": str(src.parent)}
-        with step(f"configure {variant}/{backend} ({len(args)} CMake options) in {build_dir}"):
-            steps.configure(tools, src, build_dir, args, log_file, env)
-        targets = select_targets(tools, build_dir, log_file, settings.build.targets)
-        jobs = settings.build.jobs or os.cpu_count() or 1
-        with step(f"build {', '.join(targets)} with {jobs} job(s)"), uimod.placed(settings, src, ui):
-            steps.compile_targets(tools, build_dir, targets, jobs, log_file, env)
-        uimod.check_embedded(build_dir, ui)
-        return _finish(tree, series, head, src, variant, backend, key, build_dir, args, tools, targets, pointer, ui)
+        log(f"build {p.variant.name}/{p.backend} is up to date: {build_dir}")
+    result = BuildResult.at(p.variant.name, p.backend, build_dir, done, up_to_date=True)
+    write_pointer(pointer, result, p.key)
+    return result
 
 
-def _finish(
-    tree: fetchmod.Tree,
-    series: patchmod.Series | None,
-    head: str | None,
-    src: Path,
-    variant: str,
-    backend: str,
-    key: str,
-    build_dir: Path,
-    args: list[str],
-    tools: Toolchain,
-    targets: list[str],
-    pointer: Path | None,
-    ui: uimod.UiAssets,
-) -> BuildResult:
+def _compile(settings: Settings, p: plan.BuildPlan, build_dir: Path) -> BuildResult:
+    build_dir.mkdir(parents=True, exist_ok=True)
+    (build_dir / COMPLETE_MARKER).unlink(missing_ok=True)
     log_file = build_dir / "build.log"
+    log_file.write_text("")
+    # a pristine tree has no .git: keep git (llama.cpp's build-info) from finding a repository above the cache
+    env = {"GIT_CEILING_DIRECTORIES": str(p.src.parent)}
+    args = list(p.cmake_args)
+    with step(f"configure {p.variant.name}/{p.backend} ({len(args)} CMake options) in {build_dir}"):
+        steps.configure(p.tools, p.src, build_dir, args, log_file, env)
+    targets = select_targets(p.tools, build_dir, log_file, p.targets)
+    jobs = plan.jobs(settings)
+    with step(f"build {', '.join(targets)} with {jobs} job(s)"), uimod.placed(settings, p.src, p.ui):
+        steps.compile_targets(p.tools, build_dir, targets, jobs, log_file, env)
+    uimod.check_embedded(build_dir, p.ui)
     binaries = {t: build_dir / "bin" / t for t in targets}
-    missing = [t for t, p in binaries.items() if not p.is_file()]
+    missing = [t for t, path in binaries.items() if not path.is_file()]
     if missing:
         raise BuildError(
             f"the build finished but {', '.join(missing)} is missing from {build_dir / 'bin'}",
             why=f"full log: {log_file}",
             fix="check the log; the tree may place binaries elsewhere",
         )
-    manifest = manifest_for(tree, series, head, src, variant, backend, key, build_dir, args, tools, binaries, ui)
-    manifest_path = build_dir / "manifest.json"
-    cache.write_json_atomic(manifest_path, manifest)
-    cache.write_json_atomic(
-        build_dir / COMPLETE_MARKER, {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}}
-    )
-    result = BuildResult(variant, backend, build_dir, build_dir / "bin", manifest_path, binaries, False)
-    write_pointer(pointer, result, key)
-    log(f"manifest: {manifest_path}")
+    result = steps.finish(p, build_dir, binaries)
+    log(f"manifest: {result.manifest_path}")
     return result
 
 

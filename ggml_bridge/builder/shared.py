@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Sequence
 
 from .. import cache, gitrepo, modes
 from .. import fetch as fetchmod
@@ -15,21 +15,18 @@ from .. import ui as uimod
 from ..config import Settings
 from ..errors import BuildError, UsageError
 from ..runner import log, run, step
-from . import steps
+from . import plan, steps
 from .steps import (
     COMPLETE_MARKER,
     BuildResult,
     build_failed,
-    build_key,
-    cmake_args,
     completed,
     latest_path,
-    manifest_for,
     note,
     select_targets,
     write_pointer,
 )
-from .toolchain import Toolchain, find_toolchain, resolve_backend
+from .toolchain import Toolchain
 
 #: How a shared tree makes each variant it can build, in the order it passes through them: the upstream sources
 #: first, NO_PEER_COPY as a recompile of the one object that reads the macro, then the series applied on top (only
@@ -47,7 +44,7 @@ NOPEER_LIBRARY = "ggml/src/ggml-cuda/libggml-cuda.a"
 
 def ensure_shared(
     settings: Settings,
-    variants: list[str],
+    variants: Sequence[modes.Variant | str],
     *,
     source_spec: str | None = None,
     allow_unpinned: bool = False,
@@ -66,137 +63,95 @@ def ensure_shared(
     """
     if not variants:
         raise UsageError("no variant to build", fix=f"use one or more of: {', '.join(modes.VARIANTS)}")
-    for name in variants:
-        if modes.variant(name).name not in SHARED_RECIPES:
+    wanted = [modes.variant(v) for v in variants]
+    for v in wanted:
+        if v.name not in SHARED_RECIPES:
             raise UsageError(
-                f"variant {name} cannot be built in a shared tree",
+                f"variant {v.name} cannot be built in a shared tree",
                 why=f"the shared tree knows how to make {', '.join(SHARED_ORDER)}",
-                fix=f"build {name} without --shared-tree",
+                fix=f"build {v.name} without --shared-tree",
             )
-    order = [v for v in SHARED_ORDER if v in variants]
-    backend, cuda = resolve_backend(settings.build.backend)
-    for name in order:
-        modes.check_backend(modes.variant(name), backend, fix=f"use --backend cuda, or leave {name} out")
-    tools = find_toolchain(cuda, backend)  # before minutes of fetching: a missing tool fails at once
-
-    tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
-    patched = (
-        patchmod.apply_series(settings, tree, series, discard_changes=discard_changes)
-        if modes.PATCHED in order
-        else None
+    target = plan.resolve(settings, wanted, "use --backend cuda, or leave {variant} out")
+    srcs = plan.sources(  # the series leaves tools/ui alone: one UI, the pristine tree's, for every variant
+        settings,
+        patched=any(v.patched for v in target.variants),
+        ui_of_patched=False,
+        source_spec=source_spec,
+        allow_unpinned=allow_unpinned,
+        series=series,
+        discard_changes=discard_changes,
     )
-    # each variant is configured with its own options (the tree is re-configured when they change); static
-    # libraries, so that a variant's binaries do not load the libraries the next variant rebuilds
-    args = {
-        v: [
-            a
-            for a in cmake_args(
-                settings,
-                patched.path if v == modes.PATCHED and patched else tree.path,
-                modes.UPSTREAM if v == modes.UPSTREAM_NOPEER else v,
-                backend,
-                tools,
-            )
-            if not a.startswith("-DBUILD_SHARED_LIBS=")
-        ]
-        + ["-DBUILD_SHARED_LIBS=OFF"]
-        for v in order
-    }
-    ui = uimod.ensure(settings, tree.path)  # the series leaves tools/ui alone: one UI for every variant
-    key = build_key(
-        tree,
-        patched.series if patched else None,
-        "shared:" + ",".join(order),
-        backend,
-        [a for v in order for a in [v, *args[v]]],
-        tools,
-        ui,
-        settings.build.targets,
-    )
-    root = settings.cache_dir / "builds" / f"shared-{backend}-{key[:16]}"
-
-    results = _shared_completed(root, order, backend, key)
+    plans = plan.shared(settings, target, srcs)
+    key = plans[0].key
+    root = settings.cache_dir / "builds" / f"shared-{target.backend}-{key[:16]}"
+    results = _shared_completed(root, plans)
     if results is None:
         cache.ensure_writable(settings.cache_dir)
         with cache.entry_lock(root.with_name(root.name + ".lock")):
-            results = _shared_completed(root, order, backend, key) or _shared_build(
-                settings, tree, patched, order, backend, key, root, args, tools, ui
-            )
+            results = _shared_completed(root, plans) or _shared_build(settings, plans, root)
     for r in results:
-        write_pointer(latest_path(settings, r.variant, backend), r, key)
+        write_pointer(latest_path(settings, r.variant, target.backend), r, key)
     return results
 
 
-def _shared_completed(root: Path, order: list[str], backend: str, key: str) -> list[BuildResult] | None:
+def _shared_completed(root: Path, plans: Sequence[plan.BuildPlan]) -> list[BuildResult] | None:
     out = []
-    for v in order:
-        d = root / v
-        done = completed(d, key)
+    for p in plans:
+        d = root / p.variant.name
+        done = completed(d, p.key)
         if done is None:
             return None
-        out.append(BuildResult(v, backend, d, d / "bin", d / "manifest.json", done, True))
-    log(f"shared build of {', '.join(order)} is up to date: {root}")
+        out.append(BuildResult.at(p.variant.name, p.backend, d, done, up_to_date=True))
+    log(f"shared build of {', '.join(p.variant.name for p in plans)} is up to date: {root}")
     return out
 
 
-def _shared_build(
-    settings: Settings,
-    tree: fetchmod.Tree,
-    patched: patchmod.PatchedTree | None,
-    order: list[str],
-    backend: str,
-    key: str,
-    root: Path,
-    args: dict[str, list[str]],
-    tools: Toolchain,
-    ui: uimod.UiAssets,
-) -> list[BuildResult]:
+def _shared_build(settings: Settings, plans: Sequence[plan.BuildPlan], root: Path) -> list[BuildResult]:
     src, build_dir = root / "src", root / "build"
     build_dir.mkdir(parents=True, exist_ok=True)
     log_file = build_dir / "build.log"
     log_file.write_text("")
-    for v in order:
-        (root / v / COMPLETE_MARKER).unlink(missing_ok=True)
-    _pristine_sources(tree, patched, src)
+    for p in plans:
+        (root / p.variant.name / COMPLETE_MARKER).unlink(missing_ok=True)
+    first = plans[0]
+    _pristine_sources(first.tree, first.sources.patched, src)
     env = {"GIT_CEILING_DIRECTORIES": str(root)}
-    jobs = settings.build.jobs or os.cpu_count() or 1
+    jobs = plan.jobs(settings)
+    order = [p.variant.name for p in plans]
     results = []
     upstream_built = False
-    configured: list[str] | None = None
-    for v in order:
-        if v == modes.PATCHED:
-            assert patched is not None
-            changed = _overlay_series(patched, src)
+    configured: tuple[str, ...] | None = None
+    for p in plans:
+        v, tools, out_dir = p.variant.name, p.tools, root / p.variant.name
+        if p.patched is not None:
+            changed = _overlay_series(p.patched, src)
             log(f"    the series changes {len(changed)} file(s) of the tree")
-        if args[v] != configured:
-            with step(f"configure {v}/{backend} ({len(args[v])} CMake options) in {build_dir}"):
-                steps.configure(tools, src, build_dir, args[v], log_file, env)
-            configured = args[v]
+        if p.cmake_args != configured:
+            with step(f"configure {v}/{p.backend} ({len(p.cmake_args)} CMake options) in {build_dir}"):
+                steps.configure(tools, src, build_dir, list(p.cmake_args), log_file, env)
+            configured = p.cmake_args
         if v == modes.UPSTREAM_NOPEER:
             if not upstream_built:  # nopeer alone: the upstream objects first
-                with uimod.placed(settings, src, ui):
-                    steps.compile_targets(
-                        tools,
-                        build_dir,
-                        select_targets(tools, build_dir, log_file, settings.build.targets),
-                        jobs,
-                        log_file,
-                        env,
-                    )
-            targets = select_targets(tools, build_dir, log_file, settings.build.targets)
+                with uimod.placed(settings, src, p.ui):
+                    targets = select_targets(tools, build_dir, log_file, p.targets)
+                    steps.compile_targets(tools, build_dir, targets, jobs, log_file, env)
+            targets = select_targets(tools, build_dir, log_file, p.targets)
             with step("upstream-nopeer: recompile ggml-cuda.cu with -DGGML_CUDA_NO_PEER_COPY, relink"):
-                bins = _nopeer_relink(tools, build_dir, root / v / "bin", targets, log_file, env)
+                bins = _nopeer_relink(tools, build_dir, out_dir / "bin", targets, log_file, env)
         else:
-            targets = select_targets(tools, build_dir, log_file, settings.build.targets)
-            with step(f"{v}: build {', '.join(targets)} with {jobs} job(s)"), uimod.placed(settings, src, ui):
+            targets = select_targets(tools, build_dir, log_file, p.targets)
+            with step(f"{v}: build {', '.join(targets)} with {jobs} job(s)"), uimod.placed(settings, src, p.ui):
                 steps.compile_targets(tools, build_dir, targets, jobs, log_file, env)
-            uimod.check_embedded(build_dir, ui)
+            uimod.check_embedded(build_dir, p.ui)
             upstream_built = upstream_built or v == modes.UPSTREAM
-            bins = _copy_binaries(build_dir / "bin", root / v / "bin", targets)
+            bins = _copy_binaries(build_dir / "bin", out_dir / "bin", targets)
         how = {"tree": str(root), "order": order, "made": SHARED_RECIPES[v].format(object=NOPEER_OBJECT)}
-        vargs = args[v] + (["-DGGML_CUDA_NO_PEER_COPY=ON"] if v == modes.UPSTREAM_NOPEER else [])
-        vpatched = patched if v == modes.PATCHED else None
-        results.append(_finish_shared(tree, vpatched, v, backend, key, root / v, src, vargs, tools, bins, how, ui))
+        # the variant's own options that the tree was not configured with were applied by a recompile (NO_PEER_COPY)
+        own = [f"-D{k}={val}" for k, val in p.variant.cmake.items() if f"-D{k}={val}" not in p.cmake_args]
+        made_in = p.patched.path if p.patched else src
+        result = steps.finish(p, out_dir, bins, src=made_in, args=[*p.cmake_args, *own], extra={"shared_tree": how})
+        log(f"    {v}: {out_dir / 'bin'} (manifest {out_dir / 'manifest.json'})")
+        results.append(result)
     return results
 
 
@@ -307,40 +262,3 @@ def _copy_binaries(src_bin: Path, dest_bin: Path, targets: list[str]) -> dict[st
         shutil.copy2(src_bin / t, dest_bin / t)
         out[t] = dest_bin / t
     return out
-
-
-def _finish_shared(
-    tree: fetchmod.Tree,
-    patched: patchmod.PatchedTree | None,
-    variant: str,
-    backend: str,
-    key: str,
-    out_dir: Path,
-    src: Path,
-    args: list[str],
-    tools: Toolchain,
-    binaries: dict[str, Path],
-    how: dict[str, Any],
-    ui: uimod.UiAssets,
-) -> BuildResult:
-    manifest = manifest_for(
-        tree,
-        patched.series if patched else None,
-        patched.head if patched else None,
-        patched.path if patched else src,
-        variant,
-        backend,
-        key,
-        out_dir,
-        args,
-        tools,
-        binaries,
-        ui,
-    )
-    manifest["shared_tree"] = how
-    cache.write_json_atomic(out_dir / "manifest.json", manifest)
-    cache.write_json_atomic(
-        out_dir / COMPLETE_MARKER, {"key": key, "binaries": {n: b["sha256"] for n, b in manifest["binaries"].items()}}
-    )
-    log(f"    {variant}: {out_dir / 'bin'} (manifest {out_dir / 'manifest.json'})")
-    return BuildResult(variant, backend, out_dir, out_dir / "bin", out_dir / "manifest.json", binaries, False)

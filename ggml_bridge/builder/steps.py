@@ -3,8 +3,6 @@ its progress, the completion marker, the manifest and the ``latest-<variant>-<ba
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import shlex
 import time
@@ -12,29 +10,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import __version__, cache, files, modes
+from .. import __version__, cache, files
 from .. import fetch as fetchmod
 from .. import patch as patchmod
-from .. import ui as uimod
 from ..config import BUILD_TARGETS, Settings
 from ..errors import BuildError
 from ..runner import log, run
 from ..tomlfile import Key
+from .plan import BuildPlan
 from .toolchain import Toolchain
 
 #: Targets built when the tree defines them, in this order (``build.targets`` may narrow them). llama-server is required.
 WANTED_TARGETS = BUILD_TARGETS
 REQUIRED_TARGETS = ("llama-server",)
-#: Turned OFF when the tree's CMakeLists mention them. The web UI is never built by CMake (npm) nor downloaded
-#: (LLAMA_USE_PREBUILT_UI): :mod:`ggml_bridge.ui` builds it from the tree and places it where upstream embeds it.
-OFF_IF_PRESENT = (
-    "LLAMA_BUILD_TESTS",
-    "LLAMA_BUILD_EXAMPLES",
-    "LLAMA_CURL",
-    "LLAMA_OPENSSL",
-    "LLAMA_BUILD_UI",
-    "LLAMA_USE_PREBUILT_UI",
-)
 COMPLETE_MARKER = "ggml-bridge-complete.json"
 _PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
 _ERROR_LINE = re.compile(r"(error[: ]|FAILED:|CMake Error|undefined reference|fatal)", re.IGNORECASE)
@@ -54,67 +42,16 @@ class BuildResult:
     def server(self) -> Path:
         return self.binaries["llama-server"]
 
+    @classmethod
+    def at(
+        cls, variant: str, backend: str, build_dir: Path, binaries: dict[str, Path], up_to_date: bool
+    ) -> BuildResult:
+        """The result of a build in ``build_dir`` (binaries in ``bin/``, ``manifest.json`` beside)."""
+        return cls(variant, backend, build_dir, build_dir / "bin", build_dir / "manifest.json", binaries, up_to_date)
+
 
 def latest_path(settings: Settings, variant: str, backend: str) -> Path:
     return settings.cache_dir / f"latest-{variant}-{backend}.json"
-
-
-def cmake_args(settings: Settings, src: Path, variant: str, backend: str, tools: Toolchain) -> list[str]:
-    """The full CMake option list for a build (order matters: later options win)."""
-    text = _cmakelists_text(src)
-    opts: dict[str, str] = {"CMAKE_BUILD_TYPE": "Release"}
-    for name in OFF_IF_PRESENT:
-        if re.search(rf"\b{name}\b", text):
-            opts[name] = "OFF"
-    opts["CMAKE_C_COMPILER"] = str(tools.cc.path)
-    opts["CMAKE_CXX_COMPILER"] = str(tools.cxx.path)
-    opts["GGML_NATIVE"] = "ON" if settings.build.native else "OFF"
-    opts["GGML_RPC"] = "ON"  # every variant: llama-server --rpc and ggml-rpc-server (docs/rpc.md)
-    kind = modes.backend(backend)
-    if kind.cuda:
-        assert tools.cuda is not None
-        opts["GGML_CUDA"] = "ON"
-        opts["CMAKE_CUDA_COMPILER"] = str(tools.cuda.nvcc)
-        opts["CMAKE_CUDA_ARCHITECTURES"] = settings.build.cuda_arch
-    else:
-        opts["GGML_CUDA"] = "OFF"
-    if kind.vulkan:
-        assert tools.vulkan is not None
-        opts.update(tools.vulkan.cmake_args())
-    for name, value in modes.variant(variant).cmake.items():
-        if not re.search(rf"\b{name}\b", text):
-            log(f"note: {name} is not defined by this tree's CMakeLists (yet); passing it anyway")
-        opts[name] = value
-    return [f"-D{k}={v}" for k, v in opts.items()] + list(settings.build.cmake_args)
-
-
-def build_key(
-    tree: fetchmod.Tree,
-    series: patchmod.Series | None,
-    variant: str,
-    backend: str,
-    args: list[str],
-    tools: Toolchain,
-    ui: uimod.UiAssets | None = None,
-    targets: Sequence[str] = (),
-) -> str:
-    ident: dict[str, Any] = {
-        "ui": ui.sha256 if ui else None,
-        "tree": tree.key,
-        "content": tree.content_sha256,
-        "series": series.hash if series else None,
-        "variant": variant,
-        "backend": backend,
-        "cmake_args": args,
-        "generator": "Ninja",
-        "cc": tools.cc.version,
-        "cxx": tools.cxx.version,
-        "nvcc": tools.cuda.version if tools.cuda else None,
-        "vulkan_headers": tools.vulkan.header_version if tools.vulkan else None,
-    }
-    if targets:  # (only then: the keys of full builds stay as they were)
-        ident["targets"] = sorted(targets)
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
 def configure(
@@ -235,20 +172,34 @@ def completed(build_dir: Path, key: str) -> dict[str, Path] | None:
     return out
 
 
-def manifest_for(
-    tree: fetchmod.Tree,
-    series: patchmod.Series | None,
-    head: str | None,
-    src: Path,
-    variant: str,
-    backend: str,
-    key: str,
-    build_dir: Path,
-    args: list[str],
-    tools: Toolchain,
+def finish(
+    plan: BuildPlan,
+    out_dir: Path,
     binaries: dict[str, Path],
-    ui: uimod.UiAssets,
+    *,
+    src: Path | None = None,
+    args: Sequence[str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> BuildResult:
+    """Write ``out_dir/manifest.json`` (``src``/``args``: where and how the binaries were really made, when not the
+    plan's own; ``extra``: more keys) and the completion marker; the build's result."""
+    manifest = manifest_for(plan, out_dir, binaries, src=src, args=args)
+    manifest.update(extra or {})
+    cache.write_json_atomic(out_dir / "manifest.json", manifest)
+    shas = {n: b["sha256"] for n, b in manifest["binaries"].items()}
+    cache.write_json_atomic(out_dir / COMPLETE_MARKER, {"key": plan.key, "binaries": shas})
+    return BuildResult.at(plan.variant.name, plan.backend, out_dir, binaries, up_to_date=False)
+
+
+def manifest_for(
+    plan: BuildPlan,
+    build_dir: Path,
+    binaries: dict[str, Path],
+    *,
+    src: Path | None = None,
+    args: Sequence[str] | None = None,
 ) -> dict[str, Any]:
+    tools = plan.tools
     toolchain: dict[str, Any] = {
         "cc": {"path": str(tools.cc.path), "version": tools.cc.version},
         "cxx": {"path": str(tools.cxx.path), "version": tools.cxx.version},
@@ -263,17 +214,18 @@ def manifest_for(
             "loader": str(tools.vulkan.library),
             "glslc": str(tools.vulkan.glslc),
         }
+    patched = plan.patched
     return {
         "schema": 1,
         "ggml_bridge_version": __version__,
-        "variant": variant,
-        "backend": backend,
-        "key": key,
-        **source_manifest(tree, series, head),
-        "source_dir": str(src),
+        "variant": plan.variant.name,
+        "backend": plan.backend,
+        "key": plan.key,
+        **source_manifest(plan.tree, plan.series, patched.head if patched else None),
+        "source_dir": str(src or plan.src),
         "build_dir": str(build_dir),
-        "cmake_args": args,
-        "ui": ui.manifest(),
+        "cmake_args": list(plan.cmake_args if args is None else args),
+        "ui": plan.ui.manifest(),
         "toolchain": toolchain,
         "binaries": {n: {"path": str(p), "sha256": cache.file_sha256(p)} for n, p in binaries.items()},
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -312,13 +264,3 @@ def write_pointer(pointer: Path | None, result: BuildResult, key: str) -> None:
             "binaries": {n: str(p) for n, p in result.binaries.items()},
         },
     )
-
-
-def _cmakelists_text(src: Path) -> str:
-    parts = []
-    for rel in ("CMakeLists.txt", "ggml/CMakeLists.txt"):
-        try:
-            parts.append((src / rel).read_text(errors="replace"))
-        except OSError:
-            pass
-    return "\n".join(parts)

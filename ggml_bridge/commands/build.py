@@ -16,8 +16,8 @@ from .fetch import SourceOptions, source_options
 @dataclass(frozen=True)
 class BuildOptions:
     source: SourceOptions
-    variants: tuple[str, ...] | None = None
-    """``--variant a,b``; None: the settings' one."""
+    variants: tuple[modes.Variant, ...] | None = None
+    """``--variant a,b``, looked up; None: the settings' one."""
     shared_tree: bool = False
     discard_changes: bool = False
     print_manifest: bool = False
@@ -70,15 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def options(ns: argparse.Namespace) -> BuildOptions:
     variants = None
     if ns.variant is not None:
-        variants = tuple(v.strip() for v in ns.variant.split(",") if v.strip())
-        if not variants:
+        names = [v.strip() for v in ns.variant.split(",") if v.strip()]
+        if not names:
             raise UsageError(
                 f"--variant {ns.variant!r} names no variant",
                 why="nothing would be built",
                 fix=f"use one or more of {', '.join(modes.VARIANTS)}, comma-separated",
             )
-        for v in variants:  # every name checked before anything is built
-            modes.variant(v, "--variant")
+        variants = tuple(modes.variant(v, "--variant") for v in names)  # every name looked up before any build
     return BuildOptions(
         source_options(ns), variants, ns.shared_tree, ns.discard_changes, ns.print_manifest, ns.print_bin_dir
     )
@@ -87,12 +86,15 @@ def options(ns: argparse.Namespace) -> BuildOptions:
 def run(opts: BuildOptions, settings: Settings) -> int:
     from .. import builder
 
-    variants = list(opts.variants or (settings.build.variant,))
+    variants = list(opts.variants or (modes.variant(settings.build.variant),))
+    names = [v.name for v in variants]
     if opts.print_manifest or opts.print_bin_dir:
         # what a build left, for scripts (scripts/gpu/prove.sh): the CLI knows where the cache keeps it
-        for v in variants:
-            manifest = builder.find_manifest(settings, v)
-            print(manifest if opts.print_manifest else builder.find_binary(settings, "llama-server", variant=v).parent)
+        for name in names:
+            manifest = builder.find_manifest(settings, name)
+            print(
+                manifest if opts.print_manifest else builder.find_binary(settings, "llama-server", variant=name).parent
+            )
         return 0
     src = opts.source
     if opts.shared_tree:
@@ -118,6 +120,6 @@ def run(opts: BuildOptions, settings: Settings) -> int:
         for name, path in result.binaries.items():
             runner.log(f"    {result.variant} {name}: {path}")
     # stdout: llama-server's path, one line per variant (the last is the last variant listed)
-    for result in sorted(results, key=lambda r: variants.index(r.variant)):
+    for result in sorted(results, key=lambda r: names.index(r.variant)):
         print(result.server)
     return 0

@@ -67,7 +67,9 @@ def cuda_check(wt: Path, report: RebaseReport, extra_includes: list[Path]) -> st
         )
     if cuda.cublas_header is not None:
         includes.append(Path(cuda.cublas_header).parent)
-    defines = [f"-D{k}" for k, v in modes.VARIANTS[modes.PATCHED].cmake.items() if v == "ON"]
+    from ..builder.plan import variant_options
+
+    defines = [f"-D{k}" for k, v in variant_options(modes.VARIANTS[modes.PATCHED]).items() if v == "ON"]
     inc = [f"-I{wt / d}" for d in ("ggml/include", "ggml/src", "ggml/src/ggml-cuda", "include")]
     inc += [f"-I{p}" for p in includes]
     out_dir = Path(tempfile.mkdtemp(prefix="nvcc-", dir=wt.parent))

@@ -286,7 +286,7 @@ def test_cuda_options(settings: config.Settings, tmp_path: Path) -> None:
     cuda = builder.CudaToolkit(root / "bin" / "nvcc", root, "12.4", root / "include" / "cublas_v2.h")
     tools, src = _tools_and_tree(tmp_path, cuda=cuda)
     settings.build.cuda_arch = "90"
-    args = builder.cmake_args(settings, src, "upstream-nopeer", "cuda", tools)
+    args = builder.cmake_args(settings, src, modes.VARIANTS["upstream-nopeer"], "cuda", tools)
     assert "-DGGML_CUDA=ON" in args and "-DCMAKE_CUDA_ARCHITECTURES=90" in args
     assert f"-DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}" in args
     assert "-DGGML_CUDA_NO_PEER_COPY=ON" in args and "-DLLAMA_CURL=OFF" in args
@@ -542,10 +542,10 @@ def test_vulkan_cmake_options_and_build_key(settings: config.Settings, tmp_path:
     usr = fake_vulkan_root(tmp_path / "usr")
     kit = builder.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
     tools, src = _tools_and_tree(tmp_path, vulkan=kit)
-    args = builder.cmake_args(settings, src, "patched", "vulkan", tools)
+    args = builder.cmake_args(settings, src, modes.VARIANTS["patched"], "vulkan", tools)
     assert "-DGGML_VULKAN=ON" in args and "-DGGML_CUDA=OFF" in args
     assert f"-DVulkan_INCLUDE_DIR={usr / 'include'}" in args and "-DSAM3D_BATCHED_TRANSFERS=ON" in args
-    cpu_args = builder.cmake_args(settings, src, "patched", "cpu", tools)
+    cpu_args = builder.cmake_args(settings, src, modes.VARIANTS["patched"], "cpu", tools)
     assert not any("VULKAN" in a.upper() for a in cpu_args)
 
 
@@ -559,12 +559,12 @@ def test_cuda_vulkan_builds_both_gpu_backends_and_needs_both_toolkits(
     kit = builder.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
     cuda = builder.CudaToolkit(Path("/opt/cuda/bin/nvcc"), Path("/opt/cuda"), "13.0", Path("/opt/cuda/h"))
     tools, src = _tools_and_tree(tmp_path, cuda=cuda, vulkan=kit)
-    args = builder.cmake_args(settings, src, "patched", "cuda-vulkan", tools)
+    args = builder.cmake_args(settings, src, modes.VARIANTS["patched"], "cuda-vulkan", tools)
     assert (
         "-DGGML_CUDA=ON" in args and "-DGGML_VULKAN=ON" in args and "-DCMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc" in args
     )
     assert f"-DVulkan_INCLUDE_DIR={usr / 'include'}" in args
-    assert not any("VULKAN" in a.upper() for a in builder.cmake_args(settings, src, "patched", "cuda", tools))
+    assert not any("VULKAN" in a.upper() for a in builder.cmake_args(settings, src, modes.VARIANTS["patched"], "cuda", tools))
     monkeypatch.setattr(builder.toolchain, "detect_cuda", lambda: None)
     with pytest.raises(ToolchainError, match="the cuda-vulkan backend was requested but nvcc was not found"):
         builder.resolve_backend("cuda-vulkan")
