@@ -130,7 +130,9 @@ class BuildError(FatalError):
 
     exit_code = 31
     kind = "build error"
-    meaning = 'CMake configure or compile failed'
+    meaning = (
+        "CMake configure or compile failed (`build --series-prefixes`: a prefix did not build or its tests failed)"
+    )
 
 
 class NotBuiltError(BuildError):

@@ -188,13 +188,18 @@ def backend_options(
     return opts
 
 
-def cmake_args(settings: Settings, src: Path, variant: modes.Variant, backend: str, tools: Toolchain) -> list[str]:
-    """The full CMake option list for a build (order matters: later options win)."""
+def cmake_args(
+    settings: Settings, src: Path, variant: modes.Variant, backend: str, tools: Toolchain, *, tests: bool = False
+) -> list[str]:
+    """The full CMake option list for a build (order matters: later options win); ``tests``: with llama.cpp's tests
+    (``LLAMA_BUILD_TESTS=ON``: ctest registers the series' test programs), as ``--series-prefixes`` builds."""
     text = _cmakelists_text(src)
     opts: dict[str, str] = {"CMAKE_BUILD_TYPE": "Release"}
     for name in OFF_IF_PRESENT:
         if re.search(rf"\b{name}\b", text):
             opts[name] = "OFF"
+    if tests:
+        opts["LLAMA_BUILD_TESTS"] = "ON"
     opts["CMAKE_C_COMPILER"] = str(tools.cc.path)
     opts["CMAKE_CXX_COMPILER"] = str(tools.cxx.path)
     opts["GGML_NATIVE"] = "ON" if settings.build.native else "OFF"

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
-from .. import modes, runner
+from .. import files, modes, runner
 from ..config import Settings
-from ..errors import UsageError
-from . import cmdoptions
+from ..errors import BuildError, UsageError
+from . import argtypes, cmdoptions
 from .fetch import SourceOptions, source_options
 
 
@@ -22,6 +23,8 @@ class BuildOptions:
     discard_changes: bool = False
     print_manifest: bool = False
     print_bin_dir: bool = False
+    series_prefixes: Path | None = None
+    """``--series-prefixes DIR``: build and test every prefix of the series there instead."""
 
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="build nothing: print the folder holding the binaries of the latest build of each --variant",
     )
+    parser.add_argument(
+        "--series-prefixes",
+        type=argtypes.path,
+        default=None,
+        metavar="DIR",
+        help="build the tree with patches 1..k of the series for every k in one CMake tree in DIR (the patched "
+        "variant's options, tests on) and run the ctest labels each prefix registers; prints DIR/prefixes.md",
+    )
 
 
 def options(ns: argparse.Namespace) -> BuildOptions:
@@ -78,8 +89,22 @@ def options(ns: argparse.Namespace) -> BuildOptions:
                 fix=f"use one or more of {', '.join(modes.VARIANTS)}, comma-separated",
             )
         variants = tuple(modes.variant(v, "--variant") for v in names)  # every name looked up before any build
+    prefixes = ns.series_prefixes
+    other = ns.shared_tree or ns.print_manifest or ns.print_bin_dir
+    if prefixes is not None and (other or (variants and [v.name for v in variants] != [modes.PATCHED])):
+        raise UsageError(
+            "--series-prefixes builds the patched variant in its own tree",
+            why="it goes with none of --shared-tree, --print-manifest, --print-bin-dir and another --variant",
+            fix="leave those out",
+        )
     return BuildOptions(
-        source_options(ns), variants, ns.shared_tree, ns.discard_changes, ns.print_manifest, ns.print_bin_dir
+        source_options(ns),
+        variants,
+        ns.shared_tree,
+        ns.discard_changes,
+        ns.print_manifest,
+        ns.print_bin_dir,
+        prefixes,
     )
 
 
@@ -97,6 +122,13 @@ def run(opts: BuildOptions, settings: Settings) -> int:
             )
         return 0
     src = opts.source
+    if opts.series_prefixes is not None:
+        from ..builder.prefixes import build_prefixes
+
+        out = files.output_dir(opts.series_prefixes, "--series-prefixes")  # before the fetch and the builds
+        report, done = build_prefixes(settings, out, source_spec=src.source, allow_unpinned=src.allow_unpinned)
+        print(report)
+        return 0 if all(p.ok for p in done) else BuildError.exit_code
     if opts.shared_tree:
         results = builder.ensure_shared(
             settings,

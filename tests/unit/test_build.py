@@ -564,7 +564,9 @@ def test_cuda_vulkan_builds_both_gpu_backends_and_needs_both_toolkits(
         "-DGGML_CUDA=ON" in args and "-DGGML_VULKAN=ON" in args and "-DCMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc" in args
     )
     assert f"-DVulkan_INCLUDE_DIR={usr / 'include'}" in args
-    assert not any("VULKAN" in a.upper() for a in builder.cmake_args(settings, src, modes.VARIANTS["patched"], "cuda", tools))
+    assert not any(
+        "VULKAN" in a.upper() for a in builder.cmake_args(settings, src, modes.VARIANTS["patched"], "cuda", tools)
+    )
     monkeypatch.setattr(builder.toolchain, "detect_cuda", lambda: None)
     with pytest.raises(ToolchainError, match="the cuda-vulkan backend was requested but nvcc was not found"):
         builder.resolve_backend("cuda-vulkan")
