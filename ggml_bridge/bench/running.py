@@ -205,14 +205,11 @@ def run_job(setup: Setup, job: Job, rnd: int) -> tuple[CaseRun, list[Sample]]:
     out_dir = setup.logs / label if label else setup.logs
     out_dir.mkdir(parents=True, exist_ok=True)
     bin_dir, model = setup.bins[case.variant], setup.models[job.shape]
-    if job.measure == "perplexity":
-        cr, ss = wallclock.perplexity(
+    if job.measure in ("perplexity", "server"):
+        proc = wallclock.Process(
             bin_dir, case, model, setup.suite, setup.base_env, setup.inputs, out_dir, rnd, setup.timeout
         )
-    elif job.measure == "server":
-        cr, ss = wallclock.server(
-            bin_dir, case, model, setup.suite, setup.base_env, setup.inputs, out_dir, rnd, setup.timeout
-        )
+        cr, ss = (wallclock.perplexity if job.measure == "perplexity" else wallclock.server)(proc)
     else:
         reps, warmup = (job.run_length, 0) if job.run_length else (setup.reps, setup.warmup)
         cr, ss = run_case(

@@ -62,27 +62,38 @@ def _tail(text: str) -> list[str]:
     return [logparse.clean(x) for x in text.splitlines()[-15:]]
 
 
-def perplexity(
-    bin_dir: Path,
-    case: modes.Mode,
-    model: Path,
-    suite: dict[str, Any],
-    base_env: dict[str, str],
-    inputs: Inputs,
-    out_dir: Path,
-    rnd: int,
-    timeout: float,
-) -> tuple[CaseRun, list[Sample]]:
+@dataclass(frozen=True)
+class Process:
+    """One measured process of a round: the programs, the case, the model, the suite, the environment, the inputs,
+    where its log goes, the round and how long it may take."""
+
+    bin_dir: Path
+    case: modes.Mode
+    model: Path
+    suite: dict[str, Any]
+    base_env: dict[str, str]
+    inputs: Inputs
+    out_dir: Path
+    rnd: int
+    timeout: float
+
+    def log_path(self, measure: str) -> Path:
+        return self.out_dir / f"{self.case.name}-r{self.rnd}-{measure}.log"
+
+
+def perplexity(proc: Process) -> tuple[CaseRun, list[Sample]]:
     """One llama-perplexity process (``-c``, ``--chunks``, ``-b`` of the suite: several sequences per batch); its
     figure: the tokens it evaluated (chunks x context, from its own line) per second of its wall time."""
+    case, suite, inputs, rnd = proc.case, proc.suite, proc.inputs, proc.rnd
     p = suite["perplexity"]
     assert inputs.text is not None
-    argv = [str(bin_dir / "llama-perplexity"), "-m", str(model), "-f", str(inputs.text), "-c", str(p["ctx"])]
+    argv = [str(proc.bin_dir / "llama-perplexity"), "-m", str(proc.model), "-f", str(inputs.text), "-c", str(p["ctx"])]
     argv += ["--chunks", str(p["chunks"]), "-b", str(p["batch"]), "-ub", str(suite["ubatch"][0]), "-lv", "4"]
     argv += device_args(suite, case)
-    log_path = out_dir / f"{case.name}-r{rnd}-perplexity.log"
+    log_path = proc.log_path("perplexity")
     started, t0 = time.time(), time.monotonic()
-    res = runner.run(argv, env={**base_env, **case.env()}, check=False, error=BenchError, timeout=timeout)
+    env = {**proc.base_env, **case.env()}
+    res = runner.run(argv, env=env, check=False, error=BenchError, timeout=proc.timeout)
     seconds = time.monotonic() - t0
     log_path.write_text(res.stdout + res.stderr)
     eng, what = engagement(case, res.stdout + res.stderr)
@@ -101,28 +112,19 @@ def perplexity(
     return run, [Sample(case.name, "perplexity", rnd, [tokens / seconds])]
 
 
-def server(
-    bin_dir: Path,
-    case: modes.Mode,
-    model: Path,
-    suite: dict[str, Any],
-    base_env: dict[str, str],
-    inputs: Inputs,
-    out_dir: Path,
-    rnd: int,
-    timeout: float,
-) -> tuple[CaseRun, list[Sample]]:
+def server(proc: Process) -> tuple[CaseRun, list[Sample]]:
     """One llama-server (``-np``, ``--metrics``) answering the suite's requests, ``parallel`` at a time; its figure:
     generated tokens per second from the first request sent to the last answer (start-up not counted)."""
+    case, suite, inputs, rnd, timeout = proc.case, proc.suite, proc.inputs, proc.rnd, proc.timeout
     s = suite["server"]
-    args = ["-m", str(model), "--host", DEFAULT_HOST, "--port", str(free_port())]
+    args = ["-m", str(proc.model), "--host", DEFAULT_HOST, "--port", str(free_port())]
     args += ["-c", str(s["ctx"]), "-np", str(s["parallel"]), "-b", str(suite["batch"])]
     args += ["-ub", str(suite["ubatch"][0]), "--metrics", "--no-webui", *device_args(suite, case)]
     srv = Server(
-        bin_dir / "llama-server",
+        proc.bin_dir / "llama-server",
         args,
-        env={**base_env, **case.env()},
-        log_file=out_dir / f"{case.name}-r{rnd}-server.log",
+        env={**proc.base_env, **case.env()},
+        log_file=proc.log_path("server"),
         startup_timeout=timeout,
         verbose_proof=False,  # as users run it; the proof reads /metrics (-lv 4 logs per request, which costs)
     )

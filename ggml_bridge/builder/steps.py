@@ -1,5 +1,5 @@
-"""The steps of one build: the CMake option list and key, configure, target selection, the ninja build with
-its progress, the completion marker, the manifest and the ``latest-<variant>-<backend>.json`` pointer."""
+"""The steps of one build (what it is: :mod:`ggml_bridge.builder.plan`): configure, target selection, the ninja
+build with its progress, the completion marker, the manifest and the ``latest-<variant>-<backend>.json`` pointer."""
 
 from __future__ import annotations
 
@@ -183,23 +183,30 @@ def finish(
 ) -> BuildResult:
     """Write ``out_dir/manifest.json`` (``src``/``args``: where and how the binaries were really made, when not the
     plan's own; ``extra``: more keys) and the completion marker; the build's result."""
-    manifest = manifest_for(plan, out_dir, binaries, src=src, args=args)
-    manifest.update(extra or {})
+    patched = plan.patched
+    manifest = {
+        "schema": 1,
+        "ggml_bridge_version": __version__,
+        "variant": plan.variant.name,
+        "backend": plan.backend,
+        "key": plan.key,
+        **source_manifest(plan.tree, plan.series, patched.head if patched else None),
+        "source_dir": str(src or plan.src),
+        "build_dir": str(out_dir),
+        "cmake_args": list(plan.cmake_args if args is None else args),
+        "ui": plan.ui.manifest(),
+        "toolchain": _toolchain_manifest(plan.tools),
+        "binaries": {n: {"path": str(p), "sha256": cache.file_sha256(p)} for n, p in binaries.items()},
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **(extra or {}),
+    }
     cache.write_json_atomic(out_dir / "manifest.json", manifest)
     shas = {n: b["sha256"] for n, b in manifest["binaries"].items()}
     cache.write_json_atomic(out_dir / COMPLETE_MARKER, {"key": plan.key, "binaries": shas})
     return BuildResult.at(plan.variant.name, plan.backend, out_dir, binaries, up_to_date=False)
 
 
-def manifest_for(
-    plan: BuildPlan,
-    build_dir: Path,
-    binaries: dict[str, Path],
-    *,
-    src: Path | None = None,
-    args: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    tools = plan.tools
+def _toolchain_manifest(tools: Toolchain) -> dict[str, Any]:
     toolchain: dict[str, Any] = {
         "cc": {"path": str(tools.cc.path), "version": tools.cc.version},
         "cxx": {"path": str(tools.cxx.path), "version": tools.cxx.version},
@@ -214,22 +221,7 @@ def manifest_for(
             "loader": str(tools.vulkan.library),
             "glslc": str(tools.vulkan.glslc),
         }
-    patched = plan.patched
-    return {
-        "schema": 1,
-        "ggml_bridge_version": __version__,
-        "variant": plan.variant.name,
-        "backend": plan.backend,
-        "key": plan.key,
-        **source_manifest(plan.tree, plan.series, patched.head if patched else None),
-        "source_dir": str(src or plan.src),
-        "build_dir": str(build_dir),
-        "cmake_args": list(plan.cmake_args if args is None else args),
-        "ui": plan.ui.manifest(),
-        "toolchain": toolchain,
-        "binaries": {n: {"path": str(p), "sha256": cache.file_sha256(p)} for n, p in binaries.items()},
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    return toolchain
 
 
 def source_manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..config import Settings
 from ..rebase.job import RebaseRequest
 from ..rebase.report import Options
-from . import argtypes
+from . import argtypes, cmdoptions
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="extra include directory for the nvcc check (e.g. cuBLAS headers from a wheel); adds "
         "to [rebase] cuda_include of the config file",
     )
-    parser.add_argument(
-        "--report",
-        type=argtypes.path,
-        default=None,
-        metavar="DIR",
-        help="where report.md and report.json go (default <project>/build/rebase; with --check only when given)",
-    )
+    cmdoptions.report_dir(parser, "<project>/build/rebase, with --check only when given; report.md, report.json")
     parser.add_argument(
         "--base-source",
         default=None,

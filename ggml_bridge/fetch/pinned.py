@@ -14,12 +14,7 @@ from ..errors import ChecksumError, FetchError, SourceError
 from ..runner import log, step
 from .archive import _download, _extract, _git_fetch, _pypi_sdist_url, _sdist_subdir
 from .registry import cached_sdist, set_aside_damaged
-from .tree import (
-    Tree,
-    _Failed,
-    _finish,
-    find_cached,
-)
+from .tree import Tree, _Failed, _finish_pinned, find_cached
 
 
 def _obtain_pinned(settings: Settings, pin: pinmod.Pin) -> Tree:
@@ -53,9 +48,7 @@ def _fetch_pinned_git(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -
         commit = _git_fetch(settings, src.url, pin.commit, stage / "src")
         if commit != pin.commit:  # pragma: no cover - git guarantees this
             raise _Failed(f"fetched commit {commit}, not {pin.commit}")
-        return _finish(
-            settings, pin, stage, key=pin.commit, commit=commit, pinned=True, origin=f"git {src.url} @ {commit}"
-        )
+        return _finish_pinned(settings, pin, stage, origin=f"git {src.url} @ {commit}")
 
 
 def _fetch_pinned_archive(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
@@ -63,19 +56,8 @@ def _fetch_pinned_archive(settings: Settings, pin: pinmod.Pin, src: pinmod.Sourc
     with cache.staging(settings.cache_dir, pin.commit[:12]) as stage:
         name = Path(urlsplit(src.url).path).name or "archive.tar.gz"
         archive, sha = _download(settings, src.url, stage / name, src.sha256)
-        _extract(archive, stage / "src", subdir=src.subdir, failed=_Failed)
-        archive.unlink()
-        return _finish(
-            settings,
-            pin,
-            stage,
-            key=pin.commit,
-            commit=pin.commit,
-            pinned=True,
-            origin=f"archive {src.url}",
-            archive_sha256=sha,
-            failed=_Failed,
-        )
+        origin = f"archive {src.url}"
+        return pinned_from_archive(settings, pin, stage, archive, src.subdir, origin, sha, remove=True, failed=_Failed)
 
 
 def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
@@ -98,19 +80,29 @@ def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source)
         else:
             archive, sha = _download(settings, url, stage / src.filename, src.sha256)
             set_aside_damaged(settings, src.filename, sha)
-        _extract(archive, stage / "src", subdir=src.subdir or _sdist_subdir(src.filename), failed=SourceError)
-        if kept is None:
-            archive.unlink()
-        return _finish(
-            settings,
-            pin,
-            stage,
-            key=pin.key,
-            commit=pin.commit,
-            pinned=True,
-            origin=f"pypi-sdist {src.package}=={src.version} (sha256 {sha})",
-            archive_sha256=sha,
-        )
+        subdir = src.subdir or _sdist_subdir(src.filename)
+        origin = f"pypi-sdist {src.package}=={src.version} (sha256 {sha})"
+        return pinned_from_archive(settings, pin, stage, archive, subdir, origin, sha, remove=kept is None)
+
+
+def pinned_from_archive(
+    settings: Settings,
+    pin: pinmod.Pin,
+    stage: Path,
+    archive: Path,
+    subdir: str | None,
+    origin: str,
+    sha256: str,
+    *,
+    remove: bool = False,
+    failed: type[Exception] = SourceError,
+) -> Tree:
+    """The pinned tree from one of its archives (checked by its sha256): ``subdir`` of ``archive`` extracted into
+    ``stage/src`` (``remove``: the archive, downloaded into the stage, deleted then) and published."""
+    _extract(archive, stage / "src", subdir=subdir, failed=failed)
+    if remove:
+        archive.unlink()
+    return _finish_pinned(settings, pin, stage, origin=origin, archive_sha256=sha256, failed=failed)
 
 
 #: How the pinned tree is fetched from each source kind of :data:`ggml_bridge.pin.SOURCE_KINDS`.

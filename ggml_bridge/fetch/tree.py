@@ -112,6 +112,29 @@ def _finish(
     return published
 
 
+def _finish_pinned(
+    settings: Settings,
+    pin: pinmod.Pin,
+    stage: Path,
+    *,
+    origin: str,
+    archive_sha256: str | None = None,
+    failed: type[Exception] = SourceError,
+) -> Tree:
+    """:func:`_finish` of the pinned tree: the pin's key and commit."""
+    return _finish(
+        settings,
+        pin,
+        stage,
+        key=pin.key,
+        commit=pin.commit,
+        pinned=True,
+        origin=origin,
+        archive_sha256=archive_sha256,
+        failed=failed,
+    )
+
+
 def _verify_tree(root: Path, pin: pinmod.Pin, failed: type[Exception], *, what: str) -> None:
     missing = [f for f in pin.expect_files if not (root / f).is_file()]
     if missing:

@@ -20,6 +20,20 @@ def _state(n_engaged: int, n_inactive: int, n_procs: int) -> str:
     return "absent" if n_engaged == n_inactive == 0 else "mixed"
 
 
+def _verdicts(logs: dict[str, logparse.LogInfo], mech: str) -> tuple[list[str], dict[str, str], str]:
+    """Of ``mech`` (BRIDGE or BATCHED) in every process's log: the processes where it engaged, the ones where it
+    said why it is inactive, and the state of the whole (:func:`_state`)."""
+    verdicts = {p: engaged(mech, i.bridge if mech == BRIDGE else i.batched) for p, i in logs.items()}
+    on = [p for p, v in verdicts.items() if v.engaged]
+    inactive = {p: v.reason for p, v in verdicts.items() if v.state == INACTIVE and v.reason is not None}
+    return on, inactive, _state(len(on), len(inactive), len(logs))
+
+
+def _inactive_as_expected(what: str, short: str, inactive: dict[str, str]) -> str:
+    reasons = "; ".join(sorted(set(inactive.values())))
+    return f"{what} inactive as the rung expects ({reasons}): compared, not a {short} pass"
+
+
 def _not_engaged(
     what: str, no_line: str, logs: dict[str, logparse.LogInfo], on: list[str], inactive: dict[str, str]
 ) -> str:
@@ -115,10 +129,7 @@ def _check_bridge(v: _Validation) -> None:
     )
     assert mode.bridge is not None  # uses_bridge
     want_mode = BRIDGE_VALUES[mode.bridge]
-    verdicts = {p: engaged(BRIDGE, i.bridge) for p, i in logs.items()}
-    on = [p for p, v in verdicts.items() if v.engaged]
-    inactive = {p: v.reason for p, v in verdicts.items() if v.state == INACTIVE and v.reason is not None}
-    state = _state(len(on), len(inactive), len(logs))
+    on, inactive, state = _verdicts(logs, BRIDGE)
     summary["bridge"] = {
         "state": state,
         "slots": {p: logs[p].bridge.slots for p in on},
@@ -147,11 +158,7 @@ def _check_bridge(v: _Validation) -> None:
         if expect == "either":
             notes.append("bridge engaged")
     elif state == "inactive" and expect in ("inactive", "either"):
-        notes.append(
-            "bridge inactive as the rung expects ("
-            + "; ".join(sorted(set(inactive.values())))
-            + "): compared, not a bridge pass"
-        )
+        notes.append(_inactive_as_expected("bridge", "bridge", inactive))
     else:
         problems.append(_not_engaged("bridge", "no bridge line", logs, on, inactive))
 
@@ -168,10 +175,7 @@ def _check_batched(v: _Validation) -> None:
         v.summary,
         v.batched_stats,
     )
-    verdicts = {p: engaged(BATCHED, i.batched) for p, i in logs.items()}
-    on = [p for p, v in verdicts.items() if v.engaged]
-    inactive = {p: v.reason for p, v in verdicts.items() if v.state == INACTIVE and v.reason is not None}
-    state = _state(len(on), len(inactive), len(logs))
+    on, inactive, state = _verdicts(logs, BATCHED)
     summary["batched"] = {
         "state": state,
         "pool_mib": {p: logs[p].batched.pool_mib for p in on},
@@ -218,11 +222,7 @@ def _check_batched(v: _Validation) -> None:
     elif state == "inactive" and expect in ("inactive", "either"):
         if _tot(batched_stats, "async_uploads") or _tot(batched_stats, "async_downloads"):
             problems.append("batched transfers inactive but async transfers were counted")
-        notes.append(
-            "batched transfers inactive as the rung expects ("
-            + "; ".join(sorted(set(inactive.values())))
-            + "): compared, not a batched pass"
-        )
+        notes.append(_inactive_as_expected("batched transfers", "batched", inactive))
     else:
         problems.append(_not_engaged("batched transfers", "no batched-transfers line", logs, on, inactive))
 
