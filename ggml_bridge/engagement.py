@@ -3,7 +3,9 @@
 
 A mechanism *engaged* when the process says it is enabled (its ``enabled`` line) and, where counters are given
 (the bench's last stats line, an rpc-server's SIGUSR1 counters), they show it did work: the bridge crossed a
-boundary, batching staged an upload (every graph on a device stages its small inputs: positions, KV indices). Otherwise it is *idle*
+boundary; batching staged an upload (a split whose inputs are all small: a token step's positions, KV indices,
+mask) or its rule kept a split with a large input on upstream's copies (``large_splits``: a prompt ubatch, whose
+KQ mask is over the stage limit; a prompt-only run such as llama-perplexity's stages nothing). Otherwise it is *idle*
 (enabled, no work), *inactive* (the process gave its own reason, e.g. one device) or *absent* (no line at all:
 a binary without the patch).
 """
@@ -37,7 +39,7 @@ def did_work(mechanism: str, counters: Mapping[str, int]) -> bool:
     """Counters (a stats line, or an rpc-server's counters with their ``bridge_`` prefix) show work."""
     if mechanism == BRIDGE:
         return counters.get("boundaries", counters.get("bridge_boundaries", 0)) > 0
-    return counters.get("async_uploads", 0) > 0
+    return counters.get("async_uploads", 0) > 0 or counters.get("large_splits", 0) > 0
 
 
 def engaged(mechanism: str, info: BridgeInfo | BatchedInfo, counters: Mapping[str, int] | None = None) -> Verdict:

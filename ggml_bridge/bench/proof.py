@@ -32,13 +32,15 @@ def engagement(case: Case, log_text: str) -> tuple[bool | None, str]:
         t = info.batched
         last = t.stats[-1] if t.stats else {}
         up, down = last.get("async_uploads", 0), last.get("async_downloads", 0)
-        # engaged: it staged uploads (the small inputs of every graph; inputs over the stage limit are upstream's);
+        # engaged: it staged uploads (the inputs of splits whose inputs are all small) or kept splits with an input
+        # over the stage limit on upstream's copies (large_splits);
         # downloads into llama.cpp's pinned output buffer are upstream's own asynchronous ones (upstream_downloads)
         ok &= engaged(BATCHED, t, last).engaged
         parts.append(
             f"batched {'enabled' if t.enabled else 'not enabled'}, graphs={last.get('graphs', 0)} "
             f"async_uploads={up} async_downloads={down} "
-            f"sync_uploads={last.get('sync_uploads', 0)} upstream_uploads={last.get('upstream_uploads', 0)}"
+            f"sync_uploads={last.get('sync_uploads', 0)} upstream_uploads={last.get('upstream_uploads', 0)} "
+            f"large_splits={last.get('large_splits', 0)}"
             + (f", inactive: {t.inactive_reason}" if t.inactive_reason else "")
         )
     return ok, "; ".join(parts)

@@ -9,7 +9,7 @@
 #                   hold staged: what the measuring policy staged while it explored)
 #      with each process's stats line (bytes_up, async/upstream uploads, pool_waits, pool_drains, fallbacks);
 #   3. diag.tsv (one row per process) and diag.md (per devices and way: medians over rounds, ratios to off).
-# Usage: OUT=/tmp/out BIN=<patched bin dir> MODEL=<gguf> ROUNDS=5 DEVICES="1 6" BUDGET=250 bash scripts/gpu/batched_diag.sh
+# Usage: OUT=/tmp/out BIN=<patched bin dir> MODEL=<gguf> ROUNDS=5 DEVICES="1 6" BUDGET=250 [WAYS="off rule"] bash scripts/gpu/batched_diag.sh
 # (prove.sh's `diag` step runs it on the wide model, bench-2b-6l: n_embd 5120, 6 layers).
 set -uo pipefail
 : "${OUT:?}" "${BIN:?}" "${MODEL:?}"
@@ -17,7 +17,7 @@ ROUNDS=${ROUNDS:-5} DEVICES=${DEVICES:-"1 6"} BUDGET=${BUDGET:-250}
 mkdir -p "$OUT/diag"
 export NCCL_NVLS_ENABLE=0
 args=(-m "$MODEL" -p 512,4096 -n 128 -b 4096 -ub 512 -ngl 99 -sm layer -o json -v)  # -v: the stats lines (INFO)
-ways=(off rule stage-all)
+read -r -a ways <<< "${WAYS:-off rule stage-all}"  # WAYS="off rule": the two a user chooses between
 way_env() {
     case $1 in
         off) echo LLAMA_BATCHED_TRANSFERS=0 ;;

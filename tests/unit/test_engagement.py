@@ -20,6 +20,21 @@ def test_enabled_is_engaged_and_counters_must_show_work() -> None:
     assert engaged("batched", t, {"async_downloads": 9}).state == IDLE, "downloads are upstream's own"
 
 
+def test_batched_rule_keeping_large_splits_upstream_is_engaged() -> None:
+    """A prompt-only run (llama-perplexity at ubatch 512): every split has its KQ mask over the stage limit, so the
+    rule keeps all their inputs on upstream's copies and stages nothing; the line's large_splits says the rule ran
+    (the bench uses such a run's figures), where before the counter a stats line without staged uploads was idle."""
+    line = (
+        "llama_batched_transfers: stats: graphs=16 async_uploads=0 async_downloads=0 sync_uploads=0 "
+        "sync_downloads=0 upstream_uploads=96 upstream_downloads=16 bytes_up=0 bytes_down=0 fallbacks=0 "
+        "pool_waits=0 pool_drains=0 large_splits=16"
+    )
+    t = logparse.parse(["llama_batched_transfers: enabled, pinned pool up to 32 MiB per process", line]).batched
+    assert t.stats and t.total("large_splits") == 16
+    assert engaged("batched", t, t.stats[-1]).engaged
+    assert engaged("batched", t, {**t.stats[-1], "large_splits": 0}).state == IDLE
+
+
 def test_inactive_keeps_the_process_reason_and_no_line_is_absent() -> None:
     v = engaged("bridge", logparse.BridgeInfo(inactive_reason="single device"))
     assert (v.state, v.reason, v.engaged) == (INACTIVE, "single device", False)
