@@ -67,7 +67,8 @@ BATCHED_STATS_KEYS = (
     "pool_waits",
     "pool_drains",
 )
-# (later keys are parsed too: large_splits at the end, the splits the rule of sizes kept on upstream's copies; and
+# (later keys are parsed too: large_splits and later_splits at the end, the splits the rule kept on upstream's
+# copies; and
 # so are the keys of the series before 2026-12-03: declined_graphs after graphs,
 # probe_graphs, classes_staged and classes_upstream at the end, from its measuring policy)
 BATCHED_STATS = re.compile(
