@@ -62,23 +62,24 @@ class Recommendation:
         return None if not costs or any(c is None for c in costs) else sum(c for c in costs if c is not None)
 
 
-#: why batching is left off on a split of several devices (docs/batched.md, results/2026-12-03-h200x1-batched-doctor)
-BATCHING_ON_PIPELINES = (
-    "batched transfers: off on a split of several devices: there staging measured no gain in token generation and "
-    "a loss on long prompts where the bridge carries the boundaries (6 virtual devices of one H200, 2026-12-03: "
-    "tg128 0.99-1.02x, pp4096 0.86-0.90x of batching off); on one GPU it gains (tg128 +4.1-4.5 %)"
+#: what batching was measured to do where it is advised (docs/batched.md, results/2026-12-03-h200x1-batched-split-rule)
+BATCHING_MEASURED = (
+    "batched transfers: on: token generation stages the inputs of each step's first device split (one H200, "
+    "2026-12-03, 5120-wide model: tg128 +4-5 % on one GPU, +3-4 % on 6 virtual devices with and without the "
+    "bridge); prompts keep upstream's copies (their KQ mask is over the stage limit), so they run as with batching "
+    "off; not yet measured on a rig of several real GPUs"
 )
 
 
 def _batching_advice(rec: Recommendation, devices: list[ListedDevice]) -> None:
-    """Batching where it was measured to gain: a model on one GPU device; off on a split of several devices (what it
-    measured there) and where no GPU device has anything to stage."""
+    """Batching wherever a GPU device has inputs to stage: a graph's first device split stages its token step's
+    inputs (measured gains on one GPU and on a split of several virtual devices); nothing to stage on the CPU."""
     gpus = [d for d in devices if d.kind in ("CUDA", "Vulkan")]
-    rec.batched = len(gpus) == 1 and len(devices) == 1
+    rec.batched = bool(gpus)
     if not gpus:
         rec.notes.append("no GPU device: batched transfers have nothing to stage (CPU backend), left off")
-    elif not rec.batched:
-        rec.notes.append(BATCHING_ON_PIPELINES)
+    else:
+        rec.notes.append(BATCHING_MEASURED)
 
 
 def recommend(f: Findings, default_server: str | None) -> Recommendation:
