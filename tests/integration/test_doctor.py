@@ -87,8 +87,8 @@ def test_doctor_lists_the_lavapipe_devices_and_its_command_serves(  # type: igno
     assert [d["name"] for d in devices] == ["Vulkan0", "Vulkan1"], devices
     assert all("llvmpipe" in d["description"] and d["total_mib"] > 0 for d in devices)
     rec = doc["recommendation"]
-    # two devices: batching left off (what it measured on a split of several devices, docs/batched.md)
-    assert rec["devices"] == ["Vulkan0", "Vulkan1"] and rec["ts"] == [50, 50] and rec["batched"] is False
+    # a GPU device holds the model: batching on (a graph's first device split stages, docs/batched.md)
+    assert rec["devices"] == ["Vulkan0", "Vulkan1"] and rec["ts"] == [50, 50] and rec["batched"] is True
     assert rec["bridge"] is None and rec["env"] == LAVAPIPE
     assert rec["argv"][-6:] == ["-dev", "Vulkan0,Vulkan1", "-sm", "layer", "-ts", "50,50"]
     assert [x["path"] for x in rec["boundaries"]] == [
@@ -97,7 +97,7 @@ def test_doctor_lists_the_lavapipe_devices_and_its_command_serves(  # type: igno
     report = (tmp_path / "out" / "report.txt").read_text()
     assert "Vulkan0: llvmpipe" in report and "GGML_VK_VISIBLE_DEVICES=0,0 ggml-bridge serve" in report
     (tmp_path / "report.txt").write_text(report)
-    _serve_check(rec, env, tmp_path / "serve.log")  # (batching not asked for: the split has two devices)
+    _serve_check(rec, env, tmp_path / "serve.log")  # batching asked for: serve proves it on /metrics
 
 
 def _mock_probe(real_build, tmp_path: Path) -> Path:  # type: ignore[no-untyped-def]
