@@ -67,10 +67,10 @@ BATCHED_STATS_KEYS = (
     "pool_waits",
     "pool_drains",
 )
-# (later keys are parsed too: large_splits and later_splits at the end, the splits the rule kept on upstream's
-# copies; and
-# so are the keys of the series before 2026-12-03: declined_graphs after graphs,
-# probe_graphs, classes_staged and classes_upstream at the end, from its measuring policy)
+#: the splits the rule per split kept on upstream's copies (after pool_drains; a series before 2026-12-03 lacks them)
+BATCHED_STATS_SPLIT_KEYS = ("large_splits", "later_splits")
+# (the keys of the series before 2026-12-03 are parsed too: declined_graphs after graphs, probe_graphs,
+# classes_staged and classes_upstream at the end, from its measuring policy)
 BATCHED_STATS = re.compile(
     BATCHED
     + r": stats: (?P<kv>graphs=\d+(?: declined_graphs=\d+)? "
