@@ -21,6 +21,9 @@ from .net import DEFAULT_HOST
 from .net import free_port as free_port  # re-exported: the ports the callers give their servers
 
 DEFAULT_PORT = 8080
+#: after a request's connection broke: how long the server may take to exit for it to count as died while serving
+#: (a crash closes the connection before the process is gone: ggml's abort prints a backtrace first)
+DEATH_GRACE_S = 10.0
 
 #: ggml/llama INFO messages (the bridge's "enabled" and "stats" lines, "using device") map to verbosity
 #: 4 ("trace") in llama.cpp's common log; the default threshold 3 drops them. Only WARN lines (the
@@ -252,6 +255,7 @@ class Server:
             body = e.read().decode(errors="replace")[:500]
             raise ServeError(f"POST {path} failed with HTTP {e.code}", why=body) from None
         except (urllib.error.URLError, OSError) as e:
-            if self.proc is not None and self.proc.poll() is not None:
+            timed_out = isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError)
+            if self.proc is not None and self.proc.exited_within(0 if timed_out else DEATH_GRACE_S) is not None:
                 raise self._failure(f"llama-server died while serving POST {path}", "while serving") from None
             raise ServeError(f"POST {path} failed", why=str(e)) from None

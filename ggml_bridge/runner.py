@@ -333,6 +333,13 @@ class Process:
         self._reader.join(timeout=5)
         return rc
 
+    def exited_within(self, timeout: float) -> int | None:
+        """The exit status if the process has exited or exits within ``timeout`` seconds, else None."""
+        try:
+            return self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def send_signal(self, sig: int) -> None:
         if self.popen.poll() is None:
             try:

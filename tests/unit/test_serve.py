@@ -701,3 +701,15 @@ def test_the_log_pump_survives_a_full_disk(tmp_path, capfd):
     err = capfd.readouterr().err
     assert rc == 0 and p.tail(1) == ["039999 the same line, again and again"]
     assert err.count("/dev/full stopped") == 1 and "the disk is full" in err, err
+
+
+def test_a_crash_that_closes_the_connection_before_the_process_exits_is_a_death(fake, monkeypatch):
+    """The lavapipe ladder's crash in CI (2026-12-03) read "POST /completion failed. Remote end closed connection
+    without response": the socket closed while the aborting server was still printing, so the exit went unseen."""
+    monkeypatch.setenv("FAKE_CRASH_IN_REQUEST_S", "1.5")
+    with llama_server.Server(fake.server, srv_args(fake.model, llama_server.free_port()), startup_timeout=20) as s:
+        with pytest.raises(ServeError) as ei:
+            s.post("/completion", {"prompt": "x", "n_predict": 1}, timeout=30)
+    msg = str(ei.value)
+    assert "died while serving POST /completion" in msg, msg
+    assert "GGML_ASSERT(fake) failed" in msg, msg
