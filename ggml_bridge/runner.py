@@ -353,11 +353,11 @@ class Process:
 
         if self.popen.poll() is None:
             self.send_signal(_signal.SIGTERM)
-            try:
-                return self.wait(timeout)
-            except subprocess.TimeoutExpired:
-                log(f"    {Path(self.args[0]).name} (pid {self.pid}) did not stop in {timeout:.0f}s; killing it")
-                self.popen.kill()
+            rc = self.exited_within(timeout)
+            if rc is not None:
+                return rc
+            log(f"    {Path(self.args[0]).name} (pid {self.pid}) did not stop in {timeout:.0f}s; killing it")
+            self.popen.kill()
         return self.wait()
 
     def settle(self, quiet: float = 0.05, limit: float = 0.2) -> None:
