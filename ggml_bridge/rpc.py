@@ -42,6 +42,8 @@ HELLO_CMD = 14
 CONN_CAPS_SIZE = 24
 HELLO_RSP_SIZE = 4 + CONN_CAPS_SIZE
 CONNECT_TIMEOUT = 3.0
+#: how long a started rpc-server's banner may come after its first handshake was answered (see _await_banner)
+BANNER_WAIT_S = 5.0
 _PROTO = re.compile(r"#define\s+RPC_PROTO_(MAJOR|MINOR|PATCH)_VERSION\s+(\d+)")
 
 
@@ -223,6 +225,7 @@ class LocalRpcServer:
             # listening once it answers the handshake (its "state" line is printed before it binds)
             try:
                 hello(self.endpoint, timeout=2.0)
+                self._await_banner(BANNER_WAIT_S)
                 return self
             except RpcError:
                 if time.monotonic() > deadline:
@@ -231,6 +234,17 @@ class LocalRpcServer:
                         f"{RPC_SERVER} on {self.endpoint} did not answer within {timeout:.0f}s", why=self._tail()
                     ) from None
             time.sleep(0.1)
+
+    def _await_banner(self, seconds: float) -> None:
+        """Until the output read so far holds upstream's banner (version and devices), at most ``seconds``: the
+        rpc-server prints it to stdout, which a pipe buffers until the fflush after its first accepted connection
+        (here: our handshake), so it may come after the handshake's answer; ``info()`` reads it."""
+        assert self.proc is not None
+        deadline = time.monotonic() + seconds
+        while logparse.parse_rpc(self.proc.lines()).version is None and time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return
+            time.sleep(0.01)
 
     def _tail(self) -> str:
         lines = self.proc.tail(12) if self.proc else []

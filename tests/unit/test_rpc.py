@@ -542,3 +542,16 @@ def test_serve_says_one_consistent_thing_about_the_rpc_front_and_each_rpc_server
     assert "llama-server (the RPC front) has no GPU of its own (--rpc-local-only)" in err, err
     assert "failed to initialize CUDA: no CUDA-capable device is detected" in err
     assert "is expected" in err, err
+
+
+def test_a_started_rpc_server_reports_its_banner_that_comes_after_the_handshake(fake, monkeypatch):
+    """The real rpc-server's banner (version, devices) goes to a buffered stdout and comes out with the fflush after
+    its first accepted connection: on a loaded machine after the handshake was answered (a fresh clone's make test
+    of 2026-12-05 read version None once)."""
+    monkeypatch.setenv("FAKE_RPC_BANNER_LATE_S", "0.5")
+    s = rpc.LocalRpcServer(fake.rpc, devices=["CPU"]).start(timeout=20)
+    try:
+        info = s.info()
+        assert info.version == "7.0.0" and info.devices == ["CPU"], info
+    finally:
+        s.stop()
