@@ -124,14 +124,16 @@ if want bench; then
     bench_suite batched 45 45 --suite batched --rounds 10
 fi
 
-# seconds one round of a short-run suite takes on one H200, per shape (estimates from process counts: a round runs,
-# per case, llama-bench -r 1, -r 3 and -r 10, llama-perplexity and llama-server; scripts/gpu/README.md)
+# seconds one round of a short-run suite takes on one H200, per shape: measured on 2026-12-03 (1 GPU bench-2b-6l 21 s,
+# 6 virtual devices 51 s; results/2026-12-03-h200x1-batched-split-rule), the others scaled from those by process
+# counts, all with a quarter of slack (a round runs, per case, llama-bench -r 1, -r 3 and -r 10, llama-perplexity and
+# llama-server; scripts/gpu/README.md)
 runs_round_s() {
     case "$1:$2" in
-        1gpu:bench-1b) echo 24 ;; 1gpu:bench-2b-6l) echo 40 ;;
-        2virt:bench-1b) echo 48 ;; 2virt:bench-2b-6l) echo 80 ;;
-        6virt:bench-1b) echo 62 ;; 6virt:bench-2b-6l) echo 104 ;;
-        *) echo 120 ;;
+        1gpu:bench-1b) echo 17 ;; 1gpu:bench-2b-6l) echo 27 ;;
+        2virt:bench-1b) echo 34 ;; 2virt:bench-2b-6l) echo 52 ;;
+        6virt:bench-1b) echo 42 ;; 6virt:bench-2b-6l) echo 64 ;;
+        *) echo 80 ;;
     esac
 }
 if want batched; then
