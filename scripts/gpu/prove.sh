@@ -16,7 +16,7 @@
 # Usage, from the repository root:  OUT=/tmp/out BUDGET=560 bash scripts/gpu/prove.sh [STEP ...]
 #   STEP: build tests sweep ladder bench batched rpc rpc1 split1 link serve-rpc ladder-rest (default: build tests
 #   ladder bench rpc ladder-rest; steps run in this order whatever the order given); RPC1_RUNGS="R ..." narrows rpc1,
-#   FIRST_RUNGS="R ..." the ladder step
+#   FIRST_RUNGS="R ..." the ladder step; BENCH_ARGS (e.g. --smi) goes to every bench
 # The cache (builds, models) is .cache-gpu/ in the checkout (git-ignored): a second call on the same machine finds
 # the first call's builds there (`build` then says "up to date"), so a long proof can be split over several calls.
 set -uo pipefail
@@ -114,7 +114,8 @@ fi
 bench_suite() {  # NAME NEED_S BUDGET_S bench-options...: the bench with --time-budget BUDGET_S, cut 90 s after it
     local name=$1 need=$2 budget=$3; shift 3
     step "bench-$name" "$need" $((budget + 90)) "${gb[@]}" bench --no-build --no-microbench --time-budget "$budget" \
-        --vocab "$vocab" "${bins[@]}" ${nbin:+--bin-dir-upstream-nopeer "$nbin"} --report "$OUT/bench/$name" "$@"
+        --vocab "$vocab" "${bins[@]}" ${nbin:+--bin-dir-upstream-nopeer "$nbin"} --report "$OUT/bench/$name" "$@" \
+        ${BENCH_ARGS:-}
     grep "^|" "$OUT/bench/$name/bench.md" 2>/dev/null | tee -a "$OUT/summary.txt"
 }
 if want bench; then
