@@ -67,19 +67,17 @@ def _prove_bridge(
     b, live = eng.info.bridge, dict(metrics or {})
     vb = from_metrics(BRIDGE, b, metrics)
     if sel.asks_bridge:
-        if vb.engaged and b.enabled:
-            eng.notes.append(
-                f"bridge engaged: mode {b.mode}, {b.slots} slots x {b.slot_mib} MiB pinned host memory"
-                + (f", model on {ndev} devices" if ndev else "")
+        if vb.engaged:
+            from_line = f"mode {b.mode}, {b.slots} slots x {b.slot_mib} MiB pinned host memory" + (
+                f", model on {ndev} devices" if ndev else ""
             )
-            if b.mode != sel.bridge_mode:
+            counted = (
+                f"{live.get('bridge_boundaries_total', 0)} boundaries crossed through pinned host memory, "
+                f"{live.get('bridge_bytes_total', 0)} bytes"
+            )
+            eng.notes.append(_engaged("bridge", "bridge", from_line if b.enabled else None, counted))
+            if b.enabled and b.mode != sel.bridge_mode:
                 eng.errors.append(f"bridge requested in mode {sel.bridge_mode} but the server reports mode {b.mode}")
-        elif vb.engaged:
-            eng.notes.append(
-                f"bridge engaged: {live.get('bridge_boundaries_total', 0)} boundaries crossed through "
-                f"pinned host memory, {live.get('bridge_bytes_total', 0)} bytes "
-                "(llamacpp:bridge_* on /metrics)"
-            )
         elif ndev > 1 and sel.bridge == "auto" and vb.reason is not None and vb.reason.startswith(NO_PAIR_NEEDS_IT):
             # auto routes only the pairs that need it: where none does (peer paths enabled and trusted, or virtual
             # devices of one GPU), upstream's copies are what auto asked for, not a bridge that failed to engage
@@ -114,6 +112,14 @@ def _prove_bridge(
         )
 
 
+def _engaged(name: str, prefix: str, from_line: str | None, counted: str) -> str:
+    """The note that a mechanism engaged: what its "enabled" log line says (INFO, shown at -lv 3), else what its
+    counters on /metrics count (``llamacpp:<prefix>_*``, the proof at the default verbosity)."""
+    if from_line is not None:
+        return f"{name} engaged: {from_line}"
+    return f"{name} engaged: {counted} (llamacpp:{prefix}_* on /metrics)"
+
+
 def _pair_decisions(live: Mapping[str, int]) -> list[str]:
     """What /metrics says of the bridge's per-pair decisions (``pairs_bridge``, ``pairs_upstream``), when it has
     them: the ordered device pairs each path took (patch 0001 counts them per set of backends, in every mode), or that
@@ -135,14 +141,13 @@ def _prove_batched(eng: Engagement, sel: Selectors, metrics: Mapping[str, int] |
     t, live = eng.info.batched, dict(metrics or {})
     vt = from_metrics(BATCHED, t, metrics)
     if sel.asks_batched:
-        if vt.engaged and t.enabled:
-            eng.notes.append(f"batched transfers engaged: pinned pool up to {t.pool_mib} MiB")
-        elif vt.engaged:
-            eng.notes.append(
-                f"batched transfers engaged: {live.get('batched_graphs_total', 0)} graph(s) staged, "
-                f"{live.get('batched_async_uploads_total', 0)} asynchronous uploads "
-                "(llamacpp:batched_* on /metrics)"
+        if vt.engaged:
+            counted = (
+                f"{live.get('batched_graphs_total', 0)} graph(s) staged, "
+                f"{live.get('batched_async_uploads_total', 0)} asynchronous uploads"
             )
+            from_line = f"pinned pool up to {t.pool_mib} MiB" if t.enabled else None
+            eng.notes.append(_engaged("batched transfers", "batched", from_line, counted))
         elif vt.state == IDLE and warmed_up:
             # patched, no "inactive" warning, and yet the start-up warm-up decode staged nothing
             eng.errors.append(

@@ -60,6 +60,14 @@ def _tot(stats: list[dict[str, int]], key: str) -> int:
     return sum(s.get(key, 0) for s in stats)
 
 
+def _summary(
+    state: str, per_process: dict[str, Any], inactive: Any, stats: list[dict[str, int]], totals: tuple[str, ...]
+) -> dict[str, Any]:
+    """A mechanism's part of a mode's report: its state, what each engaged process said, the processes where it was
+    inactive, its stats lines and the totals of the counters named."""
+    return {"state": state, **per_process, "inactive": inactive, "stats": stats, **{k: _tot(stats, k) for k in totals}}
+
+
 @dataclass
 class _Validation:
     """One mode's validation under way: its inputs, and the problems, notes and summary found so far."""
@@ -118,26 +126,13 @@ def _check_selectors(v: _Validation) -> None:
 
 def _check_bridge(v: _Validation) -> None:
     """A bridge mode: engaged in every process (with boundaries on a multi-device rung), or inactive as the rung expects."""
-    mode, rung, logs, problems, notes, summary, bridge_stats = (
-        v.mode,
-        v.rung,
-        v.logs,
-        v.problems,
-        v.notes,
-        v.summary,
-        v.bridge_stats,
-    )
+    mode, rung, logs, problems, notes, summary = v.mode, v.rung, v.logs, v.problems, v.notes, v.summary
+    bridge_stats = v.bridge_stats
     assert mode.bridge is not None  # uses_bridge
     want_mode = BRIDGE_VALUES[mode.bridge]
     on, inactive, state = _verdicts(logs, BRIDGE)
-    summary["bridge"] = {
-        "state": state,
-        "slots": {p: logs[p].bridge.slots for p in on},
-        "slot_mib": {p: logs[p].bridge.slot_mib for p in on},
-        "inactive": inactive,
-        "stats": bridge_stats,
-        "boundaries": _tot(bridge_stats, "boundaries"),
-    }
+    per_process = {"slots": {p: logs[p].bridge.slots for p in on}, "slot_mib": {p: logs[p].bridge.slot_mib for p in on}}
+    summary["bridge"] = _summary(state, per_process, inactive, bridge_stats, ("boundaries",))
     expect = rung.expect.get(mode.name, rung.expect_bridge)
     if state == "engaged":
         if expect == "inactive":
@@ -165,30 +160,17 @@ def _check_bridge(v: _Validation) -> None:
 
 def _check_batched(v: _Validation) -> None:
     """A batched mode: engaged with async uploads (and its pools), or inactive as the rung expects."""
-    mode, rung, logs, metrics, problems, notes, summary, batched_stats = (
-        v.mode,
-        v.rung,
-        v.logs,
-        v.metrics,
-        v.problems,
-        v.notes,
-        v.summary,
-        v.batched_stats,
-    )
+    mode, rung, logs, problems, notes, summary = v.mode, v.rung, v.logs, v.problems, v.notes, v.summary
+    metrics, batched_stats = v.metrics, v.batched_stats
     on, inactive, state = _verdicts(logs, BATCHED)
-    summary["batched"] = {
-        "state": state,
+    per_process = {
         "pool_mib": {p: logs[p].batched.pool_mib for p in on},
         "pools": {p: logs[p].batched.pools for p in on},
-        "inactive": inactive,
-        "stats": batched_stats,
-        "async_uploads": _tot(batched_stats, "async_uploads"),
-        "async_downloads": _tot(batched_stats, "async_downloads"),
-        # what batching tried and could not stage (sync_*), and what it left on upstream's path (a backend
-        # without a pinned pool of its own, an input over the stage limit): reported, never counted as batches
-        "fallbacks": _tot(batched_stats, "fallbacks"),
-        "upstream_uploads": _tot(batched_stats, "upstream_uploads"),
     }
+    # fallbacks: what batching tried and could not stage (sync_*); upstream_uploads: what it left on upstream's path
+    # (a backend without a pinned pool of its own, an input over the stage limit): reported, never counted as batches
+    totals = ("async_uploads", "async_downloads", "fallbacks", "upstream_uploads")
+    summary["batched"] = _summary(state, per_process, inactive, batched_stats, totals)
     expect = rung.expect.get(mode.name, rung.expect_batched)
     if state == "engaged":
         if expect == "inactive":
