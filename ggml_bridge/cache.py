@@ -70,10 +70,7 @@ def ensure_writable(cache_dir: Path) -> Path:
     """Create ``<cache>/tmp`` and prove it is writable; raise CacheError otherwise. Returns the tmp dir."""
     tmp = cache_dir / "tmp"
     try:
-        tmp.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=tmp, prefix=".probe-")
-        os.close(fd)
-        os.unlink(probe)
+        _write_probe(tmp)
     except OSError as e:
         raise CacheError(
             f"cache directory {cache_dir} is not writable",
@@ -82,6 +79,14 @@ def ensure_writable(cache_dir: Path) -> Path:
         ) from None
     _clean_stale(tmp)
     return tmp
+
+
+def _write_probe(folder: Path) -> None:
+    """Create ``folder`` and a file in it, then remove the file; OSError where either cannot be done."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe-")
+    os.close(fd)
+    os.unlink(probe)
 
 
 @contextmanager

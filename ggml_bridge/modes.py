@@ -20,6 +20,7 @@ from typing import Mapping
 
 from .errors import UsageError
 from .runner import log
+from .tables import by_name
 
 # --- selectors (environment variables the patched build reads) --------------------------------------------
 
@@ -112,15 +113,12 @@ class Backend:
 #: What ``build --backend`` compiles (``auto`` is resolved to cpu or cuda by the toolchain, never to vulkan). The CPU
 #: backend is in every build. ``cuda-vulkan``: both GPU backends in one build, so that one model can be split over a
 #: CUDA and a Vulkan device (a rig of an NVIDIA card and an AMD or Intel one).
-BACKENDS: dict[str, Backend] = {
-    b.name: b
-    for b in (
-        Backend("cpu", False, False, "ggml's CPU backend only"),
-        Backend("cuda", True, False, "ggml-cuda"),
-        Backend("vulkan", False, True, "ggml-vulkan"),
-        Backend("cuda-vulkan", True, True, "ggml-cuda and ggml-vulkan in one build (a model split over both)"),
-    )
-}
+BACKENDS: dict[str, Backend] = by_name(
+    Backend("cpu", False, False, "ggml's CPU backend only"),
+    Backend("cuda", True, False, "ggml-cuda"),
+    Backend("vulkan", False, True, "ggml-vulkan"),
+    Backend("cuda-vulkan", True, True, "ggml-cuda and ggml-vulkan in one build (a model split over both)"),
+)
 
 
 def backend(name: str) -> Backend:
@@ -149,27 +147,24 @@ class Variant:
 
 #: Every build variant, in the order a shared tree builds them (``build --shared-tree``): the upstream sources
 #: first, the no-peer recompile of one object, then the series on top.
-VARIANTS: dict[str, Variant] = {
-    v.name: v
-    for v in (
-        Variant(UPSTREAM, False, {}, "upstream", "no patches: the reference for 'the patches change nothing'"),
-        Variant(
-            UPSTREAM_NOPEER,
-            False,
-            {"GGML_CUDA_NO_PEER_COPY": "ON"},
-            "nopeer",
-            "no patches, GGML_CUDA_NO_PEER_COPY (synchronous copy through malloc; CUDA only)",
-            cuda_only=True,
-        ),
-        Variant(
-            PATCHED,
-            True,
-            {BRIDGE: "ON", BATCHED_CMAKE: "ON"},
-            "patched",
-            "our series applied, both mechanisms compiled in",
-        ),
-    )
-}
+VARIANTS: dict[str, Variant] = by_name(
+    Variant(UPSTREAM, False, {}, "upstream", "no patches: the reference for 'the patches change nothing'"),
+    Variant(
+        UPSTREAM_NOPEER,
+        False,
+        {"GGML_CUDA_NO_PEER_COPY": "ON"},
+        "nopeer",
+        "no patches, GGML_CUDA_NO_PEER_COPY (synchronous copy through malloc; CUDA only)",
+        cuda_only=True,
+    ),
+    Variant(
+        PATCHED,
+        True,
+        {BRIDGE: "ON", BATCHED_CMAKE: "ON"},
+        "patched",
+        "our series applied, both mechanisms compiled in",
+    ),
+)
 
 
 def variant(name: str | Variant, where: str = "") -> Variant:
@@ -232,102 +227,93 @@ class Mode:
         return {**env, **dict(self.rejected)}
 
 
-MODES: dict[str, Mode] = {
-    m.name: m
-    for m in (
-        Mode(
-            "upstream",
-            "upstream",
-            None,
-            None,
-            "upstream build (on GPUs: cudaMemcpyPeerAsync without peer access, driver-staged)",
-        ),
-        Mode(
-            "upstream-p2p", "upstream", None, None, "upstream build, peer access enabled (NVLink / PCIe P2P)", p2p=True
-        ),
-        Mode(
-            "upstream-nopeer",
-            "upstream-nopeer",
-            None,
-            None,
-            "upstream GGML_CUDA_NO_PEER_COPY build (synchronous copy through malloc)",
-        ),
-        Mode("off", "patched", "off", "off", "patched build, selectors 0"),
-        Mode(
-            "off-p2p",
-            "patched",
-            "off",
-            "off",
-            "patched build, selectors 0, peer access enabled: upstream's P2P path in our binary (a control)",
-            p2p=True,
-        ),
-        Mode(
-            "off-1gpu",
-            "patched",
-            "off",
-            "off",
-            "patched build, selectors 0, on one GPU whatever the rung's devices",
-            devices=1,
-        ),
-        Mode(
-            "bridge", "patched", "auto", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=auto (peer access not enabled)"
-        ),
-        Mode("bridge-force", "patched", "force", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force"),
-        Mode(
-            "bridge-force-p2p",
-            "patched",
-            "force",
-            "off",
-            "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force with peer access enabled",
-            p2p=True,
-        ),
-        Mode("batched", "patched", "off", "on", "patched, LLAMA_BATCHED_TRANSFERS=1"),
-        Mode(
-            "bridge-batched",
-            "patched",
-            "auto",
-            "on",
-            "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=auto and LLAMA_BATCHED_TRANSFERS=1",
-        ),
-        Mode(
-            "bridge-force-batched",
-            "patched",
-            "force",
-            "on",
-            "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force and LLAMA_BATCHED_TRANSFERS=1",
-        ),
-        # typos: the bridge stays off and says so in every process, also past llama.cpp's fitting probe (-fit)
-        Mode("bridge-typo", "patched", None, "off", f"patched, invalid {BRIDGE}=yes", rejected=((BRIDGE, "yes"),)),
-        Mode(
-            "rpc-upstream",
-            "upstream",
-            None,
-            None,
-            "upstream rpc-server(s) (one owning every GPU: server-side cudaMemcpyPeer without peer access)",
-            rpc=True,
-        ),
-        Mode(
-            "rpc-upstream-nopeer", "upstream-nopeer", None, None, "upstream GGML_CUDA_NO_PEER_COPY rpc-server", rpc=True
-        ),
-        Mode("rpc-off", "patched", "off", "off", "patched rpc-server(s), selectors 0", rpc=True),
-        Mode(
-            "rpc-bridge",
-            "patched",
-            "auto",
-            "off",
-            "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=auto: copies between a server's GPUs through the bridge",
-            rpc=True,
-        ),
-        Mode(
-            "rpc-bridge-force",
-            "patched",
-            "force",
-            "off",
-            "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=force: also between virtual devices of one GPU",
-            rpc=True,
-        ),
-    )
-}
+MODES: dict[str, Mode] = by_name(
+    Mode(
+        "upstream",
+        "upstream",
+        None,
+        None,
+        "upstream build (on GPUs: cudaMemcpyPeerAsync without peer access, driver-staged)",
+    ),
+    Mode("upstream-p2p", "upstream", None, None, "upstream build, peer access enabled (NVLink / PCIe P2P)", p2p=True),
+    Mode(
+        "upstream-nopeer",
+        "upstream-nopeer",
+        None,
+        None,
+        "upstream GGML_CUDA_NO_PEER_COPY build (synchronous copy through malloc)",
+    ),
+    Mode("off", "patched", "off", "off", "patched build, selectors 0"),
+    Mode(
+        "off-p2p",
+        "patched",
+        "off",
+        "off",
+        "patched build, selectors 0, peer access enabled: upstream's P2P path in our binary (a control)",
+        p2p=True,
+    ),
+    Mode(
+        "off-1gpu",
+        "patched",
+        "off",
+        "off",
+        "patched build, selectors 0, on one GPU whatever the rung's devices",
+        devices=1,
+    ),
+    Mode("bridge", "patched", "auto", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=auto (peer access not enabled)"),
+    Mode("bridge-force", "patched", "force", "off", "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force"),
+    Mode(
+        "bridge-force-p2p",
+        "patched",
+        "force",
+        "off",
+        "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force with peer access enabled",
+        p2p=True,
+    ),
+    Mode("batched", "patched", "off", "on", "patched, LLAMA_BATCHED_TRANSFERS=1"),
+    Mode(
+        "bridge-batched",
+        "patched",
+        "auto",
+        "on",
+        "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=auto and LLAMA_BATCHED_TRANSFERS=1",
+    ),
+    Mode(
+        "bridge-force-batched",
+        "patched",
+        "force",
+        "on",
+        "patched, GGML_CUDA_MAPPED_HOST_BRIDGE=force and LLAMA_BATCHED_TRANSFERS=1",
+    ),
+    # typos: the bridge stays off and says so in every process, also past llama.cpp's fitting probe (-fit)
+    Mode("bridge-typo", "patched", None, "off", f"patched, invalid {BRIDGE}=yes", rejected=((BRIDGE, "yes"),)),
+    Mode(
+        "rpc-upstream",
+        "upstream",
+        None,
+        None,
+        "upstream rpc-server(s) (one owning every GPU: server-side cudaMemcpyPeer without peer access)",
+        rpc=True,
+    ),
+    Mode("rpc-upstream-nopeer", "upstream-nopeer", None, None, "upstream GGML_CUDA_NO_PEER_COPY rpc-server", rpc=True),
+    Mode("rpc-off", "patched", "off", "off", "patched rpc-server(s), selectors 0", rpc=True),
+    Mode(
+        "rpc-bridge",
+        "patched",
+        "auto",
+        "off",
+        "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=auto: copies between a server's GPUs through the bridge",
+        rpc=True,
+    ),
+    Mode(
+        "rpc-bridge-force",
+        "patched",
+        "force",
+        "off",
+        "patched rpc-server(s), GGML_CUDA_MAPPED_HOST_BRIDGE=force: also between virtual devices of one GPU",
+        rpc=True,
+    ),
+)
 
 #: ``auto`` leaves virtual devices of one GPU (GGML_CUDA_DEVICES) on upstream's device-local copy: a bench of such
 #: devices measures these cases forced, or it would measure nothing of the bridge

@@ -10,6 +10,7 @@ from typing import Any
 
 from . import tomlfile
 from .errors import UsageError
+from .tables import by_name
 from .tomlfile import Key
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -31,19 +32,16 @@ class SourceKind:
 
 
 #: Every source kind, in the default order ``fetch.sources`` tries them.
-SOURCE_KINDS: dict[str, SourceKind] = {
-    k.name: k
-    for k in (
-        SourceKind(GIT, ("url",), True, "a shallow git fetch of the pinned commit"),
-        SourceKind(ARCHIVE, ("url",), True, "a GitHub archive tarball of the pinned commit"),
-        SourceKind(
-            PYPI_SDIST,
-            ("package", "version", "filename", "sha256"),
-            False,
-            "a registry sdist vendoring the tree, identified by its sha256",
-        ),
-    )
-}
+SOURCE_KINDS: dict[str, SourceKind] = by_name(
+    SourceKind(GIT, ("url",), True, "a shallow git fetch of the pinned commit"),
+    SourceKind(ARCHIVE, ("url",), True, "a GitHub archive tarball of the pinned commit"),
+    SourceKind(
+        PYPI_SDIST,
+        ("package", "version", "filename", "sha256"),
+        False,
+        "a registry sdist vendoring the tree, identified by its sha256",
+    ),
+)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from ..config import Settings
 from ..errors import ToolchainError, UsageError
+from ..tables import by_name
 
 Run = Callable[[Any, Settings], int]
 Options = Callable[[argparse.Namespace], Any]
@@ -98,74 +99,70 @@ def build_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 #: Every subcommand, in ``--help`` order.
-COMMANDS: dict[str, Command] = {
-    c.name: c
-    for c in (
-        Command(
-            "fetch",
-            "obtain the pinned upstream tree (cached); prints its path",
-            *stage("fetch"),
-            overrides=build_overrides,
-        ),
-        Command(
-            "patch",
-            "apply the patch series onto the upstream tree; prints the work tree path",
-            *stage("patch"),
-            overrides=build_overrides,
-        ),
-        Command(
-            "build",
-            "fetch + patch + CMake/Ninja build; prints the llama-server path last",
-            *stage("build"),
-            overrides=build_overrides,
-        ),
-        Command(
-            "sdist",
-            "write the sdist of ggml-bridge-server (patched tree + web UI, scikit-build-core); prints its path",
-            *stage("sdist"),
-            overrides=build_overrides,
-        ),
-        Command(
-            "wheel",
-            "write that sdist and build its platform wheel with pip, offline (CMAKE_ARGS=-DGGML_CUDA=ON "
-            "for CUDA); prints the wheel's path",
-            *stage("wheel"),
-            overrides=build_overrides,
-        ),
-        Command(
-            "serve",
-            "launch llama-server and prove the requested mechanisms engaged",
-            *stage("serve"),
-            passthrough="server_args",
-            section="serve",
-        ),
-        Command("ladder", "run the comparison ladder and write a JSON+Markdown report", *stage("ladder")),
-        Command("rebase", "move the patch series onto another upstream", *stage("rebase")),
-        Command("bench", "side-by-side llama-bench report", *stage("bench")),
-        Command(
-            "shape",
-            "a loopback TCP proxy with a link's bandwidth and latency (e.g. in front of an rpc-server); prints its "
-            "address",
-            *stage("shape"),
-        ),
-        Command(
-            "model",
-            "write a generated GGUF model (the shapes the ladder and bench use); prints its path",
-            *stage("model"),
-        ),
-        Command(
-            "doctor",
-            "what this rig is (GPUs, links, peer paths, Vulkan, CPU, rpc-servers), whether its peer copies are "
-            "correct, and the serve command line for it",
-            *stage("doctor"),
-        ),
-        Command(
-            "paper-model",
-            "the scale model of a boundary's host round trip (docs/paper-model.md); --bench: predicted vs measured",
-            *stage("paper_model"),
-        ),
-    )
-}
+COMMANDS: dict[str, Command] = by_name(
+    Command(
+        "fetch",
+        "obtain the pinned upstream tree (cached); prints its path",
+        *stage("fetch"),
+        overrides=build_overrides,
+    ),
+    Command(
+        "patch",
+        "apply the patch series onto the upstream tree; prints the work tree path",
+        *stage("patch"),
+        overrides=build_overrides,
+    ),
+    Command(
+        "build",
+        "fetch + patch + CMake/Ninja build; prints the llama-server path last",
+        *stage("build"),
+        overrides=build_overrides,
+    ),
+    Command(
+        "sdist",
+        "write the sdist of ggml-bridge-server (patched tree + web UI, scikit-build-core); prints its path",
+        *stage("sdist"),
+        overrides=build_overrides,
+    ),
+    Command(
+        "wheel",
+        "write that sdist and build its platform wheel with pip, offline (CMAKE_ARGS=-DGGML_CUDA=ON "
+        "for CUDA); prints the wheel's path",
+        *stage("wheel"),
+        overrides=build_overrides,
+    ),
+    Command(
+        "serve",
+        "launch llama-server and prove the requested mechanisms engaged",
+        *stage("serve"),
+        passthrough="server_args",
+        section="serve",
+    ),
+    Command("ladder", "run the comparison ladder and write a JSON+Markdown report", *stage("ladder")),
+    Command("rebase", "move the patch series onto another upstream", *stage("rebase")),
+    Command("bench", "side-by-side llama-bench report", *stage("bench")),
+    Command(
+        "shape",
+        "a loopback TCP proxy with a link's bandwidth and latency (e.g. in front of an rpc-server); prints its address",
+        *stage("shape"),
+    ),
+    Command(
+        "model",
+        "write a generated GGUF model (the shapes the ladder and bench use); prints its path",
+        *stage("model"),
+    ),
+    Command(
+        "doctor",
+        "what this rig is (GPUs, links, peer paths, Vulkan, CPU, rpc-servers), whether its peer copies are "
+        "correct, and the serve command line for it",
+        *stage("doctor"),
+    ),
+    Command(
+        "paper-model",
+        "the scale model of a boundary's host round trip (docs/paper-model.md); --bench: predicted vs measured",
+        *stage("paper_model"),
+    ),
+)
 
 
 def register(command: Command) -> Command:

@@ -29,16 +29,17 @@ class BuildOptions:
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     """What every build takes (the [build] settings these override: :func:`ggml_bridge.commands.build_overrides`)."""
-    parser.add_argument(
-        "--variant",
-        metavar="{" + ",".join(modes.VARIANTS) + "}[,...]",
-        default=None,
-        help="what to build (default: patched); a comma-separated list builds several",
+    cmdoptions.values(
+        parser,
+        (
+            "--variant",
+            None,
+            "{" + ",".join(modes.VARIANTS) + "}[,...]",
+            "what to build (default: patched); a comma-separated list builds several",
+        ),
     )
-    parser.add_argument(
-        "--shared-tree",
-        action="store_true",
-        help="build the listed variants in one static tree, compiling shared objects once",
+    cmdoptions.switches(
+        parser, ("--shared-tree", "build the listed variants in one static tree, compiling shared objects once")
     )
     cmdoptions.backend(parser, "build")
     cmdoptions.cuda_arch(parser, "build")
@@ -58,23 +59,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_build_arguments(parser)
     cmdoptions.discard_changes(parser)
     located = parser.add_mutually_exclusive_group()
-    located.add_argument(
-        "--print-manifest",
-        action="store_true",
-        help="build nothing: print the manifest.json path of the latest build of each --variant",
+    cmdoptions.switches(
+        located,
+        ("--print-manifest", "build nothing: print the manifest.json path of the latest build of each --variant"),
+        (
+            "--print-bin-dir",
+            "build nothing: print the folder holding the binaries of the latest build of each --variant",
+        ),
     )
-    located.add_argument(
-        "--print-bin-dir",
-        action="store_true",
-        help="build nothing: print the folder holding the binaries of the latest build of each --variant",
-    )
-    parser.add_argument(
-        "--series-prefixes",
-        type=argtypes.path,
-        default=None,
-        metavar="DIR",
-        help="build the tree with patches 1..k of the series for every k in one CMake tree in DIR (the patched "
-        "variant's options, tests on) and run the ctest labels each prefix registers; prints DIR/prefixes.md",
+    cmdoptions.values(
+        parser,
+        (
+            "--series-prefixes",
+            argtypes.path,
+            "DIR",
+            "build the tree with patches 1..k of the series for every k in one CMake tree in DIR (the patched "
+            "variant's options, tests on) and run the ctest labels each prefix registers; prints DIR/prefixes.md",
+        ),
     )
 
 
@@ -98,13 +99,7 @@ def options(ns: argparse.Namespace) -> BuildOptions:
             fix="leave those out",
         )
     return BuildOptions(
-        source_options(ns),
-        variants,
-        ns.shared_tree,
-        ns.discard_changes,
-        ns.print_manifest,
-        ns.print_bin_dir,
-        prefixes,
+        source_options(ns), variants, ns.shared_tree, ns.discard_changes, ns.print_manifest, ns.print_bin_dir, prefixes
     )
 
 

