@@ -282,10 +282,12 @@ def _reparse(text: str, path: str) -> OSError:
 
 @dataclass(frozen=True)
 class ExitStatus:
-    """One row of the exit-code table: the status, the classes raised for it (none for results), the meaning."""
+    """One row of the exit-code table (the README's table, ``ggml-bridge --help``'s epilog)."""
 
     code: str
+    """The status, or ``128+N`` for the signals."""
     classes: tuple[str, ...]
+    """The FatalError classes raised with it; none for a result (a ``run()`` return, a signal)."""
     label: str
     meaning: str
 

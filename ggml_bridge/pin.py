@@ -26,20 +26,20 @@ class SourceKind:
     name: str
     needs: tuple[str, ...]
     """The ``[[source]]`` fields an entry of this kind must have."""
-    names_commit: bool
-    """It fetches a commit (so the pin must name one); an sdist is identified by its sha256 instead."""
     about: str
+    names_commit: bool = True
+    """It fetches a commit (so the pin must name one); an sdist is identified by its sha256 instead."""
 
 
 #: Every source kind, in the default order ``fetch.sources`` tries them.
 SOURCE_KINDS: dict[str, SourceKind] = by_name(
-    SourceKind(GIT, ("url",), True, "a shallow git fetch of the pinned commit"),
-    SourceKind(ARCHIVE, ("url",), True, "a GitHub archive tarball of the pinned commit"),
+    SourceKind(GIT, ("url",), "a shallow git fetch of the pinned commit"),
+    SourceKind(ARCHIVE, ("url",), "a GitHub archive tarball of the pinned commit"),
     SourceKind(
         PYPI_SDIST,
         ("package", "version", "filename", "sha256"),
-        False,
         "a registry sdist vendoring the tree, identified by its sha256",
+        names_commit=False,
     ),
 )
 

@@ -269,7 +269,7 @@ def _stopped_state(settings: Settings) -> dict[str, Any]:
     try:
         state = statemod.load(settings)
     except statemod.Damaged as e:
-        raise _damaged(settings, e, " and clears the rebase; then start it again") from None
+        raise statemod.damaged(settings, e, " and clears the rebase; then start it again") from None
     if state is None:
         raise UsageError(
             f"no stopped rebase of {settings.project_dir}", fix="start one with ggml-bridge rebase --onto SPEC"
@@ -277,19 +277,11 @@ def _stopped_state(settings: Settings) -> dict[str, Any]:
     return state
 
 
-def _damaged(settings: Settings, e: statemod.Damaged, then: str = "") -> UsageError:
-    return UsageError(
-        f"the state of the stopped rebase of {settings.project_dir} is damaged",
-        why=str(e),
-        fix=f"`ggml-bridge rebase --abort` keeps the stopped work tree's changes as a patch file{then}",
-    )
-
-
 def _continue(settings: Settings, state: dict[str, Any]) -> RebaseReport:
     try:
         opts = statemod.options_of(state)
     except statemod.Damaged as e:
-        raise _damaged(settings, e) from None
+        raise statemod.damaged(settings, e) from None
     series = patchmod.read_series(settings.patches_dir)
     if series.hash != state["series_hash"]:
         raise UsageError(

@@ -117,6 +117,17 @@ def options_of(state: dict[str, Any]) -> Options:
         raise Damaged(f"its options are not a rebase's: {e}") from None
 
 
+def damaged(
+    settings: Settings, e: Damaged, then: str = "", error: type[UsageError | RebaseInProgress] = UsageError
+) -> UsageError | RebaseInProgress:
+    """The error for a stopped rebase whose state cannot be read (``then``: what --abort does besides)."""
+    return error(
+        f"the state of the stopped rebase of {settings.project_dir} is damaged",
+        why=str(e),
+        fix=f"`ggml-bridge rebase --abort` keeps the stopped work tree's changes as a patch file{then}",
+    )
+
+
 def require_none_stopped(settings: Settings) -> None:
     """A second ``--onto`` would replace the stopped work tree (and the user's edits in it): refuse."""
     fix = (
@@ -126,11 +137,7 @@ def require_none_stopped(settings: Settings) -> None:
     try:
         state = load(settings)
     except Damaged as e:
-        raise RebaseInProgress(
-            f"a rebase of {settings.project_dir} is stopped, and its state is damaged",
-            why=str(e),
-            fix="`ggml-bridge rebase --abort` keeps its work tree's changes as a patch file and clears it",
-        ) from None
+        raise damaged(settings, e, " and clears it", error=RebaseInProgress) from None
     if state is not None:
         raise RebaseInProgress(
             f"a rebase onto {state['onto']} is stopped at a conflict",
