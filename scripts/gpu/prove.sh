@@ -14,7 +14,7 @@
 # Carry (git-ignored, see scripts/gpu/README.md): .carry/<sdist named in pin.toml> and .whl/ (gitpython, gitdb,
 # smmap, gguf wheels for Python 3.12).
 # Usage, from the repository root:  OUT=/tmp/out BUDGET=560 bash scripts/gpu/prove.sh [STEP ...]
-#   STEP: build tests sweep ladder bench batched rpc rpc1 split1 link serve-rpc ladder-rest (default: build tests
+#   STEP: build tests sweep ladder bench noise batched rpc rpc1 split1 link serve-rpc ladder-rest (default: build tests
 #   ladder bench rpc ladder-rest; steps run in this order whatever the order given); RPC1_RUNGS="R ..." narrows rpc1,
 #   FIRST_RUNGS="R ..." the ladder step; BENCH_ARGS (e.g. --smi) goes to every bench
 # The cache (builds, models) is .cache-gpu/ in the checkout (git-ignored): a second call on the same machine finds
@@ -137,6 +137,16 @@ runs_round_s() {
         *) echo 80 ;;
     esac
 }
+if want noise; then
+    # the spread of the machine's processes (on the H200, fast and slow ones, +-15-20 %) with and without one CPU
+    # placement for all: prompt processing only (llama-bench -p 512,4096 -r 3, no token generation), batching off and
+    # on interleaved, NOISE_ROUNDS rounds unpinned, then the same on NOISE_CPUS (default 4-7); the reports' per-round
+    # ratios and samples say whether a fixed placement narrows the spread (--smi: the clocks of each process)
+    for pin in "" "${NOISE_CPUS:-4-7}"; do
+        bench_suite "noise${pin:+-cpus-$pin}" 60 120 --suite batched-runs-1gpu --shapes bench-2b-6l --measure bench \
+            --run-lengths 3 --tg 0 --rounds "${NOISE_ROUNDS:-6}" ${pin:+--cpus "$pin"}
+    done
+fi
 if want batched; then
     # batching against its baseline in one-shot, short and long runs (llama-bench -r 1, 3, 10, every repetition
     # kept), on bench-1b and the 5120-wide bench-2b-6l, on one GPU and on 2 and 6 virtual devices of it (bridge
