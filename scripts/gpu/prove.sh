@@ -53,7 +53,7 @@ nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$repo || { log "cannot install the carried wheels"; exit 1; }
 # the pinned sdist, where `ggml-bridge fetch` looks before the network (it checks the sha256 of pin.toml)
-mkdir -p "$GGML_BRIDGE_CACHE_DIR/sdists" && cp .carry/*.tar.gz "$GGML_BRIDGE_CACHE_DIR/sdists/"
+mkdir -p "$GGML_BRIDGE_CACHE_DIR/sdists" && { [ -n "${PREBUILT:-}" ] || cp .carry/*.tar.gz "$GGML_BRIDGE_CACHE_DIR/sdists/"; }
 
 if want build; then
     step build 300 580 "${gb[@]}" build --backend cuda --cuda-arch 90 --no-ui --shared-tree \
@@ -67,12 +67,22 @@ if want build; then
 fi
 # the bin folder of a variant's latest build, as the CLI reports it (builds nothing)
 bindir() { "${gb[@]}" build --backend cuda --variant "$1" --print-bin-dir 2>/dev/null; }
-pbin=$(bindir patched) && ubin=$(bindir upstream) || { log "the CUDA builds are not there: stopping"; exit 1; }
-nbin=$(bindir upstream-nopeer) || nbin=
-bins=(--bin-dir-patched "$pbin" --bin-dir-upstream "$ubin")
-# the vocabulary of the pinned tree (`ggml-bridge fetch` prints the cached tree)
-tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
-vocab=$tree/models/ggml-vocab-llama-spm.gguf
+# PREBUILT=DIR instead: DIR/patched (the patched build's bin/ with its libraries, manifest.json beside them) and
+# DIR/ggml-vocab-llama-spm.gguf, built elsewhere and carried (no build step, no sdist: the steps that need upstream's
+# build, the ladder's, are skipped; scripts/gpu/README.md)
+if [ -n "${PREBUILT:-}" ]; then
+    pbin=$repo/$PREBUILT/patched ubin= nbin= vocab=$repo/$PREBUILT/ggml-vocab-llama-spm.gguf
+    export LD_LIBRARY_PATH=$pbin:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    mkdir -p "$OUT/manifests" && cp "$pbin/manifest.json" "$OUT/manifests/patched.json" 2>/dev/null
+    "$pbin/llama-bench" --version 2>&1 | tail -n 2 | tee -a "$OUT/summary.txt"
+else
+    pbin=$(bindir patched) && ubin=$(bindir upstream) || { log "the CUDA builds are not there: stopping"; exit 1; }
+    nbin=$(bindir upstream-nopeer) || nbin=
+    # the vocabulary of the pinned tree (`ggml-bridge fetch` prints the cached tree)
+    tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
+    vocab=$tree/models/ggml-vocab-llama-spm.gguf
+fi
+bins=(--bin-dir-patched "$pbin" ${ubin:+--bin-dir-upstream "$ubin"})
 
 if want tests; then
     # the bridge on both GPUs (every size class, both pipelines, ordering, pool release), then a rejected value
@@ -96,6 +106,7 @@ fi
 # one ladder report per rung, so that a rung cut short by the budget leaves the others' reports whole
 ladder_rung() {
     local r=$1 need=$2 name=${3:-$1}   # name: the report's (a rung of another ladder file may share the name)
+    if [ -z "$ubin" ]; then log "SKIPPED ladder-$name: no upstream build (PREBUILT carries the patched one)"; return 0; fi
     step "ladder-$name" "$need" 200 "${gb[@]}" ladder --ladder "$ladder_file" --rung "$r" --vocab "$vocab" \
         "${bins[@]}" --report "$OUT/ladder/$name"
     grep -E "^\[|==> ladder" "$OUT/ladder-$name.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
