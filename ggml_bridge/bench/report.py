@@ -144,8 +144,11 @@ def batched_table(report: dict[str, Any]) -> list[str]:
         "",
         "## Batching against its baseline (paired ratio [95 % interval] (rounds); above 1 = batching faster)",
         "",
-        "| test | " + " | ".join(f"{n} / {b}" for n, b in pairs) + " |",
-        "|" + "---|" * (len(pairs) + 1),
+        "Beside each: the baseline against itself, the 95 % range of a median over as many rounds of the ratio "
+        "between two of its own processes, i.e. where an unchanged path falls by the spread of the processes.",
+        "",
+        "| test | " + " | ".join(f"{n} / {b} | {b} / {b}" for n, b in pairs) + " |",
+        "|" + "---|" * (2 * len(pairs) + 1),
     ]
     lowest: tuple[float, str] | None = None
     for t in report["tests"]:
@@ -153,10 +156,11 @@ def batched_table(report: dict[str, Any]) -> list[str]:
         for n, b in pairs:
             cmp = report["ratios"][b][n].get(t)
             if not cmp or "paired" not in cmp:
-                cells.append("—")
+                cells += ["—", "—"]
                 continue
             ci = " [{:.3f}, {:.3f}]".format(*cmp["paired_ci95"]) if "paired_ci95" in cmp else ""
             cells.append(f"{cmp['paired']:.3f}{ci} ({cmp['paired_rounds']})")
+            cells.append("[{:.3f}, {:.3f}]".format(*cmp["self_ci95"]) if "self_ci95" in cmp else "—")
             if lowest is None or cmp["paired"] < lowest[0]:
                 lowest = (cmp["paired"], f"{n} / {b}, {t}")
         lines.append(f"| {t} | " + " | ".join(cells) + " |")

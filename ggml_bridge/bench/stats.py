@@ -107,6 +107,26 @@ def paired_interval(
     return boot[int(0.025 * (resamples - 1))], boot[int(0.975 * (resamples - 1))]
 
 
+def self_interval(
+    samples: Sequence[Sample], ref: str, test: str, k: int, resamples: int = 2000, seed: int = 1234
+) -> tuple[float, float] | None:
+    """95 % range of the median of ``k`` ratios between two different processes (rounds) of ``ref`` itself: where a
+    paired ratio over ``k`` rounds falls by the spread of the machine's processes alone, i.e. for a case whose path
+    is ``ref``'s (batching's prompts, on upstream's copies path for path); None with fewer than 3 rounds of ``ref``."""
+    per: dict[int, list[float]] = {}
+    for s in samples:
+        if s.test == test and s.case == ref and s.values:
+            per.setdefault(s.round, []).extend(s.values)
+    values = [statistics.median(v) for v in per.values() if statistics.median(v)]
+    if len(values) < 3 or k < 1:
+        return None
+    rng = random.Random(seed)
+    meds = sorted(
+        statistics.median(a / b for a, b in (rng.sample(values, 2) for _ in range(k))) for _ in range(resamples)
+    )
+    return meds[int(0.025 * (resamples - 1))], meds[int(0.975 * (resamples - 1))]
+
+
 def test_key(r: dict[str, Any]) -> str:
     if r.get("n_prompt"):
         return f"pp{r['n_prompt']}/ub{r['n_ubatch']}"
@@ -181,6 +201,9 @@ def _ratio(
         ci = paired_interval(samples, n, ref, t)
         if ci is not None:
             cmp["paired_ci95"] = list(ci)
+        own = self_interval(samples, ref, t, paired[1])
+        if own is not None:
+            cmp["self_ci95"] = list(own)
     return cmp
 
 

@@ -366,3 +366,19 @@ def test_many_tests_plot_on_rows(shaped):
 
     width, height = Image.open(png).size
     assert width < 3000 and height > 600  # six columns, two rows (one row of twelve: 5544 x 440 pixels)
+
+
+def test_the_baseline_against_itself_shows_what_the_processes_spread_alone_gives():
+    """A paired median below 0.99 on a path identical to its baseline is the machine's spread when the baseline's
+    own processes give ratios as low: the range of a median of k ratios between two of its processes. Fast and slow
+    processes (100 / 80) spread it well below 0.99; processes that agree give [1, 1]; under 3 rounds: none."""
+    mixed = [stats.Sample("off", "pp512", r, [100.0 if r % 2 else 80.0]) for r in range(6)]
+    lo, hi = stats.self_interval(mixed, "off", "pp512", k=5)
+    assert lo < 0.9 and hi > 1.1 and lo <= 1.0 <= hi
+    steady = [stats.Sample("off", "pp512", r, [100.0, 100.0]) for r in range(6)]
+    assert stats.self_interval(steady, "off", "pp512", k=5) == (1.0, 1.0)
+    assert stats.self_interval(steady[:2], "off", "pp512", k=5) is None
+    batched = [stats.Sample("batched", "pp512", r, [0.96 * (100.0 if r % 2 else 80.0)]) for r in range(6)]
+    report = stats.pool(["off", "batched"], mixed + batched, [])
+    cmp = report["ratios"]["off"]["batched"]["pp512"]
+    assert cmp["paired"] == pytest.approx(0.96) and cmp["paired_rounds"] == 6 and cmp["self_ci95"][0] < 0.96
