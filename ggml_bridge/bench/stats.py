@@ -71,17 +71,19 @@ def compare(a: Summary, b: Summary) -> dict[str, Any]:
     return {"ratio": ratio, "noise": noise}
 
 
+def _round_medians(samples: Sequence[Sample], case: str, test: str) -> dict[int, float]:
+    """Per round that ran ``case`` in ``test``: the median of its samples."""
+    per: dict[int, list[float]] = {}
+    for s in samples:
+        if s.test == test and s.case == case and s.values:
+            per.setdefault(s.round, []).extend(s.values)
+    return {r: statistics.median(v) for r, v in per.items()}
+
+
 def _round_ratios(samples: Sequence[Sample], case: str, ref: str, test: str) -> list[float]:
     """Per round that ran both cases: median of case / median of ref within the round."""
-    per: dict[int, dict[str, list[float]]] = {}
-    for s in samples:
-        if s.test == test and s.case in (case, ref) and s.values:
-            per.setdefault(s.round, {}).setdefault(s.case, []).extend(s.values)
-    return [
-        statistics.median(v[case]) / statistics.median(v[ref])
-        for v in per.values()
-        if case in v and ref in v and statistics.median(v[ref])
-    ]
+    a, b = _round_medians(samples, case, test), _round_medians(samples, ref, test)
+    return [a[r] / b[r] for r in a if r in b and b[r]]
 
 
 def paired_ratio(samples: Sequence[Sample], case: str, ref: str, test: str) -> tuple[float, int] | None:
@@ -113,11 +115,7 @@ def self_interval(
     """95 % range of the median of ``k`` ratios between two different processes (rounds) of ``ref`` itself: where a
     paired ratio over ``k`` rounds falls by the spread of the machine's processes alone, i.e. for a case whose path
     is ``ref``'s (batching's prompts, on upstream's copies path for path); None with fewer than 3 rounds of ``ref``."""
-    per: dict[int, list[float]] = {}
-    for s in samples:
-        if s.test == test and s.case == ref and s.values:
-            per.setdefault(s.round, []).extend(s.values)
-    values = [statistics.median(v) for v in per.values() if statistics.median(v)]
+    values = [m for m in _round_medians(samples, ref, test).values() if m]
     if len(values) < 3 or k < 1:
         return None
     rng = random.Random(seed)
