@@ -67,14 +67,26 @@ if want build; then
 fi
 # the bin folder of a variant's latest build, as the CLI reports it (builds nothing)
 bindir() { "${gb[@]}" build --backend cuda --variant "$1" --print-bin-dir 2>/dev/null; }
-# PREBUILT=DIR instead: DIR/patched (the patched build's bin/ with its libraries, manifest.json beside them) and
-# DIR/ggml-vocab-llama-spm.gguf, built elsewhere and carried (no build step, no sdist: the steps that need upstream's
-# build, the ladder's, are skipped; scripts/gpu/README.md)
+# PREBUILT=DIR instead: DIR/patched.tar.xz and, when there, DIR/upstream.tar.xz (scripts/gpu/pack-prebuilt.sh: a
+# build's bin/ with its libraries, manifest.json beside them, RUNPATH $ORIGIN) and DIR/ggml-vocab-llama-spm.gguf,
+# built elsewhere and carried (no build step, no sdist; without upstream's build the ladder's steps are skipped;
+# scripts/gpu/README.md). Each variant must load its own libggml*: checked, or the comparison would prove nothing.
 if [ -n "${PREBUILT:-}" ]; then
-    pbin=$repo/$PREBUILT/patched ubin= nbin= vocab=$repo/$PREBUILT/ggml-vocab-llama-spm.gguf
-    export LD_LIBRARY_PATH=$pbin:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    mkdir -p "$OUT/manifests" && cp "$pbin/manifest.json" "$OUT/manifests/patched.json" 2>/dev/null
-    "$pbin/llama-bench" --version 2>&1 | tail -n 2 | tee -a "$OUT/summary.txt"
+    vocab=$repo/$PREBUILT/ggml-vocab-llama-spm.gguf pbin= ubin= nbin=
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    mkdir -p "$OUT/manifests"
+    for v in patched upstream; do
+        [ -f "$repo/$PREBUILT/$v.tar.xz" ] || continue
+        b=$repo/$PREBUILT/$v
+        rm -rf "$b" && mkdir -p "$b" && tar -xJf "$repo/$PREBUILT/$v.tar.xz" -C "$b" \
+            || { log "cannot unpack $PREBUILT/$v.tar.xz: stopping"; exit 1; }
+        lib=$(ldd "$b/llama-bench" | awk '$1 == "libggml-cuda.so.0" { print $3 }')
+        [ "$lib" = "$b/libggml-cuda.so.0" ] || { log "$v's llama-bench loads libggml-cuda from '$lib', not $b: stopping"; exit 1; }
+        cp "$b/manifest.json" "$OUT/manifests/$v.json"
+        "$b/llama-bench" --version 2>&1 | tail -n 2 | sed "s/^/$v: /" | tee -a "$OUT/summary.txt"
+        if [ $v = patched ]; then pbin=$b; else ubin=$b; fi
+    done
+    [ -n "$pbin" ] || { log "$PREBUILT/patched.tar.xz is missing: stopping"; exit 1; }
 else
     pbin=$(bindir patched) && ubin=$(bindir upstream) || { log "the CUDA builds are not there: stopping"; exit 1; }
     nbin=$(bindir upstream-nopeer) || nbin=
@@ -106,7 +118,7 @@ fi
 # one ladder report per rung, so that a rung cut short by the budget leaves the others' reports whole
 ladder_rung() {
     local r=$1 need=$2 name=${3:-$1}   # name: the report's (a rung of another ladder file may share the name)
-    if [ -z "$ubin" ]; then log "SKIPPED ladder-$name: no upstream build (PREBUILT carries the patched one)"; return 0; fi
+    if [ -z "$ubin" ]; then log "SKIPPED ladder-$name: no upstream build (PREBUILT without upstream.tar.xz)"; return 0; fi
     step "ladder-$name" "$need" 200 "${gb[@]}" ladder --ladder "$ladder_file" --rung "$r" --vocab "$vocab" \
         "${bins[@]}" --report "$OUT/ladder/$name"
     grep -E "^\[|==> ladder" "$OUT/ladder-$name.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
