@@ -14,7 +14,7 @@
 # Carry (git-ignored, see scripts/gpu/README.md): .carry/<sdist named in pin.toml> and .whl/ (gitpython, gitdb,
 # smmap, gguf wheels for Python 3.12).
 # Usage, from the repository root:  OUT=/tmp/out BUDGET=560 bash scripts/gpu/prove.sh [STEP ...]
-#   STEP: build tests sweep ladder bench noise batched rpc rpc1 split1 link serve-rpc ladder-rest (default: build tests
+#   STEP: build tests inproc sweep ladder bench noise batched rpc rpc1 split1 link serve-rpc ladder-rest (default: build tests
 #   ladder bench rpc ladder-rest; steps run in this order whatever the order given); RPC1_RUNGS="R ..." narrows rpc1,
 #   FIRST_RUNGS="R ..." the ladder step; BENCH_ARGS (e.g. --smi) goes to every bench
 # The cache (builds, models) is .cache-gpu/ in the checkout (git-ignored): a second call on the same machine finds
@@ -107,6 +107,24 @@ if want tests; then
     "${gb[@]}" model --shape tiny --vocab "$vocab" --out /tmp/tiny.gguf > /dev/null 2>&1
     step test-batched 10 60 "$pbin/test-batched-transfers" --model /tmp/tiny.gguf
     grep -E "passed|FAIL" "$OUT/test-batched.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
+fi
+
+if want inproc; then
+    # batching off against on inside one process (test-batched-transfers --bench): the ratios without the spread
+    # between processes (the H200's fast and slow processes). INPROC_PARTS ("DEVICES:SHAPE ...": 1gpu, 2virt, 6virt,
+    # and 2virt-force / 6virt-force with the bridge forced between the virtual devices), INPROC_ROUNDS (10)
+    for part in ${INPROC_PARTS:-1gpu:bench-2b-6l 1gpu:bench-1b 2virt-force:bench-2b-6l 6virt-force:bench-2b-6l 2virt:bench-2b-6l 6virt:bench-2b-6l}; do
+        devs=${part%%:*} shape=${part#*:} env=()
+        case $devs in
+            2virt|6virt) env=(GGML_CUDA_DEVICES=${devs%virt}) ;;
+            2virt-force|6virt-force) env=(GGML_CUDA_DEVICES=${devs%virt-force} GGML_CUDA_MAPPED_HOST_BRIDGE=force) ;;
+        esac
+        [ -f "/tmp/$shape.gguf" ] || "${gb[@]}" model --shape "$shape" --vocab "$vocab" --out "/tmp/$shape.gguf" > /dev/null 2>&1
+        step "inproc-$devs-$shape" 40 150 env "${env[@]}" "$pbin/test-batched-transfers" --model "/tmp/$shape.gguf" --bench \
+            --rounds "${INPROC_ROUNDS:-10}"
+        { echo "$devs $shape (${env[*]:-one GPU}):"; grep -E "^\||passed|FAIL|selector 1: .*(enabled|stats)" "$OUT/inproc-$devs-$shape.txt"; } \
+            | tee -a "$OUT/summary.txt"
+    done
 fi
 
 if want sweep; then
