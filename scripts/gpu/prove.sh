@@ -112,7 +112,8 @@ fi
 if want inproc; then
     # batching off against on inside one process (test-batched-transfers --bench): the ratios without the spread
     # between processes (the H200's fast and slow processes). INPROC_PARTS ("DEVICES:SHAPE ...": 1gpu, 2virt, 6virt,
-    # and 2virt-force / 6virt-force with the bridge forced between the virtual devices), INPROC_ROUNDS (10)
+    # and 2virt-force / 6virt-force with the bridge forced between the virtual devices), INPROC_ROUNDS (10);
+    # INPROC_BIN: another build of the test program (e.g. one compiled against the carried patched libraries)
     for part in ${INPROC_PARTS:-1gpu:bench-2b-6l 1gpu:bench-1b 2virt-force:bench-2b-6l 6virt-force:bench-2b-6l 2virt:bench-2b-6l 6virt:bench-2b-6l}; do
         devs=${part%%:*} shape=${part#*:} env=()
         case $devs in
@@ -120,7 +121,7 @@ if want inproc; then
             2virt-force|6virt-force) env=(GGML_CUDA_DEVICES=${devs%virt-force} GGML_CUDA_MAPPED_HOST_BRIDGE=force) ;;
         esac
         [ -f "/tmp/$shape.gguf" ] || "${gb[@]}" model --shape "$shape" --vocab "$vocab" --out "/tmp/$shape.gguf" > /dev/null 2>&1
-        step "inproc-$devs-$shape" 40 150 env "${env[@]}" "$pbin/test-batched-transfers" --model "/tmp/$shape.gguf" --bench \
+        step "inproc-$devs-$shape" 40 150 env "${env[@]}" "${INPROC_BIN:-$pbin/test-batched-transfers}" --model "/tmp/$shape.gguf" --bench \
             --rounds "${INPROC_ROUNDS:-10}"
         { echo "$devs $shape (${env[*]:-one GPU}):"; grep -E "^\||passed|FAIL|selector 1: .*(enabled|stats)" "$OUT/inproc-$devs-$shape.txt"; } \
             | tee -a "$OUT/summary.txt"
