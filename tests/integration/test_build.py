@@ -108,3 +108,20 @@ def test_real_cuda_build_is_picked_by_auto(real_settings: config.Settings, real_
     assert "-DGGML_CUDA=ON" in m["cmake_args"] and "nvcc" in m["toolchain"]
     devices = subprocess.run([res.server, "--list-devices"], capture_output=True, text=True, timeout=120)
     assert "CUDA0" in devices.stdout + devices.stderr
+
+
+@pytest.mark.slow
+def test_the_in_process_bench_fails_where_batching_cannot_engage(real_build, real_settings, real_tree) -> None:  # type: ignore[no-untyped-def]
+    """test-batched-transfers --bench on the CPU build: the CPU backend has no pinned pool, so the contexts asking for
+    batching run upstream's path; a bench that did not exercise the mechanism must fail, not print ratios as if it
+    had. Bad arguments exit 2 with the usage."""
+    from ggml_bridge import model
+
+    prog = real_build("patched").binaries["test-batched-transfers"]
+    gguf = model.ensure_model(real_settings.cache_dir, "tiny", 1, model.find_vocab(real_tree.path))
+    argv = [str(prog), "--model", str(gguf), "--bench", "--rounds", "1", "--prompts", "16", "--n-gen", "2"]
+    res = subprocess.run([*argv, "--ubatch", "16"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1 and "bench round 0, selector 1: batching was not enabled" in res.stdout, res.stdout
+    for bad in (["--prompts", "16,x"], ["--rounds", "0"], ["--ubatch"]):
+        res = subprocess.run([*argv, *bad], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and ("usage: " in res.stderr or "--prompts as sizes" in res.stderr), res.stderr

@@ -229,3 +229,34 @@ def test_batched_server_answers_a_prompt_of_several_batches(real_vulkan_build, r
         assert on["completion_probabilities"] == reference["completion_probabilities"], run
         assert metrics.get("batched_async_uploads_total", 0) > 0, metrics
     assert not died, "\n".join(died)
+
+
+def _bench_program(prog: Path, model_path: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    """test-batched-transfers --bench on the tiny model: 2 rounds, prompts of 16 and 64 tokens in ubatches of 16, 2
+    decodes each, 4 generated tokens."""
+    argv = [str(prog), "--model", str(model_path), "--bench", "--rounds", "2", "--reps", "2", "--prompts", "16,64"]
+    argv += ["--n-gen", "4", "--ubatch", "16", *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+
+
+def test_the_in_process_bench_times_both_selectors_on_a_vulkan_device(
+    real_vulkan_build, real_settings, real_tree
+) -> None:  # type: ignore[no-untyped-def]
+    """test-batched-transfers --bench on lavapipe: every round times a context with batching off and one with it on,
+    in alternating order, batching enabled in the second kind only; a CSV line per round, selector and measure, and
+    the table of medians and per-round speed ratios over both rounds."""
+    prog = real_vulkan_build["patched"].binaries["test-batched-transfers"]
+    res = _bench_program(prog, _tiny_model(real_settings, real_tree), {"GGML_VK_VISIBLE_DEVICES": "0"})
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and re.search(r"^\d+ passed, 0 failed$", res.stdout, re.MULTILINE), out[-3000:]
+    measures = ["context", "pp16 #1", "pp16 #2", "pp64 #1", "pp64 #2", "tg4"]
+    rows = re.findall(r"^bench,(\d),([01]),([^,]+),([\d.]+)$", res.stdout, re.MULTILINE)
+    assert sorted((r, s, m) for r, s, m, _ in rows) == sorted(
+        (str(r), str(s), m) for r in range(2) for s in range(2) for m in measures
+    ), out[-3000:]
+    order = [(r, s) for r, s, m, _ in rows if m == "context"]
+    assert order == [("0", "0"), ("0", "1"), ("1", "1"), ("1", "0")]  # off first in even rounds, on first in odd
+    assert re.search(r"^bench selector 1: .*llama_batched_transfers: enabled", res.stdout, re.MULTILINE), out[-3000:]
+    assert "bench selector 0:" not in res.stdout
+    table = dict(re.findall(r"^\| (context|pp\d+ #\d|tg\d+) \| (.*) \|$", res.stdout, re.MULTILINE))
+    assert list(table) == measures and all(r.endswith("| 2") for r in table.values()), res.stdout[-2000:]
