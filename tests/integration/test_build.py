@@ -121,7 +121,7 @@ def test_the_in_process_bench_fails_where_batching_cannot_engage(real_build, rea
     gguf = model.ensure_model(real_settings.cache_dir, "tiny", 1, model.find_vocab(real_tree.path))
     argv = [str(prog), "--model", str(gguf), "--bench", "--rounds", "1", "--prompts", "16", "--n-gen", "2"]
     res = subprocess.run([*argv, "--ubatch", "16"], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 1 and "bench round 0, selector 1: batching was not enabled" in res.stdout, res.stdout
+    assert res.returncode == 1 and "bench round 0, selector 1: batching was not enabled" in res.stderr, res.stderr
     for bad in (["--prompts", "16,x"], ["--rounds", "0"], ["--ubatch"]):
         res = subprocess.run([*argv, *bad], capture_output=True, text=True, timeout=60)
         assert res.returncode == 2 and ("usage: " in res.stderr or "--prompts as sizes" in res.stderr), res.stderr
