@@ -21,6 +21,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FAKE_SERVER = FIXTURES / "fake_llama_server.py"
 FAKE_BENCH = FIXTURES / "fake_llama_bench.py"
 FAKE_MICRO = FIXTURES / "fake_mapped_host_bridge_bench.py"
+FAKE_INPROC = FIXTURES / "fake_batched_bench.py"
 FAKE_RPC = FIXTURES / "fakerpc.py"
 FAKE_SMI = FIXTURES / "fake_nvidia_smi.py"
 
@@ -46,8 +47,9 @@ def write_fake_bin(d: Path, *, unpatched: bool = False, prefix: str = "") -> Pat
 
 def write_fake_variants(root: Path, *, prefix: str = "", rpc_server: str | None = None) -> Path:
     """``root``/{upstream,nopeer,patched}/llama-bench (as bench's --variants-dir) with the fake llama-server and
-    llama-perplexity (upstream's print no patch lines), the fake microbenchmark in patched/; ``prefix`` is code
-    run first by every llama-bench, ``rpc_server`` the name of a fake rpc-server to add to every variant."""
+    llama-perplexity (upstream's print no patch lines), the fake microbenchmark and in-process bench in patched/;
+    ``prefix`` is code run first by every llama-bench, ``rpc_server`` the name of a fake rpc-server to add to every
+    variant."""
     for v in ("upstream", "nopeer", "patched"):
         write_fake_bin(root / v, unpatched=v != "patched")
         write_exe(root / v / "llama-bench", prefix + FAKE_BENCH.read_text())
@@ -57,6 +59,7 @@ def write_fake_variants(root: Path, *, prefix: str = "", rpc_server: str | None 
                 ("import os\nos.environ['FAKE_RPC_UPSTREAM'] = '1'\n" if v != "patched" else "") + FAKE_RPC.read_text(),
             )
     write_exe(root / "patched" / "test-mapped-host-bridge", FAKE_MICRO.read_text())
+    write_exe(root / "patched" / "test-batched-transfers", FAKE_INPROC.read_text())
     return root
 
 

@@ -4,7 +4,8 @@ One run, one suite's settings: every case is a (build variant, selectors) pair, 
 round by round (the order rotates each round, :func:`running.plan_round`) so that clock ramps and thermal drift
 fall on all of them alike. A round runs every case on every shape of the run, once per run length (``-r N``, every
 repetition kept, so one-shot runs' first-call costs show; without run lengths, ``--reps`` kept after
-``--warmup-reps`` discarded), and where the suite has them llama-perplexity and llama-server (:mod:`wallclock`).
+``--warmup-reps`` discarded), and where the suite has them llama-perplexity and llama-server (:mod:`wallclock`) and
+batching against its baseline inside one process (:mod:`inproc`, free of the spread between processes).
 Every sample is kept; a case's figure is the median of its samples and its spread the interquartile range. A
 difference smaller than the two spreads together is called noise.
 
@@ -24,7 +25,8 @@ reasons (``logs/smi.csv`` and a table in the report). ``--pool REPORT...`` runs 
 several reports of one suite and settings into one. The report carries the build manifest of every variant.
 
 Modules: ``suites`` (the suites and the part of a suite's matrix a run measures), ``options`` (the command line),
-``running`` (the rounds and llama-bench), ``wallclock`` (llama-perplexity and llama-server), ``proof`` (engagement
+``running`` (the rounds and llama-bench), ``wallclock`` (llama-perplexity and llama-server), ``inproc`` (batching
+and its baseline in one process), ``proof`` (engagement
 from a process's lines), ``stats``, ``report``, ``telemetry``; this one resolves a run (cases, builds, models) and
 assembles its report.
 """
@@ -45,7 +47,7 @@ from ..cache import file_sha256
 from ..config import Settings
 from ..errors import BenchError, UsageError
 from ..runner import log, step
-from . import wallclock
+from . import inproc, wallclock
 from .options import BenchOptions, checked, ubatch_sizes
 from .proof import engagement, rpc_engagement
 from .report import plot, pool_reports, render_markdown, smi_table
@@ -109,7 +111,12 @@ __all__ = [
 Case = modes.Mode
 CASES = modes.MODES
 #: the program each measurement runs
-PROGRAMS = {"bench": "llama-bench", "perplexity": "llama-perplexity", "server": "llama-server"}
+PROGRAMS = {
+    "bench": "llama-bench",
+    "perplexity": "llama-perplexity",
+    "server": "llama-server",
+    "inproc": inproc.PROGRAM,
+}
 
 
 def parse_cpu_list(text: str) -> set[int]:
@@ -273,26 +280,25 @@ def _cases(args: BenchOptions, suite: dict[str, Any], gpus: int, virtual_devices
 
 
 def _local(cases: list[Case], measures: tuple[str, ...]) -> None:
-    """UsageError for llama-perplexity or llama-server measurements of rpc cases (before anything is built)."""
+    """UsageError for measurements other than llama-bench's with rpc cases (before anything is built)."""
     wall = [m for m in measures if m != "bench"]
     rpc_cases = [c.name for c in cases if c.rpc]
     if wall and rpc_cases:
         raise UsageError(
             f"--measure {','.join(wall)} with rpc case(s) {', '.join(rpc_cases)}",
-            why="llama-perplexity and llama-server are measured with local devices only",
+            why=f"{', '.join(PROGRAMS[m] for m in wall)} measure with local devices only",
             fix="use --measure bench, or cases without rpc-servers",
         )
 
 
 def _programs(bins: dict[str, Path], cases: list[Case], measures: tuple[str, ...]) -> None:
-    """llama-perplexity and llama-server next to llama-bench in every build the measurements need."""
-    wall = [m for m in measures if m != "bench"]
-    programs = {"perplexity": "llama-perplexity", "server": "llama-server"}
-    for v in sorted({c.variant for c in cases}):
-        for m in wall:
-            if not (bins[v] / programs[m]).is_file():
+    """The programs of the measurements next to llama-bench in every build they need (the in-process one: in the
+    builds of the cases with batching, whose jobs run it)."""
+    for m in (m for m in measures if m != "bench"):
+        for v in sorted({c.variant for c in cases if m != "inproc" or c.uses_batched}):
+            if not (bins[v] / PROGRAMS[m]).is_file():
                 raise BenchError(
-                    f"no {programs[m]} next to llama-bench in {bins[v]}",
+                    f"no {PROGRAMS[m]} next to llama-bench in {bins[v]}",
                     fix=f"build the {v} variant there, or leave {m} out of --measure",
                 )
 
@@ -392,7 +398,7 @@ def _measure(setup: Setup, suite_name: str, sel: Selection, smi_ms: int | None, 
             mb = microbench(setup.bins[modes.PATCHED], setup.base_env, setup.logs)
     suite = setup.suite
     settings = {k: suite[k] for k in ("pp", "batch", "ubatch", "tg", "devices")}
-    settings |= {k: suite[k] for k in ("perplexity", "server") if k in suite}
+    settings |= {k: suite[k] for k in ("perplexity", "server", "inproc") if k in suite}
     if modes.CUDA_DEVICES in setup.base_env:
         settings[modes.CUDA_DEVICES] = int(setup.base_env[modes.CUDA_DEVICES])
     return {

@@ -22,7 +22,7 @@ class BenchOptions:
     """A comma-separated subset of the suite's model shapes."""
     run_lengths: tuple[int, ...] | None = None
     measure: str | None = None
-    """A comma-separated subset of bench, perplexity, server."""
+    """A comma-separated subset of bench, perplexity, server, inproc."""
     links: str | None = None
     """Shaped links RATE/DELAY,... for the suite's rpc cases."""
     variants_dir: Path | None = None

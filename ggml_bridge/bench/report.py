@@ -130,6 +130,13 @@ def _wallclock_lines(settings: dict[str, Any], measures: Sequence[str]) -> list[
             f"- server: llama-server -np {v['parallel']}, {v['requests']} greedy completions of {v['n_predict']} "
             f"tokens, {v['parallel']} at a time; generated tokens per second from the first request to the last answer"
         )
+    if "inproc" in measures and "inproc" in settings:
+        out.append(
+            f"- inproc: test-batched-transfers --bench, one process per batched case, shape and round measuring it "
+            f"and its baseline: {settings['inproc']['rounds']} rounds of a context each (alternating, after a warm-up "
+            "round), each prompt decoded 3 times from the context's first graph on (test@inprocN: decode N; "
+            "llama-bench -r 1 times the second), the token steps, the context's creation (contexts per second)"
+        )
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Any, Sequence, TypeVar
 from .. import logparse, modes, netbench, rpc, runner
 from ..errors import BenchError
 from ..runner import log
-from . import wallclock
+from . import inproc, wallclock
 from .proof import engagement, rpc_engagement
 from .stats import CaseRun, Sample, test_key
 from .telemetry import Telemetry
@@ -79,7 +79,12 @@ class Setup:
         g: list[Job] = []
         if "bench" in self.measures:
             g += [Job("", "", "bench", n) for n in self.run_lengths] or [Job("", "")]
-        return g + [Job("", "", m) for m in ("perplexity", "server") if m in self.measures]
+        return g + [Job("", "", m) for m in ("perplexity", "server", "inproc") if m in self.measures]
+
+    def runs(self, job: Job) -> bool:
+        """Whether the job is a process of its own: an in-process measurement is one per batched case, its baseline
+        measured in the same process (:mod:`.inproc`)."""
+        return job.measure != "inproc" or inproc.measured(self.cases[job.case], list(self.cases)) is not None
 
     def label(self, job: Job) -> str:
         """The job's name in logs and log folders: shape, run length, measurement ("" for plain llama-bench)."""
@@ -205,7 +210,11 @@ def run_job(setup: Setup, job: Job, rnd: int) -> tuple[CaseRun, list[Sample]]:
     out_dir = setup.logs / label if label else setup.logs
     out_dir.mkdir(parents=True, exist_ok=True)
     bin_dir, model = setup.bins[case.variant], setup.models[job.shape]
-    if job.measure in ("perplexity", "server"):
+    if job.measure == "inproc":
+        base = inproc.measured(case, list(setup.cases))
+        assert base is not None  # Setup.runs
+        cr, ss = inproc.run(bin_dir, case, base, model, setup.suite, setup.base_env, out_dir, rnd, setup.timeout)
+    elif job.measure in ("perplexity", "server"):
         proc = wallclock.Process(
             bin_dir, case, model, setup.suite, setup.base_env, setup.inputs, out_dir, rnd, setup.timeout
         )
@@ -238,13 +247,15 @@ def rounds(setup: Setup, runs: list[CaseRun], samples: list[Sample], smi: Teleme
             log(f"    stopping: {stopped}")
             return stopped
         t_round = time.monotonic()
-        for job in plan_round(rnd, names, shapes, setup.groups()):
+        for job in filter(setup.runs, plan_round(rnd, names, shapes, setup.groups())):
             cr, ss = run_job(setup, job, rnd)
             if smi is not None:
                 cr.gpus = smi.during(cr.started, cr.started + cr.seconds)
             runs.append(cr)
             samples += ss
-            figs = " ".join(f"{s.test}={statistics.median(s.values):.1f}" for s in ss)
+            figs = " ".join(
+                ("" if s.case == job.case else f"{s.case}:") + f"{s.test}={statistics.median(s.values):.1f}" for s in ss
+            )
             log(
                 f"    round {rnd + 1}/{setup.rounds} {job.case:13s} {setup.label(job):>16s} rc={cr.rc} "
                 f"{cr.seconds:5.1f}s {figs}"

@@ -131,19 +131,35 @@ def test_key(r: dict[str, Any]) -> str:
     return f"tg{r['n_gen']}"
 
 
-#: the order of the kinds of test: llama-bench's prompt processing and generation, then the wall-time figures
-_KINDS = ("pp", "tg", "perplexity", "server")
+#: the order of the kinds of test: llama-bench's prompt processing and generation, then the wall-time figures, then
+#: the creation of a context (measured inside one process)
+_KINDS = ("pp", "tg", "perplexity", "server", "context")
+#: the suffix of the tests measured inside one process (bench.inproc): ``pp512/ub512@inproc2`` is the second decode
+INPROC = "@inproc"
+
+
+def in_process(test: str) -> bool:
+    """A test measured inside one process: both cases of its ratio ran in the same process."""
+    return INPROC in test
 
 
 def _test_order(test: str) -> tuple[str, int, int, int, int]:
-    """By shape (``SHAPE:``), then pp, tg, perplexity, server, then by size, ubatch and run length (``@rN``) as
-    numbers: pp4096/ub512 before pp4096/ub4096, pp512/ub512@r3 before pp512/ub512@r10."""
+    """By shape (``SHAPE:``), then pp, tg, perplexity, server, context, then by size, ubatch and run length
+    (``@rN``) as numbers, the in-process decodes (``@inprocN``) after them: pp4096/ub512 before pp4096/ub4096,
+    pp512/ub512@r3 before pp512/ub512@r10 before pp512/ub512@inproc1."""
     shape, _, body = test.rpartition(":")
-    body, _, runs = body.partition("@r")
+    body, _, after = body.partition("@")
     head, _, ub = body.partition("/ub")
     kind = head if head in _KINDS else head[:2]
     size = head[2:] if kind in ("pp", "tg") and head[2:].isdigit() else "0"
-    return (shape, _KINDS.index(kind) if kind in _KINDS else len(_KINDS), int(size), int(ub or 0), int(runs or 0))
+    run = 0
+    if after.startswith(INPROC[1:]):
+        nth = after[len(INPROC) - 1 :]
+        run = 10**6 + (int(nth) if nth.isdigit() else 0)
+    elif after[:1] == "r" and after[1:].isdigit():
+        run = int(after[1:])
+    kinds = _KINDS.index(kind) if kind in _KINDS else len(_KINDS)
+    return (shape, kinds, int(size), int(ub) if ub.isdigit() else 0, run)
 
 
 #: reference cases of the ratios, in this order
@@ -199,7 +215,7 @@ def _ratio(
         ci = paired_interval(samples, n, ref, t)
         if ci is not None:
             cmp["paired_ci95"] = list(ci)
-        own = self_interval(samples, ref, t, paired[1])
+        own = None if in_process(t) else self_interval(samples, ref, t, paired[1])
         if own is not None:
             cmp["self_ci95"] = list(own)
     return cmp

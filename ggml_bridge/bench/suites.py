@@ -10,8 +10,9 @@ Shapes (``shapes``, ``--shapes``): a suite that lists several measures each, one
 shape in every test (``bench-2b-6l:pp4096/ub512@r1``), so that reports of parts of the matrix pool into one.
 
 Measurements (``--measure``): ``bench`` (llama-bench), ``perplexity`` (llama-perplexity's wall time, suites with a
-``perplexity`` table) and ``server`` (llama-server's throughput under concurrent requests, suites with a ``server``
-table); a suite measures all it has by default.
+``perplexity`` table), ``server`` (llama-server's throughput under concurrent requests, suites with a ``server``
+table) and ``inproc`` (batching against its baseline inside one process, ``test-batched-transfers --bench``, suites
+with an ``inproc`` table); a suite measures all it has by default.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from .. import tomlfile
 from ..errors import UsageError
 from ..tomlfile import Key
 
-#: what a run can measure: llama-bench, llama-perplexity's wall time, llama-server under concurrent requests
-MEASURES = ("bench", "perplexity", "server")
+#: what a run can measure: llama-bench, llama-perplexity's wall time, llama-server under concurrent requests,
+#: batching against its baseline inside one process (bench.inproc)
+MEASURES = ("bench", "perplexity", "server", "inproc")
 
 #: The suites shipped with the package: which cases, on which devices, with which models and llama-bench settings.
 SUITES_FILE = Path(__file__).resolve().parent / "suites.toml"
@@ -37,6 +39,7 @@ _TABLE = {
     "requests": Key("int", 1),
     "n_predict": Key("int", 1),
     "prompt_words": Key("int", 1),
+    "rounds": Key("int", 1),
 }
 #: the keys of a suite, checked as the ladder's rungs are (:mod:`ggml_bridge.tomlfile`)
 SUITE_KEYS: dict[str, Key] = {
@@ -58,6 +61,7 @@ SUITE_KEYS: dict[str, Key] = {
     "rounds": Key("int", 1),
     "perplexity": Key("table", table={k: _TABLE[k] for k in ("ctx", "chunks", "batch")}),
     "server": Key("table", table={k: _TABLE[k] for k in ("parallel", "requests", "n_predict", "prompt_words", "ctx")}),
+    "inproc": Key("table", table={"rounds": _TABLE["rounds"]}),
 }
 REQUIRED = ("about", "cases", "devices", "pp", "batch", "ubatch", "tg")
 

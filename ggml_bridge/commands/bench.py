@@ -53,7 +53,8 @@ def _what(parser: argparse.ArgumentParser) -> None:
             None,
             "LIST",
             f"comma-separated subset of {','.join(MEASURES)}: llama-bench, llama-perplexity's wall time, "
-            "llama-server's throughput under concurrent requests (default: all the suite has)",
+            "llama-server's throughput under concurrent requests, batching against its baseline inside one process "
+            "(default: all the suite has)",
         ),
         (
             "--links",

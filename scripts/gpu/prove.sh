@@ -170,13 +170,14 @@ fi
 # seconds one round of a short-run suite takes on one H200, per shape: measured on 2026-12-03 (1 GPU bench-2b-6l 21 s,
 # 6 virtual devices 51 s; results/2026-12-03-h200x1-batched-split-rule), the others scaled from those by process
 # counts, all with a quarter of slack (a round runs, per case, llama-bench -r 1, -r 3 and -r 10, llama-perplexity and
-# llama-server; scripts/gpu/README.md)
+# llama-server; scripts/gpu/README.md), plus the in-process measure: about 7 s per batched case (one process, model
+# load and 4 rounds of two contexts; results/2026-12-06-h100x1-batched-inproc)
 runs_round_s() {
     case "$1:$2" in
-        1gpu:bench-1b) echo 17 ;; 1gpu:bench-2b-6l) echo 27 ;;
-        2virt:bench-1b) echo 34 ;; 2virt:bench-2b-6l) echo 52 ;;
-        6virt:bench-1b) echo 42 ;; 6virt:bench-2b-6l) echo 64 ;;
-        *) echo 80 ;;
+        1gpu:bench-1b) echo 24 ;; 1gpu:bench-2b-6l) echo 34 ;;
+        2virt:bench-1b) echo 48 ;; 2virt:bench-2b-6l) echo 66 ;;
+        6virt:bench-1b) echo 56 ;; 6virt:bench-2b-6l) echo 78 ;;
+        *) echo 90 ;;
     esac
 }
 if want noise; then

@@ -382,3 +382,76 @@ def test_the_baseline_against_itself_shows_what_the_processes_spread_alone_gives
     report = stats.pool(["off", "batched"], mixed + batched, [])
     cmp = report["ratios"]["off"]["batched"]["pp512"]
     assert cmp["paired"] == pytest.approx(0.96) and cmp["paired_rounds"] == 6 and cmp["self_ci95"][0] < 0.96
+
+
+# --- inside one process (--measure inproc) ---------------------------------------------------------------------
+
+
+def test_in_process_measures_batching_and_its_baseline_in_one_process(env):
+    """One test-batched-transfers --bench per batched case and round, with the baseline's selectors (the bridge
+    forced here, batching left to the program); its figures are the case's and the baseline's of that round, so
+    the paired ratio is within one process; no baseline-against-itself range (that is between processes)."""
+    cases = "off,batched,bridge-force,bridge-force-batched"
+    rep = _run(env, "r", suite="batched-runs-1gpu", cases=cases, rounds=2, measure="inproc")
+    runs = [line for line in env.order.read_text().splitlines() if line.startswith("inproc ")]
+    assert len(runs) == 2 * 2  # the batched cases' jobs, per round; their baselines have none of their own
+    assert sorted(r.split()[1] for r in runs) == ["bridge=0", "bridge=0", "bridge=force", "bridge=force"]
+    assert all("batched=0 rounds=3 reps=3 prompts=512,4096 n_gen=128 ubatch=512" in r for r in runs), runs
+    assert rep["tests"] == [
+        "user:pp512/ub512@inproc1",
+        "user:pp512/ub512@inproc2",
+        "user:pp512/ub512@inproc3",
+        "user:pp4096/ub512@inproc1",
+        "user:pp4096/ub512@inproc2",
+        "user:pp4096/ub512@inproc3",
+        "user:tg128@inproc",
+        "user:context@inproc",
+    ]
+    assert rep["not_engaged"] == [] and {r["case"] for r in rep["runs"]} == {"batched", "bridge-force-batched"}
+    for case, base in (("batched", "off"), ("bridge-force-batched", "bridge-force")):
+        assert {s["round"] for s in rep["samples"] if s["case"] == base} == {0, 1}
+        tg = rep["ratios"][base][case]["user:tg128@inproc"]
+        assert tg["paired"] == pytest.approx(1.05) and tg["paired_rounds"] == 2 and "self_ci95" not in tg
+        assert rep["ratios"][base][case]["user:pp4096/ub512@inproc2"]["paired"] == pytest.approx(1.0)
+    # the values: tokens per second (4096 tokens in 40.96 ms), three per process (its inner rounds)
+    s = next(s for s in rep["samples"] if s["case"] == "off" and s["test"] == "user:pp4096/ub512@inproc2")
+    assert s["values"] == [pytest.approx(100000.0)] * 3
+    md = (env.tmp / "r" / "bench.md").read_text()
+    assert "- inproc: test-batched-transfers --bench" in md and "| user:tg128@inproc |" in md
+
+
+def test_in_process_batching_that_did_not_engage_fails(env, monkeypatch):
+    """The program fails when the contexts that asked for batching did not enable it: a failed case, reported
+    with its engagement (not engaged, why) and the program named."""
+    monkeypatch.setenv("FAKE_INPROC_INACTIVE", "1")
+    args = bench_args(
+        variants_dir=env.variants,
+        report=env.tmp / "r",
+        microbench=False,
+        model=env.model,
+        suite="batched-runs-1gpu",
+        cases="off,batched",
+        rounds=1,
+        measure="inproc",
+    )
+    with pytest.raises(BenchError, match="test-batched-transfers failed for case"):
+        bench.bench(args, env.settings)
+    rep = json.loads((env.tmp / "r" / "bench.json").read_text())
+    (run,) = rep["runs"]
+    assert run["rc"] == 1 and run["engaged"] is False and "batched inactive" in run["engagement"], run
+
+
+def test_in_process_measurement_needs_its_program_and_local_cases(env):
+    (env.variants / "patched" / "test-batched-transfers").unlink()
+    args = bench_args(
+        variants_dir=env.variants,
+        report=env.tmp / "r",
+        microbench=False,
+        model=env.model,
+        suite="batched-runs-1gpu",
+        cases="off,batched",
+        rounds=1,
+        measure="inproc",
+    )
+    with pytest.raises(BenchError, match="no test-batched-transfers next to llama-bench"):
+        bench.bench(args, env.settings)

@@ -1,0 +1,114 @@
+"""Batching against its baseline inside one process (``--measure inproc``): the patched build's
+``test-batched-transfers --bench`` creates, per inner round, one context with batching off and one with it on in the
+same process (the baseline's other selectors, e.g. the bridge forced, set for both), so the spread between processes
+(an H200's fast and slow ones, 15-20 % apart) stays out of the ratio. One process per batched case, shape and bench
+round measures the case and its baseline: each context's creation, the suite's prompts decoded three times from the
+context's first graph on, and its token generation, as tokens (contexts) per second; tests ``pp512/ub512@inproc2``
+(the second decode: what llama-bench ``-r 1`` times), ``tg128@inproc``, ``context@inproc``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import logparse, modes, runner
+from ..engagement import BATCHED, engaged
+from ..errors import BenchError
+from .stats import INPROC, CaseRun, Sample
+
+#: the program (patch 0004) and the decodes of each prompt it times per context
+PROGRAM = "test-batched-transfers"
+DECODES = 3
+
+
+def measured(case: modes.Mode, names: list[str]) -> modes.Mode | None:
+    """The baseline a case's in-process job measures it against (None: the case has no job of its own here: it is
+    no batched case, or its baseline is not among ``names``; a baseline is measured by its batched case's job)."""
+    base = modes.baseline(case)
+    return base if base is not None and base.name in names and not case.rpc else None
+
+
+def argv(bin_dir: Path, model: Path, suite: dict[str, Any], rounds: int) -> list[str]:
+    return [
+        str(bin_dir / PROGRAM),
+        "--model",
+        str(model),
+        "--bench",
+        "--rounds",
+        str(rounds),
+        "--reps",
+        str(DECODES),
+        "--prompts",
+        str(suite["pp"]),
+        "--n-gen",
+        str(suite["tg"]),
+        "--ubatch",
+        str(suite["ubatch"][0]),
+    ]
+
+
+def _test(measure: str, ubatch: int) -> tuple[str, float]:
+    """A measure of the program's CSV (``context``, ``pp512 #2``, ``tg128``) as (test, tokens per measured unit)."""
+    head, _, nth = measure.partition(" #")
+    if head.startswith("pp") and head[2:].isdigit() and nth.isdigit():
+        return f"{head}/ub{ubatch}{INPROC}{nth}", float(head[2:])
+    if head.startswith("tg") and head[2:].isdigit() and not nth:
+        return f"{head}{INPROC}", float(head[2:])
+    if head == "context" and not nth:
+        return f"context{INPROC}", 1.0
+    raise BenchError(f"unknown measure {measure!r} in {PROGRAM} --bench output")
+
+
+def samples(stdout: str, case: str, base: str, rnd: int, ubatch: int) -> list[Sample]:
+    """The CSV lines ``bench,ROUND,SELECTOR,MEASURE,MS`` as samples of ``case`` (selector 1) and ``base`` (0): per
+    test, one value per inner round, in units per second."""
+    values: dict[tuple[str, str], list[float]] = {}
+    for line in stdout.splitlines():
+        f = line.split(",")
+        if len(f) != 5 or f[0] != "bench" or not f[1].isdigit() or f[2] not in ("0", "1"):
+            continue
+        test, units = _test(f[3], ubatch)
+        ms = float(f[4])
+        if ms <= 0:
+            raise BenchError(f"{PROGRAM} --bench timed {ms} ms for {f[3]}")
+        values.setdefault((case if f[2] == "1" else base, test), []).append(units * 1000.0 / ms)
+    return [Sample(c, t, rnd, v) for (c, t), v in values.items()]
+
+
+def run(
+    bin_dir: Path,
+    case: modes.Mode,
+    base: modes.Mode,
+    model: Path,
+    suite: dict[str, Any],
+    base_env: dict[str, str],
+    out_dir: Path,
+    rnd: int,
+    timeout: float,
+) -> tuple[CaseRun, list[Sample]]:
+    """One process: ``case`` and its baseline ``base`` in ``suite["inproc"]["rounds"]`` inner rounds (after the
+    program's warm-up round). Engaged: batching said it was enabled and did its work in the contexts that asked
+    (the program also fails when they did not, or when a context with batching off printed anything)."""
+    log_path = out_dir / f"{case.name}-r{rnd}-inproc.log"
+    started, t0 = time.time(), time.monotonic()
+    res = runner.run(
+        argv(bin_dir, model, suite, suite["inproc"]["rounds"]),
+        env={**base_env, **base.env()},
+        check=False,
+        error=BenchError,
+        timeout=timeout,
+    )
+    seconds = time.monotonic() - t0
+    text = res.stdout + res.stderr
+    log_path.write_text(text)
+    info = logparse.parse(text)
+    last = info.batched.stats[-1] if info.batched.stats else {}
+    verdict = engaged(BATCHED, info.batched, last)
+    what = f"batched {verdict.state} in one process against {base.name}, async_uploads={last.get('async_uploads', 0)}"
+    tail = [logparse.clean(x) for x in text.splitlines()[-15:]]
+    cr = CaseRun(case.name, rnd, res.returncode, seconds, verdict.engaged and res.returncode == 0, what, tail, started)
+    cr.detail = f"{suite['inproc']['rounds']} rounds of a context each, {DECODES} decodes per prompt"
+    if res.returncode != 0:
+        return cr, []
+    return cr, samples(res.stdout, case.name, base.name, rnd, int(suite["ubatch"][0]))
