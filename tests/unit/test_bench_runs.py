@@ -104,6 +104,15 @@ def test_tests_sort_by_shape_kind_size_ubatch_and_run_length():
         "b:perplexity",
         "b:server",
     ]
+    inproc = ["b:context@inproc", "b:tg128@inproc", "b:pp512/ub512@inproc2", "b:pp512/ub512@inproc1", "b:tg128@r3"]
+    assert sorted(inproc + ["b:pp512/ub512@r10"], key=stats._test_order) == [
+        "b:pp512/ub512@r10",
+        "b:pp512/ub512@inproc1",
+        "b:pp512/ub512@inproc2",
+        "b:tg128@r3",
+        "b:tg128@inproc",
+        "b:context@inproc",
+    ]
     assert sorted(["tg128", "pp4096/ub4096", "pp4096/ub512"], key=stats._test_order) == [
         "pp4096/ub512",
         "pp4096/ub4096",
