@@ -30,21 +30,14 @@ def measured(case: modes.Mode, names: list[str]) -> modes.Mode | None:
 
 
 def argv(bin_dir: Path, model: Path, suite: dict[str, Any], rounds: int) -> list[str]:
+    opts = {"--rounds": rounds, "--reps": DECODES, "--prompts": suite["pp"], "--n-gen": suite["tg"]}
+    opts["--ubatch"] = suite["ubatch"][0]
     return [
         str(bin_dir / PROGRAM),
         "--model",
         str(model),
         "--bench",
-        "--rounds",
-        str(rounds),
-        "--reps",
-        str(DECODES),
-        "--prompts",
-        str(suite["pp"]),
-        "--n-gen",
-        str(suite["tg"]),
-        "--ubatch",
-        str(suite["ubatch"][0]),
+        *(x for k, v in opts.items() for x in (k, str(v))),
     ]
 
 

@@ -429,11 +429,9 @@ def test_in_process_measures_batching_and_its_baseline_in_one_process(env):
     assert "- inproc: test-batched-transfers --bench" in md and "| user:tg128@inproc |" in md
 
 
-def test_in_process_batching_that_did_not_engage_fails(env, monkeypatch):
-    """The program fails when the contexts that asked for batching did not enable it: a failed case, reported
-    with its engagement (not engaged, why) and the program named."""
-    monkeypatch.setenv("FAKE_INPROC_INACTIVE", "1")
-    args = bench_args(
+def _inproc_args(env):  # type: ignore[no-untyped-def]
+    """The bench's options for one round of batched-runs-1gpu's in-process measure, off and batched."""
+    return bench_args(
         variants_dir=env.variants,
         report=env.tmp / "r",
         microbench=False,
@@ -443,6 +441,13 @@ def test_in_process_batching_that_did_not_engage_fails(env, monkeypatch):
         rounds=1,
         measure="inproc",
     )
+
+
+def test_in_process_batching_that_did_not_engage_fails(env, monkeypatch):
+    """The program fails when the contexts that asked for batching did not enable it: a failed case, reported
+    with its engagement (not engaged, why) and the program named."""
+    monkeypatch.setenv("FAKE_INPROC_INACTIVE", "1")
+    args = _inproc_args(env)
     with pytest.raises(BenchError, match="test-batched-transfers failed for case"):
         bench.bench(args, env.settings)
     rep = json.loads((env.tmp / "r" / "bench.json").read_text())
@@ -452,15 +457,6 @@ def test_in_process_batching_that_did_not_engage_fails(env, monkeypatch):
 
 def test_in_process_measurement_needs_its_program_and_local_cases(env):
     (env.variants / "patched" / "test-batched-transfers").unlink()
-    args = bench_args(
-        variants_dir=env.variants,
-        report=env.tmp / "r",
-        microbench=False,
-        model=env.model,
-        suite="batched-runs-1gpu",
-        cases="off,batched",
-        rounds=1,
-        measure="inproc",
-    )
+    args = _inproc_args(env)
     with pytest.raises(BenchError, match="no test-batched-transfers next to llama-bench"):
         bench.bench(args, env.settings)
