@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from ggml_bridge import ladder, llama_server, model, net
+from ggml_bridge.bench import inproc
 from ggml_bridge.errors import ServeError
 
 from helpers import ladder_options
@@ -260,3 +261,11 @@ def test_the_in_process_bench_times_both_selectors_on_a_vulkan_device(
     assert "bench selector 0:" not in res.stdout
     table = dict(re.findall(r"^\| (context|pp\d+ #\d|tg\d+) \| (.*) \|$", res.stdout, re.MULTILINE))
     assert list(table) == measures and all(r.endswith("| 2") for r in table.values()), res.stdout[-2000:]
+    # what `ggml-bridge bench --measure inproc` reads of it: per case and test, one figure per round
+    samples = inproc.samples(res.stdout, "batched", "off", 0, 16)
+    assert sorted((s.case, s.test, len(s.values)) for s in samples) == sorted(
+        (c, t, 2)
+        for c in ("batched", "off")
+        for t in ["context@inproc", "pp16/ub16@inproc1", "pp16/ub16@inproc2", "pp64/ub16@inproc1"]
+        + ["pp64/ub16@inproc2", "tg4@inproc"]
+    )
