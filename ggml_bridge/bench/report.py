@@ -16,6 +16,7 @@ from .. import files, modes, netbench
 from ..errors import BenchError
 from ..runner import log
 from ..tomlfile import Key
+from . import inproc
 from .stats import CaseRun, Sample, batched_pairs, pool, references
 
 CASES = modes.MODES
@@ -134,7 +135,8 @@ def _wallclock_lines(settings: dict[str, Any], measures: Sequence[str]) -> list[
         out.append(
             f"- inproc: test-batched-transfers --bench, one process per batched case, shape and round measuring it "
             f"and its baseline: {settings['inproc']['rounds']} rounds of a context each (alternating, after a warm-up "
-            "round), each prompt decoded 3 times from the context's first graph on (test@inprocN: decode N; "
+            f"round), each prompt decoded {inproc.DECODES} times from the context's first graph on (test@inprocN: "
+            "decode N; "
             "llama-bench -r 1 times the second), the token steps, the context's creation (contexts per second)"
         )
     return out
