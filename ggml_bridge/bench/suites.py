@@ -81,6 +81,14 @@ def load_suites(path: Path) -> dict[str, dict[str, Any]]:
             raise UsageError(
                 f"{where}: no {', '.join(missing)}", fix=f"a suite sets {', '.join(REQUIRED)} and shape(s)"
             )
+        rounds = suite.get("inproc", {}).get("rounds")
+        if rounds is not None and rounds % 2:
+            raise UsageError(
+                f"{where}: inproc rounds = {rounds} is odd",
+                why="test-batched-transfers --bench alternates which context of a round comes first, so an odd "
+                "count lets one order weigh more in the ratio",
+                fix="set inproc = { rounds = N } to an even number",
+            )
         suites[name] = suite
     if not suites:
         raise UsageError(f"suite file {path} holds no suite", fix="one [NAME] table per suite")

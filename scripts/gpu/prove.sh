@@ -167,16 +167,16 @@ if want bench; then
     bench_suite batched 45 45 --suite batched --rounds 10
 fi
 
-# seconds one round of a short-run suite takes on one H200, per shape: measured on 2026-12-03 (1 GPU bench-2b-6l 21 s,
-# 6 virtual devices 51 s; results/2026-12-03-h200x1-batched-split-rule), the others scaled from those by process
-# counts, all with a quarter of slack (a round runs, per case, llama-bench -r 1, -r 3 and -r 10, llama-perplexity and
-# llama-server; scripts/gpu/README.md), plus the in-process measure: about 7 s per batched case (one process, model
-# load and 4 rounds of two contexts; results/2026-12-06-h100x1-batched-inproc)
+# seconds one round of a short-run suite takes, per shape (a round runs, per case, llama-bench -r 1, -r 3 and -r 10,
+# llama-perplexity and llama-server, and per batched case the in-process measure; scripts/gpu/README.md): the
+# slowest machine measured, one H100 of 2026-12-06 05:00 UTC whose processes ran about 1.6x those of the H100 of
+# 01:45 (1gpu bench-1b 29 s, 2virt bench-1b 65 s, 6virt 70-72 s; results/2026-12-06-h100x1-batched-6virt), the
+# parts not measured there scaled from the earlier H100 by that factor, all with a quarter of slack
 runs_round_s() {
     case "$1:$2" in
-        1gpu:bench-1b) echo 24 ;; 1gpu:bench-2b-6l) echo 34 ;;
-        2virt:bench-1b) echo 48 ;; 2virt:bench-2b-6l) echo 66 ;;
-        6virt:bench-1b) echo 56 ;; 6virt:bench-2b-6l) echo 78 ;;
+        1gpu:bench-1b) echo 38 ;; 1gpu:bench-2b-6l) echo 42 ;;
+        2virt:bench-1b) echo 84 ;; 2virt:bench-2b-6l) echo 88 ;;
+        6virt:bench-1b) echo 92 ;; 6virt:bench-2b-6l) echo 90 ;;
         *) echo 90 ;;
     esac
 }

@@ -405,7 +405,7 @@ def test_in_process_measures_batching_and_its_baseline_in_one_process(env):
     runs = [line for line in env.order.read_text().splitlines() if line.startswith("inproc ")]
     assert len(runs) == 2 * 2  # the batched cases' jobs, per round; their baselines have none of their own
     assert sorted(r.split()[1] for r in runs) == ["bridge=0", "bridge=0", "bridge=force", "bridge=force"]
-    assert all("batched=0 rounds=3 reps=3 prompts=512,4096 n_gen=128 ubatch=512" in r for r in runs), runs
+    assert all("batched=0 rounds=4 reps=3 prompts=512,4096 n_gen=128 ubatch=512" in r for r in runs), runs
     assert rep["tests"] == [
         "user:pp512/ub512@inproc1",
         "user:pp512/ub512@inproc2",
@@ -422,11 +422,28 @@ def test_in_process_measures_batching_and_its_baseline_in_one_process(env):
         tg = rep["ratios"][base][case]["user:tg128@inproc"]
         assert tg["paired"] == pytest.approx(1.05) and tg["paired_rounds"] == 2 and "self_ci95" not in tg
         assert rep["ratios"][base][case]["user:pp4096/ub512@inproc2"]["paired"] == pytest.approx(1.0)
-    # the values: tokens per second (4096 tokens in 40.96 ms), three per process (its inner rounds)
+    # the values: tokens per second (4096 tokens in 40.96 ms), four per process (its inner rounds)
     s = next(s for s in rep["samples"] if s["case"] == "off" and s["test"] == "user:pp4096/ub512@inproc2")
-    assert s["values"] == [pytest.approx(100000.0)] * 3
+    assert s["values"] == [pytest.approx(100000.0)] * 4
     md = (env.tmp / "r" / "bench.md").read_text()
     assert "- inproc: test-batched-transfers --bench" in md and "| user:tg128@inproc |" in md
+
+
+def test_in_process_rounds_are_even_so_that_both_orders_weigh_alike(tmp_path):
+    """The program alternates which context of an inner round comes first (off first in even rounds): the shipped
+    suites run an even number, and a suite file with an odd one is refused with one line naming suite and key (3
+    rounds, the suites' count until 2026-12-06, put off first twice and batching first once)."""
+    from ggml_bridge.bench import suites
+
+    inproc = {n: s["inproc"]["rounds"] for n, s in suites.SUITES.items() if "inproc" in s}
+    assert inproc and all(r % 2 == 0 for r in inproc.values()), inproc
+    body = (suites.SUITES_FILE.read_text().split("[batched-runs-1gpu]")[1]).split("\n[")[0]
+    odd = tmp_path / "odd.toml"
+    odd.write_text("[mine]" + body.replace("inproc = { rounds = 4 }", "inproc = { rounds = 3 }"))
+    with pytest.raises(UsageError, match=r"odd.toml \[mine\]: inproc rounds = 3 is odd"):
+        suites.load_suites(odd)
+    odd.write_text("[mine]" + body.replace("inproc = { rounds = 4 }", "inproc = { rounds = 2 }"))
+    assert suites.load_suites(odd)["mine"]["inproc"]["rounds"] == 2
 
 
 def _inproc_args(env):  # type: ignore[no-untyped-def]
