@@ -54,7 +54,7 @@ def _test(measure: str, ubatch: int) -> tuple[str, float]:
 
 
 def samples(stdout: str, case: str, base: str, rnd: int, ubatch: int) -> list[Sample]:
-    """The CSV lines ``bench,ROUND,SELECTOR,MEASURE,MS`` as samples of ``case`` (selector 1) and ``base`` (0): per
+    """The CSV lines ``bench,ROUND,CONTEXT,MEASURE,MS`` as samples of ``case`` (context 1) and ``base`` (0): per
     test, one value per inner round, in units per second."""
     values: dict[tuple[str, str], list[float]] = {}
     for line in stdout.splitlines():

@@ -113,7 +113,9 @@ if want inproc; then
     # batching off against on inside one process (test-batched-transfers --bench): the ratios without the spread
     # between processes (the H200's fast and slow processes). INPROC_PARTS ("DEVICES:SHAPE ...": 1gpu, 2virt, 6virt,
     # and 2virt-force / 6virt-force with the bridge forced between the virtual devices), INPROC_ROUNDS (10);
-    # INPROC_BIN: another build of the test program (e.g. one compiled against the carried patched libraries)
+    # INPROC_BIN: another build of the test program (e.g. one compiled against the carried patched libraries);
+    # INPROC_CONTROL=1: after each part the same with --control (both contexts off, an A/A run: the range an
+    # unchanged path gives in one process on this machine, to read the part's ratios against), inproc-control-*
     for part in ${INPROC_PARTS:-1gpu:bench-2b-6l 1gpu:bench-1b 2virt-force:bench-2b-6l 6virt-force:bench-2b-6l 2virt:bench-2b-6l 6virt:bench-2b-6l}; do
         devs=${part%%:*} shape=${part#*:} env=()
         case $devs in
@@ -121,10 +123,13 @@ if want inproc; then
             2virt-force|6virt-force) env=(GGML_CUDA_DEVICES=${devs%virt-force} GGML_CUDA_MAPPED_HOST_BRIDGE=force) ;;
         esac
         [ -f "/tmp/$shape.gguf" ] || "${gb[@]}" model --shape "$shape" --vocab "$vocab" --out "/tmp/$shape.gguf" > /dev/null 2>&1
-        step "inproc-$devs-$shape" 40 150 env "${env[@]}" "${INPROC_BIN:-$pbin/test-batched-transfers}" --model "/tmp/$shape.gguf" --bench \
-            --rounds "${INPROC_ROUNDS:-10}"
-        { echo "$devs $shape (${env[*]:-one GPU}):"; grep -E "^\||passed|FAIL|selector 1: .*(enabled|stats)" "$OUT/inproc-$devs-$shape.txt"; } \
-            | tee -a "$OUT/summary.txt"
+        for kind in inproc ${INPROC_CONTROL:+inproc-control}; do
+            ctl=(); if [ $kind = inproc-control ]; then ctl=(--control); fi
+            step "$kind-$devs-$shape" 40 150 env "${env[@]}" "${INPROC_BIN:-$pbin/test-batched-transfers}" --model "/tmp/$shape.gguf" \
+                --bench --rounds "${INPROC_ROUNDS:-10}" "${ctl[@]}"
+            { echo "$kind $devs $shape (${env[*]:-one GPU}):"; grep -E "^\||passed|FAIL|context 1: .*(enabled|stats)" "$OUT/$kind-$devs-$shape.txt"; } \
+                | tee -a "$OUT/summary.txt"
+        done
     done
 fi
 

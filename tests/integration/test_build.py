@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -114,14 +115,23 @@ def test_real_cuda_build_is_picked_by_auto(real_settings: config.Settings, real_
 def test_the_in_process_bench_fails_where_batching_cannot_engage(real_build, real_settings, real_tree) -> None:  # type: ignore[no-untyped-def]
     """test-batched-transfers --bench on the CPU build: the CPU backend has no pinned pool, so the contexts asking for
     batching run upstream's path; a bench that did not exercise the mechanism must fail, not print ratios as if it
-    had. Bad arguments exit 2 with the usage."""
+    had. --control (both contexts off, the A/A run) asks for no batching, so there it passes, with a table of the
+    second context against the first and no batched-transfers line. Bad arguments exit 2 with the usage."""
     from ggml_bridge import model
 
     prog = real_build("patched").binaries["test-batched-transfers"]
     gguf = model.ensure_model(real_settings.cache_dir, "tiny", 1, model.find_vocab(real_tree.path))
     argv = [str(prog), "--model", str(gguf), "--bench", "--rounds", "1", "--prompts", "16", "--n-gen", "2"]
     res = subprocess.run([*argv, "--ubatch", "16"], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 1 and "bench round 0, selector 1: batching was not enabled" in res.stderr, res.stderr
+    assert res.returncode == 1 and "bench round 0, context 1: batching was not enabled" in res.stderr, res.stderr
+    res = subprocess.run([*argv, "--ubatch", "16", "--control"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "bench control: both contexts of every round with batching off" in res.stdout, (
+        res.stdout + res.stderr
+    )
+    assert "| measure | off ms (median) | off again ms (median) | speed off again / off: median |" in res.stdout
+    assert len(re.findall(r"^bench,0,[01],pp16 #1,", res.stdout, re.MULTILINE)) == 2 and "batched" not in res.stdout
     for bad in (["--prompts", "16,x"], ["--rounds", "0"], ["--ubatch"]):
         res = subprocess.run([*argv, *bad], capture_output=True, text=True, timeout=60)
         assert res.returncode == 2 and ("usage: " in res.stderr or "--prompts as sizes" in res.stderr), res.stderr
+    res = subprocess.run([str(prog), "--model", str(gguf), "--control"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--control: only with --bench" in res.stderr, res.stderr

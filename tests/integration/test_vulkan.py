@@ -257,8 +257,8 @@ def test_the_in_process_bench_times_both_selectors_on_a_vulkan_device(
     ), out[-3000:]
     order = [(r, s) for r, s, m, _ in rows if m == "context"]
     assert order == [("0", "0"), ("0", "1"), ("1", "1"), ("1", "0")]  # off first in even rounds, on first in odd
-    assert re.search(r"^bench selector 1: .*llama_batched_transfers: enabled", res.stdout, re.MULTILINE), out[-3000:]
-    assert "bench selector 0:" not in res.stdout
+    assert re.search(r"^bench context 1: .*llama_batched_transfers: enabled", res.stdout, re.MULTILINE), out[-3000:]
+    assert "bench context 0:" not in res.stdout
     table = dict(re.findall(r"^\| (context|pp\d+ #\d|tg\d+) \| (.*) \|$", res.stdout, re.MULTILINE))
     assert list(table) == measures and all(r.endswith("| 2") for r in table.values()), res.stdout[-2000:]
     # what `ggml-bridge bench --measure inproc` reads of it: per case and test, one figure per round
