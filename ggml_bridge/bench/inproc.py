@@ -4,7 +4,12 @@ same process (the baseline's other selectors, e.g. the bridge forced, set for bo
 (an H200's fast and slow ones, 15-20 % apart) stays out of the ratio. One process per batched case, shape and bench
 round measures the case and its baseline: each context's creation, the suite's prompts decoded three times from the
 context's first graph on, and its token generation, as tokens (contexts) per second; tests ``pp512/ub512@inproc2``
-(the second decode: what llama-bench ``-r 1`` times), ``tg128@inproc``, ``context@inproc``."""
+(the second decode: what llama-bench ``-r 1`` times), ``tg128@inproc``, ``context@inproc``.
+
+With ``control = true`` in the suite's ``inproc`` table, each such baseline also runs its own process per shape and
+round, ``--control``: both contexts with batching off (an A/A run), kept as ``BASE~control-a`` / ``BASE~control-b``
+(:data:`.stats.CONTROL`), from which the report gives every in-process ratio the range an unchanged path falls in
+inside one process on that machine (:func:`.stats.control_interval`)."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from typing import Any
 from .. import logparse, modes, runner
 from ..engagement import BATCHED, engaged
 from ..errors import BenchError
-from .stats import INPROC, CaseRun, Sample
+from .stats import CONTROL, INPROC, CaseRun, Sample
 
 #: the program (patch 0004) and the decodes of each prompt it times per context
 PROGRAM = "test-batched-transfers"
@@ -29,7 +34,14 @@ def measured(case: modes.Mode, names: list[str]) -> modes.Mode | None:
     return base if base is not None and base.name in names and not case.rpc else None
 
 
-def argv(bin_dir: Path, model: Path, suite: dict[str, Any], rounds: int) -> list[str]:
+def controlled(case: modes.Mode, cases: dict[str, modes.Mode]) -> bool:
+    """Whether ``case`` is the baseline an in-process job of another case measures against (:func:`measured`): its
+    own in-process job, where the suite asks for one, is the control (both contexts off)."""
+    names = list(cases)
+    return any((b := measured(c, names)) is not None and b.name == case.name for c in cases.values())
+
+
+def argv(bin_dir: Path, model: Path, suite: dict[str, Any], rounds: int, control: bool = False) -> list[str]:
     opts = {"--rounds": rounds, "--reps": DECODES, "--prompts": suite["pp"], "--n-gen": suite["tg"]}
     opts["--ubatch"] = suite["ubatch"][0]
     return [
@@ -37,6 +49,7 @@ def argv(bin_dir: Path, model: Path, suite: dict[str, Any], rounds: int) -> list
         "--model",
         str(model),
         "--bench",
+        *(["--control"] if control else []),
         *(x for k, v in opts.items() for x in (k, str(v))),
     ]
 
@@ -69,6 +82,32 @@ def samples(stdout: str, case: str, base: str, rnd: int, ubatch: int) -> list[Sa
     return [Sample(c, t, rnd, v) for (c, t), v in values.items()]
 
 
+def _process(
+    bin_dir: Path,
+    base: modes.Mode,
+    model: Path,
+    suite: dict[str, Any],
+    base_env: dict[str, str],
+    log_path: Path,
+    timeout: float,
+    control: bool,
+) -> tuple[runner.Result, str, float, float]:
+    """One run of the program with ``base``'s selectors (batching left to the program); its output is written to
+    ``log_path``. Returns the result, stdout and stderr together, the wall clock at the start and the seconds."""
+    started, t0 = time.time(), time.monotonic()
+    res = runner.run(
+        argv(bin_dir, model, suite, suite["inproc"]["rounds"], control),
+        env={**base_env, **base.env()},
+        check=False,
+        error=BenchError,
+        timeout=timeout,
+    )
+    seconds = time.monotonic() - t0
+    text = res.stdout + res.stderr
+    log_path.write_text(text)
+    return res, text, started, seconds
+
+
 def run(
     bin_dir: Path,
     case: modes.Mode,
@@ -84,17 +123,7 @@ def run(
     program's warm-up round). Engaged: batching said it was enabled and did its work in the contexts that asked
     (the program also fails when they did not, or when a context with batching off printed anything)."""
     log_path = out_dir / f"{case.name}-r{rnd}-inproc.log"
-    started, t0 = time.time(), time.monotonic()
-    res = runner.run(
-        argv(bin_dir, model, suite, suite["inproc"]["rounds"]),
-        env={**base_env, **base.env()},
-        check=False,
-        error=BenchError,
-        timeout=timeout,
-    )
-    seconds = time.monotonic() - t0
-    text = res.stdout + res.stderr
-    log_path.write_text(text)
+    res, text, started, seconds = _process(bin_dir, base, model, suite, base_env, log_path, timeout, control=False)
     info = logparse.parse(text)
     last = info.batched.stats[-1] if info.batched.stats else {}
     verdict = engaged(BATCHED, info.batched, last)
@@ -105,3 +134,28 @@ def run(
     if res.returncode != 0:
         return cr, []
     return cr, samples(res.stdout, case.name, base.name, rnd, int(suite["ubatch"][0]))
+
+
+def run_control(
+    bin_dir: Path,
+    base: modes.Mode,
+    model: Path,
+    suite: dict[str, Any],
+    base_env: dict[str, str],
+    out_dir: Path,
+    rnd: int,
+    timeout: float,
+) -> tuple[CaseRun, list[Sample]]:
+    """One process of ``base`` alone, ``--control``: both contexts of every inner round with batching off, their
+    figures kept as ``BASE~control-a`` and ``BASE~control-b``. Nothing to engage; the program fails when either
+    context printed a batched-transfers line, and a failed control leaves ``base`` out of the ratios."""
+    log_path = out_dir / f"{base.name}-r{rnd}-inproc-control.log"
+    res, text, started, seconds = _process(bin_dir, base, model, suite, base_env, log_path, timeout, control=True)
+    tail = [logparse.clean(x) for x in text.splitlines()[-15:]]
+    what = "control in one process: both contexts with batching off"
+    cr = CaseRun(base.name, rnd, res.returncode, seconds, None, what, tail, started)
+    cr.detail = f"control: {suite['inproc']['rounds']} rounds of two contexts off, {DECODES} decodes per prompt"
+    if res.returncode != 0:
+        return cr, []
+    a, b = (base.name + c for c in CONTROL)
+    return cr, samples(res.stdout, b, a, rnd, int(suite["ubatch"][0]))

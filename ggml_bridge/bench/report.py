@@ -138,6 +138,11 @@ def _wallclock_lines(settings: dict[str, Any], measures: Sequence[str]) -> list[
             f"round), each prompt decoded {inproc.DECODES} times from the context's first graph on (test@inprocN: "
             "decode N; "
             "llama-bench -r 1 times the second), the token steps, the context's creation (contexts per second)"
+            + (
+                "; per baseline, shape and round also a control process (--control: both contexts with batching off)"
+                if settings["inproc"].get("control")
+                else ""
+            )
         )
     return out
 
@@ -154,7 +159,9 @@ def batched_table(report: dict[str, Any]) -> list[str]:
         "## Batching against its baseline (paired ratio [95 % interval] (rounds); above 1 = batching faster)",
         "",
         "Beside each: the baseline against itself, the 95 % range of a median over as many rounds of the ratio "
-        "between two of its own processes, i.e. where an unchanged path falls by the spread of the processes.",
+        "between two of its own processes, i.e. where an unchanged path falls by the spread of the processes; for "
+        "a test inside one process (@inproc), of the ratio between its two contexts in the baseline's control "
+        "process (both off), where an unchanged path falls inside one process.",
         "",
         "| test | " + " | ".join(f"{n} / {b} | {b} / {b}" for n, b in pairs) + " |",
         "|" + "---|" * (2 * len(pairs) + 1),

@@ -83,8 +83,14 @@ class Setup:
 
     def runs(self, job: Job) -> bool:
         """Whether the job is a process of its own: an in-process measurement is one per batched case, its baseline
-        measured in the same process (:mod:`.inproc`)."""
-        return job.measure != "inproc" or inproc.measured(self.cases[job.case], list(self.cases)) is not None
+        measured in the same process (:mod:`.inproc`), and, where the suite asks for the control, one per such
+        baseline with both contexts off."""
+        if job.measure != "inproc":
+            return True
+        case = self.cases[job.case]
+        if inproc.measured(case, list(self.cases)) is not None:
+            return True
+        return bool(self.suite.get("inproc", {}).get("control")) and inproc.controlled(case, self.cases)
 
     def label(self, job: Job) -> str:
         """The job's name in logs and log folders: shape, run length, measurement ("" for plain llama-bench)."""
@@ -212,8 +218,10 @@ def run_job(setup: Setup, job: Job, rnd: int) -> tuple[CaseRun, list[Sample]]:
     bin_dir, model = setup.bins[case.variant], setup.models[job.shape]
     if job.measure == "inproc":
         base = inproc.measured(case, list(setup.cases))
-        assert base is not None  # Setup.runs
-        cr, ss = inproc.run(bin_dir, case, base, model, setup.suite, setup.base_env, out_dir, rnd, setup.timeout)
+        if base is None:  # a baseline's control (Setup.runs)
+            cr, ss = inproc.run_control(bin_dir, case, model, setup.suite, setup.base_env, out_dir, rnd, setup.timeout)
+        else:
+            cr, ss = inproc.run(bin_dir, case, base, model, setup.suite, setup.base_env, out_dir, rnd, setup.timeout)
     elif job.measure in ("perplexity", "server"):
         proc = wallclock.Process(
             bin_dir, case, model, setup.suite, setup.base_env, setup.inputs, out_dir, rnd, setup.timeout

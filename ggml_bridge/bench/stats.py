@@ -136,6 +136,24 @@ def test_key(r: dict[str, Any]) -> str:
 _KINDS = ("pp", "tg", "perplexity", "server", "context")
 #: the suffix of the tests measured inside one process (bench.inproc): ``pp512/ub512@inproc2`` is the second decode
 INPROC = "@inproc"
+#: the case names under which a baseline's in-process control run (both contexts with batching off, bench.inproc)
+#: keeps its samples, as ``BASE~control-a`` (the first context of each inner round pair) and ``BASE~control-b``
+CONTROL = ("~control-a", "~control-b")
+
+
+def control_interval(
+    samples: Sequence[Sample], ref: str, test: str, k: int, resamples: int = 2000, seed: int = 1234
+) -> tuple[float, float] | None:
+    """95 % range of the median over ``k`` rounds of ``ref``'s in-process control, each round's ratio taken as the
+    paired in-process ratio is (median of the second context / median of the first): where a paired in-process
+    ratio over ``k`` rounds falls for an unchanged path, the in-process twin of :func:`self_interval`; None with
+    fewer than 3 rounds of the control."""
+    ratios = _round_ratios(samples, ref + CONTROL[1], ref + CONTROL[0], test)
+    if len(ratios) < 3 or k < 1:
+        return None
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(ratios, k=k)) for _ in range(resamples))
+    return meds[int(0.025 * (resamples - 1))], meds[int(0.975 * (resamples - 1))]
 
 
 def in_process(test: str) -> bool:
@@ -215,7 +233,8 @@ def _ratio(
         ci = paired_interval(samples, n, ref, t)
         if ci is not None:
             cmp["paired_ci95"] = list(ci)
-        own = None if in_process(t) else self_interval(samples, ref, t, paired[1])
+        k = paired[1]
+        own = control_interval(samples, ref, t, k) if in_process(t) else self_interval(samples, ref, t, k)
         if own is not None:
             cmp["self_ci95"] = list(own)
     return cmp

@@ -61,7 +61,7 @@ SUITE_KEYS: dict[str, Key] = {
     "rounds": Key("int", 1),
     "perplexity": Key("table", table={k: _TABLE[k] for k in ("ctx", "chunks", "batch")}),
     "server": Key("table", table={k: _TABLE[k] for k in ("parallel", "requests", "n_predict", "prompt_words", "ctx")}),
-    "inproc": Key("table", table={"rounds": _TABLE["rounds"]}),
+    "inproc": Key("table", table={"rounds": _TABLE["rounds"], "control": Key("bool")}),
 }
 REQUIRED = ("about", "cases", "devices", "pp", "batch", "ubatch", "tg")
 

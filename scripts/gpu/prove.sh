@@ -176,12 +176,13 @@ fi
 # llama-perplexity and llama-server, and per batched case the in-process measure; scripts/gpu/README.md): the
 # slowest machine measured, one H100 of 2026-12-06 05:00 UTC whose processes ran about 1.6x those of the H100 of
 # 01:45 (1gpu bench-1b 29 s, 2virt bench-1b 65 s, 6virt 70-72 s; results/2026-12-06-h100x1-batched-6virt), the
-# parts not measured there scaled from the earlier H100 by that factor, all with a quarter of slack
+# parts not measured there scaled from the earlier H100 by that factor, all with a quarter of slack, plus the
+# in-process control (about 8 s per baseline: one process per baseline case with both contexts off)
 runs_round_s() {
     case "$1:$2" in
-        1gpu:bench-1b) echo 38 ;; 1gpu:bench-2b-6l) echo 42 ;;
-        2virt:bench-1b) echo 84 ;; 2virt:bench-2b-6l) echo 88 ;;
-        6virt:bench-1b) echo 92 ;; 6virt:bench-2b-6l) echo 90 ;;
+        1gpu:bench-1b) echo 48 ;; 1gpu:bench-2b-6l) echo 52 ;;
+        2virt:bench-1b) echo 104 ;; 2virt:bench-2b-6l) echo 108 ;;
+        6virt:bench-1b) echo 112 ;; 6virt:bench-2b-6l) echo 110 ;;
         *) echo 90 ;;
     esac
 }

@@ -396,15 +396,21 @@ def test_the_baseline_against_itself_shows_what_the_processes_spread_alone_gives
 # --- inside one process (--measure inproc) ---------------------------------------------------------------------
 
 
-def test_in_process_measures_batching_and_its_baseline_in_one_process(env):
+def test_in_process_measures_batching_and_its_baseline_in_one_process(env, monkeypatch):
     """One test-batched-transfers --bench per batched case and round, with the baseline's selectors (the bridge
     forced here, batching left to the program); its figures are the case's and the baseline's of that round, so
-    the paired ratio is within one process; no baseline-against-itself range (that is between processes)."""
+    the paired ratio is within one process. Each baseline runs its control process (--control, both contexts off)
+    in the same round, and its ratio of the second context to the first gives every in-process ratio the
+    baseline-against-itself range (the fake's control leans 2 % at tg128)."""
+    monkeypatch.setenv("FAKE_CONTROL_SPREAD", "0.02")
     cases = "off,batched,bridge-force,bridge-force-batched"
-    rep = _run(env, "r", suite="batched-runs-1gpu", cases=cases, rounds=2, measure="inproc")
+    rep = _run(env, "r", suite="batched-runs-1gpu", cases=cases, rounds=3, measure="inproc")
     runs = [line for line in env.order.read_text().splitlines() if line.startswith("inproc ")]
-    assert len(runs) == 2 * 2  # the batched cases' jobs, per round; their baselines have none of their own
-    assert sorted(r.split()[1] for r in runs) == ["bridge=0", "bridge=0", "bridge=force", "bridge=force"]
+    ab = [r for r in runs if not r.endswith(" control")]
+    controls = [r for r in runs if r.endswith(" control")]
+    assert len(ab) == len(controls) == 2 * 3  # per round a job per batched case and one control per baseline
+    for kind in (ab, controls):
+        assert sorted(r.split()[1] for r in kind) == ["bridge=0"] * 3 + ["bridge=force"] * 3
     assert all("batched=0 rounds=4 reps=3 prompts=512,4096 n_gen=128 ubatch=512" in r for r in runs), runs
     assert rep["tests"] == [
         "user:pp512/ub512@inproc1",
@@ -416,17 +422,47 @@ def test_in_process_measures_batching_and_its_baseline_in_one_process(env):
         "user:tg128@inproc",
         "user:context@inproc",
     ]
-    assert rep["not_engaged"] == [] and {r["case"] for r in rep["runs"]} == {"batched", "bridge-force-batched"}
+    assert rep["not_engaged"] == [] and rep["failed"] == []
+    assert {(r["case"], r["engaged"]) for r in rep["runs"]} == {
+        ("batched", True),
+        ("bridge-force-batched", True),
+        ("off", None),
+        ("bridge-force", None),
+    }
     for case, base in (("batched", "off"), ("bridge-force-batched", "bridge-force")):
-        assert {s["round"] for s in rep["samples"] if s["case"] == base} == {0, 1}
+        assert {s["round"] for s in rep["samples"] if s["case"] == base} == {0, 1, 2}
         tg = rep["ratios"][base][case]["user:tg128@inproc"]
-        assert tg["paired"] == pytest.approx(1.05) and tg["paired_rounds"] == 2 and "self_ci95" not in tg
-        assert rep["ratios"][base][case]["user:pp4096/ub512@inproc2"]["paired"] == pytest.approx(1.0)
+        assert tg["paired"] == pytest.approx(1.05) and tg["paired_rounds"] == 3
+        assert tg["self_ci95"] == [pytest.approx(1 / 0.98)] * 2  # the control's own lean, not batching's 1.05
+        pp = rep["ratios"][base][case]["user:pp4096/ub512@inproc2"]
+        assert pp["paired"] == pytest.approx(1.0) and pp["self_ci95"] == [pytest.approx(1.0)] * 2
+    # the control's figures stay out of the cases' own: off's values come from the batched case's process
+    assert {s["case"] for s in rep["samples"]} == {
+        "off", "batched", "bridge-force", "bridge-force-batched",
+        "off~control-a", "off~control-b", "bridge-force~control-a", "bridge-force~control-b",
+    }  # fmt: skip
+    assert set(rep["summary"]) == {"off", "batched", "bridge-force", "bridge-force-batched"}
     # the values: tokens per second (4096 tokens in 40.96 ms), four per process (its inner rounds)
     s = next(s for s in rep["samples"] if s["case"] == "off" and s["test"] == "user:pp4096/ub512@inproc2")
     assert s["values"] == [pytest.approx(100000.0)] * 4
     md = (env.tmp / "r" / "bench.md").read_text()
     assert "- inproc: test-batched-transfers --bench" in md and "| user:tg128@inproc |" in md
+    assert "also a control process (--control: both contexts with batching off)" in md
+    assert "| user:tg128@inproc | 1.050 [1.050, 1.050] (3) | [1.020, 1.020] |" in md
+
+
+def test_in_process_without_the_control_runs_no_control_and_gives_no_range(env, tmp_path):
+    """A suite whose inproc table leaves the control out runs one process per batched case and round, and its
+    in-process ratios have no baseline-against-itself range (there is nothing to take it from)."""
+    from ggml_bridge.bench import suites
+
+    body = suites.SUITES_FILE.read_text().split("[batched-runs-1gpu]")[1].split("\n[")[0]
+    own = tmp_path / "mine.toml"
+    own.write_text("[mine]" + body.replace("inproc = { rounds = 4, control = true }", "inproc = { rounds = 4 }"))
+    rep = _run(env, "r", suite="mine", suite_file=own, cases="off,batched", rounds=3, measure="inproc")
+    runs = [line for line in env.order.read_text().splitlines() if line.startswith("inproc ")]
+    assert len(runs) == 3 and not any(r.endswith(" control") for r in runs), runs
+    assert "self_ci95" not in rep["ratios"]["off"]["batched"]["user:tg128@inproc"]
 
 
 def test_in_process_rounds_are_even_so_that_both_orders_weigh_alike(tmp_path):
@@ -439,10 +475,10 @@ def test_in_process_rounds_are_even_so_that_both_orders_weigh_alike(tmp_path):
     assert inproc and all(r % 2 == 0 for r in inproc.values()), inproc
     body = (suites.SUITES_FILE.read_text().split("[batched-runs-1gpu]")[1]).split("\n[")[0]
     odd = tmp_path / "odd.toml"
-    odd.write_text("[mine]" + body.replace("inproc = { rounds = 4 }", "inproc = { rounds = 3 }"))
+    odd.write_text("[mine]" + body.replace("inproc = { rounds = 4, control = true }", "inproc = { rounds = 3 }"))
     with pytest.raises(UsageError, match=r"odd.toml \[mine\]: inproc rounds = 3 is odd"):
         suites.load_suites(odd)
-    odd.write_text("[mine]" + body.replace("inproc = { rounds = 4 }", "inproc = { rounds = 2 }"))
+    odd.write_text("[mine]" + body.replace("inproc = { rounds = 4, control = true }", "inproc = { rounds = 2 }"))
     assert suites.load_suites(odd)["mine"]["inproc"]["rounds"] == 2
 
 
@@ -468,7 +504,7 @@ def test_in_process_batching_that_did_not_engage_fails(env, monkeypatch):
     with pytest.raises(BenchError, match="test-batched-transfers failed for case"):
         bench.bench(args, env.settings)
     rep = json.loads((env.tmp / "r" / "bench.json").read_text())
-    (run,) = rep["runs"]
+    (run,) = [r for r in rep["runs"] if r["case"] == "batched"]  # beside it off's control, which passed
     assert run["rc"] == 1 and run["engaged"] is False and "batched inactive" in run["engagement"], run
 
 
