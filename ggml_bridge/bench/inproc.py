@@ -21,6 +21,7 @@ from .. import logparse, modes, runner
 from ..engagement import BATCHED, engaged
 from ..errors import BenchError
 from .stats import CONTROL, INPROC, CaseRun, Sample
+from .wallclock import Process
 
 #: the program (patch 0004) and the decodes of each prompt it times per context
 PROGRAM = "test-batched-transfers"
@@ -82,80 +83,55 @@ def samples(stdout: str, case: str, base: str, rnd: int, ubatch: int) -> list[Sa
     return [Sample(c, t, rnd, v) for (c, t), v in values.items()]
 
 
-def _process(
-    bin_dir: Path,
-    base: modes.Mode,
-    model: Path,
-    suite: dict[str, Any],
-    base_env: dict[str, str],
-    log_path: Path,
-    timeout: float,
-    control: bool,
-) -> tuple[runner.Result, str, float, float]:
+def _process(proc: Process, base: modes.Mode, measure: str, control: bool) -> tuple[runner.Result, str, float, float]:
     """One run of the program with ``base``'s selectors (batching left to the program); its output is written to
-    ``log_path``. Returns the result, stdout and stderr together, the wall clock at the start and the seconds."""
+    the log of ``proc`` for ``measure``. Returns the result, stdout and stderr together, the wall clock at the start
+    and the seconds."""
     started, t0 = time.time(), time.monotonic()
     res = runner.run(
-        argv(bin_dir, model, suite, suite["inproc"]["rounds"], control),
-        env={**base_env, **base.env()},
+        argv(proc.bin_dir, proc.model, proc.suite, proc.suite["inproc"]["rounds"], control),
+        env={**proc.base_env, **base.env()},
         check=False,
         error=BenchError,
-        timeout=timeout,
+        timeout=proc.timeout,
     )
     seconds = time.monotonic() - t0
     text = res.stdout + res.stderr
-    log_path.write_text(text)
+    proc.log_path(measure).write_text(text)
     return res, text, started, seconds
 
 
-def run(
-    bin_dir: Path,
-    case: modes.Mode,
-    base: modes.Mode,
-    model: Path,
-    suite: dict[str, Any],
-    base_env: dict[str, str],
-    out_dir: Path,
-    rnd: int,
-    timeout: float,
-) -> tuple[CaseRun, list[Sample]]:
-    """One process: ``case`` and its baseline ``base`` in ``suite["inproc"]["rounds"]`` inner rounds (after the
-    program's warm-up round). Engaged: batching said it was enabled and did its work in the contexts that asked
+def run(proc: Process, base: modes.Mode) -> tuple[CaseRun, list[Sample]]:
+    """One process: ``proc.case`` and its baseline ``base`` in ``suite["inproc"]["rounds"]`` inner rounds (after
+    the program's warm-up round). Engaged: batching said it was enabled and did its work in the contexts that asked
     (the program also fails when they did not, or when a context with batching off printed anything)."""
-    log_path = out_dir / f"{case.name}-r{rnd}-inproc.log"
-    res, text, started, seconds = _process(bin_dir, base, model, suite, base_env, log_path, timeout, control=False)
+    case, suite = proc.case, proc.suite
+    res, text, started, seconds = _process(proc, base, "inproc", control=False)
     info = logparse.parse(text)
     last = info.batched.stats[-1] if info.batched.stats else {}
     verdict = engaged(BATCHED, info.batched, last)
     what = f"batched {verdict.state} in one process against {base.name}, async_uploads={last.get('async_uploads', 0)}"
     tail = [logparse.clean(x) for x in text.splitlines()[-15:]]
-    cr = CaseRun(case.name, rnd, res.returncode, seconds, verdict.engaged and res.returncode == 0, what, tail, started)
+    ok = verdict.engaged and res.returncode == 0
+    cr = CaseRun(case.name, proc.rnd, res.returncode, seconds, ok, what, tail, started)
     cr.detail = f"{suite['inproc']['rounds']} rounds of a context each, {DECODES} decodes per prompt"
     if res.returncode != 0:
         return cr, []
-    return cr, samples(res.stdout, case.name, base.name, rnd, int(suite["ubatch"][0]))
+    return cr, samples(res.stdout, case.name, base.name, proc.rnd, int(suite["ubatch"][0]))
 
 
-def run_control(
-    bin_dir: Path,
-    base: modes.Mode,
-    model: Path,
-    suite: dict[str, Any],
-    base_env: dict[str, str],
-    out_dir: Path,
-    rnd: int,
-    timeout: float,
-) -> tuple[CaseRun, list[Sample]]:
-    """One process of ``base`` alone, ``--control``: both contexts of every inner round with batching off, their
-    figures kept as ``BASE~control-a`` and ``BASE~control-b``. Nothing to engage; the program fails when either
-    context printed a batched-transfers line, and a failed control leaves ``base`` out of the ratios."""
-    log_path = out_dir / f"{base.name}-r{rnd}-inproc-control.log"
-    res, text, started, seconds = _process(bin_dir, base, model, suite, base_env, log_path, timeout, control=True)
+def run_control(proc: Process) -> tuple[CaseRun, list[Sample]]:
+    """One process of the baseline ``proc.case`` alone, ``--control``: both contexts of every inner round with
+    batching off, their figures kept as ``BASE~control-a`` and ``BASE~control-b``. Nothing to engage; the program
+    fails when either context printed a batched-transfers line, and a failed control leaves the baseline out of the
+    ratios."""
+    base, suite = proc.case, proc.suite
+    res, text, started, seconds = _process(proc, base, "inproc-control", control=True)
     tail = [logparse.clean(x) for x in text.splitlines()[-15:]]
     what = "control in one process: both contexts with batching off"
-    cr = CaseRun(base.name, rnd, res.returncode, seconds, None, what, tail, started)
+    cr = CaseRun(base.name, proc.rnd, res.returncode, seconds, None, what, tail, started)
     cr.detail = f"control: {suite['inproc']['rounds']} rounds of two contexts off, {DECODES} decodes per prompt"
     if res.returncode != 0:
         return cr, []
     a, b = (base.name + c for c in CONTROL)
-    return cr, samples(res.stdout, b, a, rnd, int(suite["ubatch"][0]))
+    return cr, samples(res.stdout, b, a, proc.rnd, int(suite["ubatch"][0]))

@@ -216,17 +216,16 @@ def run_job(setup: Setup, job: Job, rnd: int) -> tuple[CaseRun, list[Sample]]:
     out_dir = setup.logs / label if label else setup.logs
     out_dir.mkdir(parents=True, exist_ok=True)
     bin_dir, model = setup.bins[case.variant], setup.models[job.shape]
-    if job.measure == "inproc":
-        base = inproc.measured(case, list(setup.cases))
-        if base is None:  # a baseline's control (Setup.runs)
-            cr, ss = inproc.run_control(bin_dir, case, model, setup.suite, setup.base_env, out_dir, rnd, setup.timeout)
-        else:
-            cr, ss = inproc.run(bin_dir, case, base, model, setup.suite, setup.base_env, out_dir, rnd, setup.timeout)
-    elif job.measure in ("perplexity", "server"):
+    if job.measure in ("perplexity", "server", "inproc"):
         proc = wallclock.Process(
             bin_dir, case, model, setup.suite, setup.base_env, setup.inputs, out_dir, rnd, setup.timeout
         )
-        cr, ss = (wallclock.perplexity if job.measure == "perplexity" else wallclock.server)(proc)
+        if job.measure == "inproc":
+            base = inproc.measured(case, list(setup.cases))
+            # a baseline's own in-process job is its control (Setup.runs)
+            cr, ss = inproc.run_control(proc) if base is None else inproc.run(proc, base)
+        else:
+            cr, ss = (wallclock.perplexity if job.measure == "perplexity" else wallclock.server)(proc)
     else:
         reps, warmup = (job.run_length, 0) if job.run_length else (setup.reps, setup.warmup)
         cr, ss = run_case(
