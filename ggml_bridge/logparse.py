@@ -134,6 +134,11 @@ def clean(line: str) -> str:
     return ANSI.sub("", line).rstrip("\r\n")
 
 
+def tail(text: str, n: int = 15) -> list[str]:
+    """The last ``n`` lines of a process's output, cleaned (:func:`clean`): what a report keeps of a run."""
+    return [clean(x) for x in text.splitlines()[-n:]]
+
+
 def _kv(text: str) -> dict[str, int]:
     return {k: int(v) for k, v in _KV.findall(text)}
 

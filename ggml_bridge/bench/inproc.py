@@ -111,7 +111,7 @@ def run(proc: Process, base: modes.Mode) -> tuple[CaseRun, list[Sample]]:
     last = info.batched.stats[-1] if info.batched.stats else {}
     verdict = engaged(BATCHED, info.batched, last)
     what = f"batched {verdict.state} in one process against {base.name}, async_uploads={last.get('async_uploads', 0)}"
-    tail = [logparse.clean(x) for x in text.splitlines()[-15:]]
+    tail = logparse.tail(text)
     ok = verdict.engaged and res.returncode == 0
     cr = CaseRun(case.name, proc.rnd, res.returncode, seconds, ok, what, tail, started)
     cr.detail = f"{suite['inproc']['rounds']} rounds of a context each, {DECODES} decodes per prompt"
@@ -127,7 +127,7 @@ def run_control(proc: Process) -> tuple[CaseRun, list[Sample]]:
     ratios."""
     base, suite = proc.case, proc.suite
     res, text, started, seconds = _process(proc, base, "inproc-control", control=True)
-    tail = [logparse.clean(x) for x in text.splitlines()[-15:]]
+    tail = logparse.tail(text)
     what = "control in one process: both contexts with batching off"
     cr = CaseRun(base.name, proc.rnd, res.returncode, seconds, None, what, tail, started)
     cr.detail = f"control: {suite['inproc']['rounds']} rounds of two contexts off, {DECODES} decodes per prompt"

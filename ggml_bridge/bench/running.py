@@ -160,7 +160,7 @@ def run_case(
     finally:
         if topo:
             topo.stop()
-    tail = [logparse.clean(x) for x in res.stderr.splitlines()[-15:]]
+    tail = logparse.tail(res.stderr)
     samples: list[Sample] = []
     if res.returncode == 0:
         try:

@@ -96,17 +96,23 @@ def paired_ratio(samples: Sequence[Sample], case: str, ref: str, test: str) -> t
     return statistics.median(ratios), len(ratios)
 
 
+def _median_range(ratios: Sequence[float], k: int, resamples: int, seed: int) -> tuple[float, float] | None:
+    """95 % range of the median of ``k`` per-round ratios drawn with replacement from ``ratios`` (bootstrap over
+    whole rounds: the samples of one process are not independent); None with fewer than 3 rounds or no ``k``."""
+    if len(ratios) < 3 or k < 1:
+        return None
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(ratios, k=k)) for _ in range(resamples))
+    return meds[int(0.025 * (resamples - 1))], meds[int(0.975 * (resamples - 1))]
+
+
 def paired_interval(
     samples: Sequence[Sample], case: str, ref: str, test: str, resamples: int = 2000, seed: int = 1234
 ) -> tuple[float, float] | None:
     """95 % bootstrap interval of :func:`paired_ratio` that resamples whole rounds (the samples of one process
     are not independent); None with fewer than 3 common rounds."""
     ratios = _round_ratios(samples, case, ref, test)
-    if len(ratios) < 3:
-        return None
-    rng = random.Random(seed)
-    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
-    return boot[int(0.025 * (resamples - 1))], boot[int(0.975 * (resamples - 1))]
+    return _median_range(ratios, len(ratios), resamples, seed)
 
 
 def self_interval(
@@ -148,12 +154,7 @@ def control_interval(
     paired in-process ratio is (median of the second context / median of the first): where a paired in-process
     ratio over ``k`` rounds falls for an unchanged path, the in-process twin of :func:`self_interval`; None with
     fewer than 3 rounds of the control."""
-    ratios = _round_ratios(samples, ref + CONTROL[1], ref + CONTROL[0], test)
-    if len(ratios) < 3 or k < 1:
-        return None
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(ratios, k=k)) for _ in range(resamples))
-    return meds[int(0.025 * (resamples - 1))], meds[int(0.975 * (resamples - 1))]
+    return _median_range(_round_ratios(samples, ref + CONTROL[1], ref + CONTROL[0], test), k, resamples, seed)
 
 
 def in_process(test: str) -> bool:

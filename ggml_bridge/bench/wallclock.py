@@ -58,10 +58,6 @@ def device_args(suite: dict[str, Any], case: modes.Mode) -> list[str]:
     return argv + (["-t", str(suite["threads"])] if suite.get("threads") else [])
 
 
-def _tail(text: str) -> list[str]:
-    return [logparse.clean(x) for x in text.splitlines()[-15:]]
-
-
 @dataclass(frozen=True)
 class Process:
     """One measured process of a round: the programs, the case, the model, the suite, the environment, the inputs,
@@ -97,7 +93,7 @@ def perplexity(proc: Process) -> tuple[CaseRun, list[Sample]]:
     seconds = time.monotonic() - t0
     log_path.write_text(res.stdout + res.stderr)
     eng, what = engagement(case, res.stdout + res.stderr)
-    run = CaseRun(case.name, rnd, res.returncode, seconds, eng, what, _tail(res.stdout + res.stderr), started)
+    run = CaseRun(case.name, rnd, res.returncode, seconds, eng, what, logparse.tail(res.stdout + res.stderr), started)
     if res.returncode != 0:
         return run, []
     counted = logparse.perplexity_chunks(res.stdout + res.stderr)
