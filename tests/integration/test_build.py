@@ -116,7 +116,8 @@ def test_the_in_process_bench_fails_where_batching_cannot_engage(real_build, rea
     """test-batched-transfers --bench on the CPU build: the CPU backend has no pinned pool, so the contexts asking for
     batching run upstream's path; a bench that did not exercise the mechanism must fail, not print ratios as if it
     had. --control (both contexts off, the A/A run) asks for no batching, so there it passes, with a table of the
-    second context against the first and no batched-transfers line. Bad arguments exit 2 with the usage."""
+    second context against the first and no batched-transfers line. Bad arguments exit 2 with the usage (--rounds,
+    which also repeats the check's model part, needs a model)."""
     from ggml_bridge import model
 
     prog = real_build("patched").binaries["test-batched-transfers"]
@@ -135,3 +136,5 @@ def test_the_in_process_bench_fails_where_batching_cannot_engage(real_build, rea
         assert res.returncode == 2 and ("usage: " in res.stderr or "--prompts as sizes" in res.stderr), res.stderr
     res = subprocess.run([str(prog), "--model", str(gguf), "--control"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--control: only with --bench" in res.stderr, res.stderr
+    res = subprocess.run([str(prog), "--rounds", "2"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--rounds: only with --model" in res.stderr, res.stderr

@@ -63,12 +63,12 @@ def _tiny_model(real_settings, real_tree) -> Path:  # type: ignore[no-untyped-de
     return model.ensure_model(real_settings.cache_dir, "tiny", 1234, vocab)
 
 
-def _run_program(real_vulkan_build, real_settings, real_tree, tmp_path: Path, env: dict[str, str]):  # type: ignore[no-untyped-def]
-    """test-batched-transfers of the patched Vulkan build with the tiny model and ``env`` added; it must exit 0 with
-    over 1000 checks passed and none failed. Returns the result and stdout + stderr (also kept in tmp_path)."""
+def _run_program(real_vulkan_build, real_settings, real_tree, tmp_path: Path, env: dict[str, str], *args: str):  # type: ignore[no-untyped-def]
+    """test-batched-transfers of the patched Vulkan build with the tiny model, ``args`` and ``env`` added; it must exit
+    0 with over 1000 checks passed and none failed. Returns the result and stdout + stderr (also kept in tmp_path)."""
     prog = real_vulkan_build["patched"].binaries["test-batched-transfers"]
     res = subprocess.run(
-        [str(prog), "--model", str(_tiny_model(real_settings, real_tree))],
+        [str(prog), "--model", str(_tiny_model(real_settings, real_tree)), *args],
         capture_output=True,
         text=True,
         timeout=1500,
@@ -88,9 +88,12 @@ def test_batched_transfer_program_on_two_vulkan_devices(
     """test-batched-transfers (what `ctest -L batched` runs, plus a real model) on lavapipe presented twice: every
     payload and guard byte, batching off vs on, on Vulkan0 (staged through Vulkan's host buffer type) and on
     Vulkan1, whose host buffer type belongs to device zero: there nothing may be counted as a batch, every
-    transfer as upstream's own."""
-    res, out = _run_program(real_vulkan_build, real_settings, real_tree, tmp_path, TWO_DEVICES)
+    transfer as upstream's own. The model part runs eight times on Vulkan0: graphs that followed one another without
+    ggml-vulkan's per-graph recycle crashed lavapipe's queue thread (without the fix 2 of 3 such processes died,
+    after 3 and 6 rounds)."""
+    res, out = _run_program(real_vulkan_build, real_settings, real_tree, tmp_path, TWO_DEVICES, "--rounds", "8")
     assert "test-batched-transfers: 2 GPU device(s)" in res.stdout
+    assert re.search(r"^llama Vulkan0: 8 round\(s\)$", res.stdout, re.MULTILINE), out[-3000:]
     assert re.search(r"^main: Vulkan0, batched transfers available$", res.stdout, re.MULTILINE), out[-3000:]
     assert re.search(
         r"^second-gpu: Vulkan1, batched transfers not available: .*Vulkan1: its pinned host buffer type is pinned "
