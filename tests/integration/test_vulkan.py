@@ -89,8 +89,8 @@ def test_batched_transfer_program_on_two_vulkan_devices(
     payload and guard byte, batching off vs on, on Vulkan0 (staged through Vulkan's host buffer type) and on
     Vulkan1, whose host buffer type belongs to device zero: there nothing may be counted as a batch, every
     transfer as upstream's own. The model part runs eight times on Vulkan0: graphs that followed one another without
-    ggml-vulkan's per-graph recycle crashed lavapipe's queue thread (without the fix 2 of 3 such processes died,
-    after 3 and 6 rounds)."""
+    ggml-vulkan's per-graph recycle crashed lavapipe's queue thread (without the fix 6 of 7 such processes died,
+    after 1 to 6 rounds)."""
     res, out = _run_program(real_vulkan_build, real_settings, real_tree, tmp_path, TWO_DEVICES, "--rounds", "8")
     assert "test-batched-transfers: 2 GPU device(s)" in res.stdout
     assert re.search(r"^llama Vulkan0: 8 round\(s\)$", res.stdout, re.MULTILINE), out[-3000:]
