@@ -13,15 +13,14 @@ inside one process on that machine (:func:`.stats.control_interval`)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
-from .. import logparse, modes, runner
+from .. import logparse, modes
 from ..engagement import BATCHED, engaged
 from ..errors import BenchError
 from .stats import CONTROL, INPROC, CaseRun, Sample
-from .wallclock import Process
+from .wallclock import Process, Timed
 
 #: the program (patch 0004) and the decodes of each prompt it times per context
 PROGRAM = "test-batched-transfers"
@@ -83,22 +82,12 @@ def samples(stdout: str, case: str, base: str, rnd: int, ubatch: int) -> list[Sa
     return [Sample(c, t, rnd, v) for (c, t), v in values.items()]
 
 
-def _process(proc: Process, base: modes.Mode, measure: str, control: bool) -> tuple[runner.Result, str, float, float]:
-    """One run of the program with ``base``'s selectors (batching left to the program); its output is written to
-    the log of ``proc`` for ``measure``. Returns the result, stdout and stderr together, the wall clock at the start
-    and the seconds."""
-    started, t0 = time.time(), time.monotonic()
-    res = runner.run(
-        argv(proc.bin_dir, proc.model, proc.suite, proc.suite["inproc"]["rounds"], control),
-        env={**proc.base_env, **base.env()},
-        check=False,
-        error=BenchError,
-        timeout=proc.timeout,
+def _process(proc: Process, base: modes.Mode, measure: str, control: bool) -> Timed:
+    """One run of the program with ``base``'s selectors (batching left to the program), its output in the log of
+    ``proc`` for ``measure``."""
+    return proc.timed(
+        argv(proc.bin_dir, proc.model, proc.suite, proc.suite["inproc"]["rounds"], control), base, measure
     )
-    seconds = time.monotonic() - t0
-    text = res.stdout + res.stderr
-    proc.log_path(measure).write_text(text)
-    return res, text, started, seconds
 
 
 def run(proc: Process, base: modes.Mode) -> tuple[CaseRun, list[Sample]]:
@@ -106,18 +95,17 @@ def run(proc: Process, base: modes.Mode) -> tuple[CaseRun, list[Sample]]:
     the program's warm-up round). Engaged: batching said it was enabled and did its work in the contexts that asked
     (the program also fails when they did not, or when a context with batching off printed anything)."""
     case, suite = proc.case, proc.suite
-    res, text, started, seconds = _process(proc, base, "inproc", control=False)
-    info = logparse.parse(text)
+    t = _process(proc, base, "inproc", control=False)
+    info = logparse.parse(t.text)
     last = info.batched.stats[-1] if info.batched.stats else {}
     verdict = engaged(BATCHED, info.batched, last)
     what = f"batched {verdict.state} in one process against {base.name}, async_uploads={last.get('async_uploads', 0)}"
-    tail = logparse.tail(text)
-    ok = verdict.engaged and res.returncode == 0
-    cr = CaseRun(case.name, proc.rnd, res.returncode, seconds, ok, what, tail, started)
+    ok = verdict.engaged and t.res.returncode == 0
+    cr = CaseRun(case.name, proc.rnd, t.res.returncode, t.seconds, ok, what, logparse.tail(t.text), t.started)
     cr.detail = f"{suite['inproc']['rounds']} rounds of a context each, {DECODES} decodes per prompt"
-    if res.returncode != 0:
+    if t.res.returncode != 0:
         return cr, []
-    return cr, samples(res.stdout, case.name, base.name, proc.rnd, int(suite["ubatch"][0]))
+    return cr, samples(t.res.stdout, case.name, base.name, proc.rnd, int(suite["ubatch"][0]))
 
 
 def run_control(proc: Process) -> tuple[CaseRun, list[Sample]]:
@@ -126,12 +114,11 @@ def run_control(proc: Process) -> tuple[CaseRun, list[Sample]]:
     fails when either context printed a batched-transfers line, and a failed control leaves the baseline out of the
     ratios."""
     base, suite = proc.case, proc.suite
-    res, text, started, seconds = _process(proc, base, "inproc-control", control=True)
-    tail = logparse.tail(text)
+    t = _process(proc, base, "inproc-control", control=True)
     what = "control in one process: both contexts with batching off"
-    cr = CaseRun(base.name, proc.rnd, res.returncode, seconds, None, what, tail, started)
+    cr = CaseRun(base.name, proc.rnd, t.res.returncode, t.seconds, None, what, logparse.tail(t.text), t.started)
     cr.detail = f"control: {suite['inproc']['rounds']} rounds of two contexts off, {DECODES} decodes per prompt"
-    if res.returncode != 0:
+    if t.res.returncode != 0:
         return cr, []
     a, b = (base.name + c for c in CONTROL)
-    return cr, samples(res.stdout, b, a, proc.rnd, int(suite["ubatch"][0]))
+    return cr, samples(t.res.stdout, b, a, proc.rnd, int(suite["ubatch"][0]))

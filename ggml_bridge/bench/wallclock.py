@@ -76,6 +76,30 @@ class Process:
     def log_path(self, measure: str) -> Path:
         return self.out_dir / f"{self.case.name}-r{self.rnd}-{measure}.log"
 
+    def timed(self, argv: list[str], selectors: modes.Mode, measure: str) -> Timed:
+        """Runs ``argv`` with ``selectors``' environment over the base one, within the process's timeout, and writes
+        its stdout and stderr to the log of ``measure``."""
+        started, t0 = time.time(), time.monotonic()
+        res = runner.run(
+            argv, env={**self.base_env, **selectors.env()}, check=False, error=BenchError, timeout=self.timeout
+        )
+        seconds = time.monotonic() - t0
+        log = self.log_path(measure)
+        log.write_text(res.stdout + res.stderr)
+        return Timed(res, res.stdout + res.stderr, started, seconds, log)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A run of :meth:`Process.timed`: its result, stdout and stderr together, the wall clock at its start, its
+    seconds and its log."""
+
+    res: runner.Result
+    text: str
+    started: float
+    seconds: float
+    log: Path
+
 
 def perplexity(proc: Process) -> tuple[CaseRun, list[Sample]]:
     """One llama-perplexity process (``-c``, ``--chunks``, ``-b`` of the suite: several sequences per batch); its
@@ -86,26 +110,21 @@ def perplexity(proc: Process) -> tuple[CaseRun, list[Sample]]:
     argv = [str(proc.bin_dir / "llama-perplexity"), "-m", str(proc.model), "-f", str(inputs.text), "-c", str(p["ctx"])]
     argv += ["--chunks", str(p["chunks"]), "-b", str(p["batch"]), "-ub", str(suite["ubatch"][0]), "-lv", "4"]
     argv += device_args(suite, case)
-    log_path = proc.log_path("perplexity")
-    started, t0 = time.time(), time.monotonic()
-    env = {**proc.base_env, **case.env()}
-    res = runner.run(argv, env=env, check=False, error=BenchError, timeout=proc.timeout)
-    seconds = time.monotonic() - t0
-    log_path.write_text(res.stdout + res.stderr)
-    eng, what = engagement(case, res.stdout + res.stderr)
-    run = CaseRun(case.name, rnd, res.returncode, seconds, eng, what, logparse.tail(res.stdout + res.stderr), started)
-    if res.returncode != 0:
+    t = proc.timed(argv, case, "perplexity")
+    eng, what = engagement(case, t.text)
+    run = CaseRun(case.name, rnd, t.res.returncode, t.seconds, eng, what, logparse.tail(t.text), t.started)
+    if t.res.returncode != 0:
         return run, []
-    counted = logparse.perplexity_chunks(res.stdout + res.stderr)
+    counted = logparse.perplexity_chunks(t.text)
     if counted is None or counted[0] == 0:
         raise BenchError(
             f"llama-perplexity evaluated nothing for case {case.name}",
             why="no 'calculating perplexity over N chunks' line with N > 0",
-            fix=f"see {log_path}",
+            fix=f"see {t.log}",
         )
     tokens = counted[0] * counted[1]
-    run.detail = f"{counted[0]} chunks x {counted[1]} tokens in {seconds:.2f} s"
-    return run, [Sample(case.name, "perplexity", rnd, [tokens / seconds])]
+    run.detail = f"{counted[0]} chunks x {counted[1]} tokens in {t.seconds:.2f} s"
+    return run, [Sample(case.name, "perplexity", rnd, [tokens / t.seconds])]
 
 
 def server(proc: Process) -> tuple[CaseRun, list[Sample]]:
