@@ -2,7 +2,8 @@
 the median of the per-round speed ratio (context 1 against context 0: off ms / on ms, or off ms / off-again ms with
 --control) and the 95 % bootstrap interval of that median over whole rounds (ggml_bridge.bench.stats._median_range:
 2000 resamples, seed 1234). Several files given: their rounds pooled into one median.
-Usage, from the repository root:  python3 results/2026-12-06-h100x1-batched-control/intervals.py FILE [FILE ...]"""
+Usage, with the package importable (installed, or PYTHONPATH=. from the repository root):
+    python3 results/2026-12-06-h100x1-batched-control/intervals.py FILE [FILE ...]"""
 import statistics
 import sys
 
