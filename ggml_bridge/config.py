@@ -32,6 +32,7 @@ BUILD_TARGETS = (
     "llama-perplexity",
     "test-batched-transfers",
     "test-mapped-host-bridge",
+    "test-bridge-allreduce",
     "ggml-rpc-server",
 )
 #: ``--backend`` values (``auto`` never picks vulkan: it is asked for by name).
