@@ -7,8 +7,10 @@ later."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -68,13 +70,7 @@ def output_dir(path: Path | str, flag: str) -> Path:
     """An output folder the user named (``--report``, ``--out``, ``--build-dir``): absolute, created when missing,
     writable; a :class:`UsageError` naming ``flag`` otherwise (empty, a file, cannot be created, read-only). Called
     before any work, so a bad folder is refused at once, not after minutes of building or checking."""
-    if not str(path).strip():
-        raise UsageError(
-            f"{flag} is empty",
-            why="an empty value would silently mean the current folder",
-            fix=f"leave {flag} out for the default, or give a folder",
-        )
-    out = Path(os.path.abspath(os.path.expanduser(path)))
+    out = _not_empty(path, flag)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -87,12 +83,64 @@ def output_dir(path: Path | str, flag: str) -> Path:
         ) from None
     if not out.is_dir():
         raise UsageError(f"{flag} {path} is not a folder", fix="pass a folder (it is created if missing)")
-    if not os.access(out, os.W_OK | os.X_OK):
+    _writable(out, flag, path)
+    return out
+
+
+def _writable(folder: Path, flag: str, path: Path | str) -> None:
+    """A file can be made in ``folder`` (tried, not guessed from the mode bits: root passes every ``access``
+    check, and /proc or a read-only mount refuse even root); a UsageError naming ``flag`` otherwise."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".ggml-bridge-writable-")
+    except OSError as e:
         raise UsageError(
             f"{flag} {path} is not writable",
-            why="nothing was written",
+            why=f"{os_reason(e)}; nothing was written",
             fix="pass a folder you can write, or fix its permissions",
+        ) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+
+
+def _not_empty(path: Path | str, flag: str) -> Path:
+    if not str(path).strip():
+        raise UsageError(
+            f"{flag} is empty",
+            why="an empty value would silently mean the current folder",
+            fix=f"leave {flag} out, or give a path",
         )
+    return Path(os.path.abspath(os.path.expanduser(path)))
+
+
+def input_file(path: Path | str, flag: str, *, fix: str = "pass a file") -> Path:
+    """A file the user named to be read (``--probe-output``, ``--model``, ``--microbench``): absolute, an existing
+    regular file or a device that reads (a FIFO, /dev/stdin); a UsageError naming ``flag`` otherwise (empty,
+    missing, a folder)."""
+    given = _not_empty(path, flag)
+    if given.is_dir():
+        raise UsageError(f"{flag} {path} is a folder, not a file", fix=fix)
+    if not given.exists():
+        raise UsageError(f"{flag} {path}: no such file", fix=fix)
+    return given
+
+
+def output_file(path: Path | str, flag: str, *, suffixes: tuple[str, ...] = ()) -> Path:
+    """A file the user named to be written (``--plot``, ``model --out``): absolute, not a folder, its name ending in
+    one of ``suffixes`` (when given: a plot's format), its folder created when missing and writable; a UsageError
+    naming ``flag`` otherwise. Nothing is written to it here."""
+    out = _not_empty(path, flag)
+    if out.is_dir():
+        raise UsageError(f"{flag} {path} is a folder, not a file", fix="pass a file name in that folder")
+    if suffixes and out.suffix.lower() not in suffixes:
+        raise UsageError(
+            f"{flag} {path} does not end in {', '.join(suffixes)}",
+            why="the file name's extension chooses the format",
+            fix=f"name the file with one of {', '.join(suffixes)}",
+        )
+    if out.exists() and not out.is_file():
+        raise UsageError(f"{flag} {path} is not a regular file", fix="pass a file name in a folder you can write")
+    output_dir(out.parent, f"{flag} {path}: its folder")
     return out
 
 

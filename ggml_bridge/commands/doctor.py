@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import Settings, user_path
+from ..config import Settings
 from ..doctor.facts import Options
-from . import cmdoptions
+from . import argtypes, cmdoptions
 from .argtypes import count, seconds
 
 
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         probe,
         (
             "--probe-output",
-            user_path,
+            argtypes.path,
             "FILE",
             "read a saved probe output (probe.txt of --out) instead of running the probe",
         ),
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
         (
             "--bin-dir",
-            user_path,
+            argtypes.path,
             "DIR",
             "ask this build's programs (default: the latest patched build of each backend, then the installed wheel)",
         ),
@@ -54,18 +54,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         (
             "--model",
-            user_path,
+            argtypes.path,
             "GGUF",
             "the model to serve: its hidden size prices the boundaries, its size balances -ts by measured speed",
         ),
         ("--hidden", count(1, 1 << 20), "N", "hidden size without --model (default 4096)"),
         (
             "--out",
-            user_path,
+            argtypes.path,
             "DIR",
             "also write report.txt, doctor.json, probe.txt (the probe's raw output) and pairs.png into DIR",
         ),
-        ("--plot", user_path, "PNG", "the pair bandwidth plot here"),
+        ("--plot", argtypes.path, "PNG", "the pair bandwidth plot here (.png, .svg or .pdf)"),
     )
 
 

@@ -10,58 +10,97 @@ line each in the report, then the one-line RpcError (exit 41).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import socket
+from pathlib import Path
 
-from .. import builder, cache, modes, rpc
+from .. import builder, cache, files, modes, rpc
 from ..config import Settings
-from ..errors import NotBuiltError, RpcError, ServeError, UsageError
+from ..errors import CacheError, NotBuiltError, RpcError, ServeError, UsageError, os_reason
 from ..runner import log, step
 from . import inventory, nvml, probe, report
 from .facts import WATCHED_ENV, Findings, Options
-from .plot import plot_pairs
+from .plot import PLOT_SUFFIXES, plot_pairs
 from .recommend import recommend
 
 PROBE_PROGRAM = "test-mapped-host-bridge"
 #: seconds the probe gets beyond its own budget before it is stopped (CUDA start-up, freeing, a slow machine)
 PROBE_GRACE_S = 90.0
+#: seconds NVML may take for the whole inventory before the doctor goes on without it (a GPU that fell off the bus
+#: hangs nvmlInit); never more than the probe's time budget
+NVML_TIMEOUT_S = 20.0
+#: the most of a saved probe output the doctor reads (a real one is a few hundred KiB)
+PROBE_FILE_MAX = 64 << 20
+
+
+def _read_saved(path: Path) -> str:
+    """A saved probe output, at most PROBE_FILE_MAX bytes of it (undecodable bytes replaced)."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(PROBE_FILE_MAX)
+    except OSError as e:
+        raise UsageError(
+            f"cannot read --probe-output {path}", why=os_reason(e), fix="pass a file a probe run wrote"
+        ) from None
+    return data.decode("utf-8", errors="replace")
 
 
 def run(opts: Options, settings: Settings) -> int:
-    _validate(opts)
+    opts = _validate(opts)
     f = gather(opts, settings)
     rec = recommend(f, _default_server(settings))
     text, doc = report.render(f, rec), report.dumps(f, rec)
     plot_file = opts.plot or (opts.out / "pairs.png" if opts.out else None)
-    if plot_file is not None and f.probe is not None and plot_pairs(f.probe, plot_file):
+    if plot_file is not None and f.probe is not None and _plot(f.probe, plot_file):
         log(f"pair bandwidth plot: {plot_file}")
     if opts.out is not None:
-        cache.write_text_atomic(opts.out / "report.txt", text)
-        cache.write_text_atomic(opts.out / "doctor.json", doc)
+        _write(opts.out / "report.txt", text)
+        _write(opts.out / "doctor.json", doc)
         log(f"report: {opts.out / 'report.txt'}, {opts.out / 'doctor.json'}")
     print(doc if opts.json else text, end="", flush=True)
     for w in rec.warnings:
-        log(f"ggml-bridge: warning: {w}")
+        log(f"ggml-bridge: warning: {report.one_line(w)}")
     _raise_for_rpc(f)
     return 0
 
 
-def _validate(opts: Options) -> None:
-    """Bad input, before anything runs: one line each."""
+def _validate(opts: Options) -> Options:
+    """Bad input, before anything runs: one line each (exit 2). The paths come back absolute and checked."""
     for spec in opts.rpc:
         rpc.parse_endpoints(spec)
-    if opts.probe_file is not None and not opts.probe_file.is_file():
-        raise UsageError(f"--probe-output {opts.probe_file}: no such file", fix="pass a file a probe run wrote")
-    for where, path in (("--out", opts.out), ("--plot", opts.plot.parent if opts.plot else None)):
-        if path is None:
-            continue
-        if path.exists() and not path.is_dir():
-            raise UsageError(f"{where} {path} is a file, not a folder", fix="pass a folder (it is created if missing)")
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"{where}: cannot create the folder {path}", why=e.strerror or str(e)) from None
+    if opts.plot is not None and not opts.probe:
+        raise UsageError(
+            "--plot with --no-probe: there is nothing to plot",
+            why="the plot shows the probe's measurements",
+            fix="leave --plot out, or run the probe (or pass --probe-output)",
+        )
+    probe_fix, model_fix = "pass a file a probe run wrote", "pass the GGUF file you will serve"
+    return dataclasses.replace(
+        opts,
+        probe_file=opts.probe_file and files.input_file(opts.probe_file, "--probe-output", fix=probe_fix),
+        model=opts.model and files.input_file(opts.model, "--model", fix=model_fix),
+        out=opts.out and files.output_dir(opts.out, "--out"),
+        plot=opts.plot and files.output_file(opts.plot, "--plot", suffixes=PLOT_SUFFIXES),
+    )
+
+
+def _write(path: Path, text: str) -> None:
+    """A file of the report in the user's --out folder: an OS error (a full disk) is a UsageError naming it."""
+    try:
+        cache.write_text_atomic(path, text)
+    except CacheError as e:
+        raise UsageError(e.what, why=e.why, fix="free space there, or pass another --out") from None
+
+
+def _plot(p: probe.ProbeResult, out: Path) -> Path | None:
+    try:
+        return plot_pairs(p, out)
+    except OSError as e:
+        raise UsageError(
+            f"cannot write the plot {out}", why=os_reason(e), fix="free space there, or pass another --plot"
+        ) from None
 
 
 def gather(opts: Options, settings: Settings) -> Findings:
@@ -71,7 +110,7 @@ def gather(opts: Options, settings: Settings) -> Findings:
             host=socket.gethostname(),
             options=opts,
             env={k: os.environ[k] for k in WATCHED_ENV if k in os.environ},
-            nvml=nvml.read(),
+            nvml=nvml.read(timeout_s=min(NVML_TIMEOUT_S, opts.budget_s)),
             cpu=inventory.cpu_info([], []),
         )
         f.builds, f.notes = inventory.find_builds(settings, opts.bin_dir)
@@ -89,7 +128,7 @@ def gather(opts: Options, settings: Settings) -> Findings:
 def _probe(opts: Options, f: Findings) -> tuple[probe.ProbeResult | None, str]:
     """The measurements: from a saved probe output, from the patched CUDA build's probe, or none and why."""
     if opts.probe_file is not None:
-        return probe.parse(opts.probe_file.read_text(errors="replace")), f"saved probe output {opts.probe_file}"
+        return probe.parse(_read_saved(opts.probe_file)), f"saved probe output {opts.probe_file}"
     if not opts.probe:
         return None, "not run (--no-probe)"
     if f.nvml.status == "no-driver":

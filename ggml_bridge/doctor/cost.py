@@ -12,6 +12,8 @@ source's download and the destination's upload.
 
 from __future__ import annotations
 
+import math
+
 MiB = 1 << 20
 CHUNK = 2 * MiB
 S_SYNC = 10e-6  # one host synchronization + API round trip (upstream fallback), per side
@@ -32,7 +34,9 @@ def t_bridge(b: float, B: float, L: float) -> float:
 def link_constants(small: tuple[int, float], large: tuple[int, float]) -> tuple[float, float]:
     """(B bytes/s, L s) of a one-way link from two timed copies: ``large`` = (bytes, GB/s of back-to-back copies),
     ``small`` = (bytes, us for one copy and its synchronization). L is what the small copy costs beyond its bytes
-    (at least 1 us)."""
+    (at least 1 us). A figure that is not finite and above 0 is a ValueError: no measurement gives it."""
+    if not all(math.isfinite(x) and x > 0 for x in (small[1], large[1])):
+        raise ValueError(f"implausible link figures: {small[1]} us, {large[1]} GB/s")
     B = large[1] * 1e9
     L = max(small[1] * 1e-6 - small[0] / B, 1e-6)
     return B, L

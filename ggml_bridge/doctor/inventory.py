@@ -25,7 +25,9 @@ DEVICE_LINE = re.compile(
 )
 #: ggml's loader, for a build whose backends are modules (GGML_BACKEND_DL): which CPU variant it picked
 LOADED = re.compile(r"load_backend: loaded (?P<reg>\S+) backend from (?P<path>\S+)")
-LIST_TIMEOUT_S = 120.0
+#: seconds ``--list-devices`` may take (it initializes every backend and contacts every RPC endpoint); past them the
+#: listing is that build's (or endpoint's) problem in the report
+LIST_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,12 @@ class ListedDevice:
     @property
     def kind(self) -> str:
         return re.sub(r"\d+(\[.*\])?$", "", self.name)
+
+    @property
+    def ordinal(self) -> int | None:
+        """The backend's device number (``CUDA1`` -> 1), None without one."""
+        m = re.search(r"(\d+)(\[.*\])?$", self.name)
+        return int(m[1]) if m else None
 
 
 @dataclass
@@ -153,9 +161,13 @@ def list_devices(b: Build, extra: Sequence[str] = (), env: Mapping[str, str] | N
     """``llama-server [extra] --list-devices`` of build ``b``: the devices it would use (CPU excluded, as llama.cpp
     lists them) and, for a build of backend modules, which modules ggml loaded."""
     out = Listing(b)
-    res = runner.run(
-        [b.server, *extra, "--list-devices"], env=env, check=False, timeout=LIST_TIMEOUT_S, error=ServeError
-    )
+    try:
+        res = runner.run(
+            [b.server, *extra, "--list-devices"], env=env, check=False, timeout=LIST_TIMEOUT_S, error=ServeError
+        )
+    except ServeError as e:  # it did not return (an RPC endpoint that stalls after the handshake) or cannot run
+        out.problem = f"`{b.server.name} {' '.join([*extra, '--list-devices'])}`: {e}"
+        return out
     text = res.stdout + "\n" + res.stderr
     for line in text.splitlines():
         if m := DEVICE_LINE.match(line):

@@ -9,10 +9,14 @@ finding, not an error: the report says so and the doctor goes on.
 
 from __future__ import annotations
 
+import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
+#: the most GPUs one NVML inventory lists (a count beyond it is a binding's nonsense)
+MAX_GPUS = 1024
 
 #: usable bandwidth per lane and direction in GB/s, after line coding (NCCL's topology model: width x lane rate)
 LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
@@ -98,15 +102,39 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def read(lib: Any | None = None) -> NvmlReport:
+def read(lib: Any | None = None, *, timeout_s: float = 20.0) -> NvmlReport:
     """Everything NVML says about the GPUs; a report with status ``no-driver`` / ``no-binding`` / ``error`` when it
-    cannot say anything. Never raises for a missing driver."""
-    if lib is None:
-        try:
-            import pynvml as lib_module
-        except ImportError:
-            return NvmlReport("no-binding", "the nvidia-ml-py package (module pynvml) is not installed")
-        lib = lib_module
+    cannot say anything. Never raises and never waits longer than ``timeout_s``: NVML runs in a daemon thread that is
+    abandoned when it does not return (a GPU that fell off the bus hangs ``nvmlInit``; the process can still end)."""
+    box: list[NvmlReport] = []
+    worker = threading.Thread(target=lambda: box.append(_read(lib)), name="nvml", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if not box:
+        return NvmlReport(
+            "error",
+            f"NVML did not answer within {timeout_s:g} s (a GPU that fell off the bus, a hung driver): the GPUs are "
+            "not listed; `nvidia-smi` and the kernel log (dmesg) tell more",
+        )
+    return box[0]
+
+
+def _read(lib: Any | None) -> NvmlReport:
+    """:func:`read` in its worker: any failure, an NVMLError or a binding that raises anything else or returns
+    nonsense, is the report's ``error`` status."""
+    try:
+        if lib is None:
+            try:
+                import pynvml as lib_module
+            except ImportError:
+                return NvmlReport("no-binding", "the nvidia-ml-py package (module pynvml) is not installed")
+            lib = lib_module
+        return _started(lib)
+    except Exception as e:  # noqa: BLE001 - a binding's own bug is NVML trouble: a finding, never a traceback
+        return NvmlReport("error", f"NVML failed: {type(e).__name__}: {_text(e)}"[:300])
+
+
+def _started(lib: Any) -> NvmlReport:
     try:
         lib.nvmlInit()
     except lib.NVMLError_LibraryNotFound:
@@ -122,20 +150,38 @@ def read(lib: Any | None = None) -> NvmlReport:
 
 
 def _optional(lib: Any, fn: Callable[..., T], *args: Any) -> T | None:
-    """``fn(*args)``, or None where NVML says the query is not supported here (or fails)."""
+    """``fn(*args)``, or None where NVML says the query is not supported here, or fails in any other way (one
+    unknown field, not a lost inventory)."""
     try:
         return fn(*args)
-    except lib.NVMLError:
+    except Exception:  # noqa: BLE001 - NVMLError or a binding's bug: the field is unknown
         return None
+
+
+def _count(value: Any, lo: int = 0, hi: int = 1 << 20) -> int | None:
+    """A whole number NVML returned, or None when it is not one (a string, NaN, a negative or absurd figure)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            return None
+        value = int(value)
+    if not isinstance(value, int) or not lo <= value <= hi:
+        return None
+    return value
 
 
 def _inventory(lib: Any) -> NvmlReport:
     rep = NvmlReport("ok")
     rep.driver = _text(lib.nvmlSystemGetDriverVersion())
-    cuda = _optional(lib, lib.nvmlSystemGetCudaDriverVersion_v2)
+    cuda = _count(_optional(lib, lib.nvmlSystemGetCudaDriverVersion_v2), 1, 1 << 30)
     if cuda:
-        rep.cuda_driver = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}"
-    handles = [lib.nvmlDeviceGetHandleByIndex(i) for i in range(int(lib.nvmlDeviceGetCount()))]
+        rep.cuda_driver = f"{cuda // 1000}.{cuda % 1000 // 10}"
+    raw = lib.nvmlDeviceGetCount()
+    n = _count(raw, 0, MAX_GPUS)
+    if n is None:
+        return NvmlReport("error", f"NVML's GPU count is not a number of GPUs: {_text(raw)[:40]!r}")
+    handles = [lib.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
     for i, h in enumerate(handles):
         rep.gpus.append(_gpu(lib, i, h))
     for i in range(len(handles)):
@@ -154,21 +200,35 @@ def _gpu(lib: Any, index: int, h: Any) -> NvmlGpu:
         name=_text(lib.nvmlDeviceGetName(h)),
         pci=normalize_pci(pci.busId),
         uuid=_text(_optional(lib, lib.nvmlDeviceGetUUID, h) or ""),
-        cc=f"{cc[0]}.{cc[1]}" if cc else None,
-        memory_total_mib=int(mem.total) >> 20 if mem else None,
-        memory_free_mib=int(mem.free) >> 20 if mem else None,
-        pcie_gen=_optional(lib, lib.nvmlDeviceGetCurrPcieLinkGeneration, h),
-        pcie_gen_max=gen_max,
-        pcie_width=_optional(lib, lib.nvmlDeviceGetCurrPcieLinkWidth, h),
-        pcie_width_max=_optional(lib, lib.nvmlDeviceGetMaxPcieLinkWidth, h),
+        cc=_cc(cc),
+        memory_total_mib=_mib(getattr(mem, "total", None)),
+        memory_free_mib=_mib(getattr(mem, "free", None)),
+        pcie_gen=_count(_optional(lib, lib.nvmlDeviceGetCurrPcieLinkGeneration, h), 1, 64),
+        pcie_gen_max=_count(gen_max, 1, 64),
+        pcie_width=_count(_optional(lib, lib.nvmlDeviceGetCurrPcieLinkWidth, h), 1, 64),
+        pcie_width_max=_count(_optional(lib, lib.nvmlDeviceGetMaxPcieLinkWidth, h), 1, 64),
     )
+
+
+def _cc(cc: Any) -> str | None:
+    try:
+        major, minor = (_count(x, 0, 99) for x in cc)
+    except (TypeError, ValueError):
+        return None
+    return f"{major}.{minor}" if major is not None and minor is not None else None
+
+
+def _mib(value: Any) -> int | None:
+    n = _count(value, 0, 1 << 62)
+    return None if n is None else n >> 20
 
 
 def _pair(lib: Any, gpus: list[NvmlGpu], handles: list[Any], i: int, j: int) -> NvmlPair:
     level = _optional(lib, lib.nvmlDeviceGetTopologyCommonAncestor, handles[i], handles[j])
-    topo = TOPOLOGY.get(int(level), (f"level {level}", ""))[0] if level is not None else None
+    lvl = _count(level, 0, 1 << 16)
+    topo = TOPOLOGY.get(lvl, (f"level {lvl}", ""))[0] if lvl is not None else None
     nvlinks = 0
-    for link in range(int(getattr(lib, "NVML_NVLINK_MAX_LINKS", 0))):
+    for link in range(_count(getattr(lib, "NVML_NVLINK_MAX_LINKS", 0), 0, 64) or 0):
         if _optional(lib, lib.nvmlDeviceGetNvLinkState, handles[i], link) != lib.NVML_FEATURE_ENABLED:
             continue
         remote = _optional(lib, lib.nvmlDeviceGetNvLinkRemotePciInfo, handles[i], link)

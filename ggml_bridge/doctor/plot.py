@@ -8,6 +8,8 @@ from pathlib import Path
 
 from .probe import LARGE, ProbeResult
 
+#: the formats --plot writes, chosen by the file name's extension
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 PATHS = (("bridge", "bridge"), ("upstream", "upstream's copy"), ("p2p", "direct peer copy"))
 
 
@@ -59,6 +61,8 @@ def plot_pairs(p: ProbeResult, out: Path) -> Path | None:
         )
     fig.tight_layout(rect=(0, 0.04, 1, 1) if bad else None)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)
     return out

@@ -8,6 +8,7 @@ that dies (a peer copy that faults the IOMMU takes the process with it) leaves t
 
 from __future__ import annotations
 
+import math
 import shlex
 import subprocess
 from dataclasses import dataclass, field
@@ -106,6 +107,8 @@ class ProbeResult:
     #: the (src GPU, dst GPU, case) whose check-begin line had no check line (the probe died during that copy)
     died_during: tuple[int, int, int] | None = None
     malformed: list[str] = field(default_factory=list)
+    #: lines whose figures no measurement gives, or that name a device no ``device`` line describes (not used)
+    implausible: list[str] = field(default_factory=list)
     exit_status: int | None = None
     timed_out: bool = False
 
@@ -129,6 +132,27 @@ class ProbeFormatError(ValueError):
     """A ``probe:`` line that is not ``kind key=value ...``; :func:`parse` keeps it as a ``malformed`` entry."""
 
 
+class ImplausibleFigure(ProbeFormatError):
+    """A ``probe:`` line whose figures no measurement gives (0, negative, NaN or infinite GB/s, us, GFLOP/s or MiB):
+    :func:`parse` keeps it as an ``implausible`` entry and uses none of its figures."""
+
+
+def _positive(f: Mapping[str, str], key: str) -> float:
+    """A measured figure: finite and above 0."""
+    value = float(f[key])
+    if not math.isfinite(value) or value <= 0:
+        raise ImplausibleFigure(f"{key}={f[key]} is not a finite figure above 0")
+    return value
+
+
+def _whole(f: Mapping[str, str], key: str, lo: int = 0) -> int:
+    """A count or a size: a whole number of at least ``lo``."""
+    value = int(f[key])
+    if value < lo:
+        raise ImplausibleFigure(f"{key}={f[key]} is below {lo}")
+    return value
+
+
 def _fields(rest: str) -> tuple[str, dict[str, str]]:
     try:
         tokens = shlex.split(rest)
@@ -146,7 +170,7 @@ def _fields(rest: str) -> tuple[str, dict[str, str]]:
 
 
 def _timing(f: Mapping[str, str]) -> Timing:
-    return Timing(int(f["bytes"]), float(f["gbps"]), float(f["us"]), int(f["iters"]))
+    return Timing(_whole(f, "bytes", 1), _positive(f, "gbps"), _positive(f, "us"), _whole(f, "iters", 1))
 
 
 def parse_line(res: ProbeResult, rest: str) -> None:
@@ -158,11 +182,17 @@ def parse_line(res: ProbeResult, rest: str) -> None:
         res.driver, res.runtime = int(f["driver"]), int(f["runtime"])
     elif kind == "gpu":
         g = int(f["gpu"])
-        res.gpus[g] = Gpu(g, f["pci"], f["name"], f["cc"], int(f["total_mib"]))
+        res.gpus[g] = Gpu(g, f["pci"], f["name"], f["cc"], _whole(f, "total_mib"))
     elif kind == "device":
         d = int(f["dev"])
         res.devices[d] = Device(
-            d, int(f["gpu"]), f["name"], f["description"], int(f["total_mib"]), int(f["free_mib"]), f["virtual"] == "1"
+            d,
+            int(f["gpu"]),
+            f["name"],
+            f["description"],
+            _whole(f, "total_mib"),
+            _whole(f, "free_mib"),
+            f["virtual"] == "1",
         )
     elif kind == "peer":
         res.peers[(int(f["src_gpu"]), int(f["dst_gpu"]))] = (f["can_access"] == "1", f["enabled"] == "1")
@@ -170,7 +200,7 @@ def parse_line(res: ProbeResult, rest: str) -> None:
         t = _timing(f)
         res.links[(int(f["dev"]), f["dir"], t.bytes)] = t
     elif kind == "compute":
-        res.gflops[int(f["dev"])] = float(f["gflops"])
+        res.gflops[int(f["dev"])] = _positive(f, "gflops")
     elif kind == "pair":
         res.pairs[(int(f["src"]), int(f["dst"]))] = (f["kind"], f["peer_enabled"] == "1")
     elif kind == "copy":
@@ -187,7 +217,10 @@ def parse_line(res: ProbeResult, rest: str) -> None:
     elif kind == "skipped":
         res.skipped.append((f["what"], f["reason"]))
     elif kind == "end":
-        res.seconds = float(f["seconds"])
+        seconds = float(f["seconds"])
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ImplausibleFigure(f"seconds={f['seconds']} is not a finite time")
+        res.seconds = seconds
     # other kinds: a newer probe's additions, ignored
 
 
@@ -219,13 +252,40 @@ def parse(text: str) -> ProbeResult:
             continue
         try:
             parse_line(res, raw[at + len(PREFIX) :])
+        except ImplausibleFigure as e:
+            res.implausible.append(f"{raw.strip()[:200]} ({e})")
         except (ProbeFormatError, KeyError, ValueError) as e:
             res.malformed.append(f"{raw.strip()[:200]} ({type(e).__name__}: {e})")
+    _cross_check(res)
     if res.died_during is not None and not res.ended:
         a, b, case = res.died_during
         done = [c for c in res.checks if (c.src_gpu, c.dst_gpu) == (a, b)]
         res.verdicts[(a, b)] = CheckPair(a, b, len(done) + 1, sum(not c.ok for c in done) + 1, "died")
     return res
+
+
+def _cross_check(res: ProbeResult) -> None:
+    """Drop the measurements that name a device no ``device`` line describes (each one ``implausible`` entry): the
+    advice looks every device of a measurement up."""
+    known = set(res.devices)
+
+    def unknown(*devs: int) -> int | None:
+        return next((d for d in devs if d not in known), None)
+
+    for key in [k for k in res.links if unknown(k[0]) is not None]:
+        res.implausible.append(f"link dev={key[0]} dir={key[1]} bytes={key[2]}: no device line for device {key[0]}")
+        del res.links[key]
+    for dev in [d for d in res.gflops if unknown(d) is not None]:
+        res.implausible.append(f"compute dev={dev}: no device line for device {dev}")
+        del res.gflops[dev]
+    for pair in [k for k in res.pairs if unknown(*k) is not None]:
+        res.implausible.append(f"pair src={pair[0]} dst={pair[1]}: no device line for device {unknown(*pair)}")
+        del res.pairs[pair]
+    for c in [k for k in res.copies if unknown(k[0], k[1]) is not None]:
+        res.implausible.append(
+            f"copy src={c[0]} dst={c[1]} path={c[2]} bytes={c[3]}: no device line for device {unknown(c[0], c[1])}"
+        )
+        del res.copies[c]
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ The rules, each stated where it is applied, are documented in the README's docto
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass, field
 
@@ -54,12 +55,24 @@ class Recommendation:
 
     @property
     def command(self) -> str:
-        return " ".join([f"{k}={shlex.quote(v)}" for k, v in self.env.items()] + [shlex.quote(a) for a in self.argv])
+        return " ".join([f"{k}={quoted(v)}" for k, v in self.env.items()] + [quoted(a) for a in self.argv])
 
     @property
     def per_token_us(self) -> float | None:
         costs = [b.per_token_us for b in self.boundaries]
         return None if not costs or any(c is None for c in costs) else sum(c for c in costs if c is not None)
+
+
+def quoted(value: str) -> str:
+    """A value the report shows as the shell takes it: shlex's quoting, or bash's ``$'...'`` with escapes when it
+    holds a control character (so the line stays one line, and the command still pastes)."""
+    if value.isprintable():
+        return shlex.quote(value)
+    body = "".join(
+        c if c.isprintable() and c not in "'\\" else ("\\" + c if c in "'\\" else c.encode("unicode_escape").decode())
+        for c in value
+    )
+    return f"$'{body}'"
 
 
 #: what batching was measured to do where it is advised (docs/batched.md, results/2026-12-03-h200x1-batched-split-rule)
@@ -122,7 +135,7 @@ def recommend(f: Findings, default_server: str | None) -> Recommendation:
 def _gpu_of(probe: ProbeResult | None, d: ListedDevice) -> int | None:
     if probe is None or d.kind != "CUDA":
         return None
-    dev = probe.devices.get(int(d.name[len("CUDA") :]))
+    dev = probe.devices.get(d.ordinal) if d.ordinal is not None else None
     return dev.gpu if dev else None
 
 
@@ -193,9 +206,13 @@ def _p2p_gain(p: ProbeResult, src_gpu: int, dst_gpu: int) -> float | None:
     for (s, d, path, size), t in p.copies.items():
         if path != "p2p" or size != LARGE:
             continue
-        if (p.devices[s].gpu, p.devices[d].gpu) in ((src_gpu, dst_gpu), (dst_gpu, src_gpu)):
+        ds, dd = p.devices.get(s), p.devices.get(d)
+        if ds is None or dd is None:
+            continue  # a copy of a device no device line describes (the parser drops those; kept safe here)
+        if (ds.gpu, dd.gpu) in ((src_gpu, dst_gpu), (dst_gpu, src_gpu)):
             bridge = p.copy(s, d, "bridge", LARGE) or p.copy(d, s, "bridge", LARGE)
-            return t.gbps / bridge.gbps if bridge and bridge.gbps > 0 else None
+            gain = t.gbps / bridge.gbps if bridge and bridge.gbps > 0 else None
+            return gain if gain is not None and math.isfinite(gain) else None
     return None
 
 
@@ -242,7 +259,7 @@ def split_shares(f: Findings, devices: list[ListedDevice]) -> tuple[list[int], s
     buffers). Otherwise, or when the model does not fit that way: shares follow free memory."""
     free = [max(d.free_mib, 0) for d in devices]
     speeds = [_speed(f.probe, d) for d in devices]
-    if f.model is not None and all(s for s in speeds):
+    if f.model is not None and all(s is not None and math.isfinite(s) and s > 0 for s in speeds):
         caps = [max(0.0, (m * (1 - HEADROOM) - HEADROOM_MIB) * MiB / f.model.bytes) for m in free]
         if sum(caps) >= 1.0:
             shares = _water_fill([s or 0.0 for s in speeds], caps)
@@ -265,7 +282,7 @@ def _size(n: int) -> str:
 def _speed(p: ProbeResult | None, d: ListedDevice) -> float | None:
     if p is None or d.kind != "CUDA":
         return None
-    dev = p.devices.get(int(d.name[len("CUDA") :]))
+    dev = p.devices.get(d.ordinal) if d.ordinal is not None else None
     if dev is None:
         return None
     first = min((x.dev for x in p.devices.values() if x.gpu == dev.gpu), default=None)
@@ -293,6 +310,11 @@ def _water_fill(weights: list[float], caps: list[float]) -> list[float]:
 
 
 def _percent(values: list[float]) -> list[int]:
+    """Shares in whole per cent summing to 100 (largest remainders); a figure that is not finite and positive
+    counts 0, and all of them 0 share evenly."""
+    values = [v if math.isfinite(v) and v > 0 else 0.0 for v in values]
+    if not any(values):
+        values = [1.0] * len(values)
     total = sum(values) or 1.0
     raw = [100 * v / total for v in values]
     out = [int(r) for r in raw]
@@ -315,9 +337,10 @@ def _boundary(f: Findings, rec: Recommendation, a: ListedDevice, b: ListedDevice
         return Boundary(a.name, b.name, HOST_STAGED, None, None, None, "not measured")
     if p is None:
         return Boundary(a.name, b.name, "bridge", None, None, None, "not measured (no probe)")
-    ia, ib = int(a.name[4:]), int(b.name[4:])
-    da, db = p.devices.get(ia), p.devices.get(ib)
-    if da is None or db is None:
+    ia, ib = a.ordinal, b.ordinal
+    da = p.devices.get(ia) if ia is not None else None
+    db = p.devices.get(ib) if ib is not None else None
+    if ia is None or ib is None or da is None or db is None:
         return Boundary(a.name, b.name, "bridge", None, None, None, "not measured (device not probed)")
     if da.gpu == db.gpu:
         return _interpolated(
@@ -330,7 +353,7 @@ def _boundary(f: Findings, rec: Recommendation, a: ListedDevice, b: ListedDevice
     down = [p.link(la, "d2h", s) for s in (SMALL, LARGE)]
     up = [p.link(lb, "h2d", s) for s in (SMALL, LARGE)]
     measured = p.copy(ia, ib, "bridge", SMALL) or p.copy(ib, ia, "bridge", SMALL)
-    if not all(down) or not all(up):
+    if not all(t is not None and t.gbps > 0 for t in down + up):
         return Boundary(a.name, b.name, "bridge", None, None, measured.us if measured else None, "links not measured")
     Bd, Ld = cost.link_constants((SMALL, down[0].us), (LARGE, down[1].gbps))  # type: ignore[union-attr]
     Bu, Lu = cost.link_constants((SMALL, up[0].us), (LARGE, up[1].gbps))  # type: ignore[union-attr]
@@ -355,7 +378,7 @@ def _interpolated(
 ) -> Boundary:
     small = p.copy(ia, ib, path, SMALL) or p.copy(ib, ia, path, SMALL)
     large = p.copy(ia, ib, path, LARGE) or p.copy(ib, ia, path, LARGE)
-    if small is None or large is None or large.gbps <= 0:
+    if small is None or large is None or large.gbps <= 0 or small.us <= 0:
         return Boundary(a, b, words, None, None, small.us if small else None, "not measured")
     B, L = cost.link_constants((SMALL, small.us), (LARGE, large.gbps))
     return Boundary(

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from .facts import Findings
 from .nvml import TOPOLOGY, link_gbps
-from .probe import LARGE, SMALL, ProbeResult
-from .recommend import Recommendation
+from .probe import LARGE, SMALL, ProbeResult, Timing
+from .recommend import Recommendation, quoted
 
 SCHEMA = "ggml-bridge-doctor/1"
 
@@ -20,6 +21,10 @@ def _fmt_us(us: float | None) -> str:
     if us is None:
         return "-"
     return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+def _fmt_gbps(t: Timing | None) -> str:
+    return f"{t.gbps:.1f} GB/s" if t is not None else "- GB/s"
 
 
 def _gen(gen: int | None, width: int | None) -> str:
@@ -37,7 +42,16 @@ def render(f: Findings, rec: Recommendation) -> str:
     out += _checks(f)
     out += _rpc(f)
     out += _advice(f, rec)
-    return "\n".join(out).rstrip() + "\n"
+    return "\n".join(one_line(line) for line in out).rstrip() + "\n"
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line of the report: what it holds from NVML, the probe, the device listing or the environment
+    cannot start a line of its own (a newline in CUDA_VISIBLE_DEVICES forging a "!! PEER COPIES ... ARE SAFE"
+    line): control characters are written as escapes (``\\n``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _machine(f: Findings) -> list[str]:
@@ -49,7 +63,7 @@ def _machine(f: Findings) -> list[str]:
     else:
         out.append(f"NVIDIA: {n.detail}")
     if f.env:
-        out.append("environment: " + " ".join(f"{k}={v}" for k, v in f.env.items()))
+        out.append("environment: " + " ".join(f"{k}={quoted(v)}" for k, v in f.env.items()))
     for note in f.notes:
         out.append(f"note: {note}")
     return out + [""]
@@ -124,14 +138,17 @@ def _measurements(f: Findings) -> list[str]:
         out.append(f"skipped: {what}: {why}")
     for line in p.malformed[:5]:
         out.append(f"unreadable probe line: {line}")
+    for line in p.implausible[:5]:
+        out.append(f"implausible probe line, not used: {line}")
+    if len(p.implausible) > 5:
+        out.append(f"... and {len(p.implausible) - 5} more implausible probe lines (doctor.json lists them all)")
     for dev in sorted(p.devices.values(), key=lambda d: d.dev):
         d2h, h2d = (p.link(dev.dev, d, LARGE) for d in ("d2h", "h2d"))
         s2h, s2d = (p.link(dev.dev, d, SMALL) for d in ("d2h", "h2d"))
         if d2h is None and dev.dev not in p.gflops:
             continue
         out.append(
-            f"GPU {dev.gpu} ({dev.name}): pinned D2H {d2h.gbps if d2h else 0:.1f} GB/s, H2D {h2d.gbps if h2d else 0:.1f} "
-            f"GB/s at 16 MiB; 64 KiB {_fmt_us(s2h.us if s2h else None)} / {_fmt_us(s2d.us if s2d else None)}; "
+            f"GPU {dev.gpu} ({dev.name}): pinned D2H {_fmt_gbps(d2h)}, H2D {_fmt_gbps(h2d)} at 16 MiB; 64 KiB {_fmt_us(s2h.us if s2h else None)} / {_fmt_us(s2d.us if s2d else None)}; "
             f"F32 GEMM {p.gflops.get(dev.dev, 0):.0f} GFLOP/s"
         )
     if p.pairs:
@@ -146,9 +163,7 @@ def _measurements(f: Findings) -> list[str]:
             for path, words in (("bridge", "bridge"), ("upstream", up), ("p2p", "direct peer copy")):
                 small, large = p.copy(s, d, path, SMALL), p.copy(s, d, path, LARGE)
                 if small or large:
-                    row.append(
-                        f"{words} {_fmt_us(small.us if small else None)} / {large.gbps if large else 0:.1f} GB/s;"
-                    )
+                    row.append(f"{words} {_fmt_us(small.us if small else None)} / {_fmt_gbps(large)};")
             out.append(" ".join(row).rstrip(";"))
     return out + [""]
 
@@ -232,6 +247,8 @@ def to_json(f: Findings, rec: Recommendation) -> dict[str, Any]:
             return [plain(v) for v in x]
         if isinstance(x, Path):
             return str(x)
+        if isinstance(x, float) and not math.isfinite(x):
+            return None  # JSON has no NaN nor Infinity
         return x
 
     doc = {"schema": SCHEMA, **plain(f)}
@@ -240,4 +257,4 @@ def to_json(f: Findings, rec: Recommendation) -> dict[str, Any]:
 
 
 def dumps(f: Findings, rec: Recommendation) -> str:
-    return json.dumps(to_json(f, rec), indent=2, sort_keys=False) + "\n"
+    return json.dumps(to_json(f, rec), indent=2, sort_keys=False, allow_nan=False) + "\n"

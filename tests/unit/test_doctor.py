@@ -187,6 +187,7 @@ def test_probe_parser_keeps_going_past_bad_lines() -> None:
     text = (
         "noise before\n"
         "probe: begin version=1 quick=0 deadline_s=0\n"
+        "probe: device dev=0 gpu=0 name=CUDA0 description=x total_mib=100 free_mib=90 virtual=0\n"
         'probe: gpu gpu=0 pci="0000:01:00.0 name=broken\n'  # unbalanced quote
         "probe: link dev=0 gpu=0 dir=d2h bytes=65536 gbps=x us=1 iters=2\n"  # not a number
         "probe: copy src=0 dst=1\n"  # fields missing

@@ -125,6 +125,20 @@ def _pin_edit(old: str, new: str) -> Callable[[Path, Path], None]:
     return make
 
 
+PROBE_OK = str(Path(__file__).resolve().parents[1] / "fixtures" / "probe" / "mock-2gpu-ok.txt")
+
+
+def _probe_edit(old: str, new: str) -> Callable[[Path, Path], None]:
+    """z.txt: the two-GPU probe fixture with ``old`` (a regular expression) replaced by ``new``."""
+
+    def make(project: Path, scratch: Path) -> None:
+        text, n = re.subn(old, new, Path(PROBE_OK).read_text())
+        assert n, f"{old!r} not in the probe fixture"
+        (scratch / "z.txt").write_text(text)
+
+    return make
+
+
 def _series_folder(project: Path, scratch: Path) -> None:
     (project / "patches" / "series").unlink()
     (project / "patches" / "series").mkdir()
@@ -627,6 +641,62 @@ CASES = [
     ),
     # --- D29: patches/series that is a folder ----------------------------------------------------------------------
     Case("series-is-a-folder", ["patch"], PATCH, "is a folder, not a file", files=_series_folder),
+    # --- fifth sweep (issue 50): the doctor's paths and what it reads ---------------------------------------------
+    Case(
+        "e5-doctor-plot-a-folder", ["doctor", "--probe-output", PROBE_OK, "--plot", "{scratch}"], USAGE, "is a folder"
+    ),
+    Case(
+        "e5-doctor-plot-dev-full",
+        ["doctor", "--probe-output", PROBE_OK, "--plot", "/dev/full"],
+        USAGE,
+        "--plot /dev/full does not end in .png, .svg, .pdf",
+    ),
+    Case(
+        "e5-doctor-plot-unknown-format",
+        ["doctor", "--probe-output", PROBE_OK, "--plot", "{scratch}/p.xyz"],
+        USAGE,
+        "does not end in .png",
+        absent=("ValueError", "==> "),
+    ),
+    Case("e6-doctor-out-empty", ["doctor", "--no-probe", "--out", ""], USAGE, "argument --out: the path is empty"),
+    Case("e6-doctor-plot-empty", ["doctor", "--plot", ""], USAGE, "argument --plot: the path is empty"),
+    Case(
+        "e7-doctor-probe-output-a-folder",
+        ["doctor", "--probe-output", "{scratch}"],
+        USAGE,
+        "--probe-output {scratch} is a folder, not a file",
+    ),
+    Case(
+        "e7-doctor-model-a-folder", ["doctor", "--no-probe", "--model", "{scratch}"], USAGE, "is a folder, not a file"
+    ),
+    Case("e8-doctor-out-unwritable", ["doctor", "--no-probe", "--out", "/proc/self"], USAGE, "is not writable"),
+    Case(
+        "e10-doctor-plot-without-probe", ["doctor", "--no-probe", "--plot", "{scratch}/p.png"], USAGE, "nothing to plot"
+    ),
+    Case(
+        "e1-doctor-probe-zero-gbps",
+        ["doctor", "--probe-output", "{scratch}/z.txt"],
+        0,
+        "implausible probe line, not used: probe: link dev=0 gpu=0 dir=d2h bytes=65536 gbps=0",
+        files=_probe_edit(r"gbps=[0-9.]+", "gbps=0"),
+        absent=("ZeroDivisionError",),
+    ),
+    Case(
+        "e14-doctor-probe-negative-gbps",
+        ["doctor", "--probe-output", "{scratch}/z.txt"],
+        0,
+        "gbps=-18.6 is not a finite figure above 0",
+        files=_probe_edit(r"gbps=[0-9.]+", "gbps=-18.6"),
+        absent=("-18.6 GB/s",),
+    ),
+    Case(
+        "e3-doctor-p2p-copy-of-an-unknown-device",
+        ["doctor", "--probe-output", "{scratch}/z.txt"],
+        0,
+        "no device line for device 7",
+        files=_probe_edit(r"copy src=0 dst=1 path=p2p", "copy src=7 dst=1 path=p2p"),
+        absent=("KeyError",),
+    ),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
