@@ -280,7 +280,7 @@ def _read_config(explicit: Path | str | None, cwd: Path) -> tuple[Path | None, d
         path = user_path(explicit)
         if not path.is_absolute():
             path = cwd / path
-        if not path.is_file():
+        if not path.exists():
             raise UsageError(f"config file {path} not found", fix="check --config / GGML_BRIDGE_CONFIG")
         return path, _parse_toml(path)
     local = cwd / CONFIG_NAME

@@ -5,6 +5,7 @@ the file, the table and the key, never a traceback later."""
 from __future__ import annotations
 
 import math
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,24 +21,70 @@ else:  # pragma: no cover
 INT_MAX = 2**31 - 1  # the C ints llama.cpp parses its numbers into
 
 
+#: the largest TOML file the tool reads (its own are a few KiB), and the deepest nesting of tables and arrays
+MAX_BYTES = 4 << 20
+MAX_DEPTH = 32
+
+
 def read(path: Path, what: str, error: type[FatalError] = UsageError, fix: str | None = None) -> dict[str, Any]:
     """The TOML ``path`` (``what`` names it in errors: "config file", "pin file", "ladder file" ...); ``error`` for a
-    missing, unreadable, non-UTF-8 or invalid file."""
+    missing, unreadable, non-UTF-8, invalid, too large or too deeply nested file, or one that is not a regular file
+    (a folder, a FIFO: reading one would wait for a writer). A UTF-8 byte order mark is allowed."""
+    text = _text(Path(path), what, error, fix)
     try:
-        data: dict[str, Any] = tomllib.loads(Path(path).read_bytes().decode("utf-8"))
-        return data
+        data: dict[str, Any] = tomllib.loads(text.removeprefix("\ufeff"))
+    except tomllib.TOMLDecodeError as e:
+        raise error(f"{what} {path} is not valid TOML", why=str(e)) from None
+    except RecursionError:  # deeper than the reader can go: refused like any file nested too deep
+        data = {}
+        deep = True
+    else:
+        deep = _depth(data) > MAX_DEPTH
+    if deep:
+        raise error(
+            f"{what} {path} nests tables or arrays more than {MAX_DEPTH} deep",
+            why="no file of the tool's needs that; a deeper one exhausts the reader",
+            fix=fix or "flatten it",
+        )
+    return data
+
+
+def _text(path: Path, what: str, error: type[FatalError], fix: str | None) -> str:
+    try:
+        st = path.stat()
+        if stat.S_ISDIR(st.st_mode):
+            raise error(f"{what} {path} is a folder, not a file", fix=fix)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{what} {path} is not a regular file", why="a FIFO or a device", fix=fix or "give a file")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise error(f"{what} {path} not found", fix=fix) from None
-    except IsADirectoryError:
-        raise error(f"{what} {path} is a folder, not a file", fix=fix) from None
+    except OSError as e:
+        raise error(f"cannot read the {what} {path}", why=os_reason(e)) from None
+    if len(raw) > MAX_BYTES:
+        raise error(f"{what} {path} is larger than {MAX_BYTES >> 20} MiB", why="the tool's TOML files are a few KiB")
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error(
             f"{what} {path} is not UTF-8 text", why=f"byte {e.start}: {e.reason}", fix="save it as UTF-8"
         ) from None
-    except tomllib.TOMLDecodeError as e:
-        raise error(f"{what} {path} is not valid TOML", why=str(e)) from None
-    except OSError as e:
-        raise error(f"cannot read the {what} {path}", why=os_reason(e)) from None
+
+
+def _depth(value: Any) -> int:
+    """How deep tables and arrays nest in ``value`` (a scalar: 0), without recursion."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        v, d = todo.pop()
+        deepest = max(deepest, d)
+        if d > MAX_DEPTH:
+            break
+        if isinstance(v, dict):
+            todo.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            todo.extend((x, d + 1) for x in v)
+    return deepest
 
 
 @dataclass(frozen=True)

@@ -697,6 +697,45 @@ CASES = [
         files=_probe_edit(r"copy src=0 dst=1 path=p2p", "copy src=7 dst=1 path=p2p"),
         absent=("KeyError",),
     ),
+    # --- fifth sweep: readers with limits ------------------------------------------------------------------------
+    Case(
+        "e18-config-nested-5000-deep",
+        ["--config", "{scratch}/d.toml", "fetch"],
+        USAGE,
+        "nests tables or arrays more than 32 deep",
+        files=_write("d.toml", b"a = " + b"[" * 5000 + b"]" * 5000 + b"\n"),
+        absent=("RecursionError",),
+    ),
+    Case(
+        "e18-ladder-nested-40-deep",
+        ["ladder", "--ladder", "{scratch}/ladder.toml"],
+        LADDER,
+        "more than 32 deep",
+        files=_ladder("perplexity_args = " + "[" * 40 + "]" * 40 + "\n"),
+    ),
+    Case(
+        "e18-config-too-large",
+        ["--config", "{scratch}/big.toml", "fetch"],
+        USAGE,
+        "is larger than 4 MiB",
+        files=_write("big.toml", b"# " + b"x" * (4 << 20) + b"\n"),
+    ),
+    Case("d28-config-a-folder", ["--config", "{scratch}", "fetch"], USAGE, "is a folder, not a file"),
+    Case(
+        "d28-config-a-fifo",
+        ["--config", "{scratch}/fifo", "fetch"],
+        USAGE,
+        "is not a regular file",
+        files=lambda project, scratch: os.mkfifo(scratch / "fifo"),
+    ),
+    Case(
+        "d28-config-with-a-bom-is-read",
+        ["--config", "{scratch}/bom.toml", "fetch"],
+        USAGE,
+        "unknown setting 'fetch.bogus'",
+        files=_write("bom.toml", b"\xef\xbb\xbf[fetch]\nbogus = 1\n"),
+        absent=("Invalid statement",),
+    ),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
