@@ -7,7 +7,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import files
 from ..config import Settings
+from ..errors import UsageError
 from . import argtypes, cmdoptions
 
 #: the H200 microbenchmark the single-boundary check reads (a results folder of the project)
@@ -36,11 +38,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "BENCH_JSON",
             "a `ggml-bridge bench --suite rpc-link` report: print only its predicted-vs-measured table",
         ),
-        ("--shape", None, None, "the bench model's shape (default: the report's)"),
+        ("--shape", shape_name, "NAME", "the bench model's shape (default: the report's); with --bench only"),
     )
 
 
+def shape_name(text: str) -> str:
+    """A preset shape of the model module (``--shape``)."""
+    from ..model import PRESETS
+
+    if text not in PRESETS:
+        raise argparse.ArgumentTypeError(f"unknown shape {text!r} (one of {', '.join(PRESETS)})")
+    return text
+
+
 def options(ns: argparse.Namespace) -> PaperModelOptions:
+    if ns.shape is not None and ns.bench is None:
+        raise UsageError("--shape goes with --bench", why="it names the bench report's model", fix="add --bench")
+    if ns.microbench is not None and ns.bench is not None:
+        raise UsageError("--microbench and --bench exclude each other", why="--bench prints only its own table")
     return PaperModelOptions(ns.microbench, ns.bench, ns.shape)
 
 
@@ -51,5 +66,8 @@ def run(opts: PaperModelOptions, settings: Settings) -> int:
         print("## Hosts over a shaped link: predicted vs measured\n")
         print(paper_model.check_bench(opts.bench, opts.shape))
         return 0
-    print(paper_model.report(opts.microbench or settings.project_dir / MICROBENCH))
+    given = opts.microbench is not None
+    if opts.microbench is not None:
+        files.input_file(opts.microbench, "--microbench", fix="pass the microbenchmark's CSV")
+    print(paper_model.report(opts.microbench or settings.project_dir / MICROBENCH, given=given))
     return 0

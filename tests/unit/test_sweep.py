@@ -736,6 +736,33 @@ CASES = [
         files=_write("bom.toml", b"\xef\xbb\xbf[fetch]\nbogus = 1\n"),
         absent=("Invalid statement",),
     ),
+    Case(
+        "e16-microbench-not-utf8",
+        ["paper-model", "--microbench", "{scratch}/m.csv"],
+        USAGE,
+        "--microbench {scratch}/m.csv is not UTF-8 text",
+        files=_write("m.csv", NON_UTF8),
+        absent=("UnicodeDecodeError",),
+    ),
+    Case(
+        "e17-microbench-missing", ["paper-model", "--microbench", "{scratch}/none.csv"], USAGE, "none.csv: no such file"
+    ),
+    Case(
+        "e17-microbench-empty",
+        ["paper-model", "--microbench", "{scratch}/m.csv"],
+        USAGE,
+        "has no bench rows",
+        files=_write("m.csv", b""),
+    ),
+    Case(
+        "e17-microbench-bad-figure",
+        ["paper-model", "--microbench", "{scratch}/m.csv"],
+        USAGE,
+        "line 1: 'bench,bridge,4096,400,0.1,0.6,fast' is not a bench row",
+        files=_write("m.csv", b"bench,bridge,4096,400,0.1,0.6,fast\n"),
+    ),
+    Case("e17-paper-model-shape-unknown", ["paper-model", "--shape", "bogus"], USAGE, "unknown shape 'bogus'"),
+    Case("e17-paper-model-shape-without-bench", ["paper-model", "--shape", "tiny"], USAGE, "--shape goes with --bench"),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
