@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
 import json
 import platform
 import statistics
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .. import files, modes, netbench
-from ..errors import BenchError
+from ..errors import BenchError, UsageError
 from ..runner import log
 from ..tomlfile import Key
 from . import inproc
@@ -301,6 +302,7 @@ def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
     calls, or calls that each ran a part of the suite's matrix: some shapes, run lengths, measurements or cases)
     pooled into one report, their rounds numbered one after the other; nothing is run."""
     reports = [_read(p) for p in paths]
+    _check_distinct(reports)
     _check_alike(reports)
     out_dir = files.output_dir(out_dir, "--report")  # the inputs are good: the folder of the pooled report
     samples: list[Sample] = []
@@ -362,6 +364,26 @@ def _read(p: Path) -> tuple[Path, dict[str, Any]]:
     if any(not isinstance(c.get("name"), str) for c in data["cases"]):
         raise BenchError(f"{f} is not a bench report", why="a case has no name", fix=fix)
     return f, data
+
+
+def _check_distinct(reports: Sequence[tuple[Path, dict[str, Any]]]) -> None:
+    """UsageError when one report is given twice (the same file, a copy of it, or a pooled report and one of its
+    sources): its samples would count twice, and the intervals narrow on duplicated data."""
+    seen: dict[object, Path] = {}
+    for f, rep in reports:
+        samples = hashlib.sha256(json.dumps(rep["samples"], sort_keys=True).encode()).hexdigest()
+        run = ("run", str(rep.get("host")), str(rep.get("date")), samples)  # a copy: same machine, time and samples
+        keys: list[object] = [("file", f.resolve()), run]
+        keys += [("file", Path(src).resolve()) for src in rep.get("pooled_from") or [] if isinstance(src, str)]
+        for key in keys:
+            if key in seen:
+                raise UsageError(
+                    f"--pool: {f} and {seen[key]} are the same report",
+                    why="its rounds would count twice and narrow the intervals on duplicated samples",
+                    fix="pass each report once (a pooled report already holds its sources)",
+                )
+        for key in keys:
+            seen.setdefault(key, f)
 
 
 def _check_alike(reports: Sequence[tuple[Path, dict[str, Any]]]) -> None:

@@ -14,6 +14,8 @@ def count(minimum: int = 1, maximum: int = 2**31 - 1) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         try:
+            if not text.strip().isascii():  # int() takes any script's digits: '５' would be 5
+                raise ValueError(text)
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
@@ -69,14 +71,18 @@ def name_and_path(text: str) -> tuple[str, Path]:
 
 
 def count_list(minimum: int = 1, maximum: int = 2**31 - 1) -> Callable[[str], tuple[int, ...]]:
-    """A comma-separated list of integers in ``minimum..maximum`` (at least one)."""
+    """A comma-separated list of distinct integers in ``minimum..maximum`` (at least one)."""
     one = count(minimum, maximum)
 
     def parse(text: str) -> tuple[int, ...]:
         items = text.split(",")
         if not text.strip() or any(not x.strip() for x in items):
             raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers")
-        return tuple(one(x.strip()) for x in items)
+        values = tuple(one(x.strip()) for x in items)
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            raise argparse.ArgumentTypeError(f"{text!r} names {', '.join(map(str, twice))} more than once")
+        return values
 
     parse.__name__ = "list"
     return parse

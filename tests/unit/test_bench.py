@@ -448,6 +448,29 @@ def test_pool_refuses_reports_measured_differently(variants, env, tmp_path):
     assert not (tmp_path / "p").exists()
 
 
+def test_pool_refuses_one_report_twice(variants, env, tmp_path):
+    """E22: `--pool R/bench.json R/bench.json` pooled one report twice ("2 rounds" of duplicated samples); a copy
+    under another name, and a pooled report with one of its sources, are the same report too."""
+    import shutil
+
+    from ggml_bridge.errors import UsageError
+
+    for name in ("a", "b"):
+        assert bench.bench(_quick(variants, env, tmp_path / name, cases="upstream-p2p"), env.settings) == 0
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    for twice in (
+        [tmp_path / "a" / "bench.json", tmp_path / "a" / "bench.json"],
+        [tmp_path / "a", tmp_path / "a" / "bench.json"],
+        [tmp_path / "a", tmp_path / "copy"],
+    ):
+        with pytest.raises(UsageError, match="are the same report"):
+            bench.bench(_args(pool=twice, report=tmp_path / "p"), env.settings)
+    assert bench.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), env.settings) == 0
+    with pytest.raises(UsageError, match="are the same report"):
+        bench.bench(_args(pool=[tmp_path / "p", tmp_path / "b"], report=tmp_path / "q"), env.settings)
+    assert not (tmp_path / "q").exists()
+
+
 def test_references_by_current_or_older_name():
     """Reports of earlier runs (pooled with --pool) name the references p2p, nopeer, staged."""
     assert bench.references(["bridge", "off", "upstream-p2p"]) == ["upstream-p2p", "off"]

@@ -763,6 +763,9 @@ CASES = [
     ),
     Case("e17-paper-model-shape-unknown", ["paper-model", "--shape", "bogus"], USAGE, "unknown shape 'bogus'"),
     Case("e17-paper-model-shape-without-bench", ["paper-model", "--shape", "tiny"], USAGE, "--shape goes with --bench"),
+    Case("e23-bench-run-lengths-twice", ["bench", "--run-lengths", "1,3,1"], USAGE, "names 1 more than once"),
+    Case("e23-bench-run-lengths-full-width", ["bench", "--run-lengths", "\uff13"], USAGE, "is not a whole number"),
+    Case("e23-bench-rounds-full-width", ["bench", "--rounds", "\uff12"], USAGE, "argument --rounds"),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
