@@ -15,8 +15,9 @@ on local ``ggml-rpc-server`` processes. Older names are accepted with a deprecat
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .errors import UsageError
 from .runner import log
@@ -91,6 +92,63 @@ class Selectors:
         if self.batched is not None:
             env[BATCHED] = BATCHED_VALUES[self.batched]
         return env
+
+
+#: what the patched build takes in its selectors (patch 0001's parser: 0, 1, auto, force, or 1 / auto with GPU pairs
+#: not to trust; patch 0003's: 0 or 1); anything else it ignores with a warning, and the mechanism stays off
+_BRIDGE_RE = re.compile(r"(0|1|auto|force|(1|auto):\d+-\d+(,\d+-\d+)*)")
+_BATCHED_RE = re.compile(r"[01]")
+#: llama-server's own switch of batching (patch 0003), after ``--``, and its environment variable
+BATCHED_FLAGS = {"--batched-transfers": True, "--no-batched-transfers": False}
+BATCHED_ARG_ENV = "LLAMA_ARG_BATCHED_TRANSFERS"
+
+
+def check_selector_env(environ: Mapping[str, str], given: Selectors) -> None:
+    """UsageError for a selector variable of the environment that the build would ignore (a typo leaves the
+    mechanism off without a word on a build without it), unless the option that sets it (``--bridge``,
+    ``--batched``) is given and replaces it."""
+    checks = (
+        (BRIDGE, _BRIDGE_RE, given.bridge, "0, 1, auto or force; 1 or auto may list GPU pairs not to trust: auto:0-1"),
+        (BATCHED, _BATCHED_RE, given.batched, "0 or 1"),
+    )
+    for var, grammar, option, takes in checks:
+        value = environ.get(var)
+        if value is None or option is not None or (grammar.fullmatch(value) and _pairs_ok(value)):
+            continue
+        raise UsageError(
+            f"{var}={value!r} in the environment is not a value the build takes",
+            why=f"it takes {takes}; it would ignore this one and leave the mechanism off",
+            fix=f"fix or unset {var}, or pass serve's --{'bridge' if var == BRIDGE else 'batched'}",
+        )
+
+
+def _pairs_ok(value: str) -> bool:
+    """The GPU pairs of ``auto:0-1,2-3``: two different GPUs each, below ggml-cuda's GGML_CUDA_MAX_DEVICES (16)."""
+    _, _, pairs = value.partition(":")
+    for pair in filter(None, pairs.split(",")):
+        a, b = (int(x) for x in pair.split("-"))
+        if a == b or max(a, b) >= 16:
+            return False
+    return True
+
+
+def check_batched_args(given: Selectors, server_args: Sequence[str], environ: Mapping[str, str]) -> None:
+    """UsageError when serve's ``--batched`` and llama-server's own switch of batching after ``--`` (or its
+    environment variable) say opposite things: the server would follow its own, against what serve proves."""
+    if given.batched is None:
+        return
+    want = given.batched == "on"
+    theirs = [(a, on) for a in server_args if (on := BATCHED_FLAGS.get(a)) is not None]
+    value = environ.get(BATCHED_ARG_ENV, "").strip().lower()
+    if value:
+        theirs.append((f"{BATCHED_ARG_ENV}={value}", value in ("1", "true", "on", "enabled")))
+    for words, on in theirs:
+        if on != want:
+            raise UsageError(
+                f"--batched {given.batched} contradicts llama-server's {words}",
+                why="llama-server would follow its own switch",
+                fix=f"give one of them: --batched {given.batched} alone, or drop --batched",
+            )
 
 
 def selector_env(bridge: str | None, batched: str | None) -> dict[str, str]:

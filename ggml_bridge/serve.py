@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import rpc, runner, signals
+from . import modes, rpc, runner, signals
 from .config import Settings
 from .errors import ServeError, UsageError, os_reason
 from .llama_server import CONTRACT_VERBOSITY, Server
@@ -188,6 +188,8 @@ def run(opts: ServeOptions, settings: Settings) -> int:
     if server_args and server_args[0] == "--":
         server_args = server_args[1:]
     sel = opts.selectors
+    modes.check_selector_env(os.environ, sel)
+    modes.check_batched_args(sel, server_args, os.environ)
     env = sel.env()
     from . import builder  # the build's patched llama-server, else an installed ggml-bridge-server wheel's
 

@@ -157,6 +157,11 @@ def model_vocab(parser: argparse.ArgumentParser, vocab_file: str) -> None:
     )
 
 
+#: the most local rpc-servers --rpc-local starts (a test topology: one per device at most; each binds a port and
+#: loads its backends, so a thousand ran for minutes before failing)
+MAX_LOCAL_RPC = 16
+
+
 def rpc(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("RPC (docs/rpc.md)")
     values(
@@ -165,10 +170,10 @@ def rpc(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--rpc-local",
-        type=argtypes.count(0),
+        type=argtypes.count(0, MAX_LOCAL_RPC),
         default=0,
         metavar="N",
-        help=f"start N local {RPC_SERVER}s on 127.0.0.1 (a test topology) and use them",
+        help=f"start N local {RPC_SERVER}s on 127.0.0.1 (a test topology) and use them (at most {MAX_LOCAL_RPC})",
     )
     g.add_argument(
         "--rpc-local-devices",

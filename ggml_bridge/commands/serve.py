@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import Settings
+from ..errors import UsageError
 from ..modes import BATCHED, BATCHED_VALUES, BRIDGE, BRIDGE_VALUES
 from ..serve import DEFAULT_LOG_MAX_MB, RpcOptions, ServeOptions
 from . import argtypes, cmdoptions
@@ -59,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def rpc_options(ns: argparse.Namespace) -> RpcOptions:
+    if len(ns.rpc_local_devices or []) > cmdoptions.MAX_LOCAL_RPC:
+        raise UsageError(
+            f"--rpc-local-devices given {len(ns.rpc_local_devices)} times",
+            why=f"each starts one local rpc-server, at most {cmdoptions.MAX_LOCAL_RPC}",
+            fix="name fewer servers",
+        )
     return RpcOptions(
         endpoints=ns.rpc,
         local=ns.rpc_local,

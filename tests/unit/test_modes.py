@@ -95,3 +95,18 @@ def test_a_table_of_named_rows_refuses_a_name_given_twice() -> None:
     assert list(by_name(*VARIANTS.values())) == list(VARIANTS)
     with pytest.raises(ValueError, match="two rows are named 'patched'"):
         by_name(v, v)
+
+
+@pytest.mark.parametrize("value", ["0", "1", "auto", "force", "auto:0-1", "1:0-1,2-3"])
+def test_the_bridge_values_the_build_takes_pass_serves_check(value: str) -> None:
+    """E25: serve refuses a selector the build would ignore, and only that (patch 0001's grammar)."""
+    modes.check_selector_env({modes.BRIDGE: value, modes.BATCHED: "1"}, modes.Selectors())
+
+
+@pytest.mark.parametrize(
+    "value", ["", "on", "auto:", "auto:0", "force:0-1", "auto:0-1,", "1:a-b", "auto:0-1 ", "auto:1-1", "1:0-16"]
+)
+def test_a_bridge_value_the_build_ignores_is_refused(value: str) -> None:
+    with pytest.raises(UsageError, match="is not a value the build takes"):
+        modes.check_selector_env({modes.BRIDGE: value}, modes.Selectors())
+    modes.check_selector_env({modes.BRIDGE: value}, modes.Selectors(bridge="auto"))  # --bridge replaces it

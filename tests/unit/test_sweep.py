@@ -766,6 +766,47 @@ CASES = [
     Case("e23-bench-run-lengths-twice", ["bench", "--run-lengths", "1,3,1"], USAGE, "names 1 more than once"),
     Case("e23-bench-run-lengths-full-width", ["bench", "--run-lengths", "\uff13"], USAGE, "is not a whole number"),
     Case("e23-bench-rounds-full-width", ["bench", "--rounds", "\uff12"], USAGE, "argument --rounds"),
+    # --- fifth sweep: serve's own environment and its contradictions with llama-server's options ------------------
+    Case("e24-serve-rpc-local-1000", [*SERVE, "--rpc-local", "1000", *MODEL_ARGS], USAGE, "argument --rpc-local"),
+    Case(
+        "e25-serve-bridge-env-invalid",
+        [*SERVE, *MODEL_ARGS],
+        USAGE,
+        "GGML_CUDA_MAPPED_HOST_BRIDGE='atuo' in the environment is not a value the build takes",
+        env={"GGML_CUDA_MAPPED_HOST_BRIDGE": "atuo"},
+        files=_fake_server,
+    ),
+    Case(
+        "e25-serve-bridge-env-bad-pairs",
+        [*SERVE, *MODEL_ARGS],
+        USAGE,
+        "GGML_CUDA_MAPPED_HOST_BRIDGE='auto:0-0x'",
+        env={"GGML_CUDA_MAPPED_HOST_BRIDGE": "auto:0-0x"},
+        files=_fake_server,
+    ),
+    Case(
+        "e25-serve-batched-env-invalid",
+        [*SERVE, *MODEL_ARGS],
+        USAGE,
+        "LLAMA_BATCHED_TRANSFERS='yes'",
+        env={"LLAMA_BATCHED_TRANSFERS": "yes"},
+        files=_fake_server,
+    ),
+    Case(
+        "e26-serve-batched-off-and-llama-servers-switch",
+        [*SERVE, "--batched", "off", "--check", *MODEL_ARGS, "--batched-transfers"],
+        USAGE,
+        "--batched off contradicts llama-server's --batched-transfers",
+        files=_fake_server,
+    ),
+    Case(
+        "e26-serve-batched-on-and-its-env-off",
+        [*SERVE, "--batched", "on", "--check", *MODEL_ARGS],
+        USAGE,
+        "contradicts llama-server's LLAMA_ARG_BATCHED_TRANSFERS=0",
+        env={"LLAMA_ARG_BATCHED_TRANSFERS": "0"},
+        files=_fake_server,
+    ),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
