@@ -8,6 +8,7 @@ later."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -95,7 +96,7 @@ def _writable(folder: Path, flag: str, path: Path | str) -> None:
     except OSError as e:
         raise UsageError(
             f"{flag} {path} is not writable",
-            why=f"{os_reason(e)}; nothing was written",
+            why=f"{os_reason(e) if e.errno != errno.ENOENT else 'no file can be made there'}; nothing was written",
             fix="pass a folder you can write, or fix its permissions",
         ) from None
     os.close(fd)
@@ -127,8 +128,8 @@ def input_file(path: Path | str, flag: str, *, fix: str = "pass a file") -> Path
 
 def output_file(path: Path | str, flag: str, *, suffixes: tuple[str, ...] = ()) -> Path:
     """A file the user named to be written (``--plot``, ``model --out``): absolute, not a folder, its name ending in
-    one of ``suffixes`` (when given: a plot's format), its folder created when missing and writable; a UsageError
-    naming ``flag`` otherwise. Nothing is written to it here."""
+    one of ``suffixes`` (when given: a plot's format), in a folder that exists (a typo in it is not made into a new
+    folder) and is writable; a UsageError naming ``flag`` otherwise. A device (/dev/null, /dev/stderr) is taken. Nothing is written to it here."""
     out = _not_empty(path, flag)
     if out.is_dir():
         raise UsageError(f"{flag} {path} is a folder, not a file", fix="pass a file name in that folder")
@@ -138,9 +139,20 @@ def output_file(path: Path | str, flag: str, *, suffixes: tuple[str, ...] = ()) 
             why="the file name's extension chooses the format",
             fix=f"name the file with one of {', '.join(suffixes)}",
         )
-    if out.exists() and not out.is_file():
-        raise UsageError(f"{flag} {path} is not a regular file", fix="pass a file name in a folder you can write")
-    output_dir(out.parent, f"{flag} {path}: its folder")
+    if not out.parent.is_dir():
+        raise UsageError(
+            f"{flag} {path}: the folder {out.parent} does not exist",
+            fix="create it first, or name a file in an existing folder",
+        )
+    if out.is_file():  # opened to append, nothing written: the file itself may be read-only
+        try:
+            os.close(os.open(out, os.O_WRONLY | os.O_APPEND))
+        except OSError as e:
+            raise UsageError(
+                f"{flag} {path} is not writable", why=os_reason(e), fix="pass a file you can write"
+            ) from None
+    elif not out.exists():
+        _writable(out.parent, flag, path)
     return out
 
 

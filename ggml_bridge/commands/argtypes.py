@@ -94,3 +94,12 @@ def path(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("the path is empty (an empty value would mean the current folder)")
     return Path(text)
+
+
+def shape_name(text: str) -> str:
+    """A preset model shape by name (``--shape``)."""
+    from ..model import PRESETS
+
+    if text not in PRESETS:
+        raise argparse.ArgumentTypeError(f"unknown shape {text!r} (one of {', '.join(PRESETS)})")
+    return text

@@ -8,9 +8,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import model
+from .. import files, model
 from ..config import Settings
-from ..errors import ModelError
+from ..errors import ModelError, UsageError, os_reason
 from . import argtypes, cmdoptions
 
 
@@ -24,7 +24,11 @@ class ModelOptions:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--shape", default="tiny", metavar="NAME", help=f"a preset shape: {', '.join(model.PRESETS)} (default tiny)"
+        "--shape",
+        type=argtypes.shape_name,
+        default="tiny",
+        metavar="NAME",
+        help=f"a preset shape: {', '.join(model.PRESETS)} (default tiny)",
     )
     parser.add_argument("--seed", type=argtypes.count(0), default=1, metavar="N", help="weights seed (default 1)")
     cmdoptions.model_vocab(parser, model.VOCAB_FILE)
@@ -47,9 +51,10 @@ def run(opts: ModelOptions, settings: Settings) -> int:
     if opts.out is None:
         path = model.ensure_model(settings.cache_dir, shape, opts.seed, vocab)
     else:
+        out = files.output_file(opts.out, "--out")
         try:
-            path = model.write_model(opts.out, shape, opts.seed, vocab)
+            path = model.write_model(out, shape, opts.seed, vocab)
         except OSError as e:
-            raise ModelError(f"cannot write model {opts.out}", why=str(e)) from None
+            raise UsageError(f"cannot write the model {opts.out}", why=os_reason(e), fix="pass another --out") from None
     print(path)
     return 0

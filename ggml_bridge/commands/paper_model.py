@@ -38,17 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "BENCH_JSON",
             "a `ggml-bridge bench --suite rpc-link` report: print only its predicted-vs-measured table",
         ),
-        ("--shape", shape_name, "NAME", "the bench model's shape (default: the report's); with --bench only"),
+        ("--shape", argtypes.shape_name, "NAME", "the bench model's shape (default: the report's); with --bench only"),
     )
-
-
-def shape_name(text: str) -> str:
-    """A preset shape of the model module (``--shape``)."""
-    from ..model import PRESETS
-
-    if text not in PRESETS:
-        raise argparse.ArgumentTypeError(f"unknown shape {text!r} (one of {', '.join(PRESETS)})")
-    return text
 
 
 def options(ns: argparse.Namespace) -> PaperModelOptions:

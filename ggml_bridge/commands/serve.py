@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from .. import files
 from ..config import Settings
 from ..errors import UsageError
 from ..modes import BATCHED, BATCHED_VALUES, BRIDGE, BRIDGE_VALUES
@@ -83,7 +84,7 @@ def options(ns: argparse.Namespace) -> ServeOptions:
         server=ns.server,
         check=ns.check,
         startup_timeout=ns.startup_timeout,
-        server_log=ns.server_log,
+        server_log=files.output_file(ns.server_log, "--server-log") if ns.server_log is not None else None,
         server_log_max_mb=ns.server_log_max_mb,
         rpc=rpc_options(ns),
         server_args=tuple(getattr(ns, "server_args", None) or ()),

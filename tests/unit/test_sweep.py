@@ -807,6 +807,37 @@ CASES = [
         env={"LLAMA_ARG_BATCHED_TRANSFERS": "0"},
         files=_fake_server,
     ),
+    # --- fifth sweep: one checked path type for files to write -----------------------------------------------------
+    Case(
+        "e19-model-out-in-a-missing-folder",
+        ["model", "--out", "{scratch}/nodir/m.gguf", "--vocab", "{scratch}/v.gguf"],
+        USAGE,
+        "--out {scratch}/nodir/m.gguf: the folder {scratch}/nodir does not exist",
+        files=_write("v.gguf", b"GGUF"),
+        absent=("Errno",),
+    ),
+    Case(
+        "e19-model-out-a-folder",
+        ["model", "--out", "{scratch}", "--vocab", "{scratch}/v.gguf"],
+        USAGE,
+        "is a folder, not a file",
+        files=_write("v.gguf", b"GGUF"),
+    ),
+    Case("e19-model-shape-unknown", ["model", "--shape", "huge"], USAGE, "argument --shape: unknown shape 'huge'"),
+    Case(
+        "d29-serve-log-a-folder",
+        [*SERVE, "--server-log", "{scratch}", *MODEL_ARGS],
+        USAGE,
+        "--server-log {scratch} is a folder, not a file",
+        files=_fake_server,
+    ),
+    Case(
+        "d29-serve-log-unwritable",
+        [*SERVE, "--server-log", "/proc/ggml-bridge.log", *MODEL_ARGS],
+        USAGE,
+        "--server-log /proc/ggml-bridge.log is not writable",
+        files=_fake_server,
+    ),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
