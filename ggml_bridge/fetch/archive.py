@@ -19,7 +19,7 @@ import requests
 
 from .. import gitrepo
 from ..config import Settings
-from ..errors import CacheError, ChecksumError, FatalError, SourceError, os_reason
+from ..errors import CacheError, ChecksumError, FatalError, SourceError, UsageError, os_reason
 from ..runner import log
 from .tree import _Failed, _NotFound
 
@@ -192,7 +192,12 @@ def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exce
             prefix = subdir.rstrip("/") + "/"
             members = [m for m in tf.getmembers() if m.name.startswith(prefix) or m.name == subdir]
             if not members:
-                raise tarfile.TarError(f"archive has no {subdir}/")
+                tops = sorted({n.split("/", 1)[0] for n in tf.getnames()})
+                raise UsageError(
+                    f"archive {archive.name} has no folder {subdir}/",
+                    why=f"its top folders: {', '.join(tops[:5]) or 'none'}; the archive itself matched its sha256",
+                    fix="correct subdir in pin.toml (the folder of the archive that holds llama.cpp)",
+                )
             safe_extractall(tf, tmp, members)
         os.rename(tmp / subdir, dest)
     except UNSAFE as e:

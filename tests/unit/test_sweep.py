@@ -838,6 +838,15 @@ CASES = [
         "--server-log /proc/ggml-bridge.log is not writable",
         files=_fake_server,
     ),
+    Case(
+        "e20-pin-subdir-wrong",
+        ["fetch"],
+        USAGE,
+        "has no folder typo/",
+        env={"GGML_BRIDGE_SOURCES": "pypi-sdist"},
+        files=_pin_edit(r'^subdir = ".*/vendor/llama.cpp"$', 'subdir = "typo"'),
+        absent=("corrupt",),
+    ),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
