@@ -37,6 +37,8 @@ TREE_RECORD = "tree.json"
 
 _CHUNK = 1 << 20
 _STALE_TMP_S = 24 * 3600
+#: beside each stage in ``<cache>/tmp``: the file its owner holds an flock on while it runs
+LOCK_SUFFIX = ".owner"
 _FIX = "fix the permissions of the cache directory, or point GGML_BRIDGE_CACHE_DIR (or --cache-dir) at a writable one"
 
 
@@ -93,11 +95,19 @@ def _write_probe(folder: Path) -> None:
 def staging(cache_dir: Path, prefix: str) -> Iterator[Path]:
     """A fresh directory under ``<cache>/tmp`` for assembling an entry; whatever of it is left when the block ends
     (an exception, an interrupt, or a stage that was not published) is deleted."""
-    stage = Path(tempfile.mkdtemp(dir=ensure_writable(cache_dir), prefix=prefix + "-"))
+    import fcntl
+
+    fd, lock_name = tempfile.mkstemp(dir=ensure_writable(cache_dir), prefix=prefix + "-", suffix=LOCK_SUFFIX)
+    lock = Path(lock_name)
+    stage = lock.with_name(lock.name.removesuffix(LOCK_SUFFIX))
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held while this process lives: the stage's owner (see _clean_stale)
+        stage.mkdir(mode=0o700)
         yield stage
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        lock.unlink(missing_ok=True)
+        os.close(fd)
 
 
 def publish_dir(stage: Path, final: Path) -> Path:
@@ -188,10 +198,34 @@ def entry_lock(lock_path: Path, *, busy: Callable[[], Exception] | None = None) 
 
 
 def _clean_stale(tmp: Path) -> None:
+    """Remove what runs that ended without their cleanup (SIGKILL, a power cut) left in ``<cache>/tmp``: a stage
+    whose owner's lock no process holds any more, and anything else older than a day."""
     now = time.time()
     try:
-        for entry in tmp.iterdir():
-            if now - entry.lstat().st_mtime > _STALE_TMP_S:
-                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        entries = list(tmp.iterdir())
     except OSError:
-        pass
+        return
+    for entry in entries:
+        try:
+            if entry.name.endswith(LOCK_SUFFIX):
+                _remove_if_orphaned(entry)
+            elif not entry.with_name(entry.name + LOCK_SUFFIX).exists() and now - entry.lstat().st_mtime > _STALE_TMP_S:
+                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        except OSError:
+            continue
+
+
+def _remove_if_orphaned(lock: Path) -> None:
+    """The stage of ``lock`` and the lock itself, when no process holds the lock (its owner is gone)."""
+    import fcntl
+
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # its owner is alive
+        shutil.rmtree(lock.with_name(lock.name.removesuffix(LOCK_SUFFIX)), ignore_errors=True)
+        lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)

@@ -192,10 +192,10 @@ def _extract(archive: Path, dest: Path, *, subdir: str | None, failed: type[Exce
             prefix = subdir.rstrip("/") + "/"
             members = [m for m in tf.getmembers() if m.name.startswith(prefix) or m.name == subdir]
             if not members:
-                tops = sorted({n.split("/", 1)[0] for n in tf.getnames()})
+                top_names = sorted({n.split("/", 1)[0] for n in tf.getnames()})
                 raise UsageError(
                     f"archive {archive.name} has no folder {subdir}/",
-                    why=f"its top folders: {', '.join(tops[:5]) or 'none'}; the archive itself matched its sha256",
+                    why=f"its top folders: {', '.join(top_names[:5]) or 'none'}; the archive itself matched its sha256",
                     fix="correct subdir in pin.toml (the folder of the archive that holds llama.cpp)",
                 )
             safe_extractall(tf, tmp, members)

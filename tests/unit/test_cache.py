@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +107,39 @@ def test_dir_digest_is_the_one_directory_hash_and_keeps_the_cache_keys(tmp_path:
             )
         ).hexdigest()
     )
+
+
+_STAGER = """
+import sys, time
+from pathlib import Path
+from ggml_bridge import cache
+with cache.staging(Path(sys.argv[1]), "abc") as stage:
+    (stage / "partial.tar.gz").write_bytes(b"x" * 1000)
+    print(stage, flush=True)
+    time.sleep(60)
+"""
+
+
+def _stager(cache_dir: Path) -> tuple[subprocess.Popen[str], Path]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    p = subprocess.Popen([sys.executable, "-c", _STAGER, str(cache_dir)], stdout=subprocess.PIPE, text=True, env=env)
+    assert p.stdout is not None
+    return p, Path(p.stdout.readline().strip())
+
+
+def test_a_stage_whose_owner_was_killed_is_swept_by_the_next_run(tmp_path: Path) -> None:
+    """E21: a fetch killed by SIGKILL left its partial download in <cache>/tmp, never swept (the day-old rule kept
+    it a day). A stage whose owner is alive is kept."""
+    cache_dir = tmp_path / "cache"
+    alive, alive_stage = _stager(cache_dir)
+    killed, killed_stage = _stager(cache_dir)
+    try:
+        killed.kill()
+        killed.wait(10)
+        assert (killed_stage / "partial.tar.gz").is_file()
+        cache.ensure_writable(cache_dir)  # what every fetch, patch and build does first
+        assert not killed_stage.exists() and not list(cache_dir.glob("tmp/" + killed_stage.name + "*"))
+        assert (alive_stage / "partial.tar.gz").is_file()
+    finally:
+        alive.kill()
+        alive.wait(10)
