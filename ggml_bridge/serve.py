@@ -288,9 +288,9 @@ class _Launch:
             rpc.raise_if_dead(topo, "during llama-server's start-up")
             if not self.received:
                 raise
-            srv.stop()
+            rc = srv.stop()
             log(f"ggml-bridge: interrupted during start-up (signal {self.received[0]})")
-            return 128 + self.received[0]
+            return _exit_status(rc, self.received[0])  # 137 when the server had to be killed
         if self.received:  # a signal arrived just as it became ready: the server is shutting down
             rc = srv.proc.wait() if srv.proc else 1
             return _exit_status(rc, self.received[0])

@@ -644,6 +644,27 @@ def test_a_forwarded_sigterm_is_escalated_to_sigkill_after_the_grace(fake):
     assert "killing it" in err and _gone(server, 5), err
 
 
+def test_a_stubborn_server_killed_during_start_up_is_exit_137(fake):
+    """D12: a SIGTERM during start-up to a server that ignores it: serve had to SIGKILL it and exited 143 (128 +
+    the signal); the README says 137 when the server had to be killed."""
+    env, pid_file = _stubborn(fake)
+    env["FAKE_LOAD_S"] = "600"
+    p = _cli_proc(fake, env, "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port()))
+    try:
+        deadline = time.monotonic() + 20
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # its SIGTERM handler (which ignores the signal) is installed
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(20)
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc == 128 + signal.SIGKILL, err
+    assert _gone(int(pid_file.read_text()), 5), err
+
+
 def test_check_with_a_stubborn_server_that_never_gets_ready_ends_after_the_grace(fake):
     """``--check --startup-timeout 1`` with a server that neither becomes ready nor stops on SIGTERM took 32 s (a
     30 s stop timeout): now the timeout, then the grace, then SIGKILL."""
