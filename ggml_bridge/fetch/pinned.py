@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from .. import cache
 from .. import pin as pinmod
 from ..config import Settings
-from ..errors import ChecksumError, FetchError, SourceError
+from ..errors import ChecksumError, FetchError, SourceError, UsageError
 from ..runner import log, step
 from .archive import _download, _extract, _git_fetch, _pypi_sdist_url, _sdist_subdir
 from .registry import cached_sdist, set_aside_damaged
@@ -23,6 +23,15 @@ def _obtain_pinned(settings: Settings, pin: pinmod.Pin) -> Tree:
         log(f"upstream {pin.ident} found in cache: {hit.path}")
         return hit
     cache.ensure_writable(settings.cache_dir)  # before any source: offline, an unwritable cache is still exit 13
+    usable = [s for s in pin.sources if s.kind in settings.fetch.sources]
+    if not usable:
+        kinds = sorted({s.kind for s in pin.sources})
+        raise UsageError(
+            f"the enabled source kinds ({', '.join(settings.fetch.sources) or 'none'}) exclude every source of "
+            f"pin.toml ({', '.join(kinds) or 'none'})",
+            why="nothing was tried: no network was asked",
+            fix=f"add {' or '.join(kinds)} to GGML_BRIDGE_SOURCES / [fetch] sources, or pass --source",
+        )
     attempts: list[str] = []
     for kind in settings.fetch.sources:
         for src in (s for s in pin.sources if s.kind == kind):

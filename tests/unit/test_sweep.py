@@ -847,6 +847,18 @@ CASES = [
         files=_pin_edit(r'^subdir = ".*/vendor/llama.cpp"$', 'subdir = "typo"'),
         absent=("corrupt",),
     ),
+    # --- the previous sweep's rest ------------------------------------------------------------------------------------
+    Case(
+        "d25-sources-exclude-the-pins-only-kind",
+        ["fetch"],
+        USAGE,
+        "exclude every source of pin.toml (pypi-sdist)",
+        env={"GGML_BRIDGE_SOURCES": "git"},
+        files=_pin_edit(
+            r"^\[\[source\]\]\nkind = \"(git|archive)\"\n(url|sha256|subdir) = .*\n(.*\n)*?(?=\[\[source)", ""
+        ),
+        absent=("check the network",),
+    ),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
