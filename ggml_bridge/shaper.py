@@ -137,10 +137,13 @@ def parse_link(spec: str) -> Link:
 
 
 def is_loopback(host: str) -> bool:
+    """``host`` resolves to loopback addresses only; a UsageError when it does not resolve at all."""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except socket.gaierror:
-        return False
+    except (socket.gaierror, UnicodeError) as e:
+        raise UsageError(
+            f"link shaper: {host} does not resolve", why=str(e), fix="use 127.0.0.1 or a name of this machine"
+        ) from None
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 

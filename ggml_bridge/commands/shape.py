@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from dataclasses import dataclass
 
 from .. import netbench, shaper
 from ..config import Settings
+from ..errors import RpcError, UsageError
 from ..net import parse_hostport
 from ..runner import log
 from . import cmdoptions
@@ -23,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--to", required=True, metavar="HOST:PORT", help="where to forward them (loopback)")
     parser.add_argument("--rate", default="unlimited", help="per-direction bandwidth, e.g. 10gbit, 25gbit, 800mbit")
     parser.add_argument("--delay", default="0", help="one-way latency added, e.g. 0.2ms, 100us")
+    # "-5gbit" is a value (refused by the rate's own check), not an unknown option: argparse takes only plain
+    # negative numbers as values by default and said "expected one argument"
+    parser._negative_number_matcher = re.compile(r"^-[\d.]")
     cmdoptions.switches(
         parser, ("--ceiling", "first measure what the shaper can move on this machine and warn below the rate")
     )
@@ -56,7 +61,10 @@ def run(args: ShapeOptions, settings: Settings) -> int:
                 f"ggml-bridge: warning: the set rate {shaper.fmt_rate(link.rate)} is above that ceiling: "
                 "the shaper, not the rate, bounds the link"
             )
-    sh.start()
+    try:
+        sh.start()
+    except RpcError as e:  # the --listen the user chose is taken: their input, exit 2
+        raise UsageError(e.what, why=e.why, fix=e.fix) from None
     h, p = sh.endpoint
     log(
         f"ggml-bridge: shaping {h}:{p} -> {target[0]}:{target[1]} at {link} (rate/one-way delay); "

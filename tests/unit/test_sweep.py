@@ -54,6 +54,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -859,6 +860,26 @@ CASES = [
         ),
         absent=("check the network",),
     ),
+    Case(
+        "d26-shape-rate-negative",
+        ["shape", "--listen", "0", "--to", "127.0.0.1:9", "--rate", "-5gbit"],
+        USAGE,
+        "bad link rate '-5gbit'",
+        absent=("expected one argument",),
+    ),
+    Case(
+        "d26-shape-to-unresolvable",
+        ["shape", "--listen", "0", "--to", "no-such-host.invalid:9"],
+        USAGE,
+        "no-such-host.invalid does not resolve",
+        absent=("not a loopback address",),
+    ),
+    Case(
+        "d29-shape-listen-port-busy",
+        ["shape", "--listen", "{busy_port}", "--to", "127.0.0.1:9"],
+        USAGE,
+        "link shaper: cannot listen on 127.0.0.1:",
+    ),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
@@ -913,8 +934,16 @@ def test_sweep(
         monkeypatch.setenv(k, v)
     before = _files(project)
     scratch_before = _files(sweep_env)
-    argv = [a.replace("{scratch}", str(sweep_env)) for a in case.argv]
-    rc = cli.main(argv)
+    busy = socket.socket()  # a port something listens on (shape --listen's busy port)
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    argv = [
+        a.replace("{scratch}", str(sweep_env)).replace("{busy_port}", str(busy.getsockname()[1])) for a in case.argv
+    ]
+    try:
+        rc = cli.main(argv)
+    finally:
+        busy.close()
     out, err = capfd.readouterr()
     assert rc == case.code, f"{case.id}: exit {rc}, expected {case.code}\n{err}"
     assert "Traceback" not in err and "Traceback" not in out, err
