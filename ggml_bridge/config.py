@@ -16,6 +16,7 @@ import math
 import os
 import re
 import shlex
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -150,9 +151,14 @@ class Settings:
 
 
 def user_path(text: str | os.PathLike[str]) -> Path:
-    """``text`` with ``~`` / ``~user`` expanded as the shell does: an unknown user leaves it as it is (a path
-    that then does not exist), where ``Path.expanduser`` raises RuntimeError."""
-    return Path(os.path.expanduser(text))
+    """``text`` with ``~`` / ``~user`` expanded as the shell does; a UsageError for an unknown user (left as it is,
+    ``~nosuchuser/c`` would be a folder of that name under the current one; ``Path.expanduser`` raises
+    RuntimeError)."""
+    expanded = os.path.expanduser(text)
+    if str(expanded).startswith("~"):
+        user = str(expanded).split("/", 1)[0]
+        raise UsageError(f"{text}: {user} names no user of this machine", fix="write the path out, or use ~/")
+    return Path(expanded)
 
 
 def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -251,6 +257,13 @@ def validate(settings: Settings) -> None:
     _choice(b.variant, tuple(modes.VARIANTS), "variant")
     for kind in f.sources:
         _choice(kind, tuple(pinmod.SOURCE_KINDS), "fetch source kind")
+    url = urllib.parse.urlsplit(f.pypi_url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise UsageError(
+            f"[fetch] pypi_url {f.pypi_url!r} is not an http(s) URL",
+            why="the registry's JSON API is asked at <url>/pypi/<name>/<version>/json",
+            fix="e.g. https://pypi.org, or leave it out",
+        )
     if not _CUDA_ARCH_RE.match(b.cuda_arch):
         raise UsageError(
             f"invalid CUDA architecture {b.cuda_arch!r}",

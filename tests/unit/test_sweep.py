@@ -880,6 +880,20 @@ CASES = [
         USAGE,
         "link shaper: cannot listen on 127.0.0.1:",
     ),
+    Case(
+        "d27-config-pypi-url-empty",
+        ["fetch"],
+        USAGE,
+        "[fetch] pypi_url '' is not an http(s) URL",
+        env={"GGML_BRIDGE_PYPI_URL": ""},  # an empty variable is unset: the config file's value counts
+        files=_write("ggml-bridge.toml", b'[fetch]\npypi_url = ""\n'),
+    ),
+    Case(
+        "d27-cache-dir-unknown-user",
+        ["fetch", "--cache-dir", "~nosuchuser-ggml/c"],
+        USAGE,
+        "~nosuchuser-ggml names no user of this machine",
+    ),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
