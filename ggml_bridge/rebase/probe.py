@@ -50,11 +50,14 @@ def provide_preimages(
     """Put the blobs the patches were made against into ``wt``'s object store (for ``git am --3way``).
 
     Applies the series onto the files it touches of the current base tree in a small side repository, then fetches
-    its objects into ``wt``. Best effort: returns a line for the report either way.
+    its objects into ``wt``. Best effort where the pinned sources are unavailable: returns a line for the report
+    either way; a ``base_source`` the user gave that cannot be obtained is its own error.
     """
     try:
         base = fetchmod.obtain(settings, base_source, allow_unpinned=base_source is not None)
     except FatalError as e:
+        if base_source is not None:  # the user's --base-source: its error, not a note (the check would go on)
+            raise
         log(f"note: the tree of the current pin is not available ({e.kind}: {e}); 3-way merge without preimages")
         return f"without preimage blobs (current pin's tree unavailable: {e.what})"
     side = stage / "preimage"

@@ -894,6 +894,13 @@ CASES = [
         USAGE,
         "~nosuchuser-ggml names no user of this machine",
     ),
+    Case(
+        "d30-rebase-base-source-missing",
+        ["rebase", "--onto", "b1", "--check", "--base-source", "/nonexistent/llama.cpp"],
+        SOURCE,
+        "/nonexistent/llama.cpp",
+        absent=("note: the tree of the current pin is not available",),
+    ),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
