@@ -74,6 +74,15 @@ def executable() -> str:
     return os.environ.get("GIT_PYTHON_GIT_EXECUTABLE") or "git"
 
 
+def reason(stderr: str, *, limit: int = 300) -> str:
+    """What git said, in one line: its ``fatal:`` / ``error:`` lines (git ends a failed fetch with "Please make sure
+    you have the correct access rights\nand the repository exists.", so the last line alone says nothing), else
+    every line joined."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    said = [ln for ln in lines if ln.startswith(("fatal:", "error:"))] or lines
+    return " ".join(said)[:limit]
+
+
 def run(
     where: Path | str,
     *args: str | os.PathLike[str],

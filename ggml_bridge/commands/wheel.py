@@ -7,8 +7,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import files
 from ..config import Settings
-from ..errors import UsageError
 from . import argtypes, cmdoptions
 from .sdist import SdistOptions, add_dist_arguments
 
@@ -53,12 +53,11 @@ def options(ns: argparse.Namespace) -> WheelOptions:
 def run(opts: WheelOptions, settings: Settings) -> int:
     from .. import wheel, wheel_plan
 
+    given = opts.sdist and files.input_file(opts.sdist, "--sdist", fix="pass the sdist `ggml-bridge sdist` wrote")
     wplan = wheel_plan.plan(settings, cpu_variants=list(opts.cpu_variants))
     out, src = opts.dist.out, opts.dist.source
-    if opts.sdist is not None:
-        if not opts.sdist.is_file():
-            raise UsageError(f"--sdist {opts.sdist}: no such file", fix="pass the sdist `ggml-bridge sdist` wrote")
-        sdist = opts.sdist
+    if given is not None:
+        sdist = given
     else:
         sdist = wheel.make_sdist(settings, out, source_spec=src.source, allow_unpinned=src.allow_unpinned).path
     raw = wheel.build_wheel(settings, sdist, out / "unrepaired", wplan, build_dir=opts.build_dir)

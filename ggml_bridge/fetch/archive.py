@@ -60,7 +60,7 @@ def _git_fetch(settings: Settings, url: str, ref: str, dest: Path) -> str:
         res = gitrepo.run(dest, *args, check=False, env=env)
         if res.returncode != 0:
             err = (res.stderr or res.stdout).strip()
-            raise _Failed(f"git failed: {err.splitlines()[-1] if err else f'exit status {res.returncode}'}")
+            raise _Failed(f"git failed: {gitrepo.reason(err) if err else f'exit status {res.returncode}'}")
     return gitrepo.run(dest, "rev-parse", "HEAD", error=SourceError).stdout.strip()
 
 

@@ -69,7 +69,7 @@ def _from_checkout(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinn
             dirty = gitrepo.is_dirty(repo)
             listed = repo.git.ls_files("-z", "--cached", "--others", "--exclude-standard")
     except (gitrepo.NotARepository, ValueError) as e:
-        raise SourceError(f"{path} is not a usable git checkout", why=str(e).strip().splitlines()[-1]) from None
+        raise SourceError(f"{path} is not a usable git checkout", why=gitrepo.reason(str(e))) from None
     except gitrepo.GitFailed as e:
         raise SourceError(f"{path} is not a usable git checkout", why=e.said) from None
     if commit is None:

@@ -901,6 +901,20 @@ CASES = [
         "/nonexistent/llama.cpp",
         absent=("note: the tree of the current pin is not available",),
     ),
+    Case(
+        "d28-git-says-why-not-just-its-last-line",
+        ["fetch"],
+        errors.FetchError.exit_code,
+        "does not appear to be a git repository",
+        env={"GGML_BRIDGE_SOURCES": "git"},
+        files=_pin_edit(r'^url = "file://.*"$', 'url = "file:///nonexistent/llama.cpp"'),
+    ),
+    Case(
+        "d28-wheel-sdist-a-folder",
+        ["wheel", "--sdist", "{scratch}"],
+        USAGE,
+        "--sdist {scratch} is a folder, not a file",
+    ),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
