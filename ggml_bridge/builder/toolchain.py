@@ -14,6 +14,9 @@ from .. import modes
 from ..errors import ToolchainError
 from ..runner import log, run
 
+#: seconds a compiler's or nvcc's ``--version`` may take (a hung network mount of the toolkit)
+VERSION_TIMEOUT_S = 60.0
+
 MIN_CMAKE = (3, 21)
 MIN_NINJA = (1, 10)
 
@@ -117,7 +120,13 @@ def detect_cuda() -> CudaToolkit | None:
     if nvcc is None:
         return None
     real = _real_nvcc(nvcc)
-    res = run([real, "--version"], check=False)
+    res = run(
+        [real, "--version"],
+        check=False,
+        timeout=VERSION_TIMEOUT_S,
+        error=ToolchainError,
+        what=f"{real} --version did not answer within {VERSION_TIMEOUT_S:g} s",
+    )
     m = re.search(r"release (\d+\.\d+)", res.stdout)
     version = m.group(1) if m else "unknown"
     # only the toolkit of this nvcc (and one named explicitly) counts: CMake finds cuBLAS next to the compiler
@@ -240,7 +249,7 @@ def _find_tool(name: str, minimum: tuple[int, ...], fallback: Path | None, fix: 
 
 def _version(path: Path) -> str | None:
     try:
-        res = run([path, "--version"], check=False, timeout=60)
+        res = run([path, "--version"], check=False, timeout=VERSION_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - an unrunnable candidate is just not usable
         return None
     m = re.search(r"(\d+\.\d+(?:\.\d+)?)", res.stdout + res.stderr)
@@ -277,7 +286,7 @@ def _compiler(var: str, names: tuple[str, ...]) -> Tool:
                 why=f"none of {', '.join(names)} is on PATH",
                 fix="install gcc and g++ (Debian: apt-get install build-essential) or set CC/CXX",
             )
-    res = run([path, "--version"], check=False)
+    res = run([path, "--version"], check=False, timeout=VERSION_TIMEOUT_S, error=ToolchainError)
     first = (res.stdout or res.stderr).strip().splitlines()
     if res.returncode != 0 or not first:
         raise ToolchainError(

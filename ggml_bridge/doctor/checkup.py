@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import builder, cache, files, modes, rpc
 from ..config import Settings
-from ..errors import CacheError, NotBuiltError, RpcError, ServeError, UsageError, os_reason
+from ..errors import CacheError, NotBuiltError, RpcError, ServeError, ToolchainError, UsageError, os_reason
 from ..runner import log, step
 from . import inventory, nvml, probe, report
 from .facts import WATCHED_ENV, Findings, Options
@@ -162,7 +162,7 @@ def _default_server(settings: Settings) -> str | None:
     """The llama-server `ggml-bridge serve` finds without --server."""
     try:
         return str(builder.locate(settings, modes.PATCHED, "llama-server", installed=True))
-    except (NotBuiltError, ServeError):
+    except (NotBuiltError, ServeError, ToolchainError):  # a toolkit that hangs or fails: no default server
         return None
 
 

@@ -609,3 +609,19 @@ def test_one_nvcc_finder_for_the_builds_and_the_wheel(tmp_path, monkeypatch):
         assert builder.toolchain.find_nvcc() == nvcc
         monkeypatch.setenv("CUDACXX", str(tmp_path / "missing"))
         assert builder.toolchain.find_nvcc() is None
+
+
+def test_an_nvcc_that_never_answers_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The doctor and `build --backend auto` ask nvcc its version: a hung toolkit mount kept them waiting."""
+    from ggml_bridge.builder import toolchain
+    from ggml_bridge.errors import ToolchainError
+
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\nexec sleep 60\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDACXX", str(nvcc))
+    monkeypatch.setattr(toolchain, "VERSION_TIMEOUT_S", 1.0)
+    t0 = time.monotonic()
+    with pytest.raises(ToolchainError, match="did not answer within 1 s"):
+        toolchain.detect_cuda()
+    assert time.monotonic() - t0 < 10
