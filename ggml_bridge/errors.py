@@ -55,9 +55,11 @@ class UsageError(FatalError):
     exit_code = 2
     kind = "usage error"
     meaning = (
-        "usage error: bad option, value or config file (an unknown or unread key names the key and the file); "
-        "subcommand not available; an OS error on a path outside the cache (an output folder on a full disk, a name "
-        "over 255 bytes, no permission)"
+        "usage error, the one status of whatever the user gave, in every command: a bad option, value, environment "
+        "variable or config file (an unknown or unread key names the key and the file); a path option that is "
+        "empty, of the wrong kind (a folder for a file, a file for a folder), missing, in a missing folder, "
+        "unwritable or of an unknown extension; an OS error on a path outside the cache (an output on a full disk, "
+        "a name over 255 bytes, no permission); subcommand not available"
     )
 
 
