@@ -126,6 +126,17 @@ def input_file(path: Path | str, flag: str, *, fix: str = "pass a file") -> Path
     return given
 
 
+def input_dir(path: Path | str, flag: str, *, fix: str = "pass a folder") -> Path:
+    """A folder the user named to be read (``--variants-dir``, ``--bin-dir-<variant>``): absolute and an existing
+    folder; a UsageError naming ``flag`` otherwise (empty, missing, a file)."""
+    given = _not_empty(path, flag)
+    if not given.exists():
+        raise UsageError(f"{flag} {path}: no such folder", fix=fix)
+    if not given.is_dir():
+        raise UsageError(f"{flag} {path} is a file, not a folder", fix=fix)
+    return given
+
+
 def output_file(path: Path | str, flag: str, *, suffixes: tuple[str, ...] = ()) -> Path:
     """A file the user named to be written (``--plot``, ``model --out``): absolute, not a folder, its name ending in
     one of ``suffixes`` (when given: a plot's format), in a folder that exists (a typo in it is not made into a new

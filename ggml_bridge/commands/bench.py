@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from .. import files
 from ..bench.options import BenchOptions
 from ..bench.suites import MEASURES, SUITES
 from ..config import Settings
@@ -146,11 +147,11 @@ def options(ns: argparse.Namespace) -> BenchOptions:
         run_lengths=ns.run_lengths,
         measure=ns.measure,
         links=ns.links,
-        variants_dir=ns.variants_dir,
+        variants_dir=ns.variants_dir and files.input_dir(ns.variants_dir, "--variants-dir"),
         bin_dirs=cmdoptions.bin_dirs_of(ns),
         build=ns.build,
-        model=ns.model,
-        vocab=ns.vocab,
+        model=ns.model and files.input_file(ns.model, "--model", fix="give a GGUF file, or leave --model out"),
+        vocab=cmdoptions.vocab_of(ns),
         rounds=ns.rounds,
         time_budget=ns.time_budget,
         reps=ns.reps,

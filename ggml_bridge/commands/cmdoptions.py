@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import files
 from ..modes import RPC_SERVER, VARIANTS
 from . import argtypes
 
@@ -218,6 +219,11 @@ def bin_dirs(parser: argparse.ArgumentParser, programs: str) -> None:
 
 
 def bin_dirs_of(ns: argparse.Namespace) -> dict[str, Path]:
-    """The ``--bin-dir-<variant>`` options given, by variant name."""
+    """The ``--bin-dir-<variant>`` options given, by variant name: existing folders."""
     found = {v: getattr(ns, "bin_dir_" + v.replace("-", "_"), None) for v in VARIANTS}
-    return {v: Path(d) for v, d in found.items() if d is not None}
+    return {v: files.input_dir(d, f"--bin-dir-{v}") for v, d in found.items() if d is not None}
+
+
+def vocab_of(ns: argparse.Namespace) -> Path | None:
+    """``--vocab``: an existing file when given."""
+    return ns.vocab and files.input_file(ns.vocab, "--vocab", fix="pass the upstream vocabulary GGUF")

@@ -65,7 +65,7 @@ def options(ns: argparse.Namespace) -> LadderOptions:
         report=ns.report,
         sides=sides_of(ns),
         rungs=tuple(ns.rung or ()),
-        vocab=ns.vocab,
+        vocab=cmdoptions.vocab_of(ns),
         threads=ns.threads,
         startup_timeout=ns.startup_timeout,
         keep_logits=ns.keep_logits,

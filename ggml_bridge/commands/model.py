@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options(ns: argparse.Namespace) -> ModelOptions:
-    return ModelOptions(shape=ns.shape, seed=ns.seed, vocab=ns.vocab, out=ns.out)
+    return ModelOptions(shape=ns.shape, seed=ns.seed, vocab=cmdoptions.vocab_of(ns), out=ns.out)
 
 
 def run(opts: ModelOptions, settings: Settings) -> int:

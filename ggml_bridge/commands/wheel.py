@@ -54,6 +54,9 @@ def run(opts: WheelOptions, settings: Settings) -> int:
     from .. import wheel, wheel_plan
 
     given = opts.sdist and files.input_file(opts.sdist, "--sdist", fix="pass the sdist `ggml-bridge sdist` wrote")
+    for flag, folder in (("--build-dir", opts.build_dir), ("--index", opts.index)):
+        if folder is not None:
+            files.output_dir(folder, flag)  # refused before the fetch and the build, not after
     wplan = wheel_plan.plan(settings, cpu_variants=list(opts.cpu_variants))
     out, src = opts.dist.out, opts.dist.source
     if given is not None:

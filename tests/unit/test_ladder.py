@@ -500,8 +500,13 @@ def test_same_build_is_refused(env):
 
 def test_missing_bin_dir_and_rung(env):
     lf = write_ladder(env.tmp / "l.toml", GPU_LADDER)
+    with pytest.raises(UsageError, match="--bin-dir-patched .*nope: no such folder"):  # the user's path: exit 2
+        ladder_options(
+            ["--ladder", str(lf), "--bin-dir-patched", str(env.tmp / "nope"), "--bin-dir-upstream", str(env.upstream)]
+        )
+    (env.tmp / "empty").mkdir()
     a = ladder_options(
-        ["--ladder", str(lf), "--bin-dir-patched", str(env.tmp / "nope"), "--bin-dir-upstream", str(env.upstream)]
+        ["--ladder", str(lf), "--bin-dir-patched", str(env.tmp / "empty"), "--bin-dir-upstream", str(env.upstream)]
     )
     with pytest.raises(LadderSetupError, match="not found in --bin-dir-patched"):
         ladder.run(a, env.settings)

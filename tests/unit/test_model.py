@@ -159,7 +159,7 @@ def test_find_vocab(tmp_path, monkeypatch):
 
 def test_the_model_command_writes_the_same_bytes_as_the_library(tmp_path, monkeypatch, capsys):
     """``ggml-bridge model`` (what the GPU drivers call): --out writes there, else the cached copy; a missing
-    vocabulary is one line and ModelError's exit status."""
+    vocabulary is one line and ModelError's exit status, a missing --vocab a usage error."""
     from ggml_bridge import cli
     from ggml_bridge.errors import ModelError
 
@@ -183,9 +183,10 @@ def test_the_model_command_writes_the_same_bytes_as_the_library(tmp_path, monkey
     )
     cached = Path(capsys.readouterr().out.strip())
     assert cached == model.cached_path(tmp_path / "c", "tiny", 1, vocab) and cached.read_bytes() == ref.read_bytes()
-    assert (
-        cli.main(["--cache-dir", str(tmp_path / "empty"), "model", "--vocab", str(tmp_path / "nope.gguf")])
-        == ModelError.exit_code
-    )
+    assert cli.main(["--cache-dir", str(tmp_path / "empty"), "model"]) == ModelError.exit_code
     err = capsys.readouterr().err
-    assert "cannot find the upstream vocabulary" in err and "nope.gguf" in err and "Traceback" not in err
+    assert "cannot find the upstream vocabulary" in err and "Traceback" not in err
+    # a --vocab the user gave that does not exist is their input: exit 2, like every other path option
+    assert cli.main(["--cache-dir", str(tmp_path / "empty"), "model", "--vocab", str(tmp_path / "nope.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert f"--vocab {tmp_path / 'nope.gguf'}: no such file" in err and "Traceback" not in err

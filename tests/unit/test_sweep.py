@@ -915,6 +915,37 @@ CASES = [
         USAGE,
         "--sdist {scratch} is a folder, not a file",
     ),
+    Case(
+        "path-bench-model-a-folder",
+        ["bench", "--model", "{scratch}"],
+        USAGE,
+        "--model {scratch} is a folder, not a file",
+    ),
+    Case(
+        "path-bench-variants-dir-a-file",
+        ["bench", "--variants-dir", "{scratch}/afile"],
+        USAGE,
+        "--variants-dir {scratch}/afile is a file, not a folder",
+        files=_write("afile", b"x"),
+    ),
+    Case("path-bench-variants-dir-missing", ["bench", "--variants-dir", "{scratch}/nodir"], USAGE, "no such folder"),
+    Case("path-ladder-vocab-missing", ["ladder", "--vocab", "{scratch}/nope.gguf"], USAGE, "nope.gguf: no such file"),
+    Case(
+        "path-wheel-build-dir-a-file",
+        ["wheel", "--build-dir", "{scratch}/afile"],
+        USAGE,
+        "--build-dir {scratch}/afile is a file, not a folder",
+        files=_write("afile", b"x"),
+        absent=("==> fetch",),
+    ),
+    Case(
+        "path-wheel-index-a-file",
+        ["wheel", "--index", "{scratch}/afile"],
+        USAGE,
+        "--index {scratch}/afile is a file, not a folder",
+        files=_write("afile", b"x"),
+        absent=("==> fetch",),
+    ),
     # --- D31: wording that leaked the implementation ---------------------------------------------------------------
     Case(
         "config-path-of-wrong-type",
