@@ -44,6 +44,13 @@ have their own tests:
 * D14 a read-only cache offline: tests/unit/test_disks_and_users.py (test_a_read_only_cache_offline_is_exit_13);
 * D24 a corrupt tree.json: tests/unit/test_fetch.py (test_a_damaged_tree_record_is_repaired);
 * D30 a relative XDG_CACHE_HOME: tests/unit/test_config.py (test_a_relative_xdg_cache_home_is_ignored);
+* the fifth sweep (issue 50): its rows are named by their defect (``e1-...``, ``d25-...``, ``path-...``); the rest
+  have their own tests: E2, E4, E9, E11, E12, E13, E15 and the properties of the probe parser and the advice:
+  tests/unit/test_doctor_inputs.py; E21 a stage whose owner was killed: tests/unit/test_cache.py
+  (test_a_stage_whose_owner_was_killed_is_swept_by_the_next_run); E22 one report pooled twice:
+  tests/unit/test_bench.py (test_pool_refuses_one_report_twice); E25's grammar: tests/unit/test_modes.py;
+  D12 a stubborn server killed during start-up: tests/unit/test_serve.py
+  (test_a_stubborn_server_killed_during_start_up_is_exit_137);
 * what serve says about the RPC front and each rpc-server: tests/unit/test_rpc.py
   (test_serve_says_one_consistent_thing_about_the_rpc_front_and_each_rpc_server); the pair decisions on /metrics:
   tests/unit/test_engagement.py (test_the_pair_decisions_on_metrics_are_reported_or_said_missing).
