@@ -557,16 +557,17 @@ def test_pin_without_commit_needs_an_sdist(tmp_path: Path) -> None:
         pin.load(f)
 
 
-def test_tilde_of_an_unknown_user_is_a_path_that_does_not_exist(settings: config.Settings, tmp_path: Path) -> None:
-    """``~user`` of a user that does not exist is left as it is, as the shell does (pathlib's expanduser raised
-    RuntimeError: a traceback; test_properties found it with the source ``~0``)."""
-    from ggml_bridge.errors import FatalError
+def test_tilde_of_an_unknown_user_is_a_usage_error(settings: config.Settings, tmp_path: Path) -> None:
+    """``~user`` of a user that does not exist is one usage line (pathlib's expanduser raised RuntimeError: a
+    traceback; test_properties found it with the source ``~0``); left as it is, ``--cache-dir ~nosuchuser/c`` made
+    a folder of that name under the current one (D27)."""
+    from ggml_bridge.errors import UsageError
 
-    with pytest.raises(FatalError) as e:
+    with pytest.raises(UsageError, match="~no-such-user-ggml-bridge names no user"):
         fetch.obtain(settings, "~no-such-user-ggml-bridge")
-    assert "~no-such-user-ggml-bridge" in str(e.value)
-    loaded = config.load({"cache_dir": "~no-such-user-ggml-bridge/c"}, env={}, cwd=tmp_path)
-    assert loaded.cache_dir == tmp_path / "~no-such-user-ggml-bridge" / "c"
+    with pytest.raises(UsageError, match="names no user"):
+        config.load({"cache_dir": "~no-such-user-ggml-bridge/c"}, env={}, cwd=tmp_path)
+    assert not (tmp_path / "~no-such-user-ggml-bridge").exists()
 
 
 # --------------------------------------------------------------------------------------------- faults

@@ -71,11 +71,26 @@ def test_check_conflict_reports_files_and_hunks(st: config.Settings, proj: Path)
     assert _snapshot(proj) == before
 
 
-def test_merged_without_preimages_is_a_conflict_when_blobs_are_missing(st: config.Settings, up: Up) -> None:
-    """Without the old tree the 3-way merge has no blobs: b4 then fails where it merges with them."""
-    rep = _check(st, "b4", base_source=str(st.cache_dir / "nowhere"))
+def test_merged_without_preimages_is_a_conflict_when_blobs_are_missing(
+    st: config.Settings, up: Up, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the old tree (its pinned sources unreachable) the 3-way merge has no blobs: b4 then fails where it
+    merges with them. A --base-source the user gave that cannot be obtained is its own error (D30: it was this
+    note, and the check went on)."""
+    real = fetch.obtain
+
+    def pinned_unreachable(settings: config.Settings, source: str | None = None, **kw: object) -> object:
+        if source is None:
+            raise errors.FetchError("every pinned source is unreachable")
+        return real(settings, source, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fetch, "obtain", pinned_unreachable)
+    rep = _check(st, "b4")
     assert "without preimage blobs" in rep.three_way
     assert rep.results[0].status == "conflict"
+    monkeypatch.undo()
+    with pytest.raises(errors.SourceError, match="nowhere"):
+        _check(st, "b4", base_source=str(st.cache_dir / "nowhere"))
 
 
 # --------------------------------------------------------------------------------------------- writing
