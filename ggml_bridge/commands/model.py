@@ -41,6 +41,7 @@ def options(ns: argparse.Namespace) -> ModelOptions:
 
 def run(opts: ModelOptions, settings: Settings) -> int:
     shape = model.get_shape(opts.shape)
+    out = files.output_file(opts.out, "--out") if opts.out is not None else None  # before any other work
     vocab = opts.vocab or model.find_vocab(settings.cache_dir)
     if vocab is None or not Path(vocab).is_file():
         raise ModelError(
@@ -48,10 +49,9 @@ def run(opts: ModelOptions, settings: Settings) -> int:
             + (f" ({opts.vocab} does not exist)" if opts.vocab else ""),
             fix="pass --vocab PATH, set GGML_BRIDGE_VOCAB, or run `ggml-bridge fetch` first (it is in the tree's models/)",
         )
-    if opts.out is None:
+    if out is None:
         path = model.ensure_model(settings.cache_dir, shape, opts.seed, vocab)
     else:
-        out = files.output_file(opts.out, "--out")
         try:
             path = model.write_model(out, shape, opts.seed, vocab)
         except OSError as e:

@@ -825,6 +825,13 @@ CASES = [
         absent=("Errno",),
     ),
     Case(
+        "e19-model-out-checked-before-the-vocabulary",
+        ["model", "--out", "{scratch}/nodir/m.gguf"],
+        USAGE,
+        "the folder {scratch}/nodir does not exist",
+        env={"GGML_BRIDGE_VOCAB": ""},
+    ),
+    Case(
         "e19-model-out-a-folder",
         ["model", "--out", "{scratch}", "--vocab", "{scratch}/v.gguf"],
         USAGE,
