@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
-#: the most GPUs one NVML inventory lists (a count beyond it is a binding's nonsense)
-MAX_GPUS = 1024
+#: the most GPUs one NVML inventory lists (one host has 16 at most today; a count beyond it is a binding's nonsense)
+MAX_GPUS = 64
 
 #: usable bandwidth per lane and direction in GB/s, after line coding (NCCL's topology model: width x lane rate)
 LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}

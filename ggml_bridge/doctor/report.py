@@ -27,6 +27,10 @@ def _fmt_gbps(t: Timing | None) -> str:
     return f"{t.gbps:.1f} GB/s" if t is not None else "- GB/s"
 
 
+def _gib(mib: int | None) -> str:
+    return "?" if mib is None else f"{mib / 1024:.0f}"
+
+
 def _gen(gen: int | None, width: int | None) -> str:
     return f"Gen{gen or '?'} x{width or '?'}"
 
@@ -76,7 +80,7 @@ def _gpus(f: Findings) -> list[str]:
     out = ["== GPUs (NVML; GPU n: CUDA's ordinal, as in the bridge's log lines; NVML GPU n: NVML's, by PCI bus)"]
     for g in n.gpus:
         best = link_gbps(g.pcie_gen_max, g.pcie_width_max)
-        mem = f"{(g.memory_total_mib or 0) / 1024:.0f} GiB ({(g.memory_free_mib or 0) / 1024:.0f} GiB free)"
+        mem = f"{_gib(g.memory_total_mib)} GiB ({_gib(g.memory_free_mib)} GiB free)"
         out.append(
             f"{f.gpu_name(g.index)}: {g.name}, cc {g.cc or '?'}, {mem}, PCIe {_gen(g.pcie_gen, g.pcie_width)} now, "
             f"{_gen(g.pcie_gen_max, g.pcie_width_max)} max"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -316,7 +317,10 @@ def test_plot_formats_follow_the_extension(doctor_env: Path, tmp_path: Path) -> 
 # --------------------------------------------------------------------------------------------- properties
 
 _QUIET = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
-BOUNDED = settings(max_examples=60, deadline=None, database=None, suppress_health_check=_QUIET)
+#: PROP_EXAMPLES=3000 for a longer search, as in test_properties.py
+BOUNDED = settings(
+    max_examples=int(os.environ.get("PROP_EXAMPLES", "60")), deadline=None, database=None, suppress_health_check=_QUIET
+)
 _FIGURE = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from(["0", "-1", "nan", "inf", "1e309", "x", ""]),
@@ -419,6 +423,48 @@ def test_the_split_over_arbitrary_speeds_and_memory_sums_to_100(
     f.model = inventory.Model(Path("m.gguf"), size, "llama", 4096, 32)
     ts, _ = recommend.split_shares(f, recommend.split_devices(f))
     assert len(ts) == n and sum(ts) == 100 and all(0 <= s <= 100 for s in ts)
+
+
+_ANYTHING = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(1 << 70), 1 << 70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    st.tuples(st.integers(-5, 100), st.integers(-5, 100)),
+)
+_NVML_FNS = [
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetCudaComputeCapability",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+]
+
+
+@BOUNDED
+@given(st.dictionaries(st.sampled_from(_NVML_FNS), _ANYTHING), _ANYTHING, _ANYTHING)
+def test_nvml_over_arbitrary_binding_answers_never_raises(answers: dict[str, Any], total: Any, free: Any) -> None:
+    """E12 as a property: whatever a binding returns, the NVML report is a status and GPUs of plain figures, and
+    the text report and the strict JSON follow from it."""
+    fns: dict[str, Any] = {name: (lambda *a, v=v: v) for name, v in answers.items()}
+    fns["nvmlDeviceGetMemoryInfo"] = lambda h: SimpleNamespace(total=total, free=free)
+    rep = nvml.read(_binding(**fns), timeout_s=10)
+    assert rep.status in ("ok", "error")
+    for g in rep.gpus:
+        for v in (g.memory_total_mib, g.memory_free_mib, g.pcie_gen, g.pcie_width, g.pcie_gen_max, g.pcie_width_max):
+            assert v is None or (isinstance(v, int) and v >= 0)
+    f = _findings(None)
+    f.nvml = rep
+    rec = recommend.recommend(f, None)
+    assert all(line.isprintable() for line in report.render(f, rec).splitlines())
+    _strict_json(report.dumps(f, rec))
 
 
 # --------------------------------------------------------------------------------------------- fixture
