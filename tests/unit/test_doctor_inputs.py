@@ -402,6 +402,43 @@ def test_any_probe_output_parses_and_advises_without_an_exception(lines: list[st
     _strict_json(report.dumps(f, rec))
 
 
+_REAL = OK2.read_text().splitlines()
+
+
+@BOUNDED
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, len(_REAL) - 1),
+            st.integers(0, 12),
+            st.one_of(_FIGURE.map(str), st.integers(-(1 << 40), 1 << 40).map(str), st.text(max_size=4)),
+        ),
+        max_size=12,
+    )
+)
+def test_arbitrary_figures_in_a_real_probe_output_never_break_the_advice(changes: list[tuple[int, int, str]]) -> None:
+    """The real two-GPU output with any of its values replaced by arbitrary figures (0, negative, NaN, inf, huge,
+    words): the parser keeps only plausible figures of described devices, and the advice, the text report and
+    the strict JSON follow."""
+    lines = list(_REAL)
+    for row, pos, value in changes:
+        words = lines[row].split(" ")
+        fields = [i for i, w in enumerate(words) if "=" in w]
+        if fields:
+            i = fields[pos % len(fields)]
+            key = words[i].split("=", 1)[0]
+            words[i] = f"{key}={value.replace(' ', '') or '0'}"
+            lines[row] = " ".join(words)
+    res = probe.parse("\n".join(lines))
+    for t in [*res.links.values(), *res.copies.values()]:
+        assert math.isfinite(t.gbps) and t.gbps > 0 and math.isfinite(t.us) and t.us > 0
+    f = _findings(res)
+    rec = recommend.recommend(f, None)
+    assert not rec.ts or sum(rec.ts) == 100
+    assert all(line.isprintable() for line in report.render(f, rec).splitlines())
+    _strict_json(report.dumps(f, rec))
+
+
 @BOUNDED
 @given(
     st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=2, max_size=6),
