@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .logparse import BatchedInfo, BridgeInfo
+from .mechanisms import MECHANISMS as RECORDS
 
-BRIDGE, BATCHED = "bridge", "batched"
+BRIDGE, BATCHED = RECORDS["bridge"].name, RECORDS["batched"].name
+#: the mechanisms with an enabled line and counters of their own (the series')
 MECHANISMS = (BRIDGE, BATCHED)
 ENGAGED, IDLE, INACTIVE, ABSENT = "engaged", "idle", "inactive", "absent"
 
@@ -37,9 +39,8 @@ class Verdict:
 
 def did_work(mechanism: str, counters: Mapping[str, int]) -> bool:
     """Counters (a stats line, or an rpc-server's counters with their ``bridge_`` prefix) show work."""
-    if mechanism == BRIDGE:
-        return counters.get("boundaries", counters.get("bridge_boundaries", 0)) > 0
-    return counters.get("async_uploads", 0) > 0 or counters.get("large_splits", 0) > 0
+    record = RECORDS[mechanism]
+    return any(counters.get(k, counters.get(f"{mechanism}_{k}", 0)) > 0 for k in record.work_keys)
 
 
 def engaged(mechanism: str, info: BridgeInfo | BatchedInfo, counters: Mapping[str, int] | None = None) -> Verdict:

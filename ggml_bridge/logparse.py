@@ -12,34 +12,36 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from . import mechanisms
+from .mechanisms import ALLREDUCE_PATHS
+from .mechanisms import BATCHED as BATCHED_RECORD
+from .mechanisms import BRIDGE as BRIDGE_RECORD
+
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 # --- contract: mapped pinned host bridge (CUDA backend, GGML log) -------------------------------------
-BRIDGE = "ggml_cuda_mapped_host_bridge"
+BRIDGE = BRIDGE_RECORD.log_tag
+#: the modes the enabled line may report: the values of the words that ask for the bridge (the mechanism record)
 BRIDGE_ENABLED = re.compile(
-    BRIDGE + r": enabled \(mode (?P<mode>1|auto|force)\), (?P<slots>\d+) slots x (?P<slot_mib>\d+) MiB\b"
+    BRIDGE
+    + r": enabled \(mode (?P<mode>"
+    + "|".join(re.escape(v) for v in BRIDGE_RECORD.asked_values)
+    + r")\), (?P<slots>\d+) slots x (?P<slot_mib>\d+) MiB\b"
 )
 BRIDGE_INACTIVE = re.compile(BRIDGE + r": inactive: (?P<reason>.*?)\s*$")
 #: the bridge's selector (GGML_CUDA_MAPPED_HOST_BRIDGE; the series before issue 26 had ..._CHUNK_KIB and others)
-BRIDGE_INVALID = re.compile(BRIDGE + r': ignoring invalid (?P<var>GGML_CUDA_MAPPED_HOST_BRIDGE\w*)="(?P<value>[^"]*)"')
-BRIDGE_STATS = re.compile(BRIDGE + r": stats: (?P<kv>(?:\s*\w+=\d+)+)")
-BRIDGE_STATS_KEYS = (
-    "boundaries",
-    "bytes",
-    "chunks",
-    "producer_waits",
-    "sync_copies",
-    "fallbacks",
-    "pairs_bridge",
-    "pairs_upstream",
+BRIDGE_INVALID = re.compile(
+    BRIDGE + r': ignoring invalid (?P<var>' + BRIDGE_RECORD.selector + r'\w*)="(?P<value>[^"]*)"'
 )
+BRIDGE_STATS = re.compile(BRIDGE + r": stats: (?P<kv>(?:\s*\w+=\d+)+)")
+BRIDGE_STATS_KEYS = BRIDGE_RECORD.stats_keys
 #: one line per pair of GPUs and set of backends: the bridge or upstream's copy, and why
 BRIDGE_PAIR = re.compile(
     BRIDGE + r": GPU (?P<src>\d+) -> GPU (?P<dst>\d+): (?P<route>bridge|upstream) \((?P<why>[^)]*)\)"
 )
 
 # --- contract: batched pinned graph I/O transfers (llama context, LLAMA log) --------------------------
-BATCHED = "llama_batched_transfers"
+BATCHED = BATCHED_RECORD.log_tag
 BATCHED_ENABLED = re.compile(
     BATCHED + r": enabled, pinned pool up to (?P<pool_mib>\d+) MiB\b"
     r"(?: per process, split inputs in host memory up to (?P<stage_max>\d+) bytes staged)?"
@@ -53,20 +55,7 @@ BATCHED_POOL_ITEM = re.compile(r"^(?P<backend>[^:;]+): (?:pool (?P<buft>\S+)|non
 # async_* count only what batching staged, sync_* what it could not stage (fallbacks), upstream_* what it left on
 # upstream's path by design (inputs over the stage limit, inputs already on a device, downloads upstream already
 # makes asynchronously): a line without that split (an older patch) is not taken as batching's stats
-BATCHED_STATS_KEYS = (
-    "graphs",
-    "async_uploads",
-    "async_downloads",
-    "sync_uploads",
-    "sync_downloads",
-    "upstream_uploads",
-    "upstream_downloads",
-    "bytes_up",
-    "bytes_down",
-    "fallbacks",
-    "pool_waits",
-    "pool_drains",
-)
+BATCHED_STATS_KEYS = BATCHED_RECORD.stats_keys
 #: the splits the rule per split kept on upstream's copies (after pool_drains; a series before 2026-12-03 lacks them)
 BATCHED_STATS_SPLIT_KEYS = ("large_splits", "later_splits")
 # (the keys of the series before 2026-12-03 are parsed too: declined_graphs after graphs, probe_graphs,
@@ -81,7 +70,11 @@ BATCHED_STATS = re.compile(
 _KV = re.compile(r"(\w+)=(\d+)")
 
 # --- contract: llama-server /metrics (patch 0005): llamacpp:bridge_<name>_total, llamacpp:batched_<name>_total ----
-METRIC_LINE = re.compile(r"^llamacpp:(?P<name>(?:bridge|batched)_\w+_total)\s+(?P<value>[0-9.eE+-]+)\s*$")
+METRIC_LINE = re.compile(
+    r"^llamacpp:(?P<name>(?:"
+    + "|".join(m.name for m in mechanisms.SERIES if m.metrics)
+    + r")_\w+_total)\s+(?P<value>[0-9.eE+-]+)\s*$"
+)
 
 
 def parse_metrics(text: str) -> dict[str, int]:
@@ -92,6 +85,23 @@ def parse_metrics(text: str) -> dict[str, int]:
             out[m["name"]] = int(float(m["value"]))
     return out
 
+
+# --- upstream: -sm tensor's all-reduce (ggml-cuda.cu ggml_backend_cuda_comm_init, ggml-cuda/allreduce.cu) ------
+#: the internal pipeline is up (INFO): the path for this Meta device is upstream's host-staged all-reduce
+AR_INTERNAL_READY = re.compile(r"initialized AllReduce pipeline: (?P<n>\d+) GPUs")
+#: the internal pipeline could not start (any device count but 2): the butterfly takes over (WARN)
+AR_INTERNAL_FAILED = re.compile(r"internal AllReduce init failed .*falling back to meta-backend butterfly")
+#: NCCL refused or missing: internal is tried next (WARN)
+AR_NCCL_FALLBACK = re.compile(
+    r"(?P<why>NCCL not compiled in|NCCL disabled: virtual devices in use|NCCL init failed \([^)]*\))"
+    r"; falling back to internal AllReduce"
+)
+#: an unknown GGML_CUDA_ALLREDUCE value: the butterfly (WARN)
+AR_UNKNOWN = re.compile(r"unknown " + mechanisms.ALLREDUCE.selector + r" value: (?P<value>\S*)")
+#: the meta backend cannot split an op this way (e.g. a CUDA build with a head size flash attention lacks)
+TENSOR_SPLIT_ABORT = re.compile(r"(?P<what>unsupported mul_mat split states: .*|ggml op not implemented: .*)$")
+#: llama.cpp turns flash attention on for -sm tensor (it needs it)
+TENSOR_NEEDS_FA = re.compile(r"SPLIT_MODE_TENSOR requires flash_attn to be enabled")
 
 # --- upstream llama.cpp / llama-server lines ----------------------------------------------------------
 #: llama.cpp: each device a model is placed on
@@ -184,9 +194,29 @@ class BatchedInfo:
 
 
 @dataclass
+class AllReduceInfo:
+    """What upstream printed about -sm tensor's all-reduce (it has no line of its own for the butterfly)."""
+
+    internal_ready: list[int] = field(default_factory=list)  # GPUs of each internal pipeline started
+    internal_failed: int = 0  # "internal AllReduce init failed ... butterfly" lines
+    nccl_fallbacks: list[str] = field(default_factory=list)  # why NCCL was not used, per line
+    unknown_value: str | None = None
+
+    @property
+    def path(self) -> str | None:
+        """The path the lines name: ``internal``, ``butterfly`` (a fallback or an unknown value said so), or None
+        (nothing said: ``none`` asked, or no -sm tensor)."""
+        if self.internal_failed or self.unknown_value is not None:
+            return ALLREDUCE_PATHS["butterfly"].name
+        return ALLREDUCE_PATHS["internal"].name if self.internal_ready else None
+
+
+@dataclass
 class LogInfo:
     bridge: BridgeInfo = field(default_factory=BridgeInfo)
     batched: BatchedInfo = field(default_factory=BatchedInfo)
+    allreduce: AllReduceInfo = field(default_factory=AllReduceInfo)
+    tensor_abort: str | None = None  # the meta backend's abort (-sm tensor on a shape it cannot split)
     devices: list[str] = field(default_factory=list)  # "using device" lines, in order
     meta_devices: int = 0  # -sm tensor: devices behind the Meta device
     cuda_found: int | None = None
@@ -262,6 +292,8 @@ def parse(lines: Iterable[str] | str) -> LogInfo:
             elif m := BATCHED_INACTIVE.search(line):
                 t.inactive_reason = m["reason"]
             continue
+        if _parse_allreduce(info, line):
+            continue
         if m := USING_DEVICE.search(line):
             info.devices.append(m["dev"])
         elif m := META_DEVICE.search(line):
@@ -291,6 +323,25 @@ def parse(lines: Iterable[str] | str) -> LogInfo:
     return info
 
 
+def _parse_allreduce(info: LogInfo, line: str) -> bool:
+    """The all-reduce's and the meta backend's lines (True: the line was one)."""
+    ar = info.allreduce
+    if m := AR_INTERNAL_READY.search(line):
+        ar.internal_ready.append(int(m["n"]))
+    elif AR_INTERNAL_FAILED.search(line):
+        ar.internal_failed += 1
+    elif m := AR_NCCL_FALLBACK.search(line):
+        ar.nccl_fallbacks.append(m["why"])
+    elif m := AR_UNKNOWN.search(line):
+        ar.unknown_value = m["value"]
+    elif m := TENSOR_SPLIT_ABORT.search(line):
+        info.tensor_abort = info.tensor_abort or m["what"].strip()
+        info.crash_lines.append(line.strip())
+    else:
+        return False
+    return True
+
+
 def exit_reason(info: LogInfo, rc: int | None, when: str = "during start-up") -> str:
     """One sentence saying why a server that exited ``when`` (during start-up, or while serving a request) failed."""
     if info.bind_failed:
@@ -308,6 +359,8 @@ def exit_reason(info: LogInfo, rc: int | None, when: str = "during start-up") ->
         return f"llama-server failed to load the model: {info.model_error}"
     if info.model_load_failed:
         return "llama-server failed to load the model"
+    if info.tensor_abort:
+        return f"llama-server aborted {when}: -sm tensor cannot split this model: {info.tensor_abort}"
     if info.oom_lines:
         return f"out of memory {when}: {info.oom_lines[0]}"
     if info.crash_lines:

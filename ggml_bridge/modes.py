@@ -19,15 +19,19 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from . import mechanisms
 from .errors import UsageError
+from .mechanisms import Selectors, selector_env
 from .runner import log
 from .tables import by_name
 
 # --- selectors (environment variables the patched build reads) --------------------------------------------
 
-BRIDGE = "GGML_CUDA_MAPPED_HOST_BRIDGE"  # 0|1|auto|force (its only setting; stats line always)
-BATCHED = "LLAMA_BATCHED_TRANSFERS"  # 0|1 (its stats line comes at teardown when 1)
-#: the CMake switches that compile the mechanisms in (the bridge's switch is named like its selector)
+BRIDGE = mechanisms.BRIDGE.selector  # 0|1|auto|force (its only setting; stats line always)
+BATCHED = mechanisms.BATCHED.selector  # 0|1 (its stats line comes at teardown when 1)
+#: upstream's all-reduce of -sm tensor (nccl|internal|none) and the internal one's BF16 rounding threshold
+ALLREDUCE = mechanisms.ALLREDUCE.selector
+AR_BF16_THRESHOLD = mechanisms.AR_BF16_THRESHOLD
 BATCHED_CMAKE = "SAM3D_BATCHED_TRANSFERS"
 #: the RPC server program of a build (the rpc-* modes start it; serve's --rpc-local too)
 RPC_SERVER = "ggml-rpc-server"
@@ -38,66 +42,22 @@ NCCL_NVLS = "NCCL_NVLS_ENABLE"  # 0 on the lent machines (NVLink multicast off)
 VK_DEVICES = "GGML_VK_VISIBLE_DEVICES"  # Vulkan device indices; "0,0" = two devices on one (CPU-type ones
 # such as lavapipe are used only when named here)
 
-#: ``--bridge`` / ``--batched`` words -> selector values
-BRIDGE_VALUES = {"on": "1", "off": "0", "auto": "auto", "force": "force"}
-BATCHED_VALUES = {"on": "1", "off": "0"}
-#: the ``--bridge`` words that ask for the bridge (it must then prove that it engaged, or say why not) and the one
-#: that asks for batching: the single rule serve, rpc, the ladder and the bench apply
-BRIDGE_ASKS = ("on", "auto", "force")
-BATCHED_ASKS = ("on",)
-
-
-@dataclass(frozen=True)
-class Selectors:
-    """The ``--bridge`` / ``--batched`` words of one process (``None``: left unset, the build's default)."""
-
-    bridge: str | None = None
-    batched: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.bridge is not None and self.bridge not in BRIDGE_VALUES:
-            raise UsageError(f"--bridge must be one of {', '.join(BRIDGE_VALUES)}, not {self.bridge!r}")
-        if self.batched is not None and self.batched not in BATCHED_VALUES:
-            raise UsageError(f"--batched must be one of {', '.join(BATCHED_VALUES)}, not {self.batched!r}")
-
-    @property
-    def asks_bridge(self) -> bool:
-        """The bridge is asked for: it must engage or say why it may not (``on``, ``auto``, ``force``)."""
-        return self.bridge in BRIDGE_ASKS
-
-    @property
-    def asks_batched(self) -> bool:
-        return self.batched in BATCHED_ASKS
-
-    @property
-    def any_set(self) -> bool:
-        """A selector is set: there is something to prove (asked for, or asked to stay off)."""
-        return self.bridge is not None or self.batched is not None
-
-    @property
-    def bridge_mode(self) -> str | None:
-        """What the server reports in its ``enabled (mode M)`` line when the bridge engages as asked."""
-        return BRIDGE_VALUES[self.bridge] if self.asks_bridge and self.bridge is not None else None
-
-    @property
-    def mechanisms(self) -> tuple[str, ...]:
-        """Which mechanisms must prove that they engaged: ``()``, ``("bridge",)``, ``("batched",)`` or both."""
-        return (("bridge",) if self.asks_bridge else ()) + (("batched",) if self.asks_batched else ())
-
-    def env(self) -> dict[str, str]:
-        """The selectors' environment variables (only those set)."""
-        env: dict[str, str] = {}
-        if self.bridge is not None:
-            env[BRIDGE] = BRIDGE_VALUES[self.bridge]
-        if self.batched is not None:
-            env[BATCHED] = BATCHED_VALUES[self.batched]
-        return env
+#: ``--bridge`` / ``--batched`` words -> selector values, and the words that ask for each mechanism (it must then
+#: prove that it engaged, or say why not): the single rule serve, rpc, the ladder and the bench apply, from the
+#: mechanism record (:mod:`ggml_bridge.mechanisms`)
+BRIDGE_VALUES = dict(mechanisms.BRIDGE.words)
+BATCHED_VALUES = dict(mechanisms.BATCHED.words)
+BRIDGE_ASKS = mechanisms.BRIDGE.asks
+BATCHED_ASKS = mechanisms.BATCHED.asks
+#: ``GGML_CUDA_ALLREDUCE`` words (upstream's values)
+ALLREDUCE_VALUES = dict(mechanisms.ALLREDUCE.words)
 
 
 #: what the patched build takes in its selectors (patch 0001's parser: 0, 1, auto, force, or 1 / auto with GPU pairs
 #: not to trust; patch 0003's: 0 or 1); anything else it ignores with a warning, and the mechanism stays off
-_BRIDGE_RE = re.compile(r"(0|1|auto|force|(1|auto):\d+-\d+(,\d+-\d+)*)")
-_BATCHED_RE = re.compile(r"[01]")
+#: (the values from the mechanism record; the GPU pairs belong to modes 1 and auto)
+_BRIDGE_RE = re.compile("(" + "|".join(map(re.escape, BRIDGE_VALUES.values())) + r"|(1|auto):\d+-\d+(,\d+-\d+)*)")
+_BATCHED_RE = re.compile("|".join(map(re.escape, BATCHED_VALUES.values())))
 #: llama-server's own switch of batching (patch 0003), after ``--``, and its environment variable
 BATCHED_FLAGS = {"--batched-transfers": True, "--no-batched-transfers": False}
 BATCHED_ARG_ENV = "LLAMA_ARG_BATCHED_TRANSFERS"
@@ -151,12 +111,6 @@ def check_batched_args(given: Selectors, server_args: Sequence[str], environ: Ma
             )
 
 
-def selector_env(bridge: str | None, batched: str | None) -> dict[str, str]:
-    """Environment for the selectors. ``None`` leaves a selector unset (the build's default). There is nothing to
-    switch the counters on: both mechanisms print their stats line whenever they are on."""
-    return Selectors(bridge, batched).env()
-
-
 # --- build backends ---------------------------------------------------------------------------------------
 
 
@@ -191,6 +145,7 @@ def backend(name: str) -> Backend:
 
 #: The variant names (the keys of :data:`VARIANTS`).
 PATCHED, UPSTREAM, UPSTREAM_NOPEER = "patched", "upstream", "upstream-nopeer"
+UPSTREAM_NOPEER_VIRTUAL = "upstream-nopeer-virtual"
 
 
 @dataclass(frozen=True)
@@ -201,6 +156,9 @@ class Variant:
     subdir: str  # its folder under bench's --variants-dir
     about: str
     cuda_only: bool = False  # exists only for the CUDA backend
+    test_patches: str | None = None
+    """A test-only series (a folder under patches/) applied to the upstream tree instead of ours: a baseline that is
+    not upstream's build, said in its manifest (``test_only``); never with ``patched``."""
 
 
 #: Every build variant, in the order a shared tree builds them (``build --shared-tree``): the upstream sources
@@ -214,6 +172,17 @@ VARIANTS: dict[str, Variant] = by_name(
         "nopeer",
         "no patches, GGML_CUDA_NO_PEER_COPY (synchronous copy through malloc; CUDA only)",
         cuda_only=True,
+    ),
+    Variant(
+        UPSTREAM_NOPEER_VIRTUAL,
+        False,
+        {"GGML_CUDA_NO_PEER_COPY": "ON"},
+        "nopeer-virtual",
+        "TEST-ONLY baseline: upstream + patches/baseline/nopeer-virtual + GGML_CUDA_NO_PEER_COPY, in which distinct "
+        "virtual devices (GGML_CUDA_DEVICES) count as distinct GPUs without peer access (their copies take upstream's "
+        "host path); CUDA only",
+        cuda_only=True,
+        test_patches="baseline/nopeer-virtual",
     ),
     Variant(
         PATCHED,
@@ -258,6 +227,9 @@ class Mode:
     rpc: bool = False  # the model on local ggml-rpc-servers (they get GPUs and selectors)
     devices: int | None = None  # GPUs of this mode, instead of the rung's (ladder)
     link: str | None = None  # rpc modes in the bench: a shaped link RATE/DELAY (netbench.py)
+    split: str | None = None  # llama.cpp -sm of this mode instead of the rung's / suite's ("tensor")
+    allreduce: str | None = None  # GGML_CUDA_ALLREDUCE word (ALLREDUCE_VALUES); None: the rung's, else unset
+    ar_bf16_threshold: str | None = None  # GGML_CUDA_AR_BF16_THRESHOLD ("0": the internal path reduces F32 exactly)
 
     @property
     def selectors(self) -> Selectors:
@@ -277,9 +249,13 @@ class Mode:
         return self.selectors.mechanisms
 
     def env(self) -> dict[str, str]:
-        """The mode's environment: selectors for a patched variant, GGML_CUDA_P2P for the *-p2p modes, and the
-        rejected values of a typo mode."""
+        """The mode's environment: selectors for a patched variant, GGML_CUDA_P2P for the *-p2p modes, upstream's
+        all-reduce variables for the tensor modes, and the rejected values of a typo mode."""
         env = {CUDA_P2P: "1"} if self.p2p else {}
+        if self.allreduce is not None:
+            env[ALLREDUCE] = ALLREDUCE_VALUES[self.allreduce]
+        if self.ar_bf16_threshold is not None:
+            env[AR_BF16_THRESHOLD] = self.ar_bf16_threshold
         if VARIANTS[self.variant].patched:
             env.update(selector_env(self.bridge, self.batched))
         return {**env, **dict(self.rejected)}
@@ -373,6 +349,124 @@ MODES: dict[str, Mode] = by_name(
     ),
 )
 
+#: -sm tensor (docs/tensor.md): the same builds and selectors, split by the meta backend, with upstream's all-reduce
+#: named (``-internal``: upstream's host-staged pipeline, exactly 2 devices; otherwise ``none``, the butterfly, whose
+#: exchanges are cross-device copies: the bridge's where it is on)
+TENSOR_MODES: dict[str, Mode] = by_name(
+    Mode(
+        "tensor-upstream",
+        UPSTREAM,
+        None,
+        None,
+        "upstream, -sm tensor, butterfly (GGML_CUDA_ALLREDUCE=none)",
+        split="tensor",
+        allreduce="none",
+    ),
+    Mode(
+        "tensor-upstream-internal",
+        UPSTREAM,
+        None,
+        None,
+        "upstream, -sm tensor, its host-staged all-reduce (internal; F32 through BF16)",
+        split="tensor",
+        allreduce="internal",
+    ),
+    Mode(
+        "tensor-upstream-internal-f32",
+        UPSTREAM,
+        None,
+        None,
+        "upstream, -sm tensor, internal all-reduce in F32 (GGML_CUDA_AR_BF16_THRESHOLD=0)",
+        split="tensor",
+        allreduce="internal",
+        ar_bf16_threshold="0",
+    ),
+    Mode(
+        "tensor-nopeer-virtual",
+        UPSTREAM_NOPEER_VIRTUAL,
+        None,
+        None,
+        "TEST-ONLY baseline: -sm tensor, butterfly through upstream's host path between virtual devices",
+        split="tensor",
+        allreduce="none",
+    ),
+    Mode(
+        "tensor-off",
+        PATCHED,
+        "off",
+        "off",
+        "patched, selectors 0, -sm tensor, butterfly",
+        split="tensor",
+        allreduce="none",
+    ),
+    Mode(
+        "tensor-off-internal",
+        PATCHED,
+        "off",
+        "off",
+        "patched, selectors 0, -sm tensor, internal all-reduce",
+        split="tensor",
+        allreduce="internal",
+    ),
+    Mode(
+        "tensor-bridge",
+        PATCHED,
+        "auto",
+        "off",
+        "patched, bridge auto, -sm tensor, butterfly",
+        split="tensor",
+        allreduce="none",
+    ),
+    Mode(
+        "tensor-bridge-force",
+        PATCHED,
+        "force",
+        "off",
+        "patched, bridge forced, -sm tensor, butterfly: its exchanges through the bridge",
+        split="tensor",
+        allreduce="none",
+    ),
+    Mode(
+        "tensor-batched",
+        PATCHED,
+        "off",
+        "on",
+        "patched, batching, -sm tensor, butterfly",
+        split="tensor",
+        allreduce="none",
+    ),
+    Mode(
+        "tensor-bridge-force-batched",
+        PATCHED,
+        "force",
+        "on",
+        "patched, bridge forced and batching, -sm tensor, butterfly",
+        split="tensor",
+        allreduce="none",
+    ),
+    Mode(
+        "tensor-bridge-force-internal",
+        PATCHED,
+        "force",
+        "off",
+        "patched, bridge forced, -sm tensor, internal all-reduce (the bridge left with what is not the all-reduce)",
+        split="tensor",
+        allreduce="internal",
+    ),
+)
+#: layer split against the test-only no-peer baseline on virtual devices (docs/tensor.md)
+BASELINE_MODES: dict[str, Mode] = by_name(
+    Mode(
+        "upstream-nopeer-virtual",
+        UPSTREAM_NOPEER_VIRTUAL,
+        None,
+        None,
+        "TEST-ONLY baseline: layer split, copies between virtual devices through upstream's host path",
+    ),
+)
+MODES.update(TENSOR_MODES)
+MODES.update(BASELINE_MODES)
+
 #: ``auto`` leaves virtual devices of one GPU (GGML_CUDA_DEVICES) on upstream's device-local copy: a bench of such
 #: devices measures these cases forced, or it would measure nothing of the bridge
 FORCED_ON_VIRTUAL: dict[str, str] = {
@@ -389,12 +483,14 @@ def baseline(mode: Mode) -> Mode | None:
     if not mode.uses_batched:
         return None
     for m in MODES.values():
-        same = (m.variant, m.bridge, m.p2p, m.rpc, m.devices) == (
+        same = (m.variant, m.bridge, m.p2p, m.rpc, m.devices, m.split, m.allreduce) == (
             mode.variant,
             mode.bridge,
             mode.p2p,
             mode.rpc,
             mode.devices,
+            mode.split,
+            mode.allreduce,
         )
         if same and m.batched == "off" and not m.rejected:
             return m

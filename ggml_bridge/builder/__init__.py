@@ -115,6 +115,7 @@ def ensure(
         allow_unpinned=allow_unpinned,
         series=series,
         discard_changes=discard_changes,
+        variants=[v],
     )
     return build(settings, plan.single(settings, target, v, srcs), record_latest=record_latest)
 

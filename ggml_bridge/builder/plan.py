@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from .. import fetch as fetchmod
 from .. import modes
@@ -70,6 +70,8 @@ class Sources:
     tree: fetchmod.Tree
     patched: patchmod.PatchedTree | None
     ui: uimod.UiAssets
+    baselines: Mapping[str, patchmod.PatchedTree] = dataclasses.field(default_factory=dict)
+    """The test-only series of the baseline variants (``Variant.test_patches``) applied to the tree, by variant."""
 
 
 def sources(
@@ -81,13 +83,20 @@ def sources(
     allow_unpinned: bool = False,
     series: patchmod.Series | None = None,
     discard_changes: bool = False,
+    variants: Sequence[modes.Variant] = (),
 ) -> Sources:
     """Fetch the tree (:func:`ggml_bridge.fetch.obtain`), apply the series with ``patched`` (``series`` replaces the
-    project's), and the UI of the patched tree (``ui_of_patched``) or of the pristine one."""
+    project's), the test-only series of the baseline ``variants`` among those given, and the UI of the patched tree
+    (``ui_of_patched``) or of the pristine one."""
     tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
     applied = patchmod.apply_series(settings, tree, series, discard_changes=discard_changes) if patched else None
+    baselines = {
+        v.name: patchmod.apply_series(settings, tree, patchmod.read_series(settings.patches_dir / v.test_patches))
+        for v in variants
+        if v.test_patches is not None
+    }
     ui = uimod.ensure(settings, applied.path if applied is not None and ui_of_patched else tree.path)
-    return Sources(tree, applied, ui)
+    return Sources(tree, applied, ui, baselines)
 
 
 @dataclass(frozen=True)
@@ -113,12 +122,19 @@ class BuildPlan:
         return self.sources.patched if self.variant.patched else None
 
     @property
+    def baseline(self) -> patchmod.PatchedTree | None:
+        """The test-only series applied to the tree, for a baseline variant; None for the others."""
+        return self.sources.baselines.get(self.variant.name) if self.variant.test_patches else None
+
+    @property
     def series(self) -> patchmod.Series | None:
-        return self.patched.series if self.patched else None
+        applied = self.patched or self.baseline
+        return applied.series if applied else None
 
     @property
     def src(self) -> Path:
-        return self.patched.path if self.patched else self.tree.path
+        applied = self.patched or self.baseline
+        return applied.path if applied else self.tree.path
 
     @property
     def ui(self) -> uimod.UiAssets:
@@ -148,13 +164,15 @@ def shared(settings: Settings, target: Target, srcs: Sources) -> tuple[BuildPlan
     ]
     args = {}
     for d in drafts:
-        configured_as = modes.VARIANTS[modes.UPSTREAM] if d.variant.name == modes.UPSTREAM_NOPEER else d.variant
+        recompiled = d.variant.name in (modes.UPSTREAM_NOPEER, modes.UPSTREAM_NOPEER_VIRTUAL)
+        configured_as = modes.VARIANTS[modes.UPSTREAM] if recompiled else d.variant
         full = cmake_args(settings, d.src, configured_as, target.backend, target.tools)
         args[d.variant.name] = tuple([a for a in full if not a.startswith("-DBUILD_SHARED_LIBS=")] + [STATIC])
+    baseline_hashes = ",".join(b.series.hash for b in srcs.baselines.values())
     key = build_key(
         srcs.tree,
         srcs.patched.series if srcs.patched else None,
-        "shared:" + ",".join(args),
+        "shared:" + ",".join(args) + (f";baselines:{baseline_hashes}" if baseline_hashes else ""),
         target.backend,
         [a for name, vargs in args.items() for a in [name, *vargs]],
         target.tools,

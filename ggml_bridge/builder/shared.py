@@ -34,12 +34,15 @@ from .toolchain import Toolchain
 SHARED_RECIPES: dict[str, str] = {
     modes.UPSTREAM: "built from the pristine sources",
     modes.UPSTREAM_NOPEER: "upstream objects, {object} recompiled with -DGGML_CUDA_NO_PEER_COPY, tools relinked",
+    modes.UPSTREAM_NOPEER_VIRTUAL: "TEST-ONLY baseline: upstream objects, {object} recompiled from the test-only "
+    "series' ggml-cuda.cu (patches/baseline/nopeer-virtual) with -DGGML_CUDA_NO_PEER_COPY, tools relinked",
     modes.PATCHED: "the series' files copied over the upstream sources, ninja rebuilt what depends on them",
 }
 SHARED_ORDER = tuple(SHARED_RECIPES)
 #: The one upstream source that reads GGML_CUDA_NO_PEER_COPY, and its static library.
 NOPEER_OBJECT = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/ggml-cuda.cu.o"
 NOPEER_LIBRARY = "ggml/src/ggml-cuda/libggml-cuda.a"
+NOPEER_SOURCE = "ggml/src/ggml-cuda/ggml-cuda.cu"
 
 
 def ensure_shared(
@@ -80,6 +83,7 @@ def ensure_shared(
         allow_unpinned=allow_unpinned,
         series=series,
         discard_changes=discard_changes,
+        variants=target.variants,
     )
     plans = plan.shared(settings, target, srcs)
     key = plans[0].key
@@ -130,14 +134,17 @@ def _shared_build(settings: Settings, plans: Sequence[plan.BuildPlan], root: Pat
             with step(f"configure {v}/{p.backend} ({len(p.cmake_args)} CMake options) in {build_dir}"):
                 steps.configure(tools, src, build_dir, list(p.cmake_args), log_file, env)
             configured = p.cmake_args
-        if v == modes.UPSTREAM_NOPEER:
+        if v in (modes.UPSTREAM_NOPEER, modes.UPSTREAM_NOPEER_VIRTUAL):
             if not upstream_built:  # nopeer alone: the upstream objects first
                 with uimod.placed(settings, src, p.ui):
                     targets = select_targets(tools, build_dir, log_file, p.targets)
                     steps.compile_targets(tools, build_dir, targets, jobs, log_file, env)
+                upstream_built = True
             targets = select_targets(tools, build_dir, log_file, p.targets)
-            with step("upstream-nopeer: recompile ggml-cuda.cu with -DGGML_CUDA_NO_PEER_COPY, relink"):
-                bins = _nopeer_relink(tools, build_dir, out_dir / "bin", targets, log_file, env)
+            # the baseline's ggml-cuda.cu is the test-only series' (its work tree); nopeer's the tree's own
+            source = (p.baseline.path / NOPEER_SOURCE, src / NOPEER_SOURCE) if p.baseline else None
+            with step(f"{v}: recompile ggml-cuda.cu with -DGGML_CUDA_NO_PEER_COPY, relink"):
+                bins = _nopeer_relink(tools, build_dir, out_dir / "bin", targets, log_file, env, source)
         else:
             targets = select_targets(tools, build_dir, log_file, p.targets)
             with step(f"{v}: build {', '.join(targets)} with {jobs} job(s)"), uimod.placed(settings, src, p.ui):
@@ -196,9 +203,16 @@ def _overlay_series(patched: patchmod.PatchedTree, src: Path) -> list[str]:
 
 
 def _nopeer_relink(
-    tools: Toolchain, build_dir: Path, bin_dir: Path, targets: list[str], log_file: Path, env: dict[str, str]
+    tools: Toolchain,
+    build_dir: Path,
+    bin_dir: Path,
+    targets: list[str],
+    log_file: Path,
+    env: dict[str, str],
+    source: tuple[Path, Path] | None = None,
 ) -> dict[str, Path]:
-    side = build_dir.parent / "nopeer-objs"
+    """``source``: (the file to compile instead, the tree's own) for a baseline with a test-only series."""
+    side = build_dir.parent / ("nopeer-objs" if source is None else "nopeer-virtual-objs")
     shutil.rmtree(side, ignore_errors=True)
     side.mkdir(parents=True)
     bin_dir.mkdir(parents=True, exist_ok=True)
@@ -219,6 +233,15 @@ def _nopeer_relink(
         .replace(f"-o {NOPEER_OBJECT}", f"-o {side}/ggml-cuda.cu.o", 1)
         .replace(f"-MF {NOPEER_OBJECT}.d", f"-MF {side}/ggml-cuda.cu.o.d", 1)
     )
+    if source is not None:
+        instead, own = source
+        if compile_cmd.count(str(own)) != 1:
+            raise BuildError(
+                "cannot derive the baseline's compile of ggml-cuda.cu",
+                why=f"ninja's command for {NOPEER_OBJECT} does not name {own} once",
+                fix="build the baseline variant without --shared-tree",
+            )
+        compile_cmd = compile_cmd.replace(str(own), str(instead))
     _shell(compile_cmd, build_dir, log_file, env)
     shutil.copy2(build_dir / NOPEER_LIBRARY, side / "libggml-cuda.a")
     run(["ar", "r", "libggml-cuda.a", "ggml-cuda.cu.o"], cwd=side, error=BuildError)

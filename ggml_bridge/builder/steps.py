@@ -183,14 +183,16 @@ def finish(
 ) -> BuildResult:
     """Write ``out_dir/manifest.json`` (``src``/``args``: where and how the binaries were really made, when not the
     plan's own; ``extra``: more keys) and the completion marker; the build's result."""
-    patched = plan.patched
+    applied = plan.patched or plan.baseline
     manifest = {
         "schema": 1,
         "ggml_bridge_version": __version__,
         "variant": plan.variant.name,
         "backend": plan.backend,
         "key": plan.key,
-        **source_manifest(plan.tree, plan.series, patched.head if patched else None),
+        **source_manifest(plan.tree, plan.series, applied.head if applied else None),
+        # a baseline with a test-only series (patches/baseline/...): never upstream's build, and it says so
+        **({"test_only": plan.variant.about} if plan.variant.test_patches else {}),
         "source_dir": str(src or plan.src),
         "build_dir": str(out_dir),
         "cmake_args": list(plan.cmake_args if args is None else args),

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ggml_bridge import bench, builder, ladder, modes, proof, serve
+from ggml_bridge import patch as patchmod
 from ggml_bridge.errors import BenchError, LadderSetupError, UsageError
 
 
@@ -24,11 +25,19 @@ def test_mode_environments_say_what_their_names_say():
     assert not any(k.endswith("_STATS") for m in modes.MODES.values() for k in m.env())
     assert not any(k.startswith("GGML_CUDA_MAPPED_HOST_BRIDGE_") for m in modes.MODES.values() for k in m.env())
     for name, m in modes.MODES.items():
+        base = name.removeprefix("tensor-")
         assert ("-p2p" in name) == m.p2p == ("GGML_CUDA_P2P" in env[name]), name
         assert name.startswith("rpc-") == m.rpc, name
-        assert ("bridge" in m.mechanisms) == (name.startswith(("bridge", "rpc-bridge")) and name != "bridge-typo")
+        assert ("bridge" in m.mechanisms) == (base.startswith(("bridge", "rpc-bridge")) and name != "bridge-typo")
         assert ("batched" in m.mechanisms) == name.endswith("batched"), name
         assert m.variant in modes.VARIANTS
+        # the tensor modes name their split and all-reduce: -internal sets internal, the others the butterfly
+        assert (m.split == "tensor") == name.startswith("tensor-"), name
+        if m.split == "tensor":
+            want = "internal" if "-internal" in name else "none"
+            assert env[name]["GGML_CUDA_ALLREDUCE"] == want, name
+            assert ("GGML_CUDA_AR_BF16_THRESHOLD" in env[name]) == name.endswith("-f32"), name
+        assert ("nopeer-virtual" in name) == (m.variant == "upstream-nopeer-virtual"), name
 
 
 def test_old_names_are_accepted_with_a_note_and_both_is_refused(capsys):
@@ -71,7 +80,12 @@ def test_bench_serve_and_build_derive_from_the_table():
         "GGML_CUDA_MAPPED_HOST_BRIDGE": "ON",
         "SAM3D_BATCHED_TRANSFERS": "ON",
     }
-    assert [n for n, v in modes.VARIANTS.items() if v.cuda_only] == ["upstream-nopeer"]
+    assert [n for n, v in modes.VARIANTS.items() if v.cuda_only] == ["upstream-nopeer", "upstream-nopeer-virtual"]
+    # the test-only baseline: its own series folder, never the project's, never with it
+    base = modes.VARIANTS["upstream-nopeer-virtual"]
+    assert not base.patched and base.test_patches and "TEST-ONLY" in base.about
+    series = patchmod.read_series(Path(__file__).resolve().parents[2] / "patches" / base.test_patches)
+    assert len(series.patches) == 1 and "test-only" in series.patches[0].name
     assert builder.SHARED_ORDER == tuple(modes.VARIANTS), "the shared tree can make every variant, in table order"
 
 
