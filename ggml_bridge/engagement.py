@@ -15,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from .logparse import BatchedInfo, BridgeInfo
+from .logparse import AllReduceInfo, BatchedInfo, BridgeInfo
+from .mechanisms import ALLREDUCE as ALLREDUCE_RECORD
 from .mechanisms import MECHANISMS as RECORDS
+from .mechanisms import expected_allreduce
 
 BRIDGE, BATCHED = RECORDS["bridge"].name, RECORDS["batched"].name
 #: the mechanisms with an enabled line and counters of their own (the series')
@@ -72,3 +74,51 @@ def from_metrics(mechanism: str, info: BridgeInfo | BatchedInfo, metrics: Mappin
     if not counters:
         return verdict
     return Verdict(mechanism, ENGAGED if did_work(mechanism, counters) else IDLE)
+
+
+@dataclass(frozen=True)
+class AllReduceVerdict:
+    """Which all-reduce path upstream took for ``-sm tensor`` in one process, against the one it must have taken."""
+
+    expected: str
+    """:data:`ggml_bridge.mechanisms.ALLREDUCE_PATHS` name upstream picks for the selector and devices."""
+    seen: str | None
+    """The path the process's lines name (None: it said nothing, as for the butterfly asked by ``none``)."""
+    ok: bool
+    evidence: str
+
+
+def allreduce_verdict(info: AllReduceInfo, value: str | None, n_devices: int, virtual: bool) -> AllReduceVerdict:
+    """The proof of the all-reduce path from upstream's own lines (:class:`ggml_bridge.logparse.AllReduceInfo`), for
+    ``GGML_CUDA_ALLREDUCE=value`` (None: unset) on ``n_devices`` (``virtual``: of fewer GPUs). ``internal`` proves
+    itself by its INFO line ('initialized AllReduce pipeline: 2 GPUs', so the process must log at INFO); a fallback
+    to the butterfly by upstream's WARN line; the butterfly asked by ``none`` prints nothing, so its proof is the
+    absence of the internal line here and, where the bridge is forced, the bridge's boundaries (checked with the
+    bridge)."""
+    want = expected_allreduce(value, n_devices, virtual)
+    seen = info.path
+    if want == "internal":
+        ok = bool(info.internal_ready) and not info.internal_failed
+        return AllReduceVerdict(want, seen, ok, _said(info) if ok else "no 'initialized AllReduce pipeline' line")
+    if info.internal_ready:
+        return AllReduceVerdict(want, seen, False, f"the internal pipeline started ({_said(info)}), {want} expected")
+    if want == "nccl":
+        ok = not info.internal_failed and not info.nccl_fallbacks
+        return AllReduceVerdict(want, seen, ok, "no fallback line" if ok else _said(info))
+    if value is not None and value not in ALLREDUCE_RECORD.words:
+        ok = info.unknown_value == value
+        return AllReduceVerdict(want, seen, ok, _said(info) if ok else f"no 'unknown value: {value}' line")
+    if value == "none":
+        return AllReduceVerdict(want, seen, True, "GGML_CUDA_ALLREDUCE=none: no internal pipeline line")
+    ok = info.internal_failed > 0
+    return AllReduceVerdict(want, seen, ok, _said(info) if ok else "no 'internal AllReduce init failed' line")
+
+
+def _said(info: AllReduceInfo) -> str:
+    parts = [f"initialized AllReduce pipeline: {n} GPUs" for n in dict.fromkeys(info.internal_ready)]
+    parts += list(dict.fromkeys(info.nccl_fallbacks))
+    if info.internal_failed:
+        parts.append("internal AllReduce init failed; falling back to meta-backend butterfly")
+    if info.unknown_value is not None:
+        parts.append(f"unknown GGML_CUDA_ALLREDUCE value: {info.unknown_value}")
+    return "; ".join(parts) or "nothing"

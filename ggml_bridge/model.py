@@ -113,6 +113,15 @@ PRESETS: dict[str, Shape] = {
     "bench-1b": Shape("bench-1b", n_embd=2048, n_layer=22, n_head=32, n_head_kv=4, n_ff=5632, n_ctx_train=4096),
     # ~2.0B params f16, 6 layers: one layer per device of a 6-device layer split (GGML_CUDA_DEVICES=6 on 2 GPUs)
     "bench-2b-6l": Shape("bench-2b-6l", n_embd=5120, n_layer=6, n_head=40, n_head_kv=8, n_ff=13824, n_ctx_train=4096),
+    # -sm tensor over two CPU rpc-servers (make test): head size 64, one KV head and one FFN block per device
+    "tensor-tiny": Shape(
+        "tensor-tiny", n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=256, n_ctx_train=2048, dtype="f32"
+    ),
+    # -sm tensor (ggml_bridge/tensor_split.py): head sizes CUDA's flash attention has kernels for, 12 KV heads and
+    # n_ff in blocks of 128 that divide by 2, 3, 4 and 6 devices; ~0.2B params f16 (quick ladder rungs)
+    "tensor-small": Shape("tensor-small", n_embd=1536, n_layer=4, n_head=24, n_head_kv=12, n_ff=4608, n_ctx_train=4096),
+    # ~0.5B params f16, head size 128 (the width the 2026-12 measurements ran tensor split with)
+    "tensor-3k": Shape("tensor-3k", n_embd=3072, n_layer=4, n_head=24, n_head_kv=12, n_ff=9216, n_ctx_train=4096),
     # ~3.3B params f16
     "bench-3b": Shape("bench-3b", n_embd=8192, n_layer=4, n_head=64, n_head_kv=8, n_ff=22016, n_ctx_train=8192),
 }

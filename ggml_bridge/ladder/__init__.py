@@ -50,7 +50,8 @@ sets invalid selector values: every process must report each of them rejected (w
 A rung may declare ``expect_batched = "inactive"`` (CPU: nothing to batch to): the mode
 is then compared but reported as *inactive, as expected* and never counted as a batched pass;
 ``expect_bridge`` likewise, and ``expect = { bridge = "either" }`` sets it for one mode (for every
-mechanism that mode uses). "either" accepts engaged or inactive and reports which.
+mechanism that mode uses). "either" accepts engaged or inactive and reports which; "idle" needs the mechanism enabled
+and reports its work without requiring any (batching in -sm tensor graphs).
 
 Exit status: 0 all rungs pass; 1 any mismatch or validity failure; 2 setup errors only.
 """

@@ -79,7 +79,7 @@ def _common_args(rung: Rung, threads: int) -> list[str]:
         "-ub",
         str(rung.ubatch),
     ]
-    if rung.devices > 0:
+    if rung.devices > 0 or rung.split_mode == "tensor":  # tensor: also over rpc-servers of CPU devices
         a += ["-sm", rung.split_mode]
     return a
 
@@ -125,7 +125,8 @@ def run_mode(
     out.mkdir(parents=True, exist_ok=True)
     b = bins.by_side[side]
     rung = dataclasses.replace(rung, devices=mode.devices, virtual_devices=None) if mode.devices else rung
-    env = {**_device_env(rung), **mode.env(), **rung.env}
+    allreduce = {modes.ALLREDUCE: modes.ALLREDUCE_VALUES[rung.allreduce]} if rung.allreduce else {}
+    env = {**_device_env(rung), **allreduce, **mode.env(), **rung.env}
     lib_dir = str(b["llama-server"].resolve().parent)
     env["LD_LIBRARY_PATH"] = lib_dir + (
         ":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else ""
@@ -290,6 +291,7 @@ def run_rung(
         "devices": rung.devices,
         "virtual_devices": rung.virtual_devices,
         "split_mode": rung.split_mode,
+        "allreduce": rung.allreduce,
         "multi_device": rung.multi_device,
         "ubatch": rung.ubatch,
         "batch": rung.batch,

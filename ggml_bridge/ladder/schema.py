@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import files, model, modes, tomlfile
+from .. import files, model, modes, tensor_split, tomlfile
 from ..config import Settings
 from ..errors import FatalError, LadderSetupError, UsageError
 from ..modes import MODES
 from ..tomlfile import Key
 
-EXPECT_VALUES = ("engaged", "inactive", "either")
+EXPECT_VALUES = ("engaged", "inactive", "either", "idle")
+#: ``idle``: the mechanism must say it is enabled; work is reported, not required (batching in -sm tensor's graphs,
+#: whose inputs go to the Meta device, stages nothing)
 #: the builds a ladder file may name (``backend``): whose latest upstream and patched builds it compares
 LADDER_BACKENDS = tuple(modes.BACKENDS)
 SPLIT_MODES = ("none", "layer", "row", "tensor")
@@ -71,6 +73,8 @@ class Rung:
     # one GPU): the log must show it on that many
     split_devices: int | None = None
     split_mode: str = "layer"
+    # -sm tensor: GGML_CUDA_ALLREDUCE of every mode (a mode that names one must name the same); None: unset
+    allreduce: str | None = None
     gpu_layers: int | None = None  # -ngl; default 999 with devices, 0 without
     ubatch: int = 512
     batch: int = 2048
@@ -101,7 +105,10 @@ class Rung:
 
     @property
     def n_devices(self) -> int:
-        """Devices the model is meant to be split over (virtual cards count)."""
+        """Devices the model is meant to be split over (virtual cards count; -sm tensor without GPUs: the rpc-servers'
+        devices, which the meta backend splits over)."""
+        if self.devices <= 0 and self.split_mode == "tensor" and self.rpc_servers:
+            return sum(len(x) for x in self.rpc_servers)
         if self.devices <= 0 or self.split_mode == "none":
             return 0 if self.devices <= 0 else 1
         return self.split_devices or self.virtual_devices or self.devices
@@ -156,7 +163,7 @@ RUNG_INTS: dict[str, tuple[int, bool]] = {
 }
 #: the largest n_probs asked of llama-server (it returns that many candidates per token)
 MAX_N_PROBS = 1000
-RUNG_STRS = ("name", "split_mode", "reference", "expect_bridge", "expect_batched")
+RUNG_STRS = ("name", "split_mode", "reference", "expect_bridge", "expect_batched", "allreduce")
 #: the rung keys of one plain kind, checked by :func:`ggml_bridge.tomlfile.check` (the bench's suites are too)
 RUNG_SCHEMA: dict[str, Key] = {
     **{k: Key("int", low, MAX_N_PROBS if k == "n_probs" else _INT_MAX) for k, (low, _) in RUNG_INTS.items()},
@@ -165,7 +172,7 @@ RUNG_SCHEMA: dict[str, Key] = {
     "perplexity": Key("bool"),
 }
 #: the keys that may be given as nothing (TOML has no null: only [defaults] merged in code)
-RUNG_OPTIONAL = {k for k, (_, optional) in RUNG_INTS.items() if optional}
+RUNG_OPTIONAL = {k for k, (_, optional) in RUNG_INTS.items() if optional} | {"allreduce"}
 
 
 def _check_rung_types(merged: dict[str, Any], where: str) -> None:
@@ -294,6 +301,47 @@ def _check_sizes(r: Rung, where: str) -> None:
         raise LadderSetupError(f"{where} ({r.name}): ctx {r.server_ctx()} is too small for the longest prompt")
     if any(mode_of(m).uses_bridge for m in r.modes) and r.devices <= 0:
         raise LadderSetupError(f"{where} ({r.name}): bridge modes need GPUs (devices >= 1)")
+    _check_tensor(r, where)
+
+
+def _check_tensor(r: Rung, where: str) -> None:
+    """-sm tensor: the modes' split and all-reduce agree with the rung's (one all-reduce per rung: the paths round
+    differently, so only runs of one path compare byte for byte)."""
+    at = f"{where} ({r.name})"
+    if r.allreduce is not None and r.allreduce not in modes.ALLREDUCE_VALUES:
+        raise LadderSetupError(f"{at}: allreduce must be one of {', '.join(modes.ALLREDUCE_VALUES)}")
+    splits = {mode_of(m).split for m in r.modes} - {None}
+    if splits and splits != {r.split_mode}:
+        raise LadderSetupError(f"{at}: mode(s) split {', '.join(sorted(splits))}, the rung {r.split_mode}")
+    paths = {(effective_allreduce(r, m), mode_of(m).ar_bf16_threshold) for m in r.modes}
+    if len(paths) > 1:
+        raise LadderSetupError(
+            f"{at}: the modes take different all-reduces ({', '.join(sorted(str(p) for p in paths))})",
+            why="each path rounds its own way: only runs of one path compare byte for byte",
+            fix="one rung per all-reduce (the rung's allreduce key, or modes of one path)",
+        )
+    if r.allreduce is not None and r.split_mode != "tensor":
+        raise LadderSetupError(f"{at}: allreduce applies to split_mode = \"tensor\" only")
+
+
+def _check_tensor_shape(r: Rung, where: str, cuda: bool) -> None:
+    """A -sm tensor rung's shape splits over its devices (:mod:`ggml_bridge.tensor_split`), else the rung would only
+    show upstream's abort."""
+    if r.split_mode != "tensor":
+        return
+    n = max(r.n_devices, 1)
+    found = tensor_split.check(r.shape, n, cuda=cuda)
+    if not found.ok:
+        raise LadderSetupError(
+            f"{where}: -sm tensor cannot split shape {r.shape.name} over {n} devices",
+            why="; ".join(found.problems),
+            fix="use a tensor-* shape (ggml-bridge model --help)",
+        )
+
+
+def effective_allreduce(r: Rung, run: str) -> str | None:
+    """The GGML_CUDA_ALLREDUCE word a run of the rung takes: its mode's, else the rung's (None: unset)."""
+    return mode_of(run).allreduce or r.allreduce
 
 
 def _check_rpc(r: Rung, where: str) -> None:
@@ -406,6 +454,8 @@ def load_ladder(path: Path) -> Ladder:
     backend = data.get("backend", "cpu")
     if backend not in LADDER_BACKENDS:
         raise LadderSetupError(f"{path}: backend must be one of {', '.join(LADDER_BACKENDS)}")
+    for r in rungs:
+        _check_tensor_shape(r, f"{path} ({r.name})", cuda=modes.BACKENDS[backend].cuda and r.devices > 0)
     return Ladder(
         name=data.get("name", Path(path).stem),
         path=Path(path),

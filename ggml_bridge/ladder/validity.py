@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import logparse
-from ..engagement import BATCHED, BRIDGE, INACTIVE, engaged
-from ..modes import BRIDGE_VALUES, VARIANTS, Mode
+from ..engagement import BATCHED, BRIDGE, INACTIVE, allreduce_verdict, engaged
+from ..modes import ALLREDUCE_VALUES, BRIDGE_VALUES, VARIANTS, Mode
 from .schema import Rung
 
 
@@ -99,7 +99,31 @@ def validate_mode(
         _check_batched(v)
     if rung.multi_device:
         _check_devices(v)
+    if rung.split_mode == "tensor":
+        _check_allreduce(v)
     return {"ok": not v.problems, "problems": v.problems, "notes": v.notes, **v.summary}
+
+
+def _check_allreduce(v: _Validation) -> None:
+    """-sm tensor: every process took the all-reduce path upstream picks for the rung (its own lines say which:
+    :func:`ggml_bridge.engagement.allreduce_verdict`); over rpc-servers or CPU devices there is no CUDA
+    communicator, so the meta backend's butterfly, and no internal pipeline line may appear."""
+    value = v.mode.allreduce or v.rung.allreduce
+    value = ALLREDUCE_VALUES[value] if value else None
+    per: dict[str, Any] = {}
+    for proc, info in v.logs.items():
+        if v.rung.devices > 0 and not v.mode.rpc:
+            verdict = allreduce_verdict(info.allreduce, value, v.rung.n_devices, v.rung.virtual_devices is not None)
+            per[proc] = {"expected": verdict.expected, "seen": verdict.seen, "evidence": verdict.evidence}
+            if not verdict.ok:
+                v.problems.append(f"{proc}: all-reduce {verdict.expected} not proved ({verdict.evidence})")
+        else:
+            per[proc] = {"expected": "butterfly", "seen": info.allreduce.path, "evidence": "no CUDA communicator"}
+            if info.allreduce.internal_ready:
+                v.problems.append(f"{proc}: an internal all-reduce pipeline started without CUDA devices")
+    v.summary["allreduce"] = per
+    paths = sorted({p["expected"] for p in per.values()})
+    v.notes.append(f"all-reduce: {', '.join(paths)} ({'; '.join(sorted({p['evidence'] for p in per.values()}))})")
 
 
 def _check_selectors(v: _Validation) -> None:
@@ -180,7 +204,12 @@ def _check_batched(v: _Validation) -> None:
         else:
             # async_* count only what batching staged: every graph's small inputs. Logits go to llama.cpp's
             # pinned output buffer, which upstream already downloads asynchronously (upstream_downloads)
-            if _tot(batched_stats, "async_uploads") <= 0:
+            if expect == "idle":
+                notes.append(
+                    f"batched transfers enabled, async_uploads={_tot(batched_stats, 'async_uploads')} "
+                    "(the rung expects no work to be required)"
+                )
+            elif _tot(batched_stats, "async_uploads") <= 0:
                 problems.append("batched counters show no async upload (async_uploads=0)")
         if rung.expect_pools:
             problems += _pool_problems(rung.expect_pools, {p: logs[p].batched.pools for p in on})
@@ -191,7 +220,7 @@ def _check_batched(v: _Validation) -> None:
                 + f" (fallbacks={_tot(batched_stats, 'fallbacks')}, "
                 f"upstream_uploads={_tot(batched_stats, 'upstream_uploads')})"
             )
-        if metrics is not None and mode.variant == "patched":
+        if metrics is not None and mode.variant == "patched" and expect != "idle":
             live = metrics.get("batched_async_uploads_total", 0)
             summary["batched"]["metrics_async_uploads"] = live
             if live <= 0:

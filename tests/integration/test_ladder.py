@@ -93,10 +93,17 @@ def test_real_cpu_ladder_upstream_vs_patched(real_build, real_tree, tmp_path):  
     assert rep["binaries"]["same_build"] is False
     bad = {r["name"]: r["problems"] for r in rep["rungs"] if r["status"] != "pass"}
     assert rc == 0 and not bad, bad
-    assert len(rep["rungs"]) >= 5
+    assert len(rep["rungs"]) >= 6
     for r in rep["rungs"]:
-        c = r["modes"]["off"]["compare"]
+        c = r["modes"]["rpc-off" if r["split_mode"] == "tensor" else "off"]["compare"]
         assert c["logits"]["identical"] and c["responses"]["identical"]
+    # -sm tensor over two CPU rpc-servers: the meta backend over both, its butterfly said (no CUDA communicator)
+    (tensor,) = [r for r in rep["rungs"] if r["split_mode"] == "tensor"]
+    for name in ("rpc-upstream", "rpc-off"):
+        v = tensor["modes"][name]["validity"]
+        assert set(v["devices_used"].values()) == {2}, v
+        assert {p["expected"] for p in v["allreduce"].values()} == {"butterfly"}
+        assert all(s["counters"].get("rpc_set_tensor_bytes", 1) > 0 for s in v["rpc"].values())
 
 
 def _gpu_count() -> int:

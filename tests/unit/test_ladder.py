@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import ladder, logparse, model
+from ggml_bridge import ladder, logparse, model, tensor_split
 from ggml_bridge.errors import LadderSetupError, UsageError
 
 from helpers import ladder_options, make_vocab, real_vocab, write_fake_bin, write_ladder
@@ -38,11 +38,54 @@ def test_cpu_ladder_is_upstream_vs_off_and_never_bridges():
     lad = ladder.load_ladder(ROOT / "ladders" / "cpu.toml")
     assert lad.backend == "cpu"
     for r in lad.rungs:
+        if r.split_mode == "tensor":  # over two CPU rpc-servers: upstream's servers against the patched ones
+            assert r.modes == ["rpc-upstream", "rpc-off"] and r.n_devices == 2 and r.devices == 0
+            continue
         assert r.reference == "upstream" and "off" in r.modes and r.devices == 0
         assert not any(ladder.MODES[m].uses_bridge for m in r.modes)
         if any(ladder.MODES[m].uses_batched for m in r.modes):
             assert r.expect_batched == "inactive"
     assert min(r.ubatch for r in lad.rungs) == 1
+    assert sum(r.split_mode == "tensor" for r in lad.rungs) == 1
+
+
+def test_tensor_ladder_covers_devices_all_reduces_and_mechanisms():
+    """ladders/cuda-tensor.toml: 2, 3, 4 and 6 virtual devices; internal (default BF16 and F32), none and the
+    default; bridge off / auto / force and batching; every shape one -sm tensor splits over its devices."""
+    lad = ladder.load_ladder(ROOT / "ladders" / "cuda-tensor.toml")
+    assert all(r.split_mode == "tensor" and r.devices == 1 for r in lad.rungs)
+    assert {r.virtual_devices for r in lad.rungs} == {2, 3, 4, 6}
+    paths = {ladder.schema.effective_allreduce(r, r.reference) for r in lad.rungs}
+    assert paths == {"internal", "none", None}
+    assert any(r.env.get("GGML_CUDA_AR_BF16_THRESHOLD") == "0" for r in lad.rungs)
+    for n in (2, 3, 4, 6):
+        (r,) = [r for r in lad.rungs if r.virtual_devices == n and r.name.startswith(f"{n}virt-tensor-none")]
+        assert {"tensor-upstream", "tensor-bridge", "tensor-bridge-force", "tensor-batched"} <= set(r.modes)
+        assert r.expect["tensor-bridge"] == "inactive", "auto leaves virtual devices of one GPU to upstream"
+    for r in lad.rungs:
+        assert tensor_split.check(r.shape, r.n_devices).ok, r.name
+
+
+def test_a_tensor_rung_refuses_a_shape_it_cannot_split_and_mixed_all_reduces(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        'backend = "cuda"\n[[rung]]\nname = "x"\nshape = "small"\ndevices = 1\nvirtual_devices = 2\n'
+        'split_mode = "tensor"\nmodes = ["tensor-off", "tensor-upstream"]\nreference = "tensor-off"\n'
+    )
+    with pytest.raises(LadderSetupError, match="head size 32"):
+        ladder.load_ladder(bad)
+    bad.write_text(
+        'backend = "cuda"\n[[rung]]\nname = "x"\nshape = "tensor-small"\ndevices = 1\nvirtual_devices = 2\n'
+        'split_mode = "tensor"\nmodes = ["tensor-off", "tensor-upstream-internal"]\nreference = "tensor-off"\n'
+    )
+    with pytest.raises(LadderSetupError, match="different all-reduces"):
+        ladder.load_ladder(bad)
+    bad.write_text(
+        'backend = "cuda"\n[[rung]]\nname = "x"\nshape = "tensor-small"\ndevices = 1\nvirtual_devices = 2\n'
+        'allreduce = "internal"\nmodes = ["off", "upstream"]\n'
+    )
+    with pytest.raises(LadderSetupError, match="split_mode"):
+        ladder.load_ladder(bad)
 
 
 def test_cuda_ladder_covers_the_rigs_and_boundary_sizes():

@@ -1,0 +1,135 @@
+"""The mechanism record (ggml_bridge/mechanisms.py) and what derives from it: a derived pattern, table or rule that
+disagrees with the record fails here, not first on a GPU."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from ggml_bridge import engagement, logparse, mechanisms, modes
+from ggml_bridge.commands import serve as serve_cmd
+from ggml_bridge.mechanisms import ALLREDUCE, ALLREDUCE_PATHS, BATCHED, BRIDGE, MECHANISMS
+
+
+def _enabled(value: str) -> str:
+    return f"{BRIDGE.log_tag}: enabled (mode {value}), 4 slots x 64 MiB"
+
+
+def test_every_value_that_asks_for_the_bridge_parses_as_its_mode() -> None:
+    """logparse's enabled line takes exactly the values of the words that ask for the bridge (issue 47: it once
+    hard-coded ``1|auto|force``): a new asking word in the record parses, a value no word asks for does not."""
+    assert BRIDGE.asked_values == ("1", "auto", "force")
+    for value in BRIDGE.asked_values:
+        info = logparse.parse([_enabled(value)])
+        assert info.bridge.enabled and info.bridge.mode == value
+    for value in set(BRIDGE.words.values()) - set(BRIDGE.asked_values):
+        assert not logparse.parse([_enabled(value)]).bridge.enabled, value
+    assert not logparse.parse([_enabled("sometimes")]).bridge.enabled
+
+
+def test_logparse_stats_metrics_and_tags_are_the_records() -> None:
+    assert logparse.BRIDGE == BRIDGE.log_tag and logparse.BATCHED == BATCHED.log_tag
+    assert logparse.BRIDGE_STATS_KEYS == BRIDGE.stats_keys and logparse.BATCHED_STATS_KEYS == BATCHED.stats_keys
+    for record in mechanisms.SERIES:
+        page = "\n".join(f"llamacpp:{name} {i + 1}" for i, name in enumerate(record.metric_names()))
+        parsed = logparse.parse_metrics(page)
+        assert list(parsed) == list(record.metric_names()), record.name
+    assert logparse.parse_metrics("llamacpp:allreduce_calls_total 3") == {}, "the all-reduce exports no counters"
+    stats = f"{BATCHED.log_tag}: stats: " + " ".join(f"{k}=1" for k in BATCHED.stats_keys)
+    assert logparse.parse([stats]).batched.stats == [dict.fromkeys(BATCHED.stats_keys, 1)]
+    bad = f'{BRIDGE.log_tag}: ignoring invalid {BRIDGE.selector}="yes"'
+    assert logparse.parse([bad]).bridge.rejected == {BRIDGE.selector: "yes"}
+
+
+def test_modes_serve_and_engagement_derive_their_words_and_work_from_the_record() -> None:
+    assert modes.BRIDGE == BRIDGE.selector and modes.BATCHED == BATCHED.selector
+    assert modes.ALLREDUCE == ALLREDUCE.selector
+    assert modes.BRIDGE_VALUES == dict(BRIDGE.words) and modes.BATCHED_VALUES == dict(BATCHED.words)
+    assert modes.BRIDGE_ASKS == BRIDGE.asks and modes.BATCHED_ASKS == BATCHED.asks
+    for word in BRIDGE.words:
+        assert modes.Selectors(bridge=word).asks_bridge == (word in BRIDGE.asks)
+    parser = argparse.ArgumentParser()
+    serve_cmd.add_arguments(parser)
+    choices = {a.dest: set(a.choices or ()) for a in parser._actions if a.dest in ("bridge", "batched")}
+    assert choices == {"bridge": set(BRIDGE.words), "batched": set(BATCHED.words)}
+    for record in mechanisms.SERIES:
+        for key in record.work_keys:
+            assert engagement.did_work(record.name, {key: 1}), (record.name, key)
+        idle = {k: 0 for k in record.stats_keys}
+        assert not engagement.did_work(record.name, idle), record.name
+    assert set(engagement.MECHANISMS) == {m.name for m in mechanisms.SERIES}
+    assert set(MECHANISMS) == {"bridge", "batched", "allreduce"}
+
+
+def test_the_modes_all_reduce_words_are_upstreams_and_a_path_row_is_reserved() -> None:
+    assert set(ALLREDUCE.words) == {"nccl", "internal", "none"}
+    for m in modes.MODES.values():
+        if m.allreduce is not None:
+            assert m.allreduce in ALLREDUCE.words and m.split == "tensor", m.name
+    values = {p.selector_value for p in ALLREDUCE_PATHS.values() if p.available}
+    assert values == set(ALLREDUCE.words), "every upstream value has its path row"
+    reserved = [p for p in ALLREDUCE_PATHS.values() if not p.available]
+    assert [p.name for p in reserved] == ["bridge"] and reserved[0].selector_value is None
+
+
+@pytest.mark.parametrize(
+    ("value", "n", "virtual", "want"),
+    [
+        ("internal", 2, True, "internal"),
+        ("internal", 4, True, "butterfly"),
+        ("none", 2, True, "butterfly"),
+        (None, 2, True, "internal"),  # Linux default nccl: not compiled in / virtual devices -> internal
+        (None, 3, False, "butterfly"),
+        ("bogus", 2, True, "butterfly"),
+    ],
+)
+def test_the_path_upstream_picks(value: str | None, n: int, virtual: bool, want: str) -> None:
+    assert mechanisms.expected_allreduce(value, n, virtual) == want
+    assert mechanisms.expected_allreduce("nccl", 2, False, nccl_built=True) == "nccl"
+    assert mechanisms.expected_allreduce("nccl", 2, True, nccl_built=True) == "internal"
+
+
+# upstream b11434's lines, as ggml-cuda.cu and ggml-cuda/allreduce.cu print them
+INTERNAL_READY = (
+    "ggml_cuda_ar_pipeline_init: initialized AllReduce pipeline: 2 GPUs, 64 KB chunked kernel staging + "
+    "32 MB copy-engine staging per GPU"
+)
+INTERNAL_FAILED = "internal AllReduce init failed (n_devices != 2?); falling back to meta-backend butterfly"
+NCCL_MISSING = (
+    "NCCL not compiled in; falling back to internal AllReduce.  Recompile with -DGGML_CUDA_NCCL=ON for best "
+    "multi-GPU performance."
+)
+NCCL_VIRTUAL = "NCCL disabled: virtual devices in use; falling back to internal AllReduce"
+
+
+def _verdict(lines: list[str], value: str | None, n: int) -> engagement.AllReduceVerdict:
+    return engagement.allreduce_verdict(logparse.parse(lines).allreduce, value, n, virtual=True)
+
+
+def test_the_all_reduce_proof_reads_upstreams_lines() -> None:
+    v = _verdict([INTERNAL_READY], "internal", 2)
+    assert v.ok and v.seen == "internal" and "2 GPUs" in v.evidence
+    assert not _verdict([], "internal", 2).ok, "internal without its line is not proved"
+    v = _verdict([INTERNAL_FAILED], "internal", 4)
+    assert v.ok and v.expected == v.seen == "butterfly"
+    assert not _verdict([], "internal", 4).ok, "a fallback must say so"
+    assert _verdict([], "none", 4).ok and _verdict([], "none", 4).seen is None
+    v = _verdict([INTERNAL_READY], "none", 2)
+    assert not v.ok and "started" in v.evidence
+    v = _verdict([NCCL_MISSING, INTERNAL_READY], None, 2)
+    assert v.ok and "NCCL not compiled in" in v.evidence
+    info = logparse.parse([NCCL_VIRTUAL, INTERNAL_FAILED]).allreduce
+    assert info.nccl_fallbacks == ["NCCL disabled: virtual devices in use"] and info.path == "butterfly"
+    assert _verdict(["unknown GGML_CUDA_ALLREDUCE value: bogus"], "bogus", 2).ok
+
+
+def test_the_meta_backends_abort_is_the_exit_reason() -> None:
+    line = (
+        "/src/ggml/src/ggml-backend-meta.cpp:609: unsupported mul_mat split states: node=attn_out-0 "
+        "src0=blk.0.attn_output.weight axis=0 src1=kqv_out-0 axis=10"
+    )
+    info = logparse.parse([line])
+    assert info.tensor_abort is not None and info.tensor_abort.startswith("unsupported mul_mat split states")
+    assert re.search(r"-sm tensor cannot split this model: unsupported mul_mat", logparse.exit_reason(info, -6))
