@@ -454,6 +454,19 @@ TENSOR_MODES: dict[str, Mode] = by_name(
         allreduce="internal",
     ),
 )
+TENSOR_MODES.update(
+    by_name(
+        Mode(
+            "tensor-nopeer-virtual-aa",
+            UPSTREAM_NOPEER_VIRTUAL,
+            None,
+            None,
+            "the same as tensor-nopeer-virtual, a second case: the baseline against itself (A/A, the bench's noise)",
+            split="tensor",
+            allreduce="none",
+        )
+    )
+)
 #: layer split against the test-only no-peer baseline on virtual devices (docs/tensor.md)
 BASELINE_MODES: dict[str, Mode] = by_name(
     Mode(

@@ -4,19 +4,24 @@ llama-perplexity's stats lines (the last, cumulative one), or the counters of th
 from __future__ import annotations
 
 from .. import logparse, modes, rpc
-from ..engagement import BATCHED, BRIDGE, engaged
+from ..engagement import BATCHED, BRIDGE, allreduce_verdict, engaged
 from ..errors import RpcError
 
 Case = modes.Mode
 
 
-def engagement(case: Case, log_text: str) -> tuple[bool | None, str]:
-    """Did the mechanism the case is about engage? (None when the case proves nothing.)"""
-    if not case.mechanisms:
+def engagement(case: Case, log_text: str, virtual: bool = False) -> tuple[bool | None, str]:
+    """Did the mechanism the case is about engage, and, for a -sm tensor case naming its all-reduce, did upstream
+    take that path (``virtual``: the devices are GGML_CUDA_DEVICES cards)? (None when the case proves nothing.)"""
+    if not case.mechanisms and case.allreduce is None:
         return None, ""
     info = logparse.parse(log_text)
     parts: list[str] = []
     ok = True
+    if case.allreduce is not None:
+        v = allreduce_verdict(info.allreduce, modes.ALLREDUCE_VALUES[case.allreduce], info.meta_devices, virtual)
+        ok &= v.ok and info.meta_devices > 1
+        parts.append(f"all-reduce {v.expected} on {info.meta_devices} devices: {v.evidence}")
     if "bridge" in case.mechanisms:
         b = info.bridge
         # the stats line is cumulative per process: the last one holds the run's totals

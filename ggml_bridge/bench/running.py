@@ -150,7 +150,8 @@ def run_case(
         res = runner.run(argv, env=env, check=False, error=BenchError, timeout=timeout)
         seconds = time.monotonic() - t0
         err_path.write_text(res.stderr)
-        engaged, what = engagement(case, res.stderr) if topo is None else rpc_engagement(case, topo)
+        virtual = modes.CUDA_DEVICES in env
+        engaged, what = engagement(case, res.stderr, virtual) if topo is None else rpc_engagement(case, topo)
         if topo is not None and topo.shapers:
             through, how = netbench.link_engagement(topo)
             engaged, what = (

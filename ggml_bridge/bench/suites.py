@@ -49,6 +49,7 @@ SUITE_KEYS: dict[str, Key] = {
     "shapes": Key("strs"),
     "devices": Key("str", choices=("all", "1", "cpu")),
     "virtual_devices": Key("int", 1),
+    "split_mode": Key("str", choices=("layer", "row", "tensor")),
     "pp": Key("int_or_str", 1),
     "batch": Key("int", 1),
     "ubatch": Key("ints", 1),

@@ -53,8 +53,10 @@ def make_inputs(
 
 
 def device_args(suite: dict[str, Any], case: modes.Mode) -> list[str]:
-    """Offload and split flags (every layer on the GPUs, a layer split; none on the CPU) and the suite's threads."""
-    argv = ["-ngl", "99", "-sm", "layer"] if suite["devices"] != "cpu" or case.rpc else ["-ngl", "0"]
+    """Offload and split flags (every layer on the GPUs, split as the case or else the suite says, a layer split by
+    default; none on the CPU) and the suite's threads."""
+    split = case.split or suite.get("split_mode", "layer")
+    argv = ["-ngl", "99", "-sm", split] if suite["devices"] != "cpu" or case.rpc else ["-ngl", "0"]
     return argv + (["-t", str(suite["threads"])] if suite.get("threads") else [])
 
 
@@ -111,7 +113,7 @@ def perplexity(proc: Process) -> tuple[CaseRun, list[Sample]]:
     argv += ["--chunks", str(p["chunks"]), "-b", str(p["batch"]), "-ub", str(suite["ubatch"][0]), "-lv", "4"]
     argv += device_args(suite, case)
     t = proc.timed(argv, case, "perplexity")
-    eng, what = engagement(case, t.text)
+    eng, what = engagement(case, t.text, modes.CUDA_DEVICES in proc.base_env)
     run = CaseRun(case.name, rnd, t.res.returncode, t.seconds, eng, what, logparse.tail(t.text), t.started)
     if t.res.returncode != 0:
         return run, []
