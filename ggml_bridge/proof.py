@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from . import logparse
-from .engagement import ABSENT, BATCHED, BRIDGE, IDLE, from_metrics
+from .engagement import ABSENT, BATCHED, BRIDGE, IDLE, allreduce_verdict, from_metrics
+from .modes import ALLREDUCE, CUDA_DEVICES, Selectors
 from .modes import BRIDGE as BRIDGE_VAR
-from .modes import Selectors
+
+#: llama-server's split-mode option and its environment variable
+SPLIT_FLAGS = ("-sm", "--split-mode")
+SPLIT_ENV = "LLAMA_ARG_SPLIT_MODE"
 
 
 @dataclass
@@ -194,3 +198,35 @@ def _not_engaged(what: str, reason: str | None, no_line: str) -> str:
     if reason:
         return f"{what} not engaged: {reason}; serving anyway"
     return f"{what} not confirmed: {no_line}; serving anyway"
+
+
+def splits_by_tensor(server_args: Sequence[str], env: Mapping[str, str]) -> bool:
+    """llama-server is asked for ``-sm tensor`` (its last ``-sm``/``--split-mode``, else LLAMA_ARG_SPLIT_MODE)."""
+    value = env.get(SPLIT_ENV)
+    for i, a in enumerate(server_args):
+        if a in SPLIT_FLAGS and i + 1 < len(server_args):
+            value = server_args[i + 1]
+        elif a.startswith("--split-mode="):
+            value = a.split("=", 1)[1]
+    return value == "tensor"
+
+
+def prove_allreduce(eng: Engagement, env: Mapping[str, str], verbose: bool) -> None:
+    """-sm tensor: the Meta device and the all-reduce path upstream took (:func:`ggml_bridge.engagement.
+    allreduce_verdict`; ``env``: the server's environment, GGML_CUDA_ALLREDUCE and GGML_CUDA_DEVICES). The path is
+    said by INFO lines (``verbose``: the server logs them); the bridge's part, where it is forced on the butterfly,
+    is the bridge's proof."""
+    info = eng.info
+    n = info.meta_devices
+    if not verbose:
+        eng.notes.append("-sm tensor: the all-reduce path is said at INFO level: use -lv 4 (serve --check adds it)")
+        return
+    if n < 2:
+        eng.errors.append(f"-sm tensor asked, but the log shows no Meta device over 2 or more devices (found {n})")
+        return
+    v = allreduce_verdict(info.allreduce, env.get(ALLREDUCE), n, CUDA_DEVICES in env)
+    said = f"-sm tensor over {n} devices: all-reduce {v.expected}"
+    if v.ok:
+        eng.notes.append(f"{said} ({v.evidence})")
+    else:
+        eng.errors.append(f"{said} expected, not proved: {v.evidence}")

@@ -31,7 +31,7 @@ from .config import Settings
 from .errors import ServeError, UsageError, os_reason
 from .llama_server import CONTRACT_VERBOSITY, Server
 from .modes import Selectors
-from .proof import Engagement, check_engagement
+from .proof import Engagement, check_engagement, prove_allreduce, splits_by_tensor
 from .runner import log
 from .shaper import parse_link
 
@@ -220,7 +220,8 @@ def run(opts: ServeOptions, settings: Settings) -> int:
         log_file=opts.server_log,
         echo=True,
         startup_timeout=opts.startup_timeout,
-        verbose_proof=False,
+        # -sm tensor: the all-reduce path is said only at INFO level (upstream exports no counter of it)
+        verbose_proof=opts.check and splits_by_tensor(server_args, os.environ),
         log_max_bytes=int(cap * (1 << 20)) if cap else None,
     )
     if metrics_added:
@@ -318,6 +319,9 @@ class _Launch:
             warmed_up=self.warmed_up,
             front=self.front(rpc.front_devices(info)) if topo else None,
         )
+        env = {**os.environ, **srv.env}  # the server inherits this process's environment
+        if splits_by_tensor(srv.server_args, env):
+            prove_allreduce(eng, env, srv.verbosity >= CONTRACT_VERBOSITY)
         if topo:
             notes, errors = topo.engagement(sel.bridge)
             eng.notes += [topo.describe(info.devices), *notes]

@@ -8,14 +8,18 @@
 #   5. the RPC rungs (2+ GPUs: ladders/cuda.toml's; one GPU: the one-GPU topologies of ladders/cuda-1gpu.toml);
 #   6. on any GPU count: rpc1 (RPC topologies of one GPU), split1 (-sm row with the bridge on two GPUs), link (bench suite rpc-link: rpc-servers behind shaped 10/25 Gbit/s links), serve-rpc
 #      (the launcher's RPC mode: serve --rpc-local-devices ... --rpc-local-only, --check and serving);
+#   7. tensor (-sm tensor rungs of ladders/cuda-tensor.toml on 2, 3, 4, 6 virtual devices, the all-reduce path
+#      proved; serve --check with -sm tensor on 4) and tensor-bench (bench suites tensor-virt and layer-nopeer-virt
+#      against the test-only upstream-nopeer-virtual baseline; docs/tensor.md);
 # each step only when the time left (BUDGET seconds from the start) allows it, so that a short call still returns
 # complete reports of what it ran. $OUT gets summary.txt and results.tar.gz (every report, log and manifest).
 #
 # Carry (git-ignored, see scripts/gpu/README.md): .carry/<sdist named in pin.toml> and .whl/ (gitpython, gitdb,
 # smmap, gguf wheels for Python 3.12).
 # Usage, from the repository root:  OUT=/tmp/out BUDGET=560 bash scripts/gpu/prove.sh [STEP ...]
-#   STEP: build tests inproc sweep ladder bench noise batched rpc rpc1 split1 link serve-rpc ladder-rest (default: build tests
-#   ladder bench rpc ladder-rest; steps run in this order whatever the order given); RPC1_RUNGS="R ..." narrows rpc1,
+#   STEP: build tests inproc sweep ladder bench noise batched rpc rpc1 split1 link serve-rpc tensor tensor-bench ladder-rest
+#   (default: build tests ladder bench rpc ladder-rest; steps run in this order whatever the order given);
+#   TENSOR_RUNGS="R ..." narrows tensor, TENSOR_PARTS="tensor:N|layer:N ..." tensor-bench; RPC1_RUNGS="R ..." narrows rpc1,
 #   FIRST_RUNGS="R ..." the ladder step; BENCH_ARGS (e.g. --smi) goes to every bench
 # The cache (builds, models) is .cache-gpu/ in the checkout (git-ignored): a second call on the same machine finds
 # the first call's builds there (`build` then says "up to date"), so a long proof can be split over several calls.
@@ -41,7 +45,9 @@ if [ "$ngpu" -ge 2 ]; then
     rest_rungs="1gpu-small-ub512 2gpu-tiny-ub1 2gpu-wide-ub2048-64MiB 6card-wide-ub4096-128MiB 2gpu-1b-ub2048 1gpu-1b-ub512 6card-1b-ub1024"
     bridge_test_env=()
 else
-    variants=upstream,patched ladder_file=ladders/cuda-1gpu.toml
+    # upstream-nopeer-virtual: the TEST-ONLY no-peer baseline on virtual devices (patches/baseline/nopeer-virtual:
+    # one more compile of ggml-cuda.cu in the shared tree, ~1-2 min), for the tensor-bench step
+    variants=upstream,upstream-nopeer-virtual,patched ladder_file=ladders/cuda-1gpu.toml
     first_rungs="1gpu-small-ub512 2virt-small-ub512 6virt-small-ub256 2virt-wide-ub4096-128MiB"
     rest_rungs="1gpu-1b-ub512"
     bridge_test_env=(GGML_CUDA_DEVICES=4 GGML_CUDA_MAPPED_HOST_BRIDGE=force)
@@ -60,7 +66,7 @@ if want build; then
         --variant "$variants"
     grep -E "^==>|done in|up to date|error|Error" "$OUT/build.txt" | tail -n 30 | tee -a "$OUT/summary.txt"
     mkdir -p "$OUT/manifests"
-    for v in upstream upstream-nopeer patched; do
+    for v in upstream upstream-nopeer upstream-nopeer-virtual patched; do
         m=$("${gb[@]}" build --backend cuda --variant "$v" --print-manifest 2>/dev/null) \
             && cp "$m" "$OUT/manifests/$v.json"
     done
@@ -262,6 +268,43 @@ if want serve-rpc; then
     step serve-rpc-greedy 30 180 "${gb[@]}" ladder --ladder ladders/rpc-greedy.toml --side patched="$pbin" \
         --vocab "$vocab" --report "$OUT/serve-rpc"
     tail -n 3 "$OUT/serve-rpc-greedy.txt" | tee -a "$OUT/summary.txt"
+fi
+
+# -sm tensor (docs/tensor.md): the rungs of ladders/cuda-tensor.toml, one report each, the most telling first; about
+# 5-6 min for all ten on one H100 (tensor-small, ~9 s a mode, 41 modes; estimate, not yet measured): TENSOR_RUNGS
+# splits them over calls; then serve --check with -sm tensor on 4 virtual devices (the all-reduce path named, the
+# bridge forced on the butterfly's exchanges)
+tensor_rungs=${TENSOR_RUNGS:-2virt-tensor-none-ub512 2virt-tensor-internal-ub512 4virt-tensor-none-ub512 \
+4virt-tensor-internal-fallback-ub512 3virt-tensor-none-ub512 6virt-tensor-none-ub256 2virt-tensor-internal-f32-ub512 \
+2virt-tensor-default-ub512 3virt-tensor-default-ub512 4virt-tensor3k-none-ub512}
+if want tensor; then
+    for r in $tensor_rungs; do
+        saved=$ladder_file; ladder_file=ladders/cuda-tensor.toml; ladder_rung "$r" 40 "tensor-$r"; ladder_file=$saved
+    done
+    "${gb[@]}" model --shape tensor-small --vocab "$vocab" --out /tmp/tensor-small.gguf > /dev/null 2>&1
+    step serve-tensor-check 25 120 env GGML_CUDA_DEVICES=4 GGML_CUDA_ALLREDUCE=none "${gb[@]}" serve --check \
+        --bridge force --server "$pbin/llama-server" -- -m /tmp/tensor-small.gguf -ngl 99 -sm tensor --port 18081
+    grep -E "ggml-bridge:" "$OUT/serve-tensor-check.txt" | tail -n 8 | tee -a "$OUT/summary.txt"
+fi
+# seconds one round of a tensor-bench part takes on one H100 (estimates, not yet measured: per case llama-bench
+# -r 1 and -r 10 of pp512, pp4096, tg128 on tensor-3k, ~14 s, the host-path baseline slower; a quarter of slack)
+tensor_round_s() { case "$1" in tensor:2) echo 110 ;; tensor:*) echo 100 ;; layer:*) echo 60 ;; *) echo 100 ;; esac; }
+if want tensor-bench; then
+    # tensor split against upstream's internal all-reduce (2 devices), its butterfly over device-local copies and the
+    # emulated no-peer baseline (twice: the A/A range), the bridge forced; then layer split beside the bridge
+    # against the same baseline. One part per device count; TENSOR_ROUNDS (5); ~4 parts fit 10 min calls one each
+    rounds=${TENSOR_ROUNDS:-5}
+    for part in ${TENSOR_PARTS:-tensor:2 tensor:4 tensor:3 tensor:6 layer:2 layer:4}; do
+        kind=${part%%:*} n=${part#*:} per=$(tensor_round_s "$part")
+        budget=$((per * rounds + per / 2)); [ "$budget" -gt $(($(left) - 60)) ] && budget=$(($(left) - 60))
+        cases=()
+        if [ "$kind" = tensor ] && [ "$n" != 2 ]; then  # internal is for exactly 2 devices (else: the butterfly)
+            cases=(--cases tensor-upstream,tensor-nopeer-virtual,tensor-nopeer-virtual-aa,tensor-bridge-force)
+        fi
+        suite=tensor-virt; [ "$kind" = layer ] && suite=layer-nopeer-virt
+        bench_suite "$kind-${n}virt" $((per + 60)) "$budget" --suite "$suite" --virtual-devices "$n" \
+            --rounds "$rounds" "${cases[@]}"
+    done
 fi
 
 if want ladder-rest; then

@@ -66,3 +66,29 @@ def test_the_no_peer_baseline_is_test_only_and_said_so() -> None:
         m = modes.MODES[name]
         assert m.variant == v.name and not m.mechanisms
     assert modes.MODES["tensor-nopeer-virtual"].env() == modes.MODES["tensor-nopeer-virtual-aa"].env()
+
+
+def test_serve_proves_the_all_reduce_path_of_a_tensor_split() -> None:
+    from ggml_bridge import logparse
+    from ggml_bridge.proof import Engagement, prove_allreduce, splits_by_tensor
+
+    assert splits_by_tensor(["-m", "x", "-sm", "tensor"], {})
+    assert splits_by_tensor(["--split-mode=tensor"], {}) and not splits_by_tensor(["-sm", "layer"], {})
+    assert splits_by_tensor([], {"LLAMA_ARG_SPLIT_MODE": "tensor"})
+    assert not splits_by_tensor(["-sm", "layer"], {"LLAMA_ARG_SPLIT_MODE": "tensor"}), "the argument wins"
+    env = {"GGML_CUDA_DEVICES": "4", "GGML_CUDA_ALLREDUCE": "none"}
+    eng = Engagement(logparse.parse([META.format(n=4)]))
+    prove_allreduce(eng, env, verbose=True)
+    assert eng.ok and "-sm tensor over 4 devices: all-reduce butterfly" in eng.notes[0]
+    eng = Engagement(logparse.parse([META.format(n=2), INTERNAL_READY]))
+    prove_allreduce(eng, {**env, "GGML_CUDA_ALLREDUCE": "none"}, verbose=True)
+    assert not eng.ok and "started" in eng.errors[0], "none asked, the internal pipeline ran"
+    eng = Engagement(logparse.parse([META.format(n=2), INTERNAL_READY]))
+    prove_allreduce(eng, {"GGML_CUDA_DEVICES": "2"}, verbose=True)
+    assert eng.ok and "all-reduce internal" in eng.notes[0], "unset on 2 virtual devices: internal"
+    eng = Engagement(logparse.parse([]))
+    prove_allreduce(eng, env, verbose=True)
+    assert not eng.ok and "no Meta device" in eng.errors[0]
+    eng = Engagement(logparse.parse([]))
+    prove_allreduce(eng, env, verbose=False)
+    assert eng.ok and "-lv 4" in eng.notes[0]
