@@ -21,7 +21,8 @@ from typing import Mapping, Sequence
 
 from . import mechanisms
 from .errors import UsageError
-from .mechanisms import Selectors, selector_env
+from .mechanisms import Selectors as Selectors  # re-exported: the selectors of one process
+from .mechanisms import selector_env as selector_env
 from .runner import log
 from .tables import by_name
 

@@ -34,6 +34,13 @@ CUDA_FA_HEAD_SIZES = (40, 64, 72, 80, 96, 112, 128, 256)
 FFN_GRANULE = 128
 #: the device counts the ladder's and bench's tensor rungs use
 TENSOR_DEVICE_COUNTS = (2, 3, 4, 6)
+#: GGUF architectures b11434 refuses -sm tensor for (src/llama-arch.cpp ``llm_arch_supports_sm_tensor``: "LLAMA_SPLIT_
+#: MODE_TENSOR not implemented for architecture ..."); every other one is split by the rules above
+UNSUPPORTED_ARCHITECTURES = frozenset(
+    "grok mpt plamo2 minicpm3 gemma3n mamba mamba2 jamba falcon-h1 olmo2 olmoe deepseek2 deepseek32 hy_v4 dots3note "
+    "glm-dsa bitnet t5 nemotron_h nemotron_h_moe granitehybrid minimax-01 minimax-m2 minimax-m3 mistral4 kimi-linear "
+    "bailingmoe3 kimi-k3 glm5-next qwen3tts".split()
+)
 
 
 def shares(total: int, granule: int, n: int) -> tuple[int, ...]:

@@ -8,6 +8,16 @@ links it measured into them.
 
 B is the link's one-way bandwidth and L its per-copy latency; for a pair of GPUs the doctor takes the slower of the
 source's download and the destination's upload.
+
+-sm tensor reduces each layer's partial sums twice (after the attention output and after the FFN down projection;
+src/llama-model.cpp splits those weights by rows, the meta backend adds the parts), an f32 tensor of U x h:
+
+    steps(N)        = log2(P) + (2 if N > P else 0)     P: the largest power of two <= N (ggml-backend-meta.cpp's
+                                                          butterfly: the extra cards fold in first and get the sum back)
+    t_ar(b, N)      = steps(N) * t(b)                   each step a host round trip per card, the pairs in parallel
+                                                          (t = t_seq without peer access, t_bridge through the bridge)
+    t_internal(b)   = 2*L + 2*(b/2)/B                   upstream's internal path (2 cards): D2H then H2D of BF16
+    per token       2 * n_layer * t_ar(h*4, N)          against layer split's (N-1) * t(h*4)
 """
 
 from __future__ import annotations
@@ -40,3 +50,32 @@ def link_constants(small: tuple[int, float], large: tuple[int, float]) -> tuple[
     B = large[1] * 1e9
     L = max(small[1] * 1e-6 - small[0] / B, 1e-6)
     return B, L
+
+
+def allreduce_steps(n: int) -> int:
+    """The exchange steps of the meta backend's butterfly over ``n`` cards (0 for one card)."""
+    if n < 2:
+        return 0
+    p = 1 << (n.bit_length() - 1)
+    return p.bit_length() - 1 + (2 if n > p else 0)
+
+
+def t_allreduce(b: float, n: int, B: float, L: float, path: str) -> float:
+    """One all-reduce of ``b`` bytes over ``n`` cards: ``path`` ``seq`` (host round trips without peer access),
+    ``bridge`` (the butterfly's copies through the bridge) or ``internal`` (upstream's host-staged pipeline, 2 cards,
+    F32 rounded through BF16)."""
+    if path == "internal":
+        return 2 * L + 2 * (b / 2) / B
+    step = t_bridge if path == "bridge" else t_seq
+    return allreduce_steps(n) * step(b, B, L)
+
+
+def per_token_tensor(hidden: int, layers: int, n: int, B: float, L: float, path: str) -> float:
+    """A token's all-reduces under -sm tensor: two per layer of ``hidden`` f32 values."""
+    return 2 * layers * t_allreduce(4 * hidden, n, B, L, path)
+
+
+def per_token_layer(hidden: int, n: int, B: float, L: float, path: str) -> float:
+    """A token's boundaries under -sm layer: one per pair of consecutive cards."""
+    step = t_bridge if path == "bridge" else t_seq
+    return (n - 1) * step(4 * hidden, B, L)

@@ -12,10 +12,11 @@ import shlex
 from dataclasses import dataclass, field
 
 from .. import modes
-from . import cost
+from . import cost, split_mode
 from .facts import Findings
 from .inventory import ListedDevice
 from .probe import LARGE, SMALL, ProbeResult
+from .split_mode import SplitModeAdvice
 
 MiB = 1 << 20
 #: memory a device keeps for the KV cache and compute buffers besides its share of the weights
@@ -52,6 +53,7 @@ class Recommendation:
     argv: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    split_mode: SplitModeAdvice | None = None  # -sm tensor against -sm layer (two or more CUDA devices)
 
     @property
     def command(self) -> str:
@@ -119,6 +121,9 @@ def recommend(f: Findings, default_server: str | None) -> Recommendation:
             )
     elif rec.bridge is None and cuda:
         rec.notes.append("one CUDA device: no cross-GPU boundary, the bridge has nothing to do")
+    if len(cuda) >= 2 and not f.rpc:
+        rec.split_mode = split_mode.advise(f, [d.name for d in cuda], rec.bridge, rec.p2p)
+        rec.notes += rec.split_mode.notes
     _batching_advice(rec, devices)
     if len(devices) >= 2 and not f.rpc:
         rec.ts, rec.ts_basis = split_shares(f, devices)

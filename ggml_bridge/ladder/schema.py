@@ -310,7 +310,7 @@ def _check_tensor(r: Rung, where: str) -> None:
     at = f"{where} ({r.name})"
     if r.allreduce is not None and r.allreduce not in modes.ALLREDUCE_VALUES:
         raise LadderSetupError(f"{at}: allreduce must be one of {', '.join(modes.ALLREDUCE_VALUES)}")
-    splits = {mode_of(m).split for m in r.modes} - {None}
+    splits = {s for s in (mode_of(m).split for m in r.modes) if s is not None}
     if splits and splits != {r.split_mode}:
         raise LadderSetupError(f"{at}: mode(s) split {', '.join(sorted(splits))}, the rung {r.split_mode}")
     paths = {(effective_allreduce(r, m), mode_of(m).ar_bf16_threshold) for m in r.modes}

@@ -1,0 +1,81 @@
+"""The doctor's split-mode advice with simulated probes (tests/fixtures/probe/): -sm tensor's all-reduces against
+-sm layer's boundaries over the links measured, the architecture check, virtual devices of one GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ggml_bridge import tensor_split
+from ggml_bridge.doctor import cost, inventory, nvml, probe, recommend
+from ggml_bridge.doctor.facts import Findings, Options
+
+from helpers import FIXTURES
+
+PROBES = FIXTURES / "probe"
+
+
+def _findings(probe_file: Path, model: inventory.Model | None = None, env: dict[str, str] | None = None) -> Findings:
+    res = probe.parse(probe_file.read_text())
+    build = inventory.Build("patched/cuda build", "cuda", Path("/b/bin/llama-server"))
+    listed = [inventory.ListedDevice(d.name, d.description, d.total_mib, d.free_mib) for d in res.devices.values()]
+    return Findings(
+        when="2026-12-06 00:00 UTC",
+        host="rig",
+        options=Options(),
+        env=env or {},
+        nvml=nvml.NvmlReport("no-driver", "no NVIDIA driver"),
+        cpu=inventory.Cpu("CPU", 2, (), "native"),
+        builds=[build],
+        listings=[inventory.Listing(build, listed)],
+        probe=res,
+        probe_source="fixture",
+        model=model,
+    )
+
+
+def _model(arch: str, hidden: int = 5120, layers: int | None = 40) -> inventory.Model:
+    return inventory.Model(Path("/m.gguf"), 1 << 30, arch, hidden, layers)
+
+
+def test_the_butterfly_steps_of_the_meta_backend() -> None:
+    assert [cost.allreduce_steps(n) for n in (1, 2, 3, 4, 5, 6, 8)] == [0, 1, 3, 2, 4, 4, 3]
+
+
+def test_all_reduces_cost_more_link_time_than_layer_boundaries() -> None:
+    B, L = 25e9, 8e-6
+    layer = cost.per_token_layer(5120, 2, B, L, "bridge")
+    tensor = cost.per_token_tensor(5120, 40, 2, B, L, "bridge")
+    assert tensor == pytest.approx(80 * cost.t_bridge(4 * 5120, B, L)) and tensor > 50 * layer
+    assert cost.per_token_tensor(5120, 40, 2, B, L, "internal") < tensor, "BF16 halves the bytes, no event"
+    assert cost.t_allreduce(1 << 20, 4, B, L, "seq") == pytest.approx(2 * cost.t_seq(1 << 20, B, L))
+
+
+def test_two_gpus_get_the_per_token_comparison_and_the_break_even() -> None:
+    f = _findings(PROBES / "mock-2gpu-ok.txt", model=_model("llama"))
+    rec = recommend.recommend(f, None)
+    adv = rec.split_mode
+    assert adv is not None and adv.mode == "layer" and adv.supported is True
+    assert set(adv.tensor_us) == {"bridge", "seq", "internal"} and adv.layer_us and adv.layer_us > 0
+    best = min(adv.tensor_us.values())
+    assert adv.break_even_us == pytest.approx((best - adv.layer_us) / 0.5)
+    assert any("-sm tensor over 2 cards, per token (hidden 5120" in n and "break" not in n for n in rec.notes)
+    assert "tensor" not in rec.argv, "the command keeps layer split"
+    assert any("peer access" in n and "not modelled" in n for n in adv.notes), "this pair is advised peer access"
+
+
+def test_three_gpus_have_no_internal_path_and_an_unsupported_architecture_is_said() -> None:
+    f = _findings(PROBES / "mock-3gpu-corrupt-0-1-quick.txt", model=_model("mamba", layers=None))
+    adv = recommend.recommend(f, None).split_mode
+    assert adv is not None and adv.supported is False and "internal" not in adv.tensor_us
+    assert any("does not implement it for architecture mamba" in n for n in adv.notes)
+    assert any("per token and layer" in n for n in adv.notes), "no layer count: the figures are per layer"
+    assert "mamba" in tensor_split.UNSUPPORTED_ARCHITECTURES and "llama" not in tensor_split.UNSUPPORTED_ARCHITECTURES
+
+
+def test_virtual_devices_of_one_gpu_keep_layer_split_with_the_measured_reason() -> None:
+    f = _findings(PROBES / "mock-1gpu-4virtual-quick.txt", env={"GGML_CUDA_DEVICES": "4"})
+    adv = recommend.recommend(f, None).split_mode
+    assert adv is not None and adv.mode == "layer" and adv.layer_us is None and not adv.tensor_us
+    assert "virtual devices of one GPU" in adv.notes[0]
