@@ -276,7 +276,8 @@ MODES: dict[str, Mode] = by_name(
         "upstream-nopeer",
         None,
         None,
-        "upstream GGML_CUDA_NO_PEER_COPY build (synchronous copy through malloc)",
+        "upstream GGML_CUDA_NO_PEER_COPY build (synchronous copy through malloc between physical GPUs; between "
+        "virtual devices of one GPU still device to device: there use upstream-nopeer-virtual)",
     ),
     Mode("off", "patched", "off", "off", "patched build, selectors 0"),
     Mode(

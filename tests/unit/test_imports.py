@@ -23,7 +23,8 @@ FLOORS: list[set[str]] = [
     # the settings and the pin
     {"cache", "gitrepo", "shaper", "llama_server", "proof"},  # the cache primitives; the one door to git; the
     # loopback link shaper; one llama-server process; what its log and counters prove
-    {"fetch", "model", "ui"},  # upstream trees, the GGUF writer, the web UI assets
+    {"fetch", "model", "tensor_split", "ui"},  # upstream trees, the GGUF writer and how -sm tensor splits its shapes,
+    # the web UI assets
     {"patch"},  # the series applied to a tree
     {"builder"},  # CMake + Ninja builds; the installed-wheel lookup
     {"wheel", "wheel_plan", "rebase"},  # the server distribution and what one wheel build compiles; moving the
