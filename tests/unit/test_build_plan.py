@@ -137,3 +137,27 @@ def test_the_wheel_compiles_the_patched_variant_with_the_builds_options(tmp_path
     assert list(cuda) == ["GGML_CUDA", "CMAKE_CUDA_COMPILER", "CMAKE_CUDA_ARCHITECTURES"]
     built = plan.cmake_args(settings, tmp_path / "src", wp.variant, "cuda", tools)
     assert [f"-D{k}=" for k in cuda] == [a.split("=")[0] + "=" for a in built if a.split("=")[0][2:] in cuda]
+
+
+def test_the_test_only_baseline_builds_its_own_series_and_says_so(tmp_path: Path) -> None:
+    """upstream-nopeer-virtual: the upstream tree with its test-only series (never ours): its own sources, series and
+    key, in a single build and in a shared tree, and the keys of the other variants unchanged."""
+    import dataclasses
+    import shutil
+
+    settings, tools, srcs = _inputs(tmp_path)
+    shutil.copytree(srcs.tree.path, tmp_path / "baseline")  # the work tree: the upstream tree plus its series
+    base_series = patchmod.Series((), "b" * 64)
+    baseline = patchmod.PatchedTree(tmp_path / "baseline", srcs.tree, base_series, "9" * 40, "base-key")
+    srcs = dataclasses.replace(srcs, baselines={modes.UPSTREAM_NOPEER_VIRTUAL: baseline})
+    v = modes.variant(modes.UPSTREAM_NOPEER_VIRTUAL)
+    p = plan.single(settings, plan.Target((v,), "cuda", tools), v, srcs)
+    assert p.src == baseline.path and p.series is base_series and p.patched is None and p.baseline is baseline
+    nopeer = modes.variant(modes.UPSTREAM_NOPEER)
+    other = plan.single(settings, plan.Target((nopeer,), "cuda", tools), nopeer, srcs)
+    assert other.key == KEYS["upstream-nopeer/cuda/"] and other.baseline is None and p.key != other.key
+    names = ("upstream", "upstream-nopeer", "upstream-nopeer-virtual", "patched")
+    plans = plan.shared(settings, plan.Target(tuple(map(modes.variant, names)), "cuda", tools), srcs)
+    assert [q.variant.name for q in plans] == list(names)
+    assert plans[2].cmake_args == plans[1].cmake_args, "configured as upstream, recompiled with NO_PEER_COPY"
+    assert plans[0].key != SHARED_KEYS["upstream,upstream-nopeer,patched/cuda"], "the baseline's series is in the key"
