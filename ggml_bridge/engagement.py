@@ -18,7 +18,7 @@ from typing import Mapping
 from .logparse import AllReduceInfo, BatchedInfo, BridgeInfo
 from .mechanisms import ALLREDUCE as ALLREDUCE_RECORD
 from .mechanisms import MECHANISMS as RECORDS
-from .mechanisms import expected_allreduce
+from .mechanisms import PATCHED_ALLREDUCE_VALUES, expected_allreduce
 
 BRIDGE, BATCHED = RECORDS["bridge"].name, RECORDS["batched"].name
 #: the mechanisms with an enabled line and counters of their own (the series')
@@ -88,28 +88,44 @@ class AllReduceVerdict:
     evidence: str
 
 
-def allreduce_verdict(info: AllReduceInfo, value: str | None, n_devices: int, virtual: bool) -> AllReduceVerdict:
-    """The proof of the all-reduce path from upstream's own lines (:class:`ggml_bridge.logparse.AllReduceInfo`), for
-    ``GGML_CUDA_ALLREDUCE=value`` (None: unset) on ``n_devices`` (``virtual``: of fewer GPUs). ``internal`` proves
-    itself by its INFO line ('initialized AllReduce pipeline: 2 GPUs', so the process must log at INFO); a fallback
-    to the butterfly by upstream's WARN line; the butterfly asked by ``none`` prints nothing, so its proof is the
-    absence of the internal line here and, where the bridge is forced, the bridge's boundaries (checked with the
-    bridge)."""
-    want = expected_allreduce(value, n_devices, virtual)
+def allreduce_verdict(
+    info: AllReduceInfo,
+    value: str | None,
+    n_devices: int,
+    virtual: bool,
+    bridge: str | None = None,
+    patched: bool = False,
+) -> AllReduceVerdict:
+    """The proof of the all-reduce path from the process's own lines (:class:`ggml_bridge.logparse.AllReduceInfo`), for
+    ``GGML_CUDA_ALLREDUCE=value`` (None: unset) on ``n_devices`` (``virtual``: of fewer GPUs), in the ``patched`` build
+    with the bridge's selector value ``bridge`` (:func:`ggml_bridge.mechanisms.expected_allreduce`). ``internal``
+    proves itself by its INFO line ('initialized AllReduce pipeline: 2 GPUs', so the process must log at INFO); the
+    bridge's all-reduce by its 'enabled for N devices' line; a fallback to the butterfly by upstream's WARN line;
+    the butterfly asked by ``none`` prints nothing in upstream's build, so its proof is that neither the internal
+    pipeline nor the bridge's all-reduce says it started."""
+    want = expected_allreduce(value, n_devices, virtual, bridge=bridge, patched=patched)
     seen = info.path
     if want == "internal":
         ok = bool(info.internal_ready) and not info.internal_failed
         return AllReduceVerdict(want, seen, ok, _said(info) if ok else "no 'initialized AllReduce pipeline' line")
     if info.internal_ready:
         return AllReduceVerdict(want, seen, False, f"the internal pipeline started ({_said(info)}), {want} expected")
+    if want in ("bridge", "bridge-or-butterfly") and info.bridge_enabled:
+        return AllReduceVerdict(want, seen, True, _said(info))
+    if want == "bridge":
+        return AllReduceVerdict(want, seen, False, f"no 'ggml_cuda_bridge_allreduce: enabled' line ({_said(info)})")
+    if info.bridge_enabled:
+        return AllReduceVerdict(want, seen, False, f"the bridge's all-reduce started ({_said(info)}), {want} expected")
     if want == "nccl":
         ok = not info.internal_failed and not info.nccl_fallbacks
         return AllReduceVerdict(want, seen, ok, "no fallback line" if ok else _said(info))
-    if value is not None and value not in ALLREDUCE_RECORD.words:
+    if value is not None and value not in ALLREDUCE_RECORD.words or (value in PATCHED_ALLREDUCE_VALUES and not patched):
         ok = info.unknown_value == value
         return AllReduceVerdict(want, seen, ok, _said(info) if ok else f"no 'unknown value: {value}' line")
-    if value == "none":
-        return AllReduceVerdict(want, seen, True, "GGML_CUDA_ALLREDUCE=none: no internal pipeline line")
+    if value in ("none", "bridge", "butterfly") or want == "bridge-or-butterfly":
+        return AllReduceVerdict(
+            want, seen, True, _said(info) if seen else f"GGML_CUDA_ALLREDUCE={value}: no start line"
+        )
     ok = info.internal_failed > 0
     return AllReduceVerdict(want, seen, ok, _said(info) if ok else "no 'internal AllReduce init failed' line")
 
@@ -121,4 +137,8 @@ def _said(info: AllReduceInfo) -> str:
         parts.append("internal AllReduce init failed; falling back to meta-backend butterfly")
     if info.unknown_value is not None:
         parts.append(f"unknown GGML_CUDA_ALLREDUCE value: {info.unknown_value}")
+    parts += [f"bridge all-reduce enabled ({why})" for why in dict.fromkeys(info.bridge_enabled)]
+    parts += [f"bridge all-reduce inactive ({why})" for why in dict.fromkeys(info.bridge_inactive)]
+    if info.bridge_stats:
+        parts.append(f"allreduces={sum(s.get('allreduces', 0) for s in info.bridge_stats)}")
     return "; ".join(parts) or "nothing"

@@ -98,6 +98,12 @@ AR_NCCL_FALLBACK = re.compile(
 )
 #: an unknown GGML_CUDA_ALLREDUCE value: the butterfly (WARN)
 AR_UNKNOWN = re.compile(r"unknown " + mechanisms.ALLREDUCE.selector + r" value: (?P<value>\S*)")
+#: patch 0007: the bridge's all-reduce for a group of devices (INFO; WARN where GGML_CUDA_ALLREDUCE=bridge asked
+#: and it could not), and its counts at teardown
+BRIDGE_AR = mechanisms.ALLREDUCE.log_tag
+BRIDGE_AR_ENABLED = re.compile(BRIDGE_AR + r": enabled for (?P<n>\d+) devices \((?P<why>[^)]*)\)")
+BRIDGE_AR_INACTIVE = re.compile(BRIDGE_AR + r": inactive(?: for (?P<n>\d+) devices)?:? \(?(?P<why>[^;)]*)")
+BRIDGE_AR_STATS = re.compile(BRIDGE_AR + r": stats: (?P<kv>(?:\s*\w+=\d+)+)")
 #: the meta backend cannot split an op this way (e.g. a CUDA build with a head size flash attention lacks)
 TENSOR_SPLIT_ABORT = re.compile(r"(?P<what>unsupported mul_mat split states: .*|ggml op not implemented: .*)$")
 #: llama.cpp turns flash attention on for -sm tensor (it needs it)
@@ -201,14 +207,22 @@ class AllReduceInfo:
     internal_failed: int = 0  # "internal AllReduce init failed ... butterfly" lines
     nccl_fallbacks: list[str] = field(default_factory=list)  # why NCCL was not used, per line
     unknown_value: str | None = None
+    bridge_enabled: list[str] = field(default_factory=list)  # patch 0007: why, per group it took
+    bridge_inactive: list[str] = field(default_factory=list)  # patch 0007: why not, per group it said so
+    bridge_stats: list[dict[str, int]] = field(default_factory=list)
 
     @property
     def path(self) -> str | None:
-        """The path the lines name: ``internal``, ``butterfly`` (a fallback or an unknown value said so), or None
-        (nothing said: ``none`` asked, or no -sm tensor)."""
-        if self.internal_failed or self.unknown_value is not None:
+        """The path the lines name: ``internal``, ``bridge`` (patch 0007's), ``butterfly`` (a fallback, an unknown
+        value or the bridge's all-reduce inactive said so), or None (nothing said: ``none`` asked in upstream's
+        build, or no -sm tensor)."""
+        if self.internal_ready:
+            return ALLREDUCE_PATHS["internal"].name
+        if self.bridge_enabled:
+            return ALLREDUCE_PATHS["bridge"].name
+        if self.internal_failed or self.unknown_value is not None or self.bridge_inactive:
             return ALLREDUCE_PATHS["butterfly"].name
-        return ALLREDUCE_PATHS["internal"].name if self.internal_ready else None
+        return None
 
 
 @dataclass
@@ -326,6 +340,14 @@ def parse(lines: Iterable[str] | str) -> LogInfo:
 def _parse_allreduce(info: LogInfo, line: str) -> bool:
     """The all-reduce's and the meta backend's lines (True: the line was one)."""
     ar = info.allreduce
+    if BRIDGE_AR in line:
+        if m := BRIDGE_AR_ENABLED.search(line):
+            ar.bridge_enabled.append(m["why"])
+        elif m := BRIDGE_AR_STATS.search(line):
+            ar.bridge_stats.append(_kv(m["kv"]))
+        elif m := BRIDGE_AR_INACTIVE.search(line):
+            ar.bridge_inactive.append(m["why"].strip())
+        return True
     if m := AR_INTERNAL_READY.search(line):
         ar.internal_ready.append(int(m["n"]))
     elif AR_INTERNAL_FAILED.search(line):

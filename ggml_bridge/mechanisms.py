@@ -72,9 +72,12 @@ BRIDGE = Mechanism(
         "pairs_bridge",
         "pairs_upstream",
     ),
-    ("boundaries",),
+    ("boundaries", "allreduces"),
     metrics=True,
-    proof="its 'enabled (mode M)' line, and boundaries > 0 in its stats line or on /metrics",
+    proof=(
+        "its 'enabled (mode M)' line, and boundaries > 0 (or, under -sm tensor, allreduces > 0: patch 0007's "
+        "all-reduce) in its stats line or on /metrics"
+    ),
 )
 BATCHED = Mechanism(
     "batched",
@@ -103,14 +106,15 @@ BATCHED = Mechanism(
 ALLREDUCE = Mechanism(
     "allreduce",
     "GGML_CUDA_ALLREDUCE",
-    {"nccl": "nccl", "internal": "internal", "none": "none"},
-    ("nccl", "internal"),
-    "",
+    {"nccl": "nccl", "internal": "internal", "none": "none", "bridge": "bridge", "butterfly": "butterfly"},
+    ("nccl", "internal", "bridge"),
+    "ggml_cuda_bridge_allreduce",
     upstream=True,
     proof=(
         "upstream's init lines: 'initialized AllReduce pipeline: 2 GPUs' (internal), its fallback warnings "
-        "(NCCL not compiled in / disabled with virtual devices; internal init failed -> butterfly); the butterfly "
-        "prints nothing: with the bridge forced, the bridge's boundaries > 0"
+        "(NCCL not compiled in / disabled with virtual devices; internal init failed -> butterfly); the bridge's "
+        "all-reduce (patch 0007) its 'enabled for N devices' line and allreduces > 0; upstream's butterfly prints "
+        "nothing (the patched build: 'inactive for N devices')"
     ),
 )
 
@@ -175,6 +179,8 @@ MECHANISMS: dict[str, Mechanism] = by_name(BRIDGE, BATCHED, ALLREDUCE)
 #: the series' mechanisms (the ones with their own log lines and counters)
 SERIES = tuple(m for m in MECHANISMS.values() if not m.upstream)
 
+#: the GGML_CUDA_ALLREDUCE values only the patched build knows (patch 0007; upstream warns and takes the butterfly)
+PATCHED_ALLREDUCE_VALUES = ("bridge", "butterfly")
 #: upstream's variable for the internal all-reduce's BF16 rounding of F32 (default 1: always; 0: never)
 AR_BF16_THRESHOLD = "GGML_CUDA_AR_BF16_THRESHOLD"
 
@@ -220,21 +226,37 @@ ALLREDUCE_PATHS: dict[str, AllReducePath] = by_name(
     ),
     AllReducePath(
         "bridge",
-        None,
+        "bridge",
         "2 or more",
-        "the bridge's pinned host slots",
-        "reserved: a host-staged all-reduce through the bridge for N >= 2 devices (issue 49)",
-        available=False,
+        "the bridge's all-reduce (patch 0007, bridge-allreduce.cu): mapped pinned memory and copy engines",
+        "the patched build, where upstream would run the butterfly: with GGML_CUDA_MAPPED_HOST_BRIDGE=force, with "
+        "1/auto where the bridge takes every device pair, or asked by GGML_CUDA_ALLREDUCE=bridge (also on 2 devices); "
+        "the butterfly's sums byte for byte; GGML_CUDA_ALLREDUCE=butterfly keeps the butterfly",
     ),
 )
 
 
-def expected_allreduce(value: str | None, n_devices: int, virtual: bool, nccl_built: bool = False) -> str:
-    """The path upstream b11434 picks (``ggml_backend_cuda_comm_init``) for ``GGML_CUDA_ALLREDUCE=value`` (None:
-    unset, Linux's default NCCL) on ``n_devices`` CUDA devices, ``virtual`` ones of fewer GPUs or not. An unknown
-    value warns and takes the butterfly."""
-    if value == "none" or (value is not None and value not in ALLREDUCE.words):
-        return "butterfly"
+def expected_allreduce(
+    value: str | None,
+    n_devices: int,
+    virtual: bool,
+    nccl_built: bool = False,
+    bridge: str | None = None,
+    patched: bool = False,
+) -> str:
+    """The path b11434 picks (``ggml_backend_cuda_comm_init``) for ``GGML_CUDA_ALLREDUCE=value`` (None: unset, Linux's
+    default NCCL) on ``n_devices`` CUDA devices, ``virtual`` ones of fewer GPUs or not; in the ``patched`` build
+    (patch 0007) with the bridge's selector value ``bridge``, the bridge's all-reduce where upstream would run the
+    butterfly and the bridge takes it. An unknown value warns and takes the butterfly (in the patched build its init,
+    so the bridge's all-reduce where the bridge takes it); ``bridge`` and ``butterfly`` are unknown to upstream. ``auto``/``1`` between physical GPUs depend on their peer paths: ``bridge-or-butterfly``."""
     if value in (None, "nccl") and nccl_built and not virtual:
         return "nccl"
-    return "internal" if n_devices == 2 else "butterfly"
+    if value in (None, "nccl", "internal") and n_devices == 2:
+        return "internal"
+    if not patched or value == "butterfly":  # upstream: every other value, none or unknown, is the butterfly
+        return "butterfly"
+    if value == "bridge" or bridge == "force":
+        return "bridge"
+    if bridge in ("1", "auto") and not virtual:
+        return "bridge-or-butterfly"
+    return "butterfly"

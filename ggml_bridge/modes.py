@@ -15,6 +15,7 @@ on local ``ggml-rpc-server`` processes. Older names are accepted with a deprecat
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -213,6 +214,9 @@ def check_backend(v: Variant, backend: str, fix: str) -> None:
         raise UsageError(f"variant {v.name} only exists for the CUDA backend", why=f"the backend is {backend}", fix=fix)
 
 
+#: the test-only baseline's butterfly (upstream-nopeer-virtual): its exchanges through upstream's host path
+NOPEER_VIRTUAL_TENSOR = "TEST-ONLY baseline, -sm tensor, butterfly through upstream's host path between virtual devices"
+
 # --- modes ------------------------------------------------------------------------------------------------
 
 
@@ -351,123 +355,42 @@ MODES: dict[str, Mode] = by_name(
     ),
 )
 
-#: -sm tensor (docs/tensor.md): the same builds and selectors, split by the meta backend, with upstream's all-reduce
-#: named (``-internal``: upstream's host-staged pipeline, exactly 2 devices; otherwise ``none``, the butterfly, whose
-#: exchanges are cross-device copies: the bridge's where it is on)
+
+#: -sm tensor (docs/tensor.md): the same builds and selectors, split by the meta backend, with the all-reduce named
+#: (``-internal``: upstream's host-staged pipeline, exactly 2 devices; ``-allreduce-bridge`` / ``-butterfly``: patch
+#: 0007's values; otherwise ``none``: upstream's butterfly, whose exchanges are cross-device copies, or in the patched
+#: build the bridge's all-reduce where the bridge takes it)
+def _tensor(name: str, variant: str, bridge: str | None, batched: str | None, allreduce: str, about: str) -> Mode:
+    return Mode(name, variant, bridge, batched, about, split="tensor", allreduce=allreduce)
+
+
 TENSOR_MODES: dict[str, Mode] = by_name(
-    Mode(
-        "tensor-upstream",
-        UPSTREAM,
-        None,
-        None,
-        "upstream, -sm tensor, butterfly (GGML_CUDA_ALLREDUCE=none)",
-        split="tensor",
-        allreduce="none",
-    ),
-    Mode(
-        "tensor-upstream-internal",
-        UPSTREAM,
-        None,
-        None,
-        "upstream, -sm tensor, its host-staged all-reduce (internal; F32 through BF16)",
-        split="tensor",
-        allreduce="internal",
-    ),
-    Mode(
-        "tensor-upstream-internal-f32",
-        UPSTREAM,
-        None,
-        None,
-        "upstream, -sm tensor, internal all-reduce in F32 (GGML_CUDA_AR_BF16_THRESHOLD=0)",
-        split="tensor",
-        allreduce="internal",
+    _tensor("tensor-upstream", UPSTREAM, None, None, "none", "upstream, -sm tensor, its butterfly"),
+    _tensor("tensor-upstream-internal", UPSTREAM, None, None, "internal", "upstream, -sm tensor, internal (BF16)"),
+    dataclasses.replace(
+        _tensor("tensor-upstream-internal-f32", UPSTREAM, None, None, "internal", "upstream, internal in F32"),
         ar_bf16_threshold="0",
     ),
-    Mode(
-        "tensor-nopeer-virtual",
-        UPSTREAM_NOPEER_VIRTUAL,
-        None,
-        None,
-        "TEST-ONLY baseline: -sm tensor, butterfly through upstream's host path between virtual devices",
-        split="tensor",
-        allreduce="none",
+    _tensor("tensor-nopeer-virtual", UPSTREAM_NOPEER_VIRTUAL, None, None, "none", NOPEER_VIRTUAL_TENSOR),
+    _tensor(
+        "tensor-nopeer-virtual-aa", UPSTREAM_NOPEER_VIRTUAL, None, None, "none", NOPEER_VIRTUAL_TENSOR + ", again (A/A)"
     ),
-    Mode(
-        "tensor-off",
-        PATCHED,
-        "off",
-        "off",
-        "patched, selectors 0, -sm tensor, butterfly",
-        split="tensor",
-        allreduce="none",
-    ),
-    Mode(
-        "tensor-off-internal",
-        PATCHED,
-        "off",
-        "off",
-        "patched, selectors 0, -sm tensor, internal all-reduce",
-        split="tensor",
-        allreduce="internal",
-    ),
-    Mode(
-        "tensor-bridge",
-        PATCHED,
-        "auto",
-        "off",
-        "patched, bridge auto, -sm tensor, butterfly",
-        split="tensor",
-        allreduce="none",
-    ),
-    Mode(
-        "tensor-bridge-force",
+    _tensor("tensor-off", PATCHED, "off", "off", "none", "patched, selectors 0, -sm tensor, butterfly"),
+    _tensor("tensor-off-internal", PATCHED, "off", "off", "internal", "patched, selectors 0, internal all-reduce"),
+    _tensor("tensor-bridge", PATCHED, "auto", "off", "none", "patched, bridge auto, -sm tensor"),
+    _tensor("tensor-bridge-force", PATCHED, "force", "off", "none", "patched, bridge forced: its all-reduce (0007)"),
+    _tensor("tensor-batched", PATCHED, "off", "on", "none", "patched, batching, -sm tensor, butterfly"),
+    _tensor("tensor-bridge-force-batched", PATCHED, "force", "on", "none", "patched, bridge forced and batching"),
+    _tensor("tensor-bridge-force-internal", PATCHED, "force", "off", "internal", "patched, bridge forced, internal"),
+    _tensor("tensor-allreduce-bridge", PATCHED, "off", "off", "bridge", "patched, GGML_CUDA_ALLREDUCE=bridge (0007)"),
+    _tensor(
+        "tensor-bridge-force-butterfly",
         PATCHED,
         "force",
         "off",
-        "patched, bridge forced, -sm tensor, butterfly: its exchanges through the bridge",
-        split="tensor",
-        allreduce="none",
+        "butterfly",
+        "patched, bridge forced, GGML_CUDA_ALLREDUCE=butterfly: the butterfly's exchanges through the bridge's copies",
     ),
-    Mode(
-        "tensor-batched",
-        PATCHED,
-        "off",
-        "on",
-        "patched, batching, -sm tensor, butterfly",
-        split="tensor",
-        allreduce="none",
-    ),
-    Mode(
-        "tensor-bridge-force-batched",
-        PATCHED,
-        "force",
-        "on",
-        "patched, bridge forced and batching, -sm tensor, butterfly",
-        split="tensor",
-        allreduce="none",
-    ),
-    Mode(
-        "tensor-bridge-force-internal",
-        PATCHED,
-        "force",
-        "off",
-        "patched, bridge forced, -sm tensor, internal all-reduce (the bridge left with what is not the all-reduce)",
-        split="tensor",
-        allreduce="internal",
-    ),
-)
-TENSOR_MODES.update(
-    by_name(
-        Mode(
-            "tensor-nopeer-virtual-aa",
-            UPSTREAM_NOPEER_VIRTUAL,
-            None,
-            None,
-            "the same as tensor-nopeer-virtual, a second case: the baseline against itself (A/A, the bench's noise)",
-            split="tensor",
-            allreduce="none",
-        )
-    )
 )
 #: layer split against the test-only no-peer baseline on virtual devices (docs/tensor.md)
 BASELINE_MODES: dict[str, Mode] = by_name(

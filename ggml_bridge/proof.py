@@ -224,7 +224,9 @@ def prove_allreduce(eng: Engagement, env: Mapping[str, str], verbose: bool) -> N
     if n < 2:
         eng.errors.append(f"-sm tensor asked, but the log shows no Meta device over 2 or more devices (found {n})")
         return
-    v = allreduce_verdict(info.allreduce, env.get(ALLREDUCE), n, CUDA_DEVICES in env)
+    patched = info.bridge.seen or bool(info.allreduce.bridge_enabled or info.allreduce.bridge_inactive)
+    bridge = env.get(BRIDGE_VAR) if patched else None
+    v = allreduce_verdict(info.allreduce, env.get(ALLREDUCE), n, CUDA_DEVICES in env, bridge, patched)
     said = f"-sm tensor over {n} devices: all-reduce {v.expected}"
     if v.ok:
         eng.notes.append(f"{said} ({v.evidence})")

@@ -19,7 +19,10 @@ def engagement(case: Case, log_text: str, virtual: bool = False) -> tuple[bool |
     parts: list[str] = []
     ok = True
     if case.allreduce is not None:
-        v = allreduce_verdict(info.allreduce, modes.ALLREDUCE_VALUES[case.allreduce], info.meta_devices, virtual)
+        patched = modes.VARIANTS[case.variant].patched
+        bridge = modes.BRIDGE_VALUES[case.bridge] if patched and case.bridge else None
+        value = modes.ALLREDUCE_VALUES[case.allreduce]
+        v = allreduce_verdict(info.allreduce, value, info.meta_devices, virtual, bridge, patched)
         ok &= v.ok and info.meta_devices > 1
         parts.append(f"all-reduce {v.expected} on {info.meta_devices} devices: {v.evidence}")
     if "bridge" in case.mechanisms:

@@ -313,12 +313,14 @@ def _check_tensor(r: Rung, where: str) -> None:
     splits = {s for s in (mode_of(m).split for m in r.modes) if s is not None}
     if splits and splits != {r.split_mode}:
         raise LadderSetupError(f"{at}: mode(s) split {', '.join(sorted(splits))}, the rung {r.split_mode}")
-    paths = {(effective_allreduce(r, m), mode_of(m).ar_bf16_threshold) for m in r.modes}
-    if len(paths) > 1:
+    classes = {m: _rounding(r, m) for m in r.modes}
+    if len(set(classes.values())) > 1:
         raise LadderSetupError(
-            f"{at}: the modes take different all-reduces ({', '.join(sorted(str(p) for p in paths))})",
-            why="each path rounds its own way: only runs of one path compare byte for byte",
-            fix="one rung per all-reduce (the rung's allreduce key, or modes of one path)",
+            f"{at}: the modes take different all-reduces ({', '.join(f'{m}: {c}' for m, c in classes.items())})",
+            why="upstream's internal all-reduce of two devices rounds F32 through BF16: only runs that round alike "
+            "compare byte for byte (the butterfly, the bridge's all-reduce and internal at "
+            "GGML_CUDA_AR_BF16_THRESHOLD=0 add the same floats)",
+            fix="one rung per rounding (the rung's allreduce key, or modes of one)",
         )
     if r.allreduce is not None and r.split_mode != "tensor":
         raise LadderSetupError(f"{at}: allreduce applies to split_mode = \"tensor\" only")
@@ -337,6 +339,14 @@ def _check_tensor_shape(r: Rung, where: str, cuda: bool) -> None:
             why="; ".join(found.problems),
             fix="use a tensor-* shape (ggml-bridge model --help)",
         )
+
+
+def _rounding(r: Rung, run: str) -> str:
+    """How a run's all-reduce rounds: ``bf16`` (upstream's internal path on two devices at its default threshold),
+    else ``f32`` (the butterfly's additions, which the bridge's all-reduce and internal at threshold 0 reproduce)."""
+    threshold = mode_of(run).ar_bf16_threshold or r.env.get(modes.AR_BF16_THRESHOLD)
+    internal = effective_allreduce(r, run) in (None, "internal", "nccl") and r.n_devices == 2
+    return "bf16" if internal and threshold != "0" else "f32"
 
 
 def effective_allreduce(r: Rung, run: str) -> str | None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import logparse
 from ..engagement import BATCHED, BRIDGE, INACTIVE, allreduce_verdict, engaged
+from ..mechanisms import BRIDGE as BRIDGE_RECORD
 from ..modes import ALLREDUCE_VALUES, BRIDGE_VALUES, VARIANTS, Mode
 from .schema import Rung
 
@@ -113,7 +114,10 @@ def _check_allreduce(v: _Validation) -> None:
     per: dict[str, Any] = {}
     for proc, info in v.logs.items():
         if v.rung.devices > 0 and not v.mode.rpc:
-            verdict = allreduce_verdict(info.allreduce, value, v.rung.n_devices, v.rung.virtual_devices is not None)
+            patched = VARIANTS[v.mode.variant].patched
+            bridge = BRIDGE_VALUES[v.mode.bridge] if patched and v.mode.bridge else None
+            virtual = v.rung.virtual_devices is not None
+            verdict = allreduce_verdict(info.allreduce, value, v.rung.n_devices, virtual, bridge, patched)
             per[proc] = {"expected": verdict.expected, "seen": verdict.seen, "evidence": verdict.evidence}
             if not verdict.ok:
                 v.problems.append(f"{proc}: all-reduce {verdict.expected} not proved ({verdict.evidence})")
@@ -156,7 +160,7 @@ def _check_bridge(v: _Validation) -> None:
     want_mode = BRIDGE_VALUES[mode.bridge]
     on, inactive, state = _verdicts(logs, BRIDGE)
     per_process = {"slots": {p: logs[p].bridge.slots for p in on}, "slot_mib": {p: logs[p].bridge.slot_mib for p in on}}
-    summary["bridge"] = _summary(state, per_process, inactive, bridge_stats, ("boundaries",))
+    summary["bridge"] = _summary(state, per_process, inactive, bridge_stats, BRIDGE_RECORD.work_keys)
     expect = rung.expect.get(mode.name, rung.expect_bridge)
     if state == "engaged":
         if expect == "inactive":
@@ -167,8 +171,12 @@ def _check_bridge(v: _Validation) -> None:
         if rung.multi_device and rung.require_boundaries:
             if not bridge_stats:
                 problems.append("no bridge stats line (printed when the last CUDA backend is freed)")
-            elif _tot(bridge_stats, "boundaries") <= 0:
-                problems.append("bridge counters show no boundary crossed (boundaries=0) on a multi-device rung")
+            elif not any(_tot(bridge_stats, k) > 0 for k in BRIDGE_RECORD.work_keys):
+                problems.append(
+                    "bridge counters show no work on a multi-device rung ("
+                    + ", ".join(f"{k}={_tot(bridge_stats, k)}" for k in BRIDGE_RECORD.work_keys)
+                    + ")"
+                )
         if rung.multi_device and not rung.require_boundaries:
             notes.append(
                 f"bridge engaged, {_tot(bridge_stats, 'boundaries')} boundaries counted (the rung "

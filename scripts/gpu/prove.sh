@@ -271,12 +271,13 @@ if want serve-rpc; then
 fi
 
 # -sm tensor (docs/tensor.md): the rungs of ladders/cuda-tensor.toml, one report each, the most telling first; about
-# 5-6 min for all ten on one H100 (tensor-small, ~9 s a mode, 41 modes; estimate, not yet measured): TENSOR_RUNGS
-# splits them over calls; then serve --check with -sm tensor on 4 virtual devices (the all-reduce path named, the
-# bridge forced on the butterfly's exchanges)
+# 7 min for all twelve on one H100 (tensor-small, ~9 s a mode, 50 modes; an estimate, not yet measured):
+# TENSOR_RUNGS splits them over calls; then serve --check with -sm tensor on 4 virtual devices (the all-reduce path
+# named: the bridge's, forced)
 tensor_rungs=${TENSOR_RUNGS:-2virt-tensor-none-ub512 2virt-tensor-internal-ub512 4virt-tensor-none-ub512 \
-4virt-tensor-internal-fallback-ub512 3virt-tensor-none-ub512 6virt-tensor-none-ub256 2virt-tensor-internal-f32-ub512 \
-2virt-tensor-default-ub512 3virt-tensor-default-ub512 4virt-tensor3k-none-ub512}
+3virt-tensor-bridge-allreduce-ub512 2virt-tensor-f32-paths-ub512 4virt-tensor-internal-fallback-ub512 \
+3virt-tensor-none-ub512 6virt-tensor-none-ub256 2virt-tensor-internal-f32-ub512 2virt-tensor-default-ub512 \
+3virt-tensor-default-ub512 4virt-tensor3k-none-ub512}
 if want tensor; then
     for r in $tensor_rungs; do
         saved=$ladder_file; ladder_file=ladders/cuda-tensor.toml; ladder_rung "$r" 40 "tensor-$r"; ladder_file=$saved

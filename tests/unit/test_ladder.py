@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import ladder, logparse, model, tensor_split
+from ggml_bridge import ladder, logparse, mechanisms, model, modes, tensor_split
 from ggml_bridge.errors import LadderSetupError, UsageError
 
 from helpers import ladder_options, make_vocab, real_vocab, write_fake_bin, write_ladder
@@ -742,3 +742,27 @@ def test_the_comparison_ladders_load(name):
         assert all(r.virtual_devices == 4 for r in lad.rungs)
     else:
         assert set(runs) == {"off-1gpu", "rpc-bridge-force"} and lad.rungs[0].rpc_servers == [["CUDA0", "CUDA1"]]
+
+
+def test_the_tensor_rungs_expect_the_paths_upstream_and_patch_0007_pick():
+    """What each mode of ladders/cuda-tensor.toml must prove (the ladder derives it the same way)."""
+    lad = ladder.load_ladder(ROOT / "ladders" / "cuda-tensor.toml")
+
+    def path(rung_name: str, run: str) -> str:
+        (r,) = [r for r in lad.rungs if r.name == rung_name]
+        m = ladder.MODES[run]
+        patched = modes.VARIANTS[m.variant].patched
+        value = ladder.schema.effective_allreduce(r, run)
+        bridge = modes.BRIDGE_VALUES[m.bridge] if patched and m.bridge else None
+        return mechanisms.expected_allreduce(value, r.n_devices, True, bridge=bridge, patched=patched)
+
+    assert path("4virt-tensor-none-ub512", "tensor-upstream") == "butterfly"
+    assert path("4virt-tensor-none-ub512", "tensor-bridge") == "butterfly", "auto keeps virtual devices upstream's"
+    assert path("4virt-tensor-none-ub512", "tensor-bridge-force") == "bridge"
+    assert path("3virt-tensor-bridge-allreduce-ub512", "tensor-allreduce-bridge") == "bridge"
+    assert path("3virt-tensor-bridge-allreduce-ub512", "tensor-bridge-force-butterfly") == "butterfly"
+    assert path("2virt-tensor-internal-ub512", "tensor-bridge-force-internal") == "internal"
+    assert path("4virt-tensor-internal-fallback-ub512", "tensor-off-internal") == "butterfly"
+    assert path("4virt-tensor-internal-fallback-ub512", "tensor-bridge-force-internal") == "bridge"
+    assert path("2virt-tensor-default-ub512", "upstream") == "internal"
+    assert path("3virt-tensor-default-ub512", "bridge-force") == "bridge"

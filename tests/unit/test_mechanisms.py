@@ -63,15 +63,19 @@ def test_modes_serve_and_engagement_derive_their_words_and_work_from_the_record(
     assert set(MECHANISMS) == {"bridge", "batched", "allreduce"}
 
 
-def test_the_modes_all_reduce_words_are_upstreams_and_a_path_row_is_reserved() -> None:
-    assert set(ALLREDUCE.words) == {"nccl", "internal", "none"}
+def test_the_all_reduce_words_and_their_path_rows() -> None:
+    """Upstream's values and patch 0007's two (bridge, butterfly): each selects a path row (butterfly: the butterfly,
+    as none does), and every mode's all-reduce is one of them."""
+    assert set(ALLREDUCE.words) == {"nccl", "internal", "none", "bridge", "butterfly"}
+    assert set(mechanisms.PATCHED_ALLREDUCE_VALUES) == {"bridge", "butterfly"}
     for m in modes.MODES.values():
         if m.allreduce is not None:
             assert m.allreduce in ALLREDUCE.words and m.split == "tensor", m.name
+            if m.allreduce in mechanisms.PATCHED_ALLREDUCE_VALUES:
+                assert modes.VARIANTS[m.variant].patched, m.name
     values = {p.selector_value for p in ALLREDUCE_PATHS.values() if p.available}
-    assert values == set(ALLREDUCE.words), "every upstream value has its path row"
-    reserved = [p for p in ALLREDUCE_PATHS.values() if not p.available]
-    assert [p.name for p in reserved] == ["bridge"] and reserved[0].selector_value is None
+    assert values | {"butterfly"} == set(ALLREDUCE.words), "every value has its path row"
+    assert ALLREDUCE_PATHS["bridge"].selector_value == "bridge"
 
 
 @pytest.mark.parametrize(
@@ -87,8 +91,27 @@ def test_the_modes_all_reduce_words_are_upstreams_and_a_path_row_is_reserved() -
 )
 def test_the_path_upstream_picks(value: str | None, n: int, virtual: bool, want: str) -> None:
     assert mechanisms.expected_allreduce(value, n, virtual) == want
+    # the patched build with the bridge off takes the same path (patch 0007 needs the bridge or =bridge)
+    assert mechanisms.expected_allreduce(value, n, virtual, bridge="0", patched=True) == want
     assert mechanisms.expected_allreduce("nccl", 2, False, nccl_built=True) == "nccl"
     assert mechanisms.expected_allreduce("nccl", 2, True, nccl_built=True) == "internal"
+
+
+@pytest.mark.parametrize(
+    ("value", "n", "bridge", "want"),
+    [
+        ("none", 4, "force", "bridge"),  # where upstream runs the butterfly, the forced bridge takes it
+        ("internal", 4, "force", "bridge"),  # internal fails on 4: init_none, then the bridge's
+        ("internal", 2, "force", "internal"),  # upstream's internal path stays
+        ("bridge", 2, "0", "bridge"),  # asked: also on 2 devices, also with the bridge's selector 0
+        ("butterfly", 4, "force", "butterfly"),  # kept
+        ("none", 4, "auto", "butterfly"),  # virtual devices of one GPU: auto keeps upstream's copies
+    ],
+)
+def test_the_path_the_patched_build_picks(value: str, n: int, bridge: str, want: str) -> None:
+    assert mechanisms.expected_allreduce(value, n, True, bridge=bridge, patched=True) == want
+    assert mechanisms.expected_allreduce("none", 4, False, bridge="auto", patched=True) == "bridge-or-butterfly"
+    assert mechanisms.expected_allreduce("bridge", 4, True) == "butterfly", "upstream does not know the value"
 
 
 # upstream b11434's lines, as ggml-cuda.cu and ggml-cuda/allreduce.cu print them
@@ -123,6 +146,35 @@ def test_the_all_reduce_proof_reads_upstreams_lines() -> None:
     info = logparse.parse([NCCL_VIRTUAL, INTERNAL_FAILED]).allreduce
     assert info.nccl_fallbacks == ["NCCL disabled: virtual devices in use"] and info.path == "butterfly"
     assert _verdict(["unknown GGML_CUDA_ALLREDUCE value: bogus"], "bogus", 2).ok
+
+
+BAR_ENABLED = (
+    "ggml_cuda_bridge_allreduce: enabled for 4 devices (GGML_CUDA_MAPPED_HOST_BRIDGE=force): in-kernel exchange up to "
+    "512 KiB per device, copy engines above (reduce-scatter), pinned at the first all-reduce"
+)
+BAR_STATS = "ggml_cuda_bridge_allreduce: stats: devices=4 allreduces=96 kernel=90 copy=6 fallbacks=0"
+BAR_INACTIVE = (
+    "ggml_cuda_bridge_allreduce: inactive for 2 devices (GGML_CUDA_ALLREDUCE=butterfly); the meta backend's "
+    "butterfly runs"
+)
+
+
+def test_the_bridges_all_reduce_is_proved_by_its_own_lines() -> None:
+    def verdict(lines: list[str], value: str, n: int, bridge: str, patched: bool = True) -> engagement.AllReduceVerdict:
+        info = logparse.parse(lines).allreduce
+        return engagement.allreduce_verdict(info, value, n, True, bridge=bridge, patched=patched)
+
+    v = verdict([BAR_ENABLED, BAR_STATS], "none", 4, "force")
+    assert v.ok and v.seen == "bridge" and "allreduces=96" in v.evidence
+    assert not verdict([], "none", 4, "force").ok, "forced, the bridge's all-reduce must say it took the group"
+    assert not verdict([BAR_ENABLED], "none", 4, "auto").ok, "auto on virtual devices: the butterfly expected"
+    v = verdict([BAR_INACTIVE], "butterfly", 2, "force")
+    assert v.ok and v.seen == "butterfly"
+    v = verdict(["unknown GGML_CUDA_ALLREDUCE value: bridge"], "bridge", 4, "force", patched=False)
+    assert v.ok and v.expected == "butterfly", "upstream's build: an unknown value, the butterfly"
+    info = logparse.parse([BAR_ENABLED, BAR_STATS]).allreduce
+    assert info.bridge_stats == [{"devices": 4, "allreduces": 96, "kernel": 90, "copy": 6, "fallbacks": 0}]
+    assert engagement.did_work("bridge", {"boundaries": 0, "allreduces": 3}), "the bridge's all-reduce is work"
 
 
 def test_the_meta_backends_abort_is_the_exit_reason() -> None:

@@ -34,7 +34,8 @@ def test_mode_environments_say_what_their_names_say():
         # the tensor modes name their split and all-reduce: -internal sets internal, the others the butterfly
         assert (m.split == "tensor") == name.startswith("tensor-"), name
         if m.split == "tensor":
-            want = "internal" if "-internal" in name else "none"
+            want = "internal" if "-internal" in name else "bridge" if "allreduce-bridge" in name else "none"
+            want = "butterfly" if name.endswith("-butterfly") else want
             assert env[name]["GGML_CUDA_ALLREDUCE"] == want, name
             assert ("GGML_CUDA_AR_BF16_THRESHOLD" in env[name]) == name.endswith("-f32"), name
         assert ("nopeer-virtual" in name) == (m.variant == "upstream-nopeer-virtual"), name
