@@ -26,7 +26,17 @@ from typing import Any
 from . import files
 
 # the formulas and their constants are defined once, in the package (the doctor uses them with measured links)
-from .doctor.cost import BP_PAGEABLE, CHUNK, E_EVENT, S_SYNC, MiB, t_bridge, t_seq  # noqa: F401
+from .doctor.cost import (  # noqa: F401
+    BP_PAGEABLE,
+    CHUNK,
+    E_EVENT,
+    S_SYNC,
+    MiB,
+    per_token_layer,
+    per_token_tensor,
+    t_bridge,
+    t_seq,
+)
 from .errors import UsageError, os_reason
 from .tomlfile import Key
 
@@ -315,6 +325,26 @@ def hosts_table(bytes_per_param: float = 2.0, ubatch: int = 512) -> str:
     return "\n".join(out)
 
 
+def tensor_table(layers: int = 32) -> str:
+    """A token's link time under -sm tensor (two all-reduces per layer, docs/tensor.md) against -sm layer's boundaries,
+    per link, hidden size and card count, for a model of ``layers`` layers."""
+    out = [
+        "| link | hidden | cards | layer split (bridge) | tensor: the bridge's all-reduce (0007) | tensor: butterfly "
+        "through the bridge | tensor: butterfly, no peer access | tensor: upstream internal (2 cards) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, (B, L) in LINKS.items():
+        for h in (4096, 8192):
+            for n in (2, 4, 6):
+                layer = per_token_layer(h, n, B, L, "bridge")
+                tensor = " | ".join(
+                    fmt(per_token_tensor(h, layers, n, B, L, p)) for p in ("bridge-allreduce", "bridge", "seq")
+                )
+                internal = fmt(per_token_tensor(h, layers, n, B, L, "internal")) if n == 2 else "-"
+                out.append(f"| {name} | {h} | {n} | {fmt(layer)} | {tensor} | {internal} |")
+    return "\n".join(out)
+
+
 def report(microbench: Path, *, given: bool = False) -> str:
     """Every table of docs/paper-model.md, the microbenchmark check against ``microbench`` (``given``: the user's,
     checked before any table is made)."""
@@ -323,6 +353,8 @@ def report(microbench: Path, *, given: bool = False) -> str:
         [
             "## Predicted transfer time added by the boundaries\n",
             tables(),
+            "\n## Tensor split: a token's all-reduces against layer split's boundaries (32 layers)\n",
+            tensor_table(),
             "\n## Network links (RPC between hosts) next to PCIe, one boundary, two cards\n",
             network_tables(),
             "\n## Check against the H200 microbenchmark\n",

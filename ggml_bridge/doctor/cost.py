@@ -17,6 +17,8 @@ src/llama-model.cpp splits those weights by rows, the meta backend adds the part
     t_ar(b, N)      = steps(N) * t(b)                   each step a host round trip per card, the pairs in parallel
                                                           (t = t_seq without peer access, t_bridge through the bridge)
     t_internal(b)   = 2*L + 2*(b/2)/B                   upstream's internal path (2 cards): D2H then H2D of BF16
+    t_bar(b, N)     = 2*L + E + b/B + k*b/B             the bridge's all-reduce (patch 0007): one tensor down, k up
+                                                          (k = 1 for 2 cards, 2(N-1)/N from 3: reduce-scatter+gather)
     per token       2 * n_layer * t_ar(h*4, N)          against layer split's (N-1) * t(h*4)
 """
 
@@ -61,11 +63,14 @@ def allreduce_steps(n: int) -> int:
 
 
 def t_allreduce(b: float, n: int, B: float, L: float, path: str) -> float:
-    """One all-reduce of ``b`` bytes over ``n`` cards: ``path`` ``seq`` (host round trips without peer access),
-    ``bridge`` (the butterfly's copies through the bridge) or ``internal`` (upstream's host-staged pipeline, 2 cards,
-    F32 rounded through BF16)."""
+    """One all-reduce of ``b`` bytes over ``n`` cards: ``path`` ``seq`` (the butterfly's host round trips without peer
+    access), ``bridge`` (the butterfly's copies through the bridge), ``bridge-allreduce`` (patch 0007's all-reduce) or
+    ``internal`` (upstream's host-staged pipeline, 2 cards, F32 rounded through BF16)."""
     if path == "internal":
         return 2 * L + 2 * (b / 2) / B
+    if path == "bridge-allreduce":
+        up = 1.0 if n == 2 else 2 * (n - 1) / n
+        return 2 * L + E_EVENT + b / B + up * b / B
     step = t_bridge if path == "bridge" else t_seq
     return allreduce_steps(n) * step(b, B, L)
 

@@ -20,6 +20,7 @@ from .probe import LARGE, SMALL, ProbeResult
 
 #: the paths a -sm tensor all-reduce can take without peer access, by what the advice calls them
 PATHS = {
+    "bridge-allreduce": "the bridge's all-reduce (patch 0007)",
     "bridge": "the butterfly through the bridge",
     "seq": "the butterfly through upstream's host path (no peer access)",
     "internal": "upstream's internal all-reduce (2 cards, F32 rounded through BF16)",
@@ -86,7 +87,7 @@ def advise(f: Findings, devices: list[str], bridge: str | None, p2p: bool = Fals
     per = "per token" if f.model is not None and f.model.layers else "per token and layer"
     main = "bridge" if bridge else "seq"
     layer_us = cost.per_token_layer(f.hidden, n, B, L, main) * 1e6
-    paths = ("bridge", "seq", "internal") if n == 2 else ("bridge", "seq")
+    paths = ("bridge-allreduce", "bridge", "seq") + (("internal",) if n == 2 else ())
     tensor_us = {k: cost.per_token_tensor(f.hidden, layers, n, B, L, k) * 1e6 for k in paths}
     best = min(tensor_us, key=lambda k: tensor_us[k])
     extra = tensor_us[best] - layer_us

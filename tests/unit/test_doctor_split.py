@@ -49,6 +49,11 @@ def test_all_reduces_cost_more_link_time_than_layer_boundaries() -> None:
     tensor = cost.per_token_tensor(5120, 40, 2, B, L, "bridge")
     assert tensor == pytest.approx(80 * cost.t_bridge(4 * 5120, B, L)) and tensor > 50 * layer
     assert cost.per_token_tensor(5120, 40, 2, B, L, "internal") < tensor, "BF16 halves the bytes, no event"
+    # the bridge's all-reduce: one tensor down, 2(N-1)/N up, in one step (the butterfly: a round trip per step)
+    assert cost.t_allreduce(1 << 20, 4, B, L, "bridge-allreduce") < cost.t_allreduce(1 << 20, 4, B, L, "bridge")
+    assert cost.t_allreduce(1 << 20, 4, B, L, "bridge-allreduce") == pytest.approx(
+        2 * L + cost.E_EVENT + 2.5 * (1 << 20) / B
+    )
     assert cost.t_allreduce(1 << 20, 4, B, L, "seq") == pytest.approx(2 * cost.t_seq(1 << 20, B, L))
 
 
@@ -57,7 +62,8 @@ def test_two_gpus_get_the_per_token_comparison_and_the_break_even() -> None:
     rec = recommend.recommend(f, None)
     adv = rec.split_mode
     assert adv is not None and adv.mode == "layer" and adv.supported is True
-    assert set(adv.tensor_us) == {"bridge", "seq", "internal"} and adv.layer_us and adv.layer_us > 0
+    assert set(adv.tensor_us) == {"bridge-allreduce", "bridge", "seq", "internal"} and adv.layer_us
+    assert adv.tensor_us["bridge-allreduce"] <= adv.tensor_us["bridge"] < adv.tensor_us["seq"]  # equal on 2 cards
     best = min(adv.tensor_us.values())
     assert adv.break_even_us == pytest.approx((best - adv.layer_us) / 0.5)
     assert any("-sm tensor over 2 cards, per token (hidden 5120" in n and "break" not in n for n in rec.notes)
@@ -69,6 +75,7 @@ def test_three_gpus_have_no_internal_path_and_an_unsupported_architecture_is_sai
     f = _findings(PROBES / "mock-3gpu-corrupt-0-1-quick.txt", model=_model("mamba", layers=None))
     adv = recommend.recommend(f, None).split_mode
     assert adv is not None and adv.supported is False and "internal" not in adv.tensor_us
+    assert set(adv.tensor_us) == {"bridge-allreduce", "bridge", "seq"}
     assert any("does not implement it for architecture mamba" in n for n in adv.notes)
     assert any("per token and layer" in n for n in adv.notes), "no layer count: the figures are per layer"
     assert "mamba" in tensor_split.UNSUPPORTED_ARCHITECTURES and "llama" not in tensor_split.UNSUPPORTED_ARCHITECTURES
