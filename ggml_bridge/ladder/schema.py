@@ -350,8 +350,9 @@ def _rounding(r: Rung, run: str) -> str:
 
 
 def effective_allreduce(r: Rung, run: str) -> str | None:
-    """The GGML_CUDA_ALLREDUCE word a run of the rung takes: its mode's, else the rung's (None: unset)."""
-    return mode_of(run).allreduce or r.allreduce
+    """The GGML_CUDA_ALLREDUCE value a run of the rung takes, as its processes get it: the rung's ``env`` (set last),
+    else its mode's, else the rung's ``allreduce`` (None: unset)."""
+    return r.env.get(modes.ALLREDUCE) or mode_of(run).allreduce or r.allreduce
 
 
 def _check_rpc(r: Rung, where: str) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from .. import logparse
 from ..engagement import BATCHED, BRIDGE, INACTIVE, allreduce_verdict, engaged
 from ..mechanisms import BRIDGE as BRIDGE_RECORD
-from ..modes import ALLREDUCE_VALUES, BRIDGE_VALUES, VARIANTS, Mode
+from ..modes import ALLREDUCE, BRIDGE_VALUES, VARIANTS, Mode
 from .schema import Rung
 
 
@@ -109,8 +109,7 @@ def _check_allreduce(v: _Validation) -> None:
     """-sm tensor: every process took the all-reduce path upstream picks for the rung (its own lines say which:
     :func:`ggml_bridge.engagement.allreduce_verdict`); over rpc-servers or CPU devices there is no CUDA
     communicator, so the meta backend's butterfly, and no internal pipeline line may appear."""
-    value = v.mode.allreduce or v.rung.allreduce
-    value = ALLREDUCE_VALUES[value] if value else None
+    value = v.rung.env.get(ALLREDUCE) or v.mode.allreduce or v.rung.allreduce  # (schema.effective_allreduce's order)
     per: dict[str, Any] = {}
     for proc, info in v.logs.items():
         if v.rung.devices > 0 and not v.mode.rpc:

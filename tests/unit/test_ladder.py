@@ -86,6 +86,14 @@ def test_a_tensor_rung_refuses_a_shape_it_cannot_split_and_mixed_all_reduces(tmp
     )
     with pytest.raises(LadderSetupError, match="split_mode"):
         ladder.load_ladder(bad)
+    # the rung's env reaches the processes last: it decides the all-reduce (and the rounding) of every mode
+    bad.write_text(
+        'backend = "cuda"\n[[rung]]\nname = "x"\nshape = "tensor-small"\ndevices = 1\nvirtual_devices = 2\n'
+        'split_mode = "tensor"\nmodes = ["tensor-off", "tensor-upstream-internal"]\nreference = "tensor-off"\n'
+        'env = { GGML_CUDA_ALLREDUCE = "internal" }\n'
+    )
+    (r,) = ladder.load_ladder(bad).rungs
+    assert {ladder.schema.effective_allreduce(r, m) for m in r.modes} == {"internal"}
 
 
 def test_cuda_ladder_covers_the_rigs_and_boundary_sizes():
