@@ -86,3 +86,18 @@ def test_virtual_devices_of_one_gpu_keep_layer_split_with_the_measured_reason() 
     adv = recommend.recommend(f, None).split_mode
     assert adv is not None and adv.mode == "layer" and adv.layer_us is None and not adv.tensor_us
     assert "virtual devices of one GPU" in adv.notes[0]
+
+
+def test_the_advice_is_in_the_report_and_its_json() -> None:
+    import json
+
+    from ggml_bridge.doctor import report
+
+    f = _findings(PROBES / "mock-2gpu-ok.txt", model=_model("llama"))
+    rec = recommend.recommend(f, None)
+    text = report.render(f, rec)
+    assert "-sm tensor over 2 cards, per token" in text
+    doc = json.loads(report.dumps(f, rec))
+    split = doc["recommendation"]["split_mode"]
+    assert split["mode"] == "layer" and split["supported"] is True and split["break_even_us"] > 0
+    assert set(split["tensor_us"]) == {"bridge-allreduce", "bridge", "seq", "internal"}
