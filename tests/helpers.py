@@ -46,11 +46,11 @@ def write_fake_bin(d: Path, *, unpatched: bool = False, prefix: str = "") -> Pat
 
 
 def write_fake_variants(root: Path, *, prefix: str = "", rpc_server: str | None = None) -> Path:
-    """``root``/{upstream,nopeer,patched}/llama-bench (as bench's --variants-dir) with the fake llama-server and
+    """``root``/{upstream,nopeer,nopeer-virtual,patched}/llama-bench (as bench's --variants-dir) with the fake llama-server and
     llama-perplexity (upstream's print no patch lines), the fake microbenchmark and in-process bench in patched/;
     ``prefix`` is code run first by every llama-bench, ``rpc_server`` the name of a fake rpc-server to add to every
     variant."""
-    for v in ("upstream", "nopeer", "patched"):
+    for v in ("upstream", "nopeer", "nopeer-virtual", "patched"):
         write_fake_bin(root / v, unpatched=v != "patched")
         write_exe(root / v / "llama-bench", prefix + FAKE_BENCH.read_text())
         if rpc_server:

@@ -513,3 +513,32 @@ def test_in_process_measurement_needs_its_program_and_local_cases(env):
     args = _inproc_args(env)
     with pytest.raises(BenchError, match="no test-batched-transfers next to llama-bench"):
         bench.bench(args, env.settings)
+
+
+def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(env, monkeypatch):
+    """tensor-virt on 2 virtual devices: every case -sm tensor with its GGML_CUDA_ALLREDUCE, the test-only baseline's
+    folder, the all-reduce path each process took (upstream's internal, the butterfly, the bridge's all-reduce)."""
+    monkeypatch.setattr(bench, "n_gpus", lambda: 1)
+    rep = _run(env, "t", suite="tensor-virt", measure="bench", rounds=1, run_lengths=(1,), tg=0)
+    lines = env.order.read_text().splitlines()
+    assert len(lines) == 5 and all(" sm=tensor " in x for x in lines)
+    assert sum(x.startswith("nopeer-virtual ") for x in lines) == 2, "the baseline and its A/A twin"
+    assert {re.search(r" ar=(\S*)", x)[1] for x in lines} == {"internal", "none"}  # type: ignore[index]
+    runs = {r["case"]: r for r in rep["runs"]}
+    assert "internal on 2 devices" in runs["tensor-upstream-internal"]["engagement"]
+    assert "bridge on 2 devices" in runs["tensor-bridge-force"]["engagement"]
+    assert all(r["engaged"] is not False for r in rep["runs"])
+    monkeypatch.setenv("FAKE_NO_META", "1")  # no Meta device: the cases did not split by tensor
+    args = bench_args(
+        variants_dir=env.variants,
+        report=env.tmp / "u",
+        microbench=False,
+        model=env.model,
+        suite="tensor-virt",
+        measure="bench",
+        rounds=1,
+        run_lengths=(1,),
+        tg=0,
+    )
+    with pytest.raises(BenchError, match="tensor-upstream-internal did not engage"):
+        bench.bench(args, env.settings)
