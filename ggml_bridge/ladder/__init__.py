@@ -53,6 +53,12 @@ is then compared but reported as *inactive, as expected* and never counted as a 
 mechanism that mode uses). "either" accepts engaged or inactive and reports which; "idle" needs the mechanism enabled
 and reports its work without requiring any (batching in -sm tensor graphs).
 
+A rung with ``split_mode = "tensor"`` (docs/tensor.md) may name upstream's all-reduce (``allreduce = "internal"``,
+``"none"``, ..., GGML_CUDA_ALLREDUCE of every mode; the ``tensor-*`` modes name their own): every process must show
+the path its build picks (:func:`ggml_bridge.engagement.allreduce_verdict`), its shape must split over the rung's
+devices (:mod:`ggml_bridge.tensor_split`), and its modes must round alike (upstream's internal path on two devices
+rounds through BF16 unless GGML_CUDA_AR_BF16_THRESHOLD=0).
+
 Exit status: 0 all rungs pass; 1 any mismatch or validity failure; 2 setup errors only.
 """
 
