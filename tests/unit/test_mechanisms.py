@@ -10,6 +10,7 @@ import pytest
 
 from ggml_bridge import engagement, logparse, mechanisms, modes
 from ggml_bridge.commands import serve as serve_cmd
+from ggml_bridge.errors import UsageError
 from ggml_bridge.mechanisms import ALLREDUCE, ALLREDUCE_PATHS, BATCHED, BRIDGE, MECHANISMS
 
 
@@ -185,3 +186,15 @@ def test_the_meta_backends_abort_is_the_exit_reason() -> None:
     info = logparse.parse([line])
     assert info.tensor_abort is not None and info.tensor_abort.startswith("unsupported mul_mat split states")
     assert re.search(r"-sm tensor cannot split this model: unsupported mul_mat", logparse.exit_reason(info, -6))
+
+
+def test_serves_environment_check_takes_every_value_of_the_record() -> None:
+    """The selector variables serve checks in its environment (modes.check_selector_env) take exactly the record's
+    values (and, for the bridge, GPU pairs after 1 or auto)."""
+    for value in BRIDGE.words.values():
+        modes.check_selector_env({BRIDGE.selector: value}, modes.Selectors())
+    for value in BATCHED.words.values():
+        modes.check_selector_env({BATCHED.selector: value}, modes.Selectors())
+    modes.check_selector_env({BRIDGE.selector: "auto:0-1"}, modes.Selectors())
+    with pytest.raises(UsageError):
+        modes.check_selector_env({BRIDGE.selector: "sometimes"}, modes.Selectors())
