@@ -411,6 +411,7 @@ FORCED_ON_VIRTUAL: dict[str, str] = {
     "bridge": "bridge-force",
     "bridge-batched": "bridge-force-batched",
     "rpc-bridge": "rpc-bridge-force",
+    "tensor-bridge": "tensor-bridge-force",
 }
 
 

@@ -59,6 +59,14 @@ def test_the_bench_splits_as_the_case_says_and_proves_the_all_reduce() -> None:
     assert bench_proof.engagement(modes.MODES["upstream"], "") == (None, "")
 
 
+def test_a_tensor_bridge_case_on_virtual_devices_is_measured_forced() -> None:
+    """auto leaves virtual devices of one GPU to upstream's copies (and the butterfly): the bench measures the case
+    forced there, as it does the layer split's bridge cases."""
+    forced = modes.MODES[modes.FORCED_ON_VIRTUAL["tensor-bridge"]]
+    auto = modes.MODES["tensor-bridge"]
+    assert forced.bridge == "force" and (forced.split, forced.allreduce) == (auto.split, auto.allreduce)
+
+
 def test_the_no_peer_baseline_is_test_only_and_said_so() -> None:
     v = modes.VARIANTS[modes.UPSTREAM_NOPEER_VIRTUAL]
     assert v.cmake == {"GGML_CUDA_NO_PEER_COPY": "ON"} and v.cuda_only and not v.patched
