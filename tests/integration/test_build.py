@@ -138,3 +138,20 @@ def test_the_in_process_bench_fails_where_batching_cannot_engage(real_build, rea
     assert res.returncode == 2 and "--control: only with --bench" in res.stderr, res.stderr
     res = subprocess.run([str(prog), "--rounds", "2"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--rounds: only with --model" in res.stderr, res.stderr
+
+
+@pytest.mark.slow
+def test_the_test_only_baseline_applies_to_the_pinned_tree(real_settings: config.Settings, real_tree) -> None:  # type: ignore[no-untyped-def]
+    """patches/baseline/nopeer-virtual (the upstream-nopeer-virtual variant, never the series) applies to the pinned
+    tree with git am -3, as the build applies it, and changes ggml-cuda.cu only."""
+    from ggml_bridge import modes
+    from ggml_bridge import patch as patchmod
+
+    v = modes.VARIANTS[modes.UPSTREAM_NOPEER_VIRTUAL]
+    assert v.test_patches is not None
+    series = patchmod.read_series(real_settings.patches_dir / v.test_patches)
+    report = patchmod.check_series(real_settings, real_tree, series)
+    assert report.ok, report.render()
+    text = series.patches[0].path.read_text()
+    assert re.findall(r"^diff --git a/(\S+)", text, re.M) == ["ggml/src/ggml-cuda/ggml-cuda.cu"]
+    assert "GGML_CUDA_NO_PEER_COPY" in text and "test-only" in text.lower()
