@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from . import files
 from .errors import CacheError, os_reason
+from .layout import Layout
 from .runner import log
 
 #: The record of an upstream tree entry, ``<cache>/trees/<key>/tree.json`` (beside ``src/``).
@@ -68,14 +69,14 @@ def dir_digest(root: Path, files: Iterable[Path], *, kinds: bool = False) -> str
     return h.hexdigest()
 
 
-def ensure_writable(cache_dir: Path) -> Path:
+def ensure_writable(layout: Layout) -> Path:
     """Create ``<cache>/tmp`` and prove it is writable; raise CacheError otherwise. Returns the tmp dir."""
-    tmp = cache_dir / "tmp"
+    tmp = layout.tmp
     try:
         _write_probe(tmp)
     except OSError as e:
         raise CacheError(
-            f"cache directory {cache_dir} is not writable",
+            f"cache directory {layout.root} is not writable",
             why=os_reason(e),
             fix="fix its permissions, or point GGML_BRIDGE_CACHE_DIR (or --cache-dir) at a writable directory",
         ) from None
@@ -92,12 +93,12 @@ def _write_probe(folder: Path) -> None:
 
 
 @contextmanager
-def staging(cache_dir: Path, prefix: str) -> Iterator[Path]:
+def staging(layout: Layout, prefix: str) -> Iterator[Path]:
     """A fresh directory under ``<cache>/tmp`` for assembling an entry; whatever of it is left when the block ends
     (an exception, an interrupt, or a stage that was not published) is deleted."""
     import fcntl
 
-    fd, lock_name = tempfile.mkstemp(dir=ensure_writable(cache_dir), prefix=prefix + "-", suffix=LOCK_SUFFIX)
+    fd, lock_name = tempfile.mkstemp(dir=ensure_writable(layout), prefix=prefix + "-", suffix=LOCK_SUFFIX)
     lock = Path(lock_name)
     stage = lock.with_name(lock.name.removesuffix(LOCK_SUFFIX))
     try:
@@ -160,10 +161,10 @@ def read_tree_record(entry: Path) -> dict[str, Any] | None:
     return data
 
 
-def remove_entry(entry: Path, cache_dir: Path) -> None:
+def remove_entry(entry: Path, layout: Layout) -> None:
     """Remove a damaged cache entry: renamed into ``<cache>/tmp`` first (so no reader sees half of it), then
     deleted."""
-    aside = Path(tempfile.mkdtemp(dir=ensure_writable(cache_dir), prefix="damaged-"))
+    aside = Path(tempfile.mkdtemp(dir=ensure_writable(layout), prefix="damaged-"))
     try:
         os.rename(entry, aside / entry.name)
     except FileNotFoundError:  # another run got there first

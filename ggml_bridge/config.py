@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from . import modes, tomlfile
 from . import pin as pinmod
 from .errors import UsageError
+from .layout import Layout
 
 #: The programs a build makes when the tree defines them, in this order (llama-server is required); ``build.targets``
 #: may narrow them. The build stage's own list (:data:`ggml_bridge.builder.WANTED_TARGETS`) is this one.
@@ -140,6 +141,11 @@ class Settings:
 
     config_file: Path | None = None
     """The config file that was read, if any."""
+
+    @property
+    def layout(self) -> Layout:
+        """The paths under :attr:`cache_dir` (the one owner of the cache layout)."""
+        return Layout(self.cache_dir)
 
     @property
     def pin_file(self) -> Path:

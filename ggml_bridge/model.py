@@ -10,7 +10,7 @@ seeded by (seed, tensor name, chunk index), on a thread pool, and written in ord
 model never sits in memory (measured: ~45M params/s on one thread, ~75M/s on two, including the write).
 
 :func:`write_model` writes one file; :func:`ensure_model` caches by (shape, seed, vocab sha256) under
-``<cache_dir>/models`` (temp file + rename, so a killed run leaves no half file behind).
+the cache's ``models/`` folder (temp file + rename, so a killed run leaves no half file behind).
 """
 
 from __future__ import annotations
@@ -349,18 +349,19 @@ def cache_key(shape: Shape, seed: int, vocab_sha256: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def cached_path(cache_dir: Path, shape: Shape | str, seed: int, vocab_path: Path | str) -> Path:
+def cached_path(models_dir: Path, shape: Shape | str, seed: int, vocab_path: Path | str) -> Path:
+    """The file of the model for (shape, seed, vocab) in ``models_dir`` (the cache's ``Layout.models``)."""
     shape = get_shape(shape)
     vocab = load_vocab(vocab_path)
-    return Path(cache_dir) / "models" / f"{shape.name}-s{seed}-{cache_key(shape, seed, vocab.sha256)}.gguf"
+    return Path(models_dir) / f"{shape.name}-s{seed}-{cache_key(shape, seed, vocab.sha256)}.gguf"
 
 
 def ensure_model(
-    cache_dir: Path | str, shape: Shape | str, seed: int, vocab_path: Path | str, *, threads: int | None = None
+    models_dir: Path | str, shape: Shape | str, seed: int, vocab_path: Path | str, *, threads: int | None = None
 ) -> Path:
     """The cached model for (shape, seed, vocab), written first if missing."""
     shape = get_shape(shape)
-    final = cached_path(Path(cache_dir), shape, seed, vocab_path)
+    final = cached_path(Path(models_dir), shape, seed, vocab_path)
     if final.is_file():
         return final
     try:

@@ -187,7 +187,7 @@ def apply_series(
     series = series if series is not None else read_series(settings.patches_dir)
     _require_patches(series, settings.patches_dir)
     key = work_key(tree, series)
-    final = settings.cache_dir / "work" / key
+    final = settings.layout.work_tree(key)
     existing = _load_existing(final, tree, series)
     if existing is not None:
         log(f"patch series {series.hash[:12]} ({len(series.patches)} patch(es)) already applied: {existing.path}")
@@ -195,7 +195,7 @@ def apply_series(
     if final.exists():
         _clear_work_tree(final, series, discard_changes)
     with step(f"apply {len(series.patches)} patch(es) (series {series.hash[:12]}) onto {tree.commit_or_id[:12]}"):
-        with cache.staging(settings.cache_dir, "work") as stage:
+        with cache.staging(settings.layout, "work") as stage:
             report, head = _apply_into(stage / "src", tree, series)
             if not report.ok:
                 raise _failure(report)

@@ -206,7 +206,7 @@ def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
         )
     if limit is not None and limit < 1:
         raise UsageError(f"--radar-limit {limit} must be at least 1")
-    cache.ensure_writable(settings.cache_dir)  # CacheError (13): not every build "could not be checked" (52)
+    cache.ensure_writable(settings.layout)  # CacheError (13): not every build "could not be checked" (52)
     rep = RadarReport(
         date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         pin=pin.ident,
@@ -236,7 +236,7 @@ def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
             continue
         finally:
             if key is not None and not had_tree:
-                shutil.rmtree(settings.cache_dir / "trees" / key, ignore_errors=True)
+                shutil.rmtree(settings.layout.tree(key), ignore_errors=True)
         check.checked = True
         check.state = "conflict" if not r.ok else "applies"
         for res in r.results:

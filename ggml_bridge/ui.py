@@ -96,7 +96,7 @@ def ensure(settings: Settings, tree_src: Path) -> UiAssets:
             fix=f"use a llama.cpp tree with tools/ui, or build without the UI ({OPT_OUT})",
         )
     key = source_key(tree_src)
-    entry = settings.cache_dir / "ui" / key[:16]
+    entry = settings.layout.ui_entry(key)
     cached = _load(entry, key)
     if cached is not None:
         log(f"web UI {key[:16]} is up to date: {cached.dist}")
@@ -110,7 +110,7 @@ def ensure(settings: Settings, tree_src: Path) -> UiAssets:
             f"without the UI: {OPT_OUT}",
         )
     _check_node()
-    cache.ensure_writable(settings.cache_dir)
+    cache.ensure_writable(settings.layout)
     entry.parent.mkdir(parents=True, exist_ok=True)
 
     with cache.entry_lock(entry.with_name(entry.name + ".lock")):
@@ -131,7 +131,7 @@ def placed(settings: Settings, tree_src: Path, ui: UiAssets) -> Iterator[None]:
     target = tree_src / UI_DIR / "dist"
     with cache.entry_lock(tree_src.parent / "ui-dist.lock"):
         if target.exists() or target.is_symlink():
-            if not _inside(target, settings.cache_dir):
+            if not _inside(target, settings.layout.root):
                 raise UsageError(
                     f"the source tree already has {target}",
                     why="upstream's CMake embeds whatever tools/ui/dist holds; it is not ours to replace",

@@ -259,7 +259,7 @@ def build_wheel(
     # (an interrupt included); a SIGKILLed run's is removed by the next run's cache clean-up
     with (
         step(f"pip wheel {sdist.name} (scikit-build-core, CMAKE_ARGS={env['CMAKE_ARGS'] or '(none)'})"),
-        cache.staging(settings.cache_dir, "pip-tmp") as pip_tmp,
+        cache.staging(settings.layout, "pip-tmp") as pip_tmp,
     ):
         res = run(
             argv,

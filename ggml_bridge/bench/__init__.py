@@ -310,8 +310,7 @@ def _models(
     tokens (None with --model and no --vocab)."""
     from .. import model as modelmod
 
-    cache_dir = Path(settings.cache_dir)
-    vocab = args.vocab or modelmod.find_vocab(cache_dir, *[d.parent.parent for d in bins.values()])
+    vocab = args.vocab or modelmod.find_vocab(settings.layout.root, *[d.parent.parent for d in bins.values()])
     tokens = list(modelmod.load_vocab(vocab).tokens) if vocab is not None else None
     if args.model is not None:
         return {shapes[0]: args.model}, tokens
@@ -323,7 +322,7 @@ def _models(
     models = {}
     for shape in shapes:
         with step(f"model {shape}"):
-            models[shape] = modelmod.ensure_model(cache_dir, shape, 1234, vocab)
+            models[shape] = modelmod.ensure_model(settings.layout.models, shape, 1234, vocab)
     return models, tokens
 
 
@@ -357,7 +356,7 @@ def _bench(args: BenchOptions, settings: Settings) -> int:
         base_env[modes.CUDA_DEVICES] = str(virtual_devices)
     models, tokens = _models(args, settings, sel.shapes, bins)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = args.report or Path(settings.cache_dir) / "reports" / f"bench-{suite_name}-{stamp}"
+    out_dir = args.report or settings.layout.report(f"bench-{suite_name}-{stamp}")
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     setup = Setup(
         {c.name: c for c in runnable},

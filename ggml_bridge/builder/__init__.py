@@ -126,7 +126,7 @@ def build(settings: Settings, p: plan.BuildPlan, *, record_latest: bool = True) 
     pointer = latest_path(settings, p.variant.name, p.backend) if record_latest else None
     done = completed(build_dir, p.key)
     if done is None:
-        cache.ensure_writable(settings.cache_dir)
+        cache.ensure_writable(settings.layout)
         with cache.entry_lock(build_dir.with_name(build_dir.name + ".lock")):
             done = completed(build_dir, p.key)  # another process may have finished it while we waited
             if done is None:

@@ -141,7 +141,7 @@ class BuildPlan:
         return self.sources.ui
 
     def build_dir(self, settings: Settings) -> Path:
-        return settings.cache_dir / "builds" / f"{self.variant.name}-{self.backend}-{self.key[:16]}"
+        return settings.layout.build(self.variant.name, self.backend, self.key)
 
 
 def single(settings: Settings, target: Target, variant: modes.Variant, srcs: Sources) -> BuildPlan:

@@ -87,10 +87,10 @@ def ensure_shared(
     )
     plans = plan.shared(settings, target, srcs)
     key = plans[0].key
-    root = settings.cache_dir / "builds" / f"shared-{target.backend}-{key[:16]}"
+    root = settings.layout.build("shared", target.backend, key)
     results = _shared_completed(root, plans)
     if results is None:
-        cache.ensure_writable(settings.cache_dir)
+        cache.ensure_writable(settings.layout)
         with cache.entry_lock(root.with_name(root.name + ".lock")):
             results = _shared_completed(root, plans) or _shared_build(settings, plans, root)
     for r in results:

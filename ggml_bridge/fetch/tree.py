@@ -49,7 +49,7 @@ class _NotFound(_Failed):
 
 def find_cached(settings: Settings, key: str) -> Tree | None:
     """The cached tree with this key, if complete."""
-    data = cache.read_tree_record(settings.cache_dir / "trees" / key)
+    data = cache.read_tree_record(settings.layout.tree(key))
     if data is None:
         return None
     fields = Tree.__dataclass_fields__
@@ -63,10 +63,10 @@ def publish_tree(settings: Settings, stage: Path, tree: Tree) -> Tree:
     """Record ``tree`` in ``stage/tree.json`` and rename the stage (holding ``src/``) into ``<cache>/trees/<key>``;
     the tree as cached (another run's, when it got there first)."""
     cache.write_tree_record(stage, asdict(tree))
-    final = settings.cache_dir / "trees" / tree.key
+    final = settings.layout.tree(tree.key)
     if final.exists() and cache.read_tree_record(final) is None:  # a damaged entry would never be replaced
         log(f"    the cached tree {final} is damaged ({cache.TREE_RECORD} unreadable or src/ missing): replacing it")
-        cache.remove_entry(final, settings.cache_dir)
+        cache.remove_entry(final, settings.layout)
     cache.publish_dir(stage, final)
     return find_cached(settings, tree.key) or tree
 
@@ -98,7 +98,7 @@ def _finish(
         shutil.rmtree(gitlink)
     _verify_tree(src, pin, failed, what=origin)
     tree = Tree(
-        path=settings.cache_dir / "trees" / key / "src",
+        path=settings.layout.tree_src(key),
         commit_or_id=commit or key,
         origin=origin,
         key=key,

@@ -103,8 +103,7 @@ def find_vocab(vocab: Path | None, settings: Settings, bins: Binaries) -> Path:
         roots += list(d.resolve().parents)[:5]
     found = model.find_vocab(*roots)
     if found is None:
-        cache = getattr(settings, "cache_dir", None)
-        found = model.find_vocab(cache) if cache else None
+        found = model.find_vocab(settings.layout.root)
     if found is None:
         raise LadderSetupError(
             f"cannot find the upstream vocabulary models/{model.VOCAB_FILE}",

@@ -277,7 +277,7 @@ def run_rung(
     ladder: Ladder,
     bins: Binaries,
     vocab: Path,
-    cache_dir: Path,
+    models_dir: Path,
     report_dir: Path,
     threads: int,
     startup_timeout: float,
@@ -304,7 +304,7 @@ def run_rung(
     }
     out = report_dir / rung.name
     try:
-        mpath, text, prompts = _prepare(rung, ladder, vocab, cache_dir, out, rep)
+        mpath, text, prompts = _prepare(rung, ladder, vocab, models_dir, out, rep)
     except FatalError as e:
         rep.update(status="error", error=str(e), wall_s=time.monotonic() - t0)
         return rep
@@ -330,13 +330,13 @@ def run_rung(
 
 
 def _prepare(
-    rung: Rung, ladder: Ladder, vocab: Path, cache_dir: Path, out: Path, rep: dict[str, Any]
+    rung: Rung, ladder: Ladder, vocab: Path, models_dir: Path, out: Path, rep: dict[str, Any]
 ) -> tuple[Path, Path, list[str]]:
     """The rung's model (cached), its perplexity text and its prompts; what they are goes into ``rep``."""
     vt = model.load_vocab(vocab)
     rep["n_params"] = rung.shape.n_params(len(vt.tokens))
     rep["boundary_mib_f32"] = rung.shape.n_embd * rung.ubatch * 4 / (1 << 20)
-    mpath = model.ensure_model(cache_dir, rung.shape, rung.seed, vocab)
+    mpath = model.ensure_model(models_dir, rung.shape, rung.seed, vocab)
     rep["model"] = str(mpath)
     out.mkdir(parents=True, exist_ok=True)
     text = out / "text.txt"
@@ -441,9 +441,8 @@ def run(args: LadderOptions, settings: Settings) -> int:
         )
     vocab = find_vocab(args.vocab, settings, bins)
     model.load_vocab(vocab)  # an unreadable vocabulary is a model error (71) now, not a failed rung later
-    cache_dir = Path(settings.cache_dir)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    report_dir = given_report or cache_dir / "reports" / f"{ladder.name}-{stamp}"
+    report_dir = given_report or settings.layout.report(f"{ladder.name}-{stamp}")
     try:
         report_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -460,9 +459,9 @@ def run(args: LadderOptions, settings: Settings) -> int:
         "rungs": [],
     }
     log(f"==> ladder {ladder.name}: {len(rungs)} rung(s) from {ladder.path}; report in {report_dir}")
-    t0 = time.monotonic()
+    t0, models = time.monotonic(), settings.layout.models
     for i, rung in enumerate(rungs, 1):
-        r = run_rung(rung, ladder, bins, vocab, cache_dir, report_dir, threads, args.startup_timeout, args.keep_logits)
+        r = run_rung(rung, ladder, bins, vocab, models, report_dir, threads, args.startup_timeout, args.keep_logits)
         rep["rungs"].append(r)
         log(progress_line(i, len(rungs), r))
         write_reports(rep, report_dir, time.monotonic() - t0)  # partial report after every rung

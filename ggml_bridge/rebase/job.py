@@ -139,7 +139,7 @@ def _rebase(
         return report
 
     # the stage is removed when the block ends unless _handoff moved it to the cache (a stopped rebase)
-    with cache.staging(settings.cache_dir, "rebase") as stage:
+    with cache.staging(settings.layout, "rebase") as stage:
         wt = stage / "src"
         with step(f"rebase {len(series.patches)} patch(es) onto {tree.commit_or_id[:12]} ({onto})"):
             base = patchmod.init_upstream_repo(wt, tree)

@@ -81,7 +81,7 @@ def _seed_pinned_tree(settings: Settings, tree: fetchmod.Tree, commit: str) -> b
         return True
     if tree.commit != commit and tree.key != commit:
         return False
-    with cache.staging(settings.cache_dir, commit[:12]) as stage:
+    with cache.staging(settings.layout, commit[:12]) as stage:
         try:
             shutil.copytree(tree.path, stage / "src", symlinks=True, copy_function=os.link)
         except OSError:
@@ -90,7 +90,7 @@ def _seed_pinned_tree(settings: Settings, tree: fetchmod.Tree, commit: str) -> b
         fetchmod.publish_tree(
             settings,
             stage,
-            dataclasses.replace(tree, key=commit, pinned=True, path=settings.cache_dir / "trees" / commit / "src"),
+            dataclasses.replace(tree, key=commit, pinned=True, path=settings.layout.tree_src(commit)),
         )
     return fetchmod.find_cached(settings, commit) is not None
 

@@ -52,18 +52,18 @@ def key(settings: Settings) -> str:
 
 
 def state_path(settings: Settings) -> Path:
-    return settings.cache_dir / "rebase" / f"state-{key(settings)}.json"
+    return settings.layout.rebase_state(key(settings))
 
 
 def handoff_dir(settings: Settings) -> Path:
     """Where this project's stopped work tree lives (``<dir>/src``)."""
-    return settings.cache_dir / "rebase" / key(settings)
+    return settings.layout.rebase_handoff(key(settings))
 
 
 @contextlib.contextmanager
 def locked(settings: Settings) -> Iterator[None]:
     """Held while a rebase of this project writes its state or work tree; a second such run is refused at once."""
-    lock = settings.cache_dir / "rebase" / f"{key(settings)}.lock"
+    lock = settings.layout.rebase_lock(key(settings))
 
     def busy() -> RebaseInProgress:
         return RebaseInProgress(

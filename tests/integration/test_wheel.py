@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ggml_bridge import cache, config, llama_server, wheel, wheel_plan
+from ggml_bridge.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -173,7 +174,7 @@ def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(
         r"\(build \d+, commit (b\d+|[0-9a-f]{9})\+bridge-[0-9a-f]{8}\)", version.stdout + version.stderr
     ), version
 
-    gguf = model.ensure_model(tmp_path / "models", "tiny", 1, Path(real_tree.path) / "models" / model.VOCAB_FILE)
+    gguf = model.ensure_model(Layout(tmp_path).models, "tiny", 1, Path(real_tree.path) / "models" / model.VOCAB_FILE)
 
     def greedy(label: str) -> tuple[str, str]:
         port = llama_server.free_port()

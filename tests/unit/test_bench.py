@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import bench
+from ggml_bridge import bench, config
 from ggml_bridge.errors import BenchError, UsageError
 
 from helpers import FAKE_SMI, write_exe, write_fake_variants
@@ -31,7 +31,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "gpu_env", lambda: {})
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    return SimpleNamespace(order=order, model=model, settings=SimpleNamespace(cache_dir=tmp_path / "cache"))
+    return SimpleNamespace(order=order, model=model, settings=config.Settings(cache_dir=tmp_path / "cache"))
 
 
 @pytest.mark.plots

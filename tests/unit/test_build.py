@@ -41,7 +41,7 @@ def test_patched_build_end_to_end(settings: config.Settings, upstream: FakeUpstr
     assert builder.find_binary(settings, "llama-server", variant="patched", backend="cpu") == res.server
     assert builder.find_binary(settings, "llama-bench") == res.binaries["llama-bench"]
     # the patched sources are the work tree, in the cache
-    assert Path(m["source_dir"]).parent.parent == settings.cache_dir / "work"
+    assert Path(m["source_dir"]).parent.parent == settings.layout.work
 
 
 def test_unchanged_rebuild_configures_and_compiles_nothing(
@@ -535,7 +535,7 @@ def test_vulkan_build_fails_before_fetching_without_the_pieces(
         with pytest.raises(ToolchainError, match="headers, loader, glslc, SPIRV-Headers are missing") as e:
             attempt()
         assert e.value.exit_code == 30
-    assert not (settings.cache_dir / "trees").exists(), "fetched before checking the toolchain"
+    assert not settings.layout.trees.exists(), "fetched before checking the toolchain"
 
 
 def test_vulkan_cmake_options_and_build_key(settings: config.Settings, tmp_path: Path) -> None:

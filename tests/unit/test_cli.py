@@ -28,7 +28,7 @@ def test_fetch_prints_the_tree_path(
 ) -> None:
     assert cli.main([*cli_env, "fetch"]) == 0
     out = capsys.readouterr()
-    assert out.out.strip() == str(settings.cache_dir / "trees" / upstream.commit / "src")
+    assert out.out.strip() == str(settings.layout.tree_src(upstream.commit))
     assert "==>" in out.err
 
 
@@ -247,7 +247,8 @@ def test_up_to_date_build_on_a_read_only_cache(
     # its write fail with an OSError just as a read-only file system does.
     import os
 
-    (settings.cache_dir / f"latest-patched-cpu.json.{os.getpid()}.tmp").mkdir()
+    latest = settings.layout.latest("patched", "cpu")
+    latest.with_name(f"{latest.name}.{os.getpid()}.tmp").mkdir()
     assert cli.main([*cli_env, "build"]) == errors.CacheError.exit_code
     err = capsys.readouterr().err
     assert "up to date" in err and "cache error: cannot write" in err and "latest-patched-cpu.json" in err

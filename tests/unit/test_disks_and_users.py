@@ -17,6 +17,7 @@ from typing import Iterator
 import pytest
 
 from ggml_bridge import cli, config, llama_server
+from ggml_bridge.layout import Layout
 
 from helpers import (
     OTHER_UID,
@@ -62,32 +63,32 @@ def _one_error_line(err: str) -> None:
 def test_fetch_onto_a_full_disk_is_exit_13_and_leaves_nothing(
     cli_env: config.Settings, disk: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    cache = disk / "cache"
-    (cache / "tmp").mkdir(parents=True)
+    cache = Layout(disk / "cache")
+    cache.tmp.mkdir(parents=True)
     fill(disk)
     monkeypatch.setenv("GGML_BRIDGE_SOURCES", "pypi-sdist")
-    rc = cli.main(["fetch", "--cache-dir", str(cache)])
+    rc = cli.main(["fetch", "--cache-dir", str(cache.root)])
     err = capfd.readouterr().err
     assert rc == 13 and "the disk is full" in err, err
     _one_error_line(err)
-    assert not list(cache.rglob("*.part")) and not (cache / "trees").exists()
-    assert [p.name for p in (cache / "tmp").iterdir()] == []
+    assert not list(cache.root.rglob("*.part")) and not cache.trees.exists()
+    assert [p.name for p in cache.tmp.iterdir()] == []
 
 
 def test_patch_onto_a_full_disk_is_exit_13_and_keeps_the_tree(
     cli_env: config.Settings, disk: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    cache = disk / "cache"
-    assert cli.main(["fetch", "--cache-dir", str(cache)]) == 0
-    tree_files = sorted(p.relative_to(cache) for p in (cache / "trees").rglob("*"))
+    cache = Layout(disk / "cache")
+    assert cli.main(["fetch", "--cache-dir", str(cache.root)]) == 0
+    tree_files = sorted(p.relative_to(cache.root) for p in cache.trees.rglob("*"))
     capfd.readouterr()
     fill(disk)
-    rc = cli.main(["patch", "--cache-dir", str(cache)])
+    rc = cli.main(["patch", "--cache-dir", str(cache.root)])
     err = capfd.readouterr().err
     assert rc == 13 and "the disk is full" in err, err
     _one_error_line(err)
-    assert not (cache / "work").exists() or not any((cache / "work").iterdir())
-    assert sorted(p.relative_to(cache) for p in (cache / "trees").rglob("*")) == tree_files
+    assert not cache.work.exists() or not any(cache.work.iterdir())
+    assert sorted(p.relative_to(cache.root) for p in cache.trees.rglob("*")) == tree_files
 
 
 def test_a_read_only_cache_offline_is_exit_13(

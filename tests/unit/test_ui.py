@@ -32,7 +32,7 @@ def fake_dist(path: Path, text: str = "<html>ui</html>") -> Path:
 def seed_cache(settings: config.Settings, tree: Path, text: str = "<html>ui</html>") -> str:
     """A cache entry as ui._build leaves it."""
     key = ui.source_key(tree)
-    entry = settings.cache_dir / "ui" / key[:16]
+    entry = settings.layout.ui_entry(key)
     dist = fake_dist(entry / "dist", text)
     sha, n = ui.dist_sha256(dist)
     (entry / ui.DONE).write_text(json.dumps({"key": key, "sha256": sha, "files": n, "source": "test"}))
@@ -75,7 +75,7 @@ def test_cached_ui_needs_no_npm(settings: config.Settings, tmp_path: Path, monke
 def test_tampered_cache_is_not_used(settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree = make_ui_tree(tmp_path)
     seed_cache(settings, tree)
-    entry = settings.cache_dir / "ui" / ui.source_key(tree)[:16]
+    entry = settings.layout.ui_entry(ui.source_key(tree))
     (entry / "dist" / "index.html").write_text("<html>changed</html>")
     monkeypatch.setattr(ui.shutil, "which", lambda name: None)
     with pytest.raises(ToolchainError):
@@ -121,7 +121,7 @@ def test_placed_puts_the_ui_where_upstream_embeds_it_then_removes_it(
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     settings = make_settings(cache_dir=str(tmp_path / "cache"))
-    tree = make_ui_tree(settings.cache_dir / "work" / "x")
+    tree = make_ui_tree(settings.layout.work_tree("x"))
     sha = seed_cache(settings, tree)
     got = ui.ensure(settings, tree)
     target = tree / "tools" / "ui" / "dist"
@@ -205,4 +205,4 @@ def test_an_interrupted_npm_leaves_no_work_folder(
     monkeypatch.setattr(ui, "run", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ui.ensure(settings, tree)
-    assert not list((settings.cache_dir / "ui").glob("*.work"))
+    assert not list(settings.layout.ui.glob("*.work"))
