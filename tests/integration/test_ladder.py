@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import ladder, model
+from ggml_bridge import config, ladder, model
 
 from helpers import ladder_options, real_bin_dir, real_vocab, write_ladder
 
@@ -54,7 +53,7 @@ n_predict = 4
             "2",
         ]
     )
-    rc = ladder.run(a, SimpleNamespace(cache_dir=tmp_path / "cache"))
+    rc = ladder.run(a, config.Settings(cache_dir=tmp_path / "cache"))
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     r = rep["rungs"][0]
     assert rc == 0, r["problems"]
@@ -88,7 +87,7 @@ def test_real_cpu_ladder_upstream_vs_patched(real_build, real_tree, tmp_path):  
             str(upstream.bin_dir),
         ]
     )
-    rc = ladder.run(a, SimpleNamespace(cache_dir=tmp_path / "cache"))
+    rc = ladder.run(a, config.Settings(cache_dir=tmp_path / "cache"))
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert rep["binaries"]["same_build"] is False
     bad = {r["name"]: r["problems"] for r in rep["rungs"] if r["status"] != "pass"}
@@ -147,7 +146,7 @@ def test_real_cuda_rungs(tmp_path, rung_name):
             ud,
         ]
     )
-    rc = ladder.run(a, SimpleNamespace(cache_dir=tmp_path / "cache"))
+    rc = ladder.run(a, config.Settings(cache_dir=tmp_path / "cache"))
     r = json.loads((tmp_path / "rep" / "report.json").read_text())["rungs"][0]
     assert rc == 0, r["problems"]
     force = r["modes"]["bridge-force"]["validity"]["bridge"]

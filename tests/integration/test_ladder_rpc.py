@@ -11,11 +11,10 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import ladder, llama_server, logparse, model, rpc
+from ggml_bridge import config, ladder, llama_server, logparse, model, rpc
 
 from helpers import ladder_options, real_bin_dir, real_vocab
 
@@ -90,7 +89,7 @@ def test_real_rpc_cpu_ladder_is_byte_identical(tmp_path):
             "2",
         ]
     )
-    rc = ladder.run(a, SimpleNamespace(cache_dir=Path(os.environ.get("GGML_BRIDGE_TEST_CACHE_DIR") or tmp_path)))
+    rc = ladder.run(a, config.Settings(cache_dir=Path(os.environ.get("GGML_BRIDGE_TEST_CACHE_DIR") or tmp_path)))
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     bad = {r["name"]: r["problems"] for r in rep["rungs"] if r["status"] != "pass"}
     assert rc == 0 and not bad, bad
@@ -114,10 +113,10 @@ def test_real_rpc_cpu_ladder_is_byte_identical(tmp_path):
 def _serve_proc(args, env_extra=None):
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
     code = (
-        "import sys; from types import SimpleNamespace; import argparse; from ggml_bridge import serve\n"
+        "import sys; from ggml_bridge import config, serve\n"
         "from ggml_bridge.errors import FatalError\n"
         "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
-        "try:\n    sys.exit(serve.run(a, SimpleNamespace(cache_dir=None)))\n"
+        "try:\n    sys.exit(serve.run(a, config.Settings()))\n"
         "except FatalError as e:\n    print(e, file=sys.stderr); sys.exit(e.exit_code)\n"
     )
     return subprocess.Popen(

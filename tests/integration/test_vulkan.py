@@ -14,11 +14,10 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import ladder, llama_server, model, net
+from ggml_bridge import config, ladder, llama_server, model, net
 from ggml_bridge.bench import inproc
 from ggml_bridge.errors import ServeError
 
@@ -135,7 +134,7 @@ def test_vulkan_ladder_on_lavapipe(real_vulkan_build, real_tree, tmp_path: Path)
             "2",
         ]
     )
-    rc = ladder.run(a, SimpleNamespace(cache_dir=tmp_path / "cache"))
+    rc = ladder.run(a, config.Settings(cache_dir=tmp_path / "cache"))
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     bad = {r["name"]: r["problems"] for r in rep["rungs"] if r["status"] != "pass"}
     assert rc == 0 and not bad, bad

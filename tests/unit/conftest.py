@@ -1,20 +1,22 @@
 """Fixtures of the unit tests shared by several modules: the synthetic upstream of the rebase and radar tests
-(``up``), a project checkout pinned to it (``proj``) and its settings (``st``); bench's plots only where asked
-for (``plots`` marker)."""
+(``up``), a project checkout pinned to it (``proj``) and its settings (``st``); ``cli.main`` on the fake project
+(``cli_env``); bench on fake variants whose programs record their command lines (``bench_env``); bench's plots only
+where asked for (``plots`` marker)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from ggml_bridge import config
+from ggml_bridge import config, rpc
 
 from fixtures import fakellama
-from helpers import RebaseUpstream, make_rebase_upstream, rebase_pin_text
+from helpers import RebaseUpstream, make_rebase_upstream, rebase_pin_text, write_fake_variants
 
 
 @pytest.fixture(autouse=True)
@@ -63,4 +65,51 @@ def st(tmp_path: Path, proj: Path, monkeypatch: pytest.MonkeyPatch) -> config.Se
         },
         env={},
         cwd=tmp_path,
+    )
+
+
+@pytest.fixture
+def cli_env(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
+    """``cli.main`` on the fake project and its PyPI (as ``settings``), on the CPU backend."""
+    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(settings.project_dir))
+    monkeypatch.setenv("GGML_BRIDGE_PYPI_URL", settings.fetch.pypi_url)
+    monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
+    return settings
+
+
+@dataclass(frozen=True)
+class BenchEnv:
+    variants: Path
+    """patched/ and upstream/ fake builds; each program appends its folder, CUDA_VISIBLE_DEVICES and argv to
+    ``tmp/rpc-order.txt``."""
+    model: Path
+    tmp: Path
+    settings: config.Settings
+
+
+#: The line each fake program of ``bench_env`` starts with: it records who ran, on which GPUs, with what.
+_RECORD = (
+    'import os, sys\nopen(os.environ["FAKE_RPC_ORDER"], "a").write('
+    '"%s cvd=%r %s\\n" % (os.path.basename(os.path.dirname(os.path.abspath(__file__))), '
+    'os.environ.get("CUDA_VISIBLE_DEVICES"), " ".join(sys.argv[1:])))\n'
+)
+
+
+@pytest.fixture
+def bench_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BenchEnv:
+    """bench on a rig of two (fake) GPUs with fake llama-bench, llama-server and rpc-server builds."""
+    from ggml_bridge import bench
+
+    for var in [v for v in os.environ if v.startswith("FAKE_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("FAKE_ORDER", str(tmp_path / "order.txt"))
+    monkeypatch.setenv("FAKE_RPC_ORDER", str(tmp_path / "rpc-order.txt"))
+    monkeypatch.setattr(bench, "n_gpus", lambda: 2)
+    monkeypatch.setattr(bench, "gpu_env", lambda: {})
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    return BenchEnv(
+        variants=write_fake_variants(tmp_path / "variants", prefix=_RECORD, rpc_server=rpc.RPC_SERVER),
+        model=tmp_path / "m.gguf",
+        tmp=tmp_path,
+        settings=config.Settings(cache_dir=tmp_path / "cache"),
     )

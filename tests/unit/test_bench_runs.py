@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import bench, modes
+from ggml_bridge import bench, config, modes
 from ggml_bridge import model as modelmod
 from ggml_bridge.bench import stats
 from ggml_bridge.bench.running import Job, plan_round
@@ -34,7 +34,7 @@ def env(tmp_path, monkeypatch):
         order=tmp_path / "order.txt",
         model=model,
         variants=write_fake_variants(tmp_path / "variants"),
-        settings=SimpleNamespace(cache_dir=tmp_path / "cache"),
+        settings=config.Settings(cache_dir=tmp_path / "cache"),
         tmp=tmp_path,
     )
 

@@ -14,81 +14,78 @@ from conftest import REPO_ROOT, FakeUpstream
 
 
 @pytest.fixture
-def cli_env(settings: config.Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
-    """Environment for main(): the fake project and its PyPI; returns the common leading argv."""
-    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(settings.project_dir))
-    monkeypatch.setenv("GGML_BRIDGE_PYPI_URL", settings.fetch.pypi_url)
-    monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
+def cli_argv(cli_env: config.Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """``cli_argv`` run from an empty folder: the common leading argv."""
     monkeypatch.chdir(tmp_path)
-    return ["--cache-dir", str(settings.cache_dir)]
+    return ["--cache-dir", str(cli_env.cache_dir)]
 
 
 def test_fetch_prints_the_tree_path(
-    cli_env: list[str], capsys: pytest.CaptureFixture[str], upstream: FakeUpstream, settings: config.Settings
+    cli_argv: list[str], capsys: pytest.CaptureFixture[str], upstream: FakeUpstream, settings: config.Settings
 ) -> None:
-    assert cli.main([*cli_env, "fetch"]) == 0
+    assert cli.main([*cli_argv, "fetch"]) == 0
     out = capsys.readouterr()
     assert out.out.strip() == str(settings.layout.tree_src(upstream.commit))
     assert "==>" in out.err
 
 
 def test_options_after_the_subcommand(
-    cli_env: list[str], capsys: pytest.CaptureFixture[str], settings: config.Settings
+    cli_argv: list[str], capsys: pytest.CaptureFixture[str], settings: config.Settings
 ) -> None:
-    assert cli.main(["fetch", *cli_env, "-q"]) == 0
+    assert cli.main(["fetch", *cli_argv, "-q"]) == 0
     out = capsys.readouterr()
     assert out.out.startswith(str(settings.cache_dir)) and out.err == ""
 
 
-def test_patch_and_check(cli_env: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main([*cli_env, "patch", "--check"]) == 0
+def test_patch_and_check(cli_argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*cli_argv, "patch", "--check"]) == 0
     assert "all patches apply" in capsys.readouterr().out
-    assert cli.main([*cli_env, "patch"]) == 0
+    assert cli.main([*cli_argv, "patch"]) == 0
     path = Path(capsys.readouterr().out.strip())
     assert (path / "src" / "extra.c").is_file()
 
 
 def test_patch_check_failure_exit_code(
-    cli_env: list[str], capsys: pytest.CaptureFixture[str], settings: config.Settings, upstream: FakeUpstream
+    cli_argv: list[str], capsys: pytest.CaptureFixture[str], settings: config.Settings, upstream: FakeUpstream
 ) -> None:
     import shutil
 
     shutil.copy(upstream.patches.conflicting, settings.patches_dir)
     with open(settings.patches_dir / "series", "a") as fh:
         fh.write(upstream.patches.conflicting.name + "\n")
-    assert cli.main([*cli_env, "patch", "--check"]) == errors.PatchError.exit_code
+    assert cli.main([*cli_argv, "patch", "--check"]) == errors.PatchError.exit_code
     assert "does NOT apply" in capsys.readouterr().out
-    assert cli.main([*cli_env, "patch"]) == errors.PatchError.exit_code
+    assert cli.main([*cli_argv, "patch"]) == errors.PatchError.exit_code
     err = capsys.readouterr().err
     assert f"patch error: patch {upstream.patches.conflicting.name} does not apply" in err
 
 
-def test_build_prints_server_path_last(cli_env: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main([*cli_env, "build", "--jobs", "2"]) == 0
+def test_build_prints_server_path_last(cli_argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*cli_argv, "build", "--jobs", "2"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1].endswith("/bin/llama-server") and Path(out[-1]).is_file()
-    assert cli.main([*cli_env, "build"]) == 0
+    assert cli.main([*cli_argv, "build"]) == 0
     cap = capsys.readouterr()
     assert "up to date" in cap.err and cap.out.strip().splitlines()[-1] == out[-1]
 
 
-def test_build_a_variant_list_in_one_tree(cli_env: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main([*cli_env, "build", "--variant", "patched,upstream", "--shared-tree", "-j", "2"]) == 0
+def test_build_a_variant_list_in_one_tree(cli_argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*cli_argv, "build", "--variant", "patched,upstream", "--shared-tree", "-j", "2"]) == 0
     out = capsys.readouterr().out.split()
     assert len(out) == 2, "one llama-server path per variant, in the order given"
     assert out[0].endswith("/patched/bin/llama-server") and out[1].endswith("/upstream/bin/llama-server")
     run = [subprocess.run([p], capture_output=True, text=True, check=True).stdout for p in out]
     assert run == ["fake llama-server bridge=1\n", "fake llama-server bridge=0\n"]
-    assert cli.main([*cli_env, "build", "--variant", "upstream,nope"]) == errors.UsageError.exit_code
+    assert cli.main([*cli_argv, "build", "--variant", "upstream,nope"]) == errors.UsageError.exit_code
     capsys.readouterr()
     # what scripts ask instead of reading the cache: the manifests and binary folders of the latest builds
-    assert cli.main([*cli_env, "build", "--variant", "patched,upstream", "--print-bin-dir"]) == 0
+    assert cli.main([*cli_argv, "build", "--variant", "patched,upstream", "--print-bin-dir"]) == 0
     assert capsys.readouterr().out.split() == [str(Path(p).parent) for p in out]
-    assert cli.main([*cli_env, "build", "--variant", "patched,upstream", "--print-manifest"]) == 0
+    assert cli.main([*cli_argv, "build", "--variant", "patched,upstream", "--print-manifest"]) == 0
     manifests = [json.loads(Path(m).read_text()) for m in capsys.readouterr().out.split()]
     assert [m["variant"] for m in manifests] == ["patched", "upstream"]
     assert (
-        cli.main([*cli_env, "build", "--variant", "upstream-nopeer", "--print-manifest"])
+        cli.main([*cli_argv, "build", "--variant", "upstream-nopeer", "--print-manifest"])
         == errors.NotBuiltError.exit_code
     ), "nothing is built by --print-*"
 
@@ -104,24 +101,24 @@ def test_build_a_variant_list_in_one_tree(cli_env: list[str], capsys: pytest.Cap
     ],
 )
 def test_bad_input_exit_codes(
-    cli_env: list[str], capsys: pytest.CaptureFixture[str], argv: list[str], code: int, text: str
+    cli_argv: list[str], capsys: pytest.CaptureFixture[str], argv: list[str], code: int, text: str
 ) -> None:
-    assert cli.main([*cli_env, *argv]) == code
+    assert cli.main([*cli_argv, *argv]) == code
     assert text in capsys.readouterr().err
 
 
 def test_missing_compiler_exit_code(
-    cli_env: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    cli_argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CXX", "/nonexistent/c++")
-    assert cli.main([*cli_env, "build"]) == errors.ToolchainError.exit_code
+    assert cli.main([*cli_argv, "build"]) == errors.ToolchainError.exit_code
     err = capsys.readouterr().err
     assert "toolchain error" in err and "CXX" in err
 
 
-def test_unknown_config_key(cli_env: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_unknown_config_key(cli_argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (tmp_path / "ggml-bridge.toml").write_text("[build]\nbakend = 'cpu'\n")
-    assert cli.main([*cli_env, "fetch"]) == 2
+    assert cli.main([*cli_argv, "fetch"]) == 2
     assert "unknown setting 'build.bakend'" in capsys.readouterr().err
 
 
@@ -131,18 +128,18 @@ def test_no_command_shows_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_stage_module_missing_errors_cleanly(
-    cli_env: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    cli_argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(
         cli.COMMANDS, "nosuchstage", cli.Command("nosuchstage", "a stage nobody wrote", *cli.stage("nosuchstage"))
     )
-    assert cli.main([*cli_env, "nosuchstage", "--anything"]) == 2
+    assert cli.main([*cli_argv, "nosuchstage", "--anything"]) == 2
     err = capsys.readouterr().err
     assert "nosuchstage subcommand is not available" in err and "ggml_bridge.commands.nosuchstage" in err
 
 
 def test_stage_module_is_imported_lazily_and_delegated(
-    cli_env: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, settings: config.Settings
+    cli_argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, settings: config.Settings
 ) -> None:
     seen: dict[str, object] = {}
     mod = types.ModuleType("ggml_bridge.commands.fakestage")
@@ -158,7 +155,7 @@ def test_stage_module_is_imported_lazily_and_delegated(
     mod.add_arguments, mod.run = add_arguments, run  # type: ignore[attr-defined]
     monkeypatch.setitem(cli.COMMANDS, "fakestage", cli.Command("fakestage", "test stage", *cli.stage("fakestage")))
     monkeypatch.setitem(sys.modules, "ggml_bridge.commands.fakestage", mod)
-    assert cli.main([*cli_env, "fakestage", "--model", "m.gguf", "--backend", "cpu"]) == 7
+    assert cli.main([*cli_argv, "fakestage", "--model", "m.gguf", "--backend", "cpu"]) == 7
     assert seen == {"model": "m.gguf", "backend": "cpu", "cache": settings.cache_dir}
 
 
@@ -192,13 +189,13 @@ def test_every_command_parses_the_same_way(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_stage_module_without_interface(
-    cli_env: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    cli_argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(cli.COMMANDS, "halfstage", cli.Command("halfstage", "x", *cli.stage("halfstage")))
     monkeypatch.setitem(
         sys.modules, "ggml_bridge.commands.halfstage", types.ModuleType("ggml_bridge.commands.halfstage")
     )
-    assert cli.main([*cli_env, "halfstage"]) == 2
+    assert cli.main([*cli_argv, "halfstage"]) == 2
     assert "does not define add_arguments, run" in capsys.readouterr().err
 
 
@@ -230,18 +227,18 @@ def test_python_m_runs_main() -> None:
 
 @pytest.mark.parametrize("argv", [["serve", "--help"], ["fetch"], ["build"], ["bench", "--help"]])
 def test_unbalanced_cmake_args_is_a_usage_error_for_every_command(
-    cli_env: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+    cli_argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
 ) -> None:
     monkeypatch.setenv("CMAKE_ARGS", '-DFOO="bar')
-    assert cli.main([*cli_env, *argv]) == 2
+    assert cli.main([*cli_argv, *argv]) == 2
     err = capsys.readouterr().err
     assert "usage error" in err and "CMAKE_ARGS" in err and "unbalanced quotes" in err and "Traceback" not in err
 
 
 def test_up_to_date_build_on_a_read_only_cache(
-    cli_env: list[str], capsys: pytest.CaptureFixture[str], settings: config.Settings
+    cli_argv: list[str], capsys: pytest.CaptureFixture[str], settings: config.Settings
 ) -> None:
-    assert cli.main([*cli_env, "build"]) == 0
+    assert cli.main([*cli_argv, "build"]) == 0
     capsys.readouterr()
     # Tests run as root, whom permissions do not stop: a directory squatting the pointer's temporary name makes
     # its write fail with an OSError just as a read-only file system does.
@@ -249,22 +246,22 @@ def test_up_to_date_build_on_a_read_only_cache(
 
     latest = settings.layout.latest("patched", "cpu")
     latest.with_name(f"{latest.name}.{os.getpid()}.tmp").mkdir()
-    assert cli.main([*cli_env, "build"]) == errors.CacheError.exit_code
+    assert cli.main([*cli_argv, "build"]) == errors.CacheError.exit_code
     err = capsys.readouterr().err
     assert "up to date" in err and "cache error: cannot write" in err and "latest-patched-cpu.json" in err
     assert "GGML_BRIDGE_CACHE_DIR" in err
 
 
-def test_edited_work_tree_stops_patch_and_build(cli_env: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main([*cli_env, "patch"]) == 0
+def test_edited_work_tree_stops_patch_and_build(cli_argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*cli_argv, "patch"]) == 0
     work = Path(capsys.readouterr().out.strip())
     (work / "notes.txt").write_text("keep me\n")
     for cmd in ("patch", "build"):
-        assert cli.main([*cli_env, cmd]) == errors.WorkTreeModified.exit_code
+        assert cli.main([*cli_argv, cmd]) == errors.WorkTreeModified.exit_code
         err = capsys.readouterr().err
         assert "work tree modified" in err and "notes.txt" in err and "--discard-changes" in err
     assert (work / "notes.txt").is_file()
-    assert cli.main([*cli_env, "patch", "--discard-changes"]) == 0
+    assert cli.main([*cli_argv, "patch", "--discard-changes"]) == 0
     assert not (work / "notes.txt").exists()
 
 
@@ -324,7 +321,7 @@ def test_every_error_class_and_exit_code_lives_in_errors() -> None:
 
 
 def test_settings_sections_reach_the_stages(
-    cli_env: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: config.Settings
+    cli_argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: config.Settings
 ) -> None:
     """[serve] startup_timeout and [rebase] cuda_include from the config file are what the stages get; options win
     (serve) or add (rebase)."""
@@ -339,7 +336,7 @@ def test_settings_sections_reach_the_stages(
     job = importlib.import_module("ggml_bridge.rebase.job")
     seen = []
     monkeypatch.setattr(job, "rebase", lambda st, onto, opts: seen.append(opts) or job.RebaseReport(onto))
-    assert cli.main([*cli_env, "rebase", "--onto", "b2", "--check", "--cuda-include", "opt"]) == 0
+    assert cli.main([*cli_argv, "rebase", "--onto", "b2", "--check", "--cuda-include", "opt"]) == 0
     assert seen[0].cuda_include == [tmp_path / "cfg", Path("opt")]
 
 

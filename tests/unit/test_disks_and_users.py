@@ -35,14 +35,6 @@ OFFLINE = {"GGML_BRIDGE_SOURCES": "pypi-sdist", "GGML_BRIDGE_PYPI_URL": "http://
 
 
 @pytest.fixture
-def cli_env(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
-    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(settings.project_dir))
-    monkeypatch.setenv("GGML_BRIDGE_PYPI_URL", settings.fetch.pypi_url)
-    monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
-    return settings
-
-
-@pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs (skips where it cannot be mounted)."""
     where = small_disk_or_skip(tmp_path / "disk")

@@ -573,15 +573,6 @@ def test_tilde_of_an_unknown_user_is_a_usage_error(settings: config.Settings, tm
 # --------------------------------------------------------------------------------------------- faults
 
 
-@pytest.fixture
-def cli_env(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
-    """``cli.main`` on the fake project and its PyPI (as ``settings``)."""
-    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(settings.project_dir))
-    monkeypatch.setenv("GGML_BRIDGE_PYPI_URL", settings.fetch.pypi_url)
-    monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
-    return settings
-
-
 def test_a_wrong_sha256_in_pin_toml_leaves_the_good_cached_sdist_alone(
     cli_env: config.Settings,
     upstream: FakeUpstream,

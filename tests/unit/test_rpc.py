@@ -16,7 +16,7 @@ import pytest
 from ggml_bridge import cli, config, llama_server, logparse, rpc, serve
 from ggml_bridge.errors import RpcError, UsageError
 
-from helpers import FAKE_RPC, bench_args, fake_model, write_fake_bin, write_fake_variants
+from helpers import FAKE_RPC, bench_args, fake_model, write_fake_bin
 
 
 def _clear_fake_env(monkeypatch):
@@ -431,33 +431,6 @@ def test_validate_rpc():
 
 
 # --- bench: the rpc suites ----------------------------------------------------------------------------------
-
-
-def _bench_variants(tmp_path):
-    record = (
-        'import os, sys\nopen(os.environ["FAKE_RPC_ORDER"], "a").write('
-        '"%s cvd=%r %s\\n" % (os.path.basename(os.path.dirname(os.path.abspath(__file__))), '
-        'os.environ.get("CUDA_VISIBLE_DEVICES"), " ".join(sys.argv[1:])))\n'
-    )
-    return write_fake_variants(tmp_path / "variants", prefix=record, rpc_server=rpc.RPC_SERVER)
-
-
-@pytest.fixture
-def bench_env(tmp_path, monkeypatch):
-    from ggml_bridge import bench
-
-    _clear_fake_env(monkeypatch)
-    monkeypatch.setenv("FAKE_ORDER", str(tmp_path / "order.txt"))
-    monkeypatch.setenv("FAKE_RPC_ORDER", str(tmp_path / "rpc-order.txt"))
-    monkeypatch.setattr(bench, "n_gpus", lambda: 2)
-    monkeypatch.setattr(bench, "gpu_env", lambda: {})
-    (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    return SimpleNamespace(
-        variants=_bench_variants(tmp_path),
-        model=tmp_path / "m.gguf",
-        tmp=tmp_path,
-        settings=config.Settings(cache_dir=tmp_path / "cache"),
-    )
 
 
 @pytest.mark.plots

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import ladder, llama_server, logparse, rpc
+from ggml_bridge import config, ladder, llama_server, logparse, rpc
 from ggml_bridge.errors import LadderSetupError
 
 from helpers import FAKE_RPC, ladder_options, make_vocab, write_fake_bin
@@ -151,7 +151,7 @@ def env(tmp_path, monkeypatch):
         tmp=tmp_path,
         vocab=make_vocab(tmp_path / "vocab.gguf"),
         patched=b,
-        settings=SimpleNamespace(cache_dir=tmp_path / "cache", project_dir=ROOT),
+        settings=config.Settings(cache_dir=tmp_path / "cache", project_dir=ROOT),
     )
 
 
@@ -221,48 +221,31 @@ def test_unshaped_rung_has_no_link_stats(env):
 
 
 @pytest.fixture
-def bench_env(tmp_path, monkeypatch):
+def one_gpu_bench_env(bench_env, monkeypatch):
+    """``bench_env`` on a rig of one GPU."""
     from ggml_bridge import bench
 
-    from helpers import write_fake_variants
-
-    for k in [k for k in os.environ if k.startswith("FAKE_")]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("FAKE_ORDER", str(tmp_path / "order.txt"))
-    monkeypatch.setenv("FAKE_RPC_ORDER", str(tmp_path / "rpc-order.txt"))
     monkeypatch.setattr(bench, "n_gpus", lambda: 1)
-    monkeypatch.setattr(bench, "gpu_env", lambda: {})
-    record = (
-        'import os, sys\nopen(os.environ["FAKE_RPC_ORDER"], "a").write('
-        '"%s cvd=%r %s\\n" % (os.path.basename(os.path.dirname(os.path.abspath(__file__))), '
-        'os.environ.get("CUDA_VISIBLE_DEVICES"), " ".join(sys.argv[1:])))\n'
-    )
-    (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    return SimpleNamespace(
-        variants=write_fake_variants(tmp_path / "variants", prefix=record, rpc_server=rpc.RPC_SERVER),
-        model=tmp_path / "m.gguf",
-        tmp=tmp_path,
-        settings=SimpleNamespace(cache_dir=tmp_path / "c"),
-    )
+    return bench_env
 
 
 @pytest.mark.plots
-def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(bench_env):
+def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(one_gpu_bench_env):
     from ggml_bridge import bench
 
     from helpers import bench_args
 
-    out = bench_env.tmp / "report"
+    out = one_gpu_bench_env.tmp / "report"
     args = bench_args(
-        variants_dir=bench_env.variants,
-        model=bench_env.model,
+        variants_dir=one_gpu_bench_env.variants,
+        model=one_gpu_bench_env.model,
         rounds=1,
         reps=1,
         report=out,
         suite="rpc-link",
         links="10gbit/0.2ms,25gbit/0.1ms",
     )
-    assert bench.bench(args, bench_env.settings) == 0
+    assert bench.bench(args, one_gpu_bench_env.settings) == 0
     rep = json.loads((out / "bench.json").read_text())
     names = [c["name"] for c in rep["cases"]]
     assert names == ["off", "rpc-off", "rpc-off@10gbit-0.2ms", "rpc-off@25gbit-0.1ms"]
@@ -280,7 +263,7 @@ def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(ben
     )
     assert set(rep["ratios"]["off"]) >= {"rpc-off@10gbit-0.2ms", "rpc-off@25gbit-0.1ms"}
     # llama-bench kept its GPU (the suite's front GPU) and was given the shaper's end, not the rpc-server's
-    calls = [c for c in (bench_env.tmp / "rpc-order.txt").read_text().splitlines() if "llama-bench" not in c]
+    calls = [c for c in (one_gpu_bench_env.tmp / "rpc-order.txt").read_text().splitlines() if "llama-bench" not in c]
     bench_calls = [c for c in calls if "--rpc" in c]
     assert len(bench_calls) == 3 and all("cvd='0'" in c for c in bench_calls)
     # the shaped cases gave llama-bench the shaper's end, not the rpc-server's (named in the engagement line)
@@ -290,7 +273,7 @@ def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(ben
         assert server_port not in given
 
 
-def test_bench_link_case_that_bypasses_the_shaper_is_not_engaged(bench_env, monkeypatch):
+def test_bench_link_case_that_bypasses_the_shaper_is_not_engaged(one_gpu_bench_env, monkeypatch):
     from ggml_bridge import bench, netbench
     from ggml_bridge.errors import BenchError
 
@@ -298,34 +281,34 @@ def test_bench_link_case_that_bypasses_the_shaper_is_not_engaged(bench_env, monk
 
     monkeypatch.setattr(netbench.rpc.Topology, "front_endpoints", property(lambda self: self.endpoints))
     args = bench_args(
-        variants_dir=bench_env.variants,
-        model=bench_env.model,
+        variants_dir=one_gpu_bench_env.variants,
+        model=one_gpu_bench_env.model,
         rounds=1,
         reps=1,
-        report=bench_env.tmp / "r",
+        report=one_gpu_bench_env.tmp / "r",
         suite="rpc-link",
         links="10gbit/0.2ms",
         cases="rpc-off",
     )
     with pytest.raises(BenchError, match="rpc-off@10gbit-0.2ms"):
-        bench.bench(args, bench_env.settings)
+        bench.bench(args, one_gpu_bench_env.settings)
 
 
-def test_bench_bad_link_is_a_bench_error(bench_env):
+def test_bench_bad_link_is_a_bench_error(one_gpu_bench_env):
     from ggml_bridge import bench
     from ggml_bridge.errors import BenchError
 
     from helpers import bench_args
 
     args = bench_args(
-        variants_dir=bench_env.variants,
-        model=bench_env.model,
-        report=bench_env.tmp / "r",
+        variants_dir=one_gpu_bench_env.variants,
+        model=one_gpu_bench_env.model,
+        report=one_gpu_bench_env.tmp / "r",
         suite="rpc-link",
         links="10gbit",
     )
     with pytest.raises(BenchError, match="bad link '10gbit'"):
-        bench.bench(args, bench_env.settings)
+        bench.bench(args, one_gpu_bench_env.settings)
 
 
 def test_row_split_rung_does_not_require_bridge_boundaries_but_records_them():
@@ -390,7 +373,7 @@ def test_serve_rpc_link_puts_a_shaper_before_each_local_server(tmp_path, monkeyp
             str(llama_server.free_port()),
         ],
     )
-    assert serve.run(a, SimpleNamespace(cache_dir=tmp_path)) == 0
+    assert serve.run(a, config.Settings(cache_dir=tmp_path)) == 0
     err = capsys.readouterr().err
     assert "(shaped: 1gbit/0.5ms)" in err
     assert err.count("ggml-bridge: shaped link 1gbit/0.5ms to ggml-rpc-server on 127.0.0.1:") == 2
@@ -413,7 +396,7 @@ def test_serve_rpc_link_needs_local_servers_and_a_good_link(tmp_path):
                 cli.COMMANDS["serve"],
                 ["--server", str(b / "llama-server"), "--rpc-link", "1gbit/1ms", "--rpc", "127.0.0.1:1", "-m", str(m)],
             ),
-            SimpleNamespace(cache_dir=tmp_path),
+            config.Settings(cache_dir=tmp_path),
         )
     with pytest.raises(UsageError, match="bad link rate"):
         serve.run(
@@ -421,7 +404,7 @@ def test_serve_rpc_link_needs_local_servers_and_a_good_link(tmp_path):
                 cli.COMMANDS["serve"],
                 ["--server", str(b / "llama-server"), "--rpc-link", "fast/1ms", "--rpc-local", "1", "-m", str(m)],
             ),
-            SimpleNamespace(cache_dir=tmp_path),
+            config.Settings(cache_dir=tmp_path),
         )
 
 

@@ -127,11 +127,9 @@ def test_bytes_arrive_unchanged_in_both_directions():
     assert st["up"]["bytes"] == st["down"]["bytes"] == len(payload) and st["connections"] == 1
 
 
-def test_rate_is_within_a_few_percent_for_megabytes():
-    """4 MB at 20 Mbit/s (2.5 MB/s): the last byte lands 1.6 s (+ the 2 ms delay) after the first was sent."""
+def _time_to_carry(link: shaper.Link, n: int) -> float:
+    """Seconds from the first of ``n`` bytes sent through a shaper with ``link`` until the last one arrived."""
     sink = Echo("sink")
-    link = shaper.parse_link("20mbit/2ms")
-    n = 4_000_000
     with shaper.Shaper(sink.addr, link) as sh:
         with socket.create_connection(sh.endpoint) as c:
             t0 = time.monotonic()
@@ -141,10 +139,23 @@ def test_rate_is_within_a_few_percent_for_megabytes():
             while sink.done_at is None and time.monotonic() < deadline:
                 time.sleep(0.01)
     sink.close()
-    assert sink.received == n
-    took = sink.done_at - t0
+    assert sink.received == n and sink.done_at is not None
+    return sink.done_at - t0
+
+
+def test_rate_is_within_a_few_percent_for_megabytes():
+    """4 MB at 20 Mbit/s (2.5 MB/s): the last byte lands 1.6 s (+ the 2 ms delay) after the first was sent.
+
+    A loaded machine can only make a transfer slower (a thread woken late), never faster: no try may beat the link
+    by more than 3 %, and the best of up to three tries must be within 3 % of it."""
+    link = shaper.parse_link("20mbit/2ms")
+    n = 4_000_000
     expected = n / link.rate + link.delay
-    assert abs(took - expected) / expected < 0.03, (took, expected)
+    tries: list[float] = []
+    while len(tries) < 3 and (not tries or min(tries) >= expected * 1.03):
+        tries.append(_time_to_carry(link, n))
+        assert tries[-1] > expected * 0.97, (tries, expected)
+    assert min(tries) < expected * 1.03, (tries, expected)
 
 
 def test_added_latency_is_twice_the_one_way_delay_per_round_trip():
