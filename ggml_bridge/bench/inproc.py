@@ -14,17 +14,66 @@ inside one process on that machine (:func:`.stats.control_interval`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .. import logparse, modes
 from ..engagement import BATCHED, engaged
-from ..errors import BenchError
+from ..errors import BenchError, UsageError
+from ..tomlfile import Key
+from .measure import Job, Plain, Process, Timed
 from .stats import CONTROL, INPROC, CaseRun, Sample
-from .wallclock import Process, Timed
 
 #: the program (patch 0004) and the decodes of each prompt it times per context
 PROGRAM = "test-batched-transfers"
 DECODES = 3
+
+
+class InProcess(Plain):
+    name = "inproc"
+    program = PROGRAM
+    table: Mapping[str, Key] | None = {"rounds": Key("int", 1), "control": Key("bool")}
+
+    def check(self, settings: Mapping[str, Any], where: str) -> None:
+        rounds = settings.get("rounds")
+        if rounds is not None and rounds % 2:
+            raise UsageError(
+                f"{where}: inproc rounds = {rounds} is odd",
+                why="test-batched-transfers --bench alternates which context of a round comes first, so an odd "
+                "count lets one order weigh more in the ratio",
+                fix="set inproc = { rounds = N } to an even number",
+            )
+
+    def groups(self, run_lengths: tuple[int, ...]) -> list[Job]:
+        return [Job("", "", self.name)]
+
+    def has_job(self, case: modes.Mode, cases: Mapping[str, modes.Mode], suite: Mapping[str, Any]) -> bool:
+        """One job per batched case, its baseline measured in the same process, and, where the suite asks for the
+        control, one per such baseline with both contexts off."""
+        if measured(case, list(cases)) is not None:
+            return True
+        return bool(suite.get(self.name, {}).get("control")) and controlled(case, cases)
+
+    def needs_program(self, case: modes.Mode) -> bool:
+        return case.uses_batched  # the builds of the cases with batching, whose jobs run it
+
+    def run(self, proc: Process, job: Job) -> tuple[CaseRun, list[Sample]]:
+        base = measured(proc.case, list(proc.names))
+        return run_control(proc) if base is None else run(proc, base)  # a baseline's own job is its control
+
+    def describe(self, settings: Mapping[str, Any]) -> str | None:
+        s = settings[self.name]
+        return (
+            f"- inproc: test-batched-transfers --bench, one process per batched case, shape and round measuring it "
+            f"and its baseline: {s['rounds']} rounds of a context each (alternating, after a warm-up "
+            f"round), each prompt decoded {DECODES} times from the context's first graph on (test@inprocN: "
+            "decode N; "
+            "llama-bench -r 1 times the second), the token steps, the context's creation (contexts per second)"
+            + (
+                "; per baseline, shape and round also a control process (--control: both contexts with batching off)"
+                if s.get("control")
+                else ""
+            )
+        )
 
 
 def measured(case: modes.Mode, names: list[str]) -> modes.Mode | None:
@@ -34,7 +83,7 @@ def measured(case: modes.Mode, names: list[str]) -> modes.Mode | None:
     return base if base is not None and base.name in names and not case.rpc else None
 
 
-def controlled(case: modes.Mode, cases: dict[str, modes.Mode]) -> bool:
+def controlled(case: modes.Mode, cases: Mapping[str, modes.Mode]) -> bool:
     """Whether ``case`` is the baseline an in-process job of another case measures against (:func:`measured`): its
     own in-process job, where the suite asks for one, is the control (both contexts off)."""
     names = list(cases)

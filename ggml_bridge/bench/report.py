@@ -17,7 +17,7 @@ from .. import files, modes, netbench
 from ..errors import BenchError, UsageError
 from ..runner import log
 from ..tomlfile import Key
-from . import inproc
+from .measures import MEASURES
 from .stats import CaseRun, Sample, batched_pairs, pool, references
 
 CASES = modes.MODES
@@ -119,33 +119,9 @@ def _repetitions(report: dict[str, Any]) -> str:
 
 
 def _wallclock_lines(settings: dict[str, Any], measures: Sequence[str]) -> list[str]:
-    out = []
-    if "perplexity" in measures and "perplexity" in settings:
-        p = settings["perplexity"]
-        out.append(
-            f"- perplexity: llama-perplexity -c {p['ctx']} --chunks {p['chunks']} -b {p['batch']}, tokens evaluated "
-            "per second of the process's wall time (loading and warm-up included)"
-        )
-    if "server" in measures and "server" in settings:
-        v = settings["server"]
-        out.append(
-            f"- server: llama-server -np {v['parallel']}, {v['requests']} greedy completions of {v['n_predict']} "
-            f"tokens, {v['parallel']} at a time; generated tokens per second from the first request to the last answer"
-        )
-    if "inproc" in measures and "inproc" in settings:
-        out.append(
-            f"- inproc: test-batched-transfers --bench, one process per batched case, shape and round measuring it "
-            f"and its baseline: {settings['inproc']['rounds']} rounds of a context each (alternating, after a warm-up "
-            f"round), each prompt decoded {inproc.DECODES} times from the context's first graph on (test@inprocN: "
-            "decode N; "
-            "llama-bench -r 1 times the second), the token steps, the context's creation (contexts per second)"
-            + (
-                "; per baseline, shape and round also a control process (--control: both contexts with batching off)"
-                if settings["inproc"].get("control")
-                else ""
-            )
-        )
-    return out
+    """How each measure besides llama-bench ran, as its module says (:meth:`.measure.Measure.describe`)."""
+    described = (m.describe(settings) for m in MEASURES.values() if m.name in measures and m.name in settings)
+    return [line for line in described if line]
 
 
 def batched_table(report: dict[str, Any]) -> list[str]:

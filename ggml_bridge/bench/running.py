@@ -1,22 +1,20 @@
-"""Running the cases: the processes of a round (:func:`plan_round`), one llama-bench process per case, round
-(and run length) with its own rpc-server for the rpc modes, whether its mechanism engaged, the interleaved rounds,
-and the boundary copy microbenchmark. llama-perplexity and llama-server are bench.wallclock's."""
+"""Running the cases: the processes of a round (:func:`plan_round`), each job by its measure (:mod:`.measures`),
+the interleaved rounds, and the boundary copy microbenchmark."""
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
-from .. import logparse, modes, netbench, rpc, runner
+from .. import modes, runner
 from ..errors import BenchError
 from ..runner import log
-from . import inproc, wallclock
-from .proof import engagement, rpc_engagement
-from .stats import CaseRun, Sample, test_key
+from .measure import Inputs, Job, Process
+from .measures import MEASURES
+from .stats import CaseRun, Sample
 from .telemetry import Telemetry
 
 Case = modes.Mode
@@ -27,17 +25,6 @@ T = TypeVar("T")
 def rotate(items: Sequence[T], k: int) -> list[T]:
     k %= max(1, len(items))
     return list(items[k:]) + list(items[:k])
-
-
-@dataclass(frozen=True)
-class Job:
-    """One process of a round: a case measured on one shape by llama-bench (with ``-r run_length``, or the kept
-    repetitions after the discarded ones when None), llama-perplexity or llama-server."""
-
-    case: str
-    shape: str
-    measure: str = "bench"
-    run_length: int | None = None
 
 
 def plan_round(rnd: int, names: Sequence[str], shapes: Sequence[str], groups: Sequence[Job]) -> list[Job]:
@@ -72,107 +59,21 @@ class Setup:
     run_lengths: tuple[int, ...] = ()
     measures: tuple[str, ...] = ("bench",)
     keyed_by_shape: bool = False
-    inputs: wallclock.Inputs = field(default_factory=wallclock.Inputs)
+    inputs: Inputs = field(default_factory=Inputs)
 
     def groups(self) -> list[Job]:
         """The measurements of one case on one shape, in a round."""
-        g: list[Job] = []
-        if "bench" in self.measures:
-            g += [Job("", "", "bench", n) for n in self.run_lengths] or [Job("", "")]
-        return g + [Job("", "", m) for m in ("perplexity", "server", "inproc") if m in self.measures]
+        return [j for m in MEASURES.values() if m.name in self.measures for j in m.groups(self.run_lengths)]
 
     def runs(self, job: Job) -> bool:
-        """Whether the job is a process of its own: an in-process measurement is one per batched case, its baseline
-        measured in the same process (:mod:`.inproc`), and, where the suite asks for the control, one per such
-        baseline with both contexts off."""
-        if job.measure != "inproc":
-            return True
-        case = self.cases[job.case]
-        if inproc.measured(case, list(self.cases)) is not None:
-            return True
-        return bool(self.suite.get("inproc", {}).get("control")) and inproc.controlled(case, self.cases)
+        """Whether the job is a process of its own (:meth:`.measure.Measure.has_job`)."""
+        return MEASURES[job.measure].has_job(self.cases[job.case], self.cases, self.suite)
 
     def label(self, job: Job) -> str:
         """The job's name in logs and log folders: shape, run length, measurement ("" for plain llama-bench)."""
         parts = [job.shape] if self.keyed_by_shape else []
         parts += [f"r{job.run_length}"] if job.run_length else []
         return "/".join(parts + ([job.measure] if job.measure != "bench" else []))
-
-
-def run_case(
-    bin_dir: Path,
-    case: Case,
-    model_path: Path,
-    suite: dict[str, Any],
-    reps: int,
-    base_env: dict[str, str],
-    out_dir: Path,
-    rnd: int,
-    timeout: float,
-    warmup: int = 0,
-) -> tuple[CaseRun, list[Sample]]:
-    """One llama-bench process for a case: reps + warmup repetitions per test, the first ``warmup`` of each
-    discarded (llama-bench's own warm-up is a short prompt, so the first full-size repetition still pays
-    first-call costs: measured on H200, the first pp512 repetition of a process ran at about half speed)."""
-    ub = ",".join(str(u) for u in suite["ubatch"])
-    argv = [
-        str(bin_dir / "llama-bench"),
-        "-m",
-        str(model_path),
-        "-p",
-        str(suite["pp"]),
-        "-n",
-        str(suite["tg"]),
-        "-b",
-        str(suite["batch"]),
-        "-ub",
-        ub,
-        "-r",
-        str(reps + warmup),
-        "-o",
-        "json",
-        "-v",
-    ]
-    argv += wallclock.device_args(suite, case)
-    env = {**base_env, **case.env()}
-    err_path = out_dir / f"{case.name}-r{rnd}.log"
-    topo = None
-    if case.rpc:  # the server gets the GPUs and the selectors, llama-bench neither GPU nor bridge (unless the
-        # suite keeps its GPU: netbench.py), over a shaped link when the case has one
-        topo = netbench.topology(case, bin_dir, env, suite, out_dir, rnd)
-        topo.start(rpc.expected_version(bin_dir / "llama-bench"))
-        argv += topo.server_args()
-        env = netbench.front_env(env, suite)
-
-    started = time.time()
-    t0 = time.monotonic()
-    try:
-        res = runner.run(argv, env=env, check=False, error=BenchError, timeout=timeout)
-        seconds = time.monotonic() - t0
-        err_path.write_text(res.stderr)
-        virtual = modes.CUDA_DEVICES in env
-        engaged, what = engagement(case, res.stderr, virtual) if topo is None else rpc_engagement(case, topo)
-        if topo is not None and topo.shapers:
-            through, how = netbench.link_engagement(topo)
-            engaged, what = (
-                (through if engaged is None else engaged and through),
-                "; ".join(x for x in (what, how) if x),
-            )
-    finally:
-        if topo:
-            topo.stop()
-    tail = logparse.tail(res.stderr)
-    samples: list[Sample] = []
-    if res.returncode == 0:
-        try:
-            for r in json.loads(res.stdout):
-                vals = [float(x) for x in r["samples_ts"]]
-                samples.append(Sample(case.name, test_key(r), rnd, vals[warmup:] if len(vals) > warmup else vals))
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise BenchError(
-                f"cannot read llama-bench output for case {case.name}", why=str(e), fix=f"see {err_path}"
-            ) from None
-    return CaseRun(case.name, rnd, res.returncode, seconds, engaged, what, tail, started), samples
 
 
 def microbench(bin_dir: Path, base_env: dict[str, str], out_dir: Path) -> list[dict[str, Any]]:
@@ -216,22 +117,21 @@ def run_job(setup: Setup, job: Job, rnd: int) -> tuple[CaseRun, list[Sample]]:
     label = setup.label(job)
     out_dir = setup.logs / label if label else setup.logs
     out_dir.mkdir(parents=True, exist_ok=True)
-    bin_dir, model = setup.bins[case.variant], setup.models[job.shape]
-    if job.measure in ("perplexity", "server", "inproc"):
-        proc = wallclock.Process(
-            bin_dir, case, model, setup.suite, setup.base_env, setup.inputs, out_dir, rnd, setup.timeout
-        )
-        if job.measure == "inproc":
-            base = inproc.measured(case, list(setup.cases))
-            # a baseline's own in-process job is its control (Setup.runs)
-            cr, ss = inproc.run_control(proc) if base is None else inproc.run(proc, base)
-        else:
-            cr, ss = (wallclock.perplexity if job.measure == "perplexity" else wallclock.server)(proc)
-    else:
-        reps, warmup = (job.run_length, 0) if job.run_length else (setup.reps, setup.warmup)
-        cr, ss = run_case(
-            bin_dir, case, model, setup.suite, reps, setup.base_env, out_dir, rnd, setup.timeout, warmup=warmup
-        )
+    proc = Process(
+        setup.bins[case.variant],
+        case,
+        setup.models[job.shape],
+        setup.suite,
+        setup.base_env,
+        setup.inputs,
+        out_dir,
+        rnd,
+        setup.timeout,
+        names=tuple(setup.cases),
+        reps=setup.reps,
+        warmup=setup.warmup,
+    )
+    cr, ss = MEASURES[job.measure].run(proc, job)
     prefix = f"{job.shape}:" if setup.keyed_by_shape else ""
     suffix = f"@r{job.run_length}" if job.run_length else ""
     cr.measure, cr.shape, cr.run_length = job.measure, job.shape if setup.keyed_by_shape else "", job.run_length

@@ -24,23 +24,10 @@ from typing import Any, Sequence
 from .. import tomlfile
 from ..errors import UsageError
 from ..tomlfile import Key
-
-#: what a run can measure: llama-bench, llama-perplexity's wall time, llama-server under concurrent requests,
-#: batching against its baseline inside one process (bench.inproc)
-MEASURES = ("bench", "perplexity", "server", "inproc")
+from .measures import MEASURES
 
 #: The suites shipped with the package: which cases, on which devices, with which models and llama-bench settings.
 SUITES_FILE = Path(__file__).resolve().parent / "suites.toml"
-_TABLE = {
-    "ctx": Key("int", 1),
-    "chunks": Key("int", 1),
-    "batch": Key("int", 1),
-    "parallel": Key("int", 1),
-    "requests": Key("int", 1),
-    "n_predict": Key("int", 1),
-    "prompt_words": Key("int", 1),
-    "rounds": Key("int", 1),
-}
 #: the keys of a suite, checked as the ladder's rungs are (:mod:`ggml_bridge.tomlfile`)
 SUITE_KEYS: dict[str, Key] = {
     "about": Key("str"),
@@ -60,9 +47,7 @@ SUITE_KEYS: dict[str, Key] = {
     "rpc_front_gpu": Key("bool"),
     "run_lengths": Key("ints", 1),
     "rounds": Key("int", 1),
-    "perplexity": Key("table", table={k: _TABLE[k] for k in ("ctx", "chunks", "batch")}),
-    "server": Key("table", table={k: _TABLE[k] for k in ("parallel", "requests", "n_predict", "prompt_words", "ctx")}),
-    "inproc": Key("table", table={"rounds": _TABLE["rounds"], "control": Key("bool")}),
+    **{m.name: Key("table", table=m.table) for m in MEASURES.values() if m.table is not None},
 }
 REQUIRED = ("about", "cases", "devices", "pp", "batch", "ubatch", "tg")
 
@@ -82,14 +67,9 @@ def load_suites(path: Path) -> dict[str, dict[str, Any]]:
             raise UsageError(
                 f"{where}: no {', '.join(missing)}", fix=f"a suite sets {', '.join(REQUIRED)} and shape(s)"
             )
-        rounds = suite.get("inproc", {}).get("rounds")
-        if rounds is not None and rounds % 2:
-            raise UsageError(
-                f"{where}: inproc rounds = {rounds} is odd",
-                why="test-batched-transfers --bench alternates which context of a round comes first, so an odd "
-                "count lets one order weigh more in the ratio",
-                fix="set inproc = { rounds = N } to an even number",
-            )
+        for m in MEASURES.values():
+            if m.name in suite:
+                m.check(suite[m.name], where)
         suites[name] = suite
     if not suites:
         raise UsageError(f"suite file {path} holds no suite", fix="one [NAME] table per suite")
@@ -115,7 +95,7 @@ def shapes_of(suite: dict[str, Any]) -> list[str]:
 
 def measures_of(suite: dict[str, Any]) -> tuple[str, ...]:
     """What the suite can measure: llama-bench always, perplexity and server where it has their settings."""
-    return tuple(m for m in MEASURES if m == "bench" or m in suite)
+    return tuple(m.name for m in MEASURES.values() if m.table is None or m.name in suite)
 
 
 def _subset(option: str, given: str, known: Sequence[str], suite: str) -> tuple[str, ...]:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 
 from .. import files
+from ..bench.measures import MEASURES
 from ..bench.options import BenchOptions
-from ..bench.suites import MEASURES, SUITES
+from ..bench.suites import SUITES
 from ..config import Settings
 from ..model import VOCAB_FILE
 from . import argtypes, cmdoptions
@@ -169,6 +170,6 @@ def options(ns: argparse.Namespace) -> BenchOptions:
 
 
 def run(opts: BenchOptions, settings: Settings) -> int:
-    from .. import bench
+    from ..bench import orchestrate
 
-    return bench.run(opts, settings)
+    return orchestrate.run(opts, settings)

@@ -24,9 +24,9 @@ def _bench_plots(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     """bench renders its report's PNG plots with matplotlib, a third of a CPU-second each. Tests marked ``plots``
     render them (one per kind of suite: throughput with the microbenchmark, rpc, link); the others read no plot,
     and there bench's plot step makes none."""
-    bench = sys.modules.get("ggml_bridge.bench")
-    if bench is not None and request.node.get_closest_marker("plots") is None:
-        monkeypatch.setattr(bench, "plot", lambda report, out_dir: [])
+    orchestrate = sys.modules.get("ggml_bridge.bench.orchestrate")
+    if orchestrate is not None and request.node.get_closest_marker("plots") is None:
+        monkeypatch.setattr(orchestrate, "plot", lambda report, out_dir: [])
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +98,14 @@ _RECORD = (
 @pytest.fixture
 def bench_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BenchEnv:
     """bench on a rig of two (fake) GPUs with fake llama-bench, llama-server and rpc-server builds."""
-    from ggml_bridge import bench
+    from ggml_bridge.bench import orchestrate
 
     for var in [v for v in os.environ if v.startswith("FAKE_")]:
         monkeypatch.delenv(var)
     monkeypatch.setenv("FAKE_ORDER", str(tmp_path / "order.txt"))
     monkeypatch.setenv("FAKE_RPC_ORDER", str(tmp_path / "rpc-order.txt"))
-    monkeypatch.setattr(bench, "n_gpus", lambda: 2)
-    monkeypatch.setattr(bench, "gpu_env", lambda: {})
+    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 2)
+    monkeypatch.setattr(orchestrate, "gpu_env", lambda: {})
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     return BenchEnv(
         variants=write_fake_variants(tmp_path / "variants", prefix=_RECORD, rpc_server=rpc.RPC_SERVER),

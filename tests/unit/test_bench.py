@@ -11,7 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import bench, config
+from ggml_bridge import config
+from ggml_bridge.bench import orchestrate, running, stats
+from ggml_bridge.bench import report as bench_report
 from ggml_bridge.errors import BenchError, UsageError
 
 from helpers import FAKE_SMI, write_exe, write_fake_variants
@@ -27,8 +29,8 @@ def variants(tmp_path: Path) -> Path:
 def env(tmp_path, monkeypatch):
     order = tmp_path / "order.txt"
     monkeypatch.setenv("FAKE_ORDER", str(order))
-    monkeypatch.setattr(bench, "n_gpus", lambda: 2)
-    monkeypatch.setattr(bench, "gpu_env", lambda: {})
+    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 2)
+    monkeypatch.setattr(orchestrate, "gpu_env", lambda: {})
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     return SimpleNamespace(order=order, model=model, settings=config.Settings(cache_dir=tmp_path / "cache"))
@@ -38,7 +40,7 @@ def env(tmp_path, monkeypatch):
 def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     report_dir = tmp_path / "report"
     args = _args(variants_dir=variants, model=env.model, rounds=3, reps=3, report=report_dir)
-    assert bench.bench(args, env.settings) == 0
+    assert orchestrate.bench(args, env.settings) == 0
 
     order = env.order.read_text().splitlines()
     # six cases in the multi-gpu suite, three rounds, each round rotated by one
@@ -87,7 +89,7 @@ def _quick(variants, env, report, rounds=1, reps=1, **kw):  # type: ignore[no-un
 
 def _report(args, env):  # type: ignore[no-untyped-def]
     """Run the bench (it must exit 0) and read the bench.json it wrote into args.report."""
-    assert bench.bench(args, env.settings) == 0
+    assert orchestrate.bench(args, env.settings) == 0
     return json.loads((Path(args.report) / "bench.json").read_text())
 
 
@@ -96,7 +98,7 @@ def test_not_engaged_bridge_fails_and_is_reported(variants, env, tmp_path, monke
     report_dir = tmp_path / "r"
     args = _quick(variants, env, report_dir, cases="upstream-p2p,bridge")
     with pytest.raises(BenchError, match="did not engage"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
     rep = json.loads((report_dir / "bench.json").read_text())
     assert rep["not_engaged"] == ["bridge"]
     assert "bridge" not in rep["ratios"].get("upstream-p2p", {})
@@ -107,7 +109,7 @@ def test_failed_case_is_an_error(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "nopeer")
     args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p,upstream-nopeer")
     with pytest.raises(BenchError, match="nopeer"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
 
 
 def test_batched_suite_requires_async_counts(variants, env, tmp_path):
@@ -119,9 +121,9 @@ def test_batched_suite_requires_async_counts(variants, env, tmp_path):
 
 
 def test_gpu_suite_without_gpu_says_what_it_cannot_measure(variants, env, tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "n_gpus", lambda: 0)
+    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 0)
     with pytest.raises(BenchError, match="needs CUDA GPUs"):
-        bench.bench(_args(variants_dir=variants, model=env.model, suite="multi-gpu"), env.settings)
+        orchestrate.bench(_args(variants_dir=variants, model=env.model, suite="multi-gpu"), env.settings)
 
 
 def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
@@ -135,7 +137,7 @@ def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
         microbench=False,
     )
     args = dataclasses.replace(args, variants_dir=None)
-    assert bench.bench(args, env.settings) == 0
+    assert orchestrate.bench(args, env.settings) == 0
     args = _args(
         bin_dirs={"patched": variants / "patched", "upstream": tmp_path / "nothing-here"},
         model=env.model,
@@ -146,21 +148,21 @@ def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
         microbench=False,
     )
     with pytest.raises(BenchError, match="llama-bench not found"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
 
 
 def test_noise_is_called_noise():
-    a = bench.summarize("a", "t", [100, 101, 102, 103])
-    b = bench.summarize("b", "t", [101, 102, 103, 104])
-    assert bench.compare(a, b)["noise"] is True
-    c = bench.summarize("c", "t", [120, 121, 122, 123])
-    assert bench.compare(c, b)["noise"] is False
-    assert bench.compare(c, b)["ratio"] == pytest.approx(121.5 / 102.5)
+    a = stats.summarize("a", "t", [100, 101, 102, 103])
+    b = stats.summarize("b", "t", [101, 102, 103, 104])
+    assert stats.compare(a, b)["noise"] is True
+    c = stats.summarize("c", "t", [120, 121, 122, 123])
+    assert stats.compare(c, b)["noise"] is False
+    assert stats.compare(c, b)["ratio"] == pytest.approx(121.5 / 102.5)
 
 
 def test_rotate():
-    assert bench.rotate(["a", "b", "c"], 1) == ["b", "c", "a"]
-    assert bench.rotate(["a", "b", "c"], 3) == ["a", "b", "c"]
+    assert running.rotate(["a", "b", "c"], 1) == ["b", "c", "a"]
+    assert running.rotate(["a", "b", "c"], 3) == ["a", "b", "c"]
 
 
 @pytest.mark.plots
@@ -180,7 +182,7 @@ def test_plot_microbench_only(tmp_path):
         "model": {"shape": "-"},
         "date": "2026-11-30",
     }
-    assert bench.plot(rep, tmp_path) == ["microbench.png"]
+    assert bench_report.plot(rep, tmp_path) == ["microbench.png"]
     assert (tmp_path / "microbench.png").stat().st_size > 1000
 
 
@@ -206,7 +208,7 @@ def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monke
     args = _args(
         model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases="upstream-p2p,bridge", microbench=False
     )
-    assert bench.bench(args, env.settings) == 0
+    assert orchestrate.bench(args, env.settings) == 0
     assert built == ["patched"]
 
     built.clear()
@@ -225,7 +227,7 @@ def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monke
 
 
 def test_paired_ratio_cancels_drift_between_rounds():
-    S = bench.Sample
+    S = stats.Sample
     # the machine slows by a third in round 1; within each round a runs at 0.96 of ref
     samples = [
         S("ref", "pp", 0, [100.0, 101.0, 99.0]),
@@ -236,16 +238,16 @@ def test_paired_ratio_cancels_drift_between_rounds():
         S("ref", "tg", 0, [5.0]),
         S("a", "tg", 0, [6.0]),
     ]
-    ratio, rounds = bench.paired_ratio(samples, "a", "ref", "pp")
+    ratio, rounds = stats.paired_ratio(samples, "a", "ref", "pp")
     assert rounds == 2 and ratio == pytest.approx(0.96)
     # the pooled medians mix the rounds and miss it
-    pooled = bench.compare(
-        bench.summarize("a", "pp", [v for s in samples if s.case == "a" and s.test == "pp" for v in s.values]),
-        bench.summarize("ref", "pp", [v for s in samples if s.case == "ref" and s.test == "pp" for v in s.values]),
+    pooled = stats.compare(
+        stats.summarize("a", "pp", [v for s in samples if s.case == "a" and s.test == "pp" for v in s.values]),
+        stats.summarize("ref", "pp", [v for s in samples if s.case == "ref" and s.test == "pp" for v in s.values]),
     )
     assert abs(pooled["ratio"] - 0.96) > 0.05
-    assert bench.paired_ratio(samples, "a", "ref", "missing") is None
-    assert bench.paired_ratio(samples, "a", "nobody", "pp") is None
+    assert stats.paired_ratio(samples, "a", "ref", "missing") is None
+    assert stats.paired_ratio(samples, "a", "nobody", "pp") is None
 
 
 def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monkeypatch):
@@ -270,7 +272,7 @@ def test_bad_counts_are_usage_errors(variants, env, tmp_path, kw):
     from ggml_bridge.errors import UsageError
 
     with pytest.raises(UsageError) as e:
-        bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
+        orchestrate.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
     assert e.value.exit_code == 2
 
 
@@ -280,7 +282,7 @@ def test_cpus_pin_every_case_and_are_restored(variants, env, tmp_path):
     mine = os.sched_getaffinity(0)
     one = min(mine)
     args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p,bridge", cpus=str(one))
-    assert bench.bench(args, env.settings) == 0
+    assert orchestrate.bench(args, env.settings) == 0
     lines = env.order.read_text().splitlines()
     assert len(lines) == 2 and all(line.endswith(f"cpus={one}") for line in lines)
     assert os.sched_getaffinity(0) == mine
@@ -296,12 +298,12 @@ def test_bad_cpu_lists_are_usage_errors(variants, env, tmp_path, bad):
 
     mine = os.sched_getaffinity(0)
     with pytest.raises(UsageError):
-        bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", cpus=bad), env.settings)
+        orchestrate.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", cpus=bad), env.settings)
     assert os.sched_getaffinity(0) == mine
 
 
 def test_parse_cpu_list():
-    assert bench.parse_cpu_list("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
+    assert orchestrate.parse_cpu_list("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
 
 
 def test_ubatch_and_tg_override_the_suite(variants, env, tmp_path):
@@ -317,7 +319,7 @@ def test_bad_ubatch_or_tg_are_usage_errors(variants, env, tmp_path, kw):
     from ggml_bridge.errors import UsageError
 
     with pytest.raises(UsageError) as e:
-        bench.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
+        orchestrate.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
     assert e.value.exit_code == 2
 
 
@@ -341,7 +343,7 @@ def test_bad_time_budget_is_a_usage_error(variants, env, tmp_path, budget):
     from ggml_bridge.errors import UsageError
 
     with pytest.raises(UsageError) as e:
-        bench.bench(
+        orchestrate.bench(
             _args(variants_dir=variants, model=env.model, report=tmp_path / "r", time_budget=budget), env.settings
         )
     assert e.value.exit_code == 2
@@ -349,7 +351,7 @@ def test_bad_time_budget_is_a_usage_error(variants, env, tmp_path, budget):
 
 def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, env, tmp_path):
     args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p,off-p2p")
-    assert bench.bench(args, env.settings) == 0
+    assert orchestrate.bench(args, env.settings) == 0
     lines = env.order.read_text().splitlines()
     assert any(x.startswith("patched bridge=0 p2p=1 batched=0") for x in lines)
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
@@ -403,28 +405,30 @@ def test_smi_without_nvidia_smi_is_one_clear_error(variants, env, tmp_path, monk
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p", smi=100)
     with pytest.raises(BenchError, match="--smi needs nvidia-smi"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
 
 
 def test_paired_ratio_interval_resamples_rounds():
     samples = [
-        bench.Sample(c, "t", r, [v])
+        stats.Sample(c, "t", r, [v])
         for r, (a, b) in enumerate([(100, 97), (90, 88), (110, 106), (95, 93)])
         for c, v in (("ref", a), ("x", b))
     ]
-    point, n = bench.paired_ratio(samples, "x", "ref", "t")
-    lo, hi = bench.paired_interval(samples, "x", "ref", "t")
+    point, n = stats.paired_ratio(samples, "x", "ref", "t")
+    lo, hi = stats.paired_interval(samples, "x", "ref", "t")
     ratios = [97 / 100, 88 / 90, 106 / 110, 93 / 95]
     assert n == 4 and min(ratios) <= lo <= point <= hi <= max(ratios)
-    assert bench.paired_interval(samples[:4], "x", "ref", "t") is None  # two rounds: no interval
+    assert stats.paired_interval(samples[:4], "x", "ref", "t") is None  # two rounds: no interval
 
 
 def test_pool_reports_numbers_rounds_one_after_the_other(variants, env, tmp_path):
     for name in ("a", "b"):
         args = _quick(variants, env, tmp_path / name, rounds=2, reps=2, cases="upstream-p2p,bridge")
-        assert bench.bench(args, env.settings) == 0
+        assert orchestrate.bench(args, env.settings) == 0
     assert (
-        bench.bench(_args(pool=[tmp_path / "a", tmp_path / "b" / "bench.json"], report=tmp_path / "p"), env.settings)
+        orchestrate.bench(
+            _args(pool=[tmp_path / "a", tmp_path / "b" / "bench.json"], report=tmp_path / "p"), env.settings
+        )
         == 0
     )
     rep = json.loads((tmp_path / "p" / "bench.json").read_text())
@@ -439,12 +443,12 @@ def test_pool_reports_numbers_rounds_one_after_the_other(variants, env, tmp_path
 def test_pool_refuses_reports_measured_differently(variants, env, tmp_path):
     for name, ub in (("a", "512"), ("b", "4096")):
         args = _quick(variants, env, tmp_path / name, cases="upstream-p2p", ubatch=ub)
-        assert bench.bench(args, env.settings) == 0
+        assert orchestrate.bench(args, env.settings) == 0
     with pytest.raises(BenchError, match="was not measured like") as e:
-        bench.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), env.settings)
+        orchestrate.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), env.settings)
     assert "settings" in e.value.why
     with pytest.raises(BenchError, match="bench report .* not found"):
-        bench.bench(_args(pool=[tmp_path / "a", tmp_path / "nothing"], report=tmp_path / "p"), env.settings)
+        orchestrate.bench(_args(pool=[tmp_path / "a", tmp_path / "nothing"], report=tmp_path / "p"), env.settings)
     assert not (tmp_path / "p").exists()
 
 
@@ -456,7 +460,7 @@ def test_pool_refuses_one_report_twice(variants, env, tmp_path):
     from ggml_bridge.errors import UsageError
 
     for name in ("a", "b"):
-        assert bench.bench(_quick(variants, env, tmp_path / name, cases="upstream-p2p"), env.settings) == 0
+        assert orchestrate.bench(_quick(variants, env, tmp_path / name, cases="upstream-p2p"), env.settings) == 0
     shutil.copytree(tmp_path / "a", tmp_path / "copy")
     for twice in (
         [tmp_path / "a" / "bench.json", tmp_path / "a" / "bench.json"],
@@ -464,24 +468,24 @@ def test_pool_refuses_one_report_twice(variants, env, tmp_path):
         [tmp_path / "a", tmp_path / "copy"],
     ):
         with pytest.raises(UsageError, match="are the same report"):
-            bench.bench(_args(pool=twice, report=tmp_path / "p"), env.settings)
-    assert bench.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), env.settings) == 0
+            orchestrate.bench(_args(pool=twice, report=tmp_path / "p"), env.settings)
+    assert orchestrate.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), env.settings) == 0
     with pytest.raises(UsageError, match="are the same report"):
-        bench.bench(_args(pool=[tmp_path / "p", tmp_path / "b"], report=tmp_path / "q"), env.settings)
+        orchestrate.bench(_args(pool=[tmp_path / "p", tmp_path / "b"], report=tmp_path / "q"), env.settings)
     assert not (tmp_path / "q").exists()
 
 
 def test_references_by_current_or_older_name():
     """Reports of earlier runs (pooled with --pool) name the references p2p, nopeer, staged."""
-    assert bench.references(["bridge", "off", "upstream-p2p"]) == ["upstream-p2p", "off"]
-    assert bench.references(["nopeer", "bridge", "p2p"]) == ["p2p", "nopeer"]
-    assert bench.references(["staged", "bridge"], ("upstream-p2p", "upstream-nopeer", "off")) == []
+    assert stats.references(["bridge", "off", "upstream-p2p"]) == ["upstream-p2p", "off"]
+    assert stats.references(["nopeer", "bridge", "p2p"]) == ["p2p", "nopeer"]
+    assert stats.references(["staged", "bridge"], ("upstream-p2p", "upstream-nopeer", "off")) == []
 
 
 def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, env, tmp_path, monkeypatch):
     """auto leaves virtual devices of one GPU on upstream's device-local copy: the 6-device suite used to
     measure 'bridge' and 'bridge-batched' there, i.e. no bridge at all; on one GPU they run forced."""
-    monkeypatch.setattr(bench, "n_gpus", lambda: 1)
+    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
     args = _quick(variants, env, tmp_path / "r", suite="batched-pp-6dev")
     rep = _report(args, env)
     names = [c["name"] for c in rep["cases"]]
@@ -489,7 +493,7 @@ def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, env, tmp
     forced = next(c for c in rep["cases"] if c["name"] == "bridge-force")
     assert "boundaries=" in forced["engagement"]
     # with as many GPUs as devices, auto is what users run and is measured as such
-    monkeypatch.setattr(bench, "n_gpus", lambda: 6)
+    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 6)
     args = dataclasses.replace(args, report=tmp_path / "r6")
     rep = _report(args, env)
     assert {c["name"] for c in rep["cases"]} == {"off", "batched", "bridge", "bridge-batched"}
@@ -507,11 +511,11 @@ def test_suites_are_data_checked_like_the_ladders(variants, env, tmp_path, monke
         '[tiny-cpu]\nabout = "mine"\ncases = ["upstream", "off"]\nshape = "small"\ndevices = "cpu"\n'
         "pp = 64\nbatch = 64\nubatch = [64]\ntg = 4\n"
     )
-    monkeypatch.setattr(bench, "n_gpus", lambda: 0)
+    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 0)
     rep = _report(_quick(variants, env, tmp_path / "r", suite="tiny-cpu", suite_file=own), env)
     assert rep["suite"] == "tiny-cpu" and rep["about"] == "mine" and rep["settings"]["pp"] == 64
     with pytest.raises(UsageError, match="no suite 'cpu' in .*mine.toml"):
-        bench.bench(_quick(variants, env, tmp_path / "r2", suite_file=own), env.settings)
+        orchestrate.bench(_quick(variants, env, tmp_path / "r2", suite_file=own), env.settings)
     for text, msg in (
         ("ubatch = [0]", r"\[tiny-cpu\]: ubatch = \[0\] is not a list of integers in 1..2147483647"),
         ('devices = "2"', r"devices = '2' is not one of all, 1, cpu"),
@@ -529,3 +533,19 @@ def test_suites_are_data_checked_like_the_ladders(variants, env, tmp_path, monke
         (tmp_path / "bad.toml").write_text(body)
         with pytest.raises(UsageError, match=msg):
             suites.load_suites(tmp_path / "bad.toml")
+
+
+def test_each_measure_is_one_module_behind_the_protocol_in_one_registry() -> None:
+    """The suites' schema, --measure's words and the report read the registry: a measure is its module and a row."""
+    from ggml_bridge.bench import measures, suites
+
+    assert list(measures.MEASURES) == ["bench", "perplexity", "server", "inproc"]
+    modules = {type(m).__module__ for m in measures.MEASURES.values()}
+    assert len(modules) == len(measures.MEASURES), "one module per measure"
+    for name, m in measures.MEASURES.items():
+        assert m.name == name and m.program
+        if m.table is None:
+            assert name not in suites.SUITE_KEYS
+        else:
+            assert suites.SUITE_KEYS[name].table is m.table
+    assert suites.measures_of({}) == ("bench",)

@@ -12,10 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import bench, config, modes
+from ggml_bridge import config, modes
 from ggml_bridge import model as modelmod
-from ggml_bridge.bench import stats
-from ggml_bridge.bench.running import Job, plan_round
+from ggml_bridge.bench import orchestrate, running, stats
+from ggml_bridge.bench.measure import Job
+from ggml_bridge.bench.running import plan_round
 from ggml_bridge.errors import BenchError, UsageError
 
 from helpers import bench_args, write_fake_variants
@@ -26,8 +27,8 @@ def env(tmp_path, monkeypatch):
     for var in ("FAKE_COLD_FIRST", "FAKE_COLD_WHEN", "FAKE_BATCHED_INACTIVE", "FAKE_DEVICES"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("FAKE_ORDER", str(tmp_path / "order.txt"))
-    monkeypatch.setattr(bench, "n_gpus", lambda: 1)
-    monkeypatch.setattr(bench, "gpu_env", lambda: {})
+    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
+    monkeypatch.setattr(orchestrate, "gpu_env", lambda: {})
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     return SimpleNamespace(
@@ -43,7 +44,7 @@ def _run(env, report: str, **kw):  # type: ignore[no-untyped-def]
     """Run the bench on the fake variants (exit 0 expected) and read its bench.json."""
     kw.setdefault("model", env.model)
     args = bench_args(variants_dir=env.variants, report=env.tmp / report, microbench=False, **kw)
-    assert bench.bench(args, env.settings) == 0
+    assert orchestrate.bench(args, env.settings) == 0
     return json.loads((env.tmp / report / "bench.json").read_text())
 
 
@@ -53,7 +54,7 @@ def _run(env, report: str, **kw):  # type: ignore[no-untyped-def]
 def test_one_group_on_one_shape_is_the_rotation_of_the_cases():
     names = ["a", "b", "c"]
     for rnd in range(4):
-        assert [j.case for j in plan_round(rnd, names, ["s"], [Job("", "")])] == bench.rotate(names, rnd)
+        assert [j.case for j in plan_round(rnd, names, ["s"], [Job("", "")])] == running.rotate(names, rnd)
 
 
 def test_a_round_runs_every_case_in_every_group_next_to_each_other():
@@ -159,7 +160,7 @@ def test_run_lengths_show_what_a_one_shot_run_costs(env, monkeypatch):
 def test_repetitions_with_run_lengths_are_usage_errors(env, kw):
     args = bench_args(variants_dir=env.variants, model=env.model, report=env.tmp / "r", run_lengths=(1,), **kw)
     with pytest.raises(UsageError, match="with run lengths") as e:
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
     assert e.value.exit_code == 2 and not (env.tmp / "r").exists()
 
 
@@ -202,7 +203,7 @@ def test_shapes_name_every_figure_and_parts_of_the_matrix_pool(shaped):
         env.tmp / "b" / "logs" / "small" / "perplexity"
     ).is_dir()
 
-    assert bench.bench(bench_args(pool=[env.tmp / "a", env.tmp / "b"], report=env.tmp / "p"), env.settings) == 0
+    assert orchestrate.bench(bench_args(pool=[env.tmp / "a", env.tmp / "b"], report=env.tmp / "p"), env.settings) == 0
     p = json.loads((env.tmp / "p" / "bench.json").read_text())
     assert p["shapes"] == ["tiny", "small"] and p["run_lengths"] == [1, 3] and p["measures"] == ["bench", "perplexity"]
     assert p["tests"][3] == "small:perplexity" and p["tests"][-1] == "tiny:tg16@r3"  # by shape, then test
@@ -222,10 +223,10 @@ def test_shapes_the_suite_does_not_have_are_usage_errors(shaped):
             variants_dir=env.variants, report=env.tmp / "r", suite="cpu-runs", vocab=env.tmp / "vocab.gguf", **kw
         )
         with pytest.raises(UsageError, match=re.escape(msg)):
-            bench.bench(args, env.settings)
+            orchestrate.bench(args, env.settings)
     args = bench_args(variants_dir=env.variants, report=env.tmp / "r", suite="batched", measure="server")
     with pytest.raises(UsageError, match="suite batched has no server"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
 
 
 # --- llama-perplexity and llama-server ----------------------------------------------------------------------------
@@ -290,7 +291,7 @@ def test_mechanism_inactive_in_perplexity_and_server_is_not_engaged(env, monkeyp
         measure="perplexity,server",
     )
     with pytest.raises(BenchError, match="did not engage"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
     rep = json.loads((env.tmp / "r" / "bench.json").read_text())
     assert rep["not_engaged"] == ["batched"] and "batched" not in rep["ratios"].get("off", {})
     states = [r["engagement"] for r in rep["runs"] if r["case"] == "batched"]
@@ -299,9 +300,9 @@ def test_mechanism_inactive_in_perplexity_and_server_is_not_engaged(env, monkeyp
 
 
 def test_perplexity_that_evaluates_nothing_is_an_error(env, monkeypatch):
-    from ggml_bridge.bench import wallclock
+    from ggml_bridge.bench import perplexity
 
-    monkeypatch.setattr(wallclock, "make_text", lambda n, seed, tokens: "a text shorter than one chunk\n")
+    monkeypatch.setattr(perplexity, "make_text", lambda n, seed, tokens: "a text shorter than one chunk\n")
     args = bench_args(
         variants_dir=env.variants,
         model=env.model,
@@ -313,7 +314,7 @@ def test_perplexity_that_evaluates_nothing_is_an_error(env, monkeypatch):
         measure="perplexity",
     )
     with pytest.raises(BenchError, match="llama-perplexity evaluated nothing"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
 
 
 def test_a_failed_server_is_a_failed_case(env, monkeypatch):
@@ -329,7 +330,7 @@ def test_a_failed_server_is_a_failed_case(env, monkeypatch):
         measure="server",
     )
     with pytest.raises(BenchError, match="llama-server failed for case"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
     rep = json.loads((env.tmp / "r" / "bench.json").read_text())
     assert rep["failed"] == ["off"] and "exited during start-up" in rep["runs"][0]["log_tail"][0]
 
@@ -345,7 +346,7 @@ def test_wall_clock_measurements_need_their_programs_and_local_cases(env):
         measure="server",
     )
     with pytest.raises(BenchError, match="no llama-server next to llama-bench"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
     args = bench_args(
         variants_dir=env.variants,
         model=env.model,
@@ -355,7 +356,7 @@ def test_wall_clock_measurements_need_their_programs_and_local_cases(env):
         measure="perplexity",
     )
     with pytest.raises(UsageError, match="rpc case"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
 
 
 def test_time_budget_stops_starting_rounds_of_run_lengths(env):
@@ -502,7 +503,7 @@ def test_in_process_batching_that_did_not_engage_fails(env, monkeypatch):
     monkeypatch.setenv("FAKE_INPROC_INACTIVE", "1")
     args = _inproc_args(env)
     with pytest.raises(BenchError, match="test-batched-transfers failed for case"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
     rep = json.loads((env.tmp / "r" / "bench.json").read_text())
     (run,) = [r for r in rep["runs"] if r["case"] == "batched"]  # beside it off's control, which passed
     assert run["rc"] == 1 and run["engaged"] is False and "batched inactive" in run["engagement"], run
@@ -512,13 +513,13 @@ def test_in_process_measurement_needs_its_program_and_local_cases(env):
     (env.variants / "patched" / "test-batched-transfers").unlink()
     args = _inproc_args(env)
     with pytest.raises(BenchError, match="no test-batched-transfers next to llama-bench"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)
 
 
 def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(env, monkeypatch):
     """tensor-virt on 2 virtual devices: every case -sm tensor with its GGML_CUDA_ALLREDUCE, the test-only baseline's
     folder, the all-reduce path each process took (upstream's internal, the butterfly, the bridge's all-reduce)."""
-    monkeypatch.setattr(bench, "n_gpus", lambda: 1)
+    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
     rep = _run(env, "t", suite="tensor-virt", measure="bench", rounds=1, run_lengths=(1,), tg=0)
     lines = env.order.read_text().splitlines()
     assert len(lines) == 5 and all(" sm=tensor " in x for x in lines)
@@ -541,4 +542,4 @@ def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(env,
         tg=0,
     )
     with pytest.raises(BenchError, match="tensor-upstream-internal did not engage"):
-        bench.bench(args, env.settings)
+        orchestrate.bench(args, env.settings)

@@ -49,7 +49,7 @@ def test_every_caller_uses_it() -> None:
 
     from ggml_bridge import rpc
     from ggml_bridge.bench import proof as bench_proof
-    from ggml_bridge.bench import wallclock
+    from ggml_bridge.bench import server as bench_server
     from ggml_bridge.ladder import validity
 
     for mod in (rpc, bench_proof, validity):
@@ -58,7 +58,7 @@ def test_every_caller_uses_it() -> None:
     # /metrics counters)
     from ggml_bridge import engagement
 
-    for mod in (proof, wallclock):  # serve's proof
+    for mod in (proof, bench_server):  # serve's proof
         assert "from_metrics(" in inspect.getsource(mod) and mod.from_metrics is engagement.from_metrics
     assert "engaged(mechanism, info)" in inspect.getsource(engagement.from_metrics)
 

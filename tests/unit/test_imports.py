@@ -15,7 +15,18 @@ ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 #: The floors of the package, lowest first: a module may import modules of its own floor or below, never above
 #: (a package, e.g. ``build``, is one entry: its submodules share its floor). Every module must be listed.
 FLOORS: list[set[str]] = [
-    {"ggml_bridge", "errors", "net", "logparse", "engagement", "mechanisms", "tomlfile", "files", "tables", "layout"},  # the root
+    {
+        "ggml_bridge",
+        "errors",
+        "net",
+        "logparse",
+        "engagement",
+        "mechanisms",
+        "tomlfile",
+        "files",
+        "tables",
+        "layout",
+    },  # the root
     # (__version__), errors, TOML files and their schema, the JSON files read and the output folders, addresses and
     # ports, the log-line parser, the one engagement decision, the mechanism record and the tables of named rows
     {"runner", "signals", "modes", "config", "pin"},  # the subprocess runner and the stop on signals; the table of

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import bench, builder, ladder, modes, proof, serve
+from ggml_bridge import builder, ladder, modes, proof, serve
 from ggml_bridge import patch as patchmod
+from ggml_bridge.bench import orchestrate, suites
 from ggml_bridge.errors import BenchError, LadderSetupError, UsageError
 
 
@@ -73,8 +74,8 @@ def test_ladder_files_use_current_names(tmp_path: Path):
 
 
 def test_bench_serve_and_build_derive_from_the_table():
-    assert bench.CASES is modes.MODES
-    for suite in bench.SUITES.values():
+    assert orchestrate.CASES is modes.MODES
+    for suite in suites.SUITES.values():
         assert set(suite["cases"]) <= set(modes.MODES)
     assert proof.BRIDGE_VAR == modes.BRIDGE and not hasattr(serve, "selector_env")
     assert dict(modes.VARIANTS["patched"].cmake) == {
@@ -93,13 +94,13 @@ def test_bench_serve_and_build_derive_from_the_table():
 def test_bench_refuses_ladder_only_modes(tmp_path, monkeypatch):
     from ggml_bridge import cli
 
-    monkeypatch.setattr(bench, "n_gpus", lambda: 0)
+    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 0)
     for cases, msg in (("off,bridge-typo", "ladder checks"), ("off,both", "no longer accepted")):
         args = cli.parse_command(
             cli.COMMANDS["bench"], ["--suite", "cpu", "--cases", cases, "--report", str(tmp_path / "r")]
         )
         with pytest.raises(BenchError, match=msg):
-            bench.bench(args, None)
+            orchestrate.bench(args, None)
 
 
 def test_a_table_of_named_rows_refuses_a_name_given_twice() -> None:

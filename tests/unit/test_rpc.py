@@ -437,11 +437,11 @@ def test_validate_rpc():
 def test_bench_rpc_suite(bench_env):
     import json
 
-    from ggml_bridge import bench
+    from ggml_bridge.bench import orchestrate
 
     out = bench_env.tmp / "report"
     args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, rounds=2, reps=2, report=out, suite="rpc")
-    assert bench.bench(args, bench_env.settings) == 0
+    assert orchestrate.bench(args, bench_env.settings) == 0
     rep = json.loads((out / "bench.json").read_text())
     assert rep["not_engaged"] == [] and rep["failed"] == []
     assert set(rep["summary"]) == {"rpc-upstream", "rpc-upstream-nopeer", "rpc-off", "rpc-bridge"}
@@ -458,7 +458,7 @@ def test_bench_rpc_suite(bench_env):
 def test_bench_rpc_bridge_not_engaged(bench_env, monkeypatch):
     import json
 
-    from ggml_bridge import bench
+    from ggml_bridge.bench import orchestrate
 
     monkeypatch.setenv("FAKE_RPC_BRIDGE", "inactive")
     out = bench_env.tmp / "report"
@@ -474,7 +474,7 @@ def test_bench_rpc_bridge_not_engaged(bench_env, monkeypatch):
     from ggml_bridge.errors import BenchError
 
     with pytest.raises(BenchError, match="rpc-bridge"):
-        bench.bench(args, bench_env.settings)
+        orchestrate.bench(args, bench_env.settings)
     rep = json.loads((out / "bench.json").read_text())
     assert rep["not_engaged"] == ["rpc-bridge"]
     assert (
@@ -483,9 +483,9 @@ def test_bench_rpc_bridge_not_engaged(bench_env, monkeypatch):
 
 
 def test_bench_rpc_cpu_suite_pins_threads_on_both_sides(bench_env, monkeypatch, capsys):
-    from ggml_bridge import bench
+    from ggml_bridge.bench import orchestrate
 
-    monkeypatch.setattr(bench, "n_gpus", lambda: 0)
+    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 0)
     args = bench_args(
         variants_dir=bench_env.variants,
         model=bench_env.model,
@@ -494,7 +494,7 @@ def test_bench_rpc_cpu_suite_pins_threads_on_both_sides(bench_env, monkeypatch, 
         report=bench_env.tmp / "report",
         suite="rpc-cpu",
     )
-    assert bench.bench(args, bench_env.settings) == 0
+    assert orchestrate.bench(args, bench_env.settings) == 0
     calls = (bench_env.tmp / "rpc-order.txt").read_text().splitlines()
     assert len(calls) == 2 and all(" -t 1" in c for c in calls)
     assert sum("--rpc 127.0.0.1:" in c and "-ngl 99" in c for c in calls) == 1

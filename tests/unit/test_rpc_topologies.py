@@ -223,15 +223,15 @@ def test_unshaped_rung_has_no_link_stats(env):
 @pytest.fixture
 def one_gpu_bench_env(bench_env, monkeypatch):
     """``bench_env`` on a rig of one GPU."""
-    from ggml_bridge import bench
+    from ggml_bridge.bench import orchestrate
 
-    monkeypatch.setattr(bench, "n_gpus", lambda: 1)
+    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
     return bench_env
 
 
 @pytest.mark.plots
 def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(one_gpu_bench_env):
-    from ggml_bridge import bench
+    from ggml_bridge.bench import orchestrate
 
     from helpers import bench_args
 
@@ -245,7 +245,7 @@ def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(one
         suite="rpc-link",
         links="10gbit/0.2ms,25gbit/0.1ms",
     )
-    assert bench.bench(args, one_gpu_bench_env.settings) == 0
+    assert orchestrate.bench(args, one_gpu_bench_env.settings) == 0
     rep = json.loads((out / "bench.json").read_text())
     names = [c["name"] for c in rep["cases"]]
     assert names == ["off", "rpc-off", "rpc-off@10gbit-0.2ms", "rpc-off@25gbit-0.1ms"]
@@ -274,7 +274,8 @@ def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(one
 
 
 def test_bench_link_case_that_bypasses_the_shaper_is_not_engaged(one_gpu_bench_env, monkeypatch):
-    from ggml_bridge import bench, netbench
+    from ggml_bridge import netbench
+    from ggml_bridge.bench import orchestrate
     from ggml_bridge.errors import BenchError
 
     from helpers import bench_args
@@ -291,11 +292,11 @@ def test_bench_link_case_that_bypasses_the_shaper_is_not_engaged(one_gpu_bench_e
         cases="rpc-off",
     )
     with pytest.raises(BenchError, match="rpc-off@10gbit-0.2ms"):
-        bench.bench(args, one_gpu_bench_env.settings)
+        orchestrate.bench(args, one_gpu_bench_env.settings)
 
 
 def test_bench_bad_link_is_a_bench_error(one_gpu_bench_env):
-    from ggml_bridge import bench
+    from ggml_bridge.bench import orchestrate
     from ggml_bridge.errors import BenchError
 
     from helpers import bench_args
@@ -308,7 +309,7 @@ def test_bench_bad_link_is_a_bench_error(one_gpu_bench_env):
         links="10gbit",
     )
     with pytest.raises(BenchError, match="bad link '10gbit'"):
-        bench.bench(args, one_gpu_bench_env.settings)
+        orchestrate.bench(args, one_gpu_bench_env.settings)
 
 
 def test_row_split_rung_does_not_require_bridge_boundaries_but_records_them():
