@@ -206,8 +206,29 @@ def test_no_test_module_imports_another(rel: str) -> None:
 
 #: The command line: the only modules that see argparse (every other module receives frozen dataclasses).
 CLI_LAYER = ("ggml_bridge.cli", "ggml_bridge.commands", "ggml_bridge.__main__")
-MAX_MODULE_LINES = 500
-MAX_FUNCTION_LINES = 80
+#: The ratchet: no module and no function grows past the largest of the day the caps were last lowered (the caps
+#: of 500 and 80 lines hold with room to spare); lower these as modules and functions shrink, never raise them.
+MAX_MODULE_LINES = 485
+MAX_FUNCTION_LINES = 77
+#: At most 7 parameters (self aside): a longer chain becomes a context object. The functions over it today, with
+#: their counts: none may grow, none may join, and one that shrinks leaves the list (a test says so).
+MAX_PARAMETERS = 7
+OVER_MAX_PARAMETERS = {
+    "gitrepo.py:execute": 15,
+    "runner.py:start": 12,
+    "runner.py:run": 11,
+    "rebase/series.py:write_series_and_pin": 10,
+    "ladder/orchestrate.py:run_mode": 10,
+    "fetch/tree.py:_finish": 10,
+    "llama_server.py:__init__": 9,
+    "ladder/orchestrate.py:run_rung": 9,
+    "fetch/pinned.py:pinned_from_archive": 9,
+    "doctor/recommend.py:_interpolated": 9,
+    "runner.py:__init__": 8,
+    "pin.py:render": 8,
+    "fetch/sources.py:_known_sdist": 8,
+    "builder/plan.py:build_key": 8,
+}
 
 
 def _package_files() -> list[Path]:
@@ -253,8 +274,8 @@ def test_only_the_command_line_sees_argparse() -> None:
     assert not bad, "argparse outside the command line:\n" + "\n".join(bad)
 
 
-def test_no_module_over_500_lines() -> None:
-    """No module of the package over 500 lines, none exempt."""
+def test_no_module_grows_past_the_largest() -> None:
+    """No module of the package over :data:`MAX_MODULE_LINES`, none exempt."""
     big = [
         f"{p.relative_to(ROOT)} ({n} lines)"
         for p in _package_files()
@@ -280,10 +301,40 @@ def test_the_function_rule_measures_a_function() -> None:
     assert long_functions(body) == ["f (81 lines, line 1)"] and long_functions(body, 81) == []
 
 
-def test_no_function_over_80_lines() -> None:
-    """No function of the package over 80 lines, none exempt."""
+def test_no_function_grows_past_the_longest() -> None:
+    """No function of the package over :data:`MAX_FUNCTION_LINES`, none exempt."""
     long = [f"{p.relative_to(ROOT)}: {f}" for p in _package_files() for f in long_functions(p.read_text())]
     assert not long, f"over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def parameter_counts(source: str) -> dict[str, int]:
+    """Each function of ``source`` (methods and nested ones too) by name: its parameters, ``self``/``cls`` aside."""
+    out: dict[str, int] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            named = [*a.posonlyargs, *a.args]
+            n = len(named) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+            out[node.name] = max(out.get(node.name, 0), n - (bool(named) and named[0].arg in ("self", "cls")))
+    return out
+
+
+def test_the_parameter_rule_counts_parameters() -> None:
+    src = "def f(a, /, b, *c, d, **e): ...\nclass K:\n    def m(self, a, b=1): ...\n"
+    assert parameter_counts(src) == {"f": 5, "m": 2}
+
+
+def test_no_function_takes_more_parameters_than_the_ratchet_allows() -> None:
+    found = {
+        f"{p.relative_to(ROOT)}:{name}": n
+        for p in _package_files()
+        for name, n in parameter_counts(p.read_text()).items()
+        if n > MAX_PARAMETERS
+    }
+    grown = {k: n for k, n in found.items() if n > OVER_MAX_PARAMETERS.get(k, MAX_PARAMETERS)}
+    assert not grown, f"more than {MAX_PARAMETERS} parameters (or more than before): {grown}; pass a context object"
+    shrunk = {k: n for k, n in OVER_MAX_PARAMETERS.items() if found.get(k, 0) < n}
+    assert not shrunk, f"lower OVER_MAX_PARAMETERS in {__file__} to: {shrunk} (0: drop the entry)"
 
 
 def floors_line() -> str:
