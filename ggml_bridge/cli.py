@@ -22,7 +22,6 @@ from . import __version__, config, errors, runner, signals
 from .commands import COMMANDS as COMMANDS
 from .commands import Command as Command
 from .commands import cmdoptions
-from .commands import register as register
 from .commands import stage as stage
 from .errors import FatalError, UsageError
 

@@ -163,8 +163,3 @@ COMMANDS: dict[str, Command] = by_name(
         *stage("paper_model"),
     ),
 )
-
-
-def register(command: Command) -> Command:
-    COMMANDS[command.name] = command
-    return command

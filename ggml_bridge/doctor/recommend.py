@@ -2,7 +2,7 @@
 batching, the split ratios (``-ts``), what each boundary of the split costs per token (the paper model with the
 links measured here), and the exact ``ggml-bridge serve`` command line.
 
-The rules, each stated where it is applied, are documented in the README's doctor section.
+The rules, each stated where it is applied, are documented in docs/doctor.md.
 """
 
 from __future__ import annotations
