@@ -201,21 +201,24 @@ class SdistSource:
     sha256: str | None
 
 
-def render(
-    old: Pin,
-    *,
-    url: str,
-    tag: str,
-    commit: str | None,
-    number: int | None,
-    sdist: SdistSource | None,
-    date: str,
-    onto: str,
-) -> str:
+@dataclass(frozen=True)
+class NewUpstream:
+    """The upstream a rebase moves the pin to: its repository, tag, commit (None: not known), llama.cpp build
+    number (a registry build) and the registry sdist its tree came from."""
+
+    url: str
+    tag: str
+    commit: str | None
+    number: int | None
+    sdist: SdistSource | None
+
+
+def render(old: Pin, new: NewUpstream, *, date: str, onto: str) -> str:
     """pin.toml text for a new upstream (written by ``ggml-bridge rebase --onto ONTO``): git + GitHub archive sources
     of the commit when it is known (first: users with GitHub access get the commit itself), and the registry sdist
     when the tree came from one (its version and sha256 are its identity; without a commit it is the only source, and
     ``upstream.build`` names the llama.cpp build ``number``). ``old`` gives the expected files and the previous pin."""
+    url, commit, number, sdist = new.url, new.commit, new.number, new.sdist
     q = json.dumps
     lines = [
         "# The upstream llama.cpp this project is pinned to, and every way to obtain its tree.",
@@ -224,7 +227,7 @@ def render(
         "",
         "[upstream]",
         f"url = {q(url)}",
-        f"tag = {q(tag)}",
+        f"tag = {q(new.tag)}",
     ]
     if number is not None:
         lines.append(f"build = {number}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
@@ -66,7 +67,8 @@ def _fetch_pinned_archive(settings: Settings, pin: pinmod.Pin, src: pinmod.Sourc
         name = Path(urlsplit(src.url).path).name or "archive.tar.gz"
         archive, sha = _download(settings, src.url, stage / name, src.sha256)
         origin = f"archive {src.url}"
-        return pinned_from_archive(settings, pin, stage, archive, src.subdir, origin, sha, remove=True, failed=_Failed)
+        found = PinnedArchive(archive, src.subdir, origin, sha)
+        return pinned_from_archive(settings, pin, stage, found, remove=True, failed=_Failed)
 
 
 def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source) -> Tree:
@@ -91,27 +93,37 @@ def _fetch_pinned_sdist(settings: Settings, pin: pinmod.Pin, src: pinmod.Source)
             set_aside_damaged(settings, src.filename, sha)
         subdir = src.subdir or _sdist_subdir(src.filename)
         origin = f"pypi-sdist {src.package}=={src.version} (sha256 {sha})"
-        return pinned_from_archive(settings, pin, stage, archive, subdir, origin, sha, remove=kept is None)
+        return pinned_from_archive(
+            settings, pin, stage, PinnedArchive(archive, subdir, origin, sha), remove=kept is None
+        )
+
+
+@dataclass(frozen=True)
+class PinnedArchive:
+    """One of the pinned tree's archives, its sha256 checked: the file, the folder of the tree in it, where it came
+    from."""
+
+    path: Path
+    subdir: str | None
+    origin: str
+    sha256: str
 
 
 def pinned_from_archive(
     settings: Settings,
     pin: pinmod.Pin,
     stage: Path,
-    archive: Path,
-    subdir: str | None,
-    origin: str,
-    sha256: str,
+    archive: PinnedArchive,
     *,
     remove: bool = False,
     failed: type[Exception] = SourceError,
 ) -> Tree:
-    """The pinned tree from one of its archives (checked by its sha256): ``subdir`` of ``archive`` extracted into
-    ``stage/src`` (``remove``: the archive, downloaded into the stage, deleted then) and published."""
-    _extract(archive, stage / "src", subdir=subdir, failed=failed)
+    """The pinned tree from one of its archives: its ``subdir`` extracted into ``stage/src`` (``remove``: the
+    archive, downloaded into the stage, deleted then) and published."""
+    _extract(archive.path, stage / "src", subdir=archive.subdir, failed=failed)
     if remove:
-        archive.unlink()
-    return _finish_pinned(settings, pin, stage, origin=origin, archive_sha256=sha256, failed=failed)
+        archive.path.unlink()
+    return _finish_pinned(settings, pin, stage, origin=archive.origin, archive_sha256=archive.sha256, failed=failed)
 
 
 #: How the pinned tree is fetched from each source kind of :data:`ggml_bridge.pin.SOURCE_KINDS`.

