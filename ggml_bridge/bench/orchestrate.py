@@ -8,7 +8,7 @@ import datetime as _dt
 import json
 import os
 import platform
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from ..runner import log, step
 from .measures import MEASURES, prepare_inputs
 from .options import BenchOptions, checked, ubatch_sizes
 from .report import plot, pool_reports, render_markdown
-from .running import Setup, microbench, rounds
+from .running import CopyRate, Setup, microbench, rounds
 from .stats import (
     CaseRun,
     Sample,
@@ -309,7 +309,7 @@ def _measure(setup: Setup, suite_name: str, sel: Selection, smi_ms: int | None, 
     finally:
         if smi is not None:
             smi.stop()
-    mb: list[dict[str, Any]] = []
+    mb: list[CopyRate] = []
     if micro and modes.PATCHED in setup.bins:
         with step("boundary microbenchmark"):
             mb = microbench(setup.bins[modes.PATCHED], setup.base_env, setup.logs)
@@ -337,12 +337,12 @@ def _measure(setup: Setup, suite_name: str, sel: Selection, smi_ms: int | None, 
         "models": {k: str(v) for k, v in setup.models.items()},
         "environment": gpu_env(),
         "links": netbench.report(list(setup.cases.values()), suite),
-        "cases": [_case_entry(c, setup.bins, runs) for c in setup.cases.values()],
+        "cases": [asdict(_case_entry(c, setup.bins, runs)) for c in setup.cases.values()],
         "manifests": _manifests(setup.bins),
         **pool(list(setup.cases), samples, runs),
         "samples": [asdict(s) for s in samples],
         "runs": [asdict(r) for r in runs],
-        "microbench": mb,
+        "microbench": [asdict(r) for r in mb],
         "smi": (
             {"interval_ms": smi.interval_ms, "fields": smi.fields, "samples": len(smi.rows), "file": "logs/smi.csv"}
             if smi is not None
@@ -351,27 +351,32 @@ def _measure(setup: Setup, suite_name: str, sel: Selection, smi_ms: int | None, 
     }
 
 
-def _case_entry(c: Case, bins: dict[str, Path], runs: list[CaseRun]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CaseEntry:
+    """A case in the report: what it is, its binaries and what its processes said about engagement."""
+
+    name: str
+    variant: str
+    env: dict[str, str]
+    link: str | None
+    description: str
+    bin_dir: str
+    llama_bench_sha256: str
+    engagement: str
+
+
+def _case_entry(c: Case, bins: dict[str, Path], runs: list[CaseRun]) -> CaseEntry:
     """A case in the report: what it is, its binaries and what its processes said about engagement (per
     measurement, the first process that did not engage, else the last one)."""
     said: dict[str, CaseRun] = {}
     for r in runs:
         if r.case == c.name and (r.measure not in said or said[r.measure].engaged is not False):
             said[r.measure] = r
-    return {
-        "name": c.name,
-        "variant": c.variant,
-        "env": c.env(),
-        "link": c.link,
-        "description": c.about,
-        "bin_dir": str(bins[c.variant]),
-        "llama_bench_sha256": file_sha256(bins[c.variant] / "llama-bench"),
-        "engagement": "; ".join(
-            (f"{MEASURES[m].program}: " if len(said) > 1 else "") + r.engagement
-            for m, r in said.items()
-            if r.engagement
-        ),
-    }
+    engagement = "; ".join(
+        (f"{MEASURES[m].program}: " if len(said) > 1 else "") + r.engagement for m, r in said.items() if r.engagement
+    )
+    sha256 = file_sha256(bins[c.variant] / "llama-bench")
+    return CaseEntry(c.name, c.variant, c.env(), c.link, c.about, str(bins[c.variant]), sha256, engagement)
 
 
 def _write(report: dict[str, Any], out_dir: Path) -> int:

@@ -76,13 +76,25 @@ class Setup:
         return "/".join(parts + ([job.measure] if job.measure != "bench" else []))
 
 
-def microbench(bin_dir: Path, base_env: dict[str, str], out_dir: Path) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class CopyRate:
+    """One row of the boundary microbenchmark: a copy path, a boundary size, and how fast it went."""
+
+    path: str  # bridge, peer (upstream's copy), peer-p2p, sync, pinned limits
+    bytes: int
+    iters: int
+    seconds: float
+    GBps: float
+    us_synced: float
+
+
+def microbench(bin_dir: Path, base_env: dict[str, str], out_dir: Path) -> list[CopyRate]:
     """Copy throughput per boundary size, from test-mapped-host-bridge --bench (2+ devices)."""
     exe = bin_dir / "test-mapped-host-bridge"
     if not exe.is_file():
         log("    no test-mapped-host-bridge in the patched build: microbenchmark skipped")
         return []
-    rows: list[dict[str, Any]] = []
+    rows: list[CopyRate] = []
     for label, extra in (("", {}), ("-p2p", {modes.CUDA_P2P: "1"})):
         res = runner.run([str(exe), "--bench"], env={**base_env, **extra}, check=False, error=BenchError)
         (out_dir / f"microbench{label}.csv").write_text(res.stdout)
@@ -97,16 +109,7 @@ def microbench(bin_dir: Path, base_env: dict[str, str], out_dir: Path) -> list[d
             path = f[1] + ("-p2p" if label and f[1] == "peer" else "")
             if label and f[1] != "peer":
                 continue  # the P2P run only changes the peer path
-            rows.append(
-                {
-                    "path": path,
-                    "bytes": int(f[2]),
-                    "iters": int(f[3]),
-                    "seconds": float(f[4]),
-                    "GBps": float(f[5]),
-                    "us_synced": float(f[6]),
-                }
-            )
+            rows.append(CopyRate(path, int(f[2]), int(f[3]), float(f[4]), float(f[5]), float(f[6])))
     return rows
 
 
