@@ -239,7 +239,7 @@ def test_run_check_names_the_all_reduce_of_a_tensor_split(fake, monkeypatch, cap
     monkeypatch.setenv("GGML_CUDA_ALLREDUCE", "none")
     args = [*srv_args(fake.model, llama_server.free_port()), "-sm", "tensor"]
     a = parse(["--bridge", "force", "--check", "--server", str(fake.server), *args])
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     err = capsys.readouterr().err
     assert "-sm tensor over 4 devices: all-reduce bridge (bridge all-reduce enabled" in err
     monkeypatch.setenv("FAKE_DEVICES", "2")
@@ -248,14 +248,14 @@ def test_run_check_names_the_all_reduce_of_a_tensor_split(fake, monkeypatch, cap
     a = parse(
         ["--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port()), "-sm", "tensor"]
     )
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     assert "all-reduce internal (initialized AllReduce pipeline: 2 GPUs)" in capsys.readouterr().err
     monkeypatch.setenv("GGML_CUDA_ALLREDUCE", "butterfly")  # the fake (patched) keeps the butterfly: none expected
     args = [*srv_args(fake.model, llama_server.free_port()), "-sm", "tensor"]
     a = parse(["--bridge", "force", "--check", "--server", str(fake.server), *args])
     monkeypatch.setenv("FAKE_DEVICES", "4")
     monkeypatch.setenv("GGML_CUDA_DEVICES", "4")
-    assert serve.run(a, SimpleNamespace(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
     assert "all-reduce butterfly" in capsys.readouterr().err
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from ggml_bridge import bench, model, modes, tensor_split
+from ggml_bridge import model, modes, tensor_split
 from ggml_bridge.bench import proof as bench_proof
-from ggml_bridge.bench.wallclock import device_args
+from ggml_bridge.bench.measure import device_args
+from ggml_bridge.bench.suites import SUITES
 
 INTERNAL_READY = "ggml_cuda_ar_pipeline_init: initialized AllReduce pipeline: 2 GPUs, 64 KB chunked kernel staging"
 META = "llama_prepare_model_devices: creating a Meta device for tensor parallelism from {n} devices:"
@@ -41,12 +42,12 @@ def test_why_the_small_shapes_do_not_run() -> None:
 
 
 def test_the_bench_splits_as_the_case_says_and_proves_the_all_reduce() -> None:
-    suite = bench.SUITES["tensor-virt"]
+    suite = SUITES["tensor-virt"]
     assert suite["split_mode"] == "tensor" and suite["run_lengths"] == [1, 10] and suite["rounds"] >= 5
     for name in suite["cases"]:
         case = modes.MODES[name]
         assert case.split == "tensor" and device_args(suite, case)[:4] == ["-ngl", "99", "-sm", "tensor"]
-    assert device_args(bench.SUITES["layer-nopeer-virt"], modes.MODES["upstream-nopeer-virtual"])[3] == "layer"
+    assert device_args(SUITES["layer-nopeer-virt"], modes.MODES["upstream-nopeer-virtual"])[3] == "layer"
     internal = modes.MODES["tensor-upstream-internal"]
     ok, what = bench_proof.engagement(internal, "\n".join([META.format(n=2), INTERNAL_READY]), virtual=True)
     assert ok and "internal on 2 devices" in what
