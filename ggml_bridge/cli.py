@@ -1,7 +1,7 @@
 """Command line: ``ggml-bridge COMMAND``, one module per command in :mod:`ggml_bridge.commands`.
 
 Progress goes to stderr; stdout carries only results (a path, a report). :func:`main` is the only place that turns
-a :class:`~ggml_bridge.errors.FatalError` into an exit status.
+a :class:`~ggml_bridge.foundations.errors.FatalError` into an exit status.
 
 Parsing is the same for every command: the global options and the command name first, then the command's own
 parser; a command with ``passthrough`` collects what its parser does not know (and everything after ``--``) into
@@ -18,12 +18,13 @@ import signal
 import sys
 from typing import Any, Sequence
 
-from . import __version__, config, errors, runner, signals
+from . import __version__
 from .commands import COMMANDS as COMMANDS
 from .commands import Command as Command
 from .commands import cmdoptions
 from .commands import stage as stage
-from .errors import FatalError, UsageError
+from .foundations import config, errors, runner, signals
+from .foundations.errors import FatalError, UsageError
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Each patch of the series builds and passes on its own: `ggml-bridge build --series-prefixes` (README, "build")
 # builds the tree with patches 1..k of the series for every k in one CMake tree, with the patched variant's CMake
-# options (the series' switches as ggml_bridge/modes.py defines them) and the tests on, and runs the series'
+# options (the series' switches as ggml_bridge/runtime/modes.py defines them) and the tests on, and runs the series'
 # ctest labels as soon as a prefix has registered them (`-L bridge` needs a CUDA build with two devices or
 # GGML_CUDA_DEVICES; `-L batched` runs on the CPU). This driver keeps the command line of the recorded runs
 # (results/2026-12-02-cpu-series-prefixes/): a portable build (--no-native), extra CMake options through CMAKE_ARGS.

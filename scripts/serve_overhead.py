@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from tiny_server import tiny_setup  # noqa: E402  (scripts/ is on sys.path)
 
-from ggml_bridge import llama_server, modes  # noqa: E402
+from ggml_bridge.runtime import llama_server, modes  # noqa: E402
 
 
 def proc_kib(pid: int, key: str) -> int | None:

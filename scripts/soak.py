@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from tiny_server import tiny_setup  # noqa: E402  (scripts/ is on sys.path)
 
-from ggml_bridge import llama_server, signals  # noqa: E402
+from ggml_bridge.foundations import signals  # noqa: E402
+from ggml_bridge.runtime import llama_server  # noqa: E402
 
 
 def rss_kib(pid: int) -> int | None:

@@ -10,7 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ggml_bridge import builder, config, model  # noqa: E402
+from ggml_bridge.distribution import builder  # noqa: E402
+from ggml_bridge.experiments import model  # noqa: E402
+from ggml_bridge.foundations import config  # noqa: E402
 
 
 def tiny_setup(server: Path | None, vocab: Path | None, prefix: str) -> tuple[Path, Path, Path] | None:

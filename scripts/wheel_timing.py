@@ -38,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ggml_bridge import llama_server, model  # noqa: E402
+from ggml_bridge.experiments import model  # noqa: E402
+from ggml_bridge.runtime import llama_server  # noqa: E402
 
 
 class Server:

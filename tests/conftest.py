@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ggml_bridge import config  # noqa: E402
+from ggml_bridge.foundations import config  # noqa: E402
 
 from fixtures import fakellama  # noqa: E402
 
@@ -197,7 +197,7 @@ def _gpu_unavailable() -> str | None:
         gpus = ""
     if "GPU" not in gpus:
         return "no NVIDIA GPU (nvidia-smi -L lists none)"
-    from ggml_bridge import builder
+    from ggml_bridge.distribution import builder
 
     cuda = builder.detect_cuda()
     if cuda is None or cuda.cublas_header is None:
@@ -212,8 +212,8 @@ REQUIRE_VULKAN = "GGML_BRIDGE_TEST_REQUIRE_VULKAN"
 def _vulkan_unavailable() -> str | None:
     """Why vulkan-marked tests cannot run here (None when they can): the Vulkan build pieces (headers new enough,
     loader, glslc, SPIRV-Headers; ``$VULKAN_SDK`` first) must be found."""
-    from ggml_bridge import builder
-    from ggml_bridge.errors import ToolchainError
+    from ggml_bridge.distribution import builder
+    from ggml_bridge.foundations.errors import ToolchainError
 
     try:
         builder.toolchain.detect_vulkan()
@@ -250,7 +250,7 @@ def real_settings(tmp_path_factory: pytest.TempPathFactory) -> config.Settings:
 
 @pytest.fixture(scope="session")
 def real_tree(real_settings: config.Settings):  # type: ignore[no-untyped-def]
-    from ggml_bridge import fetch
+    from ggml_bridge.upstream import fetch
 
     return fetch.obtain(real_settings, os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
 
@@ -258,7 +258,7 @@ def real_tree(real_settings: config.Settings):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def real_build(real_settings: config.Settings, real_tree: object) -> Callable[[str], object]:
     """``real_build("patched")`` builds (once per session, then cached) the real llama.cpp for CPU."""
-    from ggml_bridge import builder
+    from ggml_bridge.distribution import builder
 
     done: dict[str, object] = {}
 
@@ -276,7 +276,7 @@ def real_vulkan_build(real_settings: config.Settings, real_tree: object):  # typ
     --variant upstream,patched --shared-tree``), once per session, then cached: ``{"upstream": .., "patched": ..}``."""
     import dataclasses
 
-    from ggml_bridge import builder
+    from ggml_bridge.distribution import builder
 
     settings = dataclasses.replace(real_settings, build=dataclasses.replace(real_settings.build, backend="vulkan"))
     results = builder.ensure_shared(settings, ["upstream", "patched"])

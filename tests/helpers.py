@@ -77,7 +77,7 @@ def bench_args(**kw: object):
     return opts
 
 
-def ladder_options(argv: list[str]):  # -> ggml_bridge.ladder.LadderOptions
+def ladder_options(argv: list[str]):  # -> ggml_bridge.experiments.ladder.LadderOptions
     """``ggml-bridge ladder ARGV`` as the typed options the ladder runs with."""
     from ggml_bridge import cli
 
@@ -96,7 +96,8 @@ def real_bin_dir() -> Path | None:
     if d and (Path(d) / "llama-server").is_file():
         return Path(d)
     try:
-        from ggml_bridge import builder, config
+        from ggml_bridge.distribution import builder
+        from ggml_bridge.foundations import config
 
         return builder.find_binary(config.load({}), "llama-server", variant="patched", backend="cpu").parent
     except Exception:  # noqa: BLE001 - no build available: the slow tests skip
@@ -104,7 +105,7 @@ def real_bin_dir() -> Path | None:
 
 
 def real_vocab() -> Path | None:
-    from ggml_bridge import model
+    from ggml_bridge.experiments import model
 
     return model.find_vocab(
         os.environ.get("GGML_BRIDGE_TEST_UPSTREAM"), *(list(real_bin_dir().parents)[:4] if real_bin_dir() else [])
@@ -283,7 +284,7 @@ def make_vocab(path: Path) -> Path:
     """A small llama-spm-like vocabulary GGUF (no tensors): specials, bytes-free, the ladder's words."""
     import gguf
 
-    from ggml_bridge import ladder
+    from ggml_bridge.experiments import ladder
 
     tokens = (
         ["<unk>", "<s>", "</s>"]

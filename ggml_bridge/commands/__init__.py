@@ -14,9 +14,9 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..config import Settings
-from ..errors import ToolchainError, UsageError
-from ..tables import by_name
+from ..foundations.config import Settings
+from ..foundations.errors import ToolchainError, UsageError
+from ..foundations.tables import by_name
 
 Run = Callable[[Any, Settings], int]
 Options = Callable[[argparse.Namespace], Any]

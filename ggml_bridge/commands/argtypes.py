@@ -98,7 +98,7 @@ def path(text: str) -> Path:
 
 def shape_name(text: str) -> str:
     """A preset model shape by name (``--shape``)."""
-    from ..model import PRESETS
+    from ..experiments.model import PRESETS
 
     if text not in PRESETS:
         raise argparse.ArgumentTypeError(f"unknown shape {text!r} (one of {', '.join(PRESETS)})")

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from .. import files
-from ..bench.measures import MEASURES
-from ..bench.options import BenchOptions
-from ..bench.suites import SUITES
-from ..config import Settings
-from ..model import VOCAB_FILE
+from ..experiments.bench.measures import MEASURES
+from ..experiments.bench.options import BenchOptions
+from ..experiments.bench.suites import SUITES
+from ..experiments.model import VOCAB_FILE
+from ..foundations import files
+from ..foundations.config import Settings
 from . import argtypes, cmdoptions
 
 
@@ -170,6 +170,6 @@ def options(ns: argparse.Namespace) -> BenchOptions:
 
 
 def run(opts: BenchOptions, settings: Settings) -> int:
-    from ..bench import orchestrate
+    from ..experiments.bench import orchestrate
 
     return orchestrate.run(opts, settings)

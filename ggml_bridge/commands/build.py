@@ -7,9 +7,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import files, modes, runner
-from ..config import Settings
-from ..errors import BuildError, UsageError
+from ..foundations import files, runner
+from ..foundations.config import Settings
+from ..foundations.errors import BuildError, UsageError
+from ..runtime import modes
 from . import argtypes, cmdoptions
 from .fetch import SourceOptions, source_options
 
@@ -104,7 +105,7 @@ def options(ns: argparse.Namespace) -> BuildOptions:
 
 
 def run(opts: BuildOptions, settings: Settings) -> int:
-    from .. import builder
+    from ..distribution import builder
 
     variants = list(opts.variants or (modes.variant(settings.build.variant),))
     names = [v.name for v in variants]
@@ -118,7 +119,7 @@ def run(opts: BuildOptions, settings: Settings) -> int:
         return 0
     src = opts.source
     if opts.series_prefixes is not None:
-        from ..builder.prefixes import build_prefixes
+        from ..distribution.builder.prefixes import build_prefixes
 
         out = files.output_dir(opts.series_prefixes, "--series-prefixes")  # before the fetch and the builds
         report, done = build_prefixes(settings, out, source_spec=src.source, allow_unpinned=src.allow_unpinned)

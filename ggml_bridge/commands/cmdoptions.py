@@ -8,8 +8,8 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import files
-from ..modes import RPC_SERVER, VARIANTS
+from ..foundations import files
+from ..runtime.modes import RPC_SERVER, VARIANTS
 from . import argtypes
 
 #: ``(flag, type or None for text, metavar or None, help)``: an option that takes one value, None when not given

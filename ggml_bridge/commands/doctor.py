@@ -1,12 +1,12 @@
 """``ggml-bridge doctor``: what this rig is, whether its peer paths are safe, and how to launch on it. Its options,
-turned into the frozen :class:`~ggml_bridge.doctor.facts.Options` the doctor runs on."""
+turned into the frozen :class:`~ggml_bridge.experiments.doctor.facts.Options` the doctor runs on."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..config import Settings
-from ..doctor.facts import Options
+from ..experiments.doctor.facts import Options
+from ..foundations.config import Settings
 from . import argtypes, cmdoptions
 from .argtypes import count, seconds
 
@@ -86,6 +86,6 @@ def options(args: argparse.Namespace) -> Options:
 
 
 def run(opts: Options, settings: Settings) -> int:
-    from ..doctor.checkup import run as checkup
+    from ..experiments.doctor.checkup import run as checkup
 
     return checkup(opts, settings)

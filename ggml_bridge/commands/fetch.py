@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ..config import Settings
-from ..runner import log
+from ..foundations.config import Settings
+from ..foundations.runner import log
 from . import cmdoptions
 
 
@@ -30,7 +30,7 @@ options = source_options
 
 
 def run(opts: SourceOptions, settings: Settings) -> int:
-    from .. import fetch
+    from ..upstream import fetch
 
     tree = fetch.obtain(settings, opts.source, opts.allow_unpinned)
     log(f"upstream {tree.commit_or_id} from {tree.origin}")

@@ -1,15 +1,15 @@
 """``ggml-bridge ladder``: run a ladder file's rungs and write report.json + report.md, typed as
-:class:`ggml_bridge.ladder.LadderOptions`."""
+:class:`ggml_bridge.experiments.ladder.LadderOptions`."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from .. import model
-from ..config import Settings
-from ..errors import UsageError
-from ..ladder import LadderOptions
+from ..experiments import model
+from ..experiments.ladder import LadderOptions
+from ..foundations.config import Settings
+from ..foundations.errors import UsageError
 from . import argtypes, cmdoptions
 
 
@@ -74,6 +74,6 @@ def options(ns: argparse.Namespace) -> LadderOptions:
 
 
 def run(opts: LadderOptions, settings: Settings) -> int:
-    from ..ladder import orchestrate
+    from ..experiments.ladder import orchestrate
 
     return orchestrate.run(opts, settings)

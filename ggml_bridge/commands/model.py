@@ -1,4 +1,4 @@
-"""``ggml-bridge model``: write one generated GGUF model (:mod:`ggml_bridge.model`: a shape, a seed and the upstream
+"""``ggml-bridge model``: write one generated GGUF model (:mod:`ggml_bridge.experiments.model`: a shape, a seed and the upstream
 vocabulary give the same bytes on every machine); prints its path. Without ``--out`` it is the cached copy the
 ladder and the bench use (``<cache>/models``)."""
 
@@ -8,9 +8,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import files, model
-from ..config import Settings
-from ..errors import ModelError, UsageError, os_reason
+from ..experiments import model
+from ..foundations import files
+from ..foundations.config import Settings
+from ..foundations.errors import ModelError, UsageError, os_reason
 from . import argtypes, cmdoptions
 
 

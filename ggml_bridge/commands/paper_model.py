@@ -7,9 +7,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import files
-from ..config import Settings
-from ..errors import UsageError
+from ..foundations import files
+from ..foundations.config import Settings
+from ..foundations.errors import UsageError
 from . import argtypes, cmdoptions
 
 #: the H200 microbenchmark the single-boundary check reads (a results folder of the project)
@@ -51,7 +51,7 @@ def options(ns: argparse.Namespace) -> PaperModelOptions:
 
 
 def run(opts: PaperModelOptions, settings: Settings) -> int:
-    from .. import paper_model
+    from ..experiments import paper_model
 
     if opts.bench is not None:
         print("## Hosts over a shaped link: predicted vs measured\n")

@@ -7,8 +7,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Settings
-from ..errors import PatchError, UsageError
+from ..foundations.config import Settings
+from ..foundations.errors import PatchError, UsageError
 from . import argtypes, cmdoptions
 from .fetch import SourceOptions, source_options
 
@@ -47,7 +47,7 @@ def options(ns: argparse.Namespace) -> PatchOptions:
 
 
 def run(opts: PatchOptions, settings: Settings) -> int:
-    from .. import fetch, patch
+    from ..upstream import fetch, patch
 
     if opts.export is not None:
         return export(opts.export, opts.base, settings)
@@ -63,7 +63,8 @@ def run(opts: PatchOptions, settings: Settings) -> int:
 
 
 def export(wt: Path, base: str | None, settings: Settings) -> int:
-    from .. import gitrepo, patch, runner
+    from ..foundations import gitrepo, runner
+    from ..upstream import patch
 
     if not (wt / ".git").exists():
         raise UsageError(f"--export {wt}: not a git work tree", fix="pass the work tree holding one commit per patch")

@@ -8,9 +8,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Settings
-from ..rebase.job import RebaseRequest
-from ..rebase.report import Options
+from ..foundations.config import Settings
+from ..upstream.rebase.job import RebaseRequest
+from ..upstream.rebase.report import Options
 from . import argtypes, cmdoptions
 
 
@@ -126,9 +126,9 @@ def options(ns: argparse.Namespace) -> RebaseRequest | RadarRequest:
 
 def run(request: RebaseRequest | RadarRequest, settings: Settings) -> int:
     if isinstance(request, RadarRequest):
-        from .. import radar
+        from ..upstream import radar
 
         return radar.run(settings, report_dir=request.report_dir, limit=request.limit, as_json=request.json)
-    from ..rebase import job
+    from ..upstream.rebase import job
 
     return job.run(request, settings)

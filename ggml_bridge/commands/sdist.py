@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Settings
+from ..foundations.config import Settings
 from . import argtypes, cmdoptions
 from .fetch import SourceOptions, source_options
 
@@ -33,7 +33,7 @@ def options(ns: argparse.Namespace) -> SdistOptions:
 
 
 def run(opts: SdistOptions, settings: Settings) -> int:
-    from .. import wheel
+    from ..distribution import wheel
 
     made = wheel.make_sdist(
         settings, opts.out, source_spec=opts.source.source, allow_unpinned=opts.source.allow_unpinned

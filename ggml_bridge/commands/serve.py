@@ -1,15 +1,15 @@
 """``ggml-bridge serve``: its options (everything the parser does not know, and everything after ``--``, goes to
-llama-server in order: the registry's passthrough into ``server_args``), typed as :class:`ggml_bridge.serve.ServeOptions`."""
+llama-server in order: the registry's passthrough into ``server_args``), typed as :class:`ggml_bridge.runtime.serve.ServeOptions`."""
 
 from __future__ import annotations
 
 import argparse
 
-from .. import files
-from ..config import Settings
-from ..errors import UsageError
-from ..modes import BATCHED, BATCHED_VALUES, BRIDGE, BRIDGE_VALUES
-from ..serve import DEFAULT_LOG_MAX_MB, RpcOptions, ServeOptions
+from ..foundations import files
+from ..foundations.config import Settings
+from ..foundations.errors import UsageError
+from ..runtime.modes import BATCHED, BATCHED_VALUES, BRIDGE, BRIDGE_VALUES
+from ..runtime.serve import DEFAULT_LOG_MAX_MB, RpcOptions, ServeOptions
 from . import argtypes, cmdoptions
 
 
@@ -92,6 +92,6 @@ def options(ns: argparse.Namespace) -> ServeOptions:
 
 
 def run(opts: ServeOptions, settings: Settings) -> int:
-    from .. import serve
+    from ..runtime import serve
 
     return serve.run(opts, settings)

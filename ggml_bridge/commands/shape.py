@@ -7,11 +7,11 @@ import re
 import time
 from dataclasses import dataclass
 
-from .. import netbench, shaper
-from ..config import Settings
-from ..errors import RpcError, UsageError
-from ..net import parse_hostport
-from ..runner import log
+from ..foundations.config import Settings
+from ..foundations.errors import RpcError, UsageError
+from ..foundations.net import parse_hostport
+from ..foundations.runner import log
+from ..runtime import netbench, shaper
 from . import cmdoptions
 
 

@@ -7,8 +7,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import files
-from ..config import Settings
+from ..foundations import files
+from ..foundations.config import Settings
 from . import argtypes, cmdoptions
 from .sdist import SdistOptions, add_dist_arguments
 
@@ -51,7 +51,7 @@ def options(ns: argparse.Namespace) -> WheelOptions:
 
 
 def run(opts: WheelOptions, settings: Settings) -> int:
-    from .. import wheel, wheel_plan
+    from ..distribution import wheel, wheel_plan
 
     given = opts.sdist and files.input_file(opts.sdist, "--sdist", fix="pass the sdist `ggml-bridge sdist` wrote")
     for flag, folder in (("--build-dir", opts.build_dir), ("--index", opts.index)):

@@ -65,7 +65,7 @@ if want test; then
     grep -E "^(FAIL|order|bench)|passed" "$OUT/test-allreduce.txt" | tee -a "$OUT/summary.txt"
 fi
 
-# the model: AR_SHAPE (a preset of ggml_bridge.model, or tp-2048: n_embd 2048, 16 layers, 32 heads, 8 KV heads)
+# the model: AR_SHAPE (a preset of ggml_bridge.experiments.model, or tp-2048: n_embd 2048, 16 layers, 32 heads, 8 KV heads)
 shape=${AR_SHAPE:-tp-2048}
 model=$GGML_BRIDGE_CACHE_DIR/models/$shape.gguf
 if want logits || want bench; then

@@ -47,7 +47,8 @@ def report_dir() -> Path:
 def served_ui(tmp_path: Path):  # type: ignore[no-untyped-def]
     """`ggml-bridge serve` (a subprocess, as a user runs it) on a tiny random-weight model; yields (URL, model
     file). The build is the session's (conftest's real_build through GGML_BRIDGE_TEST_BIN_DIR), not a new one."""
-    from ggml_bridge import llama_server, model
+    from ggml_bridge.experiments import model
+    from ggml_bridge.runtime import llama_server
 
     bd, vocab = real_bin_dir(), real_vocab()
     if bd is None or vocab is None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import builder, config
+from ggml_bridge.distribution import builder
+from ggml_bridge.foundations import config
 
 # --------------------------------------------------------------------------------------------- slow: the real thing
 
@@ -54,7 +55,9 @@ def test_real_cpu_build_serves_a_request(
     assert builder.ensure(real_settings, "patched").up_to_date
     assert builder.find_binary(real_settings, "llama-server", "patched", "cpu") == res.server
 
-    model = pytest.importorskip("ggml_bridge.model", reason="ggml_bridge.model (write_model) is not written yet")
+    model = pytest.importorskip(
+        "ggml_bridge.experiments.model", reason="ggml_bridge.experiments.model (write_model) is not written yet"
+    )
     vocab = model.find_vocab(real_tree.path)
     assert vocab is not None, "the upstream tree ships models/ggml-vocab-llama-spm.gguf"
     gguf = model.ensure_model(real_settings.cache_dir, "tiny", 1, vocab)
@@ -118,7 +121,7 @@ def test_the_in_process_bench_fails_where_batching_cannot_engage(real_build, rea
     had. --control (both contexts off, the A/A run) asks for no batching, so there it passes, with a table of the
     second context against the first and no batched-transfers line. Bad arguments exit 2 with the usage (--rounds,
     which also repeats the check's model part, needs a model)."""
-    from ggml_bridge import model
+    from ggml_bridge.experiments import model
 
     prog = real_build("patched").binaries["test-batched-transfers"]
     gguf = model.ensure_model(real_settings.cache_dir, "tiny", 1, model.find_vocab(real_tree.path))
@@ -144,8 +147,8 @@ def test_the_in_process_bench_fails_where_batching_cannot_engage(real_build, rea
 def test_the_test_only_baseline_applies_to_the_pinned_tree(real_settings: config.Settings, real_tree) -> None:  # type: ignore[no-untyped-def]
     """patches/baseline/nopeer-virtual (the upstream-nopeer-virtual variant, never the series) applies to the pinned
     tree with git am -3, as the build applies it, and changes ggml-cuda.cu only."""
-    from ggml_bridge import modes
-    from ggml_bridge import patch as patchmod
+    from ggml_bridge.runtime import modes
+    from ggml_bridge.upstream import patch as patchmod
 
     v = modes.VARIANTS[modes.UPSTREAM_NOPEER_VIRTUAL]
     assert v.test_patches is not None

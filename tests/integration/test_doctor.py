@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import model, net
+from ggml_bridge.experiments import model
+from ggml_bridge.foundations import net
 
 from helpers import FIXTURES, REPO_ROOT
 

@@ -7,7 +7,8 @@ import socket
 import pytest
 import requests
 
-from ggml_bridge import config, fetch, pin
+from ggml_bridge.foundations import config
+from ggml_bridge.upstream import fetch, pin
 
 # --------------------------------------------------------------------------------------------- slow: the real thing
 

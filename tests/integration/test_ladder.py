@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import config, ladder, model
+from ggml_bridge.experiments import ladder, model
+from ggml_bridge.foundations import config
 
 from helpers import ladder_options, real_bin_dir, real_vocab, write_ladder
 

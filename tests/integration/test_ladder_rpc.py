@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import config, ladder, llama_server, logparse, model, rpc
+from ggml_bridge.experiments import ladder, model
+from ggml_bridge.foundations import config
+from ggml_bridge.runtime import llama_server, logparse, rpc
 
 from helpers import ladder_options, real_bin_dir, real_vocab
 
@@ -101,7 +103,9 @@ def test_real_rpc_cpu_ladder_is_byte_identical(tmp_path):
         assert len(servers) == 2
         for s in servers.values():
             assert s["counters"]["rpc_graph_compute"] > 0 and s["counters"]["rpc_set_tensor_bytes"] > 0
-            if r["name"].startswith("rpc2-tiny-shaped"):  # through the shaper (ggml_bridge/shaper.py), both ways
+            if r["name"].startswith(
+                "rpc2-tiny-shaped"
+            ):  # through the shaper (ggml_bridge/runtime/shaper.py), both ways
                 assert s["link"]["link"] == "1gbit/0.2ms"
                 assert s["link"]["up"]["bytes"] > s["counters"]["rpc_set_tensor_bytes"] > 0
                 assert s["link"]["down"]["bytes"] > 0
@@ -113,8 +117,8 @@ def test_real_rpc_cpu_ladder_is_byte_identical(tmp_path):
 def _serve_proc(args, env_extra=None):
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
     code = (
-        "import sys; from ggml_bridge import config, serve\n"
-        "from ggml_bridge.errors import FatalError\n"
+        "import sys; from ggml_bridge.foundations import config; from ggml_bridge.runtime import serve\n"
+        "from ggml_bridge.foundations.errors import FatalError\n"
         "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
         "try:\n    sys.exit(serve.run(a, config.Settings()))\n"
         "except FatalError as e:\n    print(e, file=sys.stderr); sys.exit(e.exit_code)\n"

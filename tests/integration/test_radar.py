@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import config, fetch, patch, rebase
-from ggml_bridge.errors import UnknownRefError
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import UnknownRefError
+from ggml_bridge.upstream import fetch, patch, rebase
 
 from helpers import expected_outcomes as _expected
 from helpers import rebase_statuses as _statuses

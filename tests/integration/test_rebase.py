@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import config, fetch, patch, rebase
-from ggml_bridge import pin as pinmod
-from ggml_bridge.errors import RebaseConflict
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import RebaseConflict
+from ggml_bridge.upstream import fetch, patch, rebase
+from ggml_bridge.upstream import pin as pinmod
 
 from helpers import expected_outcomes as _expected
 from helpers import rebase_statuses as _statuses

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ggml_bridge import llama_server, logparse, modes
-from ggml_bridge.errors import ServeError
+from ggml_bridge.foundations.errors import ServeError
+from ggml_bridge.runtime import llama_server, logparse, modes
 
 from helpers import busy_port, real_bin_dir, real_vocab
 
@@ -14,7 +14,7 @@ from helpers import busy_port, real_bin_dir, real_vocab
 
 def _real_tiny(tmp_path):
     """The real llama-server's folder and a tiny random-weight model (skips without a build or a vocab)."""
-    from ggml_bridge import model
+    from ggml_bridge.experiments import model
 
     bd, vocab = real_bin_dir(), real_vocab()
     if bd is None or vocab is None:

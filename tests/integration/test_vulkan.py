@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import config, ladder, llama_server, model, net
-from ggml_bridge.bench import inproc
-from ggml_bridge.errors import ServeError
+from ggml_bridge.experiments import ladder, model
+from ggml_bridge.experiments.bench import inproc
+from ggml_bridge.foundations import config, net
+from ggml_bridge.foundations.errors import ServeError
+from ggml_bridge.runtime import llama_server
 
 from helpers import ladder_options
 

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import cache, config, llama_server, wheel, wheel_plan
-from ggml_bridge.layout import Layout
+from ggml_bridge.distribution import wheel, wheel_plan
+from ggml_bridge.foundations import cache, config
+from ggml_bridge.foundations.layout import Layout
+from ggml_bridge.runtime import llama_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,7 +121,7 @@ def test_repaired_cpu_wheel_runs_in_a_bare_venv_without_compiler_or_checkout(
     import shutil
     import urllib.request
 
-    from ggml_bridge import model
+    from ggml_bridge.experiments import model
 
     assert "manylinux" in real_wheel.name and "+cpu-py3-none-" in real_wheel.name, real_wheel.name
     show = " ".join(real_wheel.with_name(real_wheel.name + ".auditwheel.txt").read_text().split())
@@ -263,7 +265,7 @@ def test_real_cpu_wheel_installs_and_serve_uses_it(
     """The real wheel in a fresh venv: $ORIGIN libraries, the embedded UI in its manifest, `serve --check` with
     no build present engages exactly as with a build. (Byte-identity with upstream is the CPU ladder's, on the
     source builds, and per CPU variant for the portable wheel: docs/wheel.md.)"""
-    from ggml_bridge import model
+    from ggml_bridge.experiments import model
 
     assert "+cpu-py3-none-manylinux" in real_wheel.name
     py = _fresh_venv(tmp_path / "venv")

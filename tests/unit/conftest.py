@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import config, rpc
+from ggml_bridge.foundations import config
+from ggml_bridge.runtime import rpc
 
 from fixtures import fakellama
 from helpers import RebaseUpstream, make_rebase_upstream, rebase_pin_text, write_fake_variants
@@ -24,7 +25,7 @@ def _bench_plots(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     """bench renders its report's PNG plots with matplotlib, a third of a CPU-second each. Tests marked ``plots``
     render them (one per kind of suite: throughput with the microbenchmark, rpc, link); the others read no plot,
     and there bench's plot step makes none."""
-    orchestrate = sys.modules.get("ggml_bridge.bench.orchestrate")
+    orchestrate = sys.modules.get("ggml_bridge.experiments.bench.orchestrate")
     if orchestrate is not None and request.node.get_closest_marker("plots") is None:
         monkeypatch.setattr(orchestrate, "plot", lambda report, out_dir: [])
 
@@ -98,7 +99,7 @@ _RECORD = (
 @pytest.fixture
 def bench_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BenchEnv:
     """bench on a rig of two (fake) GPUs with fake llama-bench, llama-server and rpc-server builds."""
-    from ggml_bridge.bench import orchestrate
+    from ggml_bridge.experiments.bench import orchestrate
 
     for var in [v for v in os.environ if v.startswith("FAKE_")]:
         monkeypatch.delenv(var)

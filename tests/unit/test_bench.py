@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import config
-from ggml_bridge.bench import orchestrate, running, stats
-from ggml_bridge.bench import report as bench_report
-from ggml_bridge.errors import BenchError, UsageError
+from ggml_bridge.experiments.bench import orchestrate, running, stats
+from ggml_bridge.experiments.bench import report as bench_report
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import BenchError, UsageError
 
 from helpers import FAKE_SMI, write_exe, write_fake_variants
 from helpers import bench_args as _args
@@ -189,8 +189,8 @@ def test_plot_microbench_only(tmp_path):
 def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monkeypatch):
     """Without bin dirs the bench reuses the build stage's builds, builds what is missing (--build, the
     default), and with --no-build skips those cases instead of inventing figures."""
-    from ggml_bridge import builder
-    from ggml_bridge.errors import NotBuiltError
+    from ggml_bridge.distribution import builder
+    from ggml_bridge.foundations.errors import NotBuiltError
 
     built: list[str] = []
 
@@ -269,7 +269,7 @@ def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monke
 
 @pytest.mark.parametrize("kw", [dict(rounds=0), dict(reps=0), dict(warmup_reps=-1)])
 def test_bad_counts_are_usage_errors(variants, env, tmp_path, kw):
-    from ggml_bridge.errors import UsageError
+    from ggml_bridge.foundations.errors import UsageError
 
     with pytest.raises(UsageError) as e:
         orchestrate.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
@@ -294,7 +294,7 @@ def test_cpus_pin_every_case_and_are_restored(variants, env, tmp_path):
 def test_bad_cpu_lists_are_usage_errors(variants, env, tmp_path, bad):
     import os
 
-    from ggml_bridge.errors import UsageError
+    from ggml_bridge.foundations.errors import UsageError
 
     mine = os.sched_getaffinity(0)
     with pytest.raises(UsageError):
@@ -316,7 +316,7 @@ def test_ubatch_and_tg_override_the_suite(variants, env, tmp_path):
 
 @pytest.mark.parametrize("kw", [dict(ubatch="0"), dict(ubatch="x"), dict(ubatch=""), dict(tg=-1)])
 def test_bad_ubatch_or_tg_are_usage_errors(variants, env, tmp_path, kw):
-    from ggml_bridge.errors import UsageError
+    from ggml_bridge.foundations.errors import UsageError
 
     with pytest.raises(UsageError) as e:
         orchestrate.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
@@ -340,7 +340,7 @@ def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
 
 @pytest.mark.parametrize("budget", [0, -5])
 def test_bad_time_budget_is_a_usage_error(variants, env, tmp_path, budget):
-    from ggml_bridge.errors import UsageError
+    from ggml_bridge.foundations.errors import UsageError
 
     with pytest.raises(UsageError) as e:
         orchestrate.bench(
@@ -457,7 +457,7 @@ def test_pool_refuses_one_report_twice(variants, env, tmp_path):
     under another name, and a pooled report with one of its sources, are the same report too."""
     import shutil
 
-    from ggml_bridge.errors import UsageError
+    from ggml_bridge.foundations.errors import UsageError
 
     for name in ("a", "b"):
         assert orchestrate.bench(_quick(variants, env, tmp_path / name, cases="upstream-p2p"), env.settings) == 0
@@ -500,9 +500,9 @@ def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, env, tmp
 
 
 def test_suites_are_data_checked_like_the_ladders(variants, env, tmp_path, monkeypatch):
-    """The suites are bench/suites.toml, checked key by key (ggml_bridge.tomlfile, as the ladder's rungs are);
+    """The suites are bench/suites.toml, checked key by key (ggml_bridge.foundations.tomlfile, as the ladder's rungs are);
     --suite-file runs a suite of another file; a wrong value is one line naming file, suite and key."""
-    from ggml_bridge.bench import suites
+    from ggml_bridge.experiments.bench import suites
 
     assert suites.SUITES == suites.load_suites(suites.SUITES_FILE) and "batched-runs-2virt" in suites.SUITES
     assert suites.SUITES["batched-runs-2virt"]["server"]["parallel"] == 4
@@ -537,7 +537,7 @@ def test_suites_are_data_checked_like_the_ladders(variants, env, tmp_path, monke
 
 def test_each_measure_is_one_module_behind_the_protocol_in_one_registry() -> None:
     """The suites' schema, --measure's words and the report read the registry: a measure is its module and a row."""
-    from ggml_bridge.bench import measures, suites
+    from ggml_bridge.experiments.bench import measures, suites
 
     assert list(measures.MEASURES) == ["bench", "perplexity", "server", "inproc"]
     modules = {type(m).__module__ for m in measures.MEASURES.values()}

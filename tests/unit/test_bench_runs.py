@@ -12,12 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import config, modes
-from ggml_bridge import model as modelmod
-from ggml_bridge.bench import orchestrate, running, stats
-from ggml_bridge.bench.measure import Job
-from ggml_bridge.bench.running import plan_round
-from ggml_bridge.errors import BenchError, UsageError
+from ggml_bridge.experiments import model as modelmod
+from ggml_bridge.experiments.bench import orchestrate, running, stats
+from ggml_bridge.experiments.bench.measure import Job
+from ggml_bridge.experiments.bench.running import plan_round
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import BenchError, UsageError
+from ggml_bridge.runtime import modes
 
 from helpers import bench_args, write_fake_variants
 
@@ -300,7 +301,7 @@ def test_mechanism_inactive_in_perplexity_and_server_is_not_engaged(env, monkeyp
 
 
 def test_perplexity_that_evaluates_nothing_is_an_error(env, monkeypatch):
-    from ggml_bridge.bench import perplexity
+    from ggml_bridge.experiments.bench import perplexity
 
     monkeypatch.setattr(perplexity, "make_text", lambda n, seed, tokens: "a text shorter than one chunk\n")
     args = bench_args(
@@ -455,7 +456,7 @@ def test_in_process_measures_batching_and_its_baseline_in_one_process(env, monke
 def test_in_process_without_the_control_runs_no_control_and_gives_no_range(env, tmp_path):
     """A suite whose inproc table leaves the control out runs one process per batched case and round, and its
     in-process ratios have no baseline-against-itself range (there is nothing to take it from)."""
-    from ggml_bridge.bench import suites
+    from ggml_bridge.experiments.bench import suites
 
     body = suites.SUITES_FILE.read_text().split("[batched-runs-1gpu]")[1].split("\n[")[0]
     own = tmp_path / "mine.toml"
@@ -470,7 +471,7 @@ def test_in_process_rounds_are_even_so_that_both_orders_weigh_alike(tmp_path):
     """The program alternates which context of an inner round comes first (off first in even rounds): the shipped
     suites run an even number, and a suite file with an odd one is refused with one line naming suite and key (3
     rounds, the suites' count until 2026-12-06, put off first twice and batching first once)."""
-    from ggml_bridge.bench import suites
+    from ggml_bridge.experiments.bench import suites
 
     inproc = {n: s["inproc"]["rounds"] for n, s in suites.SUITES.items() if "inproc" in s}
     assert inproc and all(r % 2 == 0 for r in inproc.values()), inproc

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import builder, config, modes
-from ggml_bridge.errors import BuildError, NotBuiltError, ToolchainError, UsageError
+from ggml_bridge.distribution import builder
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import BuildError, NotBuiltError, ToolchainError, UsageError
+from ggml_bridge.runtime import modes
 
 from conftest import FakeUpstream
 from helpers import VK_CORE_OLD, fake_vulkan_root
@@ -421,7 +423,7 @@ def test_a_patched_variant_is_decided_by_the_table_not_its_name(
 ) -> None:
     """A second patched variant in modes.VARIANTS is built with the series applied (the build once compared the
     name with "patched") and with its own CMake options."""
-    from ggml_bridge import modes
+    from ggml_bridge.runtime import modes
 
     monkeypatch.setitem(
         modes.VARIANTS,
@@ -444,7 +446,7 @@ def test_shared_tree_refuses_a_variant_it_cannot_build(
     settings: config.Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A variant the shared tree has no recipe for is an error naming it (it was silently left out)."""
-    from ggml_bridge import modes
+    from ggml_bridge.runtime import modes
 
     monkeypatch.setitem(
         modes.VARIANTS,
@@ -594,7 +596,7 @@ def test_build_targets_narrow_the_programs_and_key_the_build(make_settings) -> N
 def test_one_nvcc_finder_for_the_builds_and_the_wheel(tmp_path, monkeypatch):
     """The builds and the wheel plan find nvcc the same way: $CUDACXX alone when set, else PATH, $CUDA_HOME,
     $CUDA_PATH (the wheel's own finder used to skip $CUDA_PATH and to fall back past a wrong $CUDACXX)."""
-    from ggml_bridge import wheel_plan
+    from ggml_bridge.distribution import wheel_plan
 
     nvcc = tmp_path / "cuda" / "bin" / "nvcc"
     nvcc.parent.mkdir(parents=True)
@@ -613,8 +615,8 @@ def test_one_nvcc_finder_for_the_builds_and_the_wheel(tmp_path, monkeypatch):
 
 def test_an_nvcc_that_never_answers_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The doctor and `build --backend auto` ask nvcc its version: a hung toolkit mount kept them waiting."""
-    from ggml_bridge.builder import toolchain
-    from ggml_bridge.errors import ToolchainError
+    from ggml_bridge.distribution.builder import toolchain
+    from ggml_bridge.foundations.errors import ToolchainError
 
     nvcc = tmp_path / "nvcc"
     nvcc.write_text("#!/bin/sh\nexec sleep 60\n")

@@ -1,4 +1,4 @@
-"""The build plan (ggml_bridge/builder/plan.py) keeps every build key it had before it existed: a changed key makes
+"""The build plan (ggml_bridge/distribution/builder/plan.py) keeps every build key it had before it existed: a changed key makes
 every cached build (10-15 minutes each for the real tree) build again.
 
 The keys below were computed on 2026-12-03 by the code before the plan (``builder.cmake_args`` and
@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import config, modes
-from ggml_bridge import patch as patchmod
-from ggml_bridge import ui as uimod
-from ggml_bridge.builder import plan
-from ggml_bridge.builder.toolchain import CudaToolkit, Tool, Toolchain, VulkanKit
-from ggml_bridge.fetch import Tree
+from ggml_bridge.distribution import ui as uimod
+from ggml_bridge.distribution.builder import plan
+from ggml_bridge.distribution.builder.toolchain import CudaToolkit, Tool, Toolchain, VulkanKit
+from ggml_bridge.foundations import config
+from ggml_bridge.runtime import modes
+from ggml_bridge.upstream import patch as patchmod
+from ggml_bridge.upstream.fetch import Tree
 
 KEYS = {
     "patched/cpu/": "e575d7e2b5908d10825f9bb2d5dcc7a05cd33498cad91205383745a9eb1a4936",
@@ -125,7 +126,7 @@ def test_the_wheel_compiles_the_patched_variant_with_the_builds_options(tmp_path
     and a wheel's GPU backend gets the options a build of that backend gets."""
     import re
 
-    from ggml_bridge import wheel_plan
+    from ggml_bridge.distribution import wheel_plan
 
     settings, tools, _ = _inputs(tmp_path)
     wp = wheel_plan.plan(settings)

@@ -1,5 +1,5 @@
 """``ggml-bridge build --series-prefixes DIR``: every prefix of the series built in one CMake tree with the patched
-variant's arguments (the series' switches from ggml_bridge/modes.py, tests on), the ctest labels a prefix registers
+variant's arguments (the series' switches from ggml_bridge/runtime/modes.py, tests on), the ctest labels a prefix registers
 run, one row per prefix (real CMake + Ninja + cc on a small tree)."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import cli, config, modes
-from ggml_bridge.builder import prefixes
-from ggml_bridge.errors import BuildError, UsageError
+from ggml_bridge import cli
+from ggml_bridge.distribution.builder import prefixes
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import BuildError, UsageError
+from ggml_bridge.runtime import modes
 
 from fixtures import fakellama
 

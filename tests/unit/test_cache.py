@@ -1,4 +1,4 @@
-"""The cache primitives every stage writes through (ggml_bridge/cache.py)."""
+"""The cache primitives every stage writes through (ggml_bridge/foundations/cache.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import cache
-from ggml_bridge.errors import CacheError
-from ggml_bridge.layout import Layout
+from ggml_bridge.foundations import cache
+from ggml_bridge.foundations.errors import CacheError
+from ggml_bridge.foundations.layout import Layout
 
 
 def test_staging_is_removed_on_error_and_published_on_success(tmp_path: Path) -> None:
@@ -72,7 +72,8 @@ def test_dir_digest_is_the_one_directory_hash_and_keeps_the_cache_keys(tmp_path:
     import hashlib
     import os
 
-    from ggml_bridge import fetch, ui
+    from ggml_bridge.distribution import ui
+    from ggml_bridge.upstream import fetch
 
     root = tmp_path / "t"
     (root / "a").mkdir(parents=True)
@@ -114,8 +115,8 @@ def test_dir_digest_is_the_one_directory_hash_and_keeps_the_cache_keys(tmp_path:
 _STAGER = """
 import sys, time
 from pathlib import Path
-from ggml_bridge import cache
-from ggml_bridge.layout import Layout
+from ggml_bridge.foundations import cache
+from ggml_bridge.foundations.layout import Layout
 with cache.staging(Layout(Path(sys.argv[1])), "abc") as stage:
     (stage / "partial.tar.gz").write_bytes(b"x" * 1000)
     print(stage, flush=True)
@@ -171,7 +172,7 @@ def test_the_layout_names_every_entry_as_the_cache_has_always_named_it(tmp_path:
 
 
 def test_no_module_but_the_layout_joins_a_path_onto_the_cache_directory() -> None:
-    """``ggml_bridge.layout`` owns the cache's folder names: a stage asks its Layout, never ``cache_dir / "x"``."""
+    """``ggml_bridge.foundations.layout`` owns the cache's folder names: a stage asks its Layout, never ``cache_dir / "x"``."""
     package = Path(__file__).resolve().parents[2] / "ggml_bridge"
     joins = re.compile(r"(cache_dir\)?|layout\.root) */|cache_dir\.joinpath")
     bad = [

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import cli, config, errors
+from ggml_bridge import cli
+from ggml_bridge.foundations import config, errors
 
 from conftest import REPO_ROOT, FakeUpstream
 
@@ -269,10 +270,12 @@ def test_edited_work_tree_stops_patch_and_build(cli_argv: list[str], capsys: pyt
 
 
 def test_readme_exit_table_is_generated_from_errors() -> None:
-    """README's table is `python -m ggml_bridge.errors --markdown`; fix with `--update README.md`."""
+    """README's table is `python -m ggml_bridge.foundations.errors --markdown`; fix with `--update README.md`."""
     text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     start, end = errors.readme_section(text)
-    assert text[start:end] == errors.markdown_table(), "run: python -m ggml_bridge.errors --update README.md"
+    assert text[start:end] == errors.markdown_table(), (
+        "run: python -m ggml_bridge.foundations.errors --update README.md"
+    )
 
 
 def test_update_readme_rewrites_only_the_table(tmp_path: Path) -> None:
@@ -301,7 +304,7 @@ def test_every_error_class_and_exit_code_lives_in_errors() -> None:
 
     pkg = REPO_ROOT / "ggml_bridge"
     for py in pkg.rglob("*.py"):
-        if py.name == "errors.py" and py.parent == pkg:
+        if py.name == "errors.py" and py.parent == pkg / "foundations":
             continue
         for node in ast.walk(ast.parse(py.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
@@ -333,7 +336,7 @@ def test_settings_sections_reach_the_stages(
     assert cli.parse_command(serve_cmd, ["-m", "x"], settings=s).startup_timeout == 12.5
     assert cli.parse_command(serve_cmd, ["--startup-timeout", "3", "-m", "x"], settings=s).startup_timeout == 3.0
     assert cli.parse_command(serve_cmd, []).startup_timeout == config.ServeSettings().startup_timeout
-    job = importlib.import_module("ggml_bridge.rebase.job")
+    job = importlib.import_module("ggml_bridge.upstream.rebase.job")
     seen = []
     monkeypatch.setattr(job, "rebase", lambda st, onto, opts: seen.append(opts) or job.RebaseReport(onto))
     assert cli.main([*cli_argv, "rebase", "--onto", "b2", "--check", "--cuda-include", "opt"]) == 0

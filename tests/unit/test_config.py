@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import config
-from ggml_bridge.errors import UsageError
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import UsageError
 
 
 def _load(tmp_path: Path, env: dict[str, str] | None = None, **kw: object) -> config.Settings:
@@ -164,7 +164,7 @@ def test_fields_have_docstrings() -> None:
 
 def test_source_kinds_are_one_table() -> None:
     """pin.toml's source kinds, the fetch.sources setting and fetch's fetchers all come from pin.SOURCE_KINDS."""
-    from ggml_bridge import fetch, pin
+    from ggml_bridge.upstream import fetch, pin
 
     assert set(fetch.PINNED_FETCHERS) == set(pin.SOURCE_KINDS)
     assert config.load({}, env={}).fetch.sources == list(pin.SOURCE_KINDS)

@@ -16,8 +16,10 @@ from typing import Iterator
 
 import pytest
 
-from ggml_bridge import cli, config, llama_server
-from ggml_bridge.layout import Layout
+from ggml_bridge import cli
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.layout import Layout
+from ggml_bridge.runtime import llama_server
 
 from helpers import (
     OTHER_UID,

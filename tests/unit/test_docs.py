@@ -1,12 +1,12 @@
 """The docs that the code generates or that a newcomer reads first: the mode table of docs/DESIGN.md is
-``python -m ggml_bridge.modetable``'s, and the README stays a landing page with the two set-up commands."""
+``python -m ggml_bridge.runtime.modetable``'s, and the README stays a landing page with the two set-up commands."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from ggml_bridge import modes, modetable
+from ggml_bridge.runtime import modes, modetable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_design_mode_table_is_generated_from_the_modes() -> None:
     text = (ROOT / "docs" / "DESIGN.md").read_text(encoding="utf-8")
     start, end = modetable.section(text)
-    assert text[start:end] == modetable.markdown_table(), "run: python -m ggml_bridge.modetable --update docs/DESIGN.md"
+    assert text[start:end] == modetable.markdown_table(), (
+        "run: python -m ggml_bridge.runtime.modetable --update docs/DESIGN.md"
+    )
 
 
 def test_the_mode_table_says_what_each_mode_sets() -> None:

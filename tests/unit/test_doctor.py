@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
-from ggml_bridge import cli, config, rpc
-from ggml_bridge.doctor import inventory, nvml, probe, recommend, report
-from ggml_bridge.doctor.facts import Findings, Options
+from ggml_bridge import cli
+from ggml_bridge.experiments.doctor import inventory, nvml, probe, recommend, report
+from ggml_bridge.experiments.doctor.facts import Findings, Options
+from ggml_bridge.foundations import config
+from ggml_bridge.runtime import rpc
 
 from helpers import FAKE_RPC, FIXTURES, write_exe
 

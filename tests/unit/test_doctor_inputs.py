@@ -20,9 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ggml_bridge import cache, cli, config
-from ggml_bridge.doctor import checkup, inventory, nvml, probe, recommend, report
-from ggml_bridge.doctor.facts import Findings, Options
+from ggml_bridge import cli
+from ggml_bridge.experiments.doctor import checkup, inventory, nvml, probe, recommend, report
+from ggml_bridge.experiments.doctor.facts import Findings, Options
+from ggml_bridge.foundations import cache, config
 
 from helpers import FIXTURES, write_exe
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import tensor_split
-from ggml_bridge.doctor import cost, inventory, nvml, probe, recommend
-from ggml_bridge.doctor.facts import Findings, Options
+from ggml_bridge.experiments import tensor_split
+from ggml_bridge.experiments.doctor import cost, inventory, nvml, probe, recommend
+from ggml_bridge.experiments.doctor.facts import Findings, Options
 
 from helpers import FIXTURES
 
@@ -91,7 +91,7 @@ def test_virtual_devices_of_one_gpu_keep_layer_split_with_the_measured_reason() 
 def test_the_advice_is_in_the_report_and_its_json() -> None:
     import json
 
-    from ggml_bridge.doctor import report
+    from ggml_bridge.experiments.doctor import report
 
     f = _findings(PROBES / "mock-2gpu-ok.txt", model=_model("llama"))
     rec = recommend.recommend(f, None)

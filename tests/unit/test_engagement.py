@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ggml_bridge import logparse, proof
-from ggml_bridge.engagement import ABSENT, ENGAGED, IDLE, INACTIVE, engaged
+from ggml_bridge.runtime import logparse, proof
+from ggml_bridge.runtime.engagement import ABSENT, ENGAGED, IDLE, INACTIVE, engaged
 
 
 def test_enabled_is_engaged_and_counters_must_show_work() -> None:
@@ -47,16 +47,16 @@ def test_every_caller_uses_it() -> None:
     """serve, rpc, the ladder and the bench decide through engagement.engaged (the wheel test via serve --check)."""
     import inspect
 
-    from ggml_bridge import rpc
-    from ggml_bridge.bench import proof as bench_proof
-    from ggml_bridge.bench import server as bench_server
-    from ggml_bridge.ladder import validity
+    from ggml_bridge.experiments.bench import proof as bench_proof
+    from ggml_bridge.experiments.bench import server as bench_server
+    from ggml_bridge.experiments.ladder import validity
+    from ggml_bridge.runtime import rpc
 
     for mod in (rpc, bench_proof, validity):
         assert "engaged(" in inspect.getsource(mod) and mod.engaged is engaged, mod.__name__
     # serve and the bench's llama-server, at its default verbosity, through from_metrics (engaged, then the
     # /metrics counters)
-    from ggml_bridge import engagement
+    from ggml_bridge.runtime import engagement
 
     for mod in (proof, bench_server):  # serve's proof
         assert "from_metrics(" in inspect.getsource(mod) and mod.from_metrics is engagement.from_metrics
@@ -65,7 +65,7 @@ def test_every_caller_uses_it() -> None:
 
 def test_from_metrics_reads_the_live_counters() -> None:
     """Issue 27 D1: without -lv 4 the enabled line is hidden; /metrics (patch 0005) decides."""
-    from ggml_bridge.engagement import from_metrics
+    from ggml_bridge.runtime.engagement import from_metrics
 
     hidden = logparse.BridgeInfo()
     assert from_metrics("bridge", hidden, {"bridge_boundaries_total": 3}).state == ENGAGED
@@ -83,7 +83,7 @@ def test_from_metrics_reads_the_live_counters() -> None:
 def test_the_pair_decisions_on_metrics_are_reported_or_said_missing() -> None:
     """/metrics' pairs_bridge / pairs_upstream are the per-pair decision the docs promise: serve says how many pairs
     took each path, and says so plainly where an engaged bridge counted none (mode force, virtual devices)."""
-    from ggml_bridge import logparse, proof
+    from ggml_bridge.runtime import logparse, proof
 
     live = {"bridge_boundaries_total": 7, "bridge_bytes_total": 4096}
     two = logparse.parse("llama_model_load_from_file_impl: using device CUDA0 (x) - 1 MiB free\n" * 1)
@@ -101,7 +101,7 @@ def test_auto_not_needed_on_a_split_is_reported_with_its_pairs() -> None:
     """--bridge auto where no device pair needs the bridge (virtual devices of one GPU, peer paths enabled): a note
     with the bridge's reason and the pairs /metrics counted on upstream's copy, not an error (the doctor recommends
     auto there; its command failed serve --check on one H200 as four virtual devices, 2026-12-03)."""
-    from ggml_bridge import logparse, proof
+    from ggml_bridge.runtime import logparse, proof
 
     reason = "no device pair needs it in mode auto (4 device(s) on 1 physical GPU(s))"
     four = logparse.parse(f"ggml_cuda_mapped_host_bridge: inactive: {reason}\n")

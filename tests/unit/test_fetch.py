@@ -10,8 +10,17 @@ from pathlib import Path
 import pytest
 import requests
 
-from ggml_bridge import cache, cli, config, fetch, pin
-from ggml_bridge.errors import CacheError, ChecksumError, FetchError, SourceError, UnknownRefError, UsageError
+from ggml_bridge import cli
+from ggml_bridge.foundations import cache, config
+from ggml_bridge.foundations.errors import (
+    CacheError,
+    ChecksumError,
+    FetchError,
+    SourceError,
+    UnknownRefError,
+    UsageError,
+)
+from ggml_bridge.upstream import fetch, pin
 
 from conftest import REPO_ROOT, FakeUpstream, write_pin
 from fixtures import fakellama
@@ -561,7 +570,7 @@ def test_tilde_of_an_unknown_user_is_a_usage_error(settings: config.Settings, tm
     """``~user`` of a user that does not exist is one usage line (pathlib's expanduser raised RuntimeError: a
     traceback; test_properties found it with the source ``~0``); left as it is, ``--cache-dir ~nosuchuser/c`` made
     a folder of that name under the current one (D27)."""
-    from ggml_bridge.errors import UsageError
+    from ggml_bridge.foundations.errors import UsageError
 
     with pytest.raises(UsageError, match="~no-such-user-ggml-bridge names no user"):
         fetch.obtain(settings, "~no-such-user-ggml-bridge")
@@ -641,7 +650,7 @@ def test_a_full_disk_during_the_download_is_exit_13(
 ) -> None:
     """Disk full while the sdist is downloaded into the cache: one line naming the file, exit 13, nothing left."""
     settings = cli_env
-    from ggml_bridge.fetch import archive
+    from ggml_bridge.upstream.fetch import archive
 
     _full_disk_at_write(monkeypatch, archive)
     monkeypatch.setenv("GGML_BRIDGE_SOURCES", "pypi-sdist")

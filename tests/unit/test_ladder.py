@@ -10,8 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import config, ladder, logparse, mechanisms, model, modes, tensor_split
-from ggml_bridge.errors import LadderSetupError, UsageError
+from ggml_bridge.experiments import ladder, model, tensor_split
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import LadderSetupError, UsageError
+from ggml_bridge.runtime import logparse, mechanisms, modes
 
 from helpers import ladder_options, make_vocab, real_vocab, write_fake_bin, write_ladder
 
@@ -631,7 +633,7 @@ def test_validity_batched_pools_the_device_zero_rule():
 
 
 def test_a_vulkan_ladder_file_and_expect_pools_checks(tmp_path):
-    from ggml_bridge.errors import LadderSetupError
+    from ggml_bridge.foundations.errors import LadderSetupError
 
     lf = tmp_path / "v.toml"
     lf.write_text(

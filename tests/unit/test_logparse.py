@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ggml_bridge import logparse
+from ggml_bridge.runtime import logparse
 
 PATCHED_2GPU = """\
 ggml_cuda_init: found 2 CUDA devices (Total VRAM: 286000 MiB):

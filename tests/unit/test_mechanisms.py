@@ -1,4 +1,4 @@
-"""The mechanism record (ggml_bridge/mechanisms.py) and what derives from it: a derived pattern, table or rule that
+"""The mechanism record (ggml_bridge/runtime/mechanisms.py) and what derives from it: a derived pattern, table or rule that
 disagrees with the record fails here, not first on a GPU."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from ggml_bridge import engagement, logparse, mechanisms, modes
 from ggml_bridge.commands import serve as serve_cmd
-from ggml_bridge.errors import UsageError
-from ggml_bridge.mechanisms import ALLREDUCE, ALLREDUCE_PATHS, BATCHED, BRIDGE, MECHANISMS
+from ggml_bridge.foundations.errors import UsageError
+from ggml_bridge.runtime import engagement, logparse, mechanisms, modes
+from ggml_bridge.runtime.mechanisms import ALLREDUCE, ALLREDUCE_PATHS, BATCHED, BRIDGE, MECHANISMS
 
 
 def _enabled(value: str) -> str:

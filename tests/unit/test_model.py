@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggml_bridge import model
-from ggml_bridge.layout import Layout
+from ggml_bridge.experiments import model
+from ggml_bridge.foundations.layout import Layout
 
 #: GGML_BRIDGE_VOCAB names the file; else it is looked up in GGML_BRIDGE_TEST_UPSTREAM (an upstream tree)
 VOCAB_CANDIDATES = [os.environ.get("GGML_BRIDGE_VOCAB")]
@@ -163,7 +163,7 @@ def test_the_model_command_writes_the_same_bytes_as_the_library(tmp_path, monkey
     """``ggml-bridge model`` (what the GPU drivers call): --out writes there, else the cached copy; a missing
     vocabulary is one line and ModelError's exit status, a missing --vocab a usage error."""
     from ggml_bridge import cli
-    from ggml_bridge.errors import ModelError
+    from ggml_bridge.foundations.errors import ModelError
 
     from helpers import make_vocab
 

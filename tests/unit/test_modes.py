@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import builder, ladder, modes, proof, serve
-from ggml_bridge import patch as patchmod
-from ggml_bridge.bench import orchestrate, suites
-from ggml_bridge.errors import BenchError, LadderSetupError, UsageError
+from ggml_bridge.distribution import builder
+from ggml_bridge.experiments import ladder
+from ggml_bridge.experiments.bench import orchestrate, suites
+from ggml_bridge.foundations.errors import BenchError, LadderSetupError, UsageError
+from ggml_bridge.runtime import modes, proof, serve
+from ggml_bridge.upstream import patch as patchmod
 
 
 def test_mode_environments_say_what_their_names_say():
@@ -104,8 +106,8 @@ def test_bench_refuses_ladder_only_modes(tmp_path, monkeypatch):
 
 
 def test_a_table_of_named_rows_refuses_a_name_given_twice() -> None:
-    from ggml_bridge.modes import VARIANTS
-    from ggml_bridge.tables import by_name
+    from ggml_bridge.foundations.tables import by_name
+    from ggml_bridge.runtime.modes import VARIANTS
 
     v = VARIANTS["patched"]
     assert list(by_name(*VARIANTS.values())) == list(VARIANTS)

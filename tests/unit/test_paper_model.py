@@ -1,4 +1,4 @@
-"""ggml_bridge/paper_model.py's host model: the per-hop cost, the predicted-vs-measured table built from a bench
+"""ggml_bridge/experiments/paper_model.py's host model: the per-hop cost, the predicted-vs-measured table built from a bench
 report of the rpc-link suite, and the hosts table."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def pm():
-    from ggml_bridge import paper_model
+    from ggml_bridge.experiments import paper_model
 
     return paper_model
 
@@ -29,7 +29,7 @@ def test_hop_is_two_one_way_delays_and_the_activation_in_and_out(pm):
 
 def _report(tmp_path, pm, shape="bench-1b", servers=1, skew=1.0):
     """A bench.json of the rpc-link suite whose link cases ran exactly as the model says (times ``skew``)."""
-    from ggml_bridge import shaper
+    from ggml_bridge.runtime import shaper
 
     tests = {"pp512/ub512": (9000.0, 8000.0), "pp4096/ub512": (8500.0, 7600.0), "tg128": (400.0, 300.0)}
     cases = [
@@ -78,7 +78,7 @@ def test_check_bench_needs_the_calibration_case(pm, tmp_path):
     rep = json.loads(p.read_text())
     rep["cases"] = [c for c in rep["cases"] if c["link"] != "unlimited/0"]
     p.write_text(json.dumps(rep))
-    from ggml_bridge.errors import UsageError
+    from ggml_bridge.foundations.errors import UsageError
 
     with pytest.raises(UsageError, match="calibration"):  # one error line, never an exit from the module
         pm.check_bench(p)

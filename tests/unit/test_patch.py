@@ -6,8 +6,9 @@ from pathlib import Path
 import git
 import pytest
 
-from ggml_bridge import config, fetch, patch
-from ggml_bridge.errors import PatchError, WorkTreeModified
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import PatchError, WorkTreeModified
+from ggml_bridge.upstream import fetch, patch
 
 from conftest import FakeUpstream
 

@@ -14,10 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ggml_bridge import config, fetch, modes, patch
-from ggml_bridge import pin as pinmod
-from ggml_bridge.errors import FatalError
-from ggml_bridge.ladder import schema
+from ggml_bridge.experiments.ladder import schema
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import FatalError
+from ggml_bridge.runtime import modes
+from ggml_bridge.upstream import fetch, patch
+from ggml_bridge.upstream import pin as pinmod
 
 #: PROP_EXAMPLES=3000 for a longer search (the suite runs 60 per property, about 4 s in all)
 EXAMPLES = int(os.environ.get("PROP_EXAMPLES", "60"))

@@ -11,9 +11,11 @@ from typing import Iterator
 
 import pytest
 
-from ggml_bridge import cli, config, errors, fetch, patch, radar, rebase
-from ggml_bridge import pin as pinmod
-from ggml_bridge.errors import RebaseConflict, UnknownRefError, UsageError
+from ggml_bridge import cli
+from ggml_bridge.foundations import config, errors
+from ggml_bridge.foundations.errors import RebaseConflict, UnknownRefError, UsageError
+from ggml_bridge.upstream import fetch, patch, radar, rebase
+from ggml_bridge.upstream import pin as pinmod
 
 from fixtures import fakellama
 from helpers import REBASE_DATE as DATE

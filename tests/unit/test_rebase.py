@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import cli, config, errors, fetch, patch, rebase
-from ggml_bridge import pin as pinmod
-from ggml_bridge.errors import FetchError, PatchError, RebaseConflict, SourceError, UsageError
+from ggml_bridge import cli
+from ggml_bridge.foundations import config, errors
+from ggml_bridge.foundations.errors import FetchError, PatchError, RebaseConflict, SourceError, UsageError
+from ggml_bridge.upstream import fetch, patch, rebase
+from ggml_bridge.upstream import pin as pinmod
 
 from fixtures import fakellama
 from helpers import DEMO, REPO_ROOT
@@ -508,7 +510,7 @@ def test_a_second_rebase_of_one_project_is_refused_while_the_first_runs(
     is refused at once (exit 53), the first finishes."""
     import threading
 
-    from ggml_bridge.rebase import job
+    from ggml_bridge.upstream.rebase import job
 
     started, release = threading.Event(), threading.Event()
     real = job.provide_preimages

@@ -13,8 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import cli, config, llama_server, logparse, rpc, serve
-from ggml_bridge.errors import RpcError, UsageError
+from ggml_bridge import cli
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import RpcError, UsageError
+from ggml_bridge.runtime import llama_server, logparse, rpc, serve
 
 from helpers import FAKE_RPC, bench_args, fake_model, write_fake_bin
 
@@ -328,8 +330,8 @@ def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
     env.update(FAKE_RPC_DIE_AFTER_S="2.5", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     code = (
-        "import sys; from ggml_bridge import config, serve\n"
-        "from ggml_bridge.errors import FatalError\n"
+        "import sys; from ggml_bridge.foundations import config; from ggml_bridge.runtime import serve\n"
+        "from ggml_bridge.foundations.errors import FatalError\n"
         "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
         "try:\n    sys.exit(serve.run(a, config.Settings()))\n"
         "except FatalError as e:\n    print(e, file=sys.stderr); sys.exit(e.exit_code)\n"
@@ -386,7 +388,7 @@ def _srv(devs, *lines):
 
 
 def test_shipped_rpc_ladders_parse():
-    from ggml_bridge import ladder
+    from ggml_bridge.experiments import ladder
 
     cpu = ladder.load_ladder(ROOT / "ladders" / "rpc-cpu.toml")
     assert all(r.rpc_servers == [["CPU"], ["CPU"]] and "rpc-off" in r.modes for r in cpu.rungs)
@@ -400,8 +402,8 @@ def test_shipped_rpc_ladders_parse():
 
 
 def test_rpc_mode_needs_servers(tmp_path):
-    from ggml_bridge import ladder
-    from ggml_bridge.errors import LadderSetupError
+    from ggml_bridge.experiments import ladder
+    from ggml_bridge.foundations.errors import LadderSetupError
 
     f = tmp_path / "l.toml"
     f.write_text('[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["off", "rpc-off"]\n')
@@ -410,7 +412,7 @@ def test_rpc_mode_needs_servers(tmp_path):
 
 
 def test_validate_rpc():
-    from ggml_bridge import ladder
+    from ggml_bridge.experiments import ladder
 
     m = ladder.MODES
     cnt = "ggml_bridge_rpc: counters: trigger=signal bridge=1 rpc_graph_compute={g} rpc_copy_tensor=4 bridge_boundaries={b}\n"
@@ -437,7 +439,7 @@ def test_validate_rpc():
 def test_bench_rpc_suite(bench_env):
     import json
 
-    from ggml_bridge.bench import orchestrate
+    from ggml_bridge.experiments.bench import orchestrate
 
     out = bench_env.tmp / "report"
     args = bench_args(variants_dir=bench_env.variants, model=bench_env.model, rounds=2, reps=2, report=out, suite="rpc")
@@ -458,7 +460,7 @@ def test_bench_rpc_suite(bench_env):
 def test_bench_rpc_bridge_not_engaged(bench_env, monkeypatch):
     import json
 
-    from ggml_bridge.bench import orchestrate
+    from ggml_bridge.experiments.bench import orchestrate
 
     monkeypatch.setenv("FAKE_RPC_BRIDGE", "inactive")
     out = bench_env.tmp / "report"
@@ -471,7 +473,7 @@ def test_bench_rpc_bridge_not_engaged(bench_env, monkeypatch):
         suite="rpc",
         cases="rpc-off,rpc-bridge",
     )
-    from ggml_bridge.errors import BenchError
+    from ggml_bridge.foundations.errors import BenchError
 
     with pytest.raises(BenchError, match="rpc-bridge"):
         orchestrate.bench(args, bench_env.settings)
@@ -483,7 +485,7 @@ def test_bench_rpc_bridge_not_engaged(bench_env, monkeypatch):
 
 
 def test_bench_rpc_cpu_suite_pins_threads_on_both_sides(bench_env, monkeypatch, capsys):
-    from ggml_bridge.bench import orchestrate
+    from ggml_bridge.experiments.bench import orchestrate
 
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 0)
     args = bench_args(

@@ -13,8 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import config, ladder, llama_server, logparse, rpc
-from ggml_bridge.errors import LadderSetupError
+from ggml_bridge.experiments import ladder
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import LadderSetupError
+from ggml_bridge.runtime import llama_server, logparse, rpc
 
 from helpers import FAKE_RPC, ladder_options, make_vocab, write_fake_bin
 
@@ -223,7 +225,7 @@ def test_unshaped_rung_has_no_link_stats(env):
 @pytest.fixture
 def one_gpu_bench_env(bench_env, monkeypatch):
     """``bench_env`` on a rig of one GPU."""
-    from ggml_bridge.bench import orchestrate
+    from ggml_bridge.experiments.bench import orchestrate
 
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
     return bench_env
@@ -231,7 +233,7 @@ def one_gpu_bench_env(bench_env, monkeypatch):
 
 @pytest.mark.plots
 def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(one_gpu_bench_env):
-    from ggml_bridge.bench import orchestrate
+    from ggml_bridge.experiments.bench import orchestrate
 
     from helpers import bench_args
 
@@ -274,9 +276,9 @@ def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(one
 
 
 def test_bench_link_case_that_bypasses_the_shaper_is_not_engaged(one_gpu_bench_env, monkeypatch):
-    from ggml_bridge import netbench
-    from ggml_bridge.bench import orchestrate
-    from ggml_bridge.errors import BenchError
+    from ggml_bridge.experiments.bench import orchestrate
+    from ggml_bridge.foundations.errors import BenchError
+    from ggml_bridge.runtime import netbench
 
     from helpers import bench_args
 
@@ -296,8 +298,8 @@ def test_bench_link_case_that_bypasses_the_shaper_is_not_engaged(one_gpu_bench_e
 
 
 def test_bench_bad_link_is_a_bench_error(one_gpu_bench_env):
-    from ggml_bridge.bench import orchestrate
-    from ggml_bridge.errors import BenchError
+    from ggml_bridge.experiments.bench import orchestrate
+    from ggml_bridge.foundations.errors import BenchError
 
     from helpers import bench_args
 
@@ -313,7 +315,7 @@ def test_bench_bad_link_is_a_bench_error(one_gpu_bench_env):
 
 
 def test_row_split_rung_does_not_require_bridge_boundaries_but_records_them():
-    from ggml_bridge.ladder import validity
+    from ggml_bridge.experiments.ladder import validity
 
     dev = "".join(f"llama_model_load_from_file_impl: using device CUDA{i} (GPU) (id{i}) - 1 MiB free\n" for i in (0, 1))
     log = (
@@ -345,7 +347,8 @@ def _serve_fake(tmp_path):
 
 
 def test_serve_rpc_link_puts_a_shaper_before_each_local_server(tmp_path, monkeypatch, capsys):
-    from ggml_bridge import cli, serve
+    from ggml_bridge import cli
+    from ggml_bridge.runtime import serve
 
     for k in [k for k in os.environ if k.startswith("FAKE_")]:
         monkeypatch.delenv(k)
@@ -387,8 +390,9 @@ def test_serve_rpc_link_puts_a_shaper_before_each_local_server(tmp_path, monkeyp
 
 
 def test_serve_rpc_link_needs_local_servers_and_a_good_link(tmp_path):
-    from ggml_bridge import cli, serve
-    from ggml_bridge.errors import UsageError
+    from ggml_bridge import cli
+    from ggml_bridge.foundations.errors import UsageError
+    from ggml_bridge.runtime import serve
 
     b, m = _serve_fake(tmp_path)
     with pytest.raises(UsageError, match="--rpc-link needs local rpc-servers"):
@@ -410,7 +414,7 @@ def test_serve_rpc_link_needs_local_servers_and_a_good_link(tmp_path):
 
 
 def test_report_says_what_crossed_the_link_and_that_the_bridge_is_idle():
-    from ggml_bridge.ladder.report import markdown_report
+    from ggml_bridge.experiments.ladder.report import markdown_report
 
     v = {
         "ok": True,

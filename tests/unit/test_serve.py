@@ -13,8 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggml_bridge import cli, config, llama_server, logparse, modes, proof, runner, serve, signals
-from ggml_bridge.errors import ServeError, UsageError
+from ggml_bridge import cli
+from ggml_bridge.foundations import config, runner, signals
+from ggml_bridge.foundations.errors import ServeError, UsageError
+from ggml_bridge.runtime import llama_server, logparse, modes, proof, serve
 
 from helpers import busy_port, fake_model, write_fake_bin
 
@@ -264,7 +266,7 @@ def _cli_proc(fake, extra_env, *args):
     env.update(extra_env)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     code = (
-        "import sys; from ggml_bridge import config, serve\n"
+        "import sys; from ggml_bridge.foundations import config; from ggml_bridge.runtime import serve\n"
         "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"
         "sys.exit(serve.run(a, config.Settings()))\n"
     )
@@ -312,7 +314,7 @@ def test_server_dying_while_serving_propagates(fake):
 
 
 def test_runner_start_stop_kills_a_process_that_ignores_sigterm(tmp_path):
-    from ggml_bridge import runner
+    from ggml_bridge.foundations import runner
 
     code = (
         "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
@@ -332,7 +334,7 @@ def test_runner_start_stop_kills_a_process_that_ignores_sigterm(tmp_path):
 def test_runner_settle_waits_for_the_burst_of_lines_and_no_longer(tmp_path):
     """settle(): returns once the pump has taken no line for `quiet` seconds (a line 0.15 s after the first is
     in), and at `limit` when the child never pauses: what wait_ready does instead of a fixed 0.2 s sleep."""
-    from ggml_bridge import runner
+    from ggml_bridge.foundations import runner
 
     code = "import sys, time\nprint('a', flush=True)\ntime.sleep(0.15)\nprint('b', flush=True)\ntime.sleep(60)\n"
     p = runner.start([sys.executable, "-c", code], keep=True)
@@ -355,7 +357,7 @@ def test_runner_settle_waits_for_the_burst_of_lines_and_no_longer(tmp_path):
 
 
 def test_runner_start_missing_binary(tmp_path):
-    from ggml_bridge import runner
+    from ggml_bridge.foundations import runner
 
     with pytest.raises(ServeError, match="cannot run"):
         runner.start([tmp_path / "nope"], error=ServeError)
@@ -535,7 +537,7 @@ def test_server_output_is_not_all_kept_in_memory(fake, monkeypatch, tmp_path):
 
 
 def test_runner_keeps_a_bounded_head_and_tail(tmp_path, monkeypatch):
-    from ggml_bridge import runner
+    from ggml_bridge.foundations import runner
 
     monkeypatch.setattr(runner.Process, "KEEP_HEAD", 5)
     monkeypatch.setattr(runner.Process, "KEEP_TAIL", 5)
@@ -546,7 +548,7 @@ def test_runner_keeps_a_bounded_head_and_tail(tmp_path, monkeypatch):
 
 def test_server_log_is_rotated_at_its_cap(tmp_path):
     """Issue 27 D1: --server-log is bounded: rotated to FILE.1 at the cap, so FILE + FILE.1 stay under 2 x cap."""
-    from ggml_bridge import runner
+    from ggml_bridge.foundations import runner
 
     code = "import sys\nfor i in range(5000):\n    print('x' * 99)\n"
     log_file = tmp_path / "server.log"

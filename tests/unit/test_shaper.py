@@ -1,4 +1,4 @@
-"""The link shaper (ggml_bridge/shaper.py): rate and delay accuracy through real loopback sockets, byte-exact
+"""The link shaper (ggml_bridge/runtime/shaper.py): rate and delay accuracy through real loopback sockets, byte-exact
 forwarding in both directions, shutdown with connections open (no thread left, bounded), bad input, and the
 ``ggml-bridge shape`` command stopped by a signal."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import shaper
-from ggml_bridge.errors import UsageError
+from ggml_bridge.foundations.errors import UsageError
+from ggml_bridge.runtime import shaper
 
 ROOT = Path(__file__).resolve().parents[2]
 

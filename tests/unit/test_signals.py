@@ -21,8 +21,8 @@ from typing import Callable
 
 import pytest
 
-from ggml_bridge import config, signals
-from ggml_bridge.errors import UsageError
+from ggml_bridge.foundations import config, signals
+from ggml_bridge.foundations.errors import UsageError
 
 from conftest import REPO_ROOT
 
@@ -155,11 +155,11 @@ def test_sigterm_to_patch_check_stops_git_and_removes_the_temporary_tree(
     assert not list(tmpdir.glob("ggml-bridge-check-*")), "temporary tree left behind"
 
 
-#: A program that starts a git through ``ggml_bridge.gitrepo`` inside the command line's signal frame: by GitPython's
+#: A program that starts a git through ``ggml_bridge.foundations.gitrepo`` inside the command line's signal frame: by GitPython's
 #: object model (``repo.git.fsck()``) or by :func:`gitrepo.run`; exits 128 + the signal like ``cli.main``.
 GIT_THROUGH_THE_FACADE = """
 import sys
-from ggml_bridge import gitrepo, signals
+from ggml_bridge.foundations import gitrepo, signals
 try:
     with signals.stop_children_on_signals():
         repo = gitrepo.init(sys.argv[1])
@@ -174,7 +174,7 @@ except signals.Interrupted as e:
 
 @pytest.mark.parametrize("way", ["gitpython", "run"])
 def test_a_stop_signal_reaches_a_git_started_through_the_facade(tmp_path: Path, way: str) -> None:
-    """Every git of the package is started by the runner (``ggml_bridge.gitrepo``): logged, and stopped with its
+    """Every git of the package is started by the runner (``ggml_bridge.foundations.gitrepo``): logged, and stopped with its
     whole tree on a stop signal, GitPython's commands included."""
     _tool(tmp_path / "bin", "git-fsck-hangs", shutil.which("git") or "git", " fsck ")
     pids = tmp_path / "pids"

@@ -71,7 +71,11 @@ from typing import Callable
 
 import pytest
 
-from ggml_bridge import cli, config, errors, fetch, llama_server, wheel
+from ggml_bridge import cli
+from ggml_bridge.distribution import wheel
+from ggml_bridge.foundations import config, errors
+from ggml_bridge.runtime import llama_server
+from ggml_bridge.upstream import fetch
 
 from helpers import fake_model, write_fake_bin
 

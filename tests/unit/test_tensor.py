@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from ggml_bridge import model, modes, tensor_split
-from ggml_bridge.bench import proof as bench_proof
-from ggml_bridge.bench.measure import device_args
-from ggml_bridge.bench.suites import SUITES
+from ggml_bridge.experiments import model, tensor_split
+from ggml_bridge.experiments.bench import proof as bench_proof
+from ggml_bridge.experiments.bench.measure import device_args
+from ggml_bridge.experiments.bench.suites import SUITES
+from ggml_bridge.runtime import modes
 
 INTERNAL_READY = "ggml_cuda_ar_pipeline_init: initialized AllReduce pipeline: 2 GPUs, 64 KB chunked kernel staging"
 META = "llama_prepare_model_devices: creating a Meta device for tensor parallelism from {n} devices:"
@@ -78,8 +79,8 @@ def test_the_no_peer_baseline_is_test_only_and_said_so() -> None:
 
 
 def test_serve_proves_the_all_reduce_path_of_a_tensor_split() -> None:
-    from ggml_bridge import logparse
-    from ggml_bridge.proof import Engagement, prove_allreduce, splits_by_tensor
+    from ggml_bridge.runtime import logparse
+    from ggml_bridge.runtime.proof import Engagement, prove_allreduce, splits_by_tensor
 
     assert splits_by_tensor(["-m", "x", "-sm", "tensor"], {})
     assert splits_by_tensor(["--split-mode=tensor"], {}) and not splits_by_tensor(["-sm", "layer"], {})

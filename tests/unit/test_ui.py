@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import cli, config, ui
-from ggml_bridge.errors import BuildError, ToolchainError, UsageError
+from ggml_bridge import cli
+from ggml_bridge.distribution import ui
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import BuildError, ToolchainError, UsageError
 
 
 def make_ui_tree(root: Path) -> Path:
@@ -178,7 +180,8 @@ def test_old_node_is_refused_with_the_way_out(monkeypatch: pytest.MonkeyPatch) -
 def test_builds_never_download_nor_run_npm_in_cmake(settings: config.Settings, tmp_path: Path) -> None:
     """Upstream defaults LLAMA_USE_PREBUILT_UI=ON (a download of whatever the bucket holds, 'latest' as fallback):
     the build turns both provisioning paths of its CMake off."""
-    from ggml_bridge import builder, modes
+    from ggml_bridge.distribution import builder
+    from ggml_bridge.runtime import modes
 
     src = tmp_path / "tree"
     src.mkdir()

@@ -17,13 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge import cli, config, pin, wheel, wheel_plan
-from ggml_bridge.errors import BuildError, NotBuiltError, ServeError, ToolchainError, UsageError
+from ggml_bridge import cli
+from ggml_bridge.distribution import wheel, wheel_plan
+from ggml_bridge.foundations import config
+from ggml_bridge.foundations.errors import BuildError, NotBuiltError, ServeError, ToolchainError, UsageError
+from ggml_bridge.upstream import pin
 
 from helpers import fake_model, fake_vulkan_root, write_fake_bin
 
 ROOT = Path(__file__).resolve().parents[2]
-TEMPLATES = ROOT / "ggml_bridge" / "server_dist"
+TEMPLATES = ROOT / "ggml_bridge" / "distribution" / "server_dist"
 
 
 def sdist_members(path: Path) -> dict[str, tarfile.TarInfo]:
@@ -78,7 +81,7 @@ def test_sdist_carries_the_patched_tree_templates_and_manifest(
         f'set(LLAMA_BUILD_NUMBER {build})\nset(LLAMA_BUILD_COMMIT "{upstream.commit[:9]}+bridge-{manifest["series_hash"][:8]}")\n'
     )
     # the vendored tree is the patched one, file for file
-    from ggml_bridge import fetch, patch
+    from ggml_bridge.upstream import fetch, patch
 
     patched = patch.apply_series(settings, fetch.obtain(settings))
     assert manifest["patched_head"] == patched.head
@@ -97,7 +100,7 @@ def test_sdist_is_reproducible(settings: config.Settings, tmp_path: Path, monkey
 def test_sdist_of_a_tree_with_ui_embeds_the_built_assets(
     settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ggml_bridge import ui
+    from ggml_bridge.distribution import ui
 
     dist = tmp_path / "built"
     dist.mkdir()
@@ -321,7 +324,7 @@ def test_serve_uses_an_installed_wheel_when_nothing_is_built(
     fake_install(installed)
     monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
-    port = str(__import__("ggml_bridge.net", fromlist=["free_port"]).free_port())
+    port = str(__import__("ggml_bridge.foundations.net", fromlist=["free_port"]).free_port())
     rc = cli.main(["serve", "--check", "--batched", "on", "--", "-m", str(fake_model(tmp_path)), "--port", port])
     err = capsys.readouterr().err
     assert rc == 0, err
@@ -525,7 +528,7 @@ def tiny_wheel(out: Path, version: str = "0.1.0+cpu", tag: str = "py3-none-any")
 
 
 def test_the_index_is_pep503_with_sha256_and_pip_installs_from_it(tmp_path: Path) -> None:
-    from ggml_bridge import cache
+    from ggml_bridge.foundations import cache
 
     cpu = tiny_wheel(tmp_path / "a")
     page = wheel.write_index(tmp_path / "idx", [cpu])
@@ -587,7 +590,7 @@ def test_repair_of_a_wheel_auditwheel_refuses_is_one_build_error(tmp_path: Path)
 
 
 def test_wheel_from_a_missing_sdist_is_one_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ggml_bridge.errors import UsageError
+    from ggml_bridge.foundations.errors import UsageError
 
     rc = cli.main(
         [
@@ -613,7 +616,7 @@ def test_a_cuda_vulkan_wheel_is_refused_not_built_as_cpu(tmp_path: Path) -> None
 def test_the_vulkan_wheel_plan_passes_the_vulkan_pieces_and_the_tag_check_knows_vulkan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ggml_bridge.builder import toolchain
+    from ggml_bridge.distribution.builder import toolchain
 
     usr = fake_vulkan_root(tmp_path / "usr")
     monkeypatch.setattr(

@@ -1,0 +1,1 @@
+"""Building and distributing llama-server: CMake/Ninja builds, the web UI, the server's sdist and wheel."""

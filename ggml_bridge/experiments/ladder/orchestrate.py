@@ -1,0 +1,488 @@
+"""Orchestration: binaries, one mode's processes, one rung, and the ``ggml-bridge ladder`` command.
+
+The schema, validity and reports are ladder.schema, ladder.validity and ladder.report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...foundations import files, runner
+from ...foundations.config import Settings
+from ...foundations.errors import FatalError, LadderSetupError, RpcError, ServeError
+from ...foundations.net import free_port
+from ...foundations.runner import log
+from ...runtime import logparse, modes, rpc, shaper
+from ...runtime.llama_server import CONTRACT_VERBOSITY, Server
+from ...runtime.modes import Mode
+from .. import model
+from .binaries import Binaries, find_vocab, resolve_binaries
+from .diff import compare_files, sha256_file
+from .inputs import canonical_response, make_prompts, make_text, request_payload
+from .report import progress_line, write_reports
+from .schema import Ladder, Rung, default_ladder, load_ladder, mode_of, side_of
+from .validity import validate_front, validate_mode, validate_rpc
+
+
+@dataclass(frozen=True)
+class LadderOptions:
+    """What ``ggml-bridge ladder`` was asked to run."""
+
+    ladder: Path | None = None
+    """The ladder file (None: ladders/<backend>.toml)."""
+    report: Path | None = None
+    sides: dict[str, Path] = field(default_factory=dict)
+    """Side -> the folder of its binaries (``--side NAME=DIR``, ``--bin-dir-patched DIR``); a side named after a
+    build variant and not given here runs that variant's latest build."""
+    rungs: tuple[str, ...] = ()
+    """Only these rungs (empty: all)."""
+    vocab: Path | None = None
+    threads: int | None = None
+    startup_timeout: float = 900.0
+    keep_logits: bool = False
+    allow_same_build: bool = False
+
+
+def _device_env(rung: Rung) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if modes.VK_DEVICES in rung.env:
+        return env  # Vulkan devices, named by the rung itself (e.g. "0,0": two devices on one); no CUDA here
+    if rung.devices > 0:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [x for x in visible.split(",") if x.strip()] if visible else [str(i) for i in range(rung.devices)]
+        if len(ids) < rung.devices:
+            raise LadderSetupError(f"rung {rung.name} needs {rung.devices} GPUs; CUDA_VISIBLE_DEVICES={visible}")
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[: rung.devices])
+        if rung.virtual_devices:
+            env[modes.CUDA_DEVICES] = str(rung.virtual_devices)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _common_args(rung: Rung, threads: int) -> list[str]:
+    ngl = rung.gpu_layers if rung.gpu_layers is not None else (999 if rung.devices > 0 else 0)
+    # -lv 4: the contract's INFO lines (bridge enabled/stats, "using device") are dropped below it
+    a = [
+        "-lv",
+        str(CONTRACT_VERBOSITY),
+        "-t",
+        str(threads),
+        "-ngl",
+        str(ngl),
+        "-b",
+        str(rung.batch),
+        "-ub",
+        str(rung.ubatch),
+    ]
+    if rung.devices > 0 or rung.split_mode == "tensor":  # tensor: also over rpc-servers of CPU devices
+        a += ["-sm", rung.split_mode]
+    return a
+
+
+@dataclass
+class ModeRun:
+    mode: str
+    wall_s: float = 0.0
+    responses: Path | None = None
+    logits: Path | None = None
+    logs: dict[str, logparse.LogInfo] = field(default_factory=dict)
+    metrics: dict[str, int] | None = None  # the server's transfer counters on /metrics after the requests
+    error: str | None = None
+    rpc_servers: dict[str, logparse.RpcServerInfo] = field(default_factory=dict)  # by endpoint, rpc-* modes
+    links: dict[str, dict[str, Any]] = field(default_factory=dict)  # by endpoint: what crossed its shaped link
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What one mode's processes run with: the rung (as the mode sees it), its side's programs and environment."""
+
+    mode: Mode
+    rung: Rung
+    programs: dict[str, Path]
+    env: dict[str, str]
+    out: Path
+    threads: int
+    extra: tuple[str, ...] = ()  # the rpc-servers' llama arguments, once they started
+
+
+def run_mode(
+    mode: Mode,
+    rung: Rung,
+    bins: Binaries,
+    side: str,
+    model_path: Path,
+    text_path: Path,
+    prompts: list[str],
+    out: Path,
+    threads: int,
+    startup_timeout: float,
+) -> ModeRun:
+    out.mkdir(parents=True, exist_ok=True)
+    b = bins.by_side[side]
+    rung = dataclasses.replace(rung, devices=mode.devices, virtual_devices=None) if mode.devices else rung
+    allreduce = {modes.ALLREDUCE: modes.ALLREDUCE_VALUES[rung.allreduce]} if rung.allreduce else {}
+    env = {**_device_env(rung), **allreduce, **mode.env(), **rung.env}
+    lib_dir = str(b["llama-server"].resolve().parent)
+    env["LD_LIBRARY_PATH"] = lib_dir + (
+        ":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else ""
+    )
+    res = ModeRun(mode.name)
+    t0 = time.monotonic()
+    topo, env = _rpc_topology(mode, rung, b, env, threads, out)
+    job = _Job(mode, rung, b, env, out, threads)
+    try:
+        if topo:
+            topo.start(rpc.expected_version(b["llama-server"]))
+            job = dataclasses.replace(job, extra=(*topo.server_args(), "-ngl", "999"))  # the shapers' ends exist now
+        _serve(job, res, model_path, prompts, startup_timeout)
+        if rung.perplexity:
+            _perplexity(job, res, model_path, text_path)
+        if topo and mode.variant == "patched":
+            topo.counters()  # one counters line per server, parsed below
+    except FatalError as e:
+        try:
+            rpc.raise_if_dead(topo, f"in mode {mode.name}")
+            res.error = str(e)
+        except RpcError as dead:
+            res.error = f"{dead} ({e})"
+    finally:
+        if topo:
+            topo.stop()
+            res.rpc_servers = {str(s.endpoint): s.info() for s in topo.local}
+            res.links = topo.link_stats()
+    res.wall_s = time.monotonic() - t0
+    return res
+
+
+def _rpc_topology(
+    mode: Mode, rung: Rung, b: dict[str, Path], env: dict[str, str], threads: int, out: Path
+) -> tuple[rpc.Topology | None, dict[str, str]]:
+    """An rpc mode's local rpc-servers (not started) and the front's environment: the GPUs belong to the
+    rpc-servers, llama-server and llama-perplexity get none (unless rpc_front_gpu: the front keeps the rung's GPUs,
+    as a host with its own GPU plus rpc-servers)."""
+    if not mode.rpc:
+        return None, env
+    topo = rpc.Topology(
+        [
+            rpc.LocalRpcServer(
+                b[rpc.RPC_SERVER],
+                devices=d,
+                env={**env, **(rung.rpc_env[i] if rung.rpc_env else {})},
+                threads=threads,
+                log_file=out / f"rpc-server-{i}.log",
+            )
+            for i, d in enumerate(rung.rpc_servers)
+        ],
+        link=shaper.parse_link(rung.rpc_link) if rung.rpc_link else None,
+    )
+    if not rung.rpc_front_gpu:
+        env = {**env, "CUDA_VISIBLE_DEVICES": ""}
+    elif mode.uses_bridge:  # an rpc mode's bridge selector is the rpc-servers'; the front is validated as off
+        env = {**env, modes.BRIDGE: "0"}
+    return topo, env
+
+
+def _serve(job: _Job, res: ModeRun, model_path: Path, prompts: list[str], startup_timeout: float) -> None:
+    """llama-server on a free port, the rung's requests (canonical responses in responses.jsonl), its /metrics."""
+    rung = job.rung
+    sargs = [
+        "-m",
+        str(model_path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        "-c",
+        str(rung.server_ctx()),
+        "-np",
+        "1",
+        "--no-webui",
+        "--metrics",
+        *_common_args(rung, job.threads),
+        *job.extra,
+        *rung.server_args,
+    ]
+    slog = job.out / "server.log"
+    slog.unlink(missing_ok=True)
+    srv = Server(job.programs["llama-server"], sargs, env=job.env, log_file=slog, startup_timeout=startup_timeout)
+    srv.start()
+    try:
+        resp = job.out / "responses.jsonl"
+        with open(resp, "wb") as fh:
+            for i, p in enumerate(prompts):
+                fh.write(canonical_response(srv.post("/completion", request_payload(p, rung), timeout=rung.timeout), i))
+        res.responses = resp
+        res.metrics = srv.metrics()
+    finally:
+        rc = srv.stop()
+    res.logs["server"] = srv.info()
+    if rc not in (0, None):
+        raise ServeError(
+            f"llama-server exited with status {rc} when stopped",
+            why="last lines:\n    " + "\n    ".join(srv.tail(10)),
+        )
+
+
+def _perplexity(job: _Job, res: ModeRun, model_path: Path, text_path: Path) -> None:
+    """llama-perplexity --kl-divergence-base over the rung's text: every evaluated token's logits in logits.bin."""
+    rung, out = job.rung, job.out
+    logits = out / "logits.bin"
+    logits.unlink(missing_ok=True)
+    plog = out / "perplexity.log"
+    plog.unlink(missing_ok=True)
+    pargs: list[str | Path] = [
+        job.programs["llama-perplexity"],
+        "-m",
+        model_path,
+        "-f",
+        text_path,
+        "-c",
+        str(rung.perplexity_ctx()),
+        *_common_args(rung, job.threads),
+        *job.extra,
+        "--kl-divergence-base",
+        logits,
+        *rung.perplexity_args,
+    ]
+    r = runner.run(
+        pargs,
+        env=job.env,
+        log_file=plog,
+        error=ServeError,
+        timeout=rung.timeout,
+        what=f"llama-perplexity failed in mode {job.mode.name}",
+    )
+    res.logs["perplexity"] = logparse.parse(plog.read_text(errors="replace"))
+    if not logits.is_file() or logits.stat().st_size <= 20:
+        raise ServeError(
+            f"llama-perplexity wrote no logits in mode {job.mode.name}",
+            why="last lines:\n    " + r.stdout[-2000:].replace("\n", "\n    "),
+        )
+    res.logits = logits
+
+
+def _artifact(path: Path | None) -> dict[str, Any] | None:
+    if path is None or not path.is_file():
+        return None
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def run_rung(
+    rung: Rung,
+    ladder: Ladder,
+    bins: Binaries,
+    vocab: Path,
+    models_dir: Path,
+    report_dir: Path,
+    threads: int,
+    startup_timeout: float,
+    keep_logits: bool,
+) -> dict[str, Any]:
+    t0 = time.monotonic()
+    rep: dict[str, Any] = {
+        "name": rung.name,
+        "shape": dataclasses.asdict(rung.shape),
+        "seed": rung.seed,
+        "devices": rung.devices,
+        "virtual_devices": rung.virtual_devices,
+        "split_mode": rung.split_mode,
+        "allreduce": rung.allreduce,
+        "multi_device": rung.multi_device,
+        "ubatch": rung.ubatch,
+        "batch": rung.batch,
+        "ctx": rung.server_ctx(),
+        "ppl_ctx": rung.perplexity_ctx(),
+        "reference": rung.reference,
+        "modes": {},
+        "status": "pass",
+        "problems": [],
+    }
+    out = report_dir / rung.name
+    try:
+        mpath, text, prompts = _prepare(rung, ladder, vocab, models_dir, out, rep)
+    except FatalError as e:
+        rep.update(status="error", error=str(e), wall_s=time.monotonic() - t0)
+        return rep
+    runs: dict[str, ModeRun] = {}
+    order = [rung.reference] + [m for m in rung.modes if m != rung.reference]
+    for name in order:
+        mode, side = mode_of(name), side_of(name)
+        runner.log(f"    {rung.name}: mode {name}")
+        mr = run_mode(
+            mode, rung, bins, side, mpath, text, prompts, out / name.replace(":", "@"), threads, startup_timeout
+        )
+        runs[name] = mr
+        rep["modes"][name] = _mode_entry(rep, name, rung, mr)
+        if name == rung.reference and mr.error:
+            break  # nothing to compare against
+    _compare(rep, rung, runs)
+    if not keep_logits and rep["status"] in ("pass", "invalid"):
+        for mr in runs.values():
+            if mr.logits and mr.logits.exists():
+                mr.logits.unlink()
+    rep["wall_s"] = round(time.monotonic() - t0, 2)
+    return rep
+
+
+def _prepare(
+    rung: Rung, ladder: Ladder, vocab: Path, models_dir: Path, out: Path, rep: dict[str, Any]
+) -> tuple[Path, Path, list[str]]:
+    """The rung's model (cached), its perplexity text and its prompts; what they are goes into ``rep``."""
+    vt = model.load_vocab(vocab)
+    rep["n_params"] = rung.shape.n_params(len(vt.tokens))
+    rep["boundary_mib_f32"] = rung.shape.n_embd * rung.ubatch * 4 / (1 << 20)
+    mpath = model.ensure_model(models_dir, rung.shape, rung.seed, vocab)
+    rep["model"] = str(mpath)
+    out.mkdir(parents=True, exist_ok=True)
+    text = out / "text.txt"
+    pc = rung.perplexity_ctx()
+    text.write_text(make_text(2 * pc + pc // 2 + 64, ladder.text_seed, vt.tokens), encoding="utf-8")
+    rep["prompt_words"] = rung.prompts_words()
+    return mpath, text, make_prompts(rung, ladder.text_seed, vt.tokens)
+
+
+def _mode_entry(rep: dict[str, Any], name: str, rung: Rung, mr: ModeRun) -> dict[str, Any]:
+    """One mode's report entry: its artifacts, and its error or its validity (which may fail the rung)."""
+    mode = mode_of(name)
+    entry: dict[str, Any] = {
+        "wall_s": round(mr.wall_s, 2),
+        "side": side_of(name),
+        "variant": mode.variant,
+        "selectors": mode.env(),
+        "responses": _artifact(mr.responses),
+        "logits": _artifact(mr.logits),
+    }
+    if mr.error:
+        entry["error"] = mr.error
+        rep["status"] = "error"
+        rep["problems"].append(f"{name}: {mr.error}")
+        return entry
+    front = dataclasses.replace(mode, bridge="off" if mode.bridge else None) if mode.rpc else mode
+    v = validate_mode(
+        front,
+        dataclasses.replace(rung, devices=mode.devices, virtual_devices=None) if mode.devices else rung,
+        mr.logs,
+        mr.metrics,
+    )
+    if mode.rpc:
+        r = validate_rpc(mode, mr.rpc_servers, rung, mr.links)
+        if rung.rpc_front_gpu:
+            r["problems"] += validate_front(rung, mr.logs)
+            r["ok"] = not r["problems"]
+        v.update(
+            ok=v["ok"] and r["ok"],
+            problems=v["problems"] + r["problems"],
+            notes=v["notes"] + r["notes"],
+            rpc=r["servers"],
+        )
+    entry["validity"] = v
+    if not v["ok"]:
+        if rep["status"] == "pass":
+            rep["status"] = "invalid"
+        rep["problems"] += [f"{name}: {p}" for p in v["problems"]]
+    return entry
+
+
+def _compare(rep: dict[str, Any], rung: Rung, runs: dict[str, ModeRun]) -> None:
+    """Every mode's responses and logits against the reference's, byte for byte."""
+    ref = runs.get(rung.reference)
+    if ref is not None and not ref.error:
+        for name, mr in runs.items():
+            if name == rung.reference or mr.error:
+                continue
+            cmp: dict[str, Any] = {}
+            for kind, a, b in (("responses", ref.responses, mr.responses), ("logits", ref.logits, mr.logits)):
+                if a is None or b is None:
+                    continue
+                c = compare_files(a, b, kind)
+                cmp[kind] = c
+                if not c["identical"]:
+                    rep["status"] = "mismatch"
+                    fd = c.get("first_difference", {})
+                    rep["problems"].append(
+                        f"{name}: {kind} differ from {rung.reference} at byte {fd.get('offset')} ({fd.get('where')})"
+                    )
+            rep["modes"][name]["compare"] = cmp
+
+
+def run(args: LadderOptions, settings: Settings) -> int:
+    ladder = load_ladder(args.ladder or default_ladder(settings))
+    rungs = ladder.rungs
+    if args.rungs:
+        unknown = set(args.rungs) - {r.name for r in rungs}
+        if unknown:
+            raise LadderSetupError(
+                f"no rung named {', '.join(sorted(unknown))} in {ladder.path}",
+                fix=f"rungs: {', '.join(r.name for r in rungs)}",
+            )
+        rungs = [r for r in rungs if r.name in args.rungs]
+    given_report = files.output_dir(args.report, "--report") if args.report else None  # before any build is looked at
+    needed = {side_of(m): ladder.sides[side_of(m)] for r in rungs for m in r.modes}
+    unknown_sides = set(args.sides) - set(ladder.sides)
+    if unknown_sides:
+        raise LadderSetupError(
+            f"--side {', '.join(sorted(unknown_sides))}: the ladder {ladder.path} has no such side",
+            fix=f"its sides: {', '.join(ladder.sides)}",
+        )
+    bins = resolve_binaries(
+        args.sides, settings, ladder.backend, needed, any(mode_of(m).rpc for r in rungs for m in r.modes)
+    )
+    if bins.same_build and not args.allow_same_build:
+        raise LadderSetupError(
+            "the patched and upstream binaries are the same build",
+            why="comparing a build with itself proves nothing about the patches",
+            fix="point --bin-dir-upstream (--side upstream=DIR) at an unpatched build (or pass --allow-same-build for "
+            "development)",
+        )
+    vocab = find_vocab(args.vocab, settings, bins)
+    model.load_vocab(vocab)  # an unreadable vocabulary is a model error (71) now, not a failed rung later
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    report_dir = given_report or settings.layout.report(f"{ladder.name}-{stamp}")
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LadderSetupError(f"cannot create report directory {report_dir}", why=str(e)) from None
+    threads = args.threads or os.cpu_count() or 1
+    rep: dict[str, Any] = {
+        "ladder": ladder.name,
+        "file": str(ladder.path),
+        "backend": ladder.backend,
+        "started": stamp,
+        "vocab": str(vocab),
+        "threads": threads,
+        "binaries": {"patched": None, "upstream": None, **bins.folders(), "same_build": bins.same_build},
+        "rungs": [],
+    }
+    log(f"==> ladder {ladder.name}: {len(rungs)} rung(s) from {ladder.path}; report in {report_dir}")
+    t0, models = time.monotonic(), settings.layout.models
+    for i, rung in enumerate(rungs, 1):
+        r = run_rung(rung, ladder, bins, vocab, models, report_dir, threads, args.startup_timeout, args.keep_logits)
+        rep["rungs"].append(r)
+        log(progress_line(i, len(rungs), r))
+        write_reports(rep, report_dir, time.monotonic() - t0)  # partial report after every rung
+    statuses = [r["status"] for r in rep["rungs"]]
+    if any(s in ("mismatch", "invalid") for s in statuses):
+        rep["status"], rc = "fail", 1
+    elif "error" in statuses:
+        rep["status"], rc = "error", LadderSetupError.exit_code
+    else:
+        rep["status"], rc = "pass", 0
+    write_reports(rep, report_dir, time.monotonic() - t0)
+    log(
+        f"==> ladder {ladder.name}: {rep['status'].upper()} "
+        f"({statuses.count('pass')}/{len(statuses)} rungs passed) in {rep['wall_s']:.1f}s"
+    )
+    if bins.same_build:
+        log(
+            "    warning: patched and upstream binaries are the same build (--allow-same-build): the upstream "
+            "comparisons prove nothing about the patches"
+        )
+    print(report_dir / "report.md")
+    return rc

@@ -1,0 +1,1 @@
+"""The foundations every stage stands on: errors and their exit codes, files and TOML, settings and the cache's layout and primitives, the subprocess runner and the stop on signals, the one door to git."""
