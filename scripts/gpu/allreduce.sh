@@ -73,7 +73,7 @@ if want logits || want bench; then
         mkdir -p "$(dirname "$model")"
         python3 - "$shape" "$model" "$vocab" <<'PY' >> "$OUT/model.txt" 2>&1 || { log "model $shape not written"; exit 1; }
 import sys
-from ggml_bridge import model
+from ggml_bridge.experiments import model
 name, out, vocab = sys.argv[1:]
 custom = {"tp-2048": {"preset": "bench-1b", "name": "tp-2048", "n_layer": 16, "n_head_kv": 8}}
 model.write_model(out, model.get_shape(custom.get(name, name)), 1, vocab)
