@@ -34,7 +34,7 @@ def _what(parser: argparse.ArgumentParser) -> None:
             "--suite-file",
             argtypes.path,
             "TOML",
-            "suites of this file instead of the package's (ggml_bridge/bench/suites.toml, the same keys)",
+            "suites of this file instead of the package's (ggml_bridge/experiments/bench/suites.toml, the same keys)",
         ),
         ("--cases", None, None, "comma-separated subset of the suite's cases"),
         (

@@ -196,7 +196,7 @@ def rpc(parser: argparse.ArgumentParser) -> None:
             None,
             "RATE/DELAY",
             "put a shaped loopback link (e.g. 10gbit/0.2ms: rate per direction, one-way delay) between "
-            "llama-server and each local rpc-server, as between hosts (ggml_bridge/shaper.py)",
+            "llama-server and each local rpc-server, as between hosts (ggml_bridge/runtime/shaper.py)",
         ),
         (
             "--rpc-server",
