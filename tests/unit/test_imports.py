@@ -48,7 +48,14 @@ FLOORS: list[set[str]] = [
     {"wheel", "wheel_plan", "rebase"},  # the server distribution and what one wheel build compiles; moving the
     # series onto another upstream
     {"rpc"},  # ggml-rpc-server topologies
-    {"serve", "radar", "netbench", "paper_model", "doctor"},  # the launcher; the rebase check of every newer build;
+    {
+        "serve",
+        "radar",
+        "netbench",
+        "paper_model",
+        "allreduce_check",
+        "doctor",
+    },  # the launcher; the rebase check of every newer build;
     # rpc cases over shaped links for the bench and the scale model calibrated on them; the rig's inventory, probe
     # and launch advice (builds, rpc endpoints)
     {"bench", "ladder"},  # the measurements and the proof ladder, which launch servers and rpc-servers

@@ -17,8 +17,13 @@ src/llama-model.cpp splits those weights by rows, the meta backend adds the part
     t_ar(b, N)      = steps(N) * t(b)                   each step a host round trip per card, the pairs in parallel
                                                           (t = t_seq without peer access, t_bridge through the bridge)
     t_internal(b)   = 2*L + 2*(b/2)/B                   upstream's internal path (2 cards): D2H then H2D of BF16
-    t_bar(b, N)     = 2*L + E + b/B + k*b/B             the bridge's all-reduce (patch 0007): one tensor down, k up
-                                                          (k = 1 for 2 cards, 2(N-1)/N from 3: reduce-scatter+gather)
+    t_bar(b, N)     = L + E + b/B + (N-1)*b/B           the bridge's all-reduce (patch 0007), tensors up to 512 KiB:
+                                                          one kernel per card stages its tensor and reads the others'
+                    = 2*L + E + b/B + k*b/B             above: copy engines, one tensor down, k up (k = 1 for 2
+                                                          cards, 2(N-1)/N from 3: reduce-scatter + gather)
+    t_bar1(b, N)    = t_bar's latency + total/B         the same N devices on ONE link (virtual devices of one GPU):
+                                                          total = N*b + N*(N-1)*b (kernel) or N*b + 2*(N-1)*b
+                                                          (copy engines; 2*b for two devices): every byte on it
     per token       2 * n_layer * t_ar(h*4, N)          against layer split's (N-1) * t(h*4)
 """
 
@@ -33,6 +38,7 @@ BP_PAGEABLE = (
     9.7e9  # per-direction pageable staging bandwidth on the H200 host (sync-malloc, 16 MiB: 3.47 ms round trip)
 )
 E_EVENT = 3e-6  # cross-device event wait
+BAR_KERNEL_MAX = 512 * 1024  # patch 0007: the largest per-device tensor of its in-kernel path
 
 
 def t_seq(b: float, B: float, L: float) -> float:
@@ -69,10 +75,21 @@ def t_allreduce(b: float, n: int, B: float, L: float, path: str) -> float:
     if path == "internal":
         return 2 * L + 2 * (b / 2) / B
     if path == "bridge-allreduce":
+        if b <= BAR_KERNEL_MAX:
+            return L + E_EVENT + b / B + (n - 1) * b / B
         up = 1.0 if n == 2 else 2 * (n - 1) / n
         return 2 * L + E_EVENT + b / B + up * b / B
     step = t_bridge if path == "bridge" else t_seq
     return allreduce_steps(n) * step(b, B, L)
+
+
+def t_bridge_allreduce_one_link(b: float, n: int, B: float, L: float) -> float:
+    """The bridge's all-reduce of ``b`` bytes over ``n`` devices that share one link (virtual devices of one GPU):
+    its latency as on separate links, and every device's bytes, both directions, through the one link at ``B``."""
+    if b <= BAR_KERNEL_MAX:
+        return L + E_EVENT + (n * b + n * (n - 1) * b) / B
+    total = 2 * b if n == 2 else 2 * (n - 1) * b
+    return 2 * L + E_EVENT + (n * b + total) / B
 
 
 def per_token_tensor(hidden: int, layers: int, n: int, B: float, L: float, path: str) -> float:

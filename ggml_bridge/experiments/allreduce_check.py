@@ -1,0 +1,92 @@
+"""The paper model's all-reduce against ``test-bridge-allreduce --bench`` (patch 0008): per device count and size,
+the measured time of one all-reduce beside the model's prediction (``doctor/cost.py``) and their ratio."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..foundations.errors import UsageError
+from .doctor import cost
+
+#: ``bench: devices=N ne=E bytes=B path=P us_median=X us_min=Y us_max=Z rounds=R``
+LINE = re.compile(
+    r"^bench: devices=(?P<n>\d+) ne=(?P<ne>\d+) bytes=(?P<bytes>\d+) path=(?P<path>[\w-]+) "
+    r"us_median=(?P<us>[\d.]+) us_min=[\d.]+ us_max=[\d.]+ rounds=(?P<rounds>\d+)$"
+)
+
+#: the variant each ``path=`` names: the bridge's default (every device reads every part in-kernel), its
+#: reduce-scatter (two meetings; not modelled) and upstream's internal all-reduce (not modelled here)
+GATHER, SCATTER = "gather", "scatter"
+
+
+@dataclass(frozen=True)
+class Timing:
+    devices: int
+    nbytes: int
+    variant: str
+    us: float
+    rounds: int
+
+
+def read(path: Path) -> list[Timing]:
+    """The bridge's rows of a ``--bench`` output. The first version of the test program named its reduce-scatter
+    ``bridge`` and the gather ``bridge-gather`` (the default then and now differ): where both names stand for one size,
+    ``bridge`` is the reduce-scatter."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise UsageError(
+            f"cannot read {path}", why=e.strerror or str(e), fix="pass test-bridge-allreduce's output"
+        ) from None
+    rows = [m for m in map(LINE.match, text.splitlines()) if m]
+    both = {(m["n"], m["ne"]) for m in rows if m["path"] == "bridge-gather"}
+    out = []
+    for m in rows:
+        name = m["path"]
+        if name == "bridge":
+            variant = SCATTER if (m["n"], m["ne"]) in both else GATHER
+        elif name in ("bridge-gather", "bridge-scatter"):
+            variant = GATHER if name == "bridge-gather" else SCATTER
+        else:
+            continue
+        out.append(Timing(int(m["n"]), int(m["bytes"]), variant, float(m["us"]), int(m["rounds"])))
+    if not out:
+        raise UsageError(
+            f"{path} has no 'bench: ... path=bridge' lines",
+            why="it is not the output of test-bridge-allreduce --bench",
+            fix="run GGML_CUDA_DEVICES=N test-bridge-allreduce --bench and pass what it printed",
+        )
+    return out
+
+
+def table(timings: list[Timing], link: tuple[float, float], *, one_link: bool) -> str:
+    """Markdown: measured against predicted, the in-kernel gather and the copy engines (the reduce-scatter's rows are
+    left out: the model has no term for its second meeting)."""
+    B, L = link
+    lines = [
+        "| devices | bytes | path | measured µs | predicted µs | measured / predicted |",
+        "|---|---|---|---|---|---|",
+    ]
+    ratios = []
+    for t in sorted(timings, key=lambda t: (t.devices, t.nbytes)):
+        if t.variant != GATHER:
+            continue
+        if one_link:
+            predicted = cost.t_bridge_allreduce_one_link(t.nbytes, t.devices, B, L)
+        else:
+            predicted = cost.t_allreduce(t.nbytes, t.devices, B, L, "bridge-allreduce")
+        ratio = t.us * 1e-6 / predicted
+        ratios.append(ratio)
+        path = "in-kernel" if t.nbytes <= cost.BAR_KERNEL_MAX else "copy engines"
+        lines.append(f"| {t.devices} | {t.nbytes} | {path} | {t.us:.2f} | {predicted * 1e6:.2f} | {ratio:.2f} |")
+    inside = sum(1 for r in ratios if 1 / 1.5 <= r <= 1.5)
+    lines.append("")
+    lines.append(
+        f"{inside} of {len(ratios)} within 1.5x of the prediction (median ratio {statistics.median(ratios):.2f}); "
+        f"link B = {B / 1e9:.1f} GB/s, L = {L * 1e6:.1f} µs, "
+        + ("every device on one link (virtual devices of one GPU)" if one_link else "a link per device")
+    )
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""The paper model's all-reduce (doctor/cost.py) against what test-bridge-allreduce --bench printed
+(experiments/allreduce_check.py, ``ggml-bridge paper-model --allreduce-bench``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ggml_bridge import cli
+from ggml_bridge.experiments import allreduce_check
+from ggml_bridge.experiments.doctor import cost
+
+ROOT = Path(__file__).resolve().parents[2]
+H100_RUN = ROOT / "results/2026-12-06-h100x1-bridge-allreduce/test-bridge-allreduce.txt"
+LINK = (55.2e9, 7.4e-6)
+
+
+def line(n: int, nbytes: int, path: str, us: float) -> str:
+    return f"bench: devices={n} ne={nbytes // 4} bytes={nbytes} path={path} us_median={us} us_min={us} us_max={us} rounds=5"
+
+
+def test_the_in_kernel_path_reads_every_peer_and_the_copy_path_scatters():
+    b, n = 32768.0, 6
+    kernel = cost.t_allreduce(b, n, *LINK, "bridge-allreduce")
+    assert kernel == pytest.approx(LINK[1] + cost.E_EVENT + b / LINK[0] + (n - 1) * b / LINK[0])
+    big = 4.0 * 2**20
+    copy = cost.t_allreduce(big, n, *LINK, "bridge-allreduce")
+    assert copy == pytest.approx(2 * LINK[1] + cost.E_EVENT + big / LINK[0] + 2 * (n - 1) / n * big / LINK[0])
+    # on one link every device's bytes cross it: six devices move (6 + 30) tensors in-kernel, (6 + 10) by copy
+    one = cost.t_bridge_allreduce_one_link(big, n, *LINK)
+    assert one == pytest.approx(2 * LINK[1] + cost.E_EVENT + 16 * big / LINK[0])
+    assert cost.t_bridge_allreduce_one_link(b, n, *LINK) == pytest.approx(LINK[1] + cost.E_EVENT + 36 * b / LINK[0])
+
+
+def test_read_tells_the_variants_apart(tmp_path):
+    out = tmp_path / "bench.txt"
+    out.write_text(
+        "\n".join(
+            [
+                line(2, 8192, "bridge", 10.0),
+                line(2, 8192, "internal-f32", 12.0),
+                # the first version: 'bridge' the reduce-scatter where 'bridge-gather' stands beside it
+                line(4, 8192, "bridge", 30.0),
+                line(4, 8192, "bridge-gather", 20.0),
+                line(6, 8192, "bridge-scatter", 70.0),
+                "order: n=3 a left-to-right sum differs ...",
+            ]
+        )
+    )
+    got = {(t.devices, t.variant): t.us for t in allreduce_check.read(out)}
+    assert got == {(2, "gather"): 10.0, (4, "scatter"): 30.0, (4, "gather"): 20.0, (6, "scatter"): 70.0}
+
+
+def test_a_measurement_equal_to_the_prediction_has_ratio_one(tmp_path):
+    n, b = 4, 4 * 2**20
+    us = cost.t_bridge_allreduce_one_link(b, n, *LINK) * 1e6
+    text = allreduce_check.table([allreduce_check.Timing(n, b, "gather", us, 5)], LINK, one_link=True)
+    assert "| 4 | 4194304 | copy engines |" in text and "| 1.00 |" in text and "1 of 1 within 1.5x" in text
+    slow = allreduce_check.table([allreduce_check.Timing(n, b, "gather", us * 2, 5)], LINK, one_link=True)
+    assert "0 of 1 within 1.5x" in slow and "| 2.00 |" in slow
+
+
+def test_the_command_prints_the_h100_run(capsys):
+    assert cli.main(["paper-model", "--allreduce-bench", str(H100_RUN), "--one-link"]) == 0
+    out = capsys.readouterr().out
+    assert "## The bridge's all-reduce: predicted vs measured" in out
+    assert "| 6 | 4194304 | copy engines | 1061.29 |" in out and "every device on one link" in out
+
+
+def test_the_command_refuses_what_is_not_a_bench_output(tmp_path, capsys):
+    other = tmp_path / "other.txt"
+    other.write_text("1926 passed, 0 failed\n")
+    assert cli.main(["paper-model", "--allreduce-bench", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "has no 'bench: ... path=bridge' lines" in err and "Traceback" not in err
+    assert cli.main(["paper-model", "--one-link"]) == 2
+    assert "--one-link goes with --allreduce-bench" in capsys.readouterr().err
