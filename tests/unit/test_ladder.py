@@ -778,3 +778,52 @@ def test_the_tensor_rungs_expect_the_paths_upstream_and_patch_0007_pick():
     assert path("4virt-tensor-internal-fallback-ub512", "tensor-bridge-force-internal") == "bridge"
     assert path("2virt-tensor-default-ub512", "upstream") == "internal"
     assert path("3virt-tensor-default-ub512", "bridge-force") == "bridge"
+
+
+class _Toy:
+    """A ladder artifact of the test's own: the mode's prompts, plus (``leaky``) the mode's name, which differs."""
+
+    name = "toy"
+    stage = "after"
+    disposable = False
+
+    def __init__(self, leaky: bool = False) -> None:
+        self.leaky = leaky
+        self.made: list[str] = []
+
+    def wanted(self, rung):
+        return True
+
+    def produce(self, run):
+        self.made.append(run.job.mode.name)
+        path = run.job.out / "toy.txt"
+        path.write_text("\n".join(run.inputs.prompts) + (run.job.mode.name if self.leaky else ""))
+        return ladder.Produced(path)
+
+    def describe(self, ref, other, offset):
+        return {"offset": offset, "where": "toy byte"}
+
+
+def test_the_registry_drives_what_a_rung_produces_compares_and_reports(env, monkeypatch):
+    """One registry row is all a new artifact needs: produced in every mode, compared, listed and tabled."""
+    toy = _Toy()
+    monkeypatch.setitem(ladder.registry.ARTIFACTS, "toy", toy)
+    body = GPU_LADDER.replace(
+        'modes = ["off", "upstream", "bridge", "bridge-force", "batched", "bridge-force-batched"]',
+        'modes = ["off", "upstream", "bridge"]',
+    )
+    rc, rep, md = run_ladder(env, body)
+    r = rep["rungs"][0]
+    assert rc == 0, r["problems"]
+    assert toy.made == ["off", "upstream", "bridge"]
+    assert r["modes"]["off"]["toy"]["sha256"] == r["modes"]["bridge"]["toy"]["sha256"]
+    assert all(r["modes"][m]["compare"]["toy"]["identical"] for m in ("upstream", "bridge"))
+    assert "| mode | responses sha256 | logits sha256 | toy sha256 | vs reference |" in md
+    assert "toy identical" in md
+    monkeypatch.setitem(ladder.registry.ARTIFACTS, "toy", _Toy(leaky=True))
+    rc, rep, md = run_ladder(env, body)
+    r = rep["rungs"][0]
+    assert rc == 1 and r["status"] == "mismatch"
+    assert r["modes"]["bridge"]["compare"]["toy"]["first_difference"]["where"] == "toy byte"
+    assert r["modes"]["bridge"]["compare"]["logits"]["identical"]
+    assert any(p.startswith("bridge: toy differ from off at byte") for p in r["problems"])

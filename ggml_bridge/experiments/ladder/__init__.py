@@ -67,15 +67,26 @@ from __future__ import annotations
 # the ladder's public names, importable as ggml_bridge.experiments.ladder.NAME (private helpers stay in their stage modules)
 from ...runtime.modes import MODES as MODES
 from ...runtime.modes import Mode as Mode
+from .artifact import Artifact, Comparison, Produced, Production, Record, compare
 from .binaries import Binaries, resolve_binaries
-from .diff import compare_files, describe_logits_diff, describe_responses_diff, first_difference, sha256_file
+from .diff import first_difference, sha256_file
 from .inputs import RESULT_KEYS, WORDS, canonical_response, make_prompts, make_text, make_words, request_payload
+from .logits import describe_logits_diff
 from .orchestrate import LadderOptions, ModeRun, run, run_mode, run_rung
+from .registry import ARTIFACTS, compare_files
 from .report import markdown_report, progress_line
+from .responses import describe_responses_diff
 from .schema import EXPECT_VALUES, RUNG_KEYS, SPLIT_MODES, Ladder, Rung, default_ladder, load_ladder, parse_rung
 from .validity import validate_front, validate_mode, validate_rpc
 
 __all__ = [
+    "ARTIFACTS",
+    "Artifact",
+    "Comparison",
+    "Produced",
+    "Production",
+    "Record",
+    "compare",
     "EXPECT_VALUES",
     "MODES",
     "RESULT_KEYS",

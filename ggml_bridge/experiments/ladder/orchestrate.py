@@ -19,12 +19,13 @@ from ...foundations.errors import FatalError, LadderSetupError, RpcError, ServeE
 from ...foundations.net import free_port
 from ...foundations.runner import log
 from ...runtime import logparse, modes, rpc, shaper
-from ...runtime.llama_server import CONTRACT_VERBOSITY, Server
+from ...runtime.llama_server import Server
 from ...runtime.modes import Mode
 from .. import model
+from .artifact import Inputs, Job, Produced, Production, Record, compare
 from .binaries import Binaries, find_vocab, resolve_binaries
-from .diff import compare_files, sha256_file
-from .inputs import canonical_response, make_prompts, make_text, request_payload
+from .inputs import make_prompts, make_text
+from .registry import ARTIFACTS
 from .report import progress_line, write_reports
 from .schema import Ladder, Rung, default_ladder, load_ladder, mode_of, side_of
 from .validity import validate_front, validate_mode, validate_rpc
@@ -66,50 +67,16 @@ def _device_env(rung: Rung) -> dict[str, str]:
     return env
 
 
-def _common_args(rung: Rung, threads: int) -> list[str]:
-    ngl = rung.gpu_layers if rung.gpu_layers is not None else (999 if rung.devices > 0 else 0)
-    # -lv 4: the contract's INFO lines (bridge enabled/stats, "using device") are dropped below it
-    a = [
-        "-lv",
-        str(CONTRACT_VERBOSITY),
-        "-t",
-        str(threads),
-        "-ngl",
-        str(ngl),
-        "-b",
-        str(rung.batch),
-        "-ub",
-        str(rung.ubatch),
-    ]
-    if rung.devices > 0 or rung.split_mode == "tensor":  # tensor: also over rpc-servers of CPU devices
-        a += ["-sm", rung.split_mode]
-    return a
-
-
 @dataclass
 class ModeRun:
     mode: str
     wall_s: float = 0.0
-    responses: Path | None = None
-    logits: Path | None = None
+    artifacts: dict[str, Path] = field(default_factory=dict)  # by artifact name, those the mode produced
     logs: dict[str, logparse.LogInfo] = field(default_factory=dict)
     metrics: dict[str, int] | None = None  # the server's transfer counters on /metrics after the requests
     error: str | None = None
     rpc_servers: dict[str, logparse.RpcServerInfo] = field(default_factory=dict)  # by endpoint, rpc-* modes
     links: dict[str, dict[str, Any]] = field(default_factory=dict)  # by endpoint: what crossed its shaped link
-
-
-@dataclass(frozen=True)
-class _Job:
-    """What one mode's processes run with: the rung (as the mode sees it), its side's programs and environment."""
-
-    mode: Mode
-    rung: Rung
-    programs: dict[str, Path]
-    env: dict[str, str]
-    out: Path
-    threads: int
-    extra: tuple[str, ...] = ()  # the rpc-servers' llama arguments, once they started
 
 
 def run_mode(
@@ -136,14 +103,16 @@ def run_mode(
     res = ModeRun(mode.name)
     t0 = time.monotonic()
     topo, env = _rpc_topology(mode, rung, b, env, threads, out)
-    job = _Job(mode, rung, b, env, out, threads)
+    job = Job(mode, rung, b, env, out, threads)
     try:
         if topo:
             topo.start(rpc.expected_version(b["llama-server"]))
             job = dataclasses.replace(job, extra=(*topo.server_args(), "-ngl", "999"))  # the shapers' ends exist now
-        _serve(job, res, model_path, prompts, startup_timeout)
-        if rung.perplexity:
-            _perplexity(job, res, model_path, text_path)
+        inputs = Inputs(model_path, text_path, prompts)
+        _serve(job, res, inputs, startup_timeout)
+        for a in ARTIFACTS.values():
+            if a.stage == "after" and a.wanted(rung):
+                _keep(res, a.name, a.produce(Production(job, inputs)))
         if topo and mode.variant == "patched":
             topo.counters()  # one counters line per server, parsed below
     except FatalError as e:
@@ -189,12 +158,17 @@ def _rpc_topology(
     return topo, env
 
 
-def _serve(job: _Job, res: ModeRun, model_path: Path, prompts: list[str], startup_timeout: float) -> None:
-    """llama-server on a free port, the rung's requests (canonical responses in responses.jsonl), its /metrics."""
+def _keep(res: ModeRun, name: str, made: Produced) -> None:
+    res.artifacts[name] = made.path
+    res.logs.update(made.logs)
+
+
+def _serve(job: Job, res: ModeRun, inputs: Inputs, startup_timeout: float) -> None:
+    """llama-server on a free port, the artifacts of the ``server`` stage (the requests' responses), its /metrics."""
     rung = job.rung
     sargs = [
         "-m",
-        str(model_path),
+        str(inputs.model),
         "--host",
         "127.0.0.1",
         "--port",
@@ -205,7 +179,7 @@ def _serve(job: _Job, res: ModeRun, model_path: Path, prompts: list[str], startu
         "1",
         "--no-webui",
         "--metrics",
-        *_common_args(rung, job.threads),
+        *job.common_args(),
         *job.extra,
         *rung.server_args,
     ]
@@ -214,11 +188,9 @@ def _serve(job: _Job, res: ModeRun, model_path: Path, prompts: list[str], startu
     srv = Server(job.programs["llama-server"], sargs, env=job.env, log_file=slog, startup_timeout=startup_timeout)
     srv.start()
     try:
-        resp = job.out / "responses.jsonl"
-        with open(resp, "wb") as fh:
-            for i, p in enumerate(prompts):
-                fh.write(canonical_response(srv.post("/completion", request_payload(p, rung), timeout=rung.timeout), i))
-        res.responses = resp
+        for a in ARTIFACTS.values():
+            if a.stage == "server" and a.wanted(rung):
+                _keep(res, a.name, a.produce(Production(job, inputs, srv)))
         res.metrics = srv.metrics()
     finally:
         rc = srv.stop()
@@ -228,50 +200,6 @@ def _serve(job: _Job, res: ModeRun, model_path: Path, prompts: list[str], startu
             f"llama-server exited with status {rc} when stopped",
             why="last lines:\n    " + "\n    ".join(srv.tail(10)),
         )
-
-
-def _perplexity(job: _Job, res: ModeRun, model_path: Path, text_path: Path) -> None:
-    """llama-perplexity --kl-divergence-base over the rung's text: every evaluated token's logits in logits.bin."""
-    rung, out = job.rung, job.out
-    logits = out / "logits.bin"
-    logits.unlink(missing_ok=True)
-    plog = out / "perplexity.log"
-    plog.unlink(missing_ok=True)
-    pargs: list[str | Path] = [
-        job.programs["llama-perplexity"],
-        "-m",
-        model_path,
-        "-f",
-        text_path,
-        "-c",
-        str(rung.perplexity_ctx()),
-        *_common_args(rung, job.threads),
-        *job.extra,
-        "--kl-divergence-base",
-        logits,
-        *rung.perplexity_args,
-    ]
-    r = runner.run(
-        pargs,
-        env=job.env,
-        log_file=plog,
-        error=ServeError,
-        timeout=rung.timeout,
-        what=f"llama-perplexity failed in mode {job.mode.name}",
-    )
-    res.logs["perplexity"] = logparse.parse(plog.read_text(errors="replace"))
-    if not logits.is_file() or logits.stat().st_size <= 20:
-        raise ServeError(
-            f"llama-perplexity wrote no logits in mode {job.mode.name}",
-            why="last lines:\n    " + r.stdout[-2000:].replace("\n", "\n    "),
-        )
-    res.logits = logits
-
-
-def _artifact(path: Path | None) -> dict[str, Any] | None:
-    if path is None or not path.is_file():
-        return None
-    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def run_rung(
@@ -325,8 +253,9 @@ def run_rung(
     _compare(rep, rung, runs)
     if not keep_logits and rep["status"] in ("pass", "invalid"):
         for mr in runs.values():
-            if mr.logits and mr.logits.exists():
-                mr.logits.unlink()
+            for a in ARTIFACTS.values():
+                if a.disposable and a.name in mr.artifacts:
+                    mr.artifacts[a.name].unlink(missing_ok=True)
     rep["wall_s"] = round(time.monotonic() - t0, 2)
     return rep
 
@@ -348,6 +277,11 @@ def _prepare(
     return mpath, text, make_prompts(rung, ladder.text_seed, vt.tokens)
 
 
+def _record(path: Path | None) -> dict[str, object] | None:
+    rec = Record.of(path)
+    return rec.as_json() if rec else None
+
+
 def _mode_entry(rep: dict[str, Any], name: str, rung: Rung, mr: ModeRun) -> dict[str, Any]:
     """One mode's report entry: its artifacts, and its error or its validity (which may fail the rung)."""
     mode = mode_of(name)
@@ -356,8 +290,7 @@ def _mode_entry(rep: dict[str, Any], name: str, rung: Rung, mr: ModeRun) -> dict
         "side": side_of(name),
         "variant": mode.variant,
         "selectors": mode.env(),
-        "responses": _artifact(mr.responses),
-        "logits": _artifact(mr.logits),
+        **{a: _record(mr.artifacts.get(a)) for a in ARTIFACTS},
     }
     if mr.error:
         entry["error"] = mr.error
@@ -391,21 +324,22 @@ def _mode_entry(rep: dict[str, Any], name: str, rung: Rung, mr: ModeRun) -> dict
 
 
 def _compare(rep: dict[str, Any], rung: Rung, runs: dict[str, ModeRun]) -> None:
-    """Every mode's responses and logits against the reference's, byte for byte."""
+    """Every mode's artifacts against the reference's, byte for byte."""
     ref = runs.get(rung.reference)
     if ref is not None and not ref.error:
         for name, mr in runs.items():
             if name == rung.reference or mr.error:
                 continue
-            cmp: dict[str, Any] = {}
-            for kind, a, b in (("responses", ref.responses, mr.responses), ("logits", ref.logits, mr.logits)):
+            cmp: dict[str, object] = {}
+            for kind, art in ARTIFACTS.items():
+                a, b = ref.artifacts.get(kind), mr.artifacts.get(kind)
                 if a is None or b is None:
                     continue
-                c = compare_files(a, b, kind)
-                cmp[kind] = c
-                if not c["identical"]:
+                c = compare(art, a, b)
+                cmp[kind] = c.as_json()
+                if c.first_difference is not None:
                     rep["status"] = "mismatch"
-                    fd = c.get("first_difference", {})
+                    fd = c.first_difference
                     rep["problems"].append(
                         f"{name}: {kind} differ from {rung.reference} at byte {fd.get('offset')} ({fd.get('where')})"
                     )

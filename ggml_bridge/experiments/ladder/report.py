@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .registry import ARTIFACTS
+
 
 def _human(n: int | None) -> str:
     if n is None:
@@ -83,15 +85,14 @@ def _rung_section(r: dict[str, Any]) -> list[str]:
         )
         L.append("")
     L += [
-        "| mode | responses sha256 | logits sha256 | vs reference | mechanism | wall |",
-        "|---|---|---|---|---|---|",
+        "| mode | " + "".join(f"{a} sha256 | " for a in ARTIFACTS) + "vs reference | mechanism | wall |",
+        "|---|" + "---|" * len(ARTIFACTS) + "---|---|---|",
     ]
     for name, m in r["modes"].items():
-        rs = (m.get("responses") or {}).get("sha256", "-")[:16]
-        ls = (m.get("logits") or {}).get("sha256", "-")[:16]
+        shas = "".join(f"`{(m.get(a) or {}).get('sha256', '-')[:16]}` | " for a in ARTIFACTS)
         vs = "reference" if name == r["reference"] else _vs_reference(m)
         mech = _mechanisms(m)
-        L.append(f"| {name} | `{rs}` | `{ls}` | {vs} | {'; '.join(mech) or '-'} | {m['wall_s']:.1f}s |")
+        L.append(f"| {name} | {shas}{vs} | {'; '.join(mech) or '-'} | {m['wall_s']:.1f}s |")
     if r["problems"]:
         L += ["", "Problems:", ""] + [f"- {p}" for p in r["problems"]]
     return L
