@@ -84,9 +84,7 @@ def run_mode(
     rung: Rung,
     bins: Binaries,
     side: str,
-    model_path: Path,
-    text_path: Path,
-    prompts: list[str],
+    inputs: Inputs,
     out: Path,
     threads: int,
     startup_timeout: float,
@@ -108,7 +106,6 @@ def run_mode(
         if topo:
             topo.start(rpc.expected_version(b["llama-server"]))
             job = dataclasses.replace(job, extra=(*topo.server_args(), "-ngl", "999"))  # the shapers' ends exist now
-        inputs = Inputs(model_path, text_path, prompts)
         _serve(job, res, inputs, startup_timeout)
         for a in ARTIFACTS.values():
             if a.stage == "after" and a.wanted(rung):
@@ -234,7 +231,7 @@ def run_rung(
     }
     out = report_dir / rung.name
     try:
-        mpath, text, prompts = _prepare(rung, ladder, vocab, models_dir, out, rep)
+        inputs = _prepare(rung, ladder, vocab, models_dir, out, rep)
     except FatalError as e:
         rep.update(status="error", error=str(e), wall_s=time.monotonic() - t0)
         return rep
@@ -243,9 +240,7 @@ def run_rung(
     for name in order:
         mode, side = mode_of(name), side_of(name)
         runner.log(f"    {rung.name}: mode {name}")
-        mr = run_mode(
-            mode, rung, bins, side, mpath, text, prompts, out / name.replace(":", "@"), threads, startup_timeout
-        )
+        mr = run_mode(mode, rung, bins, side, inputs, out / name.replace(":", "@"), threads, startup_timeout)
         runs[name] = mr
         rep["modes"][name] = _mode_entry(rep, name, rung, mr)
         if name == rung.reference and mr.error:
@@ -260,9 +255,7 @@ def run_rung(
     return rep
 
 
-def _prepare(
-    rung: Rung, ladder: Ladder, vocab: Path, models_dir: Path, out: Path, rep: dict[str, Any]
-) -> tuple[Path, Path, list[str]]:
+def _prepare(rung: Rung, ladder: Ladder, vocab: Path, models_dir: Path, out: Path, rep: dict[str, Any]) -> Inputs:
     """The rung's model (cached), its perplexity text and its prompts; what they are goes into ``rep``."""
     vt = model.load_vocab(vocab)
     rep["n_params"] = rung.shape.n_params(len(vt.tokens))
@@ -274,7 +267,7 @@ def _prepare(
     pc = rung.perplexity_ctx()
     text.write_text(make_text(2 * pc + pc // 2 + 64, ladder.text_seed, vt.tokens), encoding="utf-8")
     rep["prompt_words"] = rung.prompts_words()
-    return mpath, text, make_prompts(rung, ladder.text_seed, vt.tokens)
+    return Inputs(mpath, text, make_prompts(rung, ladder.text_seed, vt.tokens))
 
 
 def _record(path: Path | None) -> dict[str, object] | None:
