@@ -41,16 +41,22 @@ def expand(cases: Sequence[modes.Mode], links: Sequence[str]) -> list[modes.Mode
 
 
 def topology(
-    case: modes.Mode, bin_dir: Path, env: Mapping[str, str], suite: Mapping[str, Any], out_dir: Path, rnd: int
+    case: modes.Mode,
+    bin_dir: Path,
+    env: Mapping[str, str],
+    n: int,
+    threads: int | None,
+    out_dir: Path,
+    rnd: int,
 ) -> rpc.Topology:
-    """The rpc-servers of one case run (not started), behind the case's link if it has one."""
-    n = int(suite.get("rpc_servers", 1))
+    """The ``n`` rpc-servers of one case run (not started, ``threads`` each where given), behind the case's link if
+    it has one."""
     return rpc.Topology(
         [
             rpc.LocalRpcServer(
                 bin_dir / rpc.RPC_SERVER,
                 env=env,
-                threads=suite.get("threads"),
+                threads=threads,
                 log_file=out_dir / f"{case.name}-r{rnd}-rpc-server{'-%d' % i if n > 1 else ''}.log",
             )
             for i in range(n)
@@ -59,9 +65,9 @@ def topology(
     )
 
 
-def front_env(env: Mapping[str, str], suite: Mapping[str, Any]) -> dict[str, str]:
-    """llama-bench's environment next to rpc-servers: no GPU of its own unless the suite keeps it."""
-    return dict(env) if suite.get("rpc_front_gpu") else {**env, "CUDA_VISIBLE_DEVICES": ""}
+def front_env(env: Mapping[str, str], front_gpu: bool) -> dict[str, str]:
+    """llama-bench's environment next to rpc-servers: no GPU of its own unless the suite keeps it (``front_gpu``)."""
+    return dict(env) if front_gpu else {**env, "CUDA_VISIBLE_DEVICES": ""}
 
 
 def link_engagement(topo: rpc.Topology) -> tuple[bool, str]:
@@ -78,7 +84,7 @@ def link_engagement(topo: rpc.Topology) -> tuple[bool, str]:
     return ok, "; ".join(parts)
 
 
-def report(cases: Sequence[modes.Mode], suite: Mapping[str, Any]) -> dict[str, Any] | None:
+def report(cases: Sequence[modes.Mode], rpc_servers: int, front_gpu: bool) -> dict[str, Any] | None:
     """The topology of the link cases, and what the shaper moves per direction on this machine (measured once
     per run): a set rate above that ceiling is bounded by the shaper, and the report says so."""
     rates = [shaper.parse_link(c.link).rate for c in cases if c.link]
@@ -88,8 +94,8 @@ def report(cases: Sequence[modes.Mode], suite: Mapping[str, Any]) -> dict[str, A
     top = max(finite) if finite else math.inf
     measured = measure_ceiling(256 << 20, shaper.Link(top, 0.0))
     return {
-        "rpc_servers": int(suite.get("rpc_servers", 1)),
-        "front_gpu": bool(suite.get("rpc_front_gpu")),
+        "rpc_servers": rpc_servers,
+        "front_gpu": front_gpu,
         "shaper_ceiling_gbit": round(measured * 8 / 1e9, 2),
         "highest_rate_gbit": None if math.isinf(top) else round(top * 8 / 1e9, 2),
         "bounded_by_shaper": measured < top * 0.98,

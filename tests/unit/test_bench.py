@@ -13,6 +13,7 @@ import pytest
 
 from ggml_bridge.experiments.bench import orchestrate, running, stats
 from ggml_bridge.experiments.bench import report as bench_report
+from ggml_bridge.experiments.bench.suite import Suite
 from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import BenchError, UsageError
 
@@ -505,7 +506,7 @@ def test_suites_are_data_checked_like_the_ladders(variants, env, tmp_path, monke
     from ggml_bridge.experiments.bench import suites
 
     assert suites.SUITES == suites.load_suites(suites.SUITES_FILE) and "batched-runs-2virt" in suites.SUITES
-    assert suites.SUITES["batched-runs-2virt"]["server"]["parallel"] == 4
+    assert suites.SUITES["batched-runs-2virt"].tables["server"]["parallel"] == 4
     own = tmp_path / "mine.toml"
     own.write_text(
         '[tiny-cpu]\nabout = "mine"\ncases = ["upstream", "off"]\nshape = "small"\ndevices = "cpu"\n'
@@ -548,4 +549,32 @@ def test_each_measure_is_one_module_behind_the_protocol_in_one_registry() -> Non
             assert name not in suites.SUITE_KEYS
         else:
             assert suites.SUITE_KEYS[name].table is m.table
-    assert suites.measures_of({}) == ("bench",)
+    bare = Suite.of(
+        {"about": "", "cases": [], "shape": "tiny", "devices": "cpu", "pp": 1, "batch": 1, "ubatch": [1], "tg": 0}, ()
+    )
+    assert suites.measures_of(bare) == ("bench",)
+
+
+def test_a_suite_table_is_parsed_once_into_its_fields_with_their_defaults(tmp_path):
+    from ggml_bridge.experiments.bench import suites
+
+    own = tmp_path / "own.toml"
+    own.write_text(
+        '[one]\nabout = "a"\ncases = ["off", "batched"]\nshape = "tiny"\ndevices = "cpu"\npp = 64\nbatch = 32\n'
+        'ubatch = [8, 16]\ntg = 0\n\n[two]\nabout = "b"\ncases = ["off"]\nshapes = ["tiny", "small"]\n'
+        'devices = "all"\npp = "64,128"\nbatch = 32\nubatch = [8]\ntg = 4\nvirtual_devices = 2\n'
+        'split_mode = "row"\nthreads = 3\nlinks = ["1gbit/0.1ms"]\nrpc_servers = 2\nrpc_front_gpu = true\n'
+        "run_lengths = [3, 1]\nrounds = 5\nperplexity = { ctx = 128, chunks = 2, batch = 256 }\n"
+    )
+    one, two = suites.load_suites(own).values()
+    assert one == Suite("a", ("off", "batched"), ("tiny",), False, "cpu", 64, 32, (8, 16), 0)
+    assert (one.virtual_devices, one.split_mode, one.threads, one.links, one.rounds) == (0, None, None, (), 3)
+    assert (one.rpc_servers, one.rpc_front_gpu, one.run_lengths, one.tables) == (1, False, (), {})
+    assert one.table("perplexity") == {} and suites.measures_of(one) == ("bench",)
+    assert (two.shapes, two.keyed_by_shape, two.pp, two.ubatch) == (("tiny", "small"), True, "64,128", (8,))
+    assert (two.virtual_devices, two.split_mode, two.threads, two.links) == (2, "row", 3, ("1gbit/0.1ms",))
+    assert (two.rpc_servers, two.rpc_front_gpu, two.run_lengths, two.rounds) == (2, True, (3, 1), 5)
+    assert two.tables == {"perplexity": {"ctx": 128, "chunks": 2, "batch": 256}}
+    assert suites.measures_of(two) == ("bench", "perplexity")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        two.tg = 1  # type: ignore[misc]

@@ -473,7 +473,7 @@ def test_in_process_rounds_are_even_so_that_both_orders_weigh_alike(tmp_path):
     rounds, the suites' count until 2026-12-06, put off first twice and batching first once)."""
     from ggml_bridge.experiments.bench import suites
 
-    inproc = {n: s["inproc"]["rounds"] for n, s in suites.SUITES.items() if "inproc" in s}
+    inproc = {n: s.tables["inproc"]["rounds"] for n, s in suites.SUITES.items() if "inproc" in s.tables}
     assert inproc and all(r % 2 == 0 for r in inproc.values()), inproc
     body = (suites.SUITES_FILE.read_text().split("[batched-runs-1gpu]")[1]).split("\n[")[0]
     odd = tmp_path / "odd.toml"
@@ -481,7 +481,7 @@ def test_in_process_rounds_are_even_so_that_both_orders_weigh_alike(tmp_path):
     with pytest.raises(UsageError, match=r"odd.toml \[mine\]: inproc rounds = 3 is odd"):
         suites.load_suites(odd)
     odd.write_text("[mine]" + body.replace("inproc = { rounds = 4, control = true }", "inproc = { rounds = 2 }"))
-    assert suites.load_suites(odd)["mine"]["inproc"]["rounds"] == 2
+    assert suites.load_suites(odd)["mine"].table("inproc")["rounds"] == 2
 
 
 def _inproc_args(env):  # type: ignore[no-untyped-def]

@@ -78,7 +78,7 @@ def test_ladder_files_use_current_names(tmp_path: Path):
 def test_bench_serve_and_build_derive_from_the_table():
     assert orchestrate.CASES is modes.MODES
     for suite in suites.SUITES.values():
-        assert set(suite["cases"]) <= set(modes.MODES)
+        assert set(suite.cases) <= set(modes.MODES)
     assert proof.BRIDGE_VAR == modes.BRIDGE and not hasattr(serve, "selector_env")
     assert dict(modes.VARIANTS["patched"].cmake) == {
         "GGML_CUDA_MAPPED_HOST_BRIDGE": "ON",

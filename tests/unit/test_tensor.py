@@ -44,8 +44,8 @@ def test_why_the_small_shapes_do_not_run() -> None:
 
 def test_the_bench_splits_as_the_case_says_and_proves_the_all_reduce() -> None:
     suite = SUITES["tensor-virt"]
-    assert suite["split_mode"] == "tensor" and suite["run_lengths"] == [1, 10] and suite["rounds"] >= 5
-    for name in suite["cases"]:
+    assert suite.split_mode == "tensor" and suite.run_lengths == (1, 10) and suite.rounds >= 5
+    for name in suite.cases:
         case = modes.MODES[name]
         assert case.split == "tensor" and device_args(suite, case)[:4] == ["-ngl", "99", "-sm", "tensor"]
     assert device_args(SUITES["layer-nopeer-virt"], modes.MODES["upstream-nopeer-virtual"])[3] == "layer"

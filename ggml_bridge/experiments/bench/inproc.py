@@ -22,6 +22,7 @@ from ...runtime import logparse, modes
 from ...runtime.engagement import BATCHED, engaged
 from .measure import Job, Plain, Process, Timed
 from .stats import CONTROL, INPROC, CaseRun, Sample
+from .suite import Suite
 
 #: the program (patch 0004) and the decodes of each prompt it times per context
 PROGRAM = "test-batched-transfers"
@@ -46,12 +47,12 @@ class InProcess(Plain):
     def groups(self, run_lengths: tuple[int, ...]) -> list[Job]:
         return [Job("", "", self.name)]
 
-    def has_job(self, case: modes.Mode, cases: Mapping[str, modes.Mode], suite: Mapping[str, Any]) -> bool:
+    def has_job(self, case: modes.Mode, cases: Mapping[str, modes.Mode], suite: Suite) -> bool:
         """One job per batched case, its baseline measured in the same process, and, where the suite asks for the
         control, one per such baseline with both contexts off."""
         if measured(case, list(cases)) is not None:
             return True
-        return bool(suite.get(self.name, {}).get("control")) and controlled(case, cases)
+        return bool(suite.table(self.name).get("control")) and controlled(case, cases)
 
     def needs_program(self, case: modes.Mode) -> bool:
         return case.uses_batched  # the builds of the cases with batching, whose jobs run it
@@ -90,9 +91,9 @@ def controlled(case: modes.Mode, cases: Mapping[str, modes.Mode]) -> bool:
     return any((b := measured(c, names)) is not None and b.name == case.name for c in cases.values())
 
 
-def argv(bin_dir: Path, model: Path, suite: dict[str, Any], rounds: int, control: bool = False) -> list[str]:
-    opts = {"--rounds": rounds, "--reps": DECODES, "--prompts": suite["pp"], "--n-gen": suite["tg"]}
-    opts["--ubatch"] = suite["ubatch"][0]
+def argv(bin_dir: Path, model: Path, suite: Suite, rounds: int, control: bool = False) -> list[str]:
+    opts = {"--rounds": rounds, "--reps": DECODES, "--prompts": suite.pp, "--n-gen": suite.tg}
+    opts["--ubatch"] = suite.ubatch[0]
     return [
         str(bin_dir / PROGRAM),
         "--model",
@@ -135,12 +136,12 @@ def _process(proc: Process, base: modes.Mode, measure: str, control: bool) -> Ti
     """One run of the program with ``base``'s selectors (batching left to the program), its output in the log of
     ``proc`` for ``measure``."""
     return proc.timed(
-        argv(proc.bin_dir, proc.model, proc.suite, proc.suite["inproc"]["rounds"], control), base, measure
+        argv(proc.bin_dir, proc.model, proc.suite, proc.suite.table("inproc")["rounds"], control), base, measure
     )
 
 
 def run(proc: Process, base: modes.Mode) -> tuple[CaseRun, list[Sample]]:
-    """One process: ``proc.case`` and its baseline ``base`` in ``suite["inproc"]["rounds"]`` inner rounds (after
+    """One process: ``proc.case`` and its baseline ``base`` in the suite's ``inproc.rounds`` inner rounds (after
     the program's warm-up round). Engaged: batching said it was enabled and did its work in the contexts that asked
     (the program also fails when they did not, or when a context with batching off printed anything)."""
     case, suite = proc.case, proc.suite
@@ -151,10 +152,10 @@ def run(proc: Process, base: modes.Mode) -> tuple[CaseRun, list[Sample]]:
     what = f"batched {verdict.state} in one process against {base.name}, async_uploads={last.get('async_uploads', 0)}"
     ok = verdict.engaged and t.res.returncode == 0
     cr = CaseRun(case.name, proc.rnd, t.res.returncode, t.seconds, ok, what, logparse.tail(t.text), t.started)
-    cr.detail = f"{suite['inproc']['rounds']} rounds of a context each, {DECODES} decodes per prompt"
+    cr.detail = f"{suite.table('inproc')['rounds']} rounds of a context each, {DECODES} decodes per prompt"
     if t.res.returncode != 0:
         return cr, []
-    return cr, samples(t.res.stdout, case.name, base.name, proc.rnd, int(suite["ubatch"][0]))
+    return cr, samples(t.res.stdout, case.name, base.name, proc.rnd, suite.ubatch[0])
 
 
 def run_control(proc: Process) -> tuple[CaseRun, list[Sample]]:
@@ -166,8 +167,8 @@ def run_control(proc: Process) -> tuple[CaseRun, list[Sample]]:
     t = _process(proc, base, "inproc-control", control=True)
     what = "control in one process: both contexts with batching off"
     cr = CaseRun(base.name, proc.rnd, t.res.returncode, t.seconds, None, what, logparse.tail(t.text), t.started)
-    cr.detail = f"control: {suite['inproc']['rounds']} rounds of two contexts off, {DECODES} decodes per prompt"
+    cr.detail = f"control: {suite.table('inproc')['rounds']} rounds of two contexts off, {DECODES} decodes per prompt"
     if t.res.returncode != 0:
         return cr, []
     a, b = (base.name + c for c in CONTROL)
-    return cr, samples(t.res.stdout, b, a, proc.rnd, int(suite["ubatch"][0]))
+    return cr, samples(t.res.stdout, b, a, proc.rnd, suite.ubatch[0])

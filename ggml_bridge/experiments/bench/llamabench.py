@@ -44,17 +44,17 @@ def run_case(proc: Process, reps: int, warmup: int = 0) -> tuple[CaseRun, list[S
     discarded (llama-bench's own warm-up is a short prompt, so the first full-size repetition still pays
     first-call costs: measured on H200, the first pp512 repetition of a process ran at about half speed)."""
     bin_dir, case, suite, rnd, out_dir = proc.bin_dir, proc.case, proc.suite, proc.rnd, proc.out_dir
-    ub = ",".join(str(u) for u in suite["ubatch"])
+    ub = ",".join(str(u) for u in suite.ubatch)
     argv = [
         str(bin_dir / "llama-bench"),
         "-m",
         str(proc.model),
         "-p",
-        str(suite["pp"]),
+        str(suite.pp),
         "-n",
-        str(suite["tg"]),
+        str(suite.tg),
         "-b",
-        str(suite["batch"]),
+        str(suite.batch),
         "-ub",
         ub,
         "-r",
@@ -69,10 +69,10 @@ def run_case(proc: Process, reps: int, warmup: int = 0) -> tuple[CaseRun, list[S
     topo = None
     if case.rpc:  # the server gets the GPUs and the selectors, llama-bench neither GPU nor bridge (unless the
         # suite keeps its GPU: netbench.py), over a shaped link when the case has one
-        topo = netbench.topology(case, bin_dir, env, suite, out_dir, rnd)
+        topo = netbench.topology(case, bin_dir, env, suite.rpc_servers, suite.threads, out_dir, rnd)
         topo.start(rpc.expected_version(bin_dir / "llama-bench"))
         argv += topo.server_args()
-        env = netbench.front_env(env, suite)
+        env = netbench.front_env(env, suite.rpc_front_gpu)
 
     started = time.time()
     t0 = time.monotonic()

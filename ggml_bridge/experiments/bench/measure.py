@@ -18,6 +18,7 @@ from ...foundations.errors import BenchError
 from ...foundations.tomlfile import Key
 from ...runtime import modes
 from .stats import CaseRun, Sample
+from .suite import Suite
 
 #: the seed of the perplexity text and the server's prompts (the ladder's default text seed)
 TEXT_SEED = 7
@@ -42,12 +43,12 @@ class Inputs:
     prompts: tuple[str, ...] = ()
 
 
-def device_args(suite: dict[str, Any], case: modes.Mode) -> list[str]:
+def device_args(suite: Suite, case: modes.Mode) -> list[str]:
     """Offload and split flags (every layer on the GPUs, split as the case or else the suite says, a layer split by
     default; none on the CPU) and the suite's threads."""
-    split = case.split or suite.get("split_mode", "layer")
-    argv = ["-ngl", "99", "-sm", split] if suite["devices"] != "cpu" or case.rpc else ["-ngl", "0"]
-    return argv + (["-t", str(suite["threads"])] if suite.get("threads") else [])
+    split = case.split or suite.split_mode or "layer"
+    argv = ["-ngl", "99", "-sm", split] if suite.devices != "cpu" or case.rpc else ["-ngl", "0"]
+    return argv + (["-t", str(suite.threads)] if suite.threads else [])
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Process:
     bin_dir: Path
     case: modes.Mode
     model: Path
-    suite: dict[str, Any]
+    suite: Suite
     base_env: dict[str, str]
     inputs: Inputs
     out_dir: Path
@@ -124,13 +125,13 @@ class Measure(Protocol):
     def groups(self, run_lengths: tuple[int, ...]) -> list[Job]:
         """Its jobs of one case on one shape in a round (``case`` and ``shape`` unset)."""
 
-    def has_job(self, case: modes.Mode, cases: Mapping[str, modes.Mode], suite: Mapping[str, Any]) -> bool:
+    def has_job(self, case: modes.Mode, cases: Mapping[str, modes.Mode], suite: Suite) -> bool:
         """Whether ``case`` is a process of its own among ``cases``."""
 
     def needs_program(self, case: modes.Mode) -> bool:
         """Whether the build of ``case`` must have :attr:`program`."""
 
-    def prepare(self, suite: Mapping[str, Any], out_dir: Path, tokens: list[str] | None, inputs: Inputs) -> Inputs:
+    def prepare(self, suite: Suite, out_dir: Path, tokens: list[str] | None, inputs: Inputs) -> Inputs:
         """``inputs`` with what its jobs read (a text, prompts), written under ``out_dir``."""
 
     def run(self, proc: Process, job: Job) -> tuple[CaseRun, list[Sample]]:
@@ -152,8 +153,8 @@ class Plain:
     def needs_program(self, case: modes.Mode) -> bool:
         return True
 
-    def has_job(self, case: modes.Mode, cases: Mapping[str, modes.Mode], suite: Mapping[str, Any]) -> bool:
+    def has_job(self, case: modes.Mode, cases: Mapping[str, modes.Mode], suite: Suite) -> bool:
         return True
 
-    def prepare(self, suite: Mapping[str, Any], out_dir: Path, tokens: list[str] | None, inputs: Inputs) -> Inputs:
+    def prepare(self, suite: Suite, out_dir: Path, tokens: list[str] | None, inputs: Inputs) -> Inputs:
         return inputs

@@ -23,6 +23,7 @@ from .options import BenchOptions, checked, ubatch_sizes
 from .report import plot, pool_reports, render_markdown
 from .running import CopyRate, Setup, microbench, rounds
 from .stats import CaseRun, Sample, pool
+from .suite import Suite
 from .suites import SUITES, SUITES_FILE, Selection, load_suites, select
 from .telemetry import Telemetry, gpu_env, n_gpus
 
@@ -112,7 +113,7 @@ def bench(args: BenchOptions, settings: Settings) -> int:
         os.sched_setaffinity(0, before)
 
 
-def _suite(args: BenchOptions, gpus: int) -> tuple[str, dict[str, Any]]:
+def _suite(args: BenchOptions, gpus: int) -> tuple[str, Suite]:
     """The suite's name and settings: --suite of --suite-file or of the package's suites (default: multi-gpu with
     2+ GPUs, batched with 1, cpu without)."""
     suites = load_suites(args.suite_file) if args.suite_file is not None else SUITES
@@ -120,10 +121,10 @@ def _suite(args: BenchOptions, gpus: int) -> tuple[str, dict[str, Any]]:
     if name not in suites:
         where = args.suite_file or SUITES_FILE
         raise UsageError(f"no suite {name!r} in {where}", fix=f"suites there: {', '.join(suites)}")
-    return name, dict(suites[name])
+    return name, suites[name]
 
 
-def _selection(args: BenchOptions, name: str, suite: dict[str, Any]) -> Selection:
+def _selection(args: BenchOptions, name: str, suite: Suite) -> Selection:
     """The part of the suite's matrix to run; run lengths and kept-after-discarded repetitions are exclusive."""
     sel = select(
         name,
@@ -143,10 +144,10 @@ def _selection(args: BenchOptions, name: str, suite: dict[str, Any]) -> Selectio
     return sel
 
 
-def _devices(args: BenchOptions, name: str, suite: dict[str, Any], gpus: int) -> tuple[int, list[str]]:
+def _devices(args: BenchOptions, name: str, suite: Suite, gpus: int) -> tuple[int, list[str]]:
     """(virtual devices or 0, what cannot be measured here); BenchError when the suite cannot run at all."""
     skipped: list[str] = []
-    if gpus == 0 and suite["devices"] != "cpu":
+    if gpus == 0 and suite.devices != "cpu":
         raise BenchError(
             f"suite {name} needs CUDA GPUs and none is visible", fix="run it on a GPU machine, or use --suite cpu"
         )
@@ -156,8 +157,8 @@ def _devices(args: BenchOptions, name: str, suite: dict[str, Any], gpus: int) ->
             "and batched transfers (they need a device with pinned host memory) cannot be measured "
             "here; only the CPU cases ran"
         )
-    virtual_devices = args.virtual_devices or suite.get("virtual_devices") or 0
-    if suite["devices"] == "all" and gpus < 2 and not virtual_devices:
+    virtual_devices = args.virtual_devices or suite.virtual_devices
+    if suite.devices == "all" and gpus < 2 and not virtual_devices:
         raise BenchError(
             f"suite {name} needs 2+ GPUs (found {gpus})",
             fix="use --virtual-devices N to emulate cards, or --suite batched",
@@ -165,9 +166,9 @@ def _devices(args: BenchOptions, name: str, suite: dict[str, Any], gpus: int) ->
     return virtual_devices, skipped
 
 
-def _cases(args: BenchOptions, suite: dict[str, Any], gpus: int, virtual_devices: int) -> list[Case]:
+def _cases(args: BenchOptions, suite: Suite, gpus: int, virtual_devices: int) -> list[Case]:
     """The cases to run (the suite's or --cases), forced where virtual devices share a GPU, one per shaped link."""
-    wanted = args.cases.split(",") if args.cases else suite["cases"]
+    wanted = args.cases.split(",") if args.cases else suite.cases
     try:  # current names (older ones with a deprecation note, see modes.ALIASES)
         cases = [modes.lookup(c, "--cases") for c in wanted]
     except UsageError as e:
@@ -180,7 +181,7 @@ def _cases(args: BenchOptions, suite: dict[str, Any], gpus: int, virtual_devices
                 f"    {virtual_devices} virtual devices on {gpus} GPU(s): {', '.join(forced)} measured forced (auto "
                 "keeps virtual devices of one GPU on upstream's device-local copy)"
             )
-    links = args.links.split(",") if args.links else suite.get("links", [])
+    links = args.links.split(",") if args.links else list(suite.links)
     try:
         cases = netbench.expand(cases, links)
     except UsageError as e:
@@ -246,12 +247,12 @@ def _bench(args: BenchOptions, settings: Settings) -> int:
     suite_name, suite = _suite(args, gpus)
     sizes = ubatch_sizes(args)
     if sizes is not None:
-        suite["ubatch"] = sizes
+        suite = dataclasses.replace(suite, ubatch=tuple(sizes))
     if args.tg is not None:
-        suite["tg"] = args.tg
+        suite = dataclasses.replace(suite, tg=args.tg)
     sel = _selection(args, suite_name, suite)
     virtual_devices, skipped = _devices(args, suite_name, suite, gpus)
-    cases = _cases(args, suite, 1 if suite["devices"] == "1" else gpus, virtual_devices)
+    cases = _cases(args, suite, 1 if suite.devices == "1" else gpus, virtual_devices)
     _local(cases, sel.measures)
     if args.report is not None:  # the options are checked; the report folder before any build or model
         args = dataclasses.replace(args, report=files.output_dir(args.report, "--report"))
@@ -265,7 +266,7 @@ def _bench(args: BenchOptions, settings: Settings) -> int:
         )
     _programs(bins, runnable, sel.measures)
     base_env: dict[str, str] = {modes.NCCL_NVLS: "0"}
-    if suite["devices"] == "1":
+    if suite.devices == "1":
         base_env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     if virtual_devices:
         base_env[modes.CUDA_DEVICES] = str(virtual_devices)
@@ -280,7 +281,7 @@ def _bench(args: BenchOptions, settings: Settings) -> int:
         suite,
         base_env,
         out_dir / "logs",
-        rounds=args.rounds or suite.get("rounds", 3),
+        rounds=args.rounds or suite.rounds,
         time_budget=args.time_budget,
         reps=args.reps or 3,
         warmup=1 if args.warmup_reps is None else args.warmup_reps,
@@ -311,13 +312,14 @@ def _measure(setup: Setup, suite_name: str, sel: Selection, smi_ms: int | None, 
         with step("boundary microbenchmark"):
             mb = microbench(setup.bins[modes.PATCHED], setup.base_env, setup.logs)
     suite = setup.suite
-    settings = {k: suite[k] for k in ("pp", "batch", "ubatch", "tg", "devices")}
-    settings |= {m.name: suite[m.name] for m in MEASURES.values() if m.table is not None and m.name in suite}
+    settings: dict[str, Any] = {"pp": suite.pp, "batch": suite.batch, "ubatch": list(suite.ubatch), "tg": suite.tg}
+    settings["devices"] = suite.devices
+    settings |= {m.name: dict(suite.tables[m.name]) for m in MEASURES.values() if m.name in suite.tables}
     if modes.CUDA_DEVICES in setup.base_env:
         settings[modes.CUDA_DEVICES] = int(setup.base_env[modes.CUDA_DEVICES])
     return {
         "suite": suite_name,
-        "about": suite["about"],
+        "about": suite.about,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "host": platform.node(),
         "rounds_planned": setup.rounds,
@@ -333,7 +335,7 @@ def _measure(setup: Setup, suite_name: str, sel: Selection, smi_ms: int | None, 
         "model": {"shape": ", ".join(setup.models), "path": str(next(iter(setup.models.values())))},
         "models": {k: str(v) for k, v in setup.models.items()},
         "environment": gpu_env(),
-        "links": netbench.report(list(setup.cases.values()), suite),
+        "links": netbench.report(list(setup.cases.values()), suite.rpc_servers, suite.rpc_front_gpu),
         "cases": [asdict(_case_entry(c, setup.bins, runs)) for c in setup.cases.values()],
         "manifests": _manifests(setup.bins),
         **pool(list(setup.cases), samples, runs),

@@ -15,6 +15,7 @@ from ..ladder.inputs import make_text
 from .measure import TEXT_SEED, Inputs, Job, Plain, Process, device_args
 from .proof import engagement
 from .stats import CaseRun, Sample
+from .suite import Suite
 
 
 class Perplexity(Plain):
@@ -25,9 +26,9 @@ class Perplexity(Plain):
     def groups(self, run_lengths: tuple[int, ...]) -> list[Job]:
         return [Job("", "", self.name)]
 
-    def prepare(self, suite: Mapping[str, Any], out_dir: Path, tokens: list[str] | None, inputs: Inputs) -> Inputs:
+    def prepare(self, suite: Suite, out_dir: Path, tokens: list[str] | None, inputs: Inputs) -> Inputs:
         """The text: enough of the ladder's deterministic words for every chunk (each word is at least one token)."""
-        p = suite[self.name]
+        p = suite.table(self.name)
         text = out_dir / "perplexity.txt"
         text.write_text(make_text(p["ctx"] * p["chunks"] + 64, TEXT_SEED, tokens), encoding="utf-8")
         return replace(inputs, text=text)
@@ -47,10 +48,10 @@ def perplexity(proc: Process) -> tuple[CaseRun, list[Sample]]:
     """One llama-perplexity process (``-c``, ``--chunks``, ``-b`` of the suite: several sequences per batch); its
     figure: the tokens it evaluated (chunks x context, from its own line) per second of its wall time."""
     case, suite, inputs, rnd = proc.case, proc.suite, proc.inputs, proc.rnd
-    p = suite["perplexity"]
+    p = suite.table("perplexity")
     assert inputs.text is not None
     argv = [str(proc.bin_dir / "llama-perplexity"), "-m", str(proc.model), "-f", str(inputs.text), "-c", str(p["ctx"])]
-    argv += ["--chunks", str(p["chunks"]), "-b", str(p["batch"]), "-ub", str(suite["ubatch"][0]), "-lv", "4"]
+    argv += ["--chunks", str(p["chunks"]), "-b", str(p["batch"]), "-ub", str(suite.ubatch[0]), "-lv", "4"]
     argv += device_args(suite, case)
     t = proc.timed(argv, case, "perplexity")
     eng, what = engagement(case, t.text, modes.CUDA_DEVICES in proc.base_env)

@@ -7,7 +7,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Sequence, TypeVar
 
 from ...foundations import runner
 from ...foundations.errors import BenchError
@@ -16,6 +16,7 @@ from ...runtime import modes
 from .measure import Inputs, Job, Process
 from .measures import MEASURES
 from .stats import CaseRun, Sample
+from .suite import Suite
 from .telemetry import Telemetry
 
 Case = modes.Mode
@@ -49,7 +50,7 @@ class Setup:
     cases: dict[str, Case]  # by name, in the suite's order (link cases of netbench.expand included)
     bins: dict[str, Path]  # variant -> folder of its programs
     models: dict[str, Path]  # shape -> GGUF
-    suite: dict[str, Any]
+    suite: Suite
     base_env: dict[str, str]
     logs: Path
     rounds: int = 3

@@ -20,6 +20,7 @@ from ...runtime.llama_server import Server, free_port
 from ..ladder.inputs import make_words
 from .measure import TEXT_SEED, Inputs, Job, Plain, Process, device_args
 from .stats import CaseRun, Sample
+from .suite import Suite
 
 _INT = Key("int", 1)
 
@@ -32,9 +33,9 @@ class ServerMeasure(Plain):
     def groups(self, run_lengths: tuple[int, ...]) -> list[Job]:
         return [Job("", "", self.name)]
 
-    def prepare(self, suite: Mapping[str, Any], out_dir: Path, tokens: list[str] | None, inputs: Inputs) -> Inputs:
+    def prepare(self, suite: Suite, out_dir: Path, tokens: list[str] | None, inputs: Inputs) -> Inputs:
         """The prompts, from the ladder's deterministic words."""
-        s = suite[self.name]
+        s = suite.table(self.name)
         prompts = (" ".join(make_words(s["prompt_words"], TEXT_SEED * 1000 + i, tokens)) for i in range(s["requests"]))
         return replace(inputs, prompts=tuple(prompts))
 
@@ -53,10 +54,10 @@ def server(proc: Process) -> tuple[CaseRun, list[Sample]]:
     """One llama-server (``-np``, ``--metrics``) answering the suite's requests, ``parallel`` at a time; its figure:
     generated tokens per second from the first request sent to the last answer (start-up not counted)."""
     case, suite, inputs, rnd, timeout = proc.case, proc.suite, proc.inputs, proc.rnd, proc.timeout
-    s = suite["server"]
+    s = suite.table("server")
     args = ["-m", str(proc.model), "--host", DEFAULT_HOST, "--port", str(free_port())]
-    args += ["-c", str(s["ctx"]), "-np", str(s["parallel"]), "-b", str(suite["batch"])]
-    args += ["-ub", str(suite["ubatch"][0]), "--metrics", "--no-webui", *device_args(suite, case)]
+    args += ["-c", str(s["ctx"]), "-np", str(s["parallel"]), "-b", str(suite.batch)]
+    args += ["-ub", str(suite.ubatch[0]), "--metrics", "--no-webui", *device_args(suite, case)]
     srv = Server(
         proc.bin_dir / "llama-server",
         args,

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from ...foundations import tomlfile
 from ...foundations.errors import UsageError
 from ...foundations.tomlfile import Key
 from .measures import MEASURES
+from .suite import Suite
 
 #: The suites shipped with the package: which cases, on which devices, with which models and llama-bench settings.
 SUITES_FILE = Path(__file__).resolve().parent / "suites.toml"
@@ -52,11 +53,12 @@ SUITE_KEYS: dict[str, Key] = {
 REQUIRED = ("about", "cases", "devices", "pp", "batch", "ubatch", "tg")
 
 
-def load_suites(path: Path) -> dict[str, dict[str, Any]]:
+def load_suites(path: Path) -> dict[str, Suite]:
     """The suites of a TOML file (one table per suite), every key checked; UsageError naming the file, the suite
     and the key otherwise."""
     data = tomlfile.read(path, "suite file")
-    suites: dict[str, dict[str, Any]] = {}
+    suites: dict[str, Suite] = {}
+    tables = tuple(m.name for m in MEASURES.values() if m.table is not None)
     for name, suite in data.items():
         where = f"{path} [{name}]"
         if not isinstance(suite, dict):
@@ -70,7 +72,7 @@ def load_suites(path: Path) -> dict[str, dict[str, Any]]:
         for m in MEASURES.values():
             if m.name in suite:
                 m.check(suite[m.name], where)
-        suites[name] = suite
+        suites[name] = Suite.of(suite, tables)
     if not suites:
         raise UsageError(f"suite file {path} holds no suite", fix="one [NAME] table per suite")
     return suites
@@ -89,13 +91,9 @@ class Selection:
     measures: tuple[str, ...]  # of MEASURES
 
 
-def shapes_of(suite: dict[str, Any]) -> list[str]:
-    return list(suite.get("shapes") or [suite["shape"]])
-
-
-def measures_of(suite: dict[str, Any]) -> tuple[str, ...]:
+def measures_of(suite: Suite) -> tuple[str, ...]:
     """What the suite can measure: llama-bench always, perplexity and server where it has their settings."""
-    return tuple(m.name for m in MEASURES.values() if m.table is None or m.name in suite)
+    return tuple(m.name for m in MEASURES.values() if m.table is None or m.name in suite.tables)
 
 
 def _subset(option: str, given: str, known: Sequence[str], suite: str) -> tuple[str, ...]:
@@ -113,7 +111,7 @@ def _subset(option: str, given: str, known: Sequence[str], suite: str) -> tuple[
 
 def select(
     name: str,
-    suite: dict[str, Any],
+    suite: Suite,
     *,
     shapes: str | None = None,
     run_lengths: Sequence[int] | None = None,
@@ -128,9 +126,9 @@ def select(
             why="--model replaces the suite's random models",
             fix="leave out --shapes to measure the given model, or --model to measure the suite's shapes",
         )
-    chosen = ("user",) if user_model else tuple(shapes_of(suite))
+    chosen = ("user",) if user_model else suite.shapes
     if shapes and not user_model:
-        chosen = _subset("--shapes", shapes, shapes_of(suite), name)
-    lengths = tuple(sorted(set(run_lengths if run_lengths else suite.get("run_lengths", ()))))
+        chosen = _subset("--shapes", shapes, suite.shapes, name)
+    lengths = tuple(sorted(set(run_lengths if run_lengths else suite.run_lengths)))
     what = measures_of(suite) if measures is None else _subset("--measure", measures, measures_of(suite), name)
-    return Selection(chosen, "shapes" in suite, lengths, what)
+    return Selection(chosen, suite.keyed_by_shape, lengths, what)
