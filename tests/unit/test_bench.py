@@ -155,10 +155,27 @@ def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
 def test_noise_is_called_noise():
     a = stats.summarize("a", "t", [100, 101, 102, 103])
     b = stats.summarize("b", "t", [101, 102, 103, 104])
-    assert stats.compare(a, b)["noise"] is True
+    assert stats.compare(a, b).noise is True
     c = stats.summarize("c", "t", [120, 121, 122, 123])
-    assert stats.compare(c, b)["noise"] is False
-    assert stats.compare(c, b)["ratio"] == pytest.approx(121.5 / 102.5)
+    assert stats.compare(c, b).noise is False
+    assert stats.compare(c, b).ratio == pytest.approx(121.5 / 102.5)
+
+
+def test_a_ratio_is_written_with_its_paired_figures_only_where_there_are_some():
+    assert stats.Ratio(1.5, False).to_json() == {"ratio": 1.5, "noise": False}
+    unpaired = stats.Ratio(1.5, True, paired_ci95=(1.0, 2.0), self_ci95=(1.0, 2.0))
+    assert unpaired.to_json() == {"ratio": 1.5, "noise": True}
+    few = stats.Ratio(0.9, True, 0.95, 2)
+    assert list(few.to_json().items()) == [("ratio", 0.9), ("noise", True), ("paired", 0.95), ("paired_rounds", 2)]
+    full = stats.Ratio(0.9, False, 0.95, 4, (0.9, 1.0), (0.97, 1.03))
+    assert list(full.to_json()) == ["ratio", "noise", "paired", "paired_rounds", "paired_ci95", "self_ci95"]
+    assert full.to_json()["paired_ci95"] == [0.9, 1.0] and full.to_json()["self_ci95"] == [0.97, 1.03]
+    samples = [stats.Sample(c, "pp", r, [v]) for r in range(4) for c, v in (("off", 100.0 + r), ("b", 90.0 + r))]
+    pooled = stats.pool(["off", "b"], samples, [stats.CaseRun("b", 0, 1, 1.0, None, "")])
+    as_json = pooled.to_json()
+    assert list(as_json) == ["rounds", "tests", "summary", "ratios", "failed", "not_engaged"]
+    assert as_json["failed"] == ["b"] and list(pooled.ratios["off"]) == ["off"] and as_json["rounds"] == 1
+    assert as_json["summary"]["off"]["pp"] == dataclasses.asdict(pooled.summary["off"]["pp"])  # type: ignore[index]
 
 
 def test_rotate():
@@ -246,7 +263,7 @@ def test_paired_ratio_cancels_drift_between_rounds():
         stats.summarize("a", "pp", [v for s in samples if s.case == "a" and s.test == "pp" for v in s.values]),
         stats.summarize("ref", "pp", [v for s in samples if s.case == "ref" and s.test == "pp" for v in s.values]),
     )
-    assert abs(pooled["ratio"] - 0.96) > 0.05
+    assert abs(pooled.ratio - 0.96) > 0.05
     assert stats.paired_ratio(samples, "a", "ref", "missing") is None
     assert stats.paired_ratio(samples, "a", "nobody", "pp") is None
 

@@ -13,6 +13,7 @@ inside one process on that machine (:func:`.stats.control_interval`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -151,8 +152,9 @@ def run(proc: Process, base: modes.Mode) -> tuple[CaseRun, list[Sample]]:
     verdict = engaged(BATCHED, info.batched, last)
     what = f"batched {verdict.state} in one process against {base.name}, async_uploads={last.get('async_uploads', 0)}"
     ok = verdict.engaged and t.res.returncode == 0
+    detail = f"{suite.table('inproc')['rounds']} rounds of a context each, {DECODES} decodes per prompt"
     cr = CaseRun(case.name, proc.rnd, t.res.returncode, t.seconds, ok, what, logparse.tail(t.text), t.started)
-    cr.detail = f"{suite.table('inproc')['rounds']} rounds of a context each, {DECODES} decodes per prompt"
+    cr = replace(cr, detail=detail)
     if t.res.returncode != 0:
         return cr, []
     return cr, samples(t.res.stdout, case.name, base.name, proc.rnd, suite.ubatch[0])
@@ -166,8 +168,9 @@ def run_control(proc: Process) -> tuple[CaseRun, list[Sample]]:
     base, suite = proc.case, proc.suite
     t = _process(proc, base, "inproc-control", control=True)
     what = "control in one process: both contexts with batching off"
+    detail = f"control: {suite.table('inproc')['rounds']} rounds of two contexts off, {DECODES} decodes per prompt"
     cr = CaseRun(base.name, proc.rnd, t.res.returncode, t.seconds, None, what, logparse.tail(t.text), t.started)
-    cr.detail = f"control: {suite.table('inproc')['rounds']} rounds of two contexts off, {DECODES} decodes per prompt"
+    cr = replace(cr, detail=detail)
     if t.res.returncode != 0:
         return cr, []
     a, b = (base.name + c for c in CONTROL)

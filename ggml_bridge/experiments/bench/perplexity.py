@@ -66,5 +66,5 @@ def perplexity(proc: Process) -> tuple[CaseRun, list[Sample]]:
             fix=f"see {t.log}",
         )
     tokens = counted[0] * counted[1]
-    run.detail = f"{counted[0]} chunks x {counted[1]} tokens in {t.seconds:.2f} s"
+    run = replace(run, detail=f"{counted[0]} chunks x {counted[1]} tokens in {t.seconds:.2f} s")
     return run, [Sample(case.name, "perplexity", rnd, [tokens / t.seconds])]

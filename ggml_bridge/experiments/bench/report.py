@@ -307,7 +307,7 @@ def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
         "rounds_planned": offset,
         "stopped": "",
         "cases": list(cases.values()),
-        **pooled,
+        **pooled.to_json(),
         "samples": [asdict(s) for s in samples],
         "runs": [asdict(r) for r in runs],
         "microbench": [],
@@ -316,7 +316,7 @@ def pool_reports(paths: Sequence[Path], out_dir: Path) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.json").write_text(json.dumps(report, indent=1))
     (out_dir / "bench.md").write_text(render_markdown(report))
-    log(f"==> pooled {len(reports)} reports, {pooled['rounds']} rounds: {out_dir / 'bench.md'}")
+    log(f"==> pooled {len(reports)} reports, {pooled.rounds} rounds: {out_dir / 'bench.md'}")
     print(out_dir)
     return 0
 

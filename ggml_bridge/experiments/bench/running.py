@@ -139,7 +139,7 @@ def run_job(setup: Setup, job: Job, rnd: int) -> tuple[CaseRun, list[Sample]]:
     cr, ss = MEASURES[job.measure].run(proc, job)
     prefix = f"{job.shape}:" if setup.keyed_by_shape else ""
     suffix = f"@r{job.run_length}" if job.run_length else ""
-    cr.measure, cr.shape, cr.run_length = job.measure, job.shape if setup.keyed_by_shape else "", job.run_length
+    cr = replace(cr, measure=job.measure, shape=job.shape if setup.keyed_by_shape else "", run_length=job.run_length)
     return cr, [replace(s, test=prefix + s.test + suffix) for s in ss]
 
 
@@ -163,7 +163,7 @@ def rounds(setup: Setup, runs: list[CaseRun], samples: list[Sample], smi: Teleme
         for job in filter(setup.runs, plan_round(rnd, names, shapes, setup.groups())):
             cr, ss = run_job(setup, job, rnd)
             if smi is not None:
-                cr.gpus = smi.during(cr.started, cr.started + cr.seconds)
+                cr = replace(cr, gpus=smi.during(cr.started, cr.started + cr.seconds))
             runs.append(cr)
             samples += ss
             figs = " ".join(

@@ -76,11 +76,11 @@ def server(proc: Process) -> tuple[CaseRun, list[Sample]]:
         finally:
             rc = srv.stop()
     except FatalError as e:
-        run.rc, run.seconds, run.log_tail = 1, time.monotonic() - t0, [str(e), *srv.tail(12)]
-        return run, []
-    run.rc, run.seconds, run.log_tail = rc or 0, time.monotonic() - t0, srv.tail(15)
-    run.engaged, run.engagement = _server_engagement(case, srv.info(), metrics)
-    run.detail = f"{len(inputs.prompts)} requests, {generated} tokens generated in {wall:.2f} s"
+        return replace(run, rc=1, seconds=time.monotonic() - t0, log_tail=[str(e), *srv.tail(12)]), []
+    seconds, tail = time.monotonic() - t0, srv.tail(15)
+    engaged, engagement = _server_engagement(case, srv.info(), metrics)
+    detail = f"{len(inputs.prompts)} requests, {generated} tokens generated in {wall:.2f} s"
+    run = CaseRun(case.name, rnd, rc or 0, seconds, engaged, engagement, tail, started, detail=detail)
     return run, [Sample(case.name, "server", rnd, [generated / wall])] if run.rc == 0 else []
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import random
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Sequence
 
 from ...foundations.errors import BenchError
 from ...runtime import modes
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sample:
     case: str
     test: str  # e.g. "pp4096/ub512", "tg128"
@@ -20,7 +20,7 @@ class Sample:
     values: list[float]  # tokens per second, one per llama-bench repetition
 
 
-@dataclass
+@dataclass(frozen=True)
 class CaseRun:
     case: str
     round: int
@@ -37,7 +37,7 @@ class CaseRun:
     detail: str = ""  # what the figure was made of (chunks, requests, tokens, seconds)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Summary:
     case: str
     test: str
@@ -64,11 +64,35 @@ def summarize(case: str, test: str, values: Sequence[float]) -> Summary:
     return Summary(case, test, len(vals), statistics.median(vals), q1, q3, vals[0], vals[-1])
 
 
-def compare(a: Summary, b: Summary) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Ratio:
+    """A case against a reference in one test: the ratio of the pooled medians and whether it is noise, and where
+    the two shared rounds the paired ratio, its number of rounds and its bootstrap intervals."""
+
+    ratio: float
+    noise: bool
+    paired: float | None = None
+    paired_rounds: int | None = None
+    paired_ci95: tuple[float, float] | None = None
+    self_ci95: tuple[float, float] | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """The report's record: the paired figures only where there are some."""
+        out: dict[str, object] = {"ratio": self.ratio, "noise": self.noise}
+        if self.paired is not None:
+            out["paired"], out["paired_rounds"] = self.paired, self.paired_rounds
+            if self.paired_ci95 is not None:
+                out["paired_ci95"] = list(self.paired_ci95)
+            if self.self_ci95 is not None:
+                out["self_ci95"] = list(self.self_ci95)
+        return out
+
+
+def compare(a: Summary, b: Summary) -> Ratio:
     """a relative to b: ratio of medians, and whether the difference is inside the spreads (noise)."""
     ratio = a.median / b.median if b.median else float("nan")
     noise = abs(a.median - b.median) <= (a.spread + b.spread)
-    return {"ratio": ratio, "noise": noise}
+    return Ratio(ratio, noise)
 
 
 def _round_medians(samples: Sequence[Sample], case: str, test: str) -> dict[int, float]:
@@ -191,54 +215,69 @@ def references(names: Sequence[str], among: Sequence[str] = REFERENCES) -> list[
     return [n for ref in among for n in [ref, *old[ref]] if n in names]
 
 
-def pool(names: Sequence[str], samples: Sequence[Sample], runs: Sequence[CaseRun]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Pooled:
+    """Every round pooled (:func:`pool`): the rounds, the tests in order, per case and test its summary, per
+    reference, case and test the ratio, and the cases that failed or did not engage."""
+
+    rounds: int
+    tests: list[str]
+    summary: dict[str, dict[str, Summary]]
+    ratios: dict[str, dict[str, dict[str, Ratio]]]
+    failed: list[str]
+    not_engaged: list[str]
+
+    def to_json(self) -> dict[str, object]:
+        """The report's fields."""
+        return {
+            "rounds": self.rounds,
+            "tests": self.tests,
+            "summary": {n: {t: asdict(x) for t, x in by.items()} for n, by in self.summary.items()},
+            "ratios": {
+                ref: {n: {t: r.to_json() for t, r in by.items()} for n, by in per.items()}
+                for ref, per in self.ratios.items()
+            },
+            "failed": self.failed,
+            "not_engaged": self.not_engaged,
+        }
+
+
+def pool(names: Sequence[str], samples: Sequence[Sample], runs: Sequence[CaseRun]) -> Pooled:
     """All rounds pooled: per case and test the median and quartiles of every kept sample, and against each
     reference case the ratio of medians and the paired ratio with its interval (cases that failed or did not
     engage are left out of the ratios)."""
     failed = sorted({r.case for r in runs if r.rc != 0})
     not_engaged = sorted({r.case for r in runs if r.engaged is False})
     tests = sorted({s.test for s in samples}, key=_test_order)
-    summary: dict[str, dict[str, dict[str, Any]]] = {}
+    summary: dict[str, dict[str, Summary]] = {}
     for name in names:
         for t in tests:
             vals = [v for s in samples if s.case == name and s.test == t for v in s.values]
             if vals:
-                summary.setdefault(name, {})[t] = asdict(summarize(name, t, vals))
+                summary.setdefault(name, {})[t] = summarize(name, t, vals)
     usable = [n for n in names if n not in failed and n not in not_engaged]
     refs = references(usable)
     pairs = [(n, ref) for ref in refs for n in usable] + [p for p in batched_pairs(usable) if p[1] not in refs]
-    ratios: dict[str, dict[str, dict[str, Any]]] = {}
+    ratios: dict[str, dict[str, dict[str, Ratio]]] = {}
     for n, ref in pairs:
         for t in tests:
             if t in summary.get(n, {}) and t in summary.get(ref, {}):
                 ratios.setdefault(ref, {}).setdefault(n, {})[t] = _ratio(samples, summary, n, ref, t)
-    return {
-        "rounds": len({r.round for r in runs}),
-        "tests": tests,
-        "summary": summary,
-        "ratios": ratios,
-        "failed": failed,
-        "not_engaged": not_engaged,
-    }
+    return Pooled(len({r.round for r in runs}), tests, summary, ratios, failed, not_engaged)
 
 
-def _ratio(
-    samples: Sequence[Sample], summary: dict[str, dict[str, dict[str, Any]]], n: str, ref: str, t: str
-) -> dict[str, Any]:
+def _ratio(samples: Sequence[Sample], summary: dict[str, dict[str, Summary]], n: str, ref: str, t: str) -> Ratio:
     """Case ``n`` against ``ref`` in test ``t``: the ratio of the pooled medians (and whether it is noise), the
     paired ratio over rounds with its number of rounds and bootstrap interval."""
-    cmp = compare(Summary(**summary[n][t]), Summary(**summary[ref][t]))
+    cmp = compare(summary[n][t], summary[ref][t])
     paired = paired_ratio(samples, n, ref, t)
-    if paired is not None:
-        cmp["paired"], cmp["paired_rounds"] = paired
-        ci = paired_interval(samples, n, ref, t)
-        if ci is not None:
-            cmp["paired_ci95"] = list(ci)
-        k = paired[1]
-        own = control_interval(samples, ref, t, k) if in_process(t) else self_interval(samples, ref, t, k)
-        if own is not None:
-            cmp["self_ci95"] = list(own)
-    return cmp
+    if paired is None:
+        return cmp
+    k = paired[1]
+    own = control_interval(samples, ref, t, k) if in_process(t) else self_interval(samples, ref, t, k)
+    return replace(
+        cmp, paired=paired[0], paired_rounds=k, paired_ci95=paired_interval(samples, n, ref, t), self_ci95=own
+    )
 
 
 def batched_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
