@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..experiments.bench.measures import MEASURES
-from ..experiments.bench.options import BenchOptions
+from ..experiments.bench.options import BenchOptions, names
 from ..experiments.bench.suites import SUITES
 from ..experiments.model import VOCAB_FILE
 from ..foundations import files
@@ -143,11 +143,11 @@ def options(ns: argparse.Namespace) -> BenchOptions:
     return BenchOptions(
         suite=ns.suite,
         suite_file=ns.suite_file,
-        cases=ns.cases,
+        cases=names(ns.cases),
         shapes=ns.shapes,
         run_lengths=ns.run_lengths,
         measure=ns.measure,
-        links=ns.links,
+        links=names(ns.links),
         variants_dir=ns.variants_dir and files.input_dir(ns.variants_dir, "--variants-dir"),
         bin_dirs=cmdoptions.bin_dirs_of(ns),
         build=ns.build,

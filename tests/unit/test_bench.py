@@ -97,7 +97,7 @@ def _report(args, env):  # type: ignore[no-untyped-def]
 def test_not_engaged_bridge_fails_and_is_reported(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NO_ENGAGE", "1")
     report_dir = tmp_path / "r"
-    args = _quick(variants, env, report_dir, cases="upstream-p2p,bridge")
+    args = _quick(variants, env, report_dir, cases=("upstream-p2p", "bridge"))
     with pytest.raises(BenchError, match="did not engage"):
         orchestrate.bench(args, env.settings)
     rep = json.loads((report_dir / "bench.json").read_text())
@@ -108,7 +108,7 @@ def test_not_engaged_bridge_fails_and_is_reported(variants, env, tmp_path, monke
 
 def test_failed_case_is_an_error(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "nopeer")
-    args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p,upstream-nopeer")
+    args = _quick(variants, env, tmp_path / "r", cases=("upstream-p2p", "upstream-nopeer"))
     with pytest.raises(BenchError, match="nopeer"):
         orchestrate.bench(args, env.settings)
 
@@ -134,7 +134,7 @@ def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
         rounds=1,
         reps=1,
         report=tmp_path / "r",
-        cases="off,bridge",
+        cases=("off", "bridge"),
         microbench=False,
     )
     args = dataclasses.replace(args, variants_dir=None)
@@ -145,7 +145,7 @@ def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
         rounds=1,
         reps=1,
         report=tmp_path / "r2",
-        cases="upstream-p2p,bridge",
+        cases=("upstream-p2p", "bridge"),
         microbench=False,
     )
     with pytest.raises(BenchError, match="llama-bench not found"):
@@ -224,7 +224,7 @@ def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monke
     monkeypatch.setattr(builder, "find_binary", find_binary)
     monkeypatch.setattr(builder, "ensure", ensure)
     args = _args(
-        model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases="upstream-p2p,bridge", microbench=False
+        model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases=("upstream-p2p", "bridge"), microbench=False
     )
     assert orchestrate.bench(args, env.settings) == 0
     assert built == ["patched"]
@@ -235,7 +235,7 @@ def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monke
         rounds=1,
         reps=1,
         report=tmp_path / "r2",
-        cases="upstream-p2p,bridge",
+        cases=("upstream-p2p", "bridge"),
         microbench=False,
         build=False,
     )
@@ -271,7 +271,7 @@ def test_paired_ratio_cancels_drift_between_rounds():
 def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_COLD_FIRST", "1")
     report_dir = tmp_path / "report"
-    args = _quick(variants, env, report_dir, reps=2, cases="upstream-p2p,bridge")
+    args = _quick(variants, env, report_dir, reps=2, cases=("upstream-p2p", "bridge"))
     rep = _report(args, env)
     assert rep["warmup_reps"] == 1
     pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
@@ -279,7 +279,7 @@ def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monke
     assert pp["values"] == pytest.approx([100.0, 100.25])
     assert "after 1 discarded" in (report_dir / "bench.md").read_text()
 
-    args = _quick(variants, env, tmp_path / "r0", reps=2, cases="upstream-p2p", warmup_reps=0)
+    args = _quick(variants, env, tmp_path / "r0", reps=2, cases=("upstream-p2p",), warmup_reps=0)
     rep = _report(args, env)
     pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
     assert pp["values"] == pytest.approx([50.0, 100.0])  # without warm-up the cold repetition counts
@@ -299,7 +299,7 @@ def test_cpus_pin_every_case_and_are_restored(variants, env, tmp_path):
 
     mine = os.sched_getaffinity(0)
     one = min(mine)
-    args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p,bridge", cpus=str(one))
+    args = _quick(variants, env, tmp_path / "r", cases=("upstream-p2p", "bridge"), cpus=str(one))
     assert orchestrate.bench(args, env.settings) == 0
     lines = env.order.read_text().splitlines()
     assert len(lines) == 2 and all(line.endswith(f"cpus={one}") for line in lines)
@@ -325,7 +325,7 @@ def test_parse_cpu_list():
 
 
 def test_ubatch_and_tg_override_the_suite(variants, env, tmp_path):
-    args = _quick(variants, env, tmp_path / "r", rounds=2, cases="upstream-p2p,bridge", ubatch="4096", tg=0)
+    args = _quick(variants, env, tmp_path / "r", rounds=2, cases=("upstream-p2p", "bridge"), ubatch="4096", tg=0)
     rep = _report(args, env)
     assert rep["tests"] == ["pp4096/ub4096"]  # no ub512, no tg: shorter processes
     assert rep["settings"]["ubatch"] == [4096] and rep["settings"]["tg"] == 0
@@ -342,7 +342,7 @@ def test_bad_ubatch_or_tg_are_usage_errors(variants, env, tmp_path, kw):
 
 
 def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
-    args = _quick(variants, env, tmp_path / "r", rounds=5, cases="upstream-p2p,bridge", time_budget=1e-6)
+    args = _quick(variants, env, tmp_path / "r", rounds=5, cases=("upstream-p2p", "bridge"), time_budget=1e-6)
     rep = _report(args, env)
     # the first round always runs; the second would end past the budget
     assert rep["rounds"] == 1 and rep["rounds_planned"] == 5
@@ -351,7 +351,7 @@ def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
     assert "stopped early" in (tmp_path / "r" / "bench.md").read_text()
     assert all(r["started"] > 0 for r in rep["runs"])
     # a budget that is never reached runs every round and says nothing
-    args = _quick(variants, env, tmp_path / "r2", rounds=3, cases="upstream-p2p", time_budget=3600)
+    args = _quick(variants, env, tmp_path / "r2", rounds=3, cases=("upstream-p2p",), time_budget=3600)
     rep = _report(args, env)
     assert rep["rounds"] == 3 and rep["stopped"] == ""
 
@@ -368,7 +368,7 @@ def test_bad_time_budget_is_a_usage_error(variants, env, tmp_path, budget):
 
 
 def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, env, tmp_path):
-    args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p,off-p2p")
+    args = _quick(variants, env, tmp_path / "r", cases=("upstream-p2p", "off-p2p"))
     assert orchestrate.bench(args, env.settings) == 0
     lines = env.order.read_text().splitlines()
     assert any(x.startswith("patched bridge=0 p2p=1 batched=0") for x in lines)
@@ -387,7 +387,7 @@ def test_report_carries_the_build_manifests(variants, env, tmp_path):
         "cmake_args": ["-DGGML_CUDA_MAPPED_HOST_BRIDGE=ON", "-DSAM3D_BATCHED_TRANSFERS=ON", "-DGGML_RPC=ON"],
     }
     (variants / "patched" / "manifest.json").write_text(json.dumps(manifest))
-    args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p,bridge")
+    args = _quick(variants, env, tmp_path / "r", cases=("upstream-p2p", "bridge"))
     rep = _report(args, env)
     got = rep["manifests"]["patched"]
     assert got["cmake_args"] == manifest["cmake_args"] and got["series_hash"] == manifest["series_hash"]
@@ -404,7 +404,7 @@ def test_smi_records_the_gpu_state_of_every_process(variants, env, tmp_path, mon
     monkeypatch.setenv("FAKE_SLEEP_S", "0.3")
     if not reasons:
         monkeypatch.setenv("FAKE_SMI_NO_REASONS", "1")
-    args = _quick(variants, env, tmp_path / "r", rounds=2, cases="upstream-p2p,bridge", smi=20)
+    args = _quick(variants, env, tmp_path / "r", rounds=2, cases=("upstream-p2p", "bridge"), smi=20)
     rep = _report(args, env)
     assert rep["smi"]["samples"] > 0 and rep["smi"]["file"] == "logs/smi.csv"
     assert ("clocks_event_reasons.active" in rep["smi"]["fields"]) == reasons
@@ -421,7 +421,7 @@ def test_smi_records_the_gpu_state_of_every_process(variants, env, tmp_path, mon
 
 def test_smi_without_nvidia_smi_is_one_clear_error(variants, env, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    args = _quick(variants, env, tmp_path / "r", cases="upstream-p2p", smi=100)
+    args = _quick(variants, env, tmp_path / "r", cases=("upstream-p2p",), smi=100)
     with pytest.raises(BenchError, match="--smi needs nvidia-smi"):
         orchestrate.bench(args, env.settings)
 
@@ -441,7 +441,7 @@ def test_paired_ratio_interval_resamples_rounds():
 
 def test_pool_reports_numbers_rounds_one_after_the_other(variants, env, tmp_path):
     for name in ("a", "b"):
-        args = _quick(variants, env, tmp_path / name, rounds=2, reps=2, cases="upstream-p2p,bridge")
+        args = _quick(variants, env, tmp_path / name, rounds=2, reps=2, cases=("upstream-p2p", "bridge"))
         assert orchestrate.bench(args, env.settings) == 0
     assert (
         orchestrate.bench(
@@ -460,7 +460,7 @@ def test_pool_reports_numbers_rounds_one_after_the_other(variants, env, tmp_path
 
 def test_pool_refuses_reports_measured_differently(variants, env, tmp_path):
     for name, ub in (("a", "512"), ("b", "4096")):
-        args = _quick(variants, env, tmp_path / name, cases="upstream-p2p", ubatch=ub)
+        args = _quick(variants, env, tmp_path / name, cases=("upstream-p2p",), ubatch=ub)
         assert orchestrate.bench(args, env.settings) == 0
     with pytest.raises(BenchError, match="was not measured like") as e:
         orchestrate.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), env.settings)
@@ -478,7 +478,7 @@ def test_pool_refuses_one_report_twice(variants, env, tmp_path):
     from ggml_bridge.foundations.errors import UsageError
 
     for name in ("a", "b"):
-        assert orchestrate.bench(_quick(variants, env, tmp_path / name, cases="upstream-p2p"), env.settings) == 0
+        assert orchestrate.bench(_quick(variants, env, tmp_path / name, cases=("upstream-p2p",)), env.settings) == 0
     shutil.copytree(tmp_path / "a", tmp_path / "copy")
     for twice in (
         [tmp_path / "a" / "bench.json", tmp_path / "a" / "bench.json"],
@@ -595,3 +595,16 @@ def test_a_suite_table_is_parsed_once_into_its_fields_with_their_defaults(tmp_pa
     assert suites.measures_of(two) == ("bench", "perplexity")
     with pytest.raises(dataclasses.FrozenInstanceError):
         two.tg = 1  # type: ignore[misc]
+
+
+def test_the_lists_of_the_command_line_are_parsed_into_names_at_the_edge():
+    from ggml_bridge import cli
+    from ggml_bridge.experiments.bench.options import names
+
+    assert names(None) is None and names("") is None
+    assert names("off") == ("off",) and names("off,batched") == ("off", "batched")
+    argv = ["--cases", "off,batched", "--links", "10gbit/0.2ms,25gbit/0.1ms"]
+    opts = cli.parse_command(cli.COMMANDS["bench"], argv)
+    assert opts.cases == ("off", "batched") and opts.links == ("10gbit/0.2ms", "25gbit/0.1ms")
+    plain = cli.parse_command(cli.COMMANDS["bench"], [])
+    assert plain.cases is None and plain.links is None

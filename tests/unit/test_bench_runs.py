@@ -138,10 +138,10 @@ def test_run_lengths_show_what_a_one_shot_run_costs(env, monkeypatch):
     """A mechanism whose first repetition in a process is slow: kept repetitions after a discarded one (the bench
     before run lengths) show a gain; run lengths show the loss at -r 1 and none at -r 10."""
     monkeypatch.setenv("FAKE_COLD_WHEN", "LLAMA_BATCHED_TRANSFERS=1")
-    kept = _run(env, "kept", suite="batched", cases="off,batched", rounds=2, reps=3)
+    kept = _run(env, "kept", suite="batched", cases=("off", "batched"), rounds=2, reps=3)
     assert kept["ratios"]["off"]["batched"]["pp512/ub512"]["paired"] > 1.0  # the cost is invisible here
 
-    rep = _run(env, "runs", suite="batched", cases="off,batched", rounds=2, run_lengths=(1, 10))
+    rep = _run(env, "runs", suite="batched", cases=("off", "batched"), rounds=2, run_lengths=(1, 10))
     assert rep["run_lengths"] == [1, 10] and rep["reps"] is None and rep["warmup_reps"] == 0
     assert rep["tests"] == ["pp512/ub512@r1", "pp512/ub512@r10", "tg128@r1", "tg128@r10"]
     r = rep["ratios"]["off"]["batched"]
@@ -193,7 +193,7 @@ def shaped(env, monkeypatch):
 
 def test_shapes_name_every_figure_and_parts_of_the_matrix_pool(shaped):
     env = shaped
-    kw = dict(suite="cpu-runs", cases="upstream,off", rounds=2, model=None, vocab=env.tmp / "vocab.gguf")
+    kw = dict(suite="cpu-runs", cases=("upstream", "off"), rounds=2, model=None, vocab=env.tmp / "vocab.gguf")
     a = _run(env, "a", shapes="tiny", measure="bench", **kw)
     assert a["shapes"] == ["tiny"] and a["keyed_by_shape"] and a["model"]["shape"] == "tiny"
     assert all(t.startswith("tiny:") for t in a["tests"]) and "tiny:pp64/ub64@r3" in a["tests"]
@@ -237,7 +237,7 @@ def test_perplexity_and_server_figures_and_their_proof(env, monkeypatch):
     log = env.tmp / "inflight.txt"
     monkeypatch.setenv("FAKE_INFLIGHT_LOG", str(log))
     monkeypatch.setenv("FAKE_COMPLETION_S", "0.2")
-    rep = _run(env, "r", suite="batched-runs-1gpu", cases="off,batched", rounds=2, measure="perplexity,server")
+    rep = _run(env, "r", suite="batched-runs-1gpu", cases=("off", "batched"), rounds=2, measure="perplexity,server")
     assert rep["tests"] == ["user:perplexity", "user:server"] and rep["not_engaged"] == []
     for r in rep["runs"]:
         sample = next(
@@ -268,7 +268,7 @@ def test_bridge_cases_prove_engagement_in_perplexity_and_server(env, monkeypatch
         env,
         "r",
         suite="batched-runs-2virt",
-        cases="bridge-force,bridge-force-batched",
+        cases=("bridge-force", "bridge-force-batched"),
         rounds=1,
         measure="perplexity,server",
     )
@@ -287,7 +287,7 @@ def test_mechanism_inactive_in_perplexity_and_server_is_not_engaged(env, monkeyp
         report=env.tmp / "r",
         microbench=False,
         suite="batched-runs-1gpu",
-        cases="off,batched",
+        cases=("off", "batched"),
         rounds=1,
         measure="perplexity,server",
     )
@@ -310,7 +310,7 @@ def test_perplexity_that_evaluates_nothing_is_an_error(env, monkeypatch):
         report=env.tmp / "r",
         microbench=False,
         suite="batched-runs-1gpu",
-        cases="off",
+        cases=("off",),
         rounds=1,
         measure="perplexity",
     )
@@ -326,7 +326,7 @@ def test_a_failed_server_is_a_failed_case(env, monkeypatch):
         report=env.tmp / "r",
         microbench=False,
         suite="batched-runs-1gpu",
-        cases="off",
+        cases=("off",),
         rounds=1,
         measure="server",
     )
@@ -343,7 +343,7 @@ def test_wall_clock_measurements_need_their_programs_and_local_cases(env):
         model=env.model,
         report=env.tmp / "r",
         suite="batched-runs-1gpu",
-        cases="off",
+        cases=("off",),
         measure="server",
     )
     with pytest.raises(BenchError, match="no llama-server next to llama-bench"):
@@ -353,7 +353,7 @@ def test_wall_clock_measurements_need_their_programs_and_local_cases(env):
         model=env.model,
         report=env.tmp / "r",
         suite="batched-runs-1gpu",
-        cases="off,rpc-off",
+        cases=("off", "rpc-off"),
         measure="perplexity",
     )
     with pytest.raises(UsageError, match="rpc case"):
@@ -361,7 +361,7 @@ def test_wall_clock_measurements_need_their_programs_and_local_cases(env):
 
 
 def test_time_budget_stops_starting_rounds_of_run_lengths(env):
-    rep = _run(env, "r", suite="batched", cases="off,batched", rounds=4, run_lengths=(1, 3), time_budget=1e-6)
+    rep = _run(env, "r", suite="batched", cases=("off", "batched"), rounds=4, run_lengths=(1, 3), time_budget=1e-6)
     assert rep["rounds"] == 1 and "1 of 4 rounds" in rep["stopped"]
     assert {(r["round"], r["run_length"]) for r in rep["runs"]} == {(0, 1), (0, 3)}
 
@@ -406,7 +406,7 @@ def test_in_process_measures_batching_and_its_baseline_in_one_process(env, monke
     in the same round, and its ratio of the second context to the first gives every in-process ratio the
     baseline-against-itself range (the fake's control leans 2 % at tg128)."""
     monkeypatch.setenv("FAKE_CONTROL_SPREAD", "0.02")
-    cases = "off,batched,bridge-force,bridge-force-batched"
+    cases = ("off", "batched", "bridge-force", "bridge-force-batched")
     rep = _run(env, "r", suite="batched-runs-1gpu", cases=cases, rounds=3, measure="inproc")
     runs = [line for line in env.order.read_text().splitlines() if line.startswith("inproc ")]
     ab = [r for r in runs if not r.endswith(" control")]
@@ -462,7 +462,7 @@ def test_in_process_without_the_control_runs_no_control_and_gives_no_range(env, 
     body = suites.SUITES_FILE.read_text().split("[batched-runs-1gpu]")[1].split("\n[")[0]
     own = tmp_path / "mine.toml"
     own.write_text("[mine]" + body.replace("inproc = { rounds = 4, control = true }", "inproc = { rounds = 4 }"))
-    rep = _run(env, "r", suite="mine", suite_file=own, cases="off,batched", rounds=3, measure="inproc")
+    rep = _run(env, "r", suite="mine", suite_file=own, cases=("off", "batched"), rounds=3, measure="inproc")
     runs = [line for line in env.order.read_text().splitlines() if line.startswith("inproc ")]
     assert len(runs) == 3 and not any(r.endswith(" control") for r in runs), runs
     assert "self_ci95" not in rep["ratios"]["off"]["batched"]["user:tg128@inproc"]
@@ -493,7 +493,7 @@ def _inproc_args(env):  # type: ignore[no-untyped-def]
         microbench=False,
         model=env.model,
         suite="batched-runs-1gpu",
-        cases="off,batched",
+        cases=("off", "batched"),
         rounds=1,
         measure="inproc",
     )

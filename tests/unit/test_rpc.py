@@ -471,7 +471,7 @@ def test_bench_rpc_bridge_not_engaged(bench_env, monkeypatch):
         reps=1,
         report=out,
         suite="rpc",
-        cases="rpc-off,rpc-bridge",
+        cases=("rpc-off", "rpc-bridge"),
     )
     from ggml_bridge.foundations.errors import BenchError
 

@@ -245,7 +245,7 @@ def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(one
         reps=1,
         report=out,
         suite="rpc-link",
-        links="10gbit/0.2ms,25gbit/0.1ms",
+        links=("10gbit/0.2ms", "25gbit/0.1ms"),
     )
     assert orchestrate.bench(args, one_gpu_bench_env.settings) == 0
     rep = json.loads((out / "bench.json").read_text())
@@ -290,8 +290,8 @@ def test_bench_link_case_that_bypasses_the_shaper_is_not_engaged(one_gpu_bench_e
         reps=1,
         report=one_gpu_bench_env.tmp / "r",
         suite="rpc-link",
-        links="10gbit/0.2ms",
-        cases="rpc-off",
+        links=("10gbit/0.2ms",),
+        cases=("rpc-off",),
     )
     with pytest.raises(BenchError, match="rpc-off@10gbit-0.2ms"):
         orchestrate.bench(args, one_gpu_bench_env.settings)
@@ -308,7 +308,7 @@ def test_bench_bad_link_is_a_bench_error(one_gpu_bench_env):
         model=one_gpu_bench_env.model,
         report=one_gpu_bench_env.tmp / "r",
         suite="rpc-link",
-        links="10gbit",
+        links=("10gbit",),
     )
     with pytest.raises(BenchError, match="bad link '10gbit'"):
         orchestrate.bench(args, one_gpu_bench_env.settings)

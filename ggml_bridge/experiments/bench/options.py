@@ -16,15 +16,15 @@ class BenchOptions:
     """A suite's name (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)."""
     suite_file: Path | None = None
     """A TOML file of suites instead of the package's (``bench/suites.toml``)."""
-    cases: str | None = None
-    """A comma-separated subset of the suite's cases."""
+    cases: tuple[str, ...] | None = None
+    """A subset of the suite's cases (``--cases a,b``)."""
     shapes: str | None = None
     """A comma-separated subset of the suite's model shapes."""
     run_lengths: tuple[int, ...] | None = None
     measure: str | None = None
     """A comma-separated subset of bench, perplexity, server, inproc."""
-    links: str | None = None
-    """Shaped links RATE/DELAY,... for the suite's rpc cases."""
+    links: tuple[str, ...] | None = None
+    """Shaped links RATE/DELAY for the suite's rpc cases (``--links l1,l2``)."""
     variants_dir: Path | None = None
     bin_dirs: dict[str, Path] = field(default_factory=dict)
     """Build variant -> the folder of its llama-bench (``--bin-dir-VARIANT``)."""
@@ -45,6 +45,11 @@ class BenchOptions:
     smi: int | None = None
     pool: tuple[Path, ...] | None = None
     report: Path | None = None
+
+
+def names(given: str | None) -> tuple[str, ...] | None:
+    """A comma list of the command line as its names (None where it is not given or empty)."""
+    return tuple(given.split(",")) if given else None
 
 
 def ubatch_sizes(opts: BenchOptions) -> list[int] | None:

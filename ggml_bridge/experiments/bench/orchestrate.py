@@ -168,7 +168,7 @@ def _devices(args: BenchOptions, name: str, suite: Suite, gpus: int) -> tuple[in
 
 def _cases(args: BenchOptions, suite: Suite, gpus: int, virtual_devices: int) -> list[Case]:
     """The cases to run (the suite's or --cases), forced where virtual devices share a GPU, one per shaped link."""
-    wanted = args.cases.split(",") if args.cases else suite.cases
+    wanted = args.cases or suite.cases
     try:  # current names (older ones with a deprecation note, see modes.ALIASES)
         cases = [modes.lookup(c, "--cases") for c in wanted]
     except UsageError as e:
@@ -181,7 +181,7 @@ def _cases(args: BenchOptions, suite: Suite, gpus: int, virtual_devices: int) ->
                 f"    {virtual_devices} virtual devices on {gpus} GPU(s): {', '.join(forced)} measured forced (auto "
                 "keeps virtual devices of one GPU on upstream's device-local copy)"
             )
-    links = args.links.split(",") if args.links else list(suite.links)
+    links = list(args.links or suite.links)
     try:
         cases = netbench.expand(cases, links)
     except UsageError as e:
