@@ -187,6 +187,11 @@ def test_first_difference(tmp_path):
     assert ladder.first_difference(a, b, block=1024) == (4000, 4000)
 
 
+def compared(ref, other, kind):
+    """Two files of the artifact ``kind`` compared byte for byte, as the report writes it."""
+    return ladder.compare(ladder.ARTIFACTS[kind], ref, other).as_json()
+
+
 def test_describe_logits_difference(tmp_path):
     n_ctx, n_vocab = 8, 5
     tok_end = 20 + 4 * 2 * n_ctx
@@ -195,20 +200,20 @@ def test_describe_logits_difference(tmp_path):
     # vocab entry 2 of record 3
     off = tok_end + 3 * 2 * nv + 2 * (4 + 2)
     other = logits_file(tmp_path / "o", n_ctx, n_vocab, flip=off)
-    c = ladder.compare_files(ref, other, "logits")
+    c = compared(ref, other, "logits")
     assert not c["identical"] and c["bytes_compared"] == off
     d = c["first_difference"]
     assert d["token_record"] == 3 and d["vocab_id"] == 2 and d["chunk"] == 1
     assert d["reference"] == (3 * 7 + 2) and d["mode"] == (3 * 7 + 2) ^ 1
     # a record header float
     other = logits_file(tmp_path / "o2", n_ctx, n_vocab, flip=tok_end + 2 * nv + 1)
-    d = ladder.compare_files(ref, other, "logits")["first_difference"]
+    d = compared(ref, other, "logits")["first_difference"]
     assert d["where"] == "record header scale" and d["reference"] == 0.5 and d["mode"] != 0.5
     # token ids
     other = logits_file(tmp_path / "o3", n_ctx, n_vocab, flip=20 + 4 * 5)
-    d = ladder.compare_files(ref, other, "logits")["first_difference"]
+    d = compared(ref, other, "logits")["first_difference"]
     assert d["where"] == "token id 5"
-    assert ladder.compare_files(ref, logits_file(tmp_path / "same", n_ctx, n_vocab), "logits")["identical"]
+    assert compared(ref, logits_file(tmp_path / "same", n_ctx, n_vocab), "logits")["identical"]
 
 
 def test_describe_responses_difference(tmp_path):
@@ -233,13 +238,13 @@ def test_describe_responses_difference(tmp_path):
     b = tmp_path / "b"
     a.write_bytes(rec(0, [1, 2], [-1.0, -2.0]) + rec(1, [3, 4], [-1.0, -2.0]))
     b.write_bytes(rec(0, [1, 2], [-1.0, -2.0]) + rec(1, [3, 4], [-1.0, -2.0000001]))
-    c = ladder.compare_files(a, b, "responses")
+    c = compared(a, b, "responses")
     assert not c["identical"]
     d = c["first_difference"]
     assert d["request"] == 1 and d["where"] == "probabilities of generated token 1"
     assert d["reference"]["logprob"] == -2.0 and d["mode"]["logprob"] == -2.0000001
     b.write_bytes(rec(0, [1, 5], [-1.0, -2.0]) + rec(1, [3, 4], [-1.0, -2.0]))
-    d = ladder.compare_files(a, b, "responses")["first_difference"]
+    d = compared(a, b, "responses")["first_difference"]
     assert d["request"] == 0 and d["where"] == "generated token 1" and d["mode"] == 5
     # timings are not part of the record
     assert b"timings" not in rec(0, [1], [-1.0])

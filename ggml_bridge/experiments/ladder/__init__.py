@@ -73,7 +73,7 @@ from .diff import first_difference, sha256_file
 from .inputs import RESULT_KEYS, WORDS, canonical_response, make_prompts, make_text, make_words, request_payload
 from .logits import describe_logits_diff
 from .orchestrate import LadderOptions, ModeRun, run, run_mode, run_rung
-from .registry import ARTIFACTS, compare_files
+from .registry import ARTIFACTS
 from .report import markdown_report, progress_line
 from .responses import describe_responses_diff
 from .schema import EXPECT_VALUES, RUNG_KEYS, SPLIT_MODES, Ladder, Rung, default_ladder, load_ladder, parse_rung
@@ -100,7 +100,6 @@ __all__ = [
     "ModeRun",
     "Rung",
     "canonical_response",
-    "compare_files",
     "default_ladder",
     "describe_logits_diff",
     "describe_responses_diff",
