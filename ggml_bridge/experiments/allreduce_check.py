@@ -82,6 +82,12 @@ def table(timings: list[Timing], link: tuple[float, float], *, one_link: bool) -
         ratios.append(ratio)
         path = "in-kernel" if t.nbytes <= cost.BAR_KERNEL_MAX else "copy engines"
         lines.append(f"| {t.devices} | {t.nbytes} | {path} | {t.us:.2f} | {predicted * 1e6:.2f} | {ratio:.2f} |")
+    if not ratios:
+        raise UsageError(
+            "no row of the bridge's default all-reduce to compare",
+            why="the output holds only the reduce-scatter's rows, which the model does not describe",
+            fix="pass the output of test-bridge-allreduce --bench with its path=bridge rows",
+        )
     inside = sum(1 for r in ratios if 1 / 1.5 <= r <= 1.5)
     lines.append("")
     lines.append(

@@ -76,3 +76,11 @@ def test_the_command_refuses_what_is_not_a_bench_output(tmp_path, capsys):
     assert "has no 'bench: ... path=bridge' lines" in err and "Traceback" not in err
     assert cli.main(["paper-model", "--one-link"]) == 2
     assert "--one-link goes with --allreduce-bench" in capsys.readouterr().err
+
+
+def test_an_output_of_the_reduce_scatter_alone_is_one_line(tmp_path, capsys):
+    only = tmp_path / "scatter.txt"
+    only.write_text(line(4, 8192, "bridge-scatter", 30.0) + "\n")
+    assert cli.main(["paper-model", "--allreduce-bench", str(only), "--one-link"]) == 2
+    err = capsys.readouterr().err
+    assert "no row of the bridge's default all-reduce" in err and "Traceback" not in err
