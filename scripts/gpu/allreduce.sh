@@ -31,24 +31,25 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 if want build; then
     # AR_VARIANTS=patched: the patched build alone (its selectors off stand for upstream: the cases up-* then run it
     # with the bridge off, and the summary says so)
-    step build 300 560 "${gb[@]}" build --backend cuda --cuda-arch 90 --no-ui --shared-tree --variant "${AR_VARIANTS:-upstream,patched}"
+    step build 300 560 "${gb[@]}" build --backend cuda --cuda-arch 90 --no-ui --shared-tree --variant "${AR_VARIANTS:-upstream,upstream-nopeer-virtual,patched}"
     grep -E "^==>|done in|up to date|error|Error" "$OUT/build.txt" | tail -n 20 | tee -a "$OUT/summary.txt"
 fi
 bindir() { "${gb[@]}" build --backend cuda --variant "$1" --print-bin-dir 2>/dev/null; }
 # PBIN/UBIN: bin folders of builds packed by an earlier call (step pack: unpacked where they were built, so that
 # their RUNPATHs hold), else the cache's latest builds
 if [ -n "${PBIN:-}" ]; then
-    pbin=$PBIN ubin=$UBIN
+    pbin=$PBIN ubin=$UBIN nbin=${NBIN:-}
 else
     pbin=$(bindir patched) || { log "the CUDA builds are not there: stopping"; exit 1; }
     ubin=$(bindir upstream) || ubin=
+    nbin=$(bindir upstream-nopeer-virtual) || nbin=
 fi
 [ -n "$ubin" ] || { ubin=$pbin; log "no upstream build: the up-* cases run the patched build with the bridge off"; }
 mkdir -p "$OUT/manifests"
-for v in upstream patched; do
+for v in upstream upstream-nopeer-virtual patched; do
     m=$("${gb[@]}" build --backend cuda --variant "$v" --print-manifest 2>/dev/null) && cp "$m" "$OUT/manifests/$v.json"
 done
-log "patched: $pbin; upstream: $ubin"
+log "patched: $pbin; upstream: $ubin; emulated no-peer baseline: ${nbin:-none}"
 if want pack; then
     # both bin folders (executables and libraries) as parts of at most 15 MiB; unpack with
     # cat ar-pack.tar.xz.* | tar -xJ -C / (the same absolute paths as here)
@@ -92,9 +93,16 @@ case_env() {
         p-bf)        echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=butterfly" ;;
         p-auto)      echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=auto" ;;
         p-asked)     echo "$pbin GGML_CUDA_ALLREDUCE=bridge GGML_CUDA_AR_BF16_THRESHOLD=0" ;;
+        # the emulated no-peer baseline (test-only variant upstream-nopeer-virtual, docs/tensor.md): upstream's
+        # butterfly with every cross-device copy on upstream's own host path, as between GPUs without peer access
+        nb-none)     echo "$nbin GGML_CUDA_ALLREDUCE=none" ;;
     esac
 }
-cases_for() { if [ "$1" -eq 2 ]; then echo "up-none up-internal p-ar p-bf p-auto p-asked"; else echo "up-none p-ar p-bf p-auto"; fi; }
+cases_for() {
+    local c
+    if [ "$1" -eq 2 ]; then c="up-none up-internal p-ar p-bf p-auto p-asked"; else c="up-none p-ar p-bf p-auto"; fi
+    echo "$c${nbin:+ nb-none}"
+}
 
 if want logits; then
     mkdir -p "$OUT/logits"
@@ -149,15 +157,15 @@ for f in d.glob("*.jsonl"):
             continue
         test = f"pp{row['n_prompt']}" if row.get("n_prompt") else f"tg{row['n_gen']}"
         ts[(int(n), case, test)][r] = row["avg_ts"]
-print("| devices | test | case | rounds | median t/s | range | median of per-round ratio to p-bf | to up-none |")
-print("|---|---|---|---|---|---|---|---|")
+print("| devices | test | case | rounds | median t/s | range | median of per-round ratio to p-bf | to up-none | to nb-none |")
+print("|---|---|---|---|---|---|---|---|---|")
 for (n, case, test) in sorted(ts):
     v = ts[(n, case, test)]
     def ratio(base):
         b = ts.get((n, base, test), {})
         rs = [v[r] / b[r] for r in v if r in b and b[r]]
         return f"{statistics.median(rs):.3f} [{min(rs):.3f}, {max(rs):.3f}]" if rs else "-"
-    print(f"| {n} | {test} | {case} | {len(v)} | {statistics.median(v.values()):.1f} | {min(v.values()):.1f}-{max(v.values()):.1f} | {ratio('p-bf')} | {ratio('up-none')} |")
+    print(f"| {n} | {test} | {case} | {len(v)} | {statistics.median(v.values()):.1f} | {min(v.values()):.1f}-{max(v.values()):.1f} | {ratio('p-bf')} | {ratio('up-none')} | {ratio('nb-none')} |")
 PY
 fi
 log "done"
