@@ -45,7 +45,7 @@ from .. import __version__
 from ..foundations import cache, files, gitrepo
 from ..foundations.config import Settings
 from ..foundations.errors import BuildError, ToolchainError, UsageError
-from ..foundations.runner import log, run, step
+from ..foundations.runner import Failure, Output, log, run, step
 from ..upstream import fetch as fetchmod
 from ..upstream import patch as patchmod
 from ..upstream import pin as pinmod
@@ -265,10 +265,9 @@ def build_wheel(
         res = run(
             argv,
             check=False,
-            log_file=log_file,
             env={**env, "TMPDIR": str(pip_tmp)},
-            on_line=progress,
-            error=BuildError,
+            output=Output(log_file=log_file, on_line=progress),
+            failure=Failure(BuildError),
         )
     if res.returncode != 0:
         raise buildmod.build_failed(
@@ -325,7 +324,7 @@ def repair_wheel(raw: Path, out_dir: Path, runtime: CudaRuntime | None = None) -
     before = set(out_dir.glob(f"{PACKAGE}-*.whl"))
     env = {"PATH": _tool_path()}
     with step(f"auditwheel repair {raw.name} (not bundled: {', '.join(excludes)})"):
-        res = run([*argv, str(raw)], check=False, env=env, error=BuildError)
+        res = run([*argv, str(raw)], check=False, env=env, failure=Failure(BuildError))
     if res.returncode != 0:
         raise BuildError(
             "auditwheel could not repair the server wheel",
@@ -339,7 +338,7 @@ def repair_wheel(raw: Path, out_dir: Path, runtime: CudaRuntime | None = None) -
     if not made:
         raise BuildError("auditwheel reported success but wrote no wheel", why=res.stdout.strip()[-400:])
     whl = made[-1]
-    show = run([sys.executable, "-m", "auditwheel", "show", str(whl)], env=env, error=BuildError).stdout
+    show = run([sys.executable, "-m", "auditwheel", "show", str(whl)], env=env, failure=Failure(BuildError)).stdout
     show_file = whl.with_name(whl.name + ".auditwheel.txt")
     show_file.write_text(show)
     platform = whl.name[:-4].split("-")[-1]

@@ -213,7 +213,10 @@ class LocalRpcServer:
         if self.log_file:
             self.log_file.unlink(missing_ok=True)
         self.proc = runner.start(
-            self.argv(), env=self.env, log_file=self.log_file, error=RpcError, what=f"cannot start {self.binary}"
+            self.argv(),
+            env=self.env,
+            pump=runner.Pump(log_file=self.log_file),
+            failure=runner.Failure(RpcError, what=f"cannot start {self.binary}"),
         )
         deadline = time.monotonic() + timeout
         while True:
