@@ -97,7 +97,7 @@ def make_sdist(
 ) -> Sdist:
     """Write the sdist into ``out_dir`` (atomically) and return it."""
     ensure_out_dir(out_dir)  # before minutes of fetching and building the UI
-    srcs = buildplan.sources(settings, patched=True, source_spec=source_spec, allow_unpinned=allow_unpinned)
+    srcs = buildplan.sources(settings, patched=True, options=buildplan.SourceOptions(source_spec, allow_unpinned))
     tree, patched, ui = srcs.tree, srcs.patched, srcs.ui
     assert patched is not None
     if ui.managed and ui.dist is None:

@@ -247,8 +247,6 @@ MAX_PARAMETERS = 7
 OVER_MAX_PARAMETERS = {
     "experiments/ladder/orchestrate.py:run_rung": 9,
     "experiments/ladder/orchestrate.py:run_mode": 8,
-    "distribution/builder/plan.py:build_key": 8,
-    "distribution/builder/plan.py:sources": 8,
 }
 
 

@@ -80,10 +80,7 @@ def ensure_shared(
         settings,
         patched=any(v.patched for v in target.variants),
         ui_of_patched=False,
-        source_spec=source_spec,
-        allow_unpinned=allow_unpinned,
-        series=series,
-        discard_changes=discard_changes,
+        options=plan.SourceOptions(source_spec, allow_unpinned, series, discard_changes),
         variants=target.variants,
     )
     plans = plan.shared(settings, target, srcs)
