@@ -440,9 +440,9 @@ def _writing(target: Path) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        raise UsageError(
+        raise UsageError.of_os(
+            e,
             f"cannot write {target}",
-            why=e.strerror or str(e),
             fix="free space or choose another --out folder; nothing was left behind",
         ) from None
 

@@ -434,9 +434,9 @@ def start(
         try:
             fh = open(pump.log_file, "a", encoding="utf-8")
         except OSError as e:
-            raise failure.error(
+            raise failure.error.of_os(
+                e,
                 f"cannot write the log file {pump.log_file}",
-                why=e.strerror or str(e),
                 fix="create its folder or choose another path",
             ) from None
     try:
