@@ -28,7 +28,7 @@ from typing import Any, Iterator
 from ..foundations import cache, files
 from ..foundations.config import Settings
 from ..foundations.errors import BuildError, ToolchainError, UsageError
-from ..foundations.runner import log, run, step
+from ..foundations.runner import Failure, Output, log, run, step
 from ..foundations.tomlfile import Key
 
 UI_DIR = Path("tools") / "ui"
@@ -225,7 +225,14 @@ def _npm_build(npm: str, root: Path, entry: Path, work: Path, key: str, lock: Pa
     t0 = time.monotonic()
     with step(f"web UI: npm ci && npm run build in {work / 'ui'} ({versions})"):
         for argv in ([npm, "ci"], [npm, "run", "build"]):
-            res = run(argv, cwd=work / "ui", check=False, log_file=log_file, env=env, error=BuildError)
+            res = run(
+                argv,
+                cwd=work / "ui",
+                check=False,
+                env=env,
+                output=Output(log_file=log_file),
+                failure=Failure(BuildError),
+            )
             if res.returncode != 0:
                 tail = "\n    ".join(log_file.read_text(errors="replace").splitlines()[-15:])
                 raise BuildError(

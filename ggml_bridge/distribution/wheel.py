@@ -45,7 +45,7 @@ from .. import __version__
 from ..foundations import cache, files, gitrepo
 from ..foundations.config import Settings
 from ..foundations.errors import BuildError, ToolchainError, UsageError
-from ..foundations.runner import log, run, step
+from ..foundations.runner import Failure, Output, log, run, step
 from ..upstream import fetch as fetchmod
 from ..upstream import patch as patchmod
 from ..upstream import pin as pinmod
@@ -97,7 +97,7 @@ def make_sdist(
 ) -> Sdist:
     """Write the sdist into ``out_dir`` (atomically) and return it."""
     ensure_out_dir(out_dir)  # before minutes of fetching and building the UI
-    srcs = buildplan.sources(settings, patched=True, source_spec=source_spec, allow_unpinned=allow_unpinned)
+    srcs = buildplan.sources(settings, patched=True, options=buildplan.SourceOptions(source_spec, allow_unpinned))
     tree, patched, ui = srcs.tree, srcs.patched, srcs.ui
     assert patched is not None
     if ui.managed and ui.dist is None:
@@ -265,10 +265,9 @@ def build_wheel(
         res = run(
             argv,
             check=False,
-            log_file=log_file,
             env={**env, "TMPDIR": str(pip_tmp)},
-            on_line=progress,
-            error=BuildError,
+            output=Output(log_file=log_file, on_line=progress),
+            failure=Failure(BuildError),
         )
     if res.returncode != 0:
         raise buildmod.build_failed(
@@ -325,7 +324,7 @@ def repair_wheel(raw: Path, out_dir: Path, runtime: CudaRuntime | None = None) -
     before = set(out_dir.glob(f"{PACKAGE}-*.whl"))
     env = {"PATH": _tool_path()}
     with step(f"auditwheel repair {raw.name} (not bundled: {', '.join(excludes)})"):
-        res = run([*argv, str(raw)], check=False, env=env, error=BuildError)
+        res = run([*argv, str(raw)], check=False, env=env, failure=Failure(BuildError))
     if res.returncode != 0:
         raise BuildError(
             "auditwheel could not repair the server wheel",
@@ -339,7 +338,7 @@ def repair_wheel(raw: Path, out_dir: Path, runtime: CudaRuntime | None = None) -
     if not made:
         raise BuildError("auditwheel reported success but wrote no wheel", why=res.stdout.strip()[-400:])
     whl = made[-1]
-    show = run([sys.executable, "-m", "auditwheel", "show", str(whl)], env=env, error=BuildError).stdout
+    show = run([sys.executable, "-m", "auditwheel", "show", str(whl)], env=env, failure=Failure(BuildError)).stdout
     show_file = whl.with_name(whl.name + ".auditwheel.txt")
     show_file.write_text(show)
     platform = whl.name[:-4].split("-")[-1]
@@ -441,9 +440,9 @@ def _writing(target: Path) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        raise UsageError(
+        raise UsageError.of_os(
+            e,
             f"cannot write {target}",
-            why=e.strerror or str(e),
             fix="free space or choose another --out folder; nothing was left behind",
         ) from None
 

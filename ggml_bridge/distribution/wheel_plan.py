@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..foundations.config import Settings
 from ..foundations.errors import ToolchainError, UsageError
-from ..foundations.runner import run
+from ..foundations.runner import Failure, run
 from ..runtime import modes
 from .builder.plan import backend_options
 from .builder.toolchain import detect_vulkan, find_nvcc
@@ -68,11 +68,11 @@ def cuda_architectures(runtime: CudaRuntime, supported: Sequence[str]) -> str:
 
 def nvcc_gpu_archs(nvcc: str) -> tuple[tuple[int, int], list[str]]:
     """(release, architectures) of a CUDA toolkit: ``nvcc --version`` and ``nvcc --list-gpu-arch``."""
-    ver = run([nvcc, "--version"], error=ToolchainError).stdout
+    ver = run([nvcc, "--version"], failure=Failure(ToolchainError)).stdout
     m = re.search(r"release (\d+)\.(\d+)", ver)
     if not m:
         raise ToolchainError(f"cannot read the CUDA release from {nvcc} --version", why=ver.strip()[-200:])
-    listed = run([nvcc, "--list-gpu-arch"], error=ToolchainError).stdout
+    listed = run([nvcc, "--list-gpu-arch"], failure=Failure(ToolchainError)).stdout
     return (int(m.group(1)), int(m.group(2))), re.findall(r"compute_(\d+)", listed)
 
 

@@ -38,9 +38,7 @@ def read(path: Path) -> list[Timing]:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
-        raise UsageError(
-            f"cannot read {path}", why=e.strerror or str(e), fix="pass test-bridge-allreduce's output"
-        ) from None
+        raise UsageError.of_os(e, f"cannot read {path}", fix="pass test-bridge-allreduce's output") from None
     rows = [m for m in map(LINE.match, text.splitlines()) if m]
     both = {(m["n"], m["ne"]) for m in rows if m["path"] == "bridge-gather"}
     out = []

@@ -17,12 +17,15 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, TypeVar
 
 #: Exit statuses that are results rather than errors: a stage's ``run()`` returns them after writing its report.
 EXIT_OK = 0
 EXIT_DIFFER = 1
 EXIT_RADAR_INCOMPLETE = 52
+
+
+_E = TypeVar("_E", bound="FatalError")
 
 
 class FatalError(Exception):
@@ -39,6 +42,12 @@ class FatalError(Exception):
         self.why = why
         self.fix = fix
         super().__init__(self.render())
+
+    @classmethod
+    def of_os(cls: type[_E], e: OSError, what: str, *, fix: str | None = None) -> _E:
+        """This error for an OSError a stage met: headed ``what``, the system's own words (its ``strerror``, else its
+        text) as the why (:func:`os_reason` says the common ones in plainer words)."""
+        return cls(what, why=e.strerror or str(e), fix=fix)
 
     def render(self) -> str:
         parts = [self.what.rstrip(".") + "."]

@@ -20,8 +20,10 @@ The one process this does not cover is GitPython's own ``git version`` check whe
 
 from __future__ import annotations
 
+import inspect
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
@@ -97,9 +99,7 @@ def run(
         [executable(), "-C", str(where), *args],
         env={**LOCALE, **(env or {})},
         check=check,
-        error=error,
-        what=what,
-        fix=fix,
+        failure=runner.Failure(error, what, fix),
     )
 
 
@@ -146,43 +146,60 @@ def is_dirty(repo: Repo) -> bool:
     return bool(repo.git.status("--porcelain", "--untracked-files=all").strip())
 
 
+@dataclass(frozen=True)
+class _Execute:
+    """One call of GitPython's ``Git.execute``, by the names of its parameters (GitPython's defaults where the call
+    gives none): what the runner honours, and whether it asks for what the runner cannot do (``piped``: a long-lived
+    process, a stream in or out, a shell)."""
+
+    command: Any
+    with_extended_output: bool
+    with_exceptions: bool
+    stdout_as_string: bool
+    strip_newline_in_stdout: bool
+    kill_after_timeout: float | None
+    env: Mapping[str, str] | None
+    piped: bool
+
+    @classmethod
+    def of(cls, bound: inspect.BoundArguments) -> _Execute:
+        bound.apply_defaults()
+        a = bound.arguments
+        return cls(
+            command=a["command"],
+            with_extended_output=a["with_extended_output"],
+            with_exceptions=a["with_exceptions"],
+            stdout_as_string=a["stdout_as_string"],
+            strip_newline_in_stdout=a["strip_newline_in_stdout"],
+            kill_after_timeout=a["kill_after_timeout"],
+            env=a["env"],
+            piped=bool(a["as_process"] or a["istream"] is not None or a["output_stream"] is not None or a["shell"]),
+        )
+
+
 @lru_cache(maxsize=1)
 def _repo_class() -> type[Repo]:
     """GitPython's Repo whose ``git`` runs every command through the runner."""
     import git
 
+    execute_parameters = inspect.signature(git.Git.execute)
+
     class RunnerGit(git.Git):
-        def execute(
-            self,
-            command: Any,
-            istream: Any = None,
-            with_extended_output: bool = False,
-            with_exceptions: bool = True,
-            as_process: bool = False,
-            output_stream: Any = None,
-            stdout_as_string: bool = True,
-            kill_after_timeout: float | None = None,
-            with_stdout: bool = True,
-            universal_newlines: bool = False,
-            shell: bool | None = None,
-            env: Mapping[str, str] | None = None,
-            max_chunk_size: int = 0,
-            strip_newline_in_stdout: bool = True,
-            **_popen: Any,
-        ) -> Any:
-            if as_process or istream is not None or output_stream is not None or shell:
+        def execute(self, *args: Any, **kwargs: Any) -> Any:
+            call = _Execute.of(execute_parameters.bind(self, *args, **kwargs))
+            if call.piped:
                 raise RuntimeError(
-                    f"GitPython asked for a long-lived or piped git process ({command!r}): run it with gitrepo.run"
+                    f"GitPython asked for a long-lived or piped git process ({call.command!r}): run it with gitrepo.run"
                 )
-            argv = [executable(), *(str(a) for a in list(command)[1:])]
-            added = {**LOCALE, **{k: v for k, v in self.environment().items() if v is not None}, **(env or {})}
+            argv = [executable(), *(str(a) for a in list(call.command)[1:])]
+            added = {**LOCALE, **{k: v for k, v in self.environment().items() if v is not None}, **(call.env or {})}
             cwd = str(self.working_dir) if self.working_dir else None
-            res = runner.run(argv, cwd=cwd, env=added, check=False, timeout=kill_after_timeout)
-            if with_exceptions and res.returncode != 0:
+            res = runner.run(argv, cwd=cwd, env=added, check=False, timeout=call.kill_after_timeout)
+            if call.with_exceptions and res.returncode != 0:
                 raise GitFailed(res)
-            out = res.stdout[:-1] if strip_newline_in_stdout and res.stdout.endswith("\n") else res.stdout
-            stdout: str | bytes = out if stdout_as_string else out.encode()
-            if with_extended_output:
+            out = res.stdout[:-1] if call.strip_newline_in_stdout and res.stdout.endswith("\n") else res.stdout
+            stdout: str | bytes = out if call.stdout_as_string else out.encode()
+            if call.with_extended_output:
                 return res.returncode, stdout, res.stderr.rstrip("\n")
             return stdout
 

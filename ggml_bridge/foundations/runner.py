@@ -48,6 +48,49 @@ def step(title: str) -> Iterator[None]:
     log(f"    done in {time.monotonic() - t0:.1f}s")
 
 
+@dataclass(frozen=True)
+class Failure:
+    """How a command that cannot start, runs out of time or (with ``check``) exits non-zero is reported: as
+    ``error`` (the caller's FatalError class), headed ``what`` (default: what happened, naming the program), with
+    ``fix``."""
+
+    error: type[FatalError] = FatalError
+    what: str | None = None
+    fix: str | None = None
+
+    def __call__(self, default: str, why: str | None = None) -> FatalError:
+        """The error to raise: headed ``what``, else ``default``."""
+        return self.error(self.what or default, why=why, fix=self.fix)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where the combined output of :func:`run`'s child goes: captured (``capture``, the default) or left to our
+    terminal; with ``log_file`` (appended to) or ``on_line`` (each line) it is streamed line by line instead, and
+    its last lines are kept for the error message."""
+
+    capture: bool = True
+    log_file: Path | None = None
+    on_line: Callable[[str], None] | None = None
+
+    @property
+    def streamed(self) -> bool:
+        return self.log_file is not None or self.on_line is not None
+
+
+@dataclass(frozen=True)
+class Pump:
+    """Where the output of a :func:`start`-ed child goes (see :class:`Process`): every line to ``log_file`` (rotated
+    at ``log_max_bytes``; None: never) and ``on_line``; ``keep`` chooses the lines kept for later parsing (``True``
+    every one, or a predicate); the last ``tail`` lines are kept for error messages."""
+
+    log_file: Path | None = None
+    on_line: Callable[[str], None] | None = None
+    keep: bool | Callable[[str], bool] = True
+    tail: int = 200
+    log_max_bytes: int | None = None
+
+
 @dataclass
 class Result:
     args: list[str]
@@ -99,15 +142,11 @@ def _run_captured(argv: list[str], **kw: object) -> subprocess.CompletedProcess[
 
 
 def _stream(
-    argv: list[str],
-    env: dict[str, str],
-    cwd: Path | str | None,
-    log_file: Path | None,
-    on_line: Callable[[str], None] | None,
-    timeout: float | None,
+    argv: list[str], env: dict[str, str], cwd: Path | str | None, output: Output, timeout: float | None
 ) -> Result:
-    """Run ``argv`` with its combined output streamed line by line to ``log_file`` and ``on_line``; the last lines
-    are kept for the error message. A log file that cannot be written is an OSError naming it."""
+    """Run ``argv`` with its combined output streamed line by line to ``output.log_file`` and ``output.on_line``; the
+    last lines are kept for the error message. A log file that cannot be written is an OSError naming it."""
+    log_file, on_line = output.log_file, output.on_line
     tail: deque[str] = deque(maxlen=40)
     fh = open(log_file, "a", encoding="utf-8") if log_file else None
     try:
@@ -154,24 +193,20 @@ def run(
     cwd: Path | str | None = None,
     env: Mapping[str, str] | None = None,
     check: bool = True,
-    capture: bool = True,
-    log_file: Path | None = None,
-    on_line: Callable[[str], None] | None = None,
-    error: type[FatalError] = FatalError,
-    what: str | None = None,
-    fix: str | None = None,
+    output: Output = Output(),
     timeout: float | None = None,
+    failure: Failure = Failure(),
 ) -> Result:
     """Run a command, logging it first.
 
-    ``env`` holds only the variables added to the current environment (they are logged).
-    With ``log_file`` or ``on_line`` the combined output is streamed line by line; the last lines are
-    kept for the error message. A non-zero exit with ``check`` raises ``error``.
+    ``env`` holds only the variables added to the current environment (they are logged). ``output`` says where the
+    child's output goes (captured by default; streamed line by line to a log file or a callback). A command that
+    cannot start or runs out of ``timeout``, or a non-zero exit with ``check``, raises ``failure``'s error.
     """
     argv, full_env = _prepare(args, env, cwd)
     try:
-        if log_file is not None or on_line is not None:
-            res = _stream(argv, full_env, cwd, log_file, on_line, timeout)
+        if output.streamed:
+            res = _stream(argv, full_env, cwd, output, timeout)
         else:
             cp = _run_captured(
                 argv,
@@ -179,68 +214,57 @@ def run(
                 env=full_env,
                 text=True,
                 errors="replace",
-                stdout=subprocess.PIPE if capture else None,
-                stderr=subprocess.PIPE if capture else None,
+                stdout=subprocess.PIPE if output.capture else None,
+                stderr=subprocess.PIPE if output.capture else None,
                 timeout=timeout,
             )
             res = Result(argv, cp.returncode, cp.stdout or "", cp.stderr or "")
     except _StartFailed as e:  # not found, not executable, a folder, not a program for this machine (ENOEXEC)
-        raise error(what or f"cannot run {argv[0]}", why=os_reason(e.cause), fix=fix) from None
+        raise failure(f"cannot run {argv[0]}", why=os_reason(e.cause)) from None
     except subprocess.TimeoutExpired:
-        raise error(what or f"{argv[0]} timed out after {timeout}s", fix=fix) from None
+        raise failure(f"{argv[0]} timed out after {timeout}s") from None
     if check and res.returncode != 0:
         out = (res.stdout + "\n" + res.stderr).strip().splitlines()[-15:]
         why = f"`{' '.join(argv[:3])}...` exited with {res.returncode}"
-        if log_file:
-            why += f"; full log: {log_file}"
+        if output.log_file:
+            why += f"; full log: {output.log_file}"
         if out:
             why += "; last lines:\n    " + "\n    ".join(out)
-        raise error(what or f"command failed: {argv[0]}", why=why, fix=fix)
+        raise failure(f"command failed: {argv[0]}", why=why)
     return res
 
 
 class Process:
     """A long-running child started by :func:`start` (e.g. llama-server).
 
-    A reader thread pumps its combined stdout/stderr line by line into ``log_file`` / ``on_line`` and keeps
-    the last ``tail`` lines for error messages. ``keep`` chooses the lines kept for later parsing: ``True``
-    every line, or a predicate (e.g. "a line the engagement proof reads"). Memory stays bounded whatever the
+    A reader thread pumps its combined stdout/stderr line by line as its :class:`Pump` says: into ``log_file`` /
+    ``on_line``, the last ``tail`` lines kept for error messages. ``keep`` chooses the lines kept for later parsing:
+    ``True`` every line, or a predicate (e.g. "a line the engagement proof reads"). Memory stays bounded whatever the
     child prints: at most ``KEEP_HEAD`` first and ``KEEP_TAIL`` last kept lines are held (the log file has all).
     """
 
     KEEP_HEAD = 2000
     KEEP_TAIL = 2000
 
-    def __init__(
-        self,
-        argv: list[str],
-        popen: subprocess.Popen[str],
-        *,
-        log_fh: IO[str] | None,
-        log_file: Path | None,
-        on_line: Callable[[str], None] | None,
-        keep: bool | Callable[[str], bool],
-        tail: int,
-        log_max_bytes: int | None = None,
-    ) -> None:
+    def __init__(self, argv: list[str], popen: subprocess.Popen[str], *, log_fh: IO[str] | None, pump: Pump) -> None:
         import threading
 
         self.args = argv
         self.popen = popen
-        self.log_file = log_file
+        self.log_file = pump.log_file
         self._log_fh = log_fh
         #: rotate ``log_file`` to ``log_file.1`` when it reaches this size (None: never), so at most twice it is kept
-        self.log_max_bytes = log_max_bytes
+        self.log_max_bytes = pump.log_max_bytes
         self.rotations = 0
         #: why the log stopped being written (a full disk ...), or None
         self.log_stopped: str | None = None
-        self._on_line = on_line
-        self._keep = keep
+        self._on_line = pump.on_line
+        self._keep = pump.keep
         self._head: list[str] = []
         self._kept_tail: deque[str] = deque(maxlen=self.KEEP_TAIL)
         self.dropped = 0
         """Kept lines dropped between the first KEEP_HEAD and the last KEEP_TAIL."""
-        self._tail: deque[str] = deque(maxlen=tail)
+        self._tail: deque[str] = deque(maxlen=pump.tail)
         self._lock = threading.Lock()
         self._last_line = time.monotonic()  # when the pump last took a line (settle())
         self._reader = threading.Thread(target=self._pump, name=f"pump-{popen.pid}", daemon=True)
@@ -393,31 +417,26 @@ def start(
     *,
     cwd: Path | str | None = None,
     env: Mapping[str, str] | None = None,
-    log_file: Path | None = None,
-    on_line: Callable[[str], None] | None = None,
-    keep: bool | Callable[[str], bool] = True,
-    tail: int = 200,
+    pump: Pump = Pump(),
     new_session: bool = True,
-    error: type[FatalError] = FatalError,
-    what: str | None = None,
-    fix: str | None = None,
-    log_max_bytes: int | None = None,
+    failure: Failure = Failure(),
 ) -> Process:
     """Start a long-running command (logged like :func:`run`) and return at once.
 
-    ``env`` holds only the added variables (they are logged). With ``new_session`` the child gets its
-    own session/process group, so a terminal Ctrl-C reaches only us and we forward it exactly once.
-    ``log_file`` is opened before the child starts, so a path that cannot be written fails at once.
+    ``env`` holds only the added variables (they are logged). ``pump`` says where the child's output goes. With
+    ``new_session`` the child gets its own session/process group, so a terminal Ctrl-C reaches only us and we forward
+    it exactly once. ``pump.log_file`` is opened before the child starts, so a path that cannot be written fails at
+    once (as ``failure``'s error, as does a program that cannot start).
     """
     argv, full_env = _prepare(args, env, cwd)
     fh = None
-    if log_file is not None:
+    if pump.log_file is not None:
         try:
-            fh = open(log_file, "a", encoding="utf-8")
+            fh = open(pump.log_file, "a", encoding="utf-8")
         except OSError as e:
-            raise error(
-                f"cannot write the log file {log_file}",
-                why=e.strerror or str(e),
+            raise failure.error.of_os(
+                e,
+                f"cannot write the log file {pump.log_file}",
                 fix="create its folder or choose another path",
             ) from None
     try:
@@ -437,10 +456,8 @@ def start(
     except OSError as e:
         if fh:
             fh.close()
-        raise error(what or f"cannot run {argv[0]}", why=os_reason(e), fix=fix) from None
-    return Process(
-        argv, popen, log_fh=fh, log_file=log_file, on_line=on_line, keep=keep, tail=tail, log_max_bytes=log_max_bytes
-    )
+        raise failure(f"cannot run {argv[0]}", why=os_reason(e)) from None
+    return Process(argv, popen, log_fh=fh, pump=pump)
 
 
 _PR_SET_PDEATHSIG = 1

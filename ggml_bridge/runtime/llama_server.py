@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -74,6 +75,16 @@ def _fmt_tail(lines: Sequence[str]) -> str:
     return "last server log lines:\n    " + "\n    ".join(lines) if lines else "the server printed nothing"
 
 
+@dataclass(frozen=True)
+class ServerLog:
+    """Where llama-server's output goes besides the lines the proof keeps: appended to ``file`` (rotated to
+    ``<file>.1`` when it reaches ``max_bytes``; None: never) and, with ``echo``, printed on our stderr."""
+
+    file: Path | None = None
+    echo: bool = False
+    max_bytes: int | None = None
+
+
 class Server:
     """One llama-server process: started, waited for, queried, stopped."""
 
@@ -83,20 +94,17 @@ class Server:
         server_args: Sequence[str],
         *,
         env: Mapping[str, str] | None = None,
-        log_file: Path | None = None,
-        echo: bool = False,
+        log: ServerLog = ServerLog(),
         startup_timeout: float = 600.0,
         cwd: Path | None = None,
         verbose_proof: bool = True,
-        log_max_bytes: int | None = None,
     ) -> None:
         self.binary = Path(os.path.abspath(binary))  # "./llama-server" must not become a PATH lookup
         self.env = dict(env or {})
         # verbose_proof: add -lv 4 (the INFO lines) unless a verbosity was chosen; serve proves from /metrics instead
         self.server_args, self.verbosity = with_verbosity(server_args, self.env, add=verbose_proof)
-        self.log_max_bytes = log_max_bytes
-        self.log_file = log_file
-        self.echo = echo
+        self.log = log
+        self.log_file = log.file
         self.startup_timeout = startup_timeout
         self.cwd = cwd
         host = _arg_value(self.server_args, "--host") or DEFAULT_HOST
@@ -152,17 +160,15 @@ class Server:
 
     def start(self) -> "Server":
         self._precheck()
-        on_line = (lambda line: print(line, file=sys.stderr, flush=True)) if self.echo else None
+        on_line = (lambda line: print(line, file=sys.stderr, flush=True)) if self.log.echo else None
         self.proc = runner.start(
             [self.binary, *self.server_args],
-            env=self.env,
-            log_file=self.log_file,
-            on_line=on_line,
-            keep=logparse.is_read,
-            error=ServeError,
             cwd=self.cwd,
-            what=f"cannot start {self.binary}",
-            log_max_bytes=self.log_max_bytes,
+            env=self.env,
+            pump=runner.Pump(
+                log_file=self.log.file, on_line=on_line, keep=logparse.is_read, log_max_bytes=self.log.max_bytes
+            ),
+            failure=runner.Failure(ServeError, what=f"cannot start {self.binary}"),
         )
         try:
             self.wait_ready()

@@ -157,14 +157,16 @@ def measure_ceiling(nbytes: int = 256 << 20, link: shaper.Link | None = None) ->
     import tempfile
 
     from ..foundations.net import free_port
-    from ..foundations.runner import start
+    from ..foundations.runner import Failure, start
 
     port = free_port()
     sh: shaper.Shaper | None = None
     with tempfile.TemporaryDirectory(prefix="ggml-bridge-ceiling-") as tmp:
         ends = Path(tmp) / "ends.py"
         ends.write_text(_ENDS)
-        proc = start([sys.executable, ends, str(nbytes), str(port)], error=RpcError, what="cannot measure the shaper")
+        proc = start(
+            [sys.executable, ends, str(nbytes), str(port)], failure=Failure(RpcError, what="cannot measure the shaper")
+        )
         try:
             deadline = time.monotonic() + 30
             while not proc.lines() and proc.poll() is None and time.monotonic() < deadline:

@@ -111,9 +111,7 @@ def hello(ep: Endpoint, timeout: float = CONNECT_TIMEOUT) -> tuple[int, int, int
             fix="check the address, the network and the host's firewall",
         ) from None
     except OSError as e:
-        raise RpcError(
-            f"{where}: cannot connect", why=e.strerror or str(e), fix="check the address and the network"
-        ) from None
+        raise RpcError.of_os(e, f"{where}: cannot connect", fix="check the address and the network") from None
     with sock:
         try:
             sock.settimeout(timeout)
@@ -129,9 +127,9 @@ def hello(ep: Endpoint, timeout: float = CONNECT_TIMEOUT) -> tuple[int, int, int
                 fix="check that the port is an rpc-server's and that no other llama.cpp client uses it",
             ) from None
         except OSError as e:
-            raise RpcError(
+            raise RpcError.of_os(
+                e,
                 f"{where}: the RPC handshake failed",
-                why=e.strerror or str(e),
                 fix="check that the port is an rpc-server's",
             ) from None
     if len(body) != HELLO_RSP_SIZE:
@@ -213,7 +211,10 @@ class LocalRpcServer:
         if self.log_file:
             self.log_file.unlink(missing_ok=True)
         self.proc = runner.start(
-            self.argv(), env=self.env, log_file=self.log_file, error=RpcError, what=f"cannot start {self.binary}"
+            self.argv(),
+            env=self.env,
+            pump=runner.Pump(log_file=self.log_file),
+            failure=runner.Failure(RpcError, what=f"cannot start {self.binary}"),
         )
         deadline = time.monotonic() + timeout
         while True:

@@ -31,7 +31,7 @@ from ..foundations.config import Settings
 from ..foundations.errors import ServeError, UsageError, os_reason
 from ..foundations.runner import log
 from . import modes, rpc
-from .llama_server import CONTRACT_VERBOSITY, Server
+from .llama_server import CONTRACT_VERBOSITY, Server, ServerLog
 from .modes import Selectors
 from .proof import Engagement, check_engagement, prove_allreduce, splits_by_tensor
 from .shaper import parse_link
@@ -203,9 +203,11 @@ def run(opts: ServeOptions, settings: Settings) -> int:
             [binary, *server_args],
             env=env,
             check=False,
-            capture=False,
-            error=UsageError if opts.server is not None else ServeError,
-            what=f"--server {binary} cannot be run" if opts.server is not None else f"cannot run {binary}",
+            output=runner.Output(capture=False),
+            failure=runner.Failure(
+                UsageError if opts.server is not None else ServeError,
+                what=f"--server {binary} cannot be run" if opts.server is not None else f"cannot run {binary}",
+            ),
         ).returncode
     proof = sel.any_set or opts.check
     metrics_added = False
@@ -218,12 +220,10 @@ def run(opts: ServeOptions, settings: Settings) -> int:
         binary,
         server_args + (topo.server_args() if topo else []),
         env={**env, **front_env(opts.rpc)},
-        log_file=opts.server_log,
-        echo=True,
+        log=ServerLog(opts.server_log, echo=True, max_bytes=int(cap * (1 << 20)) if cap else None),
         startup_timeout=opts.startup_timeout,
         # -sm tensor: the all-reduce path is said only at INFO level (upstream exports no counter of it)
         verbose_proof=opts.check and splits_by_tensor(server_args, os.environ),
-        log_max_bytes=int(cap * (1 << 20)) if cap else None,
     )
     if metrics_added:
         log(f"ggml-bridge: added {METRICS_FLAG}: the engagement proof reads the transfer counters on /metrics")

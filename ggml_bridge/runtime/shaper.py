@@ -405,9 +405,9 @@ class Shaper:
             sock.bind((self.listen_host, self.listen_port))
         except OSError as e:
             sock.close()
-            raise RpcError(
+            raise RpcError.of_os(
+                e,
                 f"link shaper: cannot listen on {self.listen_host}:{self.listen_port}",
-                why=e.strerror or str(e),
                 fix="choose a free port (or 0 for any)",
             ) from None
         sock.listen(16)

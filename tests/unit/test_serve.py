@@ -321,7 +321,7 @@ def test_runner_start_stop_kills_a_process_that_ignores_sigterm(tmp_path):
         "print('ready', flush=True)\ntime.sleep(60)\n"
     )
     seen = []
-    p = runner.start([sys.executable, "-c", code], on_line=seen.append, log_file=tmp_path / "log")
+    p = runner.start([sys.executable, "-c", code], pump=runner.Pump(log_file=tmp_path / "log", on_line=seen.append))
     t0 = time.monotonic()
     while "ready" not in seen and time.monotonic() - t0 < 10:
         time.sleep(0.05)
@@ -337,7 +337,7 @@ def test_runner_settle_waits_for_the_burst_of_lines_and_no_longer(tmp_path):
     from ggml_bridge.foundations import runner
 
     code = "import sys, time\nprint('a', flush=True)\ntime.sleep(0.15)\nprint('b', flush=True)\ntime.sleep(60)\n"
-    p = runner.start([sys.executable, "-c", code], keep=True)
+    p = runner.start([sys.executable, "-c", code], pump=runner.Pump(keep=True))
     try:
         t0 = time.monotonic()
         while "a" not in p.lines() and time.monotonic() - t0 < 10:
@@ -347,7 +347,7 @@ def test_runner_settle_waits_for_the_burst_of_lines_and_no_longer(tmp_path):
     finally:
         p.stop(timeout=1.0)
     chatty = "import time\nwhile True:\n    print('x', flush=True)\n    time.sleep(0.01)\n"
-    q = runner.start([sys.executable, "-c", chatty], keep=False)
+    q = runner.start([sys.executable, "-c", chatty], pump=runner.Pump(keep=False))
     try:
         t0 = time.monotonic()
         q.settle(quiet=0.2, limit=0.5)
@@ -360,7 +360,7 @@ def test_runner_start_missing_binary(tmp_path):
     from ggml_bridge.foundations import runner
 
     with pytest.raises(ServeError, match="cannot run"):
-        runner.start([tmp_path / "nope"], error=ServeError)
+        runner.start([tmp_path / "nope"], failure=runner.Failure(ServeError))
 
 
 def test_verbosity_added_unless_chosen(monkeypatch):
@@ -488,7 +488,7 @@ def test_server_log_in_a_missing_folder_fails_before_starting(fake):
     s = llama_server.Server(
         fake.server,
         srv_args(fake.model, llama_server.free_port()),
-        log_file=fake.tmp / "nope" / "server.log",
+        log=llama_server.ServerLog(fake.tmp / "nope" / "server.log"),
         startup_timeout=10,
     )
     with pytest.raises(UsageError, match="--server-log .*nope.* does not exist"):
@@ -524,7 +524,7 @@ def test_server_output_is_not_all_kept_in_memory(fake, monkeypatch, tmp_path):
     with llama_server.Server(
         fake.server,
         srv_args(fake.model, llama_server.free_port()),
-        log_file=log,
+        log=llama_server.ServerLog(log),
         env=modes.selector_env("force", None),
         startup_timeout=30,
     ) as s:
@@ -541,7 +541,7 @@ def test_runner_keeps_a_bounded_head_and_tail(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runner.Process, "KEEP_HEAD", 5)
     monkeypatch.setattr(runner.Process, "KEEP_TAIL", 5)
-    p = runner.start([sys.executable, "-c", "for i in range(1000): print(i)"], keep=True)
+    p = runner.start([sys.executable, "-c", "for i in range(1000): print(i)"], pump=runner.Pump(keep=True))
     p.wait(20)
     assert p.lines() == [str(i) for i in (*range(5), *range(995, 1000))] and p.dropped == 990
 
@@ -552,7 +552,9 @@ def test_server_log_is_rotated_at_its_cap(tmp_path):
 
     code = "import sys\nfor i in range(5000):\n    print('x' * 99)\n"
     log_file = tmp_path / "server.log"
-    p = runner.start([sys.executable, "-c", code], log_file=log_file, keep=False, log_max_bytes=100_000)
+    p = runner.start(
+        [sys.executable, "-c", code], pump=runner.Pump(log_file=log_file, keep=False, log_max_bytes=100_000)
+    )
     assert p.wait(30) == 0
     sizes = [log_file.stat().st_size, (tmp_path / "server.log.1").stat().st_size]
     assert all(0 < n <= 100_000 for n in sizes) and p.rotations == 4
@@ -744,7 +746,7 @@ def test_the_log_pump_survives_a_full_disk(tmp_path, capfd):
     """ENOSPC at the write of the log (/dev/full: the kernel's full disk): the pump says once that the log stopped
     and keeps draining the child's output; it used to die, and the child blocked on its next write."""
     code = "import sys\nfor i in range(40000): sys.stdout.write('%06d the same line, again and again\\n' % i)\n"
-    p = runner.start([sys.executable, "-c", code], log_file=Path("/dev/full"), keep=False, tail=5)
+    p = runner.start([sys.executable, "-c", code], pump=runner.Pump(log_file=Path("/dev/full"), keep=False, tail=5))
     try:
         rc = p.wait(timeout=30)
     finally:

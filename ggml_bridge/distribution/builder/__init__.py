@@ -112,10 +112,7 @@ def ensure(
     srcs = plan.sources(
         settings,
         patched=v.patched,
-        source_spec=source_spec,
-        allow_unpinned=allow_unpinned,
-        series=series,
-        discard_changes=discard_changes,
+        options=plan.SourceOptions(source_spec, allow_unpinned, series, discard_changes),
         variants=[v],
     )
     return build(settings, plan.single(settings, target, v, srcs), record_latest=record_latest)

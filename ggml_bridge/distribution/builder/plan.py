@@ -74,22 +74,32 @@ class Sources:
     """The test-only series of the baseline variants (``Variant.test_patches``) applied to the tree, by variant."""
 
 
+@dataclass(frozen=True)
+class SourceOptions:
+    """Which tree and which series: ``source_spec``/``allow_unpinned`` as :func:`ggml_bridge.upstream.fetch.obtain`
+    takes them, ``series`` replacing the project's, and ``discard_changes`` letting
+    :func:`ggml_bridge.upstream.patch.apply_series` delete a patched work tree holding edits."""
+
+    source_spec: str | None = None
+    allow_unpinned: bool = False
+    series: patchmod.Series | None = None
+    discard_changes: bool = False
+
+
 def sources(
     settings: Settings,
     *,
     patched: bool,
     ui_of_patched: bool = True,
-    source_spec: str | None = None,
-    allow_unpinned: bool = False,
-    series: patchmod.Series | None = None,
-    discard_changes: bool = False,
+    options: SourceOptions = SourceOptions(),
     variants: Sequence[modes.Variant] = (),
 ) -> Sources:
-    """Fetch the tree (:func:`ggml_bridge.upstream.fetch.obtain`), apply the series with ``patched`` (``series`` replaces the
-    project's), the test-only series of the baseline ``variants`` among those given, and the UI of the patched tree
-    (``ui_of_patched``) or of the pristine one."""
-    tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
-    applied = patchmod.apply_series(settings, tree, series, discard_changes=discard_changes) if patched else None
+    """Fetch the tree (:func:`ggml_bridge.upstream.fetch.obtain`), apply the series with ``patched`` (``options.series``
+    replaces the project's), the test-only series of the baseline ``variants`` among those given, and the UI of the
+    patched tree (``ui_of_patched``) or of the pristine one."""
+    o = options
+    tree = fetchmod.obtain(settings, o.source_spec, o.allow_unpinned)
+    applied = patchmod.apply_series(settings, tree, o.series, discard_changes=o.discard_changes) if patched else None
     baselines = {
         v.name: patchmod.apply_series(settings, tree, patchmod.read_series(settings.patches_dir / v.test_patches))
         for v in variants
@@ -148,7 +158,7 @@ def single(settings: Settings, target: Target, variant: modes.Variant, srcs: Sou
     """The plan of a build of ``variant`` in its own tree."""
     draft = BuildPlan(variant, target.backend, target.tools, srcs, (), "", tuple(settings.build.targets))
     args = cmake_args(settings, draft.src, variant, target.backend, target.tools)
-    key = build_key(srcs.tree, draft.series, variant.name, target.backend, args, target.tools, srcs.ui, draft.targets)
+    key = build_key(srcs, draft.series, target, variant.name, args, draft.targets)
     return dataclasses.replace(draft, cmake_args=tuple(args), key=key)
 
 
@@ -170,13 +180,11 @@ def shared(settings: Settings, target: Target, srcs: Sources) -> tuple[BuildPlan
         args[d.variant.name] = tuple([a for a in full if not a.startswith("-DBUILD_SHARED_LIBS=")] + [STATIC])
     baseline_hashes = ",".join(b.series.hash for b in srcs.baselines.values())
     key = build_key(
-        srcs.tree,
+        srcs,
         srcs.patched.series if srcs.patched else None,
+        target,
         "shared:" + ",".join(args) + (f";baselines:{baseline_hashes}" if baseline_hashes else ""),
-        target.backend,
         [a for name, vargs in args.items() for a in [name, *vargs]],
-        target.tools,
-        srcs.ui,
         targets,
     )
     return tuple(dataclasses.replace(d, cmake_args=args[d.variant.name], key=key) for d in drafts)
@@ -240,24 +248,25 @@ def variant_options(variant: modes.Variant, cmakelists: str | None = None) -> di
 
 
 def build_key(
-    tree: fetchmod.Tree,
+    srcs: Sources,
     series: patchmod.Series | None,
+    target: Target,
     variant: str,
-    backend: str,
     args: Sequence[str],
-    tools: Toolchain,
-    ui: uimod.UiAssets | None = None,
     targets: Sequence[str] = (),
 ) -> str:
-    """The build's identity: the inputs that change its binaries (``tests/unit/test_build_plan.py`` holds the keys
-    of fixed inputs, so that a refactoring cannot invalidate every cached build)."""
+    """The build's identity: the inputs that change its binaries (the tree and the web UI of ``srcs``, the series
+    applied, the backend and the tools' versions of ``target``, the variant's name, its CMake arguments and the
+    programs built; ``tests/unit/test_build_plan.py`` holds the keys of fixed inputs, so that a refactoring cannot
+    invalidate every cached build)."""
+    tree, tools = srcs.tree, target.tools
     ident: dict[str, Any] = {
-        "ui": ui.sha256 if ui else None,
+        "ui": srcs.ui.sha256 if srcs.ui else None,
         "tree": tree.key,
         "content": tree.content_sha256,
         "series": series.hash if series else None,
         "variant": variant,
-        "backend": backend,
+        "backend": target.backend,
         "cmake_args": list(args),
         "generator": "Ninja",
         "cc": tools.cc.version,

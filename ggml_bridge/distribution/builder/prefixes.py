@@ -128,15 +128,16 @@ def _build_one(
         listed = runner.run(
             [ctest, "--test-dir", build_dir, "-N", "-L", label],
             check=False,
-            error=ToolchainError,
-            fix="ctest comes with cmake: install cmake's ctest beside it",
+            failure=runner.Failure(ToolchainError, fix="ctest comes with cmake: install cmake's ctest beside it"),
         ).stdout
         if not re.search(r"Total Tests: [1-9]", listed):
             continue
         ctest_log = out_dir / f"ctest-{k}-{label}.log"
         ctest_log.write_text("")
         res = runner.run(
-            [ctest, "--test-dir", build_dir, "-L", label, "--output-on-failure"], check=False, log_file=ctest_log
+            [ctest, "--test-dir", build_dir, "-L", label, "--output-on-failure"],
+            check=False,
+            output=runner.Output(log_file=ctest_log),
         )
         outcome = "passed" if res.returncode == 0 else f"FAILED ({ctest_log.name})"
         if re.search(r"Not Run|Skipped|SKIP", ctest_log.read_text(errors="replace")):

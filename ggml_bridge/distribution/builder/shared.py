@@ -11,7 +11,7 @@ from typing import Sequence
 from ...foundations import cache, gitrepo
 from ...foundations.config import Settings
 from ...foundations.errors import BuildError, UsageError
-from ...foundations.runner import log, run, step
+from ...foundations.runner import Failure, Output, log, run, step
 from ...runtime import modes
 from ...upstream import fetch as fetchmod
 from ...upstream import patch as patchmod
@@ -80,10 +80,7 @@ def ensure_shared(
         settings,
         patched=any(v.patched for v in target.variants),
         ui_of_patched=False,
-        source_spec=source_spec,
-        allow_unpinned=allow_unpinned,
-        series=series,
-        discard_changes=discard_changes,
+        options=plan.SourceOptions(source_spec, allow_unpinned, series, discard_changes),
         variants=target.variants,
     )
     plans = plan.shared(settings, target, srcs)
@@ -219,7 +216,7 @@ def _nopeer_relink(
     bin_dir.mkdir(parents=True, exist_ok=True)
 
     def command(target: str) -> str:
-        res = run([tools.ninja.path, "-C", build_dir, "-t", "commands", target], error=BuildError)
+        res = run([tools.ninja.path, "-C", build_dir, "-t", "commands", target], failure=Failure(BuildError))
         return res.stdout.strip().splitlines()[-1]
 
     compile_cmd = command(NOPEER_OBJECT)
@@ -245,7 +242,7 @@ def _nopeer_relink(
         compile_cmd = compile_cmd.replace(str(own), str(instead))
     _shell(compile_cmd, build_dir, log_file, env)
     shutil.copy2(build_dir / NOPEER_LIBRARY, side / "libggml-cuda.a")
-    run(["ar", "r", "libggml-cuda.a", "ggml-cuda.cu.o"], cwd=side, error=BuildError)
+    run(["ar", "r", "libggml-cuda.a", "ggml-cuda.cu.o"], cwd=side, failure=Failure(BuildError))
     out = {}
     for t in targets:
         link = command(f"bin/{t}")
@@ -264,7 +261,14 @@ def _nopeer_relink(
 def _shell(command: str, cwd: Path, log_file: Path, env: dict[str, str]) -> None:
     """One compile or link command exactly as ninja would run it (``ninja -t commands``)."""
     note(log_file, ["sh", "-c", command])
-    res = run(["sh", "-c", command], cwd=cwd, check=False, log_file=log_file, error=BuildError, env=env)
+    res = run(
+        ["sh", "-c", command],
+        cwd=cwd,
+        check=False,
+        env=env,
+        output=Output(log_file=log_file),
+        failure=Failure(BuildError),
+    )
     if res.returncode != 0:
         raise build_failed(
             "a NO_PEER_COPY compile or link failed",

@@ -14,7 +14,7 @@ from ... import __version__
 from ...foundations import cache, files
 from ...foundations.config import BUILD_TARGETS, Settings
 from ...foundations.errors import BuildError
-from ...foundations.runner import log, run
+from ...foundations.runner import Failure, Output, log, run
 from ...foundations.tomlfile import Key
 from ...upstream import fetch as fetchmod
 from ...upstream import patch as patchmod
@@ -70,7 +70,7 @@ def configure(
         *args,
     ]
     note(log_file, argv)
-    res = run(argv, check=False, log_file=log_file, error=BuildError, env=env)
+    res = run(argv, check=False, env=env, output=Output(log_file=log_file), failure=Failure(BuildError))
     if res.returncode != 0:
         raise build_failed(
             "CMake configure failed",
@@ -81,7 +81,7 @@ def configure(
 
 
 def select_targets(tools: Toolchain, build_dir: Path, log_file: Path, only: Sequence[str] = ()) -> list[str]:
-    res = run([tools.ninja.path, "-C", build_dir, "-t", "targets", "all"], error=BuildError)
+    res = run([tools.ninja.path, "-C", build_dir, "-t", "targets", "all"], failure=Failure(BuildError))
     defined = {line.split(":", 1)[0].strip() for line in res.stdout.splitlines() if ":" in line}
     missing = [t for t in REQUIRED_TARGETS if t not in defined]
     if missing:
@@ -104,7 +104,9 @@ def compile_targets(
     progress = Progress()
     argv = [str(tools.ninja.path), "-C", str(build_dir), "-j", str(jobs), *targets]
     note(log_file, argv)
-    res = run(argv, check=False, log_file=log_file, on_line=progress, error=BuildError, env=env)
+    res = run(
+        argv, check=False, env=env, output=Output(log_file=log_file, on_line=progress), failure=Failure(BuildError)
+    )
     if res.returncode != 0:
         raise build_failed(
             "the compile failed",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...foundations.errors import ToolchainError
-from ...foundations.runner import log, run
+from ...foundations.runner import Failure, log, run
 from ...runtime import modes
 
 #: seconds a compiler's or nvcc's ``--version`` may take (a hung network mount of the toolkit)
@@ -124,8 +124,7 @@ def detect_cuda() -> CudaToolkit | None:
         [real, "--version"],
         check=False,
         timeout=VERSION_TIMEOUT_S,
-        error=ToolchainError,
-        what=f"{real} --version did not answer within {VERSION_TIMEOUT_S:g} s",
+        failure=Failure(ToolchainError, what=f"{real} --version did not answer within {VERSION_TIMEOUT_S:g} s"),
     )
     m = re.search(r"release (\d+\.\d+)", res.stdout)
     version = m.group(1) if m else "unknown"
@@ -286,7 +285,7 @@ def _compiler(var: str, names: tuple[str, ...]) -> Tool:
                 why=f"none of {', '.join(names)} is on PATH",
                 fix="install gcc and g++ (Debian: apt-get install build-essential) or set CC/CXX",
             )
-    res = run([path, "--version"], check=False, timeout=VERSION_TIMEOUT_S, error=ToolchainError)
+    res = run([path, "--version"], check=False, timeout=VERSION_TIMEOUT_S, failure=Failure(ToolchainError))
     first = (res.stdout or res.stderr).strip().splitlines()
     if res.returncode != 0 or not first:
         raise ToolchainError(

@@ -77,7 +77,7 @@ def run_case(proc: Process, reps: int, warmup: int = 0) -> tuple[CaseRun, list[S
     started = time.time()
     t0 = time.monotonic()
     try:
-        res = runner.run(argv, env=env, check=False, error=BenchError, timeout=proc.timeout)
+        res = runner.run(argv, env=env, check=False, timeout=proc.timeout, failure=runner.Failure(BenchError))
         seconds = time.monotonic() - t0
         err_path.write_text(res.stderr)
         virtual = modes.CUDA_DEVICES in env

@@ -79,7 +79,11 @@ class Process:
         its stdout and stderr to the log of ``measure``."""
         started, t0 = time.time(), time.monotonic()
         res = runner.run(
-            argv, env={**self.base_env, **selectors.env()}, check=False, error=BenchError, timeout=self.timeout
+            argv,
+            env={**self.base_env, **selectors.env()},
+            check=False,
+            timeout=self.timeout,
+            failure=runner.Failure(BenchError),
         )
         seconds = time.monotonic() - t0
         log = self.log_path(measure)

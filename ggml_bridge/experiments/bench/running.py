@@ -98,7 +98,9 @@ def microbench(bin_dir: Path, base_env: dict[str, str], out_dir: Path) -> list[C
         return []
     rows: list[CopyRate] = []
     for label, extra in (("", {}), ("-p2p", {modes.CUDA_P2P: "1"})):
-        res = runner.run([str(exe), "--bench"], env={**base_env, **extra}, check=False, error=BenchError)
+        res = runner.run(
+            [str(exe), "--bench"], env={**base_env, **extra}, check=False, failure=runner.Failure(BenchError)
+        )
         (out_dir / f"microbench{label}.csv").write_text(res.stdout)
         if res.returncode != 0:
             log(f"    microbenchmark{label} exited {res.returncode}")

@@ -16,7 +16,7 @@ from ...foundations.net import DEFAULT_HOST
 from ...foundations.tomlfile import Key
 from ...runtime import logparse, modes
 from ...runtime.engagement import BATCHED, BRIDGE, from_metrics
-from ...runtime.llama_server import Server, free_port
+from ...runtime.llama_server import Server, ServerLog, free_port
 from ..ladder.inputs import make_words
 from .measure import TEXT_SEED, Inputs, Job, Plain, Process, device_args
 from .stats import CaseRun, Sample
@@ -62,7 +62,7 @@ def server(proc: Process) -> tuple[CaseRun, list[Sample]]:
         proc.bin_dir / "llama-server",
         args,
         env={**proc.base_env, **case.env()},
-        log_file=proc.log_path("server"),
+        log=ServerLog(proc.log_path("server")),
         startup_timeout=timeout,
         verbose_proof=False,  # as users run it; the proof reads /metrics (-lv 4 logs per request, which costs)
     )

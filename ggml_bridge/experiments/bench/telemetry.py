@@ -18,7 +18,7 @@ def n_gpus() -> int:
     smi = shutil.which("nvidia-smi")
     if not smi:
         return 0
-    out = runner.run([smi, "-L"], check=False, error=BenchError)
+    out = runner.run([smi, "-L"], check=False, failure=runner.Failure(BenchError))
     return len([x for x in out.stdout.splitlines() if x.startswith("GPU ")]) if out.returncode == 0 else 0
 
 
@@ -28,14 +28,16 @@ def gpu_env() -> dict[str, Any]:
     if not smi:
         return {}
     q = "index,name,driver_version,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max"
-    out = runner.run([smi, f"--query-gpu={q}", "--format=csv,noheader"], check=False, error=BenchError)
+    out = runner.run(
+        [smi, f"--query-gpu={q}", "--format=csv,noheader"], check=False, failure=runner.Failure(BenchError)
+    )
     if out.returncode != 0:
         return {}
     keys = q.split(",")
     gpus = [
         dict(zip(keys, [v.strip() for v in line.split(",")], strict=False)) for line in out.stdout.strip().splitlines()
     ]
-    topo = runner.run([smi, "topo", "-m"], check=False, error=BenchError).stdout
+    topo = runner.run([smi, "topo", "-m"], check=False, failure=runner.Failure(BenchError)).stdout
     return {"gpus": gpus, "topology": logparse.ANSI.sub("", topo)}
 
 
@@ -73,7 +75,7 @@ class Telemetry:
         probe = runner.run(
             [smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-c", "1"],
             check=False,
-            error=BenchError,
+            failure=runner.Failure(BenchError),
         )
         if probe.returncode != 0:
             fields.remove("clocks_event_reasons.active")
@@ -81,9 +83,8 @@ class Telemetry:
         self.csv.write_text("time," + ",".join(fields) + "\n")
         self.proc = runner.start(
             [smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-lms", str(self.interval_ms)],
-            on_line=self._line,
-            keep=False,
-            error=BenchError,
+            pump=runner.Pump(on_line=self._line, keep=False),
+            failure=runner.Failure(BenchError),
         )
         deadline = time.monotonic() + 10  # the first process is sampled from its start
         while not self.rows and time.monotonic() < deadline and self.proc.popen.poll() is None:

@@ -165,7 +165,11 @@ def list_devices(b: Build, extra: Sequence[str] = (), env: Mapping[str, str] | N
     out = Listing(b)
     try:
         res = runner.run(
-            [b.server, *extra, "--list-devices"], env=env, check=False, timeout=LIST_TIMEOUT_S, error=ServeError
+            [b.server, *extra, "--list-devices"],
+            env=env,
+            check=False,
+            timeout=LIST_TIMEOUT_S,
+            failure=runner.Failure(ServeError),
         )
     except ServeError as e:  # it did not return (an RPC endpoint that stalls after the handshake) or cannot run
         out.problem = f"`{b.server.name} {' '.join([*extra, '--list-devices'])}`: {e}"

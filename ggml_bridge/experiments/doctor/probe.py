@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from ...foundations.runner import log, start
+from ...foundations.runner import Failure, Pump, log, start
 
 PREFIX = "probe: "
 #: the only format version this parser reads (``probe: begin version=N``)
@@ -307,10 +307,8 @@ def run(spec: ProbeRun) -> ProbeResult:
     proc = start(
         argv,
         env=dict(spec.env),
-        log_file=spec.log_file,
-        keep=lambda line: PREFIX in line,
-        tail=40,
-        what=f"cannot run the probe {spec.program}",
+        pump=Pump(log_file=spec.log_file, keep=lambda line: PREFIX in line, tail=40),
+        failure=Failure(what=f"cannot run the probe {spec.program}"),
     )
     timed_out = False
     try:

@@ -15,7 +15,7 @@ from ...runtime import modes
 from . import cost, split_mode
 from .facts import Findings
 from .inventory import ListedDevice
-from .probe import LARGE, SMALL, ProbeResult
+from .probe import LARGE, SMALL, ProbeResult, Timing
 from .split_mode import SplitModeAdvice
 
 MiB = 1 << 20
@@ -347,17 +347,16 @@ def _boundary(f: Findings, rec: Recommendation, a: ListedDevice, b: ListedDevice
     db = p.devices.get(ib) if ib is not None else None
     if ia is None or ib is None or da is None or db is None:
         return Boundary(a.name, b.name, "bridge", None, None, None, "not measured (device not probed)")
+    edge = _Edge(a.name, b.name, ia, ib, tok, ub)
     if da.gpu == db.gpu:
-        return _interpolated(
-            p, a.name, b.name, ia, ib, "upstream", "device-local copy (virtual devices of one GPU)", tok, ub
-        )
+        return _interpolated(p, edge, "upstream", "device-local copy (virtual devices of one GPU)")
     bad = (min(da.gpu, db.gpu), max(da.gpu, db.gpu)) in p.bad_pairs()
     if rec.p2p and not bad and (da.gpu, db.gpu) in p.verdicts:
-        return _interpolated(p, a.name, b.name, ia, ib, "p2p", "direct peer copy", tok, ub)
+        return _interpolated(p, edge, "p2p", "direct peer copy")
     la, lb = _first_of_gpu(p, da.gpu), _first_of_gpu(p, db.gpu)
     down = [p.link(la, "d2h", s) for s in (SMALL, LARGE)]
     up = [p.link(lb, "h2d", s) for s in (SMALL, LARGE)]
-    measured = p.copy(ia, ib, "bridge", SMALL) or p.copy(ib, ia, "bridge", SMALL)
+    measured = edge.copy(p, "bridge", SMALL)
     if not all(t is not None and t.gbps > 0 for t in down + up):
         return Boundary(a.name, b.name, "bridge", None, None, measured.us if measured else None, "links not measured")
     Bd, Ld = cost.link_constants((SMALL, down[0].us), (LARGE, down[1].gbps))  # type: ignore[union-attr]
@@ -378,16 +377,36 @@ def _first_of_gpu(p: ProbeResult, gpu: int) -> int:
     return min(d.dev for d in p.devices.values() if d.gpu == gpu)
 
 
-def _interpolated(
-    p: ProbeResult, a: str, b: str, ia: int, ib: int, path: str, words: str, tok: int, ub: int
-) -> Boundary:
-    small = p.copy(ia, ib, path, SMALL) or p.copy(ib, ia, path, SMALL)
-    large = p.copy(ia, ib, path, LARGE) or p.copy(ib, ia, path, LARGE)
+@dataclass(frozen=True)
+class _Edge:
+    """One boundary being costed: the devices either side (names, probe ordinals) and the bytes that cross it per
+    token (``tok``) and per ubatch (``ub``)."""
+
+    a: str
+    b: str
+    ia: int
+    ib: int
+    tok: int
+    ub: int
+
+    def copy(self, p: ProbeResult, path: str, size: int) -> Timing | None:
+        """The probe's copy of ``size`` bytes on ``path`` from a to b, else from b to a."""
+        return p.copy(self.ia, self.ib, path, size) or p.copy(self.ib, self.ia, path, size)
+
+
+def _interpolated(p: ProbeResult, e: _Edge, path: str, words: str) -> Boundary:
+    small, large = e.copy(p, path, SMALL), e.copy(p, path, LARGE)
     if small is None or large is None or large.gbps <= 0 or small.us <= 0:
-        return Boundary(a, b, words, None, None, small.us if small else None, "not measured")
+        return Boundary(e.a, e.b, words, None, None, small.us if small else None, "not measured")
     B, L = cost.link_constants((SMALL, small.us), (LARGE, large.gbps))
     return Boundary(
-        a, b, words, (L + tok / B) * 1e6, (L + ub / B) * 1e3, small.us, "measured copies (64 KiB, 16 MiB) interpolated"
+        e.a,
+        e.b,
+        words,
+        (L + e.tok / B) * 1e6,
+        (L + e.ub / B) * 1e3,
+        small.us,
+        "measured copies (64 KiB, 16 MiB) interpolated",
     )
 
 

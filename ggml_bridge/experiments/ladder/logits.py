@@ -48,10 +48,9 @@ class Logits:
         r = runner.run(
             pargs,
             env=job.env,
-            log_file=plog,
-            error=ServeError,
             timeout=rung.timeout,
-            what=f"llama-perplexity failed in mode {job.mode.name}",
+            output=runner.Output(log_file=plog),
+            failure=runner.Failure(ServeError, what=f"llama-perplexity failed in mode {job.mode.name}"),
         )
         if not logits.is_file() or logits.stat().st_size <= 20:
             raise ServeError(

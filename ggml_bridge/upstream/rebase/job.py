@@ -245,9 +245,9 @@ def _save_hand_edits(settings: Settings, state: dict[str, Any], wt: Path) -> Pat
         folder.mkdir(parents=True, exist_ok=True)
         cache.write_text_atomic(path, header + diff if diff.endswith("\n") else header + diff + "\n")
     except OSError as e:
-        raise CacheError(
+        raise CacheError.of_os(
+            e,
             f"cannot keep the stopped work tree's changes in {path}",
-            why=e.strerror or str(e),
             fix=f"nothing was removed: free space or fix permissions, or copy from {wt} and use --abort --discard",
         ) from None
     return path
