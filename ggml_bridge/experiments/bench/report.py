@@ -135,7 +135,7 @@ def _repetitions(report: Report) -> str:
     return f"{report.reps} llama-bench repetitions kept per round after {report.warmup_reps} discarded"
 
 
-def _wallclock_lines(settings: Mapping[str, Any], measures: Sequence[str]) -> list[str]:
+def _wallclock_lines(settings: Mapping[str, object], measures: Sequence[str]) -> list[str]:
     """How each measure besides llama-bench ran, as its module says (:meth:`.measure.Measure.describe`)."""
     described = (m.describe(settings) for m in MEASURES.values() if m.name in measures and m.name in settings)
     return [line for line in described if line]
