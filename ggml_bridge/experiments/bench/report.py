@@ -1,5 +1,5 @@
-"""The bench report: Markdown (with the --smi table and the microbenchmark), the plots, and ``--pool``'s
-pooling of several reports into one."""
+"""The bench report (:class:`.results.Report`) written: bench.json and bench.md (with the --smi table and the
+microbenchmark), the plots, and ``--pool``'s pooling of several reports into one."""
 
 from __future__ import annotations
 
