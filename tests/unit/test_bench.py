@@ -13,6 +13,7 @@ import pytest
 
 from ggml_bridge.experiments.bench import orchestrate, running, stats
 from ggml_bridge.experiments.bench import report as bench_report
+from ggml_bridge.experiments.bench.results import Report
 from ggml_bridge.experiments.bench.suite import Suite
 from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import BenchError, UsageError
@@ -200,7 +201,7 @@ def test_plot_microbench_only(tmp_path):
         "model": {"shape": "-"},
         "date": "2026-11-30",
     }
-    assert bench_report.plot(rep, tmp_path) == ["microbench.png"]
+    assert bench_report.plot(Report.from_json(rep), tmp_path) == ["microbench.png"]
     assert (tmp_path / "microbench.png").stat().st_size > 1000
 
 
@@ -417,6 +418,9 @@ def test_smi_records_the_gpu_state_of_every_process(variants, env, tmp_path, mon
     md = (tmp_path / "r" / "bench.md").read_text()
     assert "GPU state while the cases ran" in md and "| bridge | 1 | 2 | 1980 | 2619 | 97 | 350 | 45 |" in md
     assert (tmp_path / "r" / "logs" / "smi.csv").read_text().count("\n") == rep["smi"]["samples"] + 1
+    back = Report.from_json(rep)  # the GPU states read back as they were written (--pool)
+    assert json.dumps(back.to_json(), indent=1) == (tmp_path / "r" / "bench.json").read_text()
+    assert bench_report.render_markdown(back) == md
 
 
 def test_smi_without_nvidia_smi_is_one_clear_error(variants, env, tmp_path, monkeypatch):
@@ -467,6 +471,37 @@ def test_pool_refuses_reports_measured_differently(variants, env, tmp_path):
     assert "settings" in e.value.why
     with pytest.raises(BenchError, match="bench report .* not found"):
         orchestrate.bench(_args(pool=[tmp_path / "a", tmp_path / "nothing"], report=tmp_path / "p"), env.settings)
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_report_reads_back_as_it_was_written(variants, env, tmp_path):
+    """bench.json is written from the report once and read back once (--pool): what is read writes the same
+    bytes, and renders the same bench.md."""
+    rep = _report(_quick(variants, env, tmp_path / "a", rounds=2, cases=("upstream-p2p", "bridge")), env)
+    back = Report.from_json(rep)
+    assert json.dumps(back.to_json(), indent=1) == (tmp_path / "a" / "bench.json").read_text()
+    assert bench_report.render_markdown(back) == (tmp_path / "a" / "bench.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda r: r["samples"][0].update(values=["fast"]), "not a number"),
+        (lambda r: r["samples"][0].pop("test"), "has no 'test'"),
+        (lambda r: r["cases"][0].update(colour="red"), "not of its kind"),
+        (lambda r: r["runs"][0].update(gpus={"0": {"n": "many"}}), "not of its kind"),
+        (lambda r: r.update(model="m.gguf"), "not of its kind"),
+        (lambda r: r.update(smi={"interval_ms": 100}), "has no 'fields'"),
+    ],
+)
+def test_pool_a_damaged_report_is_one_line(variants, env, tmp_path, damage, why):
+    """A bench.json whose parts are not of their kind is a BenchError naming the file, not a traceback."""
+    rep = _report(_quick(variants, env, tmp_path / "a", cases=("upstream-p2p",)), env)
+    damage(rep)
+    (tmp_path / "b.json").write_text(json.dumps(rep))
+    with pytest.raises(BenchError, match=r"b\.json is not a bench report") as e:
+        orchestrate.bench(_args(pool=[tmp_path / "b.json"], report=tmp_path / "p"), env.settings)
+    assert why in e.value.why
     assert not (tmp_path / "p").exists()
 
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
 import os
 import platform
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from ...foundations import files
 from ...foundations.cache import file_sha256
@@ -20,7 +17,8 @@ from ...foundations.runner import log, step
 from ...runtime import modes, netbench
 from .measures import MEASURES, prepare_inputs
 from .options import BenchOptions, checked, ubatch_sizes
-from .report import plot, pool_reports, render_markdown
+from .report import plot, pool_reports, write
+from .results import CaseEntry, Model, Report, SmiRecord
 from .running import CopyRate, Setup, microbench, rounds
 from .stats import CaseRun, Sample, pool
 from .suite import Suite
@@ -293,11 +291,10 @@ def _bench(args: BenchOptions, settings: Settings) -> int:
     )
     micro = args.microbench and (gpus >= 2 or bool(virtual_devices))
     report = _measure(setup, suite_name, sel, args.smi, micro)
-    report |= {"cpus": args.cpus, "skipped": skipped}
-    return _write(report, out_dir)
+    return _write(dataclasses.replace(report, cpus=args.cpus, skipped=tuple(skipped)), out_dir)
 
 
-def _measure(setup: Setup, suite_name: str, sel: Selection, smi_ms: int | None, micro: bool) -> dict[str, Any]:
+def _measure(setup: Setup, suite_name: str, sel: Selection, smi_ms: int | None, micro: bool) -> Report:
     """The rounds (with --smi's sampling around them) and the boundary microbenchmark; the report."""
     runs: list[CaseRun] = []
     samples: list[Sample] = []
@@ -312,56 +309,38 @@ def _measure(setup: Setup, suite_name: str, sel: Selection, smi_ms: int | None, 
         with step("boundary microbenchmark"):
             mb = microbench(setup.bins[modes.PATCHED], setup.base_env, setup.logs)
     suite = setup.suite
-    settings: dict[str, Any] = {"pp": suite.pp, "batch": suite.batch, "ubatch": list(suite.ubatch), "tg": suite.tg}
+    settings: dict[str, object] = {"pp": suite.pp, "batch": suite.batch, "ubatch": list(suite.ubatch), "tg": suite.tg}
     settings["devices"] = suite.devices
     settings |= {m.name: dict(suite.tables[m.name]) for m in MEASURES.values() if m.name in suite.tables}
     if modes.CUDA_DEVICES in setup.base_env:
         settings[modes.CUDA_DEVICES] = int(setup.base_env[modes.CUDA_DEVICES])
-    return {
-        "suite": suite_name,
-        "about": suite.about,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        "host": platform.node(),
-        "rounds_planned": setup.rounds,
-        "stopped": stopped,
-        "time_budget": setup.time_budget,
-        "reps": None if sel.run_lengths else setup.reps,
-        "warmup_reps": 0 if sel.run_lengths else setup.warmup,
-        "run_lengths": list(sel.run_lengths) or None,
-        "shapes": list(sel.shapes),
-        "keyed_by_shape": sel.keyed_by_shape,
-        "measures": list(sel.measures),
-        "settings": settings,
-        "model": {"shape": ", ".join(setup.models), "path": str(next(iter(setup.models.values())))},
-        "models": {k: str(v) for k, v in setup.models.items()},
-        "environment": gpu_env(),
-        "links": netbench.report(list(setup.cases.values()), suite.rpc_servers, suite.rpc_front_gpu),
-        "cases": [asdict(_case_entry(c, setup.bins, runs)) for c in setup.cases.values()],
-        "manifests": _manifests(setup.bins),
-        **pool(list(setup.cases), samples, runs).to_json(),
-        "samples": [asdict(s) for s in samples],
-        "runs": [asdict(r) for r in runs],
-        "microbench": [asdict(r) for r in mb],
-        "smi": (
-            {"interval_ms": smi.interval_ms, "fields": smi.fields, "samples": len(smi.rows), "file": "logs/smi.csv"}
-            if smi is not None
-            else None
-        ),
-    }
-
-
-@dataclass(frozen=True)
-class CaseEntry:
-    """A case in the report: what it is, its binaries and what its processes said about engagement."""
-
-    name: str
-    variant: str
-    env: dict[str, str]
-    link: str | None
-    description: str
-    bin_dir: str
-    llama_bench_sha256: str
-    engagement: str
+    return Report(
+        suite=suite_name,
+        about=suite.about,
+        date=_dt.datetime.now(_dt.timezone.utc).isoformat(),
+        host=platform.node(),
+        rounds_planned=setup.rounds,
+        stopped=stopped,
+        time_budget=setup.time_budget,
+        reps=None if sel.run_lengths else setup.reps,
+        warmup_reps=0 if sel.run_lengths else setup.warmup,
+        run_lengths=sel.run_lengths or None,
+        shapes=sel.shapes,
+        keyed_by_shape=sel.keyed_by_shape,
+        measures=sel.measures,
+        settings=settings,
+        model=Model(", ".join(setup.models), str(next(iter(setup.models.values())))),
+        models={k: str(v) for k, v in setup.models.items()},
+        environment=gpu_env(),
+        links=netbench.report(list(setup.cases.values()), suite.rpc_servers, suite.rpc_front_gpu),
+        cases=tuple(_case_entry(c, setup.bins, runs) for c in setup.cases.values()),
+        manifests=_manifests(setup.bins),
+        figures=pool(list(setup.cases), samples, runs),
+        samples=tuple(samples),
+        runs=tuple(runs),
+        microbench=tuple(mb),
+        smi=SmiRecord(smi.interval_ms, tuple(smi.fields), len(smi.rows), "logs/smi.csv") if smi is not None else None,
+    )
 
 
 def _case_entry(c: Case, bins: dict[str, Path], runs: list[CaseRun]) -> CaseEntry:
@@ -378,16 +357,15 @@ def _case_entry(c: Case, bins: dict[str, Path], runs: list[CaseRun]) -> CaseEntr
     return CaseEntry(c.name, c.variant, c.env(), c.link, c.about, str(bins[c.variant]), sha256, engagement)
 
 
-def _write(report: dict[str, Any], out_dir: Path) -> int:
+def _write(report: Report, out_dir: Path) -> int:
     """bench.json, bench.md and the plots; BenchError when a case failed or did not engage."""
-    (out_dir / "bench.json").write_text(json.dumps(report, indent=1))
-    (out_dir / "bench.md").write_text(render_markdown(report))
-    report["plots"] = plot(report, out_dir)
+    write(report, out_dir)
+    plot(report, out_dir)
     log(f"==> report: {out_dir / 'bench.md'}")
     print(out_dir)
-    failed, not_engaged = report["failed"], report["not_engaged"]
+    failed, not_engaged = report.figures.failed, report.figures.not_engaged
     if failed:
-        programs = sorted({MEASURES[r.get("measure", "bench")].program for r in report["runs"] if r["rc"] != 0})
+        programs = sorted({MEASURES[r.measure].program for r in report.runs if r.rc != 0})
         raise BenchError(
             f"{' and '.join(programs)} failed for case(s) {', '.join(failed)}",
             fix=f"see the logs in {out_dir / 'logs'}",
@@ -401,10 +379,10 @@ def _write(report: dict[str, Any], out_dir: Path) -> int:
     return 0
 
 
-def _manifests(bins: dict[str, Path]) -> dict[str, Any]:
+def _manifests(bins: dict[str, Path]) -> dict[str, object]:
     """The build manifest of every variant (upstream commit, patches, series hash, cmake_args, ...), from next to
     its binaries where the build stage wrote it: what the figures were measured on."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for v, d in bins.items():
         for cand in (d / "manifest.json", d.parent / "manifest.json", d.parent.parent / "manifest.json"):
             m = files.read_record(cand) if cand.is_file() else None

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import random
 import statistics
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Mapping, Sequence
 
 from ...foundations.errors import BenchError
 from ...runtime import modes
+from .telemetry import GpuState
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,17 @@ class CaseRun:
     engagement: str  # what the log said
     log_tail: list[str] = field(default_factory=list)
     started: float = 0.0  # wall clock (epoch seconds) when the process started: lines runs up with GPU telemetry
-    gpus: dict[str, dict[str, Any]] = field(default_factory=dict)  # --smi: GPU state while it ran, by GPU index
+    gpus: dict[str, GpuState] = field(default_factory=dict)  # --smi: GPU state while it ran, by GPU index
     measure: str = "bench"  # bench (llama-bench), perplexity (llama-perplexity) or server (llama-server)
     shape: str = ""  # the model's shape where the run measured several
     run_length: int | None = None  # llama-bench -r N with every repetition kept (None: kept after discarded ones)
     detail: str = ""  # what the figure was made of (chunks, requests, tokens, seconds)
+
+    def to_json(self) -> dict[str, object]:
+        """The report's record (every field, the GPU states as theirs)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["gpus"] = {g: state.to_json() for g, state in self.gpus.items()}
+        return out
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,8 @@ def self_interval(
     return meds[int(0.025 * (resamples - 1))], meds[int(0.975 * (resamples - 1))]
 
 
-def test_key(r: dict[str, Any]) -> str:
+def test_key(r: Mapping[str, object]) -> str:
+    """The test of a row of llama-bench's JSON: ``ppN/ubU`` or ``tgN``."""
     if r.get("n_prompt"):
         return f"pp{r['n_prompt']}/ub{r['n_ubatch']}"
     return f"tg{r['n_gen']}"

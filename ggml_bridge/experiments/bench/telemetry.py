@@ -6,8 +6,9 @@ from __future__ import annotations
 import shutil
 import statistics
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Callable, Mapping, TypedDict
 
 from ...foundations import runner
 from ...foundations.errors import BenchError
@@ -22,7 +23,15 @@ def n_gpus() -> int:
     return len([x for x in out.stdout.splitlines() if x.startswith("GPU ")]) if out.returncode == 0 else 0
 
 
-def gpu_env() -> dict[str, Any]:
+class GpuEnv(TypedDict, total=False):
+    """The report's ``environment``: every GPU's row of nvidia-smi (by its query's field names) and the topology
+    (empty without nvidia-smi)."""
+
+    gpus: list[dict[str, str]]
+    topology: str
+
+
+def gpu_env() -> GpuEnv:
     """GPU, driver and link from nvidia-smi (empty when there is none)."""
     smi = shutil.which("nvidia-smi")
     if not smi:
@@ -39,6 +48,49 @@ def gpu_env() -> dict[str, Any]:
     ]
     topo = runner.run([smi, "topo", "-m"], check=False, failure=runner.Failure(BenchError)).stdout
     return {"gpus": gpus, "topology": logparse.ANSI.sub("", topo)}
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU while one process ran (:meth:`Telemetry.during`): the samples taken into account, the median SM and
+    memory clocks and utilisation, the peak power and temperature (None: no number in any sample), and how often
+    each throttle reason was active (None: the driver does not say)."""
+
+    n: int
+    sm_mhz: float | None = None
+    mem_mhz: float | None = None
+    util_pct: float | None = None
+    power_w_peak: float | None = None
+    temp_c_peak: float | None = None
+    reasons: dict[str, int] | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """The report's record: the figures there are."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> GpuState:
+        """The state :meth:`to_json` wrote; ValueError where a figure is not a number (a damaged report)."""
+        n, reasons = data.get("n"), data.get("reasons")
+        if not isinstance(n, int) or not (reasons is None or isinstance(reasons, dict)):
+            raise ValueError("a GPU state without its number of samples or with reasons that are not a table")
+        return cls(
+            n,
+            sm_mhz=_figure(data, "sm_mhz"),
+            mem_mhz=_figure(data, "mem_mhz"),
+            util_pct=_figure(data, "util_pct"),
+            power_w_peak=_figure(data, "power_w_peak"),
+            temp_c_peak=_figure(data, "temp_c_peak"),
+            reasons={str(k): int(v) for k, v in reasons.items()} if reasons is not None else None,
+        )
+
+
+def _figure(data: Mapping[str, object], key: str) -> float | None:
+    """``data[key]``: a number (as it was written) or None."""
+    v = data.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise ValueError(f"a GPU state whose {key} is not a number")
+    return v
 
 
 #: what --smi samples (nvidia-smi --query-gpu); the throttle reasons are left out where the driver lacks them
@@ -110,33 +162,33 @@ class Telemetry:
             self.proc.stop(timeout=5)
             self.proc = None
 
-    def during(self, t0: float, t1: float) -> dict[str, dict[str, Any]]:
+    def during(self, t0: float, t1: float) -> dict[str, GpuState]:
         """Per GPU over [t0, t1], the samples where it computed (utilisation >= 50 %; all when none did): the
         median SM and memory clocks and utilisation, the peak power and temperature, the throttle reasons."""
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, GpuState] = {}
         by_gpu: dict[str, list[dict[str, str]]] = {}
         for t, r in self.rows:
             if t0 <= t <= t1:
                 by_gpu.setdefault(r.get("index", "?"), []).append(r)
         for gpu, rows in sorted(by_gpu.items()):
             busy = [r for r in rows if _num(r.get("utilization.gpu")) >= 50] or rows
-            rec: dict[str, Any] = {"n": len(busy)}
-            for key, field_name, agg in (
-                ("sm_mhz", "clocks.sm", statistics.median),
-                ("mem_mhz", "clocks.mem", statistics.median),
-                ("util_pct", "utilization.gpu", statistics.median),
-                ("power_w_peak", "power.draw", max),
-                ("temp_c_peak", "temperature.gpu", max),
-            ):
-                xs = [_num(r.get(field_name)) for r in busy]
-                xs = [x for x in xs if x == x]  # NaN: "[N/A]"
-                if xs:
-                    rec[key] = agg(xs)
-            reasons = [r["clocks_event_reasons.active"] for r in busy if "clocks_event_reasons.active" in r]
-            if reasons:
-                rec["reasons"] = {k: reasons.count(k) for k in sorted(set(reasons))}
-            out[gpu] = rec
+            active = [r["clocks_event_reasons.active"] for r in busy if "clocks_event_reasons.active" in r]
+            out[gpu] = GpuState(
+                len(busy),
+                sm_mhz=_aggregate(busy, "clocks.sm", statistics.median),
+                mem_mhz=_aggregate(busy, "clocks.mem", statistics.median),
+                util_pct=_aggregate(busy, "utilization.gpu", statistics.median),
+                power_w_peak=_aggregate(busy, "power.draw", max),
+                temp_c_peak=_aggregate(busy, "temperature.gpu", max),
+                reasons={k: active.count(k) for k in sorted(set(active))} or None,
+            )
         return out
+
+
+def _aggregate(rows: list[dict[str, str]], field_name: str, agg: Callable[[list[float]], float]) -> float | None:
+    """``agg`` of the numbers of ``field_name`` in ``rows`` ("[N/A]" left out); None without any."""
+    xs = [x for x in (_num(r.get(field_name)) for r in rows) if x == x]  # NaN: "[N/A]"
+    return agg(xs) if xs else None
 
 
 def _num(text: str | None) -> float:
