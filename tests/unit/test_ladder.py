@@ -136,6 +136,21 @@ def test_reference_is_added_and_inline_shape(tmp_path):
     assert r.modes == ["off", "batched"] and r.shape.n_embd == 32
 
 
+def test_a_rungs_boolean_keys_set_its_kinds(tmp_path):
+    """perplexity, rpc_front_gpu and require_boundaries are written as booleans and read as what the rung does: the
+    artifacts it skips, where an rpc mode's front runs, what a bridge mode must show of its boundaries."""
+    body = "[[rung]]\nname='a'\nshape='tiny'\ndevices=1\nmodes=['off','rpc-off']\nrpc_servers=[['CPU']]\n"
+    (r,) = ladder.load_ladder(write_ladder(tmp_path / "l.toml", body)).rungs
+    assert (r.skips, r.rpc_front, r.boundaries) == (frozenset(), ladder.RpcFront.BARE, ladder.Boundaries.REQUIRED)
+    switched = body + "perplexity=false\nrpc_front_gpu=true\nrequire_boundaries=false\n"
+    (r,) = ladder.load_ladder(write_ladder(tmp_path / "l.toml", switched)).rungs
+    assert (r.skips, r.rpc_front, r.boundaries) == ({"logits"}, ladder.RpcFront.GPU, ladder.Boundaries.COUNTED)
+    with pytest.raises(LadderSetupError, match="rpc_front_gpu = 'yes' is not"):
+        ladder.load_ladder(write_ladder(tmp_path / "l.toml", body + "rpc_front_gpu='yes'\n"))
+    with pytest.raises(LadderSetupError, match="unknown key.*rpc_front"):  # the kinds are not keys of the file
+        ladder.load_ladder(write_ladder(tmp_path / "l.toml", body + "rpc_front='gpu'\n"))
+
+
 # --- inputs -------------------------------------------------------------------------------------------
 
 
@@ -451,6 +466,15 @@ def test_fake_gpu_ladder_passes(env, capsys):
     assert not list((env.tmp / "report").rglob("logits.bin"))  # removed after a pass
 
 
+def test_a_rung_without_perplexity_makes_no_logits(env):
+    rc, rep, md = run_ladder(env, GPU_LADDER + "perplexity = false\n", "--keep-logits")
+    r = rep["rungs"][0]
+    assert rc == 0 and r["status"] == "pass", r["problems"]
+    assert all(m["logits"] is None and "logits" not in m.get("compare", {}) for m in r["modes"].values())
+    assert r["modes"]["bridge"]["compare"]["responses"]["identical"]
+    assert not list((env.tmp / "report").rglob("logits.bin")) and not list((env.tmp / "report").rglob("perplexity.log"))
+
+
 def test_fake_gpu_ladder_requires_the_rejection_in_every_process(env, monkeypatch):
     body = GPU_LADDER.replace(
         'modes = ["off", "upstream", "bridge", "bridge-force", "batched", "bridge-force-batched"]',
@@ -751,7 +775,7 @@ def test_the_comparison_ladders_load(name):
     runs = [m for r in lad.rungs for m in r.modes]
     if name == "cpu-variant.toml":
         assert {s.cpu_variant for s in lad.sides.values() if s.name in ("wheel", "upstream")} == {"x64"}
-        assert all(r.modes == ["upstream", "wheel:off"] and r.perplexity for r in lad.rungs) and len(lad.rungs) == 4
+        assert all(r.modes == ["upstream", "wheel:off"] and not r.skips for r in lad.rungs) and len(lad.rungs) == 4
     elif name == "wheel-vs-source.toml":
         assert set(runs) == {"source:bridge-force-batched", "wheel:bridge-force-batched"}
         assert all(r.virtual_devices == 4 for r in lad.rungs)
@@ -793,9 +817,6 @@ class _Toy:
     def __init__(self, leaky: bool = False) -> None:
         self.leaky = leaky
         self.made: list[str] = []
-
-    def wanted(self, rung):
-        return True
 
     def produce(self, run):
         self.made.append(run.job.mode.name)

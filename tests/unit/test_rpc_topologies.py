@@ -52,7 +52,11 @@ def _rung(**kw):
 
 def test_schema_keys_and_their_checks():
     r = _rung(rpc_env=[{"GGML_CUDA_DEVICES": 2}], rpc_link="10gbit-0.2ms", rpc_front_gpu=True)
-    assert r.rpc_env == [{"GGML_CUDA_DEVICES": "2"}] and r.rpc_link == "10gbit/0.2ms" and r.rpc_front_gpu
+    assert (
+        r.rpc_env == [{"GGML_CUDA_DEVICES": "2"}]
+        and r.rpc_link == "10gbit/0.2ms"
+        and r.rpc_front is ladder.RpcFront.GPU
+    )
     with pytest.raises(LadderSetupError, match="rpc_env needs one table per rpc-server"):
         _rung(rpc_env=[{}, {}])
     with pytest.raises(LadderSetupError, match="rpc_link: bad link rate 'fast'"):
@@ -74,7 +78,7 @@ def test_shipped_one_gpu_rpc_and_split_rungs():
     two = rungs["rpc2x1gpu-small-ub512"]
     assert two.rpc_servers == [["CUDA0"], ["CUDA0"]] and "rpc-bridge-force" in two.modes
     front = rungs["rpcfront-small-ub512"]
-    assert front.rpc_front_gpu and front.rpc_servers == [["CUDA0"]]
+    assert front.rpc_front is ladder.RpcFront.GPU and front.rpc_servers == [["CUDA0"]]
     assert rungs["rpcfront-shaped-small-ub512"].rpc_link == "10gbit/0.2ms"
     # the head size 32 of "small" has no CUDA flash-attention kernel in b11434 and -fa auto turns it on for a
     # model entirely behind RPC (the rpc-server aborted in fattn.cu on the H200): those rungs turn it off

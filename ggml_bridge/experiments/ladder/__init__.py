@@ -71,6 +71,7 @@ from .artifact import Artifact, Comparison, Produced, Production, Record, compar
 from .binaries import Binaries, resolve_binaries
 from .diff import first_difference, sha256_file
 from .inputs import RESULT_KEYS, WORDS, canonical_response, make_prompts, make_text, make_words, request_payload
+from .kinds import Boundaries, RpcFront
 from .logits import describe_logits_diff
 from .orchestrate import LadderOptions, ModeRun, RunContext, run, run_mode, run_rung
 from .registry import ARTIFACTS
@@ -95,6 +96,7 @@ __all__ = [
     "SPLIT_MODES",
     "WORDS",
     "Binaries",
+    "Boundaries",
     "LadderOptions",
     "Ladder",
     "LadderResult",
@@ -104,6 +106,7 @@ __all__ = [
     "ModeResult",
     "ModeRun",
     "RpcCheck",
+    "RpcFront",
     "RpcServerSeen",
     "RunContext",
     "Rung",

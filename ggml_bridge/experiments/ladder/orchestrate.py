@@ -24,6 +24,7 @@ from .. import model
 from .artifact import Comparison, Inputs, Job, Produced, Production, Record, compare
 from .binaries import Binaries, find_vocab, resolve_binaries
 from .inputs import make_prompts, make_text
+from .kinds import RpcFront
 from .registry import ARTIFACTS
 from .report import progress_line, write_reports
 from .results import LadderResult, Link, ModeResult, Prepared, RungResult
@@ -114,7 +115,7 @@ def run_mode(mode: Mode, rung: Rung, side: str, inputs: Inputs, out: Path, ctx: 
             job = dataclasses.replace(job, extra=(*topo.server_args(), "-ngl", "999"))  # the shapers' ends exist now
         _serve(job, res, inputs, ctx.startup_timeout)
         for a in ARTIFACTS.values():
-            if a.stage == "after" and a.wanted(rung):
+            if a.stage == "after" and a.name not in rung.skips:
                 _keep(res, a.name, a.produce(Production(job, inputs)))
         if topo and mode.variant == "patched":
             topo.counters()  # one counters line per server, parsed below
@@ -137,8 +138,8 @@ def _rpc_topology(
     mode: Mode, rung: Rung, b: dict[str, Path], env: dict[str, str], threads: int, out: Path
 ) -> tuple[rpc.Topology | None, dict[str, str]]:
     """An rpc mode's local rpc-servers (not started) and the front's environment: the GPUs belong to the
-    rpc-servers, llama-server and llama-perplexity get none (unless rpc_front_gpu: the front keeps the rung's GPUs,
-    as a host with its own GPU plus rpc-servers)."""
+    rpc-servers, llama-server and llama-perplexity get none (unless the rung's front is :attr:`RpcFront.GPU`: the
+    front keeps the rung's GPUs, as a host with its own GPU plus rpc-servers)."""
     if not mode.rpc:
         return None, env
     topo = rpc.Topology(
@@ -154,7 +155,7 @@ def _rpc_topology(
         ],
         link=shaper.parse_link(rung.rpc_link) if rung.rpc_link else None,
     )
-    if not rung.rpc_front_gpu:
+    if rung.rpc_front is RpcFront.BARE:
         env = {**env, "CUDA_VISIBLE_DEVICES": ""}
     elif mode.uses_bridge:  # an rpc mode's bridge selector is the rpc-servers'; the front is validated as off
         env = {**env, modes.BRIDGE: "0"}
@@ -192,7 +193,7 @@ def _serve(job: Job, res: ModeRun, inputs: Inputs, startup_timeout: float) -> No
     srv.start()
     try:
         for a in ARTIFACTS.values():
-            if a.stage == "server" and a.wanted(rung):
+            if a.stage == "server" and a.name not in rung.skips:
                 _keep(res, a.name, a.produce(Production(job, inputs, srv)))
         res.metrics = srv.metrics()
     finally:
@@ -278,7 +279,7 @@ def _mode_entry(outcome: _Outcome, name: str, rung: Rung, mr: ModeRun) -> ModeRe
         mr.metrics,
     )
     if mode.rpc:
-        front_problems = tuple(validate_front(rung, mr.logs)) if rung.rpc_front_gpu else ()
+        front_problems = tuple(validate_front(rung, mr.logs)) if rung.rpc_front is RpcFront.GPU else ()
         v = v.with_rpc(validate_rpc(mode, mr.rpc_servers, rung, mr.links), front_problems)
     if not v.ok:
         if outcome.status == "pass":

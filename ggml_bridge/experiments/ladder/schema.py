@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from ...foundations.tomlfile import Key
 from ...runtime import modes
 from ...runtime.modes import MODES
 from .. import model, tensor_split
+from .kinds import SWITCHES, Boundaries, RpcFront, from_switches
 
 EXPECT_VALUES = ("engaged", "inactive", "either", "idle")
 #: ``idle``: the mechanism must say it is enabled; work is reported, not required (batching in -sm tensor's graphs,
@@ -95,12 +95,12 @@ class Rung:
     perplexity_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     timeout: float = 1800.0
-    perplexity: bool = True
+    skips: frozenset[str] = frozenset()  # artifacts (ARTIFACTS' names) the rung does not produce
     rpc_servers: list[list[str]] = field(default_factory=list)  # device lists of the rpc-* modes' servers
     rpc_env: list[dict[str, str]] = field(default_factory=list)  # per rpc-server extra environment (same order)
-    rpc_front_gpu: bool = False  # rpc-* modes: llama-server keeps the rung's GPUs (else it gets none)
+    rpc_front: RpcFront = RpcFront.BARE  # rpc-* modes: where llama-server and llama-perplexity run
     rpc_link: str | None = None  # rpc-* modes: a shaped link RATE/DELAY to each rpc-server (shaper.py)
-    require_boundaries: bool = True  # bridge modes on a multi-device rung: the counters must show boundaries
+    boundaries: Boundaries = Boundaries.REQUIRED  # bridge modes on a multi-device rung
     # batched modes: backend -> the host buffer type its pinned pool must come from, or "none" (it must have none),
     # as the mechanism's ``pools:`` line says (e.g. Vulkan's host buffer type belongs to device 0 only)
     expect_pools: dict[str, str] = field(default_factory=dict)
@@ -145,7 +145,7 @@ def _as_list(v: Any) -> list[Any]:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
-RUNG_KEYS = {f.name for f in dataclasses.fields(Rung)}
+RUNG_KEYS = {f.name for f in fields(Rung)} - {name for name, _, _ in SWITCHES.values()} | set(SWITCHES)
 
 _INT_MAX = 2**31 - 1  # the C ints llama.cpp parses these into
 #: integer keys of a rung and their smallest value; ``None`` allowed for the optional ones
@@ -171,7 +171,7 @@ RUNG_SCHEMA: dict[str, Key] = {
     **{k: Key("int", low, MAX_N_PROBS if k == "n_probs" else _INT_MAX) for k, (low, _) in RUNG_INTS.items()},
     "timeout": Key("number", 0),
     **{k: Key("str") for k in RUNG_STRS},
-    "perplexity": Key("bool"),
+    **{k: Key("bool") for k in SWITCHES},
 }
 #: the keys that may be given as nothing (TOML has no null: only [defaults] merged in code)
 RUNG_OPTIONAL = {k for k, (_, optional) in RUNG_INTS.items() if optional} | {"allreduce"}
@@ -224,7 +224,6 @@ def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str, sides: d
     r.expect_pools = {str(k): str(v) for k, v in r.expect_pools.items()}
     if r.expect_pools and not any(mode_of(m).uses_batched for m in r.modes):
         raise LadderSetupError(f"{where} ({r.name}): expect_pools needs a batched mode")
-
     return r
 
 
@@ -252,7 +251,7 @@ def _make_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
     except (TypeError, ValueError, ArithmeticError) as e:  # a shape table with values of the wrong kind
         raise LadderSetupError(f"{where} ({merged['name']}): bad shape", why=f"{type(e).__name__}: {e}") from None
     try:
-        return Rung(**merged)
+        return Rung(**from_switches(merged))
     except TypeError as e:
         raise LadderSetupError(f"{where}: {e}") from None
 
@@ -373,9 +372,10 @@ def _check_rpc(r: Rung, where: str) -> None:
                 fix='e.g. rpc_env = [{ GGML_CUDA_DEVICES = "2" }]',
             )
         r.rpc_env = [{str(k): str(v) for k, v in e.items()} for e in envs]
-    if (r.rpc_env or r.rpc_front_gpu or r.rpc_link) and not any(mode_of(m).rpc for m in r.modes):
+    front_gpu = r.rpc_front is RpcFront.GPU
+    if (r.rpc_env or front_gpu or r.rpc_link) and not any(mode_of(m).rpc for m in r.modes):
         raise LadderSetupError(f"{rpc_like}: rpc_env, rpc_front_gpu and rpc_link need rpc-* modes")
-    if r.rpc_front_gpu and r.devices <= 0:
+    if front_gpu and r.devices <= 0:
         raise LadderSetupError(f"{rpc_like}: rpc_front_gpu needs devices >= 1")
     if r.rpc_link is not None:
         from ...runtime.shaper import parse_link

@@ -10,6 +10,7 @@ from ...runtime import logparse
 from ...runtime.engagement import BATCHED, BRIDGE, INACTIVE, allreduce_verdict, engaged
 from ...runtime.mechanisms import BRIDGE as BRIDGE_RECORD
 from ...runtime.modes import ALLREDUCE, BRIDGE_VALUES, VARIANTS, Mode
+from .kinds import Boundaries
 from .results import AllreducePath, Link, Mechanism, RpcCheck, RpcServerSeen, Validity
 from .schema import Rung
 
@@ -179,7 +180,7 @@ def _check_bridge(v: _Validation) -> None:
         for p in on:
             if logs[p].bridge.mode != want_mode:
                 problems.append(f"{p}: bridge mode {logs[p].bridge.mode}, expected {want_mode}")
-        if rung.multi_device and rung.require_boundaries:
+        if rung.multi_device and rung.boundaries is Boundaries.REQUIRED:
             if not bridge_stats:
                 problems.append("no bridge stats line (printed when the last CUDA backend is freed)")
             elif not any(_tot(bridge_stats, k) > 0 for k in BRIDGE_RECORD.work_keys):
@@ -188,7 +189,7 @@ def _check_bridge(v: _Validation) -> None:
                     + ", ".join(f"{k}={_tot(bridge_stats, k)}" for k in BRIDGE_RECORD.work_keys)
                     + ")"
                 )
-        if rung.multi_device and not rung.require_boundaries:
+        if rung.multi_device and rung.boundaries is Boundaries.COUNTED:
             notes.append(
                 f"bridge engaged, {_tot(bridge_stats, 'boundaries')} boundaries counted (the rung "
                 "does not require any: its split copies between devices on another path)"
@@ -380,7 +381,7 @@ def _rpc_bridge(mode: Mode, ep: str, info: logparse.RpcServerInfo, problems: lis
 
 
 def validate_front(rung: Rung, logs: Mapping[str, logparse.LogInfo]) -> list[str]:
-    """rpc_front_gpu: every front process (llama-server, llama-perplexity) put layers on its own GPU and on the
+    """A rung whose rpc front keeps its GPU (:attr:`RpcFront.GPU`): every front process (llama-server, llama-perplexity) put layers on its own GPU and on the
     rpc-servers (else the topology under test did not happen); problems, one per process."""
     problems = []
     for proc, info in logs.items():
