@@ -14,7 +14,7 @@ from ...foundations.errors import FatalError, LadderSetupError
 from ...runtime import rpc
 from ...runtime.modes import VARIANTS
 from .. import model
-from .schema import Side
+from .sides import Side
 
 
 @dataclass

@@ -28,7 +28,8 @@ from .kinds import RpcFront
 from .registry import ARTIFACTS
 from .report import progress_line, write_reports
 from .results import LadderResult, Link, ModeResult, Prepared, RungResult
-from .schema import Ladder, Rung, default_ladder, load_ladder, mode_of, side_of
+from .schema import Ladder, Rung, default_ladder, load_ladder
+from .sides import mode_of, side_of
 from .validity import validate_front, validate_mode, validate_rpc
 
 
