@@ -17,7 +17,7 @@ from .. import model
 from .sides import Side
 
 
-@dataclass
+@dataclass(frozen=True)
 class Binaries:
     """The programs of each side the ladder runs, by side name."""
 
