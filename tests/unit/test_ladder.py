@@ -136,6 +136,21 @@ def test_reference_is_added_and_inline_shape(tmp_path):
     assert r.modes == ["off", "batched"] and r.shape.n_embd == 32
 
 
+def test_a_rungs_boolean_keys_set_its_kinds(tmp_path):
+    """perplexity, rpc_front_gpu and require_boundaries are written as booleans and read as what the rung does: the
+    artifacts it skips, where an rpc mode's front runs, what a bridge mode must show of its boundaries."""
+    body = "[[rung]]\nname='a'\nshape='tiny'\ndevices=1\nmodes=['off','rpc-off']\nrpc_servers=[['CPU']]\n"
+    (r,) = ladder.load_ladder(write_ladder(tmp_path / "l.toml", body)).rungs
+    assert (r.skips, r.rpc_front, r.boundaries) == (frozenset(), ladder.RpcFront.BARE, ladder.Boundaries.REQUIRED)
+    switched = body + "perplexity=false\nrpc_front_gpu=true\nrequire_boundaries=false\n"
+    (r,) = ladder.load_ladder(write_ladder(tmp_path / "l.toml", switched)).rungs
+    assert (r.skips, r.rpc_front, r.boundaries) == ({"logits"}, ladder.RpcFront.GPU, ladder.Boundaries.COUNTED)
+    with pytest.raises(LadderSetupError, match="rpc_front_gpu = 'yes' is not"):
+        ladder.load_ladder(write_ladder(tmp_path / "l.toml", body + "rpc_front_gpu='yes'\n"))
+    with pytest.raises(LadderSetupError, match="unknown key.*rpc_front"):  # the kinds are not keys of the file
+        ladder.load_ladder(write_ladder(tmp_path / "l.toml", body + "rpc_front='gpu'\n"))
+
+
 # --- inputs -------------------------------------------------------------------------------------------
 
 
@@ -282,53 +297,53 @@ def test_validity_bridge():
         server=BR_EN.format(m="force") + DEV2 + BR_ST.format(n=3),
         perplexity=BR_EN.format(m="force") + DEV2 + BR_ST.format(n=5),
     )
-    assert ok["ok"], ok["problems"]
-    assert ok["bridge"]["boundaries"] == 8 and ok["bridge"]["slots"] == {"server": 4, "perplexity": 4}
+    assert ok.ok, ok.problems
+    assert ok.bridge.totals["boundaries"] == 8 and ok.bridge.per_process["slots"] == {"server": 4, "perplexity": 4}
     zero = v(
         "bridge", r, server=BR_EN.format(m="auto") + DEV2 + BR_ST.format(n=0), perplexity=BR_EN.format(m="auto") + DEV2
     )
-    assert not zero["ok"] and any("boundaries=0" in p for p in zero["problems"])
+    assert not zero.ok and any("boundaries=0" in p for p in zero.problems)
     nostats = v("bridge", r, server=BR_EN.format(m="auto") + DEV2)
-    assert not nostats["ok"] and any("no bridge stats" in p for p in nostats["problems"])
+    assert not nostats.ok and any("no bridge stats" in p for p in nostats.problems)
     missing = v("bridge", r, server=BR_EN.format(m="auto") + DEV2 + BR_ST.format(n=1), perplexity=DEV2)
-    assert not missing["ok"] and any("perplexity: no bridge line" in p for p in missing["problems"])
+    assert not missing.ok and any("perplexity: no bridge line" in p for p in missing.problems)
     wrongmode = v("bridge-force", r, server=BR_EN.format(m=1) + DEV2 + BR_ST.format(n=1))
-    assert not wrongmode["ok"]
+    assert not wrongmode.ok
     onedev = v(
         "bridge", r, server=BR_EN.format(m="auto") + "using device CUDA0 (A) (a) - 1 MiB free\n" + BR_ST.format(n=1)
     )
-    assert not onedev["ok"] and any("on fewer" in p for p in onedev["problems"])
+    assert not onedev.ok and any("on fewer" in p for p in onedev.problems)
     six = rung(virtual_devices=6)
-    assert not v("bridge", six, server=BR_EN.format(m="auto") + DEV2 + BR_ST.format(n=1))["ok"]  # 6-card rig seen as 2
+    assert not v("bridge", six, server=BR_EN.format(m="auto") + DEV2 + BR_ST.format(n=1)).ok  # 6-card rig seen as 2
     # single-GPU rung: no counters needed, but the line is
     single = rung(devices=1)
-    assert v("bridge", single, server=BR_EN.format(m="auto") + BR_ST.format(n=0))["ok"]
-    assert not v("bridge", single, server="ggml_cuda_mapped_host_bridge: inactive: one device\n")["ok"]
+    assert v("bridge", single, server=BR_EN.format(m="auto") + BR_ST.format(n=0)).ok
+    assert not v("bridge", single, server="ggml_cuda_mapped_host_bridge: inactive: one device\n").ok
     either = rung(devices=1, expect_bridge="either")
     res = v("bridge", either, server="ggml_cuda_mapped_host_bridge: inactive: one device\n")
-    assert res["ok"] and "not a bridge pass" in res["notes"][0]
+    assert res.ok and "not a bridge pass" in res.notes[0]
 
 
 def test_validity_batched():
     r = rung(devices=1)
-    assert v("batched", r, server=BT_EN + BT_ST.format(u=2, d=2), perplexity=BT_EN + BT_ST.format(u=1, d=1))["ok"]
+    assert v("batched", r, server=BT_EN + BT_ST.format(u=2, d=2), perplexity=BT_EN + BT_ST.format(u=1, d=1)).ok
     # downloads into the pinned output buffer are upstream's own (upstream_downloads): not required as batched
-    assert v("batched", r, server=BT_EN + BT_ST.format(u=2, d=0))["ok"]
+    assert v("batched", r, server=BT_EN + BT_ST.format(u=2, d=0)).ok
     logs = {"server": logparse.parse(BT_EN + BT_ST.format(u=2, d=0))}
-    assert ladder.validate_mode(ladder.MODES["batched"], r, logs, {"batched_async_uploads_total": 5})["ok"]
+    assert ladder.validate_mode(ladder.MODES["batched"], r, logs, {"batched_async_uploads_total": 5}).ok
     res = ladder.validate_mode(ladder.MODES["batched"], r, logs, {"batched_async_uploads_total": 0})
-    assert not res["ok"] and any("/metrics" in p for p in res["problems"])
+    assert not res.ok and any("/metrics" in p for p in res.problems)
     res = ladder.validate_mode(ladder.MODES["batched"], r, logs, {})  # a server without the metrics patch
-    assert not res["ok"] and any("absent" in p for p in res["problems"])
+    assert not res.ok and any("absent" in p for p in res.problems)
     res = v("batched", r, server=BT_EN + BT_ST.format(u=0, d=2))
-    assert not res["ok"] and any("async_uploads=0" in p for p in res["problems"])
-    assert not v("batched", r, server=BT_EN)["ok"]
-    assert not v("batched", r, server=BT_IN)["ok"]  # inactive where engaged is expected
+    assert not res.ok and any("async_uploads=0" in p for p in res.problems)
+    assert not v("batched", r, server=BT_EN).ok
+    assert not v("batched", r, server=BT_IN).ok  # inactive where engaged is expected
     cpu = rung(devices=0, expect_batched="inactive")
     res = v("batched", cpu, server=BT_IN + BT_ST.format(u=0, d=0))
-    assert res["ok"] and "not a batched pass" in res["notes"][0]
-    assert not v("batched", cpu, server=BT_EN + BT_ST.format(u=1, d=1))["ok"]
-    assert not v("batched", cpu, server="")["ok"]  # no line at all is never a pass
+    assert res.ok and "not a batched pass" in res.notes[0]
+    assert not v("batched", cpu, server=BT_EN + BT_ST.format(u=1, d=1)).ok
+    assert not v("batched", cpu, server="").ok  # no line at all is never a pass
 
 
 def test_validity_bridge_typo():
@@ -336,28 +351,28 @@ def test_validity_bridge_typo():
     rej = 'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="yes" (expected 0, 1, auto or force); bridge off\n'
     old = 'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="abc" (expected 64..65536); using 2048\n'
     assert ladder.MODES["bridge-typo"].env()["GGML_CUDA_MAPPED_HOST_BRIDGE"] == "yes"
-    assert v("bridge-typo", r, server=rej + DEV2, perplexity=rej + DEV2)["ok"]
+    assert v("bridge-typo", r, server=rej + DEV2, perplexity=rej + DEV2).ok
     # silence in one process (the warning went to llama.cpp's muted fitting probe) is a failure
     res = v("bridge-typo", r, server=rej + DEV2, perplexity=DEV2)
-    assert not res["ok"] and any(
+    assert not res.ok and any(
         "perplexity: GGML_CUDA_MAPPED_HOST_BRIDGE=\"yes\" is invalid but the log does not report it rejected" in p
-        for p in res["problems"]
+        for p in res.problems
     )
     # a rejection the mode does not set (the series before issue 26 had more bridge variables) fails it
-    assert not v("bridge-typo", r, server=rej + old + DEV2, perplexity=rej + DEV2)["ok"]
-    assert not v("bridge-typo", r, server=rej + DEV2 + BR_EN.format(m=1))["ok"]  # the bridge must stay off
+    assert not v("bridge-typo", r, server=rej + old + DEV2, perplexity=rej + DEV2).ok
+    assert not v("bridge-typo", r, server=rej + DEV2 + BR_EN.format(m=1)).ok  # the bridge must stay off
     # an unexpected rejection fails any mode
-    assert not v("off", r, server=rej + DEV2)["ok"]
+    assert not v("off", r, server=rej + DEV2).ok
 
 
 def test_validity_off_and_upstream():
     r = rung(devices=1)
-    assert v("off", r, server="")["ok"]
-    assert not v("off", r, server=BR_EN.format(m=1))["ok"]
-    assert not v("off", r, server=BT_EN)["ok"]
-    assert v("upstream", r, server="")["ok"]
+    assert v("off", r, server="").ok
+    assert not v("off", r, server=BR_EN.format(m=1)).ok
+    assert not v("off", r, server=BT_EN).ok
+    assert v("upstream", r, server="").ok
     res = v("upstream", r, server="ggml_cuda_mapped_host_bridge: inactive: disabled\n")
-    assert not res["ok"] and "not an unpatched build" in res["problems"][0]
+    assert not res.ok and "not an unpatched build" in res.problems[0]
 
 
 # --- whole ladders against the fake tools -------------------------------------------------------------
@@ -449,6 +464,15 @@ def test_fake_gpu_ladder_passes(env, capsys):
         in capsys.readouterr().err
     )
     assert not list((env.tmp / "report").rglob("logits.bin"))  # removed after a pass
+
+
+def test_a_rung_without_perplexity_makes_no_logits(env):
+    rc, rep, md = run_ladder(env, GPU_LADDER + "perplexity = false\n", "--keep-logits")
+    r = rep["rungs"][0]
+    assert rc == 0 and r["status"] == "pass", r["problems"]
+    assert all(m["logits"] is None and "logits" not in m.get("compare", {}) for m in r["modes"].values())
+    assert r["modes"]["bridge"]["compare"]["responses"]["identical"]
+    assert not list((env.tmp / "report").rglob("logits.bin")) and not list((env.tmp / "report").rglob("perplexity.log"))
 
 
 def test_fake_gpu_ladder_requires_the_rejection_in_every_process(env, monkeypatch):
@@ -577,9 +601,9 @@ def test_missing_bin_dir_and_rung(env):
 
 def test_mechanism_state_names():
     r = rung(devices=1)
-    assert v("batched", r, server="", perplexity="")["batched"]["state"] == "absent"
-    assert v("batched", r, server=BT_EN, perplexity="")["batched"]["state"] == "mixed"
-    assert v("batched", r, server=BT_IN, perplexity=BT_IN)["batched"]["state"] == "inactive"
+    assert v("batched", r, server="", perplexity="").batched.state == "absent"
+    assert v("batched", r, server=BT_EN, perplexity="").batched.state == "mixed"
+    assert v("batched", r, server=BT_IN, perplexity=BT_IN).batched.state == "inactive"
 
 
 def test_per_mode_expectations(tmp_path):
@@ -589,8 +613,8 @@ def test_per_mode_expectations(tmp_path):
     )
     r = ladder.load_ladder(write_ladder(tmp_path / "l.toml", body)).rungs[0]
     inactive = "ggml_cuda_mapped_host_bridge: inactive: peer access is direct\n" + DEV2
-    assert v("bridge", r, server=inactive)["ok"]
-    assert not v("bridge-force", r, server=inactive)["ok"]
+    assert v("bridge", r, server=inactive).ok
+    assert not v("bridge-force", r, server=inactive).ok
     with pytest.raises(LadderSetupError, match="expect.batched"):  # a mode the rung does not run
         ladder.load_ladder(write_ladder(tmp_path / "m.toml", body.replace("bridge = 'either'", "batched = 'either'")))
     with pytest.raises(LadderSetupError, match="expect.bridge"):
@@ -622,18 +646,16 @@ def test_validity_batched_pools_the_device_zero_rule():
     second Vulkan device staging through device 0's host memory, or no pool where one is expected) fails."""
     r = rung(expect_pools={"Vulkan0": "Vulkan_Host", "Vulkan1": "none"}, env={"GGML_VK_VISIBLE_DEVICES": "0,0"})
     ok = v("batched", r, server=BT_EN + VK_POOLS + VK_DEV2 + BT_ST.format(u=2, d=0))
-    assert ok["ok"], ok["problems"]
-    assert ok["batched"]["pools"]["server"]["Vulkan0"] == "Vulkan_Host"
-    assert "fallbacks" in ok["batched"] and any("batched pools: Vulkan0: Vulkan_Host" in n for n in ok["notes"])
+    assert ok.ok, ok.problems
+    assert ok.batched.per_process["pools"]["server"]["Vulkan0"] == "Vulkan_Host"
+    assert "fallbacks" in ok.batched.totals and any("batched pools: Vulkan0: Vulkan_Host" in n for n in ok.notes)
     wrong = VK_POOLS.replace(
         "Vulkan1: none (its pinned host buffer type is pinned for Vulkan0)", "Vulkan1: pool Vulkan_Host"
     )
     bad = v("batched", r, server=BT_EN + wrong + VK_DEV2 + BT_ST.format(u=2, d=0))
-    assert not bad["ok"] and any(
-        "Vulkan1's pinned pool is Vulkan_Host, the rung expects none" in p for p in bad["problems"]
-    )
+    assert not bad.ok and any("Vulkan1's pinned pool is Vulkan_Host, the rung expects none" in p for p in bad.problems)
     noline = v("batched", r, server=BT_EN + VK_DEV2 + BT_ST.format(u=2, d=0))
-    assert not noline["ok"] and any("no 'llama_batched_transfers: pools:' line" in p for p in noline["problems"])
+    assert not noline.ok and any("no 'llama_batched_transfers: pools:' line" in p for p in noline.problems)
     assert ladder.orchestrate._device_env(r) == {}, "Vulkan devices named by the rung: CUDA's variables untouched"
 
 
@@ -672,12 +694,12 @@ def test_split_devices_counts_devices_the_gpus_do_not_and_the_shipped_mixed_ladd
     pools = "llama_batched_transfers: pools: CUDA0: pool CUDA_Host; Vulkan0: pool Vulkan_Host; CPU: none (computes in host memory)\n"
     both = "using device CUDA0 (A) (a) - 1 MiB free\nusing device Vulkan0 (A) (a) - 1 MiB free\n"
     ok = v("batched", mixed, server=BT_EN + pools + both + BT_ST.format(u=2, d=0))
-    assert ok["ok"], ok["problems"]
+    assert ok.ok, ok.problems
     one = v(
         "batched", mixed, server=BT_EN + pools + "using device CUDA0 (A) (a) - 1 MiB free\n" + BT_ST.format(u=2, d=0)
     )
-    assert not one["ok"] and any("over 2 devices but the log shows it on fewer" in p for p in one["problems"])
-    assert v("batched", rung(devices=1), server=BT_EN + BT_ST.format(u=2, d=0))["ok"]  # without it: one device
+    assert not one.ok and any("over 2 devices but the log shows it on fewer" in p for p in one.problems)
+    assert v("batched", rung(devices=1), server=BT_EN + BT_ST.format(u=2, d=0)).ok  # without it: one device
     lad = ladder.load_ladder(ROOT / "ladders" / "cuda-vulkan.toml")
     assert lad.backend == "cuda-vulkan" and len(lad.rungs) >= 2
     for r in lad.rungs:
@@ -753,7 +775,7 @@ def test_the_comparison_ladders_load(name):
     runs = [m for r in lad.rungs for m in r.modes]
     if name == "cpu-variant.toml":
         assert {s.cpu_variant for s in lad.sides.values() if s.name in ("wheel", "upstream")} == {"x64"}
-        assert all(r.modes == ["upstream", "wheel:off"] and r.perplexity for r in lad.rungs) and len(lad.rungs) == 4
+        assert all(r.modes == ["upstream", "wheel:off"] and not r.skips for r in lad.rungs) and len(lad.rungs) == 4
     elif name == "wheel-vs-source.toml":
         assert set(runs) == {"source:bridge-force-batched", "wheel:bridge-force-batched"}
         assert all(r.virtual_devices == 4 for r in lad.rungs)
@@ -795,9 +817,6 @@ class _Toy:
     def __init__(self, leaky: bool = False) -> None:
         self.leaky = leaky
         self.made: list[str] = []
-
-    def wanted(self, rung):
-        return True
 
     def produce(self, run):
         self.made.append(run.job.mode.name)

@@ -59,7 +59,7 @@ def test_ladder_files_use_current_names(tmp_path: Path):
     root = Path(__file__).resolve().parents[2] / "ladders"
     for f in root.glob("*.toml"):
         for r in ladder.load_ladder(f).rungs:
-            assert {ladder.schema.run_parts(m)[1] for m in r.modes} <= set(modes.MODES), (f, r.modes)
+            assert {ladder.sides.run_parts(m)[1] for m in r.modes} <= set(modes.MODES), (f, r.modes)
     old = tmp_path / "old.toml"
     old.write_text(
         '[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["staged", "off"]\nreference = "off"\n'

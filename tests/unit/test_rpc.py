@@ -417,19 +417,19 @@ def test_validate_rpc():
     m = ladder.MODES
     cnt = "ggml_bridge_rpc: counters: trigger=signal bridge=1 rpc_graph_compute={g} rpc_copy_tensor=4 bridge_boundaries={b}\n"
     ok = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ON, cnt.format(g=3, b=4))})
-    assert ok["ok"], ok["problems"]
-    assert ok["servers"]["a"]["counters"]["bridge_boundaries"] == 4
+    assert ok.ok, ok.problems
+    assert ok.servers["a"].counters["bridge_boundaries"] == 4
     zero = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ON, cnt.format(g=3, b=0))})
-    assert zero["problems"] == ["rpc-server a: bridge engaged but bridge_boundaries=0 (rpc_copy_tensor=4)"]
+    assert list(zero.problems) == ["rpc-server a: bridge engaged but bridge_boundaries=0 (rpc_copy_tensor=4)"]
     off = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0", "CUDA1"], STATE, cnt.format(g=3, b=0))})
-    assert "bridge not engaged on its 2 GPUs (no bridge line)" in off["problems"][0]
+    assert "bridge not engaged on its 2 GPUs (no bridge line)" in off.problems[0]
     idle = ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], STATE, cnt.format(g=0, b=0))})
-    assert "computed no graph" in idle["problems"][0]
+    assert "computed no graph" in idle.problems[0]
     one = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0"], STATE, cnt.format(g=2, b=0))})
-    assert one["ok"] and "bridge idle, as it must be with 1 GPU" in one["notes"][0]
-    assert not ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], cnt.format(g=2, b=0))})["ok"]  # no state line
-    assert not ladder.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"], STATE)})["ok"]  # patch lines upstream
-    assert ladder.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"])})["ok"]
+    assert one.ok and "bridge idle, as it must be with 1 GPU" in one.notes[0]
+    assert not ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], cnt.format(g=2, b=0))}).ok  # no state line
+    assert not ladder.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"], STATE)}).ok  # patch lines upstream
+    assert ladder.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"])}).ok
 
 
 # --- bench: the rpc suites ----------------------------------------------------------------------------------

@@ -52,7 +52,11 @@ def _rung(**kw):
 
 def test_schema_keys_and_their_checks():
     r = _rung(rpc_env=[{"GGML_CUDA_DEVICES": 2}], rpc_link="10gbit-0.2ms", rpc_front_gpu=True)
-    assert r.rpc_env == [{"GGML_CUDA_DEVICES": "2"}] and r.rpc_link == "10gbit/0.2ms" and r.rpc_front_gpu
+    assert (
+        r.rpc_env == [{"GGML_CUDA_DEVICES": "2"}]
+        and r.rpc_link == "10gbit/0.2ms"
+        and r.rpc_front is ladder.RpcFront.GPU
+    )
     with pytest.raises(LadderSetupError, match="rpc_env needs one table per rpc-server"):
         _rung(rpc_env=[{}, {}])
     with pytest.raises(LadderSetupError, match="rpc_link: bad link rate 'fast'"):
@@ -74,7 +78,7 @@ def test_shipped_one_gpu_rpc_and_split_rungs():
     two = rungs["rpc2x1gpu-small-ub512"]
     assert two.rpc_servers == [["CUDA0"], ["CUDA0"]] and "rpc-bridge-force" in two.modes
     front = rungs["rpcfront-small-ub512"]
-    assert front.rpc_front_gpu and front.rpc_servers == [["CUDA0"]]
+    assert front.rpc_front is ladder.RpcFront.GPU and front.rpc_servers == [["CUDA0"]]
     assert rungs["rpcfront-shaped-small-ub512"].rpc_link == "10gbit/0.2ms"
     # the head size 32 of "small" has no CUDA flash-attention kernel in b11434 and -fa auto turns it on for a
     # model entirely behind RPC (the rpc-server aborted in fattn.cu on the H200): those rungs turn it off
@@ -94,13 +98,13 @@ def test_validity_virtual_devices_inside_one_rpc_server():
     ok = ladder.validate_rpc(
         m["rpc-bridge-force"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_FORCE, CNT.format(c=4, b=4))}, r
     )
-    assert ok["ok"], ok["problems"]
-    assert "bridge engaged (mode force) on 2 GPUs: bridge_boundaries=4" in ok["notes"][0]
+    assert ok.ok, ok.problems
+    assert "bridge engaged (mode force) on 2 GPUs: bridge_boundaries=4" in ok.notes[0]
     # mode 1 does not route virtual devices of one GPU: the force mode must say force
     one = ladder.validate_rpc(
         m["rpc-bridge-force"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ONE, CNT.format(c=4, b=4))}, r
     )
-    assert one["problems"] == ["rpc-server a: bridge mode 1, expected force"]
+    assert list(one.problems) == ["rpc-server a: bridge mode 1, expected force"]
     # two devices but no COPY_TENSOR: the boundary inside the server was not exercised, in any mode
     for mode in ("rpc-off", "rpc-bridge-force"):
         res = ladder.validate_rpc(
@@ -108,34 +112,34 @@ def test_validity_virtual_devices_inside_one_rpc_server():
             {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_FORCE if "bridge" in mode else "", CNT.format(c=0, b=0))},
             r,
         )
-        assert any("served no RPC_CMD_COPY_TENSOR" in p for p in res["problems"]), res
+        assert any("served no RPC_CMD_COPY_TENSOR" in p for p in res.problems), res
     # GGML_CUDA_DEVICES missing: the server shows one device where the rung gave two
     res = ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CUDA0"], STATE, CNT.format(c=0, b=0))}, r)
-    assert "given devices CUDA0,CUDA1 but it serves CUDA0" in res["problems"][0]
+    assert "given devices CUDA0,CUDA1 but it serves CUDA0" in res.problems[0]
 
 
 def test_validity_two_servers_prove_the_bridge_idle():
     m, r = ladder.MODES, _rung(rpc_servers=[["CUDA0"], ["CUDA0"]])
     servers = {e: _srv(["CUDA0"], STATE, INACTIVE, CNT.format(c=0, b=0)) for e in ("a", "b")}
     res = ladder.validate_rpc(m["rpc-bridge-force"], servers, r)
-    assert res["ok"] and len(res["notes"]) == 2
+    assert res.ok and len(res.notes) == 2
     assert all(
         "bridge idle, as it must be with 1 GPU (it says: inactive: single device; bridge_boundaries=0)" in n
-        for n in res["notes"]
+        for n in res.notes
     )
     bad = ladder.validate_rpc(m["rpc-bridge-force"], {"a": _srv(["CUDA0"], STATE, BR_FORCE, CNT.format(c=0, b=3))}, r)
-    assert bad["problems"] == ["rpc-server a: 1 GPU, yet its bridge counted 3 boundaries"]
+    assert list(bad.problems) == ["rpc-server a: 1 GPU, yet its bridge counted 3 boundaries"]
 
 
 def test_validity_shaped_link_must_carry_bytes_both_ways():
     m, r = ladder.MODES, _rung(rpc_servers=[["CPU"]], devices=0, modes=["off", "rpc-off"])
     info = {"a": _srv(["CPU"], STATE, CNT.format(c=0, b=0))}
     link = {"link": "1gbit/1ms", "up": {"bytes": 10}, "down": {"bytes": 0}}
-    res = ladder.validate_rpc(m["rpc-off"], info, r, {"a": link})
-    assert res["problems"] == ["rpc-server a: nothing crossed its shaped link 1gbit/1ms (up 10 B, down 0 B)"]
+    res = ladder.validate_rpc(m["rpc-off"], info, r, {"a": ladder.Link.of(link)})
+    assert list(res.problems) == ["rpc-server a: nothing crossed its shaped link 1gbit/1ms (up 10 B, down 0 B)"]
     link["down"]["bytes"] = 5
-    res = ladder.validate_rpc(m["rpc-off"], info, r, {"a": link})
-    assert res["ok"] and res["servers"]["a"]["link"]["up"]["bytes"] == 10
+    res = ladder.validate_rpc(m["rpc-off"], info, r, {"a": ladder.Link.of(link)})
+    assert res.ok and res.servers["a"].link.up_bytes == 10
 
 
 @pytest.fixture
@@ -327,10 +331,10 @@ def test_row_split_rung_does_not_require_bridge_boundaries_but_records_them():
     layer = ladder.schema.parse_rung({**base, "split_mode": "layer"}, {}, "t")
     row = ladder.schema.parse_rung({**base, "split_mode": "row", "require_boundaries": False}, {}, "t")
     logs = {"server": logparse.parse(log)}
-    assert "boundaries=0" in " ".join(validity.validate_mode(ladder.MODES["bridge-force"], layer, logs)["problems"])
+    assert "boundaries=0" in " ".join(validity.validate_mode(ladder.MODES["bridge-force"], layer, logs).problems)
     res = validity.validate_mode(ladder.MODES["bridge-force"], row, logs)
-    assert res["ok"], res["problems"]
-    assert any("0 boundaries counted (the rung does not require any" in n for n in res["notes"])
+    assert res.ok, res.problems
+    assert any("0 boundaries counted (the rung does not require any" in n for n in res.notes)
 
 
 # --- serve --rpc-link -----------------------------------------------------------------------------------------
@@ -415,47 +419,21 @@ def test_serve_rpc_link_needs_local_servers_and_a_good_link(tmp_path):
 
 def test_report_says_what_crossed_the_link_and_that_the_bridge_is_idle():
     from ggml_bridge.experiments.ladder.report import markdown_report
+    from ggml_bridge.experiments.ladder.results import ModeResult, Prepared, RungResult
 
-    v = {
-        "ok": True,
-        "problems": [],
-        "notes": ["rpc-server a: bridge idle, as it must be with 1 GPU (x)"],
-        "rpc": {
-            "a": {
-                "devices": ["CUDA0"],
-                "counters": {"rpc_graph_compute": 3},
-                "bridge_enabled": False,
-                "link": {"link": "10gbit/0.2ms", "up": {"bytes": 3 << 20}, "down": {"bytes": 1 << 20}},
-            }
-        },
+    link = ladder.Link.of({"link": "10gbit/0.2ms", "up": {"bytes": 3 << 20}, "down": {"bytes": 1 << 20}})
+    v = ladder.Validity(
+        notes=("rpc-server a: bridge idle, as it must be with 1 GPU (x)",),
+        rpc={"a": ladder.RpcServerSeen(("CUDA0",), {"rpc_graph_compute": 3}, False, None, link)},
+    )
+    r = _rung(rpc_servers=[["CUDA0"]], modes=["off", "rpc-off"])
+    modes = {
+        "off": ModeResult(1, "patched", "patched", {}, {}, validity=ladder.Validity()),
+        "rpc-off": ModeResult(1, "patched", "patched", {}, {}, validity=v),
     }
-    rep = {
-        "ladder": "x",
-        "file": "x.toml",
-        "started": "now",
-        "binaries": {},
-        "backend": "cuda",
-        "status": "pass",
-        "wall_s": 1,
-        "rungs": [
-            {
-                "name": "r",
-                "status": "pass",
-                "problems": [],
-                "reference": "off",
-                "wall_s": 1,
-                "devices": 1,
-                "split_mode": "layer",
-                "ubatch": 1,
-                "batch": 1,
-                "shape": {"name": "s", "n_embd": 1, "n_layer": 1, "dtype": "f16"},
-                "modes": {
-                    "off": {"wall_s": 1, "validity": {"ok": True, "problems": [], "notes": []}},
-                    "rpc-off": {"wall_s": 1, "validity": v},
-                },
-            }
-        ],
-    }
+    rep = ladder.LadderResult(
+        "x", "x.toml", "cuda", "now", "v", 1, {}, False, (RungResult(r, "pass", (), modes, Prepared(), 1),), 1, "pass"
+    )
     md = markdown_report(rep)
     assert "link 10gbit/0.2ms: up/down MiB=3.00/1.00" in md and "bridge idle, as it must be with 1 GPU" in md
 

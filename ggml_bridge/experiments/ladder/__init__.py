@@ -71,11 +71,13 @@ from .artifact import Artifact, Comparison, Produced, Production, Record, compar
 from .binaries import Binaries, resolve_binaries
 from .diff import first_difference, sha256_file
 from .inputs import RESULT_KEYS, WORDS, canonical_response, make_prompts, make_text, make_words, request_payload
+from .kinds import Boundaries, RpcFront
 from .logits import describe_logits_diff
-from .orchestrate import LadderOptions, ModeRun, run, run_mode, run_rung
+from .orchestrate import LadderOptions, ModeRun, RunContext, run, run_mode, run_rung
 from .registry import ARTIFACTS
 from .report import markdown_report, progress_line
 from .responses import describe_responses_diff
+from .results import LadderResult, Link, Mechanism, ModeResult, RpcCheck, RpcServerSeen, RungResult, Validity
 from .schema import EXPECT_VALUES, RUNG_KEYS, SPLIT_MODES, Ladder, Rung, default_ladder, load_ladder, parse_rung
 from .validity import validate_front, validate_mode, validate_rpc
 
@@ -94,11 +96,22 @@ __all__ = [
     "SPLIT_MODES",
     "WORDS",
     "Binaries",
+    "Boundaries",
     "LadderOptions",
     "Ladder",
+    "LadderResult",
+    "Link",
+    "Mechanism",
     "Mode",
+    "ModeResult",
     "ModeRun",
+    "RpcCheck",
+    "RpcFront",
+    "RpcServerSeen",
+    "RunContext",
     "Rung",
+    "RungResult",
+    "Validity",
     "canonical_response",
     "default_ladder",
     "describe_logits_diff",

@@ -95,10 +95,6 @@ class Artifact(Protocol):
         """Removed after a passing rung unless ``--keep-logits`` (large, and only needed to inspect a mismatch)."""
         ...
 
-    def wanted(self, rung: Rung) -> bool:
-        """Whether the rung produces it."""
-        ...
-
     def produce(self, run: Production) -> Produced:
         """Make the artifact of one mode (a FatalError when the programs fail or make nothing)."""
         ...

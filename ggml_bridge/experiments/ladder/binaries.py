@@ -14,10 +14,10 @@ from ...foundations.errors import FatalError, LadderSetupError
 from ...runtime import rpc
 from ...runtime.modes import VARIANTS
 from .. import model
-from .schema import Side
+from .sides import Side
 
 
-@dataclass
+@dataclass(frozen=True)
 class Binaries:
     """The programs of each side the ladder runs, by side name."""
 

@@ -11,18 +11,15 @@ from ...foundations import runner
 from ...foundations.errors import ServeError
 from ...runtime import logparse
 from .artifact import Produced, Production, Stage
-from .schema import Rung
 
 
 class Logits:
-    """``logits.bin``: made after the mode's llama-server stopped; rungs with ``perplexity = false`` skip it."""
+    """``logits.bin``: made after the mode's llama-server stopped; rungs with ``perplexity = false`` skip it
+    (:attr:`~.schema.Rung.skips`)."""
 
     name = "logits"
     stage: Stage = "after"
     disposable = True
-
-    def wanted(self, rung: Rung) -> bool:
-        return rung.perplexity
 
     def produce(self, run: Production) -> Produced:
         job = run.job

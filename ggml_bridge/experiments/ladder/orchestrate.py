@@ -11,7 +11,6 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ...foundations import files, runner
 from ...foundations.config import Settings
@@ -22,12 +21,15 @@ from ...runtime import logparse, modes, rpc, shaper
 from ...runtime.llama_server import Server, ServerLog
 from ...runtime.modes import Mode
 from .. import model
-from .artifact import Inputs, Job, Produced, Production, Record, compare
+from .artifact import Comparison, Inputs, Job, Produced, Production, Record, compare
 from .binaries import Binaries, find_vocab, resolve_binaries
 from .inputs import make_prompts, make_text
+from .kinds import RpcFront
 from .registry import ARTIFACTS
 from .report import progress_line, write_reports
-from .schema import Ladder, Rung, default_ladder, load_ladder, mode_of, side_of
+from .results import LadderResult, Link, ModeResult, Prepared, RungResult
+from .schema import Ladder, Rung, default_ladder, load_ladder
+from .sides import mode_of, side_of
 from .validity import validate_front, validate_mode, validate_rpc
 
 
@@ -48,6 +50,21 @@ class LadderOptions:
     startup_timeout: float = 900.0
     keep_logits: bool = False
     allow_same_build: bool = False
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every rung of one run shares: the ladder, the sides' binaries, the vocabulary the models are made from,
+    where models and reports go, the processes' threads and start-up timeout, whether logits are kept."""
+
+    ladder: Ladder
+    bins: Binaries
+    vocab: Path
+    models_dir: Path
+    report_dir: Path
+    threads: int
+    startup_timeout: float
+    keep_logits: bool = False
 
 
 def _device_env(rung: Rung) -> dict[str, str]:
@@ -76,21 +93,12 @@ class ModeRun:
     metrics: dict[str, int] | None = None  # the server's transfer counters on /metrics after the requests
     error: str | None = None
     rpc_servers: dict[str, logparse.RpcServerInfo] = field(default_factory=dict)  # by endpoint, rpc-* modes
-    links: dict[str, dict[str, Any]] = field(default_factory=dict)  # by endpoint: what crossed its shaped link
+    links: dict[str, Link] = field(default_factory=dict)  # by endpoint: what crossed its shaped link
 
 
-def run_mode(
-    mode: Mode,
-    rung: Rung,
-    bins: Binaries,
-    side: str,
-    inputs: Inputs,
-    out: Path,
-    threads: int,
-    startup_timeout: float,
-) -> ModeRun:
+def run_mode(mode: Mode, rung: Rung, side: str, inputs: Inputs, out: Path, ctx: RunContext) -> ModeRun:
     out.mkdir(parents=True, exist_ok=True)
-    b = bins.by_side[side]
+    b, threads = ctx.bins.by_side[side], ctx.threads
     rung = dataclasses.replace(rung, devices=mode.devices, virtual_devices=None) if mode.devices else rung
     allreduce = {modes.ALLREDUCE: modes.ALLREDUCE_VALUES[rung.allreduce]} if rung.allreduce else {}
     env = {**_device_env(rung), **allreduce, **mode.env(), **rung.env}
@@ -106,9 +114,9 @@ def run_mode(
         if topo:
             topo.start(rpc.expected_version(b["llama-server"]))
             job = dataclasses.replace(job, extra=(*topo.server_args(), "-ngl", "999"))  # the shapers' ends exist now
-        _serve(job, res, inputs, startup_timeout)
+        _serve(job, res, inputs, ctx.startup_timeout)
         for a in ARTIFACTS.values():
-            if a.stage == "after" and a.wanted(rung):
+            if a.stage == "after" and a.name not in rung.skips:
                 _keep(res, a.name, a.produce(Production(job, inputs)))
         if topo and mode.variant == "patched":
             topo.counters()  # one counters line per server, parsed below
@@ -122,7 +130,7 @@ def run_mode(
         if topo:
             topo.stop()
             res.rpc_servers = {str(s.endpoint): s.info() for s in topo.local}
-            res.links = topo.link_stats()
+            res.links = {ep: Link.of(stats) for ep, stats in topo.link_stats().items()}
     res.wall_s = time.monotonic() - t0
     return res
 
@@ -131,8 +139,8 @@ def _rpc_topology(
     mode: Mode, rung: Rung, b: dict[str, Path], env: dict[str, str], threads: int, out: Path
 ) -> tuple[rpc.Topology | None, dict[str, str]]:
     """An rpc mode's local rpc-servers (not started) and the front's environment: the GPUs belong to the
-    rpc-servers, llama-server and llama-perplexity get none (unless rpc_front_gpu: the front keeps the rung's GPUs,
-    as a host with its own GPU plus rpc-servers)."""
+    rpc-servers, llama-server and llama-perplexity get none (unless the rung's front is :attr:`RpcFront.GPU`: the
+    front keeps the rung's GPUs, as a host with its own GPU plus rpc-servers)."""
     if not mode.rpc:
         return None, env
     topo = rpc.Topology(
@@ -148,7 +156,7 @@ def _rpc_topology(
         ],
         link=shaper.parse_link(rung.rpc_link) if rung.rpc_link else None,
     )
-    if not rung.rpc_front_gpu:
+    if rung.rpc_front is RpcFront.BARE:
         env = {**env, "CUDA_VISIBLE_DEVICES": ""}
     elif mode.uses_bridge:  # an rpc mode's bridge selector is the rpc-servers'; the front is validated as off
         env = {**env, modes.BRIDGE: "0"}
@@ -186,7 +194,7 @@ def _serve(job: Job, res: ModeRun, inputs: Inputs, startup_timeout: float) -> No
     srv.start()
     try:
         for a in ARTIFACTS.values():
-            if a.stage == "server" and a.wanted(rung):
+            if a.stage == "server" and a.name not in rung.skips:
                 _keep(res, a.name, a.produce(Production(job, inputs, srv)))
         res.metrics = srv.metrics()
     finally:
@@ -199,97 +207,71 @@ def _serve(job: Job, res: ModeRun, inputs: Inputs, startup_timeout: float) -> No
         )
 
 
-def run_rung(
-    rung: Rung,
-    ladder: Ladder,
-    bins: Binaries,
-    vocab: Path,
-    models_dir: Path,
-    report_dir: Path,
-    threads: int,
-    startup_timeout: float,
-    keep_logits: bool,
-) -> dict[str, Any]:
+@dataclass
+class _Outcome:
+    """A rung's status (:data:`~.results.STATUSES`) and problems as its modes run and compare."""
+
+    status: str = "pass"
+    problems: list[str] = field(default_factory=list)
+
+
+def run_rung(rung: Rung, ctx: RunContext) -> RungResult:
     t0 = time.monotonic()
-    rep: dict[str, Any] = {
-        "name": rung.name,
-        "shape": dataclasses.asdict(rung.shape),
-        "seed": rung.seed,
-        "devices": rung.devices,
-        "virtual_devices": rung.virtual_devices,
-        "split_mode": rung.split_mode,
-        "allreduce": rung.allreduce,
-        "multi_device": rung.multi_device,
-        "ubatch": rung.ubatch,
-        "batch": rung.batch,
-        "ctx": rung.server_ctx(),
-        "ppl_ctx": rung.perplexity_ctx(),
-        "reference": rung.reference,
-        "modes": {},
-        "status": "pass",
-        "problems": [],
-    }
-    out = report_dir / rung.name
-    try:
-        inputs = _prepare(rung, ladder, vocab, models_dir, out, rep)
-    except FatalError as e:
-        rep.update(status="error", error=str(e), wall_s=time.monotonic() - t0)
-        return rep
+    out = ctx.report_dir / rung.name
+    inputs, prepared, failed = _prepare(rung, ctx, out)
+    if inputs is None:
+        return RungResult(rung, "error", (), {}, prepared, time.monotonic() - t0, error=str(failed))
     runs: dict[str, ModeRun] = {}
+    entries: dict[str, ModeResult] = {}
+    outcome = _Outcome()
     order = [rung.reference] + [m for m in rung.modes if m != rung.reference]
     for name in order:
         mode, side = mode_of(name), side_of(name)
         runner.log(f"    {rung.name}: mode {name}")
-        mr = run_mode(mode, rung, bins, side, inputs, out / name.replace(":", "@"), threads, startup_timeout)
+        mr = run_mode(mode, rung, side, inputs, out / name.replace(":", "@"), ctx)
         runs[name] = mr
-        rep["modes"][name] = _mode_entry(rep, name, rung, mr)
+        entries[name] = _mode_entry(outcome, name, rung, mr)
         if name == rung.reference and mr.error:
             break  # nothing to compare against
-    _compare(rep, rung, runs)
-    if not keep_logits and rep["status"] in ("pass", "invalid"):
+    compared = _compare(outcome, rung, runs)
+    modes = {n: dataclasses.replace(e, compare=compared[n]) if n in compared else e for n, e in entries.items()}
+    if not ctx.keep_logits and outcome.status in ("pass", "invalid"):
         for mr in runs.values():
             for a in ARTIFACTS.values():
                 if a.disposable and a.name in mr.artifacts:
                     mr.artifacts[a.name].unlink(missing_ok=True)
-    rep["wall_s"] = round(time.monotonic() - t0, 2)
-    return rep
+    wall = round(time.monotonic() - t0, 2)
+    return RungResult(rung, outcome.status, tuple(outcome.problems), modes, prepared, wall)
 
 
-def _prepare(rung: Rung, ladder: Ladder, vocab: Path, models_dir: Path, out: Path, rep: dict[str, Any]) -> Inputs:
-    """The rung's model (cached), its perplexity text and its prompts; what they are goes into ``rep``."""
-    vt = model.load_vocab(vocab)
-    rep["n_params"] = rung.shape.n_params(len(vt.tokens))
-    rep["boundary_mib_f32"] = rung.shape.n_embd * rung.ubatch * 4 / (1 << 20)
-    mpath = model.ensure_model(models_dir, rung.shape, rung.seed, vocab)
-    rep["model"] = str(mpath)
-    out.mkdir(parents=True, exist_ok=True)
-    text = out / "text.txt"
-    pc = rung.perplexity_ctx()
-    text.write_text(make_text(2 * pc + pc // 2 + 64, ladder.text_seed, vt.tokens), encoding="utf-8")
-    rep["prompt_words"] = rung.prompts_words()
-    return Inputs(mpath, text, make_prompts(rung, ladder.text_seed, vt.tokens))
+def _prepare(rung: Rung, ctx: RunContext, out: Path) -> tuple[Inputs | None, Prepared, FatalError | None]:
+    """The rung's model (cached), its perplexity text and its prompts, and what they are; on a setup error, what
+    was made before it and the error."""
+    prepared = Prepared()
+    try:
+        vt = model.load_vocab(ctx.vocab)
+        prepared = Prepared(rung.shape.n_params(len(vt.tokens)), rung.shape.n_embd * rung.ubatch * 4 / (1 << 20))
+        mpath = model.ensure_model(ctx.models_dir, rung.shape, rung.seed, ctx.vocab)
+        prepared = dataclasses.replace(prepared, model=str(mpath))
+        out.mkdir(parents=True, exist_ok=True)
+        text = out / "text.txt"
+        pc = rung.perplexity_ctx()
+        text.write_text(make_text(2 * pc + pc // 2 + 64, ctx.ladder.text_seed, vt.tokens), encoding="utf-8")
+        prepared = dataclasses.replace(prepared, prompt_words=tuple(rung.prompts_words()))
+        return Inputs(mpath, text, make_prompts(rung, ctx.ladder.text_seed, vt.tokens)), prepared, None
+    except FatalError as e:
+        return None, prepared, e
 
 
-def _record(path: Path | None) -> dict[str, object] | None:
-    rec = Record.of(path)
-    return rec.as_json() if rec else None
-
-
-def _mode_entry(rep: dict[str, Any], name: str, rung: Rung, mr: ModeRun) -> dict[str, Any]:
-    """One mode's report entry: its artifacts, and its error or its validity (which may fail the rung)."""
+def _mode_entry(outcome: _Outcome, name: str, rung: Rung, mr: ModeRun) -> ModeResult:
+    """One mode's result: its artifacts, and its error or its validity (which may fail the rung)."""
     mode = mode_of(name)
-    entry: dict[str, Any] = {
-        "wall_s": round(mr.wall_s, 2),
-        "side": side_of(name),
-        "variant": mode.variant,
-        "selectors": mode.env(),
-        **{a: _record(mr.artifacts.get(a)) for a in ARTIFACTS},
-    }
+    artifacts = {a: Record.of(mr.artifacts.get(a)) for a in ARTIFACTS}
+    entry = ModeResult(round(mr.wall_s, 2), side_of(name), mode.variant, mode.env(), artifacts)
     if mr.error:
-        entry["error"] = mr.error
-        rep["status"] = "error"
-        rep["problems"].append(f"{name}: {mr.error}")
-        return entry
+        outcome.status = "error"
+        outcome.problems.append(f"{name}: {mr.error}")
+        return dataclasses.replace(entry, error=mr.error)
     front = dataclasses.replace(mode, bridge="off" if mode.bridge else None) if mode.rpc else mode
     v = validate_mode(
         front,
@@ -298,45 +280,37 @@ def _mode_entry(rep: dict[str, Any], name: str, rung: Rung, mr: ModeRun) -> dict
         mr.metrics,
     )
     if mode.rpc:
-        r = validate_rpc(mode, mr.rpc_servers, rung, mr.links)
-        if rung.rpc_front_gpu:
-            r["problems"] += validate_front(rung, mr.logs)
-            r["ok"] = not r["problems"]
-        v.update(
-            ok=v["ok"] and r["ok"],
-            problems=v["problems"] + r["problems"],
-            notes=v["notes"] + r["notes"],
-            rpc=r["servers"],
-        )
-    entry["validity"] = v
-    if not v["ok"]:
-        if rep["status"] == "pass":
-            rep["status"] = "invalid"
-        rep["problems"] += [f"{name}: {p}" for p in v["problems"]]
-    return entry
+        front_problems = tuple(validate_front(rung, mr.logs)) if rung.rpc_front is RpcFront.GPU else ()
+        v = v.with_rpc(validate_rpc(mode, mr.rpc_servers, rung, mr.links), front_problems)
+    if not v.ok:
+        if outcome.status == "pass":
+            outcome.status = "invalid"
+        outcome.problems += [f"{name}: {p}" for p in v.problems]
+    return dataclasses.replace(entry, validity=v)
 
 
-def _compare(rep: dict[str, Any], rung: Rung, runs: dict[str, ModeRun]) -> None:
-    """Every mode's artifacts against the reference's, byte for byte."""
+def _compare(outcome: _Outcome, rung: Rung, runs: dict[str, ModeRun]) -> dict[str, dict[str, Comparison]]:
+    """Every mode's artifacts against the reference's, byte for byte, by mode (those compared)."""
     ref = runs.get(rung.reference)
-    if ref is not None and not ref.error:
-        for name, mr in runs.items():
-            if name == rung.reference or mr.error:
+    found: dict[str, dict[str, Comparison]] = {}
+    if ref is None or ref.error:
+        return found
+    for name, mr in runs.items():
+        if name == rung.reference or mr.error:
+            continue
+        cmp = found[name] = {}
+        for kind, art in ARTIFACTS.items():
+            a, b = ref.artifacts.get(kind), mr.artifacts.get(kind)
+            if a is None or b is None:
                 continue
-            cmp: dict[str, object] = {}
-            for kind, art in ARTIFACTS.items():
-                a, b = ref.artifacts.get(kind), mr.artifacts.get(kind)
-                if a is None or b is None:
-                    continue
-                c = compare(art, a, b)
-                cmp[kind] = c.as_json()
-                if c.first_difference is not None:
-                    rep["status"] = "mismatch"
-                    fd = c.first_difference
-                    rep["problems"].append(
-                        f"{name}: {kind} differ from {rung.reference} at byte {fd.get('offset')} ({fd.get('where')})"
-                    )
-            rep["modes"][name]["compare"] = cmp
+            c = cmp[kind] = compare(art, a, b)
+            if c.first_difference is not None:
+                outcome.status = "mismatch"
+                fd = c.first_difference
+                outcome.problems.append(
+                    f"{name}: {kind} differ from {rung.reference} at byte {fd.get('offset')} ({fd.get('where')})"
+                )
+    return found
 
 
 def run(args: LadderOptions, settings: Settings) -> int:
@@ -377,34 +351,32 @@ def run(args: LadderOptions, settings: Settings) -> int:
     except OSError as e:
         raise LadderSetupError(f"cannot create report directory {report_dir}", why=str(e)) from None
     threads = args.threads or os.cpu_count() or 1
-    rep: dict[str, Any] = {
-        "ladder": ladder.name,
-        "file": str(ladder.path),
-        "backend": ladder.backend,
-        "started": stamp,
-        "vocab": str(vocab),
-        "threads": threads,
-        "binaries": {"patched": None, "upstream": None, **bins.folders(), "same_build": bins.same_build},
-        "rungs": [],
-    }
+    ctx = RunContext(
+        ladder, bins, vocab, settings.layout.models, report_dir, threads, args.startup_timeout, args.keep_logits
+    )
+    binaries: dict[str, str | None] = {"patched": None, "upstream": None, **bins.folders()}
+    rep = LadderResult(
+        ladder.name, str(ladder.path), ladder.backend, stamp, str(vocab), threads, binaries, bins.same_build
+    )
     log(f"==> ladder {ladder.name}: {len(rungs)} rung(s) from {ladder.path}; report in {report_dir}")
-    t0, models = time.monotonic(), settings.layout.models
+    t0 = time.monotonic()
     for i, rung in enumerate(rungs, 1):
-        r = run_rung(rung, ladder, bins, vocab, models, report_dir, threads, args.startup_timeout, args.keep_logits)
-        rep["rungs"].append(r)
+        r = run_rung(rung, ctx)
+        rep = rep.add(r, time.monotonic() - t0)
         log(progress_line(i, len(rungs), r))
-        write_reports(rep, report_dir, time.monotonic() - t0)  # partial report after every rung
-    statuses = [r["status"] for r in rep["rungs"]]
+        write_reports(rep, report_dir)  # partial report after every rung
+    statuses = [r.status for r in rep.rungs]
     if any(s in ("mismatch", "invalid") for s in statuses):
-        rep["status"], rc = "fail", 1
+        status, rc = "fail", 1
     elif "error" in statuses:
-        rep["status"], rc = "error", LadderSetupError.exit_code
+        status, rc = "error", LadderSetupError.exit_code
     else:
-        rep["status"], rc = "pass", 0
-    write_reports(rep, report_dir, time.monotonic() - t0)
+        status, rc = "pass", 0
+    rep = dataclasses.replace(rep, status=status, wall_s=round(time.monotonic() - t0, 2))
+    write_reports(rep, report_dir)
     log(
-        f"==> ladder {ladder.name}: {rep['status'].upper()} "
-        f"({statuses.count('pass')}/{len(statuses)} rungs passed) in {rep['wall_s']:.1f}s"
+        f"==> ladder {ladder.name}: {rep.status.upper()} "
+        f"({statuses.count('pass')}/{len(statuses)} rungs passed) in {rep.wall_s:.1f}s"
     )
     if bins.same_build:
         log(

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from .artifact import Produced, Production, Stage
 from .inputs import RESULT_KEYS, canonical_response, request_payload
-from .schema import Rung
 
 
 class Responses:
@@ -17,9 +16,6 @@ class Responses:
     name = "responses"
     stage: Stage = "server"
     disposable = False
-
-    def wanted(self, rung: Rung) -> bool:
-        return True
 
     def produce(self, run: Production) -> Produced:
         assert run.server is not None, "responses are requests to a running llama-server"

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +11,9 @@ from ...foundations.config import Settings
 from ...foundations.errors import FatalError, LadderSetupError, UsageError
 from ...foundations.tomlfile import Key
 from ...runtime import modes
-from ...runtime.modes import MODES
 from .. import model, tensor_split
+from .kinds import SWITCHES, Boundaries, RpcFront, from_switches
+from .sides import DEFAULT_SIDES, Side, canonical_run, mode_of, parse_sides
 
 EXPECT_VALUES = ("engaged", "inactive", "either", "idle")
 #: ``idle``: the mechanism must say it is enabled; work is reported, not required (batching in -sm tensor's graphs,
@@ -21,50 +21,9 @@ EXPECT_VALUES = ("engaged", "inactive", "either", "idle")
 #: the builds a ladder file may name (``backend``): whose latest upstream and patched builds it compares
 LADDER_BACKENDS = tuple(modes.BACKENDS)
 SPLIT_MODES = ("none", "layer", "row", "tensor")
-#: keys of a ``[sides.NAME]`` table
-SIDE_KEYS = ("variant", "about", "cpu_variant")
 
 
 @dataclass(frozen=True)
-class Side:
-    """One set of binaries a ladder runs modes of: a build variant's latest build (the sides named ``patched`` and
-    ``upstream`` exist in every ladder), or any folder given with ``--side NAME=DIR`` (an installed wheel's bin/,
-    another build of the same series). A rung names a mode on a side as ``SIDE:MODE``; a bare mode runs on the side
-    named after its variant. The side's variant must be the mode's (a patched mode on an upstream build would prove
-    nothing)."""
-
-    name: str
-    variant: str
-    about: str = ""
-    cpu_variant: str | None = None
-    """The one ggml CPU variant module (``libggml-cpu-<name>.so``) the side's folder must hold (ggml loads the
-    best one it finds beside the program: a comparison per CPU variant needs exactly one on each side)."""
-
-
-#: the sides every ladder has
-DEFAULT_SIDES = {
-    v: Side(v, v, "the latest build of this variant, or --side %s=DIR" % v) for v in ("patched", "upstream")
-}
-
-
-def run_parts(run: str) -> tuple[str | None, str]:
-    """``"wheel:off"`` -> ("wheel", "off"); ``"off"`` -> (None, "off")."""
-    side, sep, mode = run.rpartition(":")
-    return (side if sep else None), mode
-
-
-def mode_of(run: str) -> modes.Mode:
-    """The mode of a rung's run (``MODE`` or ``SIDE:MODE``)."""
-    return MODES[run_parts(run)[1]]
-
-
-def side_of(run: str) -> str:
-    """The side a rung's run runs on: the one it names, else the one named after its mode's variant."""
-    side, mode = run_parts(run)
-    return side or MODES[mode].variant
-
-
-@dataclass
 class Rung:
     name: str
     shape: model.Shape
@@ -95,12 +54,12 @@ class Rung:
     perplexity_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     timeout: float = 1800.0
-    perplexity: bool = True
+    skips: frozenset[str] = frozenset()  # artifacts (ARTIFACTS' names) the rung does not produce
     rpc_servers: list[list[str]] = field(default_factory=list)  # device lists of the rpc-* modes' servers
     rpc_env: list[dict[str, str]] = field(default_factory=list)  # per rpc-server extra environment (same order)
-    rpc_front_gpu: bool = False  # rpc-* modes: llama-server keeps the rung's GPUs (else it gets none)
+    rpc_front: RpcFront = RpcFront.BARE  # rpc-* modes: where llama-server and llama-perplexity run
     rpc_link: str | None = None  # rpc-* modes: a shaped link RATE/DELAY to each rpc-server (shaper.py)
-    require_boundaries: bool = True  # bridge modes on a multi-device rung: the counters must show boundaries
+    boundaries: Boundaries = Boundaries.REQUIRED  # bridge modes on a multi-device rung
     # batched modes: backend -> the host buffer type its pinned pool must come from, or "none" (it must have none),
     # as the mechanism's ``pools:`` line says (e.g. Vulkan's host buffer type belongs to device 0 only)
     expect_pools: dict[str, str] = field(default_factory=dict)
@@ -145,7 +104,7 @@ def _as_list(v: Any) -> list[Any]:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
-RUNG_KEYS = {f.name for f in dataclasses.fields(Rung)}
+RUNG_KEYS = {f.name for f in fields(Rung)} - {name for name, _, _ in SWITCHES.values()} | set(SWITCHES)
 
 _INT_MAX = 2**31 - 1  # the C ints llama.cpp parses these into
 #: integer keys of a rung and their smallest value; ``None`` allowed for the optional ones
@@ -171,7 +130,7 @@ RUNG_SCHEMA: dict[str, Key] = {
     **{k: Key("int", low, MAX_N_PROBS if k == "n_probs" else _INT_MAX) for k, (low, _) in RUNG_INTS.items()},
     "timeout": Key("number", 0),
     **{k: Key("str") for k in RUNG_STRS},
-    "perplexity": Key("bool"),
+    **{k: Key("bool") for k in SWITCHES},
 }
 #: the keys that may be given as nothing (TOML has no null: only [defaults] merged in code)
 RUNG_OPTIONAL = {k for k, (_, optional) in RUNG_INTS.items() if optional} | {"allreduce"}
@@ -214,17 +173,17 @@ def _check_rung_types(merged: dict[str, Any], where: str) -> None:
 
 def parse_rung(d: dict[str, Any], defaults: dict[str, Any], where: str, sides: dict[str, Side] | None = None) -> Rung:
     """One ``[[rung]]`` over ``[defaults]``, every key checked; a LadderSetupError naming the rung otherwise."""
-    r = _make_rung(d, defaults, where)
-    _check_modes(r, where, DEFAULT_SIDES if sides is None else sides)
+    r = _check_modes(_make_rung(d, defaults, where), where, DEFAULT_SIDES if sides is None else sides)
     _check_sizes(r, where)
-    _check_rpc(r, where)
-    r.server_args = [str(a) for a in r.server_args]
-    r.perplexity_args = [str(a) for a in r.perplexity_args]
-    r.env = {str(k): str(v) for k, v in r.env.items()}
-    r.expect_pools = {str(k): str(v) for k, v in r.expect_pools.items()}
+    r = replace(
+        _check_rpc(r, where),
+        server_args=[str(a) for a in r.server_args],
+        perplexity_args=[str(a) for a in r.perplexity_args],
+        env={str(k): str(v) for k, v in r.env.items()},
+        expect_pools={str(k): str(v) for k, v in r.expect_pools.items()},
+    )
     if r.expect_pools and not any(mode_of(m).uses_batched for m in r.modes):
         raise LadderSetupError(f"{where} ({r.name}): expect_pools needs a batched mode")
-
     return r
 
 
@@ -252,40 +211,40 @@ def _make_rung(d: dict[str, Any], defaults: dict[str, Any], where: str) -> Rung:
     except (TypeError, ValueError, ArithmeticError) as e:  # a shape table with values of the wrong kind
         raise LadderSetupError(f"{where} ({merged['name']}): bad shape", why=f"{type(e).__name__}: {e}") from None
     try:
-        return Rung(**merged)
+        return Rung(**from_switches(merged))
     except TypeError as e:
         raise LadderSetupError(f"{where}: {e}") from None
 
 
-def _check_modes(r: Rung, where: str, known: dict[str, Side]) -> None:
+def _check_modes(r: Rung, where: str, known: dict[str, Side]) -> Rung:
     """The runs (``MODE`` or ``SIDE:MODE``) by their current names, the reference among them, the expectations."""
+    at = f"{where} ({r.name})"
     try:  # current names (older ones with a deprecation note, see modes.ALIASES)
-        r.modes = [_canonical_run(str(m), known, f"{where} ({r.name})") for m in _as_list(r.modes)]
-        r.reference = _canonical_run(str(r.reference), known, f"{where} ({r.name}) reference")
-        r.expect = {_canonical_run(str(k), known, f"{where} ({r.name}) expect"): v for k, v in dict(r.expect).items()}
+        runs = [canonical_run(str(m), known, at) for m in _as_list(r.modes)]
+        reference = canonical_run(str(r.reference), known, f"{at} reference")
+        expect = {canonical_run(str(k), known, f"{at} expect"): str(v) for k, v in dict(r.expect).items()}
     except UsageError as e:
         raise LadderSetupError(e.what, why=e.why, fix=e.fix) from None
-    other = [m for m in r.modes if mode_of(m).variant not in ("patched", "upstream")]
+    other = [m for m in runs if mode_of(m).variant not in ("patched", "upstream")]
     if other:
         raise LadderSetupError(
             f"{where} ({r.name}): mode(s) {', '.join(other)} need the {mode_of(other[0]).variant} build",
             why="the ladder compares the patched and upstream builds only",
             fix="use modes of those two builds",
         )
-    if r.reference not in r.modes:
-        r.modes.insert(0, r.reference)
-    if len(r.modes) < 2:
+    if reference not in runs:
+        runs.insert(0, reference)
+    if len(runs) < 2:
         raise LadderSetupError(f"{where} ({r.name}): a rung compares at least two modes")
     for k in ("expect_bridge", "expect_batched"):
         if getattr(r, k) not in EXPECT_VALUES:
             raise LadderSetupError(f"{where} ({r.name}): {k} must be one of {', '.join(EXPECT_VALUES)}")
-    r.expect = {str(k): str(v) for k, v in dict(r.expect).items()}
-    for k, val in r.expect.items():
-        if k not in r.modes or val not in EXPECT_VALUES:
+    for k, val in expect.items():
+        if k not in runs or val not in EXPECT_VALUES:
             raise LadderSetupError(
-                f"{where} ({r.name}): expect.{k} = {val!r}: keys are the rung's modes, "
-                f"values one of {', '.join(EXPECT_VALUES)}"
+                f"{at}: expect.{k} = {val!r}: keys are the rung's modes, values one of {', '.join(EXPECT_VALUES)}"
             )
+    return replace(r, modes=runs, reference=reference, expect=expect)
 
 
 def _check_sizes(r: Rung, where: str) -> None:
@@ -357,79 +316,39 @@ def effective_allreduce(r: Rung, run: str) -> str | None:
     return r.env.get(modes.ALLREDUCE) or mode_of(run).allreduce or r.allreduce
 
 
-def _check_rpc(r: Rung, where: str) -> None:
-    r.rpc_servers = [[str(d) for d in _as_list(x)] for x in _as_list(r.rpc_servers)]
-    if any(mode_of(m).rpc for m in r.modes) and not r.rpc_servers:
+def _check_rpc(r: Rung, where: str) -> Rung:
+    """The rpc-servers' device lists and environments, the front, the shaped link: as strings, checked."""
+    servers = [[str(d) for d in _as_list(x)] for x in _as_list(r.rpc_servers)]
+    if any(mode_of(m).rpc for m in r.modes) and not servers:
         raise LadderSetupError(
             f"{where} ({r.name}): rpc-* modes need rpc_servers (one device list per server)",
             fix='e.g. rpc_servers = [["CPU"], ["CPU"]]',
         )
     rpc_like = f"{where} ({r.name})"
-    if r.rpc_env:
-        envs = _as_list(r.rpc_env)
-        if len(envs) != len(r.rpc_servers) or not all(isinstance(e, dict) for e in envs):
-            raise LadderSetupError(
-                f"{rpc_like}: rpc_env needs one table per rpc-server ({len(r.rpc_servers)})",
-                fix='e.g. rpc_env = [{ GGML_CUDA_DEVICES = "2" }]',
-            )
-        r.rpc_env = [{str(k): str(v) for k, v in e.items()} for e in envs]
-    if (r.rpc_env or r.rpc_front_gpu or r.rpc_link) and not any(mode_of(m).rpc for m in r.modes):
+    envs = _as_list(r.rpc_env) if r.rpc_env else []
+    if envs and (len(envs) != len(servers) or not all(isinstance(e, dict) for e in envs)):
+        raise LadderSetupError(
+            f"{rpc_like}: rpc_env needs one table per rpc-server ({len(servers)})",
+            fix='e.g. rpc_env = [{ GGML_CUDA_DEVICES = "2" }]',
+        )
+    rpc_env = [{str(k): str(v) for k, v in e.items()} for e in envs]
+    front_gpu = r.rpc_front is RpcFront.GPU
+    if (rpc_env or front_gpu or r.rpc_link) and not any(mode_of(m).rpc for m in r.modes):
         raise LadderSetupError(f"{rpc_like}: rpc_env, rpc_front_gpu and rpc_link need rpc-* modes")
-    if r.rpc_front_gpu and r.devices <= 0:
+    if front_gpu and r.devices <= 0:
         raise LadderSetupError(f"{rpc_like}: rpc_front_gpu needs devices >= 1")
-    if r.rpc_link is not None:
+    link = r.rpc_link
+    if link is not None:
         from ...runtime.shaper import parse_link
 
         try:
-            r.rpc_link = str(parse_link(str(r.rpc_link)))
+            link = str(parse_link(str(link)))
         except UsageError as e:
             raise LadderSetupError(f"{rpc_like}: rpc_link: {e.what}", fix=e.fix) from None
+    return replace(r, rpc_servers=servers, rpc_env=rpc_env, rpc_link=link)
 
 
-def _canonical_run(text: str, sides: dict[str, Side], where: str) -> str:
-    """``SIDE:MODE`` or ``MODE`` with the mode's current name; the side written only where it is not the default
-    one of the mode's variant. The side must exist and build the mode's variant."""
-    side, name = run_parts(text)
-    mode = modes.lookup(name, where)
-    if side is None:
-        return mode.name
-    if side not in sides:
-        raise LadderSetupError(
-            f"{where}: {text!r} names the side {side!r}, which the ladder does not declare",
-            fix=f"sides: {', '.join(sides)}; declare others as [sides.{side}] with variant = ...",
-        )
-    if sides[side].variant != mode.variant:
-        raise LadderSetupError(
-            f"{where}: {text!r}: mode {mode.name} runs the {mode.variant} build, side {side} is {sides[side].variant}",
-            why="a mode of one build on binaries of another proves nothing",
-        )
-    return mode.name if side == mode.variant else f"{side}:{mode.name}"
-
-
-def parse_sides(table: Any, where: str) -> dict[str, Side]:
-    """The ladder's ``[sides.NAME]`` tables over the default ones (``patched``, ``upstream``)."""
-    out = dict(DEFAULT_SIDES)
-    if table is None:
-        return out
-    if not isinstance(table, dict):
-        raise LadderSetupError(f"{where}: [sides] must hold tables [sides.NAME]")
-    for name, t in table.items():
-        if not isinstance(t, dict) or set(t) - set(SIDE_KEYS) or not all(isinstance(v, str) for v in t.values()):
-            raise LadderSetupError(
-                f"{where}: [sides.{name}] must be a table of strings", fix=f"keys: {', '.join(SIDE_KEYS)}"
-            )
-        if not name or ":" in name or "/" in name:
-            raise LadderSetupError(f"{where}: side name {name!r} may not be empty or hold ':' or '/'")
-        variant = t.get("variant", out[name].variant if name in out else None)
-        if variant not in ("patched", "upstream"):
-            raise LadderSetupError(
-                f"{where}: [sides.{name}] variant = {variant!r}", fix="variant = \"patched\" or \"upstream\""
-            )
-        out[name] = Side(name, variant, t.get("about", ""), t.get("cpu_variant"))
-    return out
-
-
-@dataclass
+@dataclass(frozen=True)
 class Ladder:
     name: str
     path: Path

@@ -1,15 +1,17 @@
 """Validity rules: no vacuous pass. What every process's log (and /metrics, and the rpc-servers' counters)
-must show for a mode to count."""
+must show for a mode to count; the verdict is a :class:`~.results.Validity`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from ...runtime import logparse
 from ...runtime.engagement import BATCHED, BRIDGE, INACTIVE, allreduce_verdict, engaged
 from ...runtime.mechanisms import BRIDGE as BRIDGE_RECORD
 from ...runtime.modes import ALLREDUCE, BRIDGE_VALUES, VARIANTS, Mode
+from .kinds import Boundaries
+from .results import AllreducePath, Link, Mechanism, RpcCheck, RpcServerSeen, Validity
 from .schema import Rung
 
 
@@ -61,12 +63,15 @@ def _tot(stats: list[dict[str, int]], key: str) -> int:
     return sum(s.get(key, 0) for s in stats)
 
 
-def _summary(
-    state: str, per_process: dict[str, Any], inactive: Any, stats: list[dict[str, int]], totals: tuple[str, ...]
-) -> dict[str, Any]:
-    """A mechanism's part of a mode's report: its state, what each engaged process said, the processes where it was
-    inactive, its stats lines and the totals of the counters named."""
-    return {"state": state, **per_process, "inactive": inactive, "stats": stats, **{k: _tot(stats, k) for k in totals}}
+def _mechanism(
+    state: str,
+    per_process: Mapping[str, Mapping[str, object]],
+    inactive: Mapping[str, str],
+    stats: list[dict[str, int]],
+    totals: tuple[str, ...],
+) -> Mechanism:
+    """A mechanism's part of a mode's validity, the totals of the counters named summed over its stats lines."""
+    return Mechanism(state, per_process, inactive, tuple(stats), {k: _tot(stats, k) for k in totals})
 
 
 @dataclass
@@ -79,14 +84,22 @@ class _Validation:
     metrics: dict[str, int] | None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=lambda: {"bridge": None, "batched": None})
+    bridge: Mechanism | None = None
+    batched: Mechanism | None = None
+    devices_used: dict[str, int] | None = None
+    allreduce: dict[str, AllreducePath] | None = None
     bridge_stats: list[dict[str, int]] = field(default_factory=list)
     batched_stats: list[dict[str, int]] = field(default_factory=list)
+
+    def verdict(self) -> Validity:
+        return Validity(
+            tuple(self.problems), tuple(self.notes), self.bridge, self.batched, self.devices_used, self.allreduce
+        )
 
 
 def validate_mode(
     mode: Mode, rung: Rung, logs: dict[str, logparse.LogInfo], metrics: dict[str, int] | None = None
-) -> dict[str, Any]:
+) -> Validity:
     """Check the log-line contract for one mode across its processes (server, perplexity), and the server's live
     counters on /metrics (``metrics``, when it served them)."""
     v = _Validation(mode, rung, logs, metrics)
@@ -102,7 +115,7 @@ def validate_mode(
         _check_devices(v)
     if rung.split_mode == "tensor":
         _check_allreduce(v)
-    return {"ok": not v.problems, "problems": v.problems, "notes": v.notes, **v.summary}
+    return v.verdict()
 
 
 def _check_allreduce(v: _Validation) -> None:
@@ -110,23 +123,23 @@ def _check_allreduce(v: _Validation) -> None:
     :func:`ggml_bridge.runtime.engagement.allreduce_verdict`); over rpc-servers or CPU devices there is no CUDA
     communicator, so the meta backend's butterfly, and no internal pipeline line may appear."""
     value = v.rung.env.get(ALLREDUCE) or v.mode.allreduce or v.rung.allreduce  # (schema.effective_allreduce's order)
-    per: dict[str, Any] = {}
+    per: dict[str, AllreducePath] = {}
     for proc, info in v.logs.items():
         if v.rung.devices > 0 and not v.mode.rpc:
             patched = VARIANTS[v.mode.variant].patched
             bridge = BRIDGE_VALUES[v.mode.bridge] if patched and v.mode.bridge else None
             virtual = v.rung.virtual_devices is not None
             verdict = allreduce_verdict(info.allreduce, value, v.rung.n_devices, virtual, bridge, patched)
-            per[proc] = {"expected": verdict.expected, "seen": verdict.seen, "evidence": verdict.evidence}
+            per[proc] = AllreducePath(verdict.expected, verdict.seen, verdict.evidence)
             if not verdict.ok:
                 v.problems.append(f"{proc}: all-reduce {verdict.expected} not proved ({verdict.evidence})")
         else:
-            per[proc] = {"expected": "butterfly", "seen": info.allreduce.path, "evidence": "no CUDA communicator"}
+            per[proc] = AllreducePath("butterfly", info.allreduce.path, "no CUDA communicator")
             if info.allreduce.internal_ready:
                 v.problems.append(f"{proc}: an internal all-reduce pipeline started without CUDA devices")
-    v.summary["allreduce"] = per
-    paths = sorted({p["expected"] for p in per.values()})
-    v.notes.append(f"all-reduce: {', '.join(paths)} ({'; '.join(sorted({p['evidence'] for p in per.values()}))})")
+    v.allreduce = per
+    paths = sorted({p.expected for p in per.values()})
+    v.notes.append(f"all-reduce: {', '.join(paths)} ({'; '.join(sorted({p.evidence for p in per.values()}))})")
 
 
 def _check_selectors(v: _Validation) -> None:
@@ -153,13 +166,13 @@ def _check_selectors(v: _Validation) -> None:
 
 def _check_bridge(v: _Validation) -> None:
     """A bridge mode: engaged in every process (with boundaries on a multi-device rung), or inactive as the rung expects."""
-    mode, rung, logs, problems, notes, summary = v.mode, v.rung, v.logs, v.problems, v.notes, v.summary
+    mode, rung, logs, problems, notes = v.mode, v.rung, v.logs, v.problems, v.notes
     bridge_stats = v.bridge_stats
     assert mode.bridge is not None  # uses_bridge
     want_mode = BRIDGE_VALUES[mode.bridge]
     on, inactive, state = _verdicts(logs, BRIDGE)
     per_process = {"slots": {p: logs[p].bridge.slots for p in on}, "slot_mib": {p: logs[p].bridge.slot_mib for p in on}}
-    summary["bridge"] = _summary(state, per_process, inactive, bridge_stats, BRIDGE_RECORD.work_keys)
+    v.bridge = _mechanism(state, per_process, inactive, bridge_stats, BRIDGE_RECORD.work_keys)
     expect = rung.expect.get(mode.name, rung.expect_bridge)
     if state == "engaged":
         if expect == "inactive":
@@ -167,7 +180,7 @@ def _check_bridge(v: _Validation) -> None:
         for p in on:
             if logs[p].bridge.mode != want_mode:
                 problems.append(f"{p}: bridge mode {logs[p].bridge.mode}, expected {want_mode}")
-        if rung.multi_device and rung.require_boundaries:
+        if rung.multi_device and rung.boundaries is Boundaries.REQUIRED:
             if not bridge_stats:
                 problems.append("no bridge stats line (printed when the last CUDA backend is freed)")
             elif not any(_tot(bridge_stats, k) > 0 for k in BRIDGE_RECORD.work_keys):
@@ -176,7 +189,7 @@ def _check_bridge(v: _Validation) -> None:
                     + ", ".join(f"{k}={_tot(bridge_stats, k)}" for k in BRIDGE_RECORD.work_keys)
                     + ")"
                 )
-        if rung.multi_device and not rung.require_boundaries:
+        if rung.multi_device and rung.boundaries is Boundaries.COUNTED:
             notes.append(
                 f"bridge engaged, {_tot(bridge_stats, 'boundaries')} boundaries counted (the rung "
                 "does not require any: its split copies between devices on another path)"
@@ -191,17 +204,17 @@ def _check_bridge(v: _Validation) -> None:
 
 def _check_batched(v: _Validation) -> None:
     """A batched mode: engaged with async uploads (and its pools), or inactive as the rung expects."""
-    mode, rung, logs, problems, notes, summary = v.mode, v.rung, v.logs, v.problems, v.notes, v.summary
+    mode, rung, logs, problems, notes = v.mode, v.rung, v.logs, v.problems, v.notes
     metrics, batched_stats = v.metrics, v.batched_stats
     on, inactive, state = _verdicts(logs, BATCHED)
-    per_process = {
+    per_process: dict[str, Mapping[str, object]] = {
         "pool_mib": {p: logs[p].batched.pool_mib for p in on},
         "pools": {p: logs[p].batched.pools for p in on},
     }
     # fallbacks: what batching tried and could not stage (sync_*); upstream_uploads: what it left on upstream's path
     # (a backend without a pinned pool of its own, an input over the stage limit): reported, never counted as batches
     totals = ("async_uploads", "async_downloads", "fallbacks", "upstream_uploads")
-    summary["batched"] = _summary(state, per_process, inactive, batched_stats, totals)
+    v.batched = _mechanism(state, per_process, inactive, batched_stats, totals)
     expect = rung.expect.get(mode.name, rung.expect_batched)
     if state == "engaged":
         if expect == "inactive":
@@ -229,7 +242,7 @@ def _check_batched(v: _Validation) -> None:
             )
         if metrics is not None and mode.variant == "patched" and expect != "idle":
             live = metrics.get("batched_async_uploads_total", 0)
-            summary["batched"]["metrics_async_uploads"] = live
+            v.batched = replace(v.batched, metrics_async_uploads=live)
             if live <= 0:
                 problems.append(
                     "/metrics shows no batched async upload (llamacpp:batched_async_uploads_total="
@@ -247,9 +260,9 @@ def _check_batched(v: _Validation) -> None:
 
 def _check_devices(v: _Validation) -> None:
     """A multi-device rung: every process shows the model on the rung's devices."""
-    rung, logs, problems, summary = v.rung, v.logs, v.problems, v.summary
+    rung, logs, problems = v.rung, v.logs, v.problems
     used = {p: i.n_devices for p, i in logs.items()}
-    summary["devices_used"] = used
+    v.devices_used = used
     want = rung.n_devices
     low = {p: n for p, n in used.items() if n < want}
     if low:
@@ -263,8 +276,8 @@ def validate_rpc(
     mode: Mode,
     servers: dict[str, logparse.RpcServerInfo],
     rung: Rung | None = None,
-    links: dict[str, dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+    links: Mapping[str, Link] | None = None,
+) -> RpcCheck:
     """The rpc-servers of an rpc-* mode. Each computed graphs (counters) on the devices the rung gave it; one that
     owns two or more devices carried the boundary between them as RPC_CMD_COPY_TENSOR (else the rung did not
     exercise what it is about), through the bridge in a bridge mode (engaged in the mode asked for, boundaries
@@ -272,18 +285,14 @@ def validate_rpc(
     (``rung.rpc_link``) bytes crossed it both ways."""
     problems: list[str] = []
     notes: list[str] = []
-    summary: dict[str, Any] = {}
+    summary: dict[str, RpcServerSeen] = {}
     wanted = list(rung.rpc_servers) if rung is not None else []
     for i, (ep, info) in enumerate(servers.items()):
         c = info.latest
-        summary[ep] = {
-            "devices": info.devices,
-            "counters": c,
-            "bridge_enabled": info.bridge.enabled,
-            "bridge_mode": info.bridge.mode,
-        }
-        if links and ep in links:
-            _rpc_link(ep, links[ep], summary[ep], problems, notes)
+        link = links.get(ep) if links else None
+        summary[ep] = RpcServerSeen(tuple(info.devices), c, info.bridge.enabled, info.bridge.mode, link)
+        if link is not None:
+            _rpc_link(ep, link, problems, notes)
         if i < len(wanted) and info.devices and len(info.devices) != len(wanted[i]):
             problems.append(
                 f"rpc-server {ep}: given devices {','.join(wanted[i])} but it serves {','.join(info.devices)}"
@@ -306,17 +315,16 @@ def validate_rpc(
                 "(rpc_copy_tensor=0): no boundary between them was exercised"
             )
         _rpc_bridge(mode, ep, info, problems, notes)
-    return {"ok": not problems, "problems": problems, "notes": notes, "servers": summary}
+    return RpcCheck(tuple(problems), tuple(notes), summary)
 
 
-def _rpc_link(ep: str, link: dict[str, Any], summary: dict[str, Any], problems: list[str], notes: list[str]) -> None:
+def _rpc_link(ep: str, link: Link, problems: list[str], notes: list[str]) -> None:
     """Bytes crossed an rpc-server's shaped link both ways."""
-    summary["link"] = link
-    up, down = link["up"]["bytes"], link["down"]["bytes"]
+    up, down = link.up_bytes, link.down_bytes
     if up <= 0 or down <= 0:
-        problems.append(f"rpc-server {ep}: nothing crossed its shaped link {link['link']} (up {up} B, down {down} B)")
+        problems.append(f"rpc-server {ep}: nothing crossed its shaped link {link.name} (up {up} B, down {down} B)")
     else:
-        notes.append(f"rpc-server {ep}: {up} B up and {down} B down through the shaped link {link['link']}")
+        notes.append(f"rpc-server {ep}: {up} B up and {down} B down through the shaped link {link.name}")
 
 
 def _rpc_bridge(mode: Mode, ep: str, info: logparse.RpcServerInfo, problems: list[str], notes: list[str]) -> None:
@@ -372,8 +380,8 @@ def _rpc_bridge(mode: Mode, ep: str, info: logparse.RpcServerInfo, problems: lis
             )
 
 
-def validate_front(rung: Rung, logs: dict[str, logparse.LogInfo]) -> list[str]:
-    """rpc_front_gpu: every front process (llama-server, llama-perplexity) put layers on its own GPU and on the
+def validate_front(rung: Rung, logs: Mapping[str, logparse.LogInfo]) -> list[str]:
+    """A rung whose rpc front keeps its GPU (:attr:`RpcFront.GPU`): every front process (llama-server, llama-perplexity) put layers on its own GPU and on the
     rpc-servers (else the topology under test did not happen); problems, one per process."""
     problems = []
     for proc, info in logs.items():
