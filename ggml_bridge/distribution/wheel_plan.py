@@ -80,7 +80,7 @@ def nvcc_gpu_archs(nvcc: str) -> tuple[tuple[int, int], list[str]]:
 class WheelPlan:
     """What one ``pip wheel`` builds: its CMAKE_ARGS and, for CUDA, the runtime row (auditwheel excludes). The
     variant is always the patched one: the sdist's CMakeLists forces its options (``server_dist/CMakeLists.txt``,
-    checked against :data:`ggml_bridge.runtime.modes.VARIANTS` by tests/unit/test_wheel.py)."""
+    checked against :data:`ggml_bridge.runtime.modes.VARIANTS` by tests/unit/distribution/test_wheel.py)."""
 
     cmake_args: tuple[str, ...]
     runtime: CudaRuntime | None = None

@@ -6,7 +6,7 @@ A message says what went wrong, why, and what to do about it.
 
 The README's exit-code table and ``ggml-bridge --help``'s epilog are generated from here:
 ``python -m ggml_bridge.foundations.errors --markdown`` prints the table, ``--update README.md`` rewrites the README's section
-(tests/unit/test_cli.py fails when they differ).
+(tests/unit/cli/test_cli.py fails when they differ).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Build tests on the real pinned llama.cpp (slow; the fake llama.cpp ones are in tests/unit/test_build.py)."""
+"""Build tests on the real pinned llama.cpp (slow; the fake llama.cpp ones are in tests/unit/distribution/test_build.py)."""
 
 from __future__ import annotations
 

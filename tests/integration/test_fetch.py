@@ -1,4 +1,4 @@
-"""fetch of the real pinned llama.cpp (slow; the fake upstream ones are in tests/unit/test_fetch.py)."""
+"""fetch of the real pinned llama.cpp (slow; the fake upstream ones are in tests/unit/upstream/test_fetch.py)."""
 
 from __future__ import annotations
 

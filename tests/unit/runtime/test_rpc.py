@@ -18,7 +18,7 @@ from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import RpcError, UsageError
 from ggml_bridge.runtime import llama_server, logparse, rpc, serve
 
-from helpers import FAKE_RPC, bench_args, fake_model, write_fake_bin
+from helpers import FAKE_RPC, REPO_ROOT, bench_args, fake_model, write_fake_bin
 
 
 def _clear_fake_env(monkeypatch):
@@ -328,7 +328,7 @@ def test_serve_unreachable_endpoint_fails_before_llama_server(fake):
 def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
     log = tmp_path / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
-    env.update(FAKE_RPC_DIE_AFTER_S="2.5", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    env.update(FAKE_RPC_DIE_AFTER_S="2.5", PYTHONPATH=str(REPO_ROOT))
     code = (
         "import sys; from ggml_bridge.foundations import config; from ggml_bridge.runtime import serve\n"
         "from ggml_bridge.foundations.errors import FatalError\n"
@@ -371,7 +371,6 @@ def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
 
 # --- ladder: rpc-* modes ------------------------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[2]
 BANNER = "Starting RPC server v7.0.0\nDevices:\n"
 STATE = (
     "ggml_bridge_rpc: state: endpoint=127.0.0.1:5 pid=1 GGML_CUDA_MAPPED_HOST_BRIDGE=1 "
@@ -390,11 +389,11 @@ def _srv(devs, *lines):
 def test_shipped_rpc_ladders_parse():
     from ggml_bridge.experiments import ladder
 
-    cpu = ladder.load_ladder(ROOT / "ladders" / "rpc-cpu.toml")
+    cpu = ladder.load_ladder(REPO_ROOT / "ladders" / "rpc-cpu.toml")
     assert all(r.rpc_servers == [["CPU"], ["CPU"]] and "rpc-off" in r.modes for r in cpu.rungs)
     # the local reference must not use in-process-only CPU buffer types (AMX, repack): docs/rpc.md
     assert all("--no-repack" in r.server_args and "--no-repack" in r.perplexity_args for r in cpu.rungs)
-    cuda = ladder.load_ladder(ROOT / "ladders" / "cuda.toml")
+    cuda = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda.toml")
     rpc_rungs = {r.name: r for r in cuda.rungs if r.rpc_servers}
     assert [["CUDA0", "CUDA1"]] in [r.rpc_servers for r in rpc_rungs.values()]
     assert [["CUDA0"], ["CUDA1"]] in [r.rpc_servers for r in rpc_rungs.values()]

@@ -18,7 +18,7 @@ from ggml_bridge.foundations import config, runner, signals
 from ggml_bridge.foundations.errors import ServeError, UsageError
 from ggml_bridge.runtime import llama_server, logparse, modes, proof, serve
 
-from helpers import busy_port, fake_model, write_fake_bin
+from helpers import REPO_ROOT, busy_port, fake_model, write_fake_bin
 
 
 @pytest.fixture
@@ -264,7 +264,7 @@ def test_run_check_names_the_all_reduce_of_a_tensor_split(fake, monkeypatch, cap
 def _cli_proc(fake, extra_env, *args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
     env.update(extra_env)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = str(REPO_ROOT)
     code = (
         "import sys; from ggml_bridge.foundations import config; from ggml_bridge.runtime import serve\n"
         "from ggml_bridge import cli; a = cli.parse_command(cli.COMMANDS['serve'], sys.argv[1:])\n"

@@ -7,53 +7,53 @@ folder are as before). The next sweep starts by adding its rows here.
 
 Behaviours that are not one command's exit code have their own tests, listed here so the sweep is complete:
 
-* D1 serve's engagement proof without ``-lv 4``, the bounded --server-log: tests/unit/test_serve.py
+* D1 serve's engagement proof without ``-lv 4``, the bounded --server-log: tests/unit/runtime/test_serve.py
   (test_serve_proves_from_metrics_without_verbose_logging, test_server_log_is_rotated_at_its_cap); the figures:
   results/2026-12-02-cpu-serve-overhead/;
-* D2 a second ``rebase --onto`` while stopped, ``--abort`` keeping hand edits: tests/unit/test_rebase.py
+* D2 a second ``rebase --onto`` while stopped, ``--abort`` keeping hand edits: tests/unit/upstream/test_rebase.py
   (test_second_onto_while_stopped_refuses_and_abort_keeps_hand_edits);
-* SIGKILL of the launcher: tests/unit/test_serve.py (test_sigkill_of_the_launcher_does_not_orphan_the_server);
+* SIGKILL of the launcher: tests/unit/runtime/test_serve.py (test_sigkill_of_the_launcher_does_not_orphan_the_server);
 * serve stopped by a signal, an interrupted wheel's pip files, the unsafe-member error, the wheel's versioned
   libraries: below, after the table.
 
 The fourth sweep: its rows are the table's sections marked "fourth sweep"; its faults beyond one command's exit code
 have their own tests:
 
-* D1 a work tree git cannot read: tests/unit/test_patch.py (test_a_work_tree_whose_state_cannot_be_read_is_kept),
-  another user's in a shared cache: tests/unit/test_disks_and_users.py
+* D1 a work tree git cannot read: tests/unit/upstream/test_patch.py (test_a_work_tree_whose_state_cannot_be_read_is_kept),
+  another user's in a shared cache: tests/unit/cli/test_disks_and_users.py
   (test_another_users_hand_edits_in_a_shared_cache_are_kept);
-* D2 two clones, another user, two rebases at once: tests/unit/test_rebase.py
+* D2 two clones, another user, two rebases at once: tests/unit/upstream/test_rebase.py
   (test_two_clones_sharing_a_cache_keep_their_own_stopped_work_trees,
   test_another_user_of_the_same_checkout_cannot_touch_a_stopped_rebase,
   test_a_second_rebase_of_one_project_is_refused_while_the_first_runs);
-* D3 the server log on a full disk: tests/unit/test_serve.py (test_the_log_pump_survives_a_full_disk),
-  tests/unit/test_disks_and_users.py (test_serve_with_its_log_on_a_full_disk_keeps_serving,
+* D3 the server log on a full disk: tests/unit/runtime/test_serve.py (test_the_log_pump_survives_a_full_disk),
+  tests/unit/cli/test_disks_and_users.py (test_serve_with_its_log_on_a_full_disk_keeps_serving,
   test_serve_with_its_log_on_dev_full);
-* D8 inputs another user cannot read: tests/unit/test_disks_and_users.py
+* D8 inputs another user cannot read: tests/unit/cli/test_disks_and_users.py
   (test_inputs_another_user_cannot_read_are_one_error_each);
-* D9 a full disk during fetch's download or patch's copy: tests/unit/test_fetch.py
+* D9 a full disk during fetch's download or patch's copy: tests/unit/upstream/test_fetch.py
   (test_a_full_disk_during_the_download_is_exit_13, test_a_full_disk_while_the_work_tree_is_copied_is_exit_13),
-  tests/unit/test_disks_and_users.py (test_fetch_onto_a_full_disk_is_exit_13_and_leaves_nothing,
+  tests/unit/cli/test_disks_and_users.py (test_fetch_onto_a_full_disk_is_exit_13_and_leaves_nothing,
   test_patch_onto_a_full_disk_is_exit_13_and_keeps_the_tree);
-* D10 a damaged rebase state: tests/unit/test_rebase.py (test_a_damaged_rebase_state_is_no_dead_end);
-* D11 Ctrl-C during the web UI's npm: tests/unit/test_ui.py (test_an_interrupted_npm_leaves_no_work_folder);
-* D12 a server ignoring SIGTERM: tests/unit/test_serve.py (test_a_forwarded_sigterm_is_escalated_to_sigkill_after_the_grace,
+* D10 a damaged rebase state: tests/unit/upstream/test_rebase.py (test_a_damaged_rebase_state_is_no_dead_end);
+* D11 Ctrl-C during the web UI's npm: tests/unit/distribution/test_ui.py (test_an_interrupted_npm_leaves_no_work_folder);
+* D12 a server ignoring SIGTERM: tests/unit/runtime/test_serve.py (test_a_forwarded_sigterm_is_escalated_to_sigkill_after_the_grace,
   test_check_with_a_stubborn_server_that_never_gets_ready_ends_after_the_grace,
   test_sigkill_of_the_launcher_kills_even_a_stubborn_server);
-* D13 a wrong sha256 in pin.toml: tests/unit/test_fetch.py (test_a_wrong_sha256_in_pin_toml_leaves_the_good_cached_sdist_alone);
-* D14 a read-only cache offline: tests/unit/test_disks_and_users.py (test_a_read_only_cache_offline_is_exit_13);
-* D24 a corrupt tree.json: tests/unit/test_fetch.py (test_a_damaged_tree_record_is_repaired);
-* D30 a relative XDG_CACHE_HOME: tests/unit/test_config.py (test_a_relative_xdg_cache_home_is_ignored);
+* D13 a wrong sha256 in pin.toml: tests/unit/upstream/test_fetch.py (test_a_wrong_sha256_in_pin_toml_leaves_the_good_cached_sdist_alone);
+* D14 a read-only cache offline: tests/unit/cli/test_disks_and_users.py (test_a_read_only_cache_offline_is_exit_13);
+* D24 a corrupt tree.json: tests/unit/upstream/test_fetch.py (test_a_damaged_tree_record_is_repaired);
+* D30 a relative XDG_CACHE_HOME: tests/unit/foundations/test_config.py (test_a_relative_xdg_cache_home_is_ignored);
 * the fifth sweep (issue 50): its rows are named by their defect (``e1-...``, ``d25-...``, ``path-...``); the rest
   have their own tests: E2, E4, E9, E11, E12, E13, E15 and the properties of the probe parser and the advice:
-  tests/unit/test_doctor_inputs.py; E21 a stage whose owner was killed: tests/unit/test_cache.py
+  tests/unit/experiments/test_doctor_inputs.py; E21 a stage whose owner was killed: tests/unit/foundations/test_cache.py
   (test_a_stage_whose_owner_was_killed_is_swept_by_the_next_run); E22 one report pooled twice:
-  tests/unit/test_bench.py (test_pool_refuses_one_report_twice); E25's grammar: tests/unit/test_modes.py;
-  D12 a stubborn server killed during start-up: tests/unit/test_serve.py
+  tests/unit/experiments/test_bench.py (test_pool_refuses_one_report_twice); E25's grammar: tests/unit/runtime/test_modes.py;
+  D12 a stubborn server killed during start-up: tests/unit/runtime/test_serve.py
   (test_a_stubborn_server_killed_during_start_up_is_exit_137);
-* what serve says about the RPC front and each rpc-server: tests/unit/test_rpc.py
+* what serve says about the RPC front and each rpc-server: tests/unit/runtime/test_rpc.py
   (test_serve_says_one_consistent_thing_about_the_rpc_front_and_each_rpc_server); the pair decisions on /metrics:
-  tests/unit/test_engagement.py (test_the_pair_decisions_on_metrics_are_reported_or_said_missing).
+  tests/unit/runtime/test_engagement.py (test_the_pair_decisions_on_metrics_are_reported_or_said_missing).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ from ggml_bridge.foundations import config, errors
 from ggml_bridge.runtime import llama_server
 from ggml_bridge.upstream import fetch
 
-from helpers import fake_model, write_fake_bin
+from helpers import FIXTURES, REPO_ROOT, fake_model, write_fake_bin
 
 NON_UTF8 = b"\xff\xfe\x00not utf-8 \xe9\n"
 
@@ -137,7 +137,7 @@ def _pin_edit(old: str, new: str) -> Callable[[Path, Path], None]:
     return make
 
 
-PROBE_OK = str(Path(__file__).resolve().parents[1] / "fixtures" / "probe" / "mock-2gpu-ok.txt")
+PROBE_OK = str(FIXTURES / "probe" / "mock-2gpu-ok.txt")
 
 
 def _probe_edit(old: str, new: str) -> Callable[[Path, Path], None]:
@@ -1058,7 +1058,7 @@ def test_serve_stopped_by_a_signal_exits_128_plus_n(tmp_path: Path) -> None:
     bin_dir = write_fake_bin(tmp_path / "bin")
     model = fake_model(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = str(REPO_ROOT)
     port = llama_server.free_port()
     p = subprocess.Popen(
         [

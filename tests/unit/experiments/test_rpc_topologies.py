@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -18,9 +17,8 @@ from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import LadderSetupError
 from ggml_bridge.runtime import llama_server, logparse, rpc
 
-from helpers import FAKE_RPC, ladder_options, make_vocab, write_fake_bin
+from helpers import FAKE_RPC, REPO_ROOT, ladder_options, make_vocab, write_fake_bin
 
-ROOT = Path(__file__).resolve().parents[2]
 BANNER = "Starting RPC server v7.0.0\nDevices:\n"
 STATE = (
     "ggml_bridge_rpc: state: endpoint=127.0.0.1:1 pid=1 GGML_CUDA_MAPPED_HOST_BRIDGE=force bridge_counters=available\n"
@@ -70,7 +68,7 @@ def test_schema_keys_and_their_checks():
 def test_shipped_one_gpu_rpc_and_split_rungs():
     """ladders/cuda-1gpu.toml holds the three RPC topologies of one GPU and a shaped one; -sm row is in
     ladders/cuda.toml (two GPUs)."""
-    lad = ladder.load_ladder(ROOT / "ladders" / "cuda-1gpu.toml")
+    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda-1gpu.toml")
     rungs = {r.name: r for r in lad.rungs}
     virt = rungs["rpc1x2virt-small-ub512"]
     assert virt.rpc_servers == [["CUDA0", "CUDA1"]] and virt.rpc_env == [{"GGML_CUDA_DEVICES": "2"}]
@@ -88,7 +86,7 @@ def test_shipped_one_gpu_rpc_and_split_rungs():
     # shapes: the one-GPU ladder keeps layer splits only, the row rung is in the two-GPU ladder
     splits = {r.split_mode for r in lad.rungs if r.virtual_devices and "bridge-force" in r.modes}
     assert splits == {"layer"}
-    two_gpu = {r.name: r for r in ladder.load_ladder(ROOT / "ladders" / "cuda.toml").rungs}
+    two_gpu = {r.name: r for r in ladder.load_ladder(REPO_ROOT / "ladders" / "cuda.toml").rungs}
     row = two_gpu["2gpu-row-small-ub512"]
     assert row.split_mode == "row" and row.devices == 2 and not row.virtual_devices and "bridge-force" in row.modes
 
@@ -157,7 +155,7 @@ def env(tmp_path, monkeypatch):
         tmp=tmp_path,
         vocab=make_vocab(tmp_path / "vocab.gguf"),
         patched=b,
-        settings=config.Settings(cache_dir=tmp_path / "cache", project_dir=ROOT),
+        settings=config.Settings(cache_dir=tmp_path / "cache", project_dir=REPO_ROOT),
     )
 
 

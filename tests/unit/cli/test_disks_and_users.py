@@ -23,6 +23,7 @@ from ggml_bridge.runtime import llama_server
 
 from helpers import (
     OTHER_UID,
+    REPO_ROOT,
     fake_model,
     fill,
     other_user_or_skip,
@@ -107,7 +108,7 @@ def _serve_check_with_log(tmp_path: Path, log: Path) -> subprocess.CompletedProc
     bin_dir = write_fake_bin(tmp_path / "bin")
     model = fake_model(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_", "GGML_BRIDGE_"))}
-    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2]), FAKE_NOISE="5000")
+    env.update(PYTHONPATH=str(REPO_ROOT), FAKE_NOISE="5000")
     argv = ["serve", "--check", "--startup-timeout", "60", "--server", str(bin_dir / "llama-server")]
     argv += ["--server-log", str(log), "--", "-m", str(model), "--port", str(llama_server.free_port())]
     return subprocess.run(

@@ -23,10 +23,9 @@ from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import BuildError, NotBuiltError, ServeError, ToolchainError, UsageError
 from ggml_bridge.upstream import pin
 
-from helpers import fake_model, fake_vulkan_root, write_fake_bin
+from helpers import REPO_ROOT, fake_model, fake_vulkan_root, write_fake_bin
 
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATES = ROOT / "ggml_bridge" / "distribution" / "server_dist"
+TEMPLATES = REPO_ROOT / "ggml_bridge" / "distribution" / "server_dist"
 
 
 def sdist_members(path: Path) -> dict[str, tarfile.TarInfo]:
@@ -432,7 +431,7 @@ def test_cuda_architectures_are_the_tables_that_the_toolkit_lists() -> None:
 
 
 def _settings(tmp_path: Path, **over: str) -> config.Settings:
-    return config.load({"cache_dir": str(tmp_path / "c"), **over}, env={}, cwd=ROOT)
+    return config.load({"cache_dir": str(tmp_path / "c"), **over}, env={}, cwd=REPO_ROOT)
 
 
 def test_the_default_wheel_plan_is_the_portable_cpu_build(tmp_path: Path) -> None:

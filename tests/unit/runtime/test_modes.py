@@ -13,6 +13,8 @@ from ggml_bridge.foundations.errors import BenchError, LadderSetupError, UsageEr
 from ggml_bridge.runtime import modes, proof, serve
 from ggml_bridge.upstream import patch as patchmod
 
+from helpers import REPO_ROOT
+
 
 def test_mode_environments_say_what_their_names_say():
     env = {n: m.env() for n, m in modes.MODES.items()}
@@ -56,7 +58,7 @@ def test_old_names_are_accepted_with_a_note_and_both_is_refused(capsys):
 
 
 def test_ladder_files_use_current_names(tmp_path: Path):
-    root = Path(__file__).resolve().parents[2] / "ladders"
+    root = REPO_ROOT / "ladders"
     for f in root.glob("*.toml"):
         for r in ladder.load_ladder(f).rungs:
             assert {ladder.sides.run_parts(m)[1] for m in r.modes} <= set(modes.MODES), (f, r.modes)
@@ -88,7 +90,7 @@ def test_bench_serve_and_build_derive_from_the_table():
     # the test-only baseline: its own series folder, never the project's, never with it
     base = modes.VARIANTS["upstream-nopeer-virtual"]
     assert not base.patched and base.test_patches and "TEST-ONLY" in base.about
-    series = patchmod.read_series(Path(__file__).resolve().parents[2] / "patches" / base.test_patches)
+    series = patchmod.read_series(REPO_ROOT / "patches" / base.test_patches)
     assert len(series.patches) == 1 and "test-only" in series.patches[0].name
     assert builder.SHARED_ORDER == tuple(modes.VARIANTS), "the shared tree can make every variant, in table order"
 

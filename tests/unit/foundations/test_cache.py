@@ -15,6 +15,8 @@ from ggml_bridge.foundations import cache
 from ggml_bridge.foundations.errors import CacheError
 from ggml_bridge.foundations.layout import Layout
 
+from helpers import REPO_ROOT
+
 
 def test_staging_is_removed_on_error_and_published_on_success(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
@@ -125,7 +127,7 @@ with cache.staging(Layout(Path(sys.argv[1])), "abc") as stage:
 
 
 def _stager(cache_dir: Path) -> tuple[subprocess.Popen[str], Path]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     p = subprocess.Popen([sys.executable, "-c", _STAGER, str(cache_dir)], stdout=subprocess.PIPE, text=True, env=env)
     assert p.stdout is not None
     return p, Path(p.stdout.readline().strip())
@@ -173,7 +175,7 @@ def test_the_layout_names_every_entry_as_the_cache_has_always_named_it(tmp_path:
 
 def test_no_module_but_the_layout_joins_a_path_onto_the_cache_directory() -> None:
     """``ggml_bridge.foundations.layout`` owns the cache's folder names: a stage asks its Layout, never ``cache_dir / "x"``."""
-    package = Path(__file__).resolve().parents[2] / "ggml_bridge"
+    package = REPO_ROOT / "ggml_bridge"
     joins = re.compile(r"(cache_dir\)?|layout\.root) */|cache_dir\.joinpath")
     bad = [
         f"{p.relative_to(package)}:{n}: {line.strip()}"
