@@ -1,12 +1,11 @@
-"""Fixtures of the unit tests shared by several modules: the synthetic upstream of the rebase and radar tests
-(``up``), a project checkout pinned to it (``proj``) and its settings (``st``); ``cli.main`` on the fake project
-(``cli_env``); bench on fake variants whose programs record their command lines (``bench_env``); bench's plots only
-where asked for (``plots`` marker)."""
+"""Fixtures of the unit tests of several wings: bench on fake variants whose programs record their command lines
+(``bench_env``: runtime's rpc tests, experiments' rpc topologies); ``cli.main`` on the fake project
+(``cli_settings``: the cli and fetch tests); bench's plots only where asked for (``plots`` marker). A fixture that
+one wing's tests use is in that wing's conftest.py, one that one module uses is in that module."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +15,7 @@ import pytest
 from ggml_bridge.foundations import config
 from ggml_bridge.runtime import rpc
 
-from fixtures import fakellama
-from helpers import RebaseUpstream, make_rebase_upstream, rebase_pin_text, write_fake_variants
+from helpers import write_fake_variants
 
 
 @pytest.fixture(autouse=True)
@@ -30,47 +28,8 @@ def _bench_plots(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setattr(orchestrate, "plot", lambda report, out_dir: [])
 
 
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> RebaseUpstream:
-    """The upstream of :func:`helpers.make_rebase_upstream`, once per module."""
-    return make_rebase_upstream(tmp_path_factory.mktemp("rebase-up"))
-
-
 @pytest.fixture
-def proj(tmp_path: Path, up: RebaseUpstream) -> Path:
-    """A project checkout (git, committed) pinned to b1 with the two-patch series."""
-    p = tmp_path / "project"
-    p.mkdir()
-    shutil.copytree(up.patches, p / "patches")
-    (p / "pin.toml").write_text(rebase_pin_text(up))
-    fakellama.git(p, "init", "-q", "-b", "main")
-    fakellama.git(p, "add", "-A")
-    fakellama.git(p, "commit", "-q", "-m", "project")
-    return p
-
-
-@pytest.fixture
-def st(tmp_path: Path, proj: Path, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
-    for var in list(os.environ):
-        if var.startswith("GGML_BRIDGE_"):
-            monkeypatch.delenv(var)
-    # cli.main() reads these: never the real checkout or the user's cache
-    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(proj))
-    monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(tmp_path / "cache"))
-    return config.load(
-        {
-            "cache_dir": str(tmp_path / "cache"),
-            "project_dir": str(proj),
-            "fetch.connect_timeout": 2.0,
-            "build.backend": "cpu",
-        },
-        env={},
-        cwd=tmp_path,
-    )
-
-
-@pytest.fixture
-def cli_env(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
+def cli_settings(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
     """``cli.main`` on the fake project and its PyPI (as ``settings``), on the CPU backend."""
     monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(settings.project_dir))
     monkeypatch.setenv("GGML_BRIDGE_PYPI_URL", settings.fetch.pypi_url)

