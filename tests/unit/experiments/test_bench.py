@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -27,24 +27,33 @@ def variants(tmp_path: Path) -> Path:
     return write_fake_variants(tmp_path / "variants")
 
 
+@dataclass(frozen=True)
+class TwoGpuBench:
+    order: Path
+    """Each fake program of ``variants`` appends its command line here."""
+    model: Path
+    settings: config.Settings
+
+
 @pytest.fixture
-def env(tmp_path, monkeypatch):
+def two_gpu_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TwoGpuBench:
+    """bench on a rig of two (fake) GPUs, with a model file and settings whose cache is under tmp_path."""
     order = tmp_path / "order.txt"
     monkeypatch.setenv("FAKE_ORDER", str(order))
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 2)
     monkeypatch.setattr(orchestrate, "gpu_env", lambda: {})
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    return SimpleNamespace(order=order, model=model, settings=config.Settings(cache_dir=tmp_path / "cache"))
+    return TwoGpuBench(order=order, model=model, settings=config.Settings(cache_dir=tmp_path / "cache"))
 
 
 @pytest.mark.plots
-def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
+def test_interleaved_rounds_ratios_and_report(variants, two_gpu_bench, tmp_path):
     report_dir = tmp_path / "report"
-    args = _args(variants_dir=variants, model=env.model, rounds=3, reps=3, report=report_dir)
-    assert orchestrate.bench(args, env.settings) == 0
+    args = _args(variants_dir=variants, model=two_gpu_bench.model, rounds=3, reps=3, report=report_dir)
+    assert orchestrate.bench(args, two_gpu_bench.settings) == 0
 
-    order = env.order.read_text().splitlines()
+    order = two_gpu_bench.order.read_text().splitlines()
     # six cases in the multi-gpu suite, three rounds, each round rotated by one
     assert len(order) == 18
     first = [line.split()[0] + line.split()[1] for line in order]
@@ -82,56 +91,64 @@ def test_interleaved_rounds_ratios_and_report(variants, env, tmp_path):
     assert (report_dir / "microbench.png").stat().st_size > 1000
 
 
-def _quick(variants, env, report, rounds=1, reps=1, **kw):  # type: ignore[no-untyped-def]
+def _quick(variants, two_gpu_bench, report, rounds=1, reps=1, **kw):  # type: ignore[no-untyped-def]
     """The bench's arguments for the fake variants and model: ``rounds`` x ``reps``, no microbenchmark, ``kw`` set."""
     return _args(
-        variants_dir=variants, model=env.model, rounds=rounds, reps=reps, report=report, microbench=False, **kw
+        variants_dir=variants,
+        model=two_gpu_bench.model,
+        rounds=rounds,
+        reps=reps,
+        report=report,
+        microbench=False,
+        **kw,
     )
 
 
-def _report(args, env):  # type: ignore[no-untyped-def]
+def _report(args, two_gpu_bench):  # type: ignore[no-untyped-def]
     """Run the bench (it must exit 0) and read the bench.json it wrote into args.report."""
-    assert orchestrate.bench(args, env.settings) == 0
+    assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     return json.loads((Path(args.report) / "bench.json").read_text())
 
 
-def test_not_engaged_bridge_fails_and_is_reported(variants, env, tmp_path, monkeypatch):
+def test_not_engaged_bridge_fails_and_is_reported(variants, two_gpu_bench, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NO_ENGAGE", "1")
     report_dir = tmp_path / "r"
-    args = _quick(variants, env, report_dir, cases=("upstream-p2p", "bridge"))
+    args = _quick(variants, two_gpu_bench, report_dir, cases=("upstream-p2p", "bridge"))
     with pytest.raises(BenchError, match="did not engage"):
-        orchestrate.bench(args, env.settings)
+        orchestrate.bench(args, two_gpu_bench.settings)
     rep = json.loads((report_dir / "bench.json").read_text())
     assert rep["not_engaged"] == ["bridge"]
     assert "bridge" not in rep["ratios"].get("upstream-p2p", {})
     assert "inactive: single device" in rep["cases"][1]["engagement"]
 
 
-def test_failed_case_is_an_error(variants, env, tmp_path, monkeypatch):
+def test_failed_case_is_an_error(variants, two_gpu_bench, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "nopeer")
-    args = _quick(variants, env, tmp_path / "r", cases=("upstream-p2p", "upstream-nopeer"))
+    args = _quick(variants, two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "upstream-nopeer"))
     with pytest.raises(BenchError, match="nopeer"):
-        orchestrate.bench(args, env.settings)
+        orchestrate.bench(args, two_gpu_bench.settings)
 
 
-def test_batched_suite_requires_async_counts(variants, env, tmp_path):
-    args = _quick(variants, env, tmp_path / "r", rounds=2, reps=2, suite="batched")
-    rep = _report(args, env)
+def test_batched_suite_requires_async_counts(variants, two_gpu_bench, tmp_path):
+    args = _quick(variants, two_gpu_bench, tmp_path / "r", rounds=2, reps=2, suite="batched")
+    rep = _report(args, two_gpu_bench)
     assert rep["ratios"]["off"]["batched"]["tg128"]["ratio"] == pytest.approx(103.0 / 99.0)
-    order = env.order.read_text().splitlines()
+    order = two_gpu_bench.order.read_text().splitlines()
     assert all("patched" in line for line in order) and len(order) == 4
 
 
-def test_gpu_suite_without_gpu_says_what_it_cannot_measure(variants, env, tmp_path, monkeypatch):
+def test_gpu_suite_without_gpu_says_what_it_cannot_measure(variants, two_gpu_bench, tmp_path, monkeypatch):
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 0)
     with pytest.raises(BenchError, match="needs CUDA GPUs"):
-        orchestrate.bench(_args(variants_dir=variants, model=env.model, suite="multi-gpu"), env.settings)
+        orchestrate.bench(
+            _args(variants_dir=variants, model=two_gpu_bench.model, suite="multi-gpu"), two_gpu_bench.settings
+        )
 
 
-def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
+def test_missing_variant_is_skipped_not_invented(variants, two_gpu_bench, tmp_path):
     args = _args(
         bin_dirs={"patched": variants / "patched"},
-        model=env.model,
+        model=two_gpu_bench.model,
         rounds=1,
         reps=1,
         report=tmp_path / "r",
@@ -139,10 +156,10 @@ def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
         microbench=False,
     )
     args = dataclasses.replace(args, variants_dir=None)
-    assert orchestrate.bench(args, env.settings) == 0
+    assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     args = _args(
         bin_dirs={"patched": variants / "patched", "upstream": tmp_path / "nothing-here"},
-        model=env.model,
+        model=two_gpu_bench.model,
         rounds=1,
         reps=1,
         report=tmp_path / "r2",
@@ -150,7 +167,7 @@ def test_missing_variant_is_skipped_not_invented(variants, env, tmp_path):
         microbench=False,
     )
     with pytest.raises(BenchError, match="llama-bench not found"):
-        orchestrate.bench(args, env.settings)
+        orchestrate.bench(args, two_gpu_bench.settings)
 
 
 def test_noise_is_called_noise():
@@ -205,7 +222,7 @@ def test_plot_microbench_only(tmp_path):
     assert (tmp_path / "microbench.png").stat().st_size > 1000
 
 
-def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monkeypatch):
+def test_missing_builds_are_built_unless_no_build(variants, two_gpu_bench, tmp_path, monkeypatch):
     """Without bin dirs the bench reuses the build stage's builds, builds what is missing (--build, the
     default), and with --no-build skips those cases instead of inventing figures."""
     from ggml_bridge.distribution import builder
@@ -220,19 +237,25 @@ def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monke
 
     def ensure(settings, variant=None, **kw):
         built.append(variant)
-        return SimpleNamespace(bin_dir=variants / "patched")
+        d = variants / "patched"
+        return builder.BuildResult(variant, settings.build.backend, d, d, d / "manifest.json")
 
     monkeypatch.setattr(builder, "find_binary", find_binary)
     monkeypatch.setattr(builder, "ensure", ensure)
     args = _args(
-        model=env.model, rounds=1, reps=1, report=tmp_path / "r", cases=("upstream-p2p", "bridge"), microbench=False
+        model=two_gpu_bench.model,
+        rounds=1,
+        reps=1,
+        report=tmp_path / "r",
+        cases=("upstream-p2p", "bridge"),
+        microbench=False,
     )
-    assert orchestrate.bench(args, env.settings) == 0
+    assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     assert built == ["patched"]
 
     built.clear()
     args = _args(
-        model=env.model,
+        model=two_gpu_bench.model,
         rounds=1,
         reps=1,
         report=tmp_path / "r2",
@@ -240,7 +263,7 @@ def test_missing_builds_are_built_unless_no_build(variants, env, tmp_path, monke
         microbench=False,
         build=False,
     )
-    rep = _report(args, env)
+    rep = _report(args, two_gpu_bench)
     assert built == [] and [c["name"] for c in rep["cases"]] == ["upstream-p2p"]
     assert any("bridge: no patched build" in s for s in rep["skipped"])
 
@@ -269,40 +292,42 @@ def test_paired_ratio_cancels_drift_between_rounds():
     assert stats.paired_ratio(samples, "a", "nobody", "pp") is None
 
 
-def test_warmup_repetitions_are_run_and_discarded(variants, env, tmp_path, monkeypatch):
+def test_warmup_repetitions_are_run_and_discarded(variants, two_gpu_bench, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_COLD_FIRST", "1")
     report_dir = tmp_path / "report"
-    args = _quick(variants, env, report_dir, reps=2, cases=("upstream-p2p", "bridge"))
-    rep = _report(args, env)
+    args = _quick(variants, two_gpu_bench, report_dir, reps=2, cases=("upstream-p2p", "bridge"))
+    rep = _report(args, two_gpu_bench)
     assert rep["warmup_reps"] == 1
     pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
     # llama-bench ran 3 repetitions; the cold first one (50.0) is gone, the two kept are full speed
     assert pp["values"] == pytest.approx([100.0, 100.25])
     assert "after 1 discarded" in (report_dir / "bench.md").read_text()
 
-    args = _quick(variants, env, tmp_path / "r0", reps=2, cases=("upstream-p2p",), warmup_reps=0)
-    rep = _report(args, env)
+    args = _quick(variants, two_gpu_bench, tmp_path / "r0", reps=2, cases=("upstream-p2p",), warmup_reps=0)
+    rep = _report(args, two_gpu_bench)
     pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
     assert pp["values"] == pytest.approx([50.0, 100.0])  # without warm-up the cold repetition counts
 
 
 @pytest.mark.parametrize("kw", [dict(rounds=0), dict(reps=0), dict(warmup_reps=-1)])
-def test_bad_counts_are_usage_errors(variants, env, tmp_path, kw):
+def test_bad_counts_are_usage_errors(variants, two_gpu_bench, tmp_path, kw):
     from ggml_bridge.foundations.errors import UsageError
 
     with pytest.raises(UsageError) as e:
-        orchestrate.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
+        orchestrate.bench(
+            _args(variants_dir=variants, model=two_gpu_bench.model, report=tmp_path / "r", **kw), two_gpu_bench.settings
+        )
     assert e.value.exit_code == 2
 
 
-def test_cpus_pin_every_case_and_are_restored(variants, env, tmp_path):
+def test_cpus_pin_every_case_and_are_restored(variants, two_gpu_bench, tmp_path):
     import os
 
     mine = os.sched_getaffinity(0)
     one = min(mine)
-    args = _quick(variants, env, tmp_path / "r", cases=("upstream-p2p", "bridge"), cpus=str(one))
-    assert orchestrate.bench(args, env.settings) == 0
-    lines = env.order.read_text().splitlines()
+    args = _quick(variants, two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "bridge"), cpus=str(one))
+    assert orchestrate.bench(args, two_gpu_bench.settings) == 0
+    lines = two_gpu_bench.order.read_text().splitlines()
     assert len(lines) == 2 and all(line.endswith(f"cpus={one}") for line in lines)
     assert os.sched_getaffinity(0) == mine
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
@@ -310,14 +335,17 @@ def test_cpus_pin_every_case_and_are_restored(variants, env, tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["x", "3-1", "1,,2", "100000"])
-def test_bad_cpu_lists_are_usage_errors(variants, env, tmp_path, bad):
+def test_bad_cpu_lists_are_usage_errors(variants, two_gpu_bench, tmp_path, bad):
     import os
 
     from ggml_bridge.foundations.errors import UsageError
 
     mine = os.sched_getaffinity(0)
     with pytest.raises(UsageError):
-        orchestrate.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", cpus=bad), env.settings)
+        orchestrate.bench(
+            _args(variants_dir=variants, model=two_gpu_bench.model, report=tmp_path / "r", cpus=bad),
+            two_gpu_bench.settings,
+        )
     assert os.sched_getaffinity(0) == mine
 
 
@@ -325,26 +353,30 @@ def test_parse_cpu_list():
     assert orchestrate.parse_cpu_list("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
 
 
-def test_ubatch_and_tg_override_the_suite(variants, env, tmp_path):
-    args = _quick(variants, env, tmp_path / "r", rounds=2, cases=("upstream-p2p", "bridge"), ubatch="4096", tg=0)
-    rep = _report(args, env)
+def test_ubatch_and_tg_override_the_suite(variants, two_gpu_bench, tmp_path):
+    args = _quick(
+        variants, two_gpu_bench, tmp_path / "r", rounds=2, cases=("upstream-p2p", "bridge"), ubatch="4096", tg=0
+    )
+    rep = _report(args, two_gpu_bench)
     assert rep["tests"] == ["pp4096/ub4096"]  # no ub512, no tg: shorter processes
     assert rep["settings"]["ubatch"] == [4096] and rep["settings"]["tg"] == 0
     assert rep["ratios"]["upstream-p2p"]["bridge"]["pp4096/ub4096"]["ratio"] == pytest.approx(0.97)
 
 
 @pytest.mark.parametrize("kw", [dict(ubatch="0"), dict(ubatch="x"), dict(ubatch=""), dict(tg=-1)])
-def test_bad_ubatch_or_tg_are_usage_errors(variants, env, tmp_path, kw):
+def test_bad_ubatch_or_tg_are_usage_errors(variants, two_gpu_bench, tmp_path, kw):
     from ggml_bridge.foundations.errors import UsageError
 
     with pytest.raises(UsageError) as e:
-        orchestrate.bench(_args(variants_dir=variants, model=env.model, report=tmp_path / "r", **kw), env.settings)
+        orchestrate.bench(
+            _args(variants_dir=variants, model=two_gpu_bench.model, report=tmp_path / "r", **kw), two_gpu_bench.settings
+        )
     assert e.value.exit_code == 2
 
 
-def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
-    args = _quick(variants, env, tmp_path / "r", rounds=5, cases=("upstream-p2p", "bridge"), time_budget=1e-6)
-    rep = _report(args, env)
+def test_time_budget_stops_starting_rounds_and_says_so(variants, two_gpu_bench, tmp_path):
+    args = _quick(variants, two_gpu_bench, tmp_path / "r", rounds=5, cases=("upstream-p2p", "bridge"), time_budget=1e-6)
+    rep = _report(args, two_gpu_bench)
     # the first round always runs; the second would end past the budget
     assert rep["rounds"] == 1 and rep["rounds_planned"] == 5
     assert "1 of 5 rounds" in rep["stopped"]
@@ -352,32 +384,33 @@ def test_time_budget_stops_starting_rounds_and_says_so(variants, env, tmp_path):
     assert "stopped early" in (tmp_path / "r" / "bench.md").read_text()
     assert all(r["started"] > 0 for r in rep["runs"])
     # a budget that is never reached runs every round and says nothing
-    args = _quick(variants, env, tmp_path / "r2", rounds=3, cases=("upstream-p2p",), time_budget=3600)
-    rep = _report(args, env)
+    args = _quick(variants, two_gpu_bench, tmp_path / "r2", rounds=3, cases=("upstream-p2p",), time_budget=3600)
+    rep = _report(args, two_gpu_bench)
     assert rep["rounds"] == 3 and rep["stopped"] == ""
 
 
 @pytest.mark.parametrize("budget", [0, -5])
-def test_bad_time_budget_is_a_usage_error(variants, env, tmp_path, budget):
+def test_bad_time_budget_is_a_usage_error(variants, two_gpu_bench, tmp_path, budget):
     from ggml_bridge.foundations.errors import UsageError
 
     with pytest.raises(UsageError) as e:
         orchestrate.bench(
-            _args(variants_dir=variants, model=env.model, report=tmp_path / "r", time_budget=budget), env.settings
+            _args(variants_dir=variants, model=two_gpu_bench.model, report=tmp_path / "r", time_budget=budget),
+            two_gpu_bench.settings,
         )
     assert e.value.exit_code == 2
 
 
-def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, env, tmp_path):
-    args = _quick(variants, env, tmp_path / "r", cases=("upstream-p2p", "off-p2p"))
-    assert orchestrate.bench(args, env.settings) == 0
-    lines = env.order.read_text().splitlines()
+def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, two_gpu_bench, tmp_path):
+    args = _quick(variants, two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "off-p2p"))
+    assert orchestrate.bench(args, two_gpu_bench.settings) == 0
+    lines = two_gpu_bench.order.read_text().splitlines()
     assert any(x.startswith("patched bridge=0 p2p=1 batched=0") for x in lines)
     rep = json.loads((tmp_path / "r" / "bench.json").read_text())
     assert rep["ratios"]["upstream-p2p"]["off-p2p"]["pp4096/ub512"]["ratio"] == pytest.approx(0.99)
 
 
-def test_report_carries_the_build_manifests(variants, env, tmp_path):
+def test_report_carries_the_build_manifests(variants, two_gpu_bench, tmp_path):
     """A GPU report had "manifests": {}: _manifests copied "cmake_options", the build writes "cmake_args"."""
     manifest = {
         "variant": "patched",
@@ -388,8 +421,8 @@ def test_report_carries_the_build_manifests(variants, env, tmp_path):
         "cmake_args": ["-DGGML_CUDA_MAPPED_HOST_BRIDGE=ON", "-DSAM3D_BATCHED_TRANSFERS=ON", "-DGGML_RPC=ON"],
     }
     (variants / "patched" / "manifest.json").write_text(json.dumps(manifest))
-    args = _quick(variants, env, tmp_path / "r", cases=("upstream-p2p", "bridge"))
-    rep = _report(args, env)
+    args = _quick(variants, two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "bridge"))
+    rep = _report(args, two_gpu_bench)
     got = rep["manifests"]["patched"]
     assert got["cmake_args"] == manifest["cmake_args"] and got["series_hash"] == manifest["series_hash"]
     assert got["upstream"] == manifest["upstream"] and got["file"] == str(variants / "patched" / "manifest.json")
@@ -397,7 +430,7 @@ def test_report_carries_the_build_manifests(variants, env, tmp_path):
 
 
 @pytest.mark.parametrize("reasons", [True, False])
-def test_smi_records_the_gpu_state_of_every_process(variants, env, tmp_path, monkeypatch, reasons):
+def test_smi_records_the_gpu_state_of_every_process(variants, two_gpu_bench, tmp_path, monkeypatch, reasons):
     bindir = tmp_path / "smi-bin"
     bindir.mkdir()
     write_exe(bindir / "nvidia-smi", FAKE_SMI.read_text())
@@ -405,8 +438,8 @@ def test_smi_records_the_gpu_state_of_every_process(variants, env, tmp_path, mon
     monkeypatch.setenv("FAKE_SLEEP_S", "0.3")
     if not reasons:
         monkeypatch.setenv("FAKE_SMI_NO_REASONS", "1")
-    args = _quick(variants, env, tmp_path / "r", rounds=2, cases=("upstream-p2p", "bridge"), smi=20)
-    rep = _report(args, env)
+    args = _quick(variants, two_gpu_bench, tmp_path / "r", rounds=2, cases=("upstream-p2p", "bridge"), smi=20)
+    rep = _report(args, two_gpu_bench)
     assert rep["smi"]["samples"] > 0 and rep["smi"]["file"] == "logs/smi.csv"
     assert ("clocks_event_reasons.active" in rep["smi"]["fields"]) == reasons
     assert len(rep["runs"]) == 4
@@ -423,11 +456,11 @@ def test_smi_records_the_gpu_state_of_every_process(variants, env, tmp_path, mon
     assert bench_report.render_markdown(back) == md
 
 
-def test_smi_without_nvidia_smi_is_one_clear_error(variants, env, tmp_path, monkeypatch):
+def test_smi_without_nvidia_smi_is_one_clear_error(variants, two_gpu_bench, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    args = _quick(variants, env, tmp_path / "r", cases=("upstream-p2p",), smi=100)
+    args = _quick(variants, two_gpu_bench, tmp_path / "r", cases=("upstream-p2p",), smi=100)
     with pytest.raises(BenchError, match="--smi needs nvidia-smi"):
-        orchestrate.bench(args, env.settings)
+        orchestrate.bench(args, two_gpu_bench.settings)
 
 
 def test_paired_ratio_interval_resamples_rounds():
@@ -443,13 +476,13 @@ def test_paired_ratio_interval_resamples_rounds():
     assert stats.paired_interval(samples[:4], "x", "ref", "t") is None  # two rounds: no interval
 
 
-def test_pool_reports_numbers_rounds_one_after_the_other(variants, env, tmp_path):
+def test_pool_reports_numbers_rounds_one_after_the_other(variants, two_gpu_bench, tmp_path):
     for name in ("a", "b"):
-        args = _quick(variants, env, tmp_path / name, rounds=2, reps=2, cases=("upstream-p2p", "bridge"))
-        assert orchestrate.bench(args, env.settings) == 0
+        args = _quick(variants, two_gpu_bench, tmp_path / name, rounds=2, reps=2, cases=("upstream-p2p", "bridge"))
+        assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     assert (
         orchestrate.bench(
-            _args(pool=[tmp_path / "a", tmp_path / "b" / "bench.json"], report=tmp_path / "p"), env.settings
+            _args(pool=[tmp_path / "a", tmp_path / "b" / "bench.json"], report=tmp_path / "p"), two_gpu_bench.settings
         )
         == 0
     )
@@ -462,22 +495,26 @@ def test_pool_reports_numbers_rounds_one_after_the_other(variants, env, tmp_path
     assert "pooled from 2 reports" in (tmp_path / "p" / "bench.md").read_text()
 
 
-def test_pool_refuses_reports_measured_differently(variants, env, tmp_path):
+def test_pool_refuses_reports_measured_differently(variants, two_gpu_bench, tmp_path):
     for name, ub in (("a", "512"), ("b", "4096")):
-        args = _quick(variants, env, tmp_path / name, cases=("upstream-p2p",), ubatch=ub)
-        assert orchestrate.bench(args, env.settings) == 0
+        args = _quick(variants, two_gpu_bench, tmp_path / name, cases=("upstream-p2p",), ubatch=ub)
+        assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     with pytest.raises(BenchError, match="was not measured like") as e:
-        orchestrate.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), env.settings)
+        orchestrate.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), two_gpu_bench.settings)
     assert "settings" in e.value.why
     with pytest.raises(BenchError, match="bench report .* not found"):
-        orchestrate.bench(_args(pool=[tmp_path / "a", tmp_path / "nothing"], report=tmp_path / "p"), env.settings)
+        orchestrate.bench(
+            _args(pool=[tmp_path / "a", tmp_path / "nothing"], report=tmp_path / "p"), two_gpu_bench.settings
+        )
     assert not (tmp_path / "p").exists()
 
 
-def test_a_report_reads_back_as_it_was_written(variants, env, tmp_path):
+def test_a_report_reads_back_as_it_was_written(variants, two_gpu_bench, tmp_path):
     """bench.json is written from the report once and read back once (--pool): what is read writes the same
     bytes, and renders the same bench.md."""
-    rep = _report(_quick(variants, env, tmp_path / "a", rounds=2, cases=("upstream-p2p", "bridge")), env)
+    rep = _report(
+        _quick(variants, two_gpu_bench, tmp_path / "a", rounds=2, cases=("upstream-p2p", "bridge")), two_gpu_bench
+    )
     back = Report.from_json(rep)
     assert json.dumps(back.to_json(), indent=1) == (tmp_path / "a" / "bench.json").read_text()
     assert bench_report.render_markdown(back) == (tmp_path / "a" / "bench.md").read_text()
@@ -494,18 +531,18 @@ def test_a_report_reads_back_as_it_was_written(variants, env, tmp_path):
         (lambda r: r.update(smi={"interval_ms": 100}), "has no 'fields'"),
     ],
 )
-def test_pool_a_damaged_report_is_one_line(variants, env, tmp_path, damage, why):
+def test_pool_a_damaged_report_is_one_line(variants, two_gpu_bench, tmp_path, damage, why):
     """A bench.json whose parts are not of their kind is a BenchError naming the file, not a traceback."""
-    rep = _report(_quick(variants, env, tmp_path / "a", cases=("upstream-p2p",)), env)
+    rep = _report(_quick(variants, two_gpu_bench, tmp_path / "a", cases=("upstream-p2p",)), two_gpu_bench)
     damage(rep)
     (tmp_path / "b.json").write_text(json.dumps(rep))
     with pytest.raises(BenchError, match=r"b\.json is not a bench report") as e:
-        orchestrate.bench(_args(pool=[tmp_path / "b.json"], report=tmp_path / "p"), env.settings)
+        orchestrate.bench(_args(pool=[tmp_path / "b.json"], report=tmp_path / "p"), two_gpu_bench.settings)
     assert why in e.value.why
     assert not (tmp_path / "p").exists()
 
 
-def test_pool_refuses_one_report_twice(variants, env, tmp_path):
+def test_pool_refuses_one_report_twice(variants, two_gpu_bench, tmp_path):
     """E22: `--pool R/bench.json R/bench.json` pooled one report twice ("2 rounds" of duplicated samples); a copy
     under another name, and a pooled report with one of its sources, are the same report too."""
     import shutil
@@ -513,7 +550,12 @@ def test_pool_refuses_one_report_twice(variants, env, tmp_path):
     from ggml_bridge.foundations.errors import UsageError
 
     for name in ("a", "b"):
-        assert orchestrate.bench(_quick(variants, env, tmp_path / name, cases=("upstream-p2p",)), env.settings) == 0
+        assert (
+            orchestrate.bench(
+                _quick(variants, two_gpu_bench, tmp_path / name, cases=("upstream-p2p",)), two_gpu_bench.settings
+            )
+            == 0
+        )
     shutil.copytree(tmp_path / "a", tmp_path / "copy")
     for twice in (
         [tmp_path / "a" / "bench.json", tmp_path / "a" / "bench.json"],
@@ -521,10 +563,13 @@ def test_pool_refuses_one_report_twice(variants, env, tmp_path):
         [tmp_path / "a", tmp_path / "copy"],
     ):
         with pytest.raises(UsageError, match="are the same report"):
-            orchestrate.bench(_args(pool=twice, report=tmp_path / "p"), env.settings)
-    assert orchestrate.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), env.settings) == 0
+            orchestrate.bench(_args(pool=twice, report=tmp_path / "p"), two_gpu_bench.settings)
+    assert (
+        orchestrate.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), two_gpu_bench.settings)
+        == 0
+    )
     with pytest.raises(UsageError, match="are the same report"):
-        orchestrate.bench(_args(pool=[tmp_path / "p", tmp_path / "b"], report=tmp_path / "q"), env.settings)
+        orchestrate.bench(_args(pool=[tmp_path / "p", tmp_path / "b"], report=tmp_path / "q"), two_gpu_bench.settings)
     assert not (tmp_path / "q").exists()
 
 
@@ -535,12 +580,12 @@ def test_references_by_current_or_older_name():
     assert stats.references(["staged", "bridge"], ("upstream-p2p", "upstream-nopeer", "off")) == []
 
 
-def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, env, tmp_path, monkeypatch):
+def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, two_gpu_bench, tmp_path, monkeypatch):
     """auto leaves virtual devices of one GPU on upstream's device-local copy: the 6-device suite used to
     measure 'bridge' and 'bridge-batched' there, i.e. no bridge at all; on one GPU they run forced."""
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
-    args = _quick(variants, env, tmp_path / "r", suite="batched-pp-6dev")
-    rep = _report(args, env)
+    args = _quick(variants, two_gpu_bench, tmp_path / "r", suite="batched-pp-6dev")
+    rep = _report(args, two_gpu_bench)
     names = [c["name"] for c in rep["cases"]]
     assert set(names) == {"off", "batched", "bridge-force", "bridge-force-batched"}
     forced = next(c for c in rep["cases"] if c["name"] == "bridge-force")
@@ -548,11 +593,11 @@ def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, env, tmp
     # with as many GPUs as devices, auto is what users run and is measured as such
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 6)
     args = dataclasses.replace(args, report=tmp_path / "r6")
-    rep = _report(args, env)
+    rep = _report(args, two_gpu_bench)
     assert {c["name"] for c in rep["cases"]} == {"off", "batched", "bridge", "bridge-batched"}
 
 
-def test_suites_are_data_checked_like_the_ladders(variants, env, tmp_path, monkeypatch):
+def test_suites_are_data_checked_like_the_ladders(variants, two_gpu_bench, tmp_path, monkeypatch):
     """The suites are bench/suites.toml, checked key by key (ggml_bridge.foundations.tomlfile, as the ladder's rungs are);
     --suite-file runs a suite of another file; a wrong value is one line naming file, suite and key."""
     from ggml_bridge.experiments.bench import suites
@@ -565,10 +610,10 @@ def test_suites_are_data_checked_like_the_ladders(variants, env, tmp_path, monke
         "pp = 64\nbatch = 64\nubatch = [64]\ntg = 4\n"
     )
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 0)
-    rep = _report(_quick(variants, env, tmp_path / "r", suite="tiny-cpu", suite_file=own), env)
+    rep = _report(_quick(variants, two_gpu_bench, tmp_path / "r", suite="tiny-cpu", suite_file=own), two_gpu_bench)
     assert rep["suite"] == "tiny-cpu" and rep["about"] == "mine" and rep["settings"]["pp"] == 64
     with pytest.raises(UsageError, match="no suite 'cpu' in .*mine.toml"):
-        orchestrate.bench(_quick(variants, env, tmp_path / "r2", suite_file=own), env.settings)
+        orchestrate.bench(_quick(variants, two_gpu_bench, tmp_path / "r2", suite_file=own), two_gpu_bench.settings)
     for text, msg in (
         ("ubatch = [0]", r"\[tiny-cpu\]: ubatch = \[0\] is not a list of integers in 1..2147483647"),
         ('devices = "2"', r"devices = '2' is not one of all, 1, cpu"),

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -23,8 +23,19 @@ from ggml_bridge.runtime import modes
 from helpers import bench_args, write_fake_variants
 
 
+@dataclass(frozen=True)
+class OneGpuBench:
+    order: Path
+    """Each fake program of ``variants`` appends its command line here."""
+    model: Path
+    variants: Path
+    settings: config.Settings
+    tmp: Path
+
+
 @pytest.fixture
-def env(tmp_path, monkeypatch):
+def one_gpu_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OneGpuBench:
+    """bench on a rig of one (fake) GPU: fake variants, a model file, settings whose cache is under tmp_path."""
     for var in ("FAKE_COLD_FIRST", "FAKE_COLD_WHEN", "FAKE_BATCHED_INACTIVE", "FAKE_DEVICES"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("FAKE_ORDER", str(tmp_path / "order.txt"))
@@ -32,7 +43,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setattr(orchestrate, "gpu_env", lambda: {})
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    return SimpleNamespace(
+    return OneGpuBench(
         order=tmp_path / "order.txt",
         model=model,
         variants=write_fake_variants(tmp_path / "variants"),
@@ -41,12 +52,12 @@ def env(tmp_path, monkeypatch):
     )
 
 
-def _run(env, report: str, **kw):  # type: ignore[no-untyped-def]
+def _run(one_gpu_bench, report: str, **kw):  # type: ignore[no-untyped-def]
     """Run the bench on the fake variants (exit 0 expected) and read its bench.json."""
-    kw.setdefault("model", env.model)
-    args = bench_args(variants_dir=env.variants, report=env.tmp / report, microbench=False, **kw)
-    assert orchestrate.bench(args, env.settings) == 0
-    return json.loads((env.tmp / report / "bench.json").read_text())
+    kw.setdefault("model", one_gpu_bench.model)
+    args = bench_args(variants_dir=one_gpu_bench.variants, report=one_gpu_bench.tmp / report, microbench=False, **kw)
+    assert orchestrate.bench(args, one_gpu_bench.settings) == 0
+    return json.loads((one_gpu_bench.tmp / report / "bench.json").read_text())
 
 
 # --- the order of a round -----------------------------------------------------------------------------------------
@@ -134,14 +145,14 @@ def test_batching_is_paired_with_its_baseline():
 # --- run lengths --------------------------------------------------------------------------------------------------
 
 
-def test_run_lengths_show_what_a_one_shot_run_costs(env, monkeypatch):
+def test_run_lengths_show_what_a_one_shot_run_costs(one_gpu_bench, monkeypatch):
     """A mechanism whose first repetition in a process is slow: kept repetitions after a discarded one (the bench
     before run lengths) show a gain; run lengths show the loss at -r 1 and none at -r 10."""
     monkeypatch.setenv("FAKE_COLD_WHEN", "LLAMA_BATCHED_TRANSFERS=1")
-    kept = _run(env, "kept", suite="batched", cases=("off", "batched"), rounds=2, reps=3)
+    kept = _run(one_gpu_bench, "kept", suite="batched", cases=("off", "batched"), rounds=2, reps=3)
     assert kept["ratios"]["off"]["batched"]["pp512/ub512"]["paired"] > 1.0  # the cost is invisible here
 
-    rep = _run(env, "runs", suite="batched", cases=("off", "batched"), rounds=2, run_lengths=(1, 10))
+    rep = _run(one_gpu_bench, "runs", suite="batched", cases=("off", "batched"), rounds=2, run_lengths=(1, 10))
     assert rep["run_lengths"] == [1, 10] and rep["reps"] is None and rep["warmup_reps"] == 0
     assert rep["tests"] == ["pp512/ub512@r1", "pp512/ub512@r10", "tg128@r1", "tg128@r10"]
     r = rep["ratios"]["off"]["batched"]
@@ -150,33 +161,39 @@ def test_run_lengths_show_what_a_one_shot_run_costs(env, monkeypatch):
     # every repetition kept: -r N gives N samples per process
     for s in rep["samples"]:
         assert len(s["values"]) == int(s["test"].rsplit("@r", 1)[1])
-    reps = [re.search(r"reps=(\d+)", x)[1] for x in env.order.read_text().splitlines()[-8:]]
+    reps = [re.search(r"reps=(\d+)", x)[1] for x in one_gpu_bench.order.read_text().splitlines()[-8:]]
     assert sorted(reps) == ["1"] * 4 + ["10"] * 4
-    md = (env.tmp / "runs" / "bench.md").read_text()
+    md = (one_gpu_bench.tmp / "runs" / "bench.md").read_text()
     assert "every repetition kept" in md and "| pp512/ub512@r1 |" in md
     assert "Batching against its baseline" in md and "Lowest paired ratio: 0.624 (batched / off, pp512/ub512@r1)" in md
 
 
 @pytest.mark.parametrize("kw", [dict(reps=3), dict(warmup_reps=1), dict(reps=2, warmup_reps=0)])
-def test_repetitions_with_run_lengths_are_usage_errors(env, kw):
-    args = bench_args(variants_dir=env.variants, model=env.model, report=env.tmp / "r", run_lengths=(1,), **kw)
+def test_repetitions_with_run_lengths_are_usage_errors(one_gpu_bench, kw):
+    args = bench_args(
+        variants_dir=one_gpu_bench.variants,
+        model=one_gpu_bench.model,
+        report=one_gpu_bench.tmp / "r",
+        run_lengths=(1,),
+        **kw,
+    )
     with pytest.raises(UsageError, match="with run lengths") as e:
-        orchestrate.bench(args, env.settings)
-    assert e.value.exit_code == 2 and not (env.tmp / "r").exists()
+        orchestrate.bench(args, one_gpu_bench.settings)
+    assert e.value.exit_code == 2 and not (one_gpu_bench.tmp / "r").exists()
 
 
-def test_a_run_length_suite_uses_its_rounds_and_run_lengths(env):
-    rep = _run(env, "r", suite="batched-runs-1gpu", measure="bench", tg=0, ubatch="512")
+def test_a_run_length_suite_uses_its_rounds_and_run_lengths(one_gpu_bench):
+    rep = _run(one_gpu_bench, "r", suite="batched-runs-1gpu", measure="bench", tg=0, ubatch="512")
     assert rep["rounds"] == 5 and rep["run_lengths"] == [1, 3, 10]
     assert rep["tests"][:3] == ["user:pp512/ub512@r1", "user:pp512/ub512@r3", "user:pp512/ub512@r10"]
-    assert len(env.order.read_text().splitlines()) == 5 * 3 * 2
+    assert len(one_gpu_bench.order.read_text().splitlines()) == 5 * 3 * 2
 
 
 # --- shapes and pooling the parts of a matrix ---------------------------------------------------------------------
 
 
 @pytest.fixture
-def shaped(env, monkeypatch):
+def shaped(one_gpu_bench, monkeypatch):
     """Random models by shape without writing any: one small file per shape, a vocabulary of the ladder's words."""
 
     def ensure_model(cache_dir, shape, seed, vocab):  # type: ignore[no-untyped-def]
@@ -186,9 +203,23 @@ def shaped(env, monkeypatch):
         return p
 
     monkeypatch.setattr(modelmod, "ensure_model", ensure_model)
-    monkeypatch.setattr(modelmod, "load_vocab", lambda path: SimpleNamespace(tokens=["\u2581the", "\u2581of"]))
-    (env.tmp / "vocab.gguf").write_bytes(b"GGUF")
-    return env
+    words = modelmod.Vocab(
+        path=str(one_gpu_bench.tmp / "vocab.gguf"),
+        sha256="0" * 64,
+        tokens=("\u2581the", "\u2581of"),
+        scores=(0.0, 0.0),
+        token_types=(1, 1),
+        model="llama",
+        pre=None,
+        bos=None,
+        eos=None,
+        unk=None,
+        add_bos=None,
+        add_eos=None,
+    )
+    monkeypatch.setattr(modelmod, "load_vocab", lambda path: words)
+    (one_gpu_bench.tmp / "vocab.gguf").write_bytes(b"GGUF")
+    return one_gpu_bench
 
 
 def test_shapes_name_every_figure_and_parts_of_the_matrix_pool(shaped):
@@ -233,11 +264,13 @@ def test_shapes_the_suite_does_not_have_are_usage_errors(shaped):
 # --- llama-perplexity and llama-server ----------------------------------------------------------------------------
 
 
-def test_perplexity_and_server_figures_and_their_proof(env, monkeypatch):
-    log = env.tmp / "inflight.txt"
+def test_perplexity_and_server_figures_and_their_proof(one_gpu_bench, monkeypatch):
+    log = one_gpu_bench.tmp / "inflight.txt"
     monkeypatch.setenv("FAKE_INFLIGHT_LOG", str(log))
     monkeypatch.setenv("FAKE_COMPLETION_S", "0.2")
-    rep = _run(env, "r", suite="batched-runs-1gpu", cases=("off", "batched"), rounds=2, measure="perplexity,server")
+    rep = _run(
+        one_gpu_bench, "r", suite="batched-runs-1gpu", cases=("off", "batched"), rounds=2, measure="perplexity,server"
+    )
     assert rep["tests"] == ["user:perplexity", "user:server"] and rep["not_engaged"] == []
     for r in rep["runs"]:
         sample = next(
@@ -257,15 +290,15 @@ def test_perplexity_and_server_figures_and_their_proof(env, monkeypatch):
     batched = next(c for c in rep["cases"] if c["name"] == "batched")["engagement"]
     assert "llama-perplexity: batched enabled, graphs=4 async_uploads=4" in batched  # its stats line (-lv 4)
     assert "llama-server: batched engaged (/metrics batched_graphs_total=2 batched_async_uploads_total=2)" in batched
-    md = (env.tmp / "r" / "bench.md").read_text()
+    md = (one_gpu_bench.tmp / "r" / "bench.md").read_text()
     assert "llama-perplexity -c 512 --chunks 4 -b 2048" in md and "llama-server -np 4, 8 greedy completions" in md
     assert "| user:server |" in md and "batched / off" in md
 
 
-def test_bridge_cases_prove_engagement_in_perplexity_and_server(env, monkeypatch):
+def test_bridge_cases_prove_engagement_in_perplexity_and_server(one_gpu_bench, monkeypatch):
     monkeypatch.setenv("FAKE_DEVICES", "2")  # the fake server exports bridge counters with devices
     rep = _run(
-        env,
+        one_gpu_bench,
         "r",
         suite="batched-runs-2virt",
         cases=("bridge-force", "bridge-force-batched"),
@@ -279,12 +312,12 @@ def test_bridge_cases_prove_engagement_in_perplexity_and_server(env, monkeypatch
     assert rep["settings"][modes.CUDA_DEVICES] == 2
 
 
-def test_mechanism_inactive_in_perplexity_and_server_is_not_engaged(env, monkeypatch):
+def test_mechanism_inactive_in_perplexity_and_server_is_not_engaged(one_gpu_bench, monkeypatch):
     monkeypatch.setenv("FAKE_BATCHED_INACTIVE", "no backend with same-device pinned host memory")
     args = bench_args(
-        variants_dir=env.variants,
-        model=env.model,
-        report=env.tmp / "r",
+        variants_dir=one_gpu_bench.variants,
+        model=one_gpu_bench.model,
+        report=one_gpu_bench.tmp / "r",
         microbench=False,
         suite="batched-runs-1gpu",
         cases=("off", "batched"),
@@ -292,22 +325,22 @@ def test_mechanism_inactive_in_perplexity_and_server_is_not_engaged(env, monkeyp
         measure="perplexity,server",
     )
     with pytest.raises(BenchError, match="did not engage"):
-        orchestrate.bench(args, env.settings)
-    rep = json.loads((env.tmp / "r" / "bench.json").read_text())
+        orchestrate.bench(args, one_gpu_bench.settings)
+    rep = json.loads((one_gpu_bench.tmp / "r" / "bench.json").read_text())
     assert rep["not_engaged"] == ["batched"] and "batched" not in rep["ratios"].get("off", {})
     states = [r["engagement"] for r in rep["runs"] if r["case"] == "batched"]
     assert any("inactive: no backend" in s and s.startswith("batched not enabled") for s in states)
     assert any(s.startswith("batched inactive (/metrics") and "inactive: no backend" in s for s in states)
 
 
-def test_perplexity_that_evaluates_nothing_is_an_error(env, monkeypatch):
+def test_perplexity_that_evaluates_nothing_is_an_error(one_gpu_bench, monkeypatch):
     from ggml_bridge.experiments.bench import perplexity
 
     monkeypatch.setattr(perplexity, "make_text", lambda n, seed, tokens: "a text shorter than one chunk\n")
     args = bench_args(
-        variants_dir=env.variants,
-        model=env.model,
-        report=env.tmp / "r",
+        variants_dir=one_gpu_bench.variants,
+        model=one_gpu_bench.model,
+        report=one_gpu_bench.tmp / "r",
         microbench=False,
         suite="batched-runs-1gpu",
         cases=("off",),
@@ -315,15 +348,15 @@ def test_perplexity_that_evaluates_nothing_is_an_error(env, monkeypatch):
         measure="perplexity",
     )
     with pytest.raises(BenchError, match="llama-perplexity evaluated nothing"):
-        orchestrate.bench(args, env.settings)
+        orchestrate.bench(args, one_gpu_bench.settings)
 
 
-def test_a_failed_server_is_a_failed_case(env, monkeypatch):
+def test_a_failed_server_is_a_failed_case(one_gpu_bench, monkeypatch):
     monkeypatch.setenv("FAKE_DIE_AT_START", "3")
     args = bench_args(
-        variants_dir=env.variants,
-        model=env.model,
-        report=env.tmp / "r",
+        variants_dir=one_gpu_bench.variants,
+        model=one_gpu_bench.model,
+        report=one_gpu_bench.tmp / "r",
         microbench=False,
         suite="batched-runs-1gpu",
         cases=("off",),
@@ -331,37 +364,39 @@ def test_a_failed_server_is_a_failed_case(env, monkeypatch):
         measure="server",
     )
     with pytest.raises(BenchError, match="llama-server failed for case"):
-        orchestrate.bench(args, env.settings)
-    rep = json.loads((env.tmp / "r" / "bench.json").read_text())
+        orchestrate.bench(args, one_gpu_bench.settings)
+    rep = json.loads((one_gpu_bench.tmp / "r" / "bench.json").read_text())
     assert rep["failed"] == ["off"] and "exited during start-up" in rep["runs"][0]["log_tail"][0]
 
 
-def test_wall_clock_measurements_need_their_programs_and_local_cases(env):
-    (env.variants / "patched" / "llama-server").unlink()
+def test_wall_clock_measurements_need_their_programs_and_local_cases(one_gpu_bench):
+    (one_gpu_bench.variants / "patched" / "llama-server").unlink()
     args = bench_args(
-        variants_dir=env.variants,
-        model=env.model,
-        report=env.tmp / "r",
+        variants_dir=one_gpu_bench.variants,
+        model=one_gpu_bench.model,
+        report=one_gpu_bench.tmp / "r",
         suite="batched-runs-1gpu",
         cases=("off",),
         measure="server",
     )
     with pytest.raises(BenchError, match="no llama-server next to llama-bench"):
-        orchestrate.bench(args, env.settings)
+        orchestrate.bench(args, one_gpu_bench.settings)
     args = bench_args(
-        variants_dir=env.variants,
-        model=env.model,
-        report=env.tmp / "r",
+        variants_dir=one_gpu_bench.variants,
+        model=one_gpu_bench.model,
+        report=one_gpu_bench.tmp / "r",
         suite="batched-runs-1gpu",
         cases=("off", "rpc-off"),
         measure="perplexity",
     )
     with pytest.raises(UsageError, match="rpc case"):
-        orchestrate.bench(args, env.settings)
+        orchestrate.bench(args, one_gpu_bench.settings)
 
 
-def test_time_budget_stops_starting_rounds_of_run_lengths(env):
-    rep = _run(env, "r", suite="batched", cases=("off", "batched"), rounds=4, run_lengths=(1, 3), time_budget=1e-6)
+def test_time_budget_stops_starting_rounds_of_run_lengths(one_gpu_bench):
+    rep = _run(
+        one_gpu_bench, "r", suite="batched", cases=("off", "batched"), rounds=4, run_lengths=(1, 3), time_budget=1e-6
+    )
     assert rep["rounds"] == 1 and "1 of 4 rounds" in rep["stopped"]
     assert {(r["round"], r["run_length"]) for r in rep["runs"]} == {(0, 1), (0, 3)}
 
@@ -399,7 +434,7 @@ def test_the_baseline_against_itself_shows_what_the_processes_spread_alone_gives
 # --- inside one process (--measure inproc) ---------------------------------------------------------------------
 
 
-def test_in_process_measures_batching_and_its_baseline_in_one_process(env, monkeypatch):
+def test_in_process_measures_batching_and_its_baseline_in_one_process(one_gpu_bench, monkeypatch):
     """One test-batched-transfers --bench per batched case and round, with the baseline's selectors (the bridge
     forced here, batching left to the program); its figures are the case's and the baseline's of that round, so
     the paired ratio is within one process. Each baseline runs its control process (--control, both contexts off)
@@ -407,8 +442,8 @@ def test_in_process_measures_batching_and_its_baseline_in_one_process(env, monke
     baseline-against-itself range (the fake's control leans 2 % at tg128)."""
     monkeypatch.setenv("FAKE_CONTROL_SPREAD", "0.02")
     cases = ("off", "batched", "bridge-force", "bridge-force-batched")
-    rep = _run(env, "r", suite="batched-runs-1gpu", cases=cases, rounds=3, measure="inproc")
-    runs = [line for line in env.order.read_text().splitlines() if line.startswith("inproc ")]
+    rep = _run(one_gpu_bench, "r", suite="batched-runs-1gpu", cases=cases, rounds=3, measure="inproc")
+    runs = [line for line in one_gpu_bench.order.read_text().splitlines() if line.startswith("inproc ")]
     ab = [r for r in runs if not r.endswith(" control")]
     controls = [r for r in runs if r.endswith(" control")]
     assert len(ab) == len(controls) == 2 * 3  # per round a job per batched case and one control per baseline
@@ -448,13 +483,13 @@ def test_in_process_measures_batching_and_its_baseline_in_one_process(env, monke
     # the values: tokens per second (4096 tokens in 40.96 ms), four per process (its inner rounds)
     s = next(s for s in rep["samples"] if s["case"] == "off" and s["test"] == "user:pp4096/ub512@inproc2")
     assert s["values"] == [pytest.approx(100000.0)] * 4
-    md = (env.tmp / "r" / "bench.md").read_text()
+    md = (one_gpu_bench.tmp / "r" / "bench.md").read_text()
     assert "- inproc: test-batched-transfers --bench" in md and "| user:tg128@inproc |" in md
     assert "also a control process (--control: both contexts with batching off)" in md
     assert "| user:tg128@inproc | 1.050 [1.050, 1.050] (3) | [1.020, 1.020] |" in md
 
 
-def test_in_process_without_the_control_runs_no_control_and_gives_no_range(env, tmp_path):
+def test_in_process_without_the_control_runs_no_control_and_gives_no_range(one_gpu_bench, tmp_path):
     """A suite whose inproc table leaves the control out runs one process per batched case and round, and its
     in-process ratios have no baseline-against-itself range (there is nothing to take it from)."""
     from ggml_bridge.experiments.bench import suites
@@ -462,8 +497,8 @@ def test_in_process_without_the_control_runs_no_control_and_gives_no_range(env, 
     body = suites.SUITES_FILE.read_text().split("[batched-runs-1gpu]")[1].split("\n[")[0]
     own = tmp_path / "mine.toml"
     own.write_text("[mine]" + body.replace("inproc = { rounds = 4, control = true }", "inproc = { rounds = 4 }"))
-    rep = _run(env, "r", suite="mine", suite_file=own, cases=("off", "batched"), rounds=3, measure="inproc")
-    runs = [line for line in env.order.read_text().splitlines() if line.startswith("inproc ")]
+    rep = _run(one_gpu_bench, "r", suite="mine", suite_file=own, cases=("off", "batched"), rounds=3, measure="inproc")
+    runs = [line for line in one_gpu_bench.order.read_text().splitlines() if line.startswith("inproc ")]
     assert len(runs) == 3 and not any(r.endswith(" control") for r in runs), runs
     assert "self_ci95" not in rep["ratios"]["off"]["batched"]["user:tg128@inproc"]
 
@@ -485,13 +520,13 @@ def test_in_process_rounds_are_even_so_that_both_orders_weigh_alike(tmp_path):
     assert suites.load_suites(odd)["mine"].table("inproc")["rounds"] == 2
 
 
-def _inproc_args(env):  # type: ignore[no-untyped-def]
+def _inproc_args(one_gpu_bench):  # type: ignore[no-untyped-def]
     """The bench's options for one round of batched-runs-1gpu's in-process measure, off and batched."""
     return bench_args(
-        variants_dir=env.variants,
-        report=env.tmp / "r",
+        variants_dir=one_gpu_bench.variants,
+        report=one_gpu_bench.tmp / "r",
         microbench=False,
-        model=env.model,
+        model=one_gpu_bench.model,
         suite="batched-runs-1gpu",
         cases=("off", "batched"),
         rounds=1,
@@ -499,31 +534,31 @@ def _inproc_args(env):  # type: ignore[no-untyped-def]
     )
 
 
-def test_in_process_batching_that_did_not_engage_fails(env, monkeypatch):
+def test_in_process_batching_that_did_not_engage_fails(one_gpu_bench, monkeypatch):
     """The program fails when the contexts that asked for batching did not enable it: a failed case, reported
     with its engagement (not engaged, why) and the program named."""
     monkeypatch.setenv("FAKE_INPROC_INACTIVE", "1")
-    args = _inproc_args(env)
+    args = _inproc_args(one_gpu_bench)
     with pytest.raises(BenchError, match="test-batched-transfers failed for case"):
-        orchestrate.bench(args, env.settings)
-    rep = json.loads((env.tmp / "r" / "bench.json").read_text())
+        orchestrate.bench(args, one_gpu_bench.settings)
+    rep = json.loads((one_gpu_bench.tmp / "r" / "bench.json").read_text())
     (run,) = [r for r in rep["runs"] if r["case"] == "batched"]  # beside it off's control, which passed
     assert run["rc"] == 1 and run["engaged"] is False and "batched inactive" in run["engagement"], run
 
 
-def test_in_process_measurement_needs_its_program_and_local_cases(env):
-    (env.variants / "patched" / "test-batched-transfers").unlink()
-    args = _inproc_args(env)
+def test_in_process_measurement_needs_its_program_and_local_cases(one_gpu_bench):
+    (one_gpu_bench.variants / "patched" / "test-batched-transfers").unlink()
+    args = _inproc_args(one_gpu_bench)
     with pytest.raises(BenchError, match="no test-batched-transfers next to llama-bench"):
-        orchestrate.bench(args, env.settings)
+        orchestrate.bench(args, one_gpu_bench.settings)
 
 
-def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(env, monkeypatch):
+def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(one_gpu_bench, monkeypatch):
     """tensor-virt on 2 virtual devices: every case -sm tensor with its GGML_CUDA_ALLREDUCE, the test-only baseline's
     folder, the all-reduce path each process took (upstream's internal, the butterfly, the bridge's all-reduce)."""
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
-    rep = _run(env, "t", suite="tensor-virt", measure="bench", rounds=1, run_lengths=(1,), tg=0)
-    lines = env.order.read_text().splitlines()
+    rep = _run(one_gpu_bench, "t", suite="tensor-virt", measure="bench", rounds=1, run_lengths=(1,), tg=0)
+    lines = one_gpu_bench.order.read_text().splitlines()
     assert len(lines) == 5 and all(" sm=tensor " in x for x in lines)
     assert sum(x.startswith("nopeer-virtual ") for x in lines) == 2, "the baseline and its A/A twin"
     assert {re.search(r" ar=(\S*)", x)[1] for x in lines} == {"internal", "none"}  # type: ignore[index]
@@ -533,10 +568,10 @@ def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(env,
     assert all(r["engaged"] is not False for r in rep["runs"])
     monkeypatch.setenv("FAKE_NO_META", "1")  # no Meta device: the cases did not split by tensor
     args = bench_args(
-        variants_dir=env.variants,
-        report=env.tmp / "u",
+        variants_dir=one_gpu_bench.variants,
+        report=one_gpu_bench.tmp / "u",
         microbench=False,
-        model=env.model,
+        model=one_gpu_bench.model,
         suite="tensor-virt",
         measure="bench",
         rounds=1,
@@ -544,4 +579,4 @@ def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(env,
         tg=0,
     )
     with pytest.raises(BenchError, match="tensor-upstream-internal did not engage"):
-        orchestrate.bench(args, env.settings)
+        orchestrate.bench(args, one_gpu_bench.settings)

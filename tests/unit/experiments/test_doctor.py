@@ -17,7 +17,6 @@ import pytest
 from ggml_bridge import cli
 from ggml_bridge.experiments.doctor import inventory, nvml, probe, recommend, report
 from ggml_bridge.experiments.doctor.facts import Findings, Options
-from ggml_bridge.foundations import config
 from ggml_bridge.runtime import rpc
 
 from helpers import FAKE_RPC, FIXTURES, write_exe
@@ -27,23 +26,6 @@ CORRUPT = PROBES / "mock-3gpu-corrupt-0-1-quick.txt"
 DIED = PROBES / "mock-2gpu-died-0-1-quick.txt"
 VIRTUAL = PROBES / "mock-1gpu-4virtual-quick.txt"
 VERIFIED = PROBES / "mock-2gpu-ok.txt"
-
-#: a llama-server that only lists devices: FAKE_LIST ("Name: description (N MiB, M MiB free);..."), and an RPC device
-#: per endpoint of --rpc
-FAKE_LISTER = """#!PYTHON
-import os, sys
-args = sys.argv[1:]
-if "--list-devices" not in args:
-    sys.exit(3)
-print("Available devices:")
-for line in os.environ.get("FAKE_LIST", "").split(";"):
-    if line:
-        print("  " + line)
-if "--rpc" in args:
-    print("  RPC0[%s]: fake rpc device (1024 MiB, 1000 MiB free)" % args[args.index("--rpc") + 1])
-print("load_backend: loaded CPU backend from /opt/x/libggml-cpu-haswell.so", file=sys.stderr)
-"""
-
 
 # --------------------------------------------------------------------------------------------- NVML, simulated
 
@@ -345,27 +327,7 @@ def test_a_link_trained_below_its_width_or_speed_is_a_warning(monkeypatch: pytes
 # --------------------------------------------------------------------------------------------- the command
 
 
-@pytest.fixture
-def doctor_env(settings: config.Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """The fake project, an empty cache, no NVIDIA driver; returns a bin folder with the listing llama-server."""
-    import pynvml as p
-
-    def no_library() -> None:
-        raise p.NVMLError_LibraryNotFound(p.NVML_ERROR_LIBRARY_NOT_FOUND)
-
-    monkeypatch.setattr(p, "nvmlInit", no_library)
-    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(settings.project_dir))
-    monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(settings.cache_dir))
-    monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
-    for var in ("GGML_CUDA_DEVICES", "GGML_VK_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GGML_CUDA_P2P", "FAKE_LIST"):
-        monkeypatch.delenv(var, raising=False)
-    b = tmp_path / "bin"
-    b.mkdir()
-    write_exe(b / "llama-server", FAKE_LISTER)
-    return b
-
-
-def test_nothing_to_find_is_a_report_and_exit_0(doctor_env: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_nothing_to_find_is_a_report_and_exit_0(doctor_bin: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["doctor"]) == 0
     out, err = capfd.readouterr()
     assert "NVIDIA: no NVIDIA driver" in out and "no build of llama-server found" in out
@@ -374,7 +336,7 @@ def test_nothing_to_find_is_a_report_and_exit_0(doctor_env: Path, capfd: pytest.
 
 
 def test_vulkan_devices_are_listed_and_split(
-    doctor_env: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    doctor_bin: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv(
         "FAKE_LIST",
@@ -382,7 +344,7 @@ def test_vulkan_devices_are_listed_and_split(
         "Vulkan1: Intel(R) Arc(tm) A770 Graphics (DG2) (16288 MiB, 12000 MiB free)",
     )
     monkeypatch.setenv("GGML_VK_VISIBLE_DEVICES", "0,1")
-    assert cli.main(["doctor", "--bin-dir", str(doctor_env), "--json"]) == 0
+    assert cli.main(["doctor", "--bin-dir", str(doctor_bin), "--json"]) == 0
     doc = json.loads(capfd.readouterr().out)
     rec = doc["recommendation"]
     assert rec["devices"] == ["Vulkan0", "Vulkan1"] and rec["ts"] == [67, 33] and rec["batched"]
@@ -395,10 +357,10 @@ def test_vulkan_devices_are_listed_and_split(
 
 
 def test_saved_probe_output_report_json_and_plot(
-    doctor_env: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    doctor_bin: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    rc = cli.main(["doctor", "--bin-dir", str(doctor_env), "--probe-output", str(CORRUPT), "--out", str(out)])
+    rc = cli.main(["doctor", "--bin-dir", str(doctor_bin), "--probe-output", str(CORRUPT), "--out", str(out)])
     o, err = capfd.readouterr()
     assert rc == 0 and "!! PEER COPIES BETWEEN GPU 0 AND GPU 1 ARE NOT SAFE" in o
     assert "ggml-bridge: warning: PEER COPIES BETWEEN GPU 0 AND GPU 1" in err  # loud on stderr too
@@ -408,13 +370,13 @@ def test_saved_probe_output_report_json_and_plot(
 
 
 def test_rpc_endpoints_good_and_bad(
-    doctor_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    doctor_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     exe = write_exe(tmp_path / "ggml-rpc-server", FAKE_RPC.read_text())
     good = rpc.LocalRpcServer(exe).start(timeout=20)
     dead = f"127.0.0.1:{rpc.free_port()}"
     try:
-        rc = cli.main(["doctor", "--no-probe", "--bin-dir", str(doctor_env), "--rpc", f"{good.endpoint},{dead}"])
+        rc = cli.main(["doctor", "--no-probe", "--bin-dir", str(doctor_bin), "--rpc", f"{good.endpoint},{dead}"])
     finally:
         good.stop()
     out, err = capfd.readouterr()
@@ -444,15 +406,15 @@ def test_gpus_are_named_by_cuda_ordinal_not_nvml_index(monkeypatch: pytest.Monke
 
 
 def test_the_probe_runs_from_the_cuda_build(
-    doctor_env: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], tmp_path: Path
+    doctor_bin: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """A CUDA build (its ggml-cuda library beside llama-server) with NVML seeing a GPU: the doctor runs the build's
     test-mapped-host-bridge --probe with its time budget (a stand-in printing the virtual-device fixture) and keeps its
     raw output in --out."""
     simulate_nvml(monkeypatch, [SimGpu("NVIDIA H200", "00000000:01:00.0", 5, 5, 16, 16, mem_gib=141)])
-    (doctor_env / "libggml-cuda.so").write_bytes(b"")
+    (doctor_bin / "libggml-cuda.so").write_bytes(b"")
     write_exe(
-        doctor_env / "test-mapped-host-bridge",
+        doctor_bin / "test-mapped-host-bridge",
         "#!PYTHON\nimport sys\nassert sys.argv[1:4] == ['--probe', '--deadline', '7'] and '--quick' in sys.argv, sys.argv\n"
         f"print(open({str(VIRTUAL)!r}).read(), end='')\n",
     )
@@ -461,14 +423,14 @@ def test_the_probe_runs_from_the_cuda_build(
     )
     monkeypatch.setenv("GGML_CUDA_DEVICES", "4")
     out = tmp_path / "out"
-    rc = cli.main(["doctor", "--bin-dir", str(doctor_env), "--quick", "--time-budget", "7", "--out", str(out)])
+    rc = cli.main(["doctor", "--bin-dir", str(doctor_bin), "--quick", "--time-budget", "7", "--out", str(out)])
     text, err = capfd.readouterr()
     assert rc == 0, err
     assert "GPU 0: NVIDIA H200, cc 8.6, 141 GiB (140 GiB free), PCIe Gen5 x16 now, Gen5 x16 max" in text
-    assert f"{doctor_env / 'test-mapped-host-bridge'} --probe --quick" in text
+    assert f"{doctor_bin / 'test-mapped-host-bridge'} --probe --quick" in text
     assert "CUDA0 -> CUDA1 (virtual): bridge" in text and "(none besides the CPU)" not in text
     assert "probe: end seconds=" in (out / "probe.txt").read_text()
-    server = doctor_env / "llama-server"  # not the build serve finds by itself: named
+    server = doctor_bin / "llama-server"  # not the build serve finds by itself: named
     assert (
         f"GGML_CUDA_DEVICES=4 ggml-bridge serve --server {server} --bridge auto --batched on -- -m MODEL.gguf" in text
     )

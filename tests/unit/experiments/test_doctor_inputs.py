@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from ggml_bridge import cli
 from ggml_bridge.experiments.doctor import checkup, inventory, nvml, probe, recommend, report
 from ggml_bridge.experiments.doctor.facts import Findings, Options
-from ggml_bridge.foundations import cache, config
+from ggml_bridge.foundations import cache
 
 from helpers import FIXTURES, write_exe
 
@@ -112,7 +112,7 @@ def test_nvml_trouble_of_any_kind_is_a_finding(fns: dict[str, Any], status: str,
 
 
 def test_the_doctor_with_a_hanging_nvml_ends_with_its_report(
-    doctor_env: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    doctor_bin: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """E11 end to end: the doctor ends within its time budget, exit 0, the hang one line of the report."""
     import pynvml as p
@@ -121,7 +121,7 @@ def test_the_doctor_with_a_hanging_nvml_ends_with_its_report(
     monkeypatch.setattr(p, "nvmlInit", lambda: release.wait(60))
     t0 = time.monotonic()
     try:
-        rc = cli.main(["doctor", "--no-probe", "--time-budget", "1", "--bin-dir", str(doctor_env)])
+        rc = cli.main(["doctor", "--no-probe", "--time-budget", "1", "--bin-dir", str(doctor_bin)])
     finally:
         release.set()
     out = capfd.readouterr().out
@@ -135,12 +135,12 @@ STALLING_LISTER = "#!PYTHON\nimport time\ntime.sleep(60)\n"
 
 
 def test_a_listing_that_never_returns_is_one_line_of_the_report(
-    doctor_env: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    doctor_bin: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """E13: a --list-devices that does not return ended the whole doctor with exit 40 and no report."""
-    write_exe(doctor_env / "llama-server", STALLING_LISTER)
+    write_exe(doctor_bin / "llama-server", STALLING_LISTER)
     monkeypatch.setattr(inventory, "LIST_TIMEOUT_S", 1.0)
-    rc = cli.main(["doctor", "--no-probe", "--bin-dir", str(doctor_env)])
+    rc = cli.main(["doctor", "--no-probe", "--bin-dir", str(doctor_bin)])
     out, err = capfd.readouterr()
     assert rc == 0 and "Traceback" not in err
     assert "problem: `llama-server --list-devices`:" in out and "timed out" in out
@@ -242,12 +242,12 @@ def test_the_json_document_is_strict_json() -> None:
 
 
 def test_the_doctors_json_with_a_nan_probe_is_strict(
-    doctor_env: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    doctor_bin: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """E4 end to end: `doctor --json` printed NaN."""
     saved = tmp_path / "nan.txt"
     saved.write_text(_fixture_with(r"gflops=[0-9.]+", "gflops=nan"))
-    assert cli.main(["doctor", "--probe-output", str(saved), "--json", "--bin-dir", str(doctor_env)]) == 0
+    assert cli.main(["doctor", "--probe-output", str(saved), "--json", "--bin-dir", str(doctor_bin)]) == 0
     doc = _strict_json(capfd.readouterr().out)
     assert doc["probe"]["implausible"]
 
@@ -256,11 +256,11 @@ FORGED = "!! PEER COPIES BETWEEN GPU 0 AND GPU 1 ARE SAFE"
 
 
 def test_a_newline_in_a_watched_variable_forges_no_report_line(
-    doctor_env: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    doctor_bin: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """E15: CUDA_VISIBLE_DEVICES with a newline printed a line of its own choosing."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"0\n{FORGED}")
-    assert cli.main(["doctor", "--no-probe", "--bin-dir", str(doctor_env)]) == 0
+    assert cli.main(["doctor", "--no-probe", "--bin-dir", str(doctor_bin)]) == 0
     out = capfd.readouterr().out
     assert not [line for line in out.splitlines() if line.startswith("!!")]
     assert f"CUDA_VISIBLE_DEVICES=$'0\\n{FORGED}'" in out
@@ -276,7 +276,7 @@ def test_every_report_line_is_one_line_whatever_the_sources_say() -> None:
 
 
 def test_a_full_disk_under_out_names_the_path(
-    doctor_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    doctor_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """E9: a full disk under --out was a cache error without the path."""
 
@@ -284,13 +284,13 @@ def test_a_full_disk_under_out_names_the_path(
         raise cache.CacheError(f"cannot write {path}", why="the disk is full")
 
     monkeypatch.setattr(cache, "write_text_atomic", full)
-    rc = cli.main(["doctor", "--no-probe", "--out", str(tmp_path / "o"), "--bin-dir", str(doctor_env)])
+    rc = cli.main(["doctor", "--no-probe", "--out", str(tmp_path / "o"), "--bin-dir", str(doctor_bin)])
     err = capfd.readouterr().err
     assert rc == 2 and f"cannot write {tmp_path / 'o' / 'report.txt'}" in err and "the disk is full" in err
 
 
 def test_a_full_disk_under_plot_names_the_path(
-    doctor_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    doctor_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """E9: the plot on a full disk."""
 
@@ -299,16 +299,16 @@ def test_a_full_disk_under_plot_names_the_path(
 
     monkeypatch.setattr(checkup, "plot_pairs", full)
     plot = tmp_path / "p.png"
-    rc = cli.main(["doctor", "--probe-output", str(OK2), "--plot", str(plot), "--bin-dir", str(doctor_env)])
+    rc = cli.main(["doctor", "--probe-output", str(OK2), "--plot", str(plot), "--bin-dir", str(doctor_bin)])
     err = capfd.readouterr().err
     assert rc == 2 and f"cannot write the plot {plot}" in err and "the disk is full" in err
 
 
-def test_plot_formats_follow_the_extension(doctor_env: Path, tmp_path: Path) -> None:
+def test_plot_formats_follow_the_extension(doctor_bin: Path, tmp_path: Path) -> None:
     """E5: --plot p.svg is an SVG (the extension chooses the format; no '.png' appended)."""
     assert (
         cli.main(
-            ["doctor", "--probe-output", str(OK2), "--plot", str(tmp_path / "p.svg"), "--bin-dir", str(doctor_env)]
+            ["doctor", "--probe-output", str(OK2), "--plot", str(tmp_path / "p.svg"), "--bin-dir", str(doctor_bin)]
         )
         == 0
     )
@@ -503,32 +503,3 @@ def test_nvml_over_arbitrary_binding_answers_never_raises(answers: dict[str, Any
     rec = recommend.recommend(f, None)
     assert all(line.isprintable() for line in report.render(f, rec).splitlines())
     _strict_json(report.dumps(f, rec))
-
-
-# --------------------------------------------------------------------------------------------- fixture
-
-LISTER = """#!PYTHON
-import sys
-sys.exit(0 if "--list-devices" in sys.argv else 3)
-"""
-
-
-@pytest.fixture
-def doctor_env(settings: config.Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """The fake project, an empty cache, no NVIDIA driver; returns a bin folder with a llama-server that lists
-    nothing."""
-    import pynvml as p
-
-    def no_library() -> None:
-        raise p.NVMLError_LibraryNotFound(p.NVML_ERROR_LIBRARY_NOT_FOUND)
-
-    monkeypatch.setattr(p, "nvmlInit", no_library)
-    monkeypatch.setenv("GGML_BRIDGE_PROJECT_DIR", str(settings.project_dir))
-    monkeypatch.setenv("GGML_BRIDGE_CACHE_DIR", str(settings.cache_dir))
-    monkeypatch.setenv("GGML_BRIDGE_BACKEND", "cpu")
-    for var in ("GGML_CUDA_DEVICES", "GGML_VK_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GGML_CUDA_P2P"):
-        monkeypatch.delenv(var, raising=False)
-    b = tmp_path / "bin"
-    b.mkdir()
-    write_exe(b / "llama-server", LISTER)
-    return b

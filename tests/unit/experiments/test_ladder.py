@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -375,14 +375,26 @@ def test_validity_off_and_upstream():
 # --- whole ladders against the fake tools -------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class LadderRig:
+    tmp: Path
+    vocab: Path
+    patched: Path
+    """The fake patched build's bin folder."""
+    upstream: Path
+    """The fake upstream build's bin folder (its programs print no patch lines)."""
+    settings: config.Settings
+
+
 @pytest.fixture
-def env(tmp_path, monkeypatch):
+def ladder_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LadderRig:
+    """A ladder on fake patched and upstream builds and a small vocabulary, no FAKE_* behaviour set."""
     for k in list(os.environ):
         if k.startswith("FAKE_"):
             monkeypatch.delenv(k)
     monkeypatch.delenv("GGML_BRIDGE_VOCAB", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    return SimpleNamespace(
+    return LadderRig(
         tmp=tmp_path,
         vocab=make_vocab(tmp_path / "vocab.gguf"),
         patched=write_fake_bin(tmp_path / "patched"),
@@ -437,8 +449,8 @@ name = "two-gpus"
 """
 
 
-def test_fake_gpu_ladder_passes(env, capsys):
-    rc, rep, md = run_ladder(env, GPU_LADDER)
+def test_fake_gpu_ladder_passes(ladder_rig, capsys):
+    rc, rep, md = run_ladder(ladder_rig, GPU_LADDER)
     r = rep["rungs"][0]
     assert rc == 0, r["problems"]
     assert rep["status"] == "pass" and r["status"] == "pass"
@@ -460,41 +472,43 @@ def test_fake_gpu_ladder_passes(env, capsys):
         "[1/1] two-gpus: off vs upstream, bridge, bridge-force, batched, bridge-force-batched: PASS"
         in capsys.readouterr().err
     )
-    assert not list((env.tmp / "report").rglob("logits.bin"))  # removed after a pass
+    assert not list((ladder_rig.tmp / "report").rglob("logits.bin"))  # removed after a pass
 
 
-def test_a_rung_without_perplexity_makes_no_logits(env):
-    rc, rep, md = run_ladder(env, GPU_LADDER + "perplexity = false\n", "--keep-logits")
+def test_a_rung_without_perplexity_makes_no_logits(ladder_rig):
+    rc, rep, md = run_ladder(ladder_rig, GPU_LADDER + "perplexity = false\n", "--keep-logits")
     r = rep["rungs"][0]
     assert rc == 0 and r["status"] == "pass", r["problems"]
     assert all(m["logits"] is None and "logits" not in m.get("compare", {}) for m in r["modes"].values())
     assert r["modes"]["bridge"]["compare"]["responses"]["identical"]
-    assert not list((env.tmp / "report").rglob("logits.bin")) and not list((env.tmp / "report").rglob("perplexity.log"))
+    assert not list((ladder_rig.tmp / "report").rglob("logits.bin")) and not list(
+        (ladder_rig.tmp / "report").rglob("perplexity.log")
+    )
 
 
-def test_fake_gpu_ladder_requires_the_rejection_in_every_process(env, monkeypatch):
+def test_fake_gpu_ladder_requires_the_rejection_in_every_process(ladder_rig, monkeypatch):
     body = GPU_LADDER.replace(
         'modes = ["off", "upstream", "bridge", "bridge-force", "batched", "bridge-force-batched"]',
         'modes = ["off", "bridge-typo"]',
     )
-    rc, rep, _ = run_ladder(env, body)
+    rc, rep, _ = run_ladder(ladder_rig, body)
     r = rep["rungs"][0]
     assert rc == 0 and r["status"] == "pass", r["problems"]
     assert r["modes"]["bridge-typo"]["selectors"]["GGML_CUDA_MAPPED_HOST_BRIDGE"] == "yes"
     assert not any(k.startswith("GGML_CUDA_MAPPED_HOST_BRIDGE_") for k in r["modes"]["bridge-typo"]["selectors"])
     # the series before issue 14 printed its rejections only once, into the fitting probe's muted log
     monkeypatch.setenv("FAKE_FIT_SWALLOWS", "1")
-    rc, rep, _ = run_ladder(env, body)
+    rc, rep, _ = run_ladder(ladder_rig, body)
     r = rep["rungs"][0]
     assert rc == 1 and r["status"] == "invalid"
     assert any("does not report it rejected" in p for p in r["problems"])
 
 
-def test_fake_mismatch_exits_1_with_first_difference(env):
+def test_fake_mismatch_exits_1_with_first_difference(ladder_rig):
     body = GPU_LADDER.replace(
         'FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_PERTURB_WHEN = "LLAMA_BATCHED_TRANSFERS=1"'
     )
-    rc, rep, md = run_ladder(env, body)
+    rc, rep, md = run_ladder(ladder_rig, body)
     r = rep["rungs"][0]
     assert rc == 1 and rep["status"] == "fail" and r["status"] == "mismatch"
     for name in ("batched", "bridge-force-batched"):
@@ -506,12 +520,12 @@ def test_fake_mismatch_exits_1_with_first_difference(env):
     for name in ("upstream", "bridge", "bridge-force"):
         assert r["modes"][name]["compare"]["logits"]["identical"]
     assert "DIFFER" in md
-    assert list((env.tmp / "report").rglob("logits.bin"))  # kept for inspection
+    assert list((ladder_rig.tmp / "report").rglob("logits.bin"))  # kept for inspection
 
 
-def test_fake_no_boundaries_is_not_a_pass(env):
+def test_fake_no_boundaries_is_not_a_pass(ladder_rig):
     body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_BOUNDARIES = "0"')
-    rc, rep, _ = run_ladder(env, body)
+    rc, rep, _ = run_ladder(ladder_rig, body)
     r = rep["rungs"][0]
     assert rc == 1 and r["status"] == "invalid"
     assert any("boundaries=0" in p for p in r["problems"])
@@ -519,13 +533,13 @@ def test_fake_no_boundaries_is_not_a_pass(env):
     assert all(m.get("compare", {}).get("logits", {}).get("identical", True) for m in r["modes"].values())
 
 
-def test_fake_no_async_transfers_is_not_a_pass(env):
+def test_fake_no_async_transfers_is_not_a_pass(ladder_rig):
     body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_ASYNC_UP = "0"')
-    rc, rep, _ = run_ladder(env, body)
+    rc, rep, _ = run_ladder(ladder_rig, body)
     assert rc == 1 and any("async_uploads=0" in p for p in rep["rungs"][0]["problems"])
 
 
-def test_fake_cpu_ladder_with_inactive_batched(env):
+def test_fake_cpu_ladder_with_inactive_batched(ladder_rig):
     body = f"""
 [defaults]
 {MICRO}
@@ -542,58 +556,72 @@ modes = ["upstream", "off", "batched"]
 expect_batched = "inactive"
 env = {{ FAKE_BATCHED_INACTIVE = "no GPU backend" }}
 """
-    rc, rep, md = run_ladder(env, body)
+    rc, rep, md = run_ladder(ladder_rig, body)
     assert rc == 0, [r["problems"] for r in rep["rungs"]]
     b = rep["rungs"][1]["modes"]["batched"]["validity"]
     assert b["batched"]["state"] == "inactive" and "not a batched pass" in b["notes"][0]
     # without the inactive line, the same rung fails
-    rc, rep, _ = run_ladder(env, body.replace('env = { FAKE_BATCHED_INACTIVE = "no GPU backend" }', ""))
+    rc, rep, _ = run_ladder(ladder_rig, body.replace('env = { FAKE_BATCHED_INACTIVE = "no GPU backend" }', ""))
     assert rc == 1 and rep["rungs"][1]["status"] == "invalid"
 
 
-def test_server_crash_is_a_setup_error(env):
+def test_server_crash_is_a_setup_error(ladder_rig):
     body = GPU_LADDER.replace('FAKE_DEVICES = "2"', 'FAKE_DEVICES = "2", FAKE_DIE_AT_START = "1"')
-    rc, rep, md = run_ladder(env, body)
+    rc, rep, md = run_ladder(ladder_rig, body)
     r = rep["rungs"][0]
     assert rc == LadderSetupError.exit_code and r["status"] == "error"
     assert "GGML_ASSERT(fake)" in r["modes"]["off"]["error"]
 
 
-def test_same_build_is_refused(env):
-    lf = write_ladder(env.tmp / "l.toml", GPU_LADDER)
+def test_same_build_is_refused(ladder_rig):
+    lf = write_ladder(ladder_rig.tmp / "l.toml", GPU_LADDER)
     a = ladder_options(
         [
             "--ladder",
             str(lf),
             "--vocab",
-            str(env.vocab),
+            str(ladder_rig.vocab),
             "--report",
-            str(env.tmp / "r"),
+            str(ladder_rig.tmp / "r"),
             "--bin-dir-patched",
-            str(env.patched),
+            str(ladder_rig.patched),
             "--bin-dir-upstream",
-            str(env.patched),
+            str(ladder_rig.patched),
         ]
     )
     with pytest.raises(LadderSetupError, match="same build"):
-        ladder.run(a, env.settings)
+        ladder.run(a, ladder_rig.settings)
 
 
-def test_missing_bin_dir_and_rung(env):
-    lf = write_ladder(env.tmp / "l.toml", GPU_LADDER)
+def test_missing_bin_dir_and_rung(ladder_rig):
+    lf = write_ladder(ladder_rig.tmp / "l.toml", GPU_LADDER)
     with pytest.raises(UsageError, match="--bin-dir-patched .*nope: no such folder"):  # the user's path: exit 2
         ladder_options(
-            ["--ladder", str(lf), "--bin-dir-patched", str(env.tmp / "nope"), "--bin-dir-upstream", str(env.upstream)]
+            [
+                "--ladder",
+                str(lf),
+                "--bin-dir-patched",
+                str(ladder_rig.tmp / "nope"),
+                "--bin-dir-upstream",
+                str(ladder_rig.upstream),
+            ]
         )
-    (env.tmp / "empty").mkdir()
+    (ladder_rig.tmp / "empty").mkdir()
     a = ladder_options(
-        ["--ladder", str(lf), "--bin-dir-patched", str(env.tmp / "empty"), "--bin-dir-upstream", str(env.upstream)]
+        [
+            "--ladder",
+            str(lf),
+            "--bin-dir-patched",
+            str(ladder_rig.tmp / "empty"),
+            "--bin-dir-upstream",
+            str(ladder_rig.upstream),
+        ]
     )
     with pytest.raises(LadderSetupError, match="not found in --bin-dir-patched"):
-        ladder.run(a, env.settings)
+        ladder.run(a, ladder_rig.settings)
     a = ladder_options(["--ladder", str(lf), "--rung", "zzz"])
     with pytest.raises(LadderSetupError, match="no rung named zzz"):
-        ladder.run(a, env.settings)
+        ladder.run(a, ladder_rig.settings)
 
 
 def test_mechanism_state_names():
@@ -725,11 +753,11 @@ expect_batched = "inactive"
 """
 
 
-def test_a_rung_compares_modes_on_any_declared_side(env):
+def test_a_rung_compares_modes_on_any_declared_side(ladder_rig):
     """``SIDE:MODE`` runs a mode on the binaries given with ``--side SIDE=DIR``: compared byte for byte with the
     reference like any other mode, and reported with its side."""
-    wheel = write_fake_bin(env.tmp / "wheel")
-    rc, rep, md = run_ladder(env, SIDES_LADDER, "--side", f"wheel={wheel}")
+    wheel = write_fake_bin(ladder_rig.tmp / "wheel")
+    rc, rep, md = run_ladder(ladder_rig, SIDES_LADDER, "--side", f"wheel={wheel}")
     assert rc == 0, rep["rungs"][0]["problems"]
     modes_run = rep["rungs"][0]["modes"]
     assert modes_run["wheel:off"]["side"] == "wheel" and modes_run["off"]["side"] == "patched"
@@ -737,31 +765,31 @@ def test_a_rung_compares_modes_on_any_declared_side(env):
     assert rep["binaries"]["wheel"] == str(wheel) and "wheel:off" in md
     # a perturbed wheel is caught like a perturbed patched build
     bad = write_fake_bin(
-        env.tmp / "bad", prefix="import os\nos.environ['FAKE_PERTURB_WHEN'] = 'GGML_CUDA_MAPPED_HOST_BRIDGE=0'\n"
+        ladder_rig.tmp / "bad", prefix="import os\nos.environ['FAKE_PERTURB_WHEN'] = 'GGML_CUDA_MAPPED_HOST_BRIDGE=0'\n"
     )
-    rc, rep, _ = run_ladder(env, SIDES_LADDER, "--side", f"wheel={bad}")
+    rc, rep, _ = run_ladder(ladder_rig, SIDES_LADDER, "--side", f"wheel={bad}")
     assert rc == 1 and any(p.startswith("wheel:off: ") for p in rep["rungs"][0]["problems"])
 
 
-def test_sides_are_checked_before_anything_runs(env):
+def test_sides_are_checked_before_anything_runs(ladder_rig):
     with pytest.raises(LadderSetupError, match="pass --side wheel=DIR"):
-        run_ladder(env, SIDES_LADDER)
+        run_ladder(ladder_rig, SIDES_LADDER)
     with pytest.raises(LadderSetupError, match="the ladder .* has no such side"):
-        run_ladder(env, SIDES_LADDER, "--side", f"nosuch={env.patched}")
+        run_ladder(ladder_rig, SIDES_LADDER, "--side", f"nosuch={ladder_rig.patched}")
     with pytest.raises(LadderSetupError, match="does not declare"):
-        run_ladder(env, SIDES_LADDER.replace('"wheel:off"]', '"other:off"]'))
+        run_ladder(ladder_rig, SIDES_LADDER.replace('"wheel:off"]', '"other:off"]'))
     with pytest.raises(LadderSetupError, match="mode upstream runs the upstream build, side wheel is patched"):
-        run_ladder(env, SIDES_LADDER.replace('"wheel:off"]', '"wheel:upstream"]'))
+        run_ladder(ladder_rig, SIDES_LADDER.replace('"wheel:off"]', '"wheel:upstream"]'))
     with pytest.raises(UsageError, match="two folders"):
-        run_ladder(env, SIDES_LADDER, "--side", f"patched={env.upstream}")
+        run_ladder(ladder_rig, SIDES_LADDER, "--side", f"patched={ladder_rig.upstream}")
     # a side that must hold exactly one CPU variant module
     body = SIDES_LADDER.replace('about = "an installed wheel\'s bin/"', 'cpu_variant = "x64"')
-    wheel = write_fake_bin(env.tmp / "wheel")
+    wheel = write_fake_bin(ladder_rig.tmp / "wheel")
     (wheel / "libggml-cpu-haswell.so").write_bytes(b"")
     with pytest.raises(LadderSetupError, match="must hold exactly libggml-cpu-x64.so"):
-        run_ladder(env, body, "--side", f"wheel={wheel}")
+        run_ladder(ladder_rig, body, "--side", f"wheel={wheel}")
     (wheel / "libggml-cpu-haswell.so").rename(wheel / "libggml-cpu-x64.so")
-    assert run_ladder(env, body, "--side", f"wheel={wheel}")[0] == 0
+    assert run_ladder(ladder_rig, body, "--side", f"wheel={wheel}")[0] == 0
 
 
 @pytest.mark.parametrize("name", ["cpu-variant.toml", "wheel-vs-source.toml", "rpc-greedy.toml"])
@@ -825,7 +853,7 @@ class _Toy:
         return {"offset": offset, "where": "toy byte"}
 
 
-def test_the_registry_drives_what_a_rung_produces_compares_and_reports(env, monkeypatch):
+def test_the_registry_drives_what_a_rung_produces_compares_and_reports(ladder_rig, monkeypatch):
     """One registry row is all a new artifact needs: produced in every mode, compared, listed and tabled."""
     toy = _Toy()
     monkeypatch.setitem(ladder.registry.ARTIFACTS, "toy", toy)
@@ -833,7 +861,7 @@ def test_the_registry_drives_what_a_rung_produces_compares_and_reports(env, monk
         'modes = ["off", "upstream", "bridge", "bridge-force", "batched", "bridge-force-batched"]',
         'modes = ["off", "upstream", "bridge"]',
     )
-    rc, rep, md = run_ladder(env, body)
+    rc, rep, md = run_ladder(ladder_rig, body)
     r = rep["rungs"][0]
     assert rc == 0, r["problems"]
     assert toy.made == ["off", "upstream", "bridge"]
@@ -842,7 +870,7 @@ def test_the_registry_drives_what_a_rung_produces_compares_and_reports(env, monk
     assert "| mode | responses sha256 | logits sha256 | toy sha256 | vs reference |" in md
     assert "toy identical" in md
     monkeypatch.setitem(ladder.registry.ARTIFACTS, "toy", _Toy(leaky=True))
-    rc, rep, md = run_ladder(env, body)
+    rc, rep, md = run_ladder(ladder_rig, body)
     r = rep["rungs"][0]
     assert rc == 1 and r["status"] == "mismatch"
     assert r["modes"]["bridge"]["compare"]["toy"]["first_difference"]["where"] == "toy byte"

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from types import SimpleNamespace
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -140,8 +141,18 @@ def test_validity_shaped_link_must_carry_bytes_both_ways():
     assert res.ok and res.servers["a"].link.up_bytes == 10
 
 
+@dataclass(frozen=True)
+class RpcLadderRig:
+    tmp: Path
+    vocab: Path
+    patched: Path
+    """The fake patched build's bin folder, with the fake rpc-server."""
+    settings: config.Settings
+
+
 @pytest.fixture
-def env(tmp_path, monkeypatch):
+def rpc_ladder_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RpcLadderRig:
+    """A ladder on the fake patched build with its rpc-server and a small vocabulary, no FAKE_* behaviour set."""
     for k in list(os.environ):
         if k.startswith("FAKE_"):
             monkeypatch.delenv(k)
@@ -151,7 +162,7 @@ def env(tmp_path, monkeypatch):
     exe = b / rpc.RPC_SERVER
     exe.write_text(f"#!{sys.executable}\n" + FAKE_RPC.read_text())
     exe.chmod(0o755)
-    return SimpleNamespace(
+    return RpcLadderRig(
         tmp=tmp_path,
         vocab=make_vocab(tmp_path / "vocab.gguf"),
         patched=b,
@@ -202,8 +213,8 @@ name = "shaped"
 """
 
 
-def test_shaped_rung_carries_the_front_through_one_shaper_per_server(env):
-    rc, rep = _run(env, RPC_LADDER.format(link='rpc_link = "100mbit/1ms"'))
+def test_shaped_rung_carries_the_front_through_one_shaper_per_server(rpc_ladder_rig):
+    rc, rep = _run(rpc_ladder_rig, RPC_LADDER.format(link='rpc_link = "100mbit/1ms"'))
     r = rep["rungs"][0]
     assert rc == 0 and r["status"] == "pass", r["problems"]
     servers = r["modes"]["rpc-off"]["validity"]["rpc"]
@@ -214,8 +225,8 @@ def test_shaped_rung_carries_the_front_through_one_shaper_per_server(env):
     assert any("through the shaped link 100mbit/1ms" in n for n in r["modes"]["rpc-off"]["validity"]["notes"])
 
 
-def test_unshaped_rung_has_no_link_stats(env):
-    rc, rep = _run(env, RPC_LADDER.format(link=""))
+def test_unshaped_rung_has_no_link_stats(rpc_ladder_rig):
+    rc, rep = _run(rpc_ladder_rig, RPC_LADDER.format(link=""))
     r = rep["rungs"][0]
     assert rc == 0 and r["status"] == "pass", r["problems"]
     assert all("link" not in s for s in r["modes"]["rpc-off"]["validity"]["rpc"].values())

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,14 +27,25 @@ def _clear_fake_env(monkeypatch):
         monkeypatch.delenv(k)
 
 
+@dataclass(frozen=True)
+class RpcBins:
+    bin: Path
+    server: Path
+    rpc: Path
+    """The fake rpc-server (tests/fixtures/fakerpc.py), next to the fake llama-server."""
+    model: Path
+    tmp: Path
+
+
 @pytest.fixture
-def fake(tmp_path, monkeypatch):
+def rpc_bins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RpcBins:
+    """A bin folder with the fake llama-server and rpc-server, and a model file; no FAKE_* behaviour set."""
     _clear_fake_env(monkeypatch)
     b = write_fake_bin(tmp_path / "bin")
     exe = b / rpc.RPC_SERVER
     exe.write_text(f"#!{sys.executable}\n" + FAKE_RPC.read_text())
     exe.chmod(0o755)
-    return SimpleNamespace(bin=b, server=b / "llama-server", rpc=exe, model=fake_model(tmp_path), tmp=tmp_path)
+    return RpcBins(bin=b, server=b / "llama-server", rpc=exe, model=fake_model(tmp_path), tmp=tmp_path)
 
 
 def _alive(pid: int) -> bool:
@@ -109,9 +121,9 @@ def test_hello_unresolvable_host():
         rpc.hello(rpc.Endpoint("no-such-host.invalid", 50052), timeout=2.0)
 
 
-def test_version_mismatch_detected(fake, monkeypatch):
+def test_version_mismatch_detected(rpc_bins, monkeypatch):
     monkeypatch.setenv("FAKE_RPC_VERSION", "8.0.0")
-    s = rpc.LocalRpcServer(fake.rpc).start(timeout=20)
+    s = rpc.LocalRpcServer(rpc_bins.rpc).start(timeout=20)
     try:
         assert rpc.hello(s.endpoint) == (8, 0, 0)
         with pytest.raises(RpcError) as ei:
@@ -122,7 +134,7 @@ def test_version_mismatch_detected(fake, monkeypatch):
         s.stop()
 
 
-def test_not_an_rpc_server(fake):
+def test_not_an_rpc_server(rpc_bins):
     # an HTTP-ish server: accepts, answers the first bytes with something else, closes
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -149,9 +161,9 @@ def test_not_an_rpc_server(fake):
 # --- local rpc-servers -------------------------------------------------------------------------------------
 
 
-def test_local_server_state_and_counters(fake, monkeypatch):
+def test_local_server_state_and_counters(rpc_bins, monkeypatch):
     monkeypatch.setenv("GGML_CUDA_MAPPED_HOST_BRIDGE", "1")
-    s = rpc.LocalRpcServer(fake.rpc, devices=["CPU"]).start(timeout=20)
+    s = rpc.LocalRpcServer(rpc_bins.rpc, devices=["CPU"]).start(timeout=20)
     try:
         info = s.info()
         assert info.version == "7.0.0" and info.devices == ["CPU"]
@@ -167,9 +179,9 @@ def test_local_server_state_and_counters(fake, monkeypatch):
     assert not s.alive() and rc is not None
 
 
-def test_upstream_server_is_never_sent_sigusr1(fake, monkeypatch):
+def test_upstream_server_is_never_sent_sigusr1(rpc_bins, monkeypatch):
     monkeypatch.setenv("FAKE_RPC_UPSTREAM", "1")
-    s = rpc.LocalRpcServer(fake.rpc).start(timeout=20)
+    s = rpc.LocalRpcServer(rpc_bins.rpc).start(timeout=20)
     try:
         with pytest.raises(RpcError, match="upstream build without patch 0006"):
             s.counters()
@@ -179,16 +191,16 @@ def test_upstream_server_is_never_sent_sigusr1(fake, monkeypatch):
         s.stop()
 
 
-def test_local_server_failing_at_start(fake, monkeypatch):
+def test_local_server_failing_at_start(rpc_bins, monkeypatch):
     monkeypatch.setenv("FAKE_RPC_FAIL", "1")
     with pytest.raises(RpcError) as ei:
-        rpc.LocalRpcServer(fake.rpc).start(timeout=20)
+        rpc.LocalRpcServer(rpc_bins.rpc).start(timeout=20)
     assert "exited during start-up (status 1)" in str(ei.value) and "fake failure" in str(ei.value)
 
 
-def test_topology_start_failure_leaves_nothing_running(fake):
-    good = rpc.LocalRpcServer(fake.rpc)
-    bad = rpc.LocalRpcServer(fake.tmp / "missing-rpc-server")
+def test_topology_start_failure_leaves_nothing_running(rpc_bins):
+    good = rpc.LocalRpcServer(rpc_bins.rpc)
+    bad = rpc.LocalRpcServer(rpc_bins.tmp / "missing-rpc-server")
     topo = rpc.Topology([good, bad])
     with pytest.raises(RpcError, match="not found"):
         topo.start((7, 0, 0))
@@ -245,87 +257,89 @@ def srv_args(model, port):
     return ["-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
 
 
-def test_serve_rpc_local_check(fake, capsys):
-    log = fake.tmp / "logs" / "server.log"
+def test_serve_rpc_local_check(rpc_bins, capsys):
+    log = rpc_bins.tmp / "logs" / "server.log"
     log.parent.mkdir()
-    real = fake.server.with_name("llama-server.real")
-    fake.server.rename(real)
-    fake.server.write_text(
-        f'#!/bin/sh\necho "$@" > {fake.tmp}/argv\necho "[${{CUDA_VISIBLE_DEVICES-unset}}]" '
-        f'> {fake.tmp}/cvd\nexec {real} "$@"\n'
+    real = rpc_bins.server.with_name("llama-server.real")
+    rpc_bins.server.rename(real)
+    rpc_bins.server.write_text(
+        f'#!/bin/sh\necho "$@" > {rpc_bins.tmp}/argv\necho "[${{CUDA_VISIBLE_DEVICES-unset}}]" '
+        f'> {rpc_bins.tmp}/cvd\nexec {real} "$@"\n'
     )
-    fake.server.chmod(0o755)
+    rpc_bins.server.chmod(0o755)
     a = parse(
         [
             "--check",
             "--server",
-            str(fake.server),
+            str(rpc_bins.server),
             "--rpc-local",
             "2",
             "--server-log",
             str(log),
-            *srv_args(fake.model, llama_server.free_port()),
+            *srv_args(rpc_bins.model, llama_server.free_port()),
         ]
     )
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=rpc_bins.tmp)) == 0
     err = capsys.readouterr().err
     assert "rpc: over TCP: llama-server<->127.0.0.1:" in err
     assert err.count("counters: bridge=0 rpc_commands=") == 2  # the launcher asked both servers
     pids = [int(logparse.parse_rpc(p.read_text()).state["pid"]) for p in sorted(log.parent.glob("rpc-server-*.log"))]
     assert len(pids) == 2 and not any(_alive(p) for p in pids)
     ports = [logparse.parse_rpc(p.read_text()).state["endpoint"] for p in sorted(log.parent.glob("rpc-server-*.log"))]
-    assert f"--rpc {','.join(ports)}" in (fake.tmp / "argv").read_text()  # llama-server got the endpoints
-    assert (fake.tmp / "cvd").read_text().strip() == "[unset]"
+    assert f"--rpc {','.join(ports)}" in (rpc_bins.tmp / "argv").read_text()  # llama-server got the endpoints
+    assert (rpc_bins.tmp / "cvd").read_text().strip() == "[unset]"
     # --rpc-local-only: the GPUs are the rpc-servers' alone
     a = parse(
         [
             "--check",
             "--server",
-            str(fake.server),
+            str(rpc_bins.server),
             "--rpc-local",
             "1",
             "--rpc-local-only",
-            *srv_args(fake.model, llama_server.free_port()),
+            *srv_args(rpc_bins.model, llama_server.free_port()),
         ]
     )
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
-    assert (fake.tmp / "cvd").read_text().strip() == "[]"
+    assert serve.run(a, config.Settings(cache_dir=rpc_bins.tmp)) == 0
+    assert (rpc_bins.tmp / "cvd").read_text().strip() == "[]"
     with pytest.raises(UsageError, match="needs local rpc-servers"):
-        serve.run(parse(["--rpc-local-only", "--server", str(fake.server)]), config.Settings(cache_dir=fake.tmp))
+        serve.run(
+            parse(["--rpc-local-only", "--server", str(rpc_bins.server)]), config.Settings(cache_dir=rpc_bins.tmp)
+        )
 
 
-def test_rpc_given_to_llama_server_is_checked_too(fake):
+def test_rpc_given_to_llama_server_is_checked_too(rpc_bins):
     a = parse(["--rpc", "127.0.0.1:1", "--", "--rpc", "127.0.0.1:2", "-m", "x"])
     assert a.rpc.endpoints == "127.0.0.1:1" and a.server_args == ("--rpc", "127.0.0.1:2", "-m", "x")
     server_args = list(a.server_args)
-    topo = serve.rpc_topology(a.rpc, None, fake.server, {}, server_args)
+    topo = serve.rpc_topology(a.rpc, None, rpc_bins.server, {}, server_args)
     assert server_args == ["-m", "x"] and topo.server_args() == ["--rpc", "127.0.0.1:1,127.0.0.1:2"]
     assert serve.take_rpc_arg(args := ["--rpc=h:3", "-ngl", "9"]) == "h:3" and args == ["-ngl", "9"]
-    assert serve.rpc_topology(parse([]).rpc, None, fake.server, {}, []) is None
+    assert serve.rpc_topology(parse([]).rpc, None, rpc_bins.server, {}, []) is None
 
 
-def test_serve_unreachable_endpoint_fails_before_llama_server(fake):
-    log = fake.tmp / "server.log"
+def test_serve_unreachable_endpoint_fails_before_llama_server(rpc_bins):
+    log = rpc_bins.tmp / "server.log"
     port = llama_server.free_port()
     a = parse(
         [
             "--server",
-            str(fake.server),
+            str(rpc_bins.server),
             "--rpc",
             f"127.0.0.1:{llama_server.free_port()}",
             "--server-log",
             str(log),
-            *srv_args(fake.model, port),
+            *srv_args(rpc_bins.model, port),
         ]
     )
     t0 = time.monotonic()
     with pytest.raises(RpcError, match="connection refused"):
-        serve.run(a, config.Settings(cache_dir=fake.tmp))
+        serve.run(a, config.Settings(cache_dir=rpc_bins.tmp))
     assert time.monotonic() - t0 < 5
     assert not log.exists()  # llama-server was never started
 
 
-def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
+def test_serve_rpc_server_killed_while_serving(rpc_bins, tmp_path):
     log = tmp_path / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
     env.update(FAKE_RPC_DIE_AFTER_S="2.5", PYTHONPATH=str(REPO_ROOT))
@@ -342,12 +356,12 @@ def test_serve_rpc_server_killed_while_serving(fake, tmp_path):
             "-c",
             code,
             "--server",
-            str(fake.server),
+            str(rpc_bins.server),
             "--rpc-local",
             "2",
             "--server-log",
             str(log),
-            *srv_args(fake.model, llama_server.free_port()),
+            *srv_args(rpc_bins.model, llama_server.free_port()),
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -502,14 +516,14 @@ def test_bench_rpc_cpu_suite_pins_threads_on_both_sides(bench_env, monkeypatch, 
     assert any(line.endswith(" -t 1") and rpc.RPC_SERVER in line for line in capsys.readouterr().err.splitlines())
 
 
-def test_serve_says_one_consistent_thing_about_the_rpc_front_and_each_rpc_server(fake, capsys, monkeypatch):
+def test_serve_says_one_consistent_thing_about_the_rpc_front_and_each_rpc_server(rpc_bins, capsys, monkeypatch):
     """--rpc-local-only with the bridge asked for: the front has no GPU by design, the bridge's boundaries are inside
     the rpc-server. serve said both "bridge not confirmed: single device or CPU ... serving anyway" (about the front)
     and "bridge engaged in ggml-rpc-server", and left the front's "failed to initialize CUDA" unexplained."""
     monkeypatch.setenv("FAKE_CUDA_INIT_FAILED", "1")
-    argv = ["--check", "--bridge", "force", "--server", str(fake.server), "--rpc-local-devices", "CUDA0,CUDA1"]
-    a = parse([*argv, "--rpc-local-only", *srv_args(fake.model, llama_server.free_port())])
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    argv = ["--check", "--bridge", "force", "--server", str(rpc_bins.server), "--rpc-local-devices", "CUDA0,CUDA1"]
+    a = parse([*argv, "--rpc-local-only", *srv_args(rpc_bins.model, llama_server.free_port())])
+    assert serve.run(a, config.Settings(cache_dir=rpc_bins.tmp)) == 0
     err = capsys.readouterr().err
     assert "not confirmed" not in err and "single device or CPU" not in err, err
     assert "bridge engaged in ggml-rpc-server on 127.0.0.1:" in err
@@ -518,12 +532,12 @@ def test_serve_says_one_consistent_thing_about_the_rpc_front_and_each_rpc_server
     assert "is expected" in err, err
 
 
-def test_a_started_rpc_server_reports_its_banner_that_comes_after_the_handshake(fake, monkeypatch):
+def test_a_started_rpc_server_reports_its_banner_that_comes_after_the_handshake(rpc_bins, monkeypatch):
     """The real rpc-server's banner (version, devices) goes to a buffered stdout and comes out with the fflush after
     its first accepted connection: on a loaded machine after the handshake was answered (a fresh clone's make test
     of 2026-12-05 read version None once)."""
     monkeypatch.setenv("FAKE_RPC_BANNER_LATE_S", "0.5")
-    s = rpc.LocalRpcServer(fake.rpc, devices=["CPU"]).start(timeout=20)
+    s = rpc.LocalRpcServer(rpc_bins.rpc, devices=["CPU"]).start(timeout=20)
     try:
         info = s.info()
         assert info.version == "7.0.0" and info.devices == ["CPU"], info

@@ -8,8 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -21,13 +21,23 @@ from ggml_bridge.runtime import llama_server, logparse, modes, proof, serve
 from helpers import REPO_ROOT, busy_port, fake_model, write_fake_bin
 
 
+@dataclass(frozen=True)
+class ServerBins:
+    bin: Path
+    server: Path
+    """The fake llama-server (tests/fixtures/fake_llama_server.py)."""
+    model: Path
+    tmp: Path
+
+
 @pytest.fixture
-def fake(tmp_path, monkeypatch):
+def server_bins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ServerBins:
+    """A bin folder with the fake llama-server, and a model file; no FAKE_* behaviour set."""
     for k in list(os.environ):
         if k.startswith("FAKE_"):
             monkeypatch.delenv(k)
     b = write_fake_bin(tmp_path / "bin")
-    return SimpleNamespace(bin=b, server=b / "llama-server", model=fake_model(tmp_path), tmp=tmp_path)
+    return ServerBins(bin=b, server=b / "llama-server", model=fake_model(tmp_path), tmp=tmp_path)
 
 
 def srv_args(model, port):
@@ -107,11 +117,11 @@ def test_engagement_rules():
 # --- Server against the fake --------------------------------------------------------------------------
 
 
-def test_server_starts_and_confirms_bridge(fake, monkeypatch):
+def test_server_starts_and_confirms_bridge(server_bins, monkeypatch):
     monkeypatch.setenv("FAKE_DEVICES", "2")
     port = llama_server.free_port()
     env = modes.selector_env("force", "on")
-    with llama_server.Server(fake.server, srv_args(fake.model, port), env=env, startup_timeout=20) as s:
+    with llama_server.Server(server_bins.server, srv_args(server_bins.model, port), env=env, startup_timeout=20) as s:
         assert s.health() == 200
         e = proof.check_engagement(s.info(), "force", "on")
         assert e.ok, e.errors
@@ -124,10 +134,10 @@ def test_server_starts_and_confirms_bridge(fake, monkeypatch):
     assert s.proc.returncode == 0
 
 
-def test_port_in_use(fake):
+def test_port_in_use(server_bins):
     sock, port = busy_port()
     try:
-        s = llama_server.Server(fake.server, srv_args(fake.model, port), startup_timeout=20)
+        s = llama_server.Server(server_bins.server, srv_args(server_bins.model, port), startup_timeout=20)
         with pytest.raises(ServeError) as ei:
             s.start()
         msg = str(ei.value)
@@ -137,26 +147,32 @@ def test_port_in_use(fake):
         sock.close()
 
 
-def test_missing_model(fake):
+def test_missing_model(server_bins):
     """A -m the user typed that is not there is their argument's error (exit 2), found before anything starts."""
-    s = llama_server.Server(fake.server, srv_args(fake.tmp / "nope.gguf", llama_server.free_port()), startup_timeout=20)
+    s = llama_server.Server(
+        server_bins.server, srv_args(server_bins.tmp / "nope.gguf", llama_server.free_port()), startup_timeout=20
+    )
     with pytest.raises(UsageError, match="model file not found"):
         s.start()
     assert s.proc is None  # not started at all
 
 
-def test_dies_during_startup(fake, monkeypatch):
+def test_dies_during_startup(server_bins, monkeypatch):
     monkeypatch.setenv("FAKE_DIE_AT_START", "134")
-    s = llama_server.Server(fake.server, srv_args(fake.model, llama_server.free_port()), startup_timeout=20)
+    s = llama_server.Server(
+        server_bins.server, srv_args(server_bins.model, llama_server.free_port()), startup_timeout=20
+    )
     with pytest.raises(ServeError) as ei:
         s.start()
     msg = str(ei.value)
     assert "exited during start-up (status 134)" in msg and "GGML_ASSERT(fake)" in msg
 
 
-def test_startup_timeout(fake, monkeypatch):
+def test_startup_timeout(server_bins, monkeypatch):
     monkeypatch.setenv("FAKE_LOAD_S", "30")
-    s = llama_server.Server(fake.server, srv_args(fake.model, llama_server.free_port()), startup_timeout=1.0)
+    s = llama_server.Server(
+        server_bins.server, srv_args(server_bins.model, llama_server.free_port()), startup_timeout=1.0
+    )
     t0 = time.monotonic()
     with pytest.raises(ServeError, match="did not become ready within 1s"):
         s.start()
@@ -193,75 +209,103 @@ def test_cli_parsing_passes_unknown_args_through():
     assert parse([]).server_args == ()
 
 
-def test_run_check_multi_device_not_engaged_fails(fake, monkeypatch, capsys):
+def test_run_check_multi_device_not_engaged_fails(server_bins, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_DEVICES", "2")
     # the device count comes from the bridge's own WARN line (the INFO "using device" lines are hidden by default)
     monkeypatch.setenv("FAKE_BRIDGE_INACTIVE", "no device pair needs it in mode 1 (2 device(s) on 2 physical GPU(s))")
     a = parse(
-        ["--bridge", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
+        [
+            "--bridge",
+            "on",
+            "--check",
+            "--server",
+            str(server_bins.server),
+            *srv_args(server_bins.model, llama_server.free_port()),
+        ]
     )
     with pytest.raises(ServeError) as ei:
-        serve.run(a, config.Settings(cache_dir=fake.tmp))
+        serve.run(a, config.Settings(cache_dir=server_bins.tmp))
     assert "no device pair needs it" in str(ei.value) and ei.value.exit_code != 0
 
 
-def test_run_check_single_device_keeps_serving(fake, monkeypatch, capsys):
+def test_run_check_single_device_keeps_serving(server_bins, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_DEVICES", "1")
     monkeypatch.setenv("FAKE_BRIDGE_INACTIVE", "one device")
     port = llama_server.free_port()
-    a = parse(["--bridge", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, port)])
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    a = parse(["--bridge", "on", "--check", "--server", str(server_bins.server), *srv_args(server_bins.model, port)])
+    assert serve.run(a, config.Settings(cache_dir=server_bins.tmp)) == 0
     cap = capsys.readouterr()
     assert f"http://127.0.0.1:{port}" in cap.out
     assert "single device (one device)" in cap.err
 
 
-def test_run_check_reads_live_metrics(fake, monkeypatch, capsys):
+def test_run_check_reads_live_metrics(server_bins, monkeypatch, capsys):
     """--check asks the server for /metrics and requires batching's live counters when it says it is enabled."""
     monkeypatch.setenv("FAKE_METRICS", "3")
     a = parse(
-        ["--batched", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
+        [
+            "--batched",
+            "on",
+            "--check",
+            "--server",
+            str(server_bins.server),
+            *srv_args(server_bins.model, llama_server.free_port()),
+        ]
     )
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=server_bins.tmp)) == 0
     assert "/metrics: batched_graphs_total=3 batched_async_uploads_total=3" in capsys.readouterr().err
     monkeypatch.setenv("FAKE_METRICS", "0")
     a = parse(
-        ["--batched", "on", "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
+        [
+            "--batched",
+            "on",
+            "--check",
+            "--server",
+            str(server_bins.server),
+            *srv_args(server_bins.model, llama_server.free_port()),
+        ]
     )
     with pytest.raises(ServeError, match="/metrics counts no staged graph after the warm-up"):
-        serve.run(a, config.Settings(cache_dir=fake.tmp))
+        serve.run(a, config.Settings(cache_dir=server_bins.tmp))
 
 
-def test_run_check_names_the_all_reduce_of_a_tensor_split(fake, monkeypatch, capsys):
+def test_run_check_names_the_all_reduce_of_a_tensor_split(server_bins, monkeypatch, capsys):
     """serve --check with -sm tensor logs at INFO (the all-reduce is said only there) and names the path: the
     bridge's all-reduce where the bridge is forced, upstream's internal one on two devices; a path the server did not
     take fails the check."""
     monkeypatch.setenv("FAKE_DEVICES", "4")
     monkeypatch.setenv("GGML_CUDA_DEVICES", "4")
     monkeypatch.setenv("GGML_CUDA_ALLREDUCE", "none")
-    args = [*srv_args(fake.model, llama_server.free_port()), "-sm", "tensor"]
-    a = parse(["--bridge", "force", "--check", "--server", str(fake.server), *args])
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    args = [*srv_args(server_bins.model, llama_server.free_port()), "-sm", "tensor"]
+    a = parse(["--bridge", "force", "--check", "--server", str(server_bins.server), *args])
+    assert serve.run(a, config.Settings(cache_dir=server_bins.tmp)) == 0
     err = capsys.readouterr().err
     assert "-sm tensor over 4 devices: all-reduce bridge (bridge all-reduce enabled" in err
     monkeypatch.setenv("FAKE_DEVICES", "2")
     monkeypatch.setenv("GGML_CUDA_DEVICES", "2")
     monkeypatch.setenv("GGML_CUDA_ALLREDUCE", "internal")
     a = parse(
-        ["--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port()), "-sm", "tensor"]
+        [
+            "--check",
+            "--server",
+            str(server_bins.server),
+            *srv_args(server_bins.model, llama_server.free_port()),
+            "-sm",
+            "tensor",
+        ]
     )
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=server_bins.tmp)) == 0
     assert "all-reduce internal (initialized AllReduce pipeline: 2 GPUs)" in capsys.readouterr().err
     monkeypatch.setenv("GGML_CUDA_ALLREDUCE", "butterfly")  # the fake (patched) keeps the butterfly: none expected
-    args = [*srv_args(fake.model, llama_server.free_port()), "-sm", "tensor"]
-    a = parse(["--bridge", "force", "--check", "--server", str(fake.server), *args])
+    args = [*srv_args(server_bins.model, llama_server.free_port()), "-sm", "tensor"]
+    a = parse(["--bridge", "force", "--check", "--server", str(server_bins.server), *args])
     monkeypatch.setenv("FAKE_DEVICES", "4")
     monkeypatch.setenv("GGML_CUDA_DEVICES", "4")
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=server_bins.tmp)) == 0
     assert "all-reduce butterfly" in capsys.readouterr().err
 
 
-def _cli_proc(fake, extra_env, *args):
+def _cli_proc(server_bins, extra_env, *args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
     env.update(extra_env)
     env["PYTHONPATH"] = str(REPO_ROOT)
@@ -284,9 +328,11 @@ def _wait_url(p, timeout=20):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_signal_forwarded_and_exit_code_propagated(fake, sig):
+def test_signal_forwarded_and_exit_code_propagated(server_bins, sig):
     port = llama_server.free_port()
-    p = _cli_proc(fake, {"FAKE_EXIT_CODE": "7"}, "--server", str(fake.server), *srv_args(fake.model, port))
+    p = _cli_proc(
+        server_bins, {"FAKE_EXIT_CODE": "7"}, "--server", str(server_bins.server), *srv_args(server_bins.model, port)
+    )
     try:
         url = _wait_url(p)
         assert url == f"http://127.0.0.1:{port}"
@@ -301,9 +347,13 @@ def test_signal_forwarded_and_exit_code_propagated(fake, sig):
     assert "exited with status 7" in err
 
 
-def test_server_dying_while_serving_propagates(fake):
+def test_server_dying_while_serving_propagates(server_bins):
     p = _cli_proc(
-        fake, {"FAKE_DIE_AFTER_S": "1.5"}, "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())
+        server_bins,
+        {"FAKE_DIE_AFTER_S": "1.5"},
+        "--server",
+        str(server_bins.server),
+        *srv_args(server_bins.model, llama_server.free_port()),
     )
     try:
         _wait_url(p)
@@ -373,7 +423,7 @@ def test_verbosity_added_unless_chosen(monkeypatch):
     assert llama_server.with_verbosity([], {"LLAMA_ARG_LOG_VERBOSITY": "3"}) == ([], 3)
 
 
-def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, capsys):
+def test_serve_proves_from_metrics_without_verbose_logging(server_bins, monkeypatch, capsys):
     """Issue 27 D1: serve does not add -lv 4 (13x the time and 269 MB of log under 1,500 requests); it adds
     --metrics and proves engagement from the live counters; -lv 4 only when the user asks."""
     monkeypatch.setenv("FAKE_DEVICES", "2")
@@ -385,11 +435,11 @@ def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, ca
             "on",
             "--check",
             "--server",
-            str(fake.server),
-            *srv_args(fake.model, llama_server.free_port()),
+            str(server_bins.server),
+            *srv_args(server_bins.model, llama_server.free_port()),
         ]
     )
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=server_bins.tmp)) == 0
     err = capsys.readouterr().err
     launched = next(line for line in err.splitlines() if line.startswith("+ ") and "llama-server" in line)
     assert " -lv " not in launched and launched.endswith(" --metrics")
@@ -401,14 +451,14 @@ def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, ca
             "force",
             "--check",
             "--server",
-            str(fake.server),
+            str(server_bins.server),
             "--metrics",
             "-lv",
             "4",
-            *srv_args(fake.model, llama_server.free_port()),
+            *srv_args(server_bins.model, llama_server.free_port()),
         ]
     )
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=server_bins.tmp)) == 0
     err = capsys.readouterr().err
     assert err.count("--metrics") == 1 and "bridge engaged: mode force, 4 slots x 64 MiB" in err
     assert "model on 2 devices" in err
@@ -420,13 +470,13 @@ def test_serve_proves_from_metrics_without_verbose_logging(fake, monkeypatch, ca
             "force",
             "--check",
             "--server",
-            str(fake.server),
+            str(server_bins.server),
             "-lv",
             "3",
-            *srv_args(fake.model, llama_server.free_port()),
+            *srv_args(server_bins.model, llama_server.free_port()),
         ]
     )
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=server_bins.tmp)) == 0
     err = capsys.readouterr().err
     assert "bridge engaged" not in err and "answers no /metrics and log verbosity 3 hides" in err
 
@@ -443,10 +493,12 @@ def test_serve_without_selectors_leaves_the_arguments_alone():
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
-def test_signal_during_startup_stops_the_server(fake, sig):
+def test_signal_during_startup_stops_the_server(server_bins, sig):
 
     port = llama_server.free_port()
-    p = _cli_proc(fake, {"FAKE_LOAD_S": "60"}, "--server", str(fake.server), *srv_args(fake.model, port))
+    p = _cli_proc(
+        server_bins, {"FAKE_LOAD_S": "60"}, "--server", str(server_bins.server), *srv_args(server_bins.model, port)
+    )
     try:
         t0 = time.monotonic()
         while not signals.descendants(p.pid) and time.monotonic() - t0 < 20:
@@ -472,23 +524,23 @@ def test_signal_during_startup_stops_the_server(fake, sig):
     assert not any(signals._alive(pid, st) for pid, st in tree.items()), "llama-server outlived the launcher"
 
 
-def test_relative_server_path_runs_that_file_not_one_on_path(fake, tmp_path, monkeypatch):
+def test_relative_server_path_runs_that_file_not_one_on_path(server_bins, tmp_path, monkeypatch):
     impostor = tmp_path / "path-bin" / "llama-server"
     impostor.parent.mkdir()
     impostor.write_text("#!/bin/sh\necho impostor; exit 99\n")
     impostor.chmod(0o755)
     monkeypatch.setenv("PATH", f"{impostor.parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.chdir(fake.bin)
-    a = parse(["--check", "--server", "./llama-server", *srv_args(fake.model, llama_server.free_port())])
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    monkeypatch.chdir(server_bins.bin)
+    a = parse(["--check", "--server", "./llama-server", *srv_args(server_bins.model, llama_server.free_port())])
+    assert serve.run(a, config.Settings(cache_dir=server_bins.tmp)) == 0
 
 
-def test_server_log_in_a_missing_folder_fails_before_starting(fake):
+def test_server_log_in_a_missing_folder_fails_before_starting(server_bins):
     t0 = time.monotonic()
     s = llama_server.Server(
-        fake.server,
-        srv_args(fake.model, llama_server.free_port()),
-        log=llama_server.ServerLog(fake.tmp / "nope" / "server.log"),
+        server_bins.server,
+        srv_args(server_bins.model, llama_server.free_port()),
+        log=llama_server.ServerLog(server_bins.tmp / "nope" / "server.log"),
         startup_timeout=10,
     )
     with pytest.raises(UsageError, match="--server-log .*nope.* does not exist"):
@@ -504,26 +556,28 @@ def test_server_log_in_a_missing_folder_fails_before_starting(fake):
         (["--port=-1"], "1..65535"),
     ],
 )
-def test_ports_the_launcher_cannot_check_are_refused(fake, args, match):
+def test_ports_the_launcher_cannot_check_are_refused(server_bins, args, match):
     with pytest.raises(UsageError, match=match):
-        llama_server.Server(fake.server, ["-m", str(fake.model), *args])
+        llama_server.Server(server_bins.server, ["-m", str(server_bins.model), *args])
 
 
 @pytest.mark.parametrize("timeout", [-5.0, 0.0, float("nan")])
-def test_bad_startup_timeout_is_refused(fake, timeout):
+def test_bad_startup_timeout_is_refused(server_bins, timeout):
     with pytest.raises(UsageError, match="startup-timeout"):
-        llama_server.Server(fake.server, srv_args(fake.model, llama_server.free_port()), startup_timeout=timeout)
+        llama_server.Server(
+            server_bins.server, srv_args(server_bins.model, llama_server.free_port()), startup_timeout=timeout
+        )
 
 
-def test_server_output_is_not_all_kept_in_memory(fake, monkeypatch, tmp_path):
+def test_server_output_is_not_all_kept_in_memory(server_bins, monkeypatch, tmp_path):
     """A long-running server prints ~1000 lines per request at -lv 4: only what the proof reads stays in memory;
     the log file gets everything."""
     monkeypatch.setenv("FAKE_DEVICES", "2")
     monkeypatch.setenv("FAKE_NOISE", "20000")
     log = tmp_path / "server.log"
     with llama_server.Server(
-        fake.server,
-        srv_args(fake.model, llama_server.free_port()),
+        server_bins.server,
+        srv_args(server_bins.model, llama_server.free_port()),
         log=llama_server.ServerLog(log),
         env=modes.selector_env("force", None),
         startup_timeout=30,
@@ -561,10 +615,10 @@ def test_server_log_is_rotated_at_its_cap(tmp_path):
     assert log_file.read_text().splitlines()[-1] == "x" * 99
 
 
-def test_sigkill_of_the_launcher_does_not_orphan_the_server(fake):
+def test_sigkill_of_the_launcher_does_not_orphan_the_server(server_bins):
     """Issue 27: kill -9 of serve (no handler runs) still stops llama-server (PR_SET_PDEATHSIG in the child)."""
     port = llama_server.free_port()
-    p = _cli_proc(fake, {}, "--server", str(fake.server), *srv_args(fake.model, port))
+    p = _cli_proc(server_bins, {}, "--server", str(server_bins.server), *srv_args(server_bins.model, port))
     try:
         _wait_url(p)
 
@@ -584,10 +638,12 @@ def test_sigkill_of_the_launcher_does_not_orphan_the_server(fake):
             p.kill()
 
 
-def test_a_server_that_dies_while_serving_is_not_said_to_have_died_during_start_up(fake, monkeypatch):
+def test_a_server_that_dies_while_serving_is_not_said_to_have_died_during_start_up(server_bins, monkeypatch):
     """A crash mid-request (the lavapipe defect of Dec 2 was reported as "killed by signal 11 during start-up")."""
     monkeypatch.setenv("FAKE_DIE_AFTER_S", "1")
-    with llama_server.Server(fake.server, srv_args(fake.model, llama_server.free_port()), startup_timeout=20) as s:
+    with llama_server.Server(
+        server_bins.server, srv_args(server_bins.model, llama_server.free_port()), startup_timeout=20
+    ) as s:
         time.sleep(1.5)
         with pytest.raises(ServeError) as ei:
             s.post("/completion", {"prompt": "x", "n_predict": 1}, timeout=5)
@@ -597,7 +653,7 @@ def test_a_server_that_dies_while_serving_is_not_said_to_have_died_during_start_
 
 
 @pytest.mark.parametrize("value", ["on", "auto", "force"])
-def test_every_bridge_value_that_asks_for_the_bridge_is_proved(fake, monkeypatch, capsys, value):
+def test_every_bridge_value_that_asks_for_the_bridge_is_proved(server_bins, monkeypatch, capsys, value):
     """``--bridge auto`` asks for the bridge like ``on`` and ``force`` (modes.Selectors): serve proves it engaged,
     fails on a multi-device split where it did not, and says what it cannot prove (it used to add --metrics and then
     say nothing about the bridge for ``auto``)."""
@@ -611,32 +667,46 @@ def test_every_bridge_value_that_asks_for_the_bridge_is_proved(fake, monkeypatch
     assert not e.ok and f"requested in mode {want} but the server reports mode {other}" in e.errors[0]
     monkeypatch.setenv("FAKE_DEVICES", "2")
     a = parse(
-        ["--bridge", value, "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
+        [
+            "--bridge",
+            value,
+            "--check",
+            "--server",
+            str(server_bins.server),
+            *srv_args(server_bins.model, llama_server.free_port()),
+        ]
     )
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=server_bins.tmp)) == 0
     assert "bridge engaged: 7 boundaries crossed" in capsys.readouterr().err
     monkeypatch.setenv("FAKE_BRIDGE_INACTIVE", "no device pair needs it (2 device(s) on 2 physical GPU(s))")
     monkeypatch.setenv("FAKE_METRICS", "0")
     a = parse(
-        ["--bridge", value, "--check", "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port())]
+        [
+            "--bridge",
+            value,
+            "--check",
+            "--server",
+            str(server_bins.server),
+            *srv_args(server_bins.model, llama_server.free_port()),
+        ]
     )
     if value == "auto":
         # auto routes the pairs that need it: none needing it is its answer (the doctor recommends auto for virtual
         # devices of one GPU, where serve --check failed on 2026-12-03's H200), reported, not an error
-        assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+        assert serve.run(a, config.Settings(cache_dir=server_bins.tmp)) == 0
         assert (
             "bridge not needed on this 2-device split in mode auto: no device pair needs it" in capsys.readouterr().err
         )
     else:
         with pytest.raises(ServeError, match=f"bridge requested \\({value}\\) but not engaged on a 2-device split"):
-            serve.run(a, config.Settings(cache_dir=fake.tmp))
+            serve.run(a, config.Settings(cache_dir=server_bins.tmp))
     monkeypatch.delenv("FAKE_BRIDGE_INACTIVE")
     monkeypatch.setenv("FAKE_NO_METRICS", "1")
     a = parse(
-        ["--bridge", value, "--check", "--server", str(fake.server), "-lv", "3"]
-        + srv_args(fake.model, llama_server.free_port())
+        ["--bridge", value, "--check", "--server", str(server_bins.server), "-lv", "3"]
+        + srv_args(server_bins.model, llama_server.free_port())
     )
-    assert serve.run(a, config.Settings(cache_dir=fake.tmp)) == 0
+    assert serve.run(a, config.Settings(cache_dir=server_bins.tmp)) == 0
     assert "answers no /metrics and log verbosity 3 hides" in capsys.readouterr().err
 
 
@@ -654,16 +724,18 @@ def _gone(pid: int, timeout: float) -> bool:
     return False
 
 
-def _stubborn(fake) -> tuple[dict[str, str], Path]:
-    pid_file = fake.tmp / "server.pid"
+def _stubborn(server_bins) -> tuple[dict[str, str], Path]:
+    pid_file = server_bins.tmp / "server.pid"
     return {"FAKE_IGNORE_SIGTERM": "1", "FAKE_PID_FILE": str(pid_file), "GGML_BRIDGE_STOP_GRACE": "1"}, pid_file
 
 
-def test_a_forwarded_sigterm_is_escalated_to_sigkill_after_the_grace(fake):
+def test_a_forwarded_sigterm_is_escalated_to_sigkill_after_the_grace(server_bins):
     """README: SIGKILL after the grace (GGML_BRIDGE_STOP_GRACE, default 10 s). A server ignoring the forwarded
     SIGTERM kept serve waiting forever."""
-    env, pid_file = _stubborn(fake)
-    p = _cli_proc(fake, env, "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port()))
+    env, pid_file = _stubborn(server_bins)
+    p = _cli_proc(
+        server_bins, env, "--server", str(server_bins.server), *srv_args(server_bins.model, llama_server.free_port())
+    )
     try:
         _wait_url(p)
         server = int(pid_file.read_text())
@@ -677,12 +749,14 @@ def test_a_forwarded_sigterm_is_escalated_to_sigkill_after_the_grace(fake):
     assert "killing it" in err and _gone(server, 5), err
 
 
-def test_a_stubborn_server_killed_during_start_up_is_exit_137(fake):
+def test_a_stubborn_server_killed_during_start_up_is_exit_137(server_bins):
     """D12: a SIGTERM during start-up to a server that ignores it: serve had to SIGKILL it and exited 143 (128 +
     the signal); the README says 137 when the server had to be killed."""
-    env, pid_file = _stubborn(fake)
+    env, pid_file = _stubborn(server_bins)
     env["FAKE_LOAD_S"] = "600"
-    p = _cli_proc(fake, env, "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port()))
+    p = _cli_proc(
+        server_bins, env, "--server", str(server_bins.server), *srv_args(server_bins.model, llama_server.free_port())
+    )
     try:
         deadline = time.monotonic() + 20
         while not pid_file.exists() and time.monotonic() < deadline:
@@ -698,15 +772,15 @@ def test_a_stubborn_server_killed_during_start_up_is_exit_137(fake):
     assert _gone(int(pid_file.read_text()), 5), err
 
 
-def test_check_with_a_stubborn_server_that_never_gets_ready_ends_after_the_grace(fake):
+def test_check_with_a_stubborn_server_that_never_gets_ready_ends_after_the_grace(server_bins):
     """``--check --startup-timeout 1`` with a server that neither becomes ready nor stops on SIGTERM took 32 s (a
     30 s stop timeout): now the timeout, then the grace, then SIGKILL."""
-    env, pid_file = _stubborn(fake)
+    env, pid_file = _stubborn(server_bins)
     env["FAKE_LOAD_S"] = "600"
     t0 = time.monotonic()
     p = _cli_proc(
-        fake, env, "--check", "--startup-timeout", "1", "--server", str(fake.server),
-        *srv_args(fake.model, llama_server.free_port()),
+        server_bins, env, "--check", "--startup-timeout", "1", "--server", str(server_bins.server),
+        *srv_args(server_bins.model, llama_server.free_port()),
     )  # fmt: skip
     try:
         rc = p.wait(40)
@@ -720,11 +794,13 @@ def test_check_with_a_stubborn_server_that_never_gets_ready_ends_after_the_grace
     assert _gone(int(pid_file.read_text()), 5)
 
 
-def test_sigkill_of_the_launcher_kills_even_a_stubborn_server(fake):
+def test_sigkill_of_the_launcher_kills_even_a_stubborn_server(server_bins):
     """The parent-death signal of what serve starts is SIGKILL: a server ignoring SIGTERM outlived a SIGKILLed
     launcher."""
-    env, pid_file = _stubborn(fake)
-    p = _cli_proc(fake, env, "--server", str(fake.server), *srv_args(fake.model, llama_server.free_port()))
+    env, pid_file = _stubborn(server_bins)
+    p = _cli_proc(
+        server_bins, env, "--server", str(server_bins.server), *srv_args(server_bins.model, llama_server.free_port())
+    )
     try:
         _wait_url(p)
         server = int(pid_file.read_text())
@@ -757,11 +833,13 @@ def test_the_log_pump_survives_a_full_disk(tmp_path, capfd):
     assert err.count("/dev/full stopped") == 1 and "the disk is full" in err, err
 
 
-def test_a_crash_that_closes_the_connection_before_the_process_exits_is_a_death(fake, monkeypatch):
+def test_a_crash_that_closes_the_connection_before_the_process_exits_is_a_death(server_bins, monkeypatch):
     """The lavapipe ladder's crash in CI (2026-12-03) read "POST /completion failed. Remote end closed connection
     without response": the socket closed while the aborting server was still printing, so the exit went unseen."""
     monkeypatch.setenv("FAKE_CRASH_IN_REQUEST_S", "1.5")
-    with llama_server.Server(fake.server, srv_args(fake.model, llama_server.free_port()), startup_timeout=20) as s:
+    with llama_server.Server(
+        server_bins.server, srv_args(server_bins.model, llama_server.free_port()), startup_timeout=20
+    ) as s:
         with pytest.raises(ServeError) as ei:
             s.post("/completion", {"prompt": "x", "n_predict": 1}, timeout=30)
     msg = str(ei.value)
