@@ -11,12 +11,14 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from . import files
 
 #: the key of a field's metadata that holds its :class:`Flag`
 KEY = "ggml_bridge.flag"
+#: how many values an option takes (:attr:`Flag.takes`)
+Takes = Literal["one", "many", "repeat"]
 
 
 class BadValue(ValueError):
@@ -32,8 +34,9 @@ class Flag:
     #: the text given -> the field's value (:class:`BadValue` when it cannot be); None: the text itself
     parse: Callable[[str], Any] | None = None
     metavar: str | None = None
-    #: one or more values (``nargs="+"``), the field a tuple of them
-    many: bool = False
+    #: one value; ``many``: one or more after the flag (``nargs="+"``); ``repeat``: one per flag given, the flag
+    #: repeatable (``action="append"``); the field a tuple of them
+    takes: Takes = "one"
     #: the value of the flag given alone (``nargs="?"``); None: the flag needs its value
     const: Any = None
     #: a given value checked once parsed, with the flag's name (e.g. ``files.input_file``): the value to keep
@@ -52,12 +55,12 @@ def flag(
     help: str,
     parse: Callable[[str], Any] | None = None,
     metavar: str | None = None,
-    many: bool = False,
+    takes: Takes = "one",
     const: Any = None,
     check: Callable[[Any, str], Any] | None = None,
 ) -> dict[str, Flag]:
     """A field's metadata declaring its option (``dataclasses.field(metadata=flag(...))``)."""
-    return {KEY: Flag(name, help, parse, metavar, many, const, check)}
+    return {KEY: Flag(name, help, parse, metavar, takes, const, check)}
 
 
 def declared(cls: type) -> list[tuple[dataclasses.Field[Any], Flag]]:
@@ -70,10 +73,11 @@ def dest(option: str) -> str:
     return option.lstrip("-").replace("-", "_")
 
 
-def typed(cls: type, given: Mapping[str, Any]) -> Any:
+def typed(cls: type, given: Mapping[str, Any], **own: Any) -> Any:
     """``cls`` of the values parsed by flag destination (:func:`dest`; None or absent: not given, the field's
-    default): ``many`` values as a tuple, ``each`` as a dict of the names given, every given value checked."""
-    values: dict[str, Any] = {}
+    default): several values as a tuple, ``each`` as a dict of the names given, every given value checked; the
+    fields the command makes itself from ``own``."""
+    values: dict[str, Any] = dict(own)
     for f, spec in declared(cls):
         found = {name: _checked(spec, given[dest(o)], o) for name, o in spec.named() if given.get(dest(o)) is not None}
         if spec.each:
@@ -84,7 +88,7 @@ def typed(cls: type, given: Mapping[str, Any]) -> Any:
 
 
 def _checked(spec: Flag, value: Any, option: str) -> Any:
-    if spec.many:
+    if spec.takes != "one":
         value = tuple(value)
     return spec.check(value, option) if spec.check is not None else value
 
@@ -167,6 +171,11 @@ def path(text: str) -> Path:
 def report_dir(default: str) -> dict[str, Flag]:
     """``--report DIR``: where the report goes."""
     return flag("--report", parse=path, metavar="DIR", help=f"report directory (default: {default})")
+
+
+def startup_timeout(what: str) -> dict[str, Flag]:
+    """``--startup-timeout S``: a finite number of seconds above 0 wherever it is taken."""
+    return flag("--startup-timeout", parse=seconds(), metavar="S", help=f"seconds to wait for {what}")
 
 
 def vocab(vocab_file: str) -> dict[str, Flag]:

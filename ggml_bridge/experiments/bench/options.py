@@ -219,7 +219,7 @@ class BenchOptions:
             "--pool",
             parse=flags.path,
             metavar="REPORT",
-            many=True,
+            takes="many",
             help="run nothing: pool the rounds of these bench.json reports (same suite and settings, "
             "e.g. two GPU calls, or parts of one suite's matrix) into one report in --report",
         ),
