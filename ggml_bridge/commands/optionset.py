@@ -20,14 +20,19 @@ Own = Callable[[argparse.ArgumentParser], None]
 
 def add(parser: argparse.ArgumentParser, cls: type, **own: Own) -> None:
     """One argument per option ``cls`` declares, in the order of its fields, ``own``'s arguments at the place of
-    their field; the field's default is the option's (a bool: ``--X`` / ``--no-X`` on by default, else ``--X``
-    alone turns it on)."""
+    their field (a group of :func:`~flags.one_of` mutually exclusive); the field's default is the option's (a bool:
+    on by default ``--X`` / ``--no-X``, or a flag ``--no-X`` alone turns it off; off by default ``--X`` turns it
+    on)."""
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
     for f in dataclasses.fields(cls):
         spec = f.metadata.get(flags.KEY)
         if f.name in own:
             own[f.name](parser)
         elif spec is not None:
-            one(parser, spec, None if f.default is dataclasses.MISSING else f.default)
+            if spec.exclusive is not None and spec.exclusive not in groups:
+                groups[spec.exclusive] = parser.add_mutually_exclusive_group()
+            where = parser if spec.exclusive is None else groups[spec.exclusive]
+            one(where, spec, None if f.default is dataclasses.MISSING else f.default)
 
 
 def one(parser: argparse.ArgumentParser | argparse._ActionsContainer, spec: flags.Flag, default: Any = None) -> None:
@@ -38,8 +43,12 @@ def one(parser: argparse.ArgumentParser | argparse._ActionsContainer, spec: flag
 
 def _keywords(spec: flags.Flag, default: Any, name: str) -> dict[str, Any]:
     text = spec.help.format(name) if spec.each else spec.help
-    if isinstance(default, bool):
-        action = argparse.BooleanOptionalAction if default else "store_true"
+    if isinstance(default, bool):  # on by default: --X / --no-X, or --no-X alone; else --X alone turns it on
+        action = (
+            ("store_false" if spec.flag.startswith("--no-") else argparse.BooleanOptionalAction)
+            if default
+            else "store_true"
+        )
         return {"action": action, "default": default, "help": text}
     kw: dict[str, Any] = {"help": text}
     if spec.parse is not None:

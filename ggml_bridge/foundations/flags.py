@@ -43,6 +43,8 @@ class Flag:
     check: Callable[[Any, str], Any] | None = None
     #: one option per name, ``flag`` formatted with it (``--bin-dir-{}``), the field a dict name -> value given
     each: tuple[str, ...] = ()
+    #: the options of one name are mutually exclusive (:func:`one_of`)
+    exclusive: str | None = None
 
     def named(self) -> tuple[tuple[str, str], ...]:
         """``(name, flag)`` of every flag of the option: one per name of :attr:`each`, else ``("", flag)``."""
@@ -61,6 +63,11 @@ def flag(
 ) -> dict[str, Flag]:
     """A field's metadata declaring its option (``dataclasses.field(metadata=flag(...))``)."""
     return {KEY: Flag(name, help, parse, metavar, takes, const, check)}
+
+
+def one_of(group: str, declaration: dict[str, Flag]) -> dict[str, Flag]:
+    """``declaration`` (:func:`flag`'s) as one of the mutually exclusive options ``group`` names."""
+    return {KEY: dataclasses.replace(declaration[KEY], exclusive=group)}
 
 
 def declared(cls: type) -> list[tuple[dataclasses.Field[Any], Flag]]:
