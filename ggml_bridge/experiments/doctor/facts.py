@@ -1,5 +1,5 @@
-"""The doctor's data: what it was asked (:class:`Options`, frozen, built from the command line by
-:mod:`ggml_bridge.experiments.doctor.command` and by nothing else) and what it found (:class:`Findings`)."""
+"""The doctor's data: what it was asked (:class:`Options`, frozen, each option declared on its field and built from
+the command line by :mod:`ggml_bridge.commands.doctor` and by nothing else) and what it found (:class:`Findings`)."""
 
 from __future__ import annotations
 
