@@ -5,7 +5,6 @@ the option), never a traceback later (``--timeout nan``, ``--rounds -1``); the p
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -45,23 +44,6 @@ def count_list(minimum: int = 1, maximum: int = 2**31 - 1) -> Callable[[str], tu
 
 #: A path the user typed, never empty (:func:`ggml_bridge.foundations.flags.path`).
 path: Callable[[str], Path] = typed(flags.path)
-
-
-#: The smallest size :func:`mebibytes` takes besides 0: one KiB (a smaller one rounded to 0 bytes, i.e. no limit).
-MIN_MEBIBYTES = 1 / 1024
-
-
-def mebibytes(text: str) -> float:
-    """A finite size in MiB, 0 meaning no limit; otherwise at least one KiB."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
-    if not math.isfinite(value) or value < 0 or 0 < value < MIN_MEBIBYTES:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: must be 0 (no limit) or a number of MiB from {MIN_MEBIBYTES:g} (one KiB)"
-        )
-    return value
 
 
 def name_and_path(text: str) -> tuple[str, Path]:

@@ -18,12 +18,14 @@ T = TypeVar("T")
 Own = Callable[[argparse.ArgumentParser], None]
 
 
-def add(parser: argparse.ArgumentParser, cls: type, **own: Own) -> None:
+def add(parser: argparse.ArgumentParser, cls: type, section: type | None = None, **own: Own) -> None:
     """One argument per option ``cls`` declares, in the order of its fields, ``own``'s arguments at the place of
     their field (a group of :func:`~flags.one_of` mutually exclusive); the field's default is the option's (a bool:
     on by default ``--X`` / ``--no-X``, or a flag ``--no-X`` alone turns it off; off by default ``--X`` turns it
-    on)."""
+    on), but a field of the command's settings ``section`` is None when not given, so that the settings' value fills
+    it (``cli.parse_namespace``)."""
     groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    unset = {f.name for f in dataclasses.fields(section)} if section is not None else set()
     for f in dataclasses.fields(cls):
         spec = f.metadata.get(flags.KEY)
         if f.name in own:
@@ -32,7 +34,7 @@ def add(parser: argparse.ArgumentParser, cls: type, **own: Own) -> None:
             if spec.exclusive is not None and spec.exclusive not in groups:
                 groups[spec.exclusive] = parser.add_mutually_exclusive_group()
             where = parser if spec.exclusive is None else groups[spec.exclusive]
-            one(where, spec, None if f.default is dataclasses.MISSING else f.default)
+            one(where, spec, None if f.default is dataclasses.MISSING or f.name in unset else f.default)
 
 
 def one(parser: argparse.ArgumentParser | argparse._ActionsContainer, spec: flags.Flag, default: Any = None) -> None:

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 from . import files
 
@@ -162,6 +162,39 @@ def names(text: str) -> tuple[str, ...]:
     if not items:
         raise BadValue(f"{text!r} names nothing (give a comma-separated list of names)")
     return items
+
+
+def choices(words: Iterable[str]) -> Callable[[str], str]:
+    """One of ``words`` (the metavar :func:`braces` writes them as)."""
+    known = tuple(words)
+
+    def parse(text: str) -> str:
+        if text not in known:
+            raise BadValue(f"invalid choice: {text!r} (choose from {', '.join(map(repr, known))})")
+        return text
+
+    parse.__name__ = "choice"
+    return parse
+
+
+def braces(words: Iterable[str]) -> str:
+    """``{a,b,c}``: the metavar of a choice among ``words``."""
+    return "{" + ",".join(words) + "}"
+
+
+#: The smallest size :func:`mebibytes` takes besides 0: one KiB (a smaller one rounded to 0 bytes, i.e. no limit).
+MIN_MEBIBYTES = 1 / 1024
+
+
+def mebibytes(text: str) -> float:
+    """A finite size in MiB, 0 meaning no limit; otherwise at least one KiB."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadValue(f"{text!r} is not a number of MiB") from None
+    if not math.isfinite(value) or value < 0 or 0 < value < MIN_MEBIBYTES:
+        raise BadValue(f"{text!r}: must be 0 (no limit) or a number of MiB from {MIN_MEBIBYTES:g} (one KiB)")
+    return value
 
 
 def path(text: str) -> Path:
