@@ -53,7 +53,9 @@ def _keywords(spec: flags.Flag, default: Any, name: str) -> dict[str, Any]:
         )
         return {"action": action, "default": default, "help": text}
     kw: dict[str, Any] = {"help": text}
-    if spec.parse is not None:
+    if isinstance(spec.parse, flags.Choice):
+        kw["choices"] = spec.parse.words
+    elif spec.parse is not None:
         kw["type"] = argtypes.typed(spec.parse)
     if spec.takes == "many":
         kw["nargs"] = "+"

@@ -164,22 +164,21 @@ def names(text: str) -> tuple[str, ...]:
     return items
 
 
-def choices(words: Iterable[str]) -> Callable[[str], str]:
-    """One of ``words`` (the metavar :func:`braces` writes them as)."""
-    known = tuple(words)
+@dataclass(frozen=True)
+class Choice:
+    """One of :attr:`words` (the command line's ``choices``: its usage lists them)."""
 
-    def parse(text: str) -> str:
-        if text not in known:
-            raise BadValue(f"invalid choice: {text!r} (choose from {', '.join(map(repr, known))})")
+    words: tuple[str, ...]
+
+    def __call__(self, text: str) -> str:
+        if text not in self.words:
+            raise BadValue(f"invalid choice: {text!r} (choose from {', '.join(map(repr, self.words))})")
         return text
 
-    parse.__name__ = "choice"
-    return parse
 
-
-def braces(words: Iterable[str]) -> str:
-    """``{a,b,c}``: the metavar of a choice among ``words``."""
-    return "{" + ",".join(words) + "}"
+def choices(words: Iterable[str]) -> Choice:
+    """One of ``words``."""
+    return Choice(tuple(words))
 
 
 #: The smallest size :func:`mebibytes` takes besides 0: one KiB (a smaller one rounded to 0 bytes, i.e. no limit).

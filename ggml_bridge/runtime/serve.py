@@ -161,7 +161,6 @@ class ServeOptions:
         metadata=flag(
             "--bridge",
             parse=flags.choices(modes.BRIDGE_VALUES),
-            metavar=flags.braces(modes.BRIDGE_VALUES),
             help=f"the host bridge between GPUs (pinned host memory): sets {modes.BRIDGE}=1|0|auto|force (default: "
             "unset)",
         ),
@@ -171,7 +170,6 @@ class ServeOptions:
         metadata=flag(
             "--batched",
             parse=flags.choices(modes.BATCHED_VALUES),
-            metavar=flags.braces(modes.BATCHED_VALUES),
             help=f"batched pinned graph I/O transfers: sets {modes.BATCHED}=1|0 (default: unset)",
         ),
     )

@@ -788,3 +788,6 @@ def test_the_options_are_declared_on_their_fields_and_unset_ones_take_the_settin
     assert log == tmp_path / "s.log"
     assert cli.main(["serve", "--batched", "maybe"]) == 2
     assert "argument --batched: invalid choice: 'maybe' (choose from" in capsys.readouterr().err
+    assert flags.choices(["on", "off"])("on") == "on"
+    with pytest.raises(flags.BadValue, match="invalid choice: 'maybe' \\(choose from 'on', 'off'\\)"):
+        flags.choices(["on", "off"])("maybe")
