@@ -8,9 +8,9 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable
 
-from ..foundations import files
+from ..foundations import files, flags
 from ..runtime.modes import RPC_SERVER, VARIANTS
-from . import argtypes
+from . import argtypes, optionset
 
 #: ``(flag, type or None for text, metavar or None, help)``: an option that takes one value, None when not given
 ValueRow = tuple[str, Callable[[str], Any] | None, str | None, str]
@@ -139,23 +139,15 @@ def no_ui(parser: argparse.ArgumentParser) -> None:
 
 def startup_timeout(parser: argparse.ArgumentParser, default: float | None, what: str) -> None:
     """``--startup-timeout S``: a finite number of seconds above 0 wherever it is taken."""
-    parser.add_argument(
-        "--startup-timeout", type=argtypes.seconds(), default=default, metavar="S", help=f"seconds to wait for {what}"
-    )
+    optionset.one(parser, flags.startup_timeout(what)[flags.KEY], default)
 
 
 def report_dir(parser: argparse.ArgumentParser, default: str) -> None:
-    values(
-        parser,
-        ("--report", argtypes.path, "DIR", f"report directory (default: {default})"),
-    )
+    optionset.one(parser, flags.report_dir(default)[flags.KEY])
 
 
 def model_vocab(parser: argparse.ArgumentParser, vocab_file: str) -> None:
-    values(
-        parser,
-        ("--vocab", argtypes.path, "GGUF", f"vocabulary GGUF (default: models/{vocab_file} of the upstream tree)"),
-    )
+    optionset.one(parser, flags.vocab(vocab_file)[flags.KEY])
 
 
 #: the most local rpc-servers --rpc-local starts (a test topology: one per device at most; each binds a port and
@@ -209,13 +201,7 @@ def rpc(parser: argparse.ArgumentParser) -> None:
 
 def bin_dirs(parser: argparse.ArgumentParser, programs: str) -> None:
     """``--bin-dir-<variant> DIR`` for every build variant: the folder of its binaries instead of the latest build."""
-    for v in VARIANTS.values():
-        parser.add_argument(
-            f"--bin-dir-{v.name}",
-            type=argtypes.path,
-            metavar="DIR",
-            help=f"folder with the {v.name} build's {programs} (default: its latest build)",
-        )
+    optionset.one(parser, flags.bin_dirs(tuple(VARIANTS), programs)[flags.KEY])
 
 
 def bin_dirs_of(ns: argparse.Namespace) -> dict[str, Path]:

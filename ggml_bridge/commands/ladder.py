@@ -1,29 +1,23 @@
-"""``ggml-bridge ladder``: run a ladder file's rungs and write report.json + report.md, typed as
-:class:`ggml_bridge.experiments.ladder.LadderOptions`."""
+"""``ggml-bridge ladder``: run a ladder file's rungs and write report.json + report.md. Its options are
+:class:`ggml_bridge.experiments.ladder.LadderOptions`'s fields, each declared once there, but the sides
+(``--side NAME=DIR`` and ``--bin-dir-NAME DIR``), which this module reads."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..experiments import model
 from ..experiments.ladder import LadderOptions
 from ..foundations.config import Settings
 from ..foundations.errors import UsageError
-from . import argtypes, cmdoptions
+from . import argtypes, cmdoptions, optionset
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    cmdoptions.values(
-        parser,
-        (
-            "--ladder",
-            argtypes.path,
-            "FILE",
-            "ladder TOML (default: ladders/cpu.toml, ladders/cuda.toml or ladders/vulkan.toml after the backend)",
-        ),
-    )
-    cmdoptions.report_dir(parser, "<cache>/reports/<ladder>-<time>")
+    optionset.add(parser, LadderOptions, sides=_sides)
+
+
+def _sides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--side",
         action="append",
@@ -34,19 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "builds), or a side the ladder file declares in [sides.NAME], e.g. an installed wheel's bin/",
     )
     cmdoptions.bin_dirs(parser, "llama-server and llama-perplexity")
-    parser.add_argument("--rung", action="append", metavar="NAME", help="run only this rung (repeatable)")
-    cmdoptions.model_vocab(parser, model.VOCAB_FILE)
-    cmdoptions.values(parser, ("--threads", argtypes.count(1), None, "-t for every process (default: all cores)"))
-    cmdoptions.startup_timeout(parser, 900.0, "each llama-server to become ready (default: 900)")
-    cmdoptions.switches(
-        parser,
-        ("--keep-logits", "keep the logits dumps of passing rungs (they are kept on mismatch)"),
-        (
-            "--allow-same-build",
-            "allow identical patched and upstream binaries (development only: such a "
-            "comparison proves nothing about the patches)",
-        ),
-    )
 
 
 def sides_of(ns: argparse.Namespace) -> dict[str, Path]:
@@ -60,17 +41,7 @@ def sides_of(ns: argparse.Namespace) -> dict[str, Path]:
 
 
 def options(ns: argparse.Namespace) -> LadderOptions:
-    return LadderOptions(
-        ladder=ns.ladder,
-        report=ns.report,
-        sides=sides_of(ns),
-        rungs=tuple(ns.rung or ()),
-        vocab=cmdoptions.vocab_of(ns),
-        threads=ns.threads,
-        startup_timeout=ns.startup_timeout,
-        keep_logits=ns.keep_logits,
-        allow_same_build=ns.allow_same_build,
-    )
+    return optionset.options(LadderOptions, ns, sides=sides_of(ns))
 
 
 def run(opts: LadderOptions, settings: Settings) -> int:

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..foundations import runner, signals
+from ..foundations import files, flags, runner, signals
 from ..foundations.config import Settings
 from ..foundations.errors import ServeError, UsageError, os_reason
+from ..foundations.flags import flag
 from ..foundations.runner import log
 from . import modes, rpc
 from .llama_server import CONTRACT_VERBOSITY, Server, ServerLog
@@ -152,17 +153,66 @@ def front_env(opts: RpcOptions) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """What ``ggml-bridge serve`` was asked to do (its command line, typed)."""
+    """What ``ggml-bridge serve`` was asked to do (its command line, typed): every option declared once on its field
+    (:func:`flags.flag`), but the RPC topology and llama-server's own arguments, which the command line reads."""
 
-    bridge: str | None = None
-    batched: str | None = None
-    server: Path | None = None
+    bridge: str | None = field(
+        default=None,
+        metadata=flag(
+            "--bridge",
+            parse=flags.choices(modes.BRIDGE_VALUES),
+            help=f"the host bridge between GPUs (pinned host memory): sets {modes.BRIDGE}=1|0|auto|force (default: "
+            "unset)",
+        ),
+    )
+    batched: str | None = field(
+        default=None,
+        metadata=flag(
+            "--batched",
+            parse=flags.choices(modes.BATCHED_VALUES),
+            help=f"batched pinned graph I/O transfers: sets {modes.BATCHED}=1|0 (default: unset)",
+        ),
+    )
+    server: Path | None = field(
+        default=None,
+        metadata=flag(
+            "--server",
+            parse=flags.path,
+            metavar="PATH",
+            help="llama-server binary (default: the patched build from `ggml-bridge build`, else "
+            "an installed ggml-bridge-server wheel)",
+        ),
+    )
     """llama-server binary (None: the patched build, else an installed ggml-bridge-server wheel)."""
-    check: bool = False
+    check: bool = field(
+        default=False, metadata=flag("--check", help="start, confirm what engaged, stop and exit (0: confirmed)")
+    )
     """Start, prove, stop and exit."""
-    startup_timeout: float = 600.0
-    server_log: Path | None = None
-    server_log_max_mb: float = DEFAULT_LOG_MAX_MB
+    startup_timeout: float = field(
+        default=600.0,
+        metadata=flags.startup_timeout("/health (default: [serve] startup_timeout of the config file, 600)"),
+    )
+    """Unset on the command line: the ``[serve]`` settings' (``config.ServeSettings``)."""
+    server_log: Path | None = field(
+        default=None,
+        metadata=flag(
+            "--server-log",
+            parse=flags.path,
+            metavar="FILE",
+            help="also write the server log to FILE (rotated to FILE.1 at --server-log-max-mb)",
+            check=files.output_file,
+        ),
+    )
+    server_log_max_mb: float = field(
+        default=DEFAULT_LOG_MAX_MB,
+        metadata=flag(
+            "--server-log-max-mb",
+            parse=flags.mebibytes,
+            metavar="MB",
+            help=f"rotate --server-log to FILE.1 when it reaches MB MiB, so the two files stay "
+            f"under 2 x MB (default {DEFAULT_LOG_MAX_MB}; 0: no limit)",
+        ),
+    )
     rpc: RpcOptions = field(default_factory=RpcOptions)
     server_args: tuple[str, ...] = ()
     """llama-server's own arguments, in order."""

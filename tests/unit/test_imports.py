@@ -26,9 +26,11 @@ FLOORS: list[set[str]] = [
         "files",
         "tables",
         "layout",
+        "flags",
     },  # the root
     # (__version__), errors, TOML files and their schema, the JSON files read and the output folders, addresses and
-    # ports, the log-line parser, the one engagement decision, the mechanism record and the tables of named rows
+    # ports, the log-line parser, the one engagement decision, the mechanism record and the tables of named rows; the
+    # options declared on the fields of the options dataclasses
     {
         "runner",
         "signals",

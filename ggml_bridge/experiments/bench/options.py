@@ -7,66 +7,224 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...foundations import files, flags
 from ...foundations.errors import UsageError
+from ...foundations.flags import flag
+from ...runtime.modes import VARIANTS
+from ..model import VOCAB_FILE
+from .measures import MEASURES
+from .suites import SUITES
+
+
+@dataclass(frozen=True)
+class Cpus:
+    """The CPUs every case runs on: as given (the report says it so) and as CPU numbers."""
+
+    given: str
+    ids: frozenset[int]
+
+
+def cpu_list(text: str) -> Cpus:
+    """``--cpus``: '0-15,32,40-41' -> CPUs 0..15, 32, 40 and 41."""
+    ids: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        if not (lo.isascii() and lo.isdigit()) or (sep and not (hi.isascii() and hi.isdigit())):
+            raise flags.BadValue(f"{text!r}: bad CPU list item {part!r} (e.g. 0-15 or 0,2,4)")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise flags.BadValue(f"{text!r}: bad CPU range {part!r} (the first CPU comes first)")
+        ids.update(range(first, last + 1))
+    return Cpus(text, frozenset(ids))
 
 
 @dataclass(frozen=True)
 class BenchOptions:
-    suite: str | None = None
-    """A suite's name (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)."""
-    suite_file: Path | None = None
-    """A TOML file of suites instead of the package's (``bench/suites.toml``)."""
-    cases: tuple[str, ...] | None = None
-    """A subset of the suite's cases (``--cases a,b``)."""
-    shapes: str | None = None
-    """A comma-separated subset of the suite's model shapes."""
-    run_lengths: tuple[int, ...] | None = None
-    measure: str | None = None
-    """A comma-separated subset of bench, perplexity, server, inproc."""
-    links: tuple[str, ...] | None = None
-    """Shaped links RATE/DELAY for the suite's rpc cases (``--links l1,l2``)."""
-    variants_dir: Path | None = None
-    bin_dirs: dict[str, Path] = field(default_factory=dict)
+    """Every option of ``ggml-bridge bench``, declared once on its field (:func:`flags.flag`: flag, parser, metavar,
+    help; the field's default is the option's)."""
+
+    suite: str | None = field(
+        default=None,
+        metadata=flag(
+            "--suite",
+            metavar="NAME",
+            help=f"which comparison: {', '.join(SUITES)} (default: multi-gpu with 2+ GPUs, batched with 1, cpu without)",
+        ),
+    )
+    suite_file: Path | None = field(
+        default=None,
+        metadata=flag(
+            "--suite-file",
+            parse=flags.path,
+            metavar="TOML",
+            help="suites of this file instead of the package's (ggml_bridge/experiments/bench/suites.toml, the same "
+            "keys)",
+        ),
+    )
+    cases: tuple[str, ...] | None = field(
+        default=None, metadata=flag("--cases", parse=flags.names, help="comma-separated subset of the suite's cases")
+    )
+    shapes: tuple[str, ...] | None = field(
+        default=None,
+        metadata=flag(
+            "--shapes",
+            parse=flags.names,
+            metavar="LIST",
+            help="comma-separated subset of the suite's model shapes, e.g. bench-2b-6l (default: all of them)",
+        ),
+    )
+    run_lengths: tuple[int, ...] | None = field(
+        default=None,
+        metadata=flag(
+            "--run-lengths",
+            parse=flags.count_list(1),
+            metavar="LIST",
+            help="one llama-bench process per case, run length and round with -r N, every repetition kept, e.g. "
+            "1,3,10: what one-shot and short runs see (default: the suite's; without any, --reps after --warmup-reps)",
+        ),
+    )
+    measure: tuple[str, ...] | None = field(
+        default=None,
+        metadata=flag(
+            "--measure",
+            parse=flags.names,
+            metavar="LIST",
+            help=f"comma-separated subset of {','.join(MEASURES)}: llama-bench, llama-perplexity's wall time, "
+            "llama-server's throughput under concurrent requests, batching against its baseline inside one process "
+            "(default: all the suite has)",
+        ),
+    )
+    links: tuple[str, ...] | None = field(
+        default=None,
+        metadata=flag(
+            "--links",
+            parse=flags.names,
+            metavar="RATE/DELAY,...",
+            help="shaped links for the suite's rpc cases, e.g. 10gbit/0.2ms,25gbit/0.1ms (default: the "
+            "suite's; each rpc case runs unshaped and once per link)",
+        ),
+    )
+    variants_dir: Path | None = field(
+        default=None,
+        metadata=flag(
+            "--variants-dir",
+            parse=flags.path,
+            metavar="DIR",
+            help="DIR/{upstream,nopeer,patched}/llama-bench: one folder per build variant",
+            check=files.input_dir,
+        ),
+    )
+    bin_dirs: dict[str, Path] = field(default_factory=dict, metadata=flags.bin_dirs(tuple(VARIANTS), "llama-bench"))
     """Build variant -> the folder of its llama-bench (``--bin-dir-VARIANT``)."""
-    build: bool = True
-    model: Path | None = None
-    vocab: Path | None = None
-    rounds: int | None = None
-    time_budget: float | None = None
-    reps: int | None = None
-    warmup_reps: int | None = None
-    ubatch: str | None = None
-    """ubatch sizes as given, e.g. ``512,4096`` (:func:`ubatch_sizes`)."""
-    tg: int | None = None
-    cpus: str | None = None
-    virtual_devices: int | None = None
-    timeout: float = 600.0
-    microbench: bool = True
-    smi: int | None = None
-    pool: tuple[Path, ...] | None = None
-    report: Path | None = None
-
-
-def names(given: str | None) -> tuple[str, ...] | None:
-    """A comma list of the command line as its names (None where it is not given or empty)."""
-    return tuple(given.split(",")) if given else None
-
-
-def ubatch_sizes(opts: BenchOptions) -> list[int] | None:
-    """``--ubatch`` as sizes; UsageError unless it lists positive whole numbers."""
-    if opts.ubatch is None:
-        return None
-    try:
-        sizes = [int(x) for x in str(opts.ubatch).split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise UsageError(
-            f"bad --ubatch {opts.ubatch!r}",
-            why="it must list positive ubatch sizes",
-            fix="e.g. --ubatch 4096 or --ubatch 512,4096",
-        )
-    return sizes
+    build: bool = field(
+        default=True,
+        metadata=flag("--build", help="build the variants that are missing (default; --no-build only reuses builds)"),
+    )
+    model: Path | None = field(
+        default=None,
+        metadata=flag(
+            "--model",
+            parse=flags.path,
+            help="GGUF to use instead of the suite's random model",
+            check=lambda p, option: files.input_file(p, option, fix="give a GGUF file, or leave --model out"),
+        ),
+    )
+    vocab: Path | None = field(default=None, metadata=flags.vocab(VOCAB_FILE))
+    rounds: int | None = field(
+        default=None,
+        metadata=flag("--rounds", parse=flags.count(1), help="interleaved rounds (default: the suite's, else 3)"),
+    )
+    time_budget: float | None = field(
+        default=None,
+        metadata=flag(
+            "--time-budget",
+            parse=flags.seconds(),
+            metavar="SECONDS",
+            help="start no round that would end past this many seconds (judged by the longest round so "
+            "far): --rounds becomes a ceiling and the report says how many rounds ran",
+        ),
+    )
+    reps: int | None = field(
+        default=None,
+        metadata=flag(
+            "--reps",
+            parse=flags.count(1),
+            help="llama-bench repetitions kept per round (default 3; not with run lengths)",
+        ),
+    )
+    warmup_reps: int | None = field(
+        default=None,
+        metadata=flag(
+            "--warmup-reps",
+            parse=flags.count(0),
+            metavar="N",
+            help="repetitions run first and discarded in every llama-bench process (default 1; not with run lengths)",
+        ),
+    )
+    ubatch: tuple[int, ...] | None = field(
+        default=None,
+        metadata=flag(
+            "--ubatch",
+            parse=flags.count_list(1),
+            metavar="LIST",
+            help="ubatch sizes instead of the suite's, e.g. 4096 (shorter processes, so more rounds fit)",
+        ),
+    )
+    tg: int | None = field(
+        default=None,
+        metadata=flag(
+            "--tg",
+            parse=flags.count(0),
+            metavar="N",
+            help="generated tokens instead of the suite's; 0 skips token generation",
+        ),
+    )
+    cpus: Cpus | None = field(
+        default=None,
+        metadata=flag(
+            "--cpus",
+            parse=cpu_list,
+            metavar="LIST",
+            help="run every case on these CPUs only, e.g. 0-15 (one socket): same placement for all",
+        ),
+    )
+    virtual_devices: int | None = field(
+        default=None,
+        metadata=flag(
+            "--virtual-devices",
+            parse=flags.count(1),
+            metavar="N",
+            help="GGML_CUDA_DEVICES=N: emulate N cards on the visible GPUs",
+        ),
+    )
+    timeout: float = field(default=600.0, metadata=flag("--timeout", parse=flags.seconds(), help="seconds per process"))
+    microbench: bool = field(
+        default=True, metadata=flag("--microbench", help="boundary copy microbenchmark (needs 2+ devices)")
+    )
+    smi: int | None = field(
+        default=None,
+        metadata=flag(
+            "--smi",
+            parse=flags.count(1),
+            metavar="MS",
+            const=100,
+            help="sample nvidia-smi every MS milliseconds (default 100) while the cases run: every "
+            "process's GPU clocks, power, temperature and throttle reasons go into the report",
+        ),
+    )
+    pool: tuple[Path, ...] | None = field(
+        default=None,
+        metadata=flag(
+            "--pool",
+            parse=flags.path,
+            metavar="REPORT",
+            takes="many",
+            help="run nothing: pool the rounds of these bench.json reports (same suite and settings, "
+            "e.g. two GPU calls, or parts of one suite's matrix) into one report in --report",
+        ),
+    )
+    report: Path | None = field(default=None, metadata=flags.report_dir("<cache>/reports/bench-<suite>-<time>"))
 
 
 def checked(args: BenchOptions) -> BenchOptions:
@@ -78,7 +236,6 @@ def checked(args: BenchOptions) -> BenchOptions:
             why="a report needs at least one round of at least one kept repetition",
             fix="use --rounds >= 1, --reps >= 1 and --warmup-reps >= 0",
         )
-    ubatch_sizes(args)
     if args.time_budget is not None and not args.time_budget > 0:
         raise UsageError(
             f"bad --time-budget {args.time_budget}",

@@ -16,7 +16,7 @@ from ...foundations.errors import BenchError, UsageError
 from ...foundations.runner import log, step
 from ...runtime import modes, netbench
 from .measures import MEASURES, prepare_inputs
-from .options import BenchOptions, checked, ubatch_sizes
+from .options import BenchOptions, checked
 from .report import plot, pool_reports, write
 from .results import CaseEntry, Model, Report, SmiRecord
 from .running import CopyRate, Setup, microbench, rounds
@@ -31,21 +31,6 @@ from .telemetry import Telemetry, gpu_env, n_gpus
 #: server's COPY_TENSOR.
 Case = modes.Mode
 CASES = modes.MODES
-
-
-def parse_cpu_list(text: str) -> set[int]:
-    """'0-15,32,40-41' -> {0..15, 32, 40, 41}; ValueError on anything else."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"bad CPU list item {part!r}")
-        first, last = int(lo), int(hi) if sep else int(lo)
-        if last < first:
-            raise ValueError(f"bad CPU range {part!r}")
-        cpus.update(range(first, last + 1))
-    return cpus
 
 
 def resolve_bins(args: BenchOptions, settings: Settings, variants: set[str]) -> dict[str, Path]:
@@ -96,15 +81,14 @@ def bench(args: BenchOptions, settings: Settings) -> int:
         return _bench(args, settings)
     before = os.sched_getaffinity(0)
     try:
-        cpus = parse_cpu_list(args.cpus)
-        os.sched_setaffinity(0, cpus)  # inherited by every llama-bench process of the run
+        os.sched_setaffinity(0, args.cpus.ids)  # inherited by every llama-bench process of the run
     except (ValueError, OSError) as e:
         raise UsageError(
-            f"cannot run on CPUs {args.cpus!r}",
+            f"cannot run on CPUs {args.cpus.given!r}",
             why=str(e),
             fix=f"give CPUs this process may use, e.g. 0-{(os.cpu_count() or 1) - 1}",
         ) from None
-    log(f"    every case runs on CPUs {args.cpus} ({len(cpus)} CPUs)")
+    log(f"    every case runs on CPUs {args.cpus.given} ({len(args.cpus.ids)} CPUs)")
     try:
         return _bench(args, settings)
     finally:
@@ -243,9 +227,8 @@ def _models(
 def _bench(args: BenchOptions, settings: Settings) -> int:
     gpus = n_gpus()
     suite_name, suite = _suite(args, gpus)
-    sizes = ubatch_sizes(args)
-    if sizes is not None:
-        suite = dataclasses.replace(suite, ubatch=tuple(sizes))
+    if args.ubatch is not None:
+        suite = dataclasses.replace(suite, ubatch=args.ubatch)
     if args.tg is not None:
         suite = dataclasses.replace(suite, tg=args.tg)
     sel = _selection(args, suite_name, suite)
@@ -291,7 +274,9 @@ def _bench(args: BenchOptions, settings: Settings) -> int:
     )
     micro = args.microbench and (gpus >= 2 or bool(virtual_devices))
     report = _measure(setup, suite_name, sel, args.smi, micro)
-    return _write(dataclasses.replace(report, cpus=args.cpus, skipped=tuple(skipped)), out_dir)
+    return _write(
+        dataclasses.replace(report, cpus=args.cpus.given if args.cpus else None, skipped=tuple(skipped)), out_dir
+    )
 
 
 def _measure(setup: Setup, suite_name: str, sel: Selection, smi_ms: int | None, micro: bool) -> Report:

@@ -96,13 +96,13 @@ def measures_of(suite: Suite) -> tuple[str, ...]:
     return tuple(m.name for m in MEASURES.values() if m.table is None or m.name in suite.tables)
 
 
-def _subset(option: str, given: str, known: Sequence[str], suite: str) -> tuple[str, ...]:
-    """The names of a comma list ``given``, each one of ``known`` (duplicates dropped, order kept)."""
-    names = [x.strip() for x in given.split(",") if x.strip()]
+def _subset(option: str, given: Sequence[str], known: Sequence[str], suite: str) -> tuple[str, ...]:
+    """The names ``given``, each one of ``known`` (duplicates dropped, order kept)."""
+    names = list(given)
     unknown = [x for x in names if x not in known]
     if not names or unknown:
         raise UsageError(
-            f"bad {option} {given!r}" + (f": suite {suite} has no {', '.join(unknown)}" if unknown else ""),
+            f"bad {option} {','.join(given)!r}" + (f": suite {suite} has no {', '.join(unknown)}" if unknown else ""),
             why=f"{option} chooses among the suite's own",
             fix=f"use one or more of: {','.join(known)} (or another --suite)",
         )
@@ -113,9 +113,9 @@ def select(
     name: str,
     suite: Suite,
     *,
-    shapes: str | None = None,
+    shapes: Sequence[str] | None = None,
     run_lengths: Sequence[int] | None = None,
-    measures: str | None = None,
+    measures: Sequence[str] | None = None,
     user_model: bool = False,
 ) -> Selection:
     """The shapes (``--shapes``), run lengths (``--run-lengths``) and measurements (``--measure``) of suite ``name``

@@ -1,11 +1,13 @@
-"""The doctor's data: what it was asked (:class:`Options`, frozen, built from the command line by
-:mod:`ggml_bridge.experiments.doctor.command` and by nothing else) and what it found (:class:`Findings`)."""
+"""The doctor's data: what it was asked (:class:`Options`, frozen, each option declared on its field and built from
+the command line by :mod:`ggml_bridge.commands.doctor` and by nothing else) and what it found (:class:`Findings`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...foundations import flags
+from ...foundations.flags import flag, one_of
 from .inventory import Build, Cpu, Listing, Model, RpcEndpoint
 from .nvml import NvmlReport, normalize_pci
 from .probe import ProbeResult
@@ -24,19 +26,86 @@ DEFAULT_HIDDEN = 4096
 
 @dataclass(frozen=True)
 class Options:
-    """``ggml-bridge doctor``'s options."""
+    """``ggml-bridge doctor``'s options, each declared once on its field (:func:`flags.flag`)."""
 
-    json: bool = False  # stdout: the JSON document instead of the report
-    quick: bool = False  # the probe's quick mode (one direction per pair, smaller checks)
-    probe: bool = True  # run the CUDA probe (False: inventory only)
-    probe_file: Path | None = None  # read this saved probe output instead of running the probe
-    time_budget_s: float | None = None  # the probe's budget (None: 50 s, 25 s with --quick)
-    bin_dir: Path | None = None  # ask this build's programs only
-    rpc: tuple[str, ...] = ()  # RPC endpoints host:port
-    model: Path | None = None  # the GGUF to be served: hidden size, size for -ts, the command line
-    hidden: int | None = None  # the hidden size when no model is given
-    out: Path | None = None  # also write report.txt, doctor.json, probe.txt and the plot here
-    plot: Path | None = None  # the pair bandwidth plot (PNG)
+    json: bool = field(default=False, metadata=flag("--json", help="print the JSON document instead of the report"))
+    quick: bool = field(
+        default=False,
+        metadata=flag("--quick", help="the probe's quick mode: one direction per pair, peer checks up to 16 MiB"),
+    )
+    probe: bool = field(  # False: inventory only
+        default=True, metadata=one_of("probe", flag("--no-probe", help="no measurements: inventory only"))
+    )
+    probe_file: Path | None = field(  # read this saved probe output instead of running the probe
+        default=None,
+        metadata=one_of(
+            "probe",
+            flag(
+                "--probe-output",
+                parse=flags.path,
+                metavar="FILE",
+                help="read a saved probe output (probe.txt of --out) instead of running the probe",
+            ),
+        ),
+    )
+    time_budget_s: float | None = field(  # the probe's budget (None: 50 s, 25 s with --quick)
+        default=None,
+        metadata=flag(
+            "--time-budget",
+            parse=flags.seconds(),
+            metavar="S",
+            help="seconds the probe may take (default 50, 25 with --quick); it stops measuring when they are spent",
+        ),
+    )
+    bin_dir: Path | None = field(  # ask this build's programs only
+        default=None,
+        metadata=flag(
+            "--bin-dir",
+            parse=flags.path,
+            metavar="DIR",
+            help="ask this build's programs (default: the latest patched build of each backend, then the installed "
+            "wheel)",
+        ),
+    )
+    rpc: tuple[str, ...] = field(  # RPC endpoints host:port
+        default=(),
+        metadata=flag(
+            "--rpc",
+            metavar="HOST:PORT[,...]",
+            takes="repeat",
+            help="rpc-servers to check: handshake, protocol, devices (repeatable)",
+        ),
+    )
+    model: Path | None = field(  # the GGUF to be served: hidden size, size for -ts, the command line
+        default=None,
+        metadata=flag(
+            "--model",
+            parse=flags.path,
+            metavar="GGUF",
+            help="the model to serve: its hidden size prices the boundaries, its size balances -ts by measured speed",
+        ),
+    )
+    hidden: int | None = field(  # the hidden size when no model is given
+        default=None,
+        metadata=flag(
+            "--hidden", parse=flags.count(1, 1 << 20), metavar="N", help="hidden size without --model (default 4096)"
+        ),
+    )
+    out: Path | None = field(  # also write report.txt, doctor.json, probe.txt and the plot here
+        default=None,
+        metadata=flag(
+            "--out",
+            parse=flags.path,
+            metavar="DIR",
+            help="also write report.txt, doctor.json, probe.txt (the probe's raw output) and pairs.png into DIR",
+        ),
+    )
+    plot: Path | None = field(  # the pair bandwidth plot (PNG)
+        default=None,
+        metadata=flag(
+            "--plot", parse=flags.path, metavar="PNG", help="the pair bandwidth plot here (.png, .svg or .pdf)"
+        ),
+    )
 
     @property
     def budget_s(self) -> float:

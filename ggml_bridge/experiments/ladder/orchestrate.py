@@ -12,9 +12,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...foundations import files, runner
+from ...foundations import files, flags, runner
 from ...foundations.config import Settings
 from ...foundations.errors import FatalError, LadderSetupError, RpcError, ServeError
+from ...foundations.flags import flag
 from ...foundations.net import free_port
 from ...foundations.runner import log
 from ...runtime import logparse, modes, rpc, shaper
@@ -35,21 +36,45 @@ from .validity import validate_front, validate_mode, validate_rpc
 
 @dataclass(frozen=True)
 class LadderOptions:
-    """What ``ggml-bridge ladder`` was asked to run."""
+    """What ``ggml-bridge ladder`` was asked to run: every option declared once on its field (:func:`flags.flag`)."""
 
-    ladder: Path | None = None
+    ladder: Path | None = field(
+        default=None,
+        metadata=flag(
+            "--ladder",
+            parse=flags.path,
+            metavar="FILE",
+            help="ladder TOML (default: ladders/cpu.toml, ladders/cuda.toml or ladders/vulkan.toml after the backend)",
+        ),
+    )
     """The ladder file (None: ladders/<backend>.toml)."""
-    report: Path | None = None
+    report: Path | None = field(default=None, metadata=flags.report_dir("<cache>/reports/<ladder>-<time>"))
     sides: dict[str, Path] = field(default_factory=dict)
     """Side -> the folder of its binaries (``--side NAME=DIR``, ``--bin-dir-patched DIR``); a side named after a
-    build variant and not given here runs that variant's latest build."""
-    rungs: tuple[str, ...] = ()
+    build variant and not given here runs that variant's latest build (the command line's own options)."""
+    rungs: tuple[str, ...] = field(
+        default=(), metadata=flag("--rung", metavar="NAME", takes="repeat", help="run only this rung (repeatable)")
+    )
     """Only these rungs (empty: all)."""
-    vocab: Path | None = None
-    threads: int | None = None
-    startup_timeout: float = 900.0
-    keep_logits: bool = False
-    allow_same_build: bool = False
+    vocab: Path | None = field(default=None, metadata=flags.vocab(model.VOCAB_FILE))
+    threads: int | None = field(
+        default=None, metadata=flag("--threads", parse=flags.count(1), help="-t for every process (default: all cores)")
+    )
+    startup_timeout: float = field(
+        default=900.0, metadata=flags.startup_timeout("each llama-server to become ready (default: 900)")
+    )
+    keep_logits: bool = field(
+        default=False,
+        metadata=flag("--keep-logits", help="keep the logits dumps of passing rungs (they are kept on mismatch)"),
+    )
+    allow_same_build: bool = field(
+        default=False,
+        metadata=flag(
+            "--allow-same-build",
+            help="allow identical patched and upstream binaries (development only: such a "
+            "comparison proves nothing about the patches)",
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -301,7 +301,7 @@ CASES = [
     Case(
         "bench-shapes-not-in-suite", ["bench", "--suite", "cpu-runs", "--shapes", "bench-1b"], USAGE, "has no bench-1b"
     ),
-    Case("bench-shapes-empty", ["bench", "--suite", "cpu-runs", "--shapes", ","], USAGE, "bad --shapes"),
+    Case("bench-shapes-empty", ["bench", "--suite", "cpu-runs", "--shapes", ","], USAGE, "argument --shapes"),
     Case("bench-measure-unknown", ["bench", "--suite", "cpu-runs", "--measure", "speed"], USAGE, "has no speed"),
     Case("bench-measure-not-in-suite", ["bench", "--suite", "cpu", "--measure", "server"], USAGE, "cpu has no server"),
     Case(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,10 +14,12 @@ import pytest
 
 from ggml_bridge.experiments.bench import orchestrate, running, stats
 from ggml_bridge.experiments.bench import report as bench_report
+from ggml_bridge.experiments.bench.options import BenchOptions, Cpus, cpu_list
 from ggml_bridge.experiments.bench.results import Report
 from ggml_bridge.experiments.bench.suite import Suite
-from ggml_bridge.foundations import config
+from ggml_bridge.foundations import config, flags
 from ggml_bridge.foundations.errors import BenchError, UsageError
+from ggml_bridge.foundations.flags import BadValue
 
 from helpers import FAKE_SMI, write_exe, write_fake_variants
 from helpers import bench_args as _args
@@ -325,7 +328,7 @@ def test_cpus_pin_every_case_and_are_restored(variants, two_gpu_bench, tmp_path)
 
     mine = os.sched_getaffinity(0)
     one = min(mine)
-    args = _quick(variants, two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "bridge"), cpus=str(one))
+    args = _quick(variants, two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "bridge"), cpus=cpu_list(str(one)))
     assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     lines = two_gpu_bench.order.read_text().splitlines()
     assert len(lines) == 2 and all(line.endswith(f"cpus={one}") for line in lines)
@@ -334,28 +337,28 @@ def test_cpus_pin_every_case_and_are_restored(variants, two_gpu_bench, tmp_path)
     assert rep["cpus"] == str(one) and f"CPUs {one}" in (tmp_path / "r" / "bench.md").read_text()
 
 
-@pytest.mark.parametrize("bad", ["x", "3-1", "1,,2", "100000"])
-def test_bad_cpu_lists_are_usage_errors(variants, two_gpu_bench, tmp_path, bad):
+def test_cpus_this_process_cannot_use_are_usage_errors(variants, two_gpu_bench, tmp_path):
     import os
 
     from ggml_bridge.foundations.errors import UsageError
 
     mine = os.sched_getaffinity(0)
-    with pytest.raises(UsageError):
-        orchestrate.bench(
-            _args(variants_dir=variants, model=two_gpu_bench.model, report=tmp_path / "r", cpus=bad),
-            two_gpu_bench.settings,
-        )
+    args = _args(variants_dir=variants, model=two_gpu_bench.model, report=tmp_path / "r", cpus=cpu_list("100000"))
+    with pytest.raises(UsageError, match="cannot run on CPUs '100000'"):
+        orchestrate.bench(args, two_gpu_bench.settings)
     assert os.sched_getaffinity(0) == mine
 
 
-def test_parse_cpu_list():
-    assert orchestrate.parse_cpu_list("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
+def test_cpu_lists_are_parsed_at_the_edge():
+    assert cpu_list("0-3,8,10-11") == Cpus("0-3,8,10-11", frozenset({0, 1, 2, 3, 8, 10, 11}))
+    for bad, said in (("x", "bad CPU list item 'x'"), ("3-1", "bad CPU range '3-1'"), ("1,,2", "item ''")):
+        with pytest.raises(BadValue, match=re.escape(said)):
+            cpu_list(bad)
 
 
 def test_ubatch_and_tg_override_the_suite(variants, two_gpu_bench, tmp_path):
     args = _quick(
-        variants, two_gpu_bench, tmp_path / "r", rounds=2, cases=("upstream-p2p", "bridge"), ubatch="4096", tg=0
+        variants, two_gpu_bench, tmp_path / "r", rounds=2, cases=("upstream-p2p", "bridge"), ubatch=(4096,), tg=0
     )
     rep = _report(args, two_gpu_bench)
     assert rep["tests"] == ["pp4096/ub4096"]  # no ub512, no tg: shorter processes
@@ -363,15 +366,36 @@ def test_ubatch_and_tg_override_the_suite(variants, two_gpu_bench, tmp_path):
     assert rep["ratios"]["upstream-p2p"]["bridge"]["pp4096/ub4096"]["ratio"] == pytest.approx(0.97)
 
 
-@pytest.mark.parametrize("kw", [dict(ubatch="0"), dict(ubatch="x"), dict(ubatch=""), dict(tg=-1)])
-def test_bad_ubatch_or_tg_are_usage_errors(variants, two_gpu_bench, tmp_path, kw):
+def test_a_negative_tg_is_a_usage_error(variants, two_gpu_bench, tmp_path):
     from ggml_bridge.foundations.errors import UsageError
 
     with pytest.raises(UsageError) as e:
         orchestrate.bench(
-            _args(variants_dir=variants, model=two_gpu_bench.model, report=tmp_path / "r", **kw), two_gpu_bench.settings
+            _args(variants_dir=variants, model=two_gpu_bench.model, report=tmp_path / "r", tg=-1),
+            two_gpu_bench.settings,
         )
     assert e.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--ubatch", "0"], "argument --ubatch: 0 is out of range (it must be 1..2147483647)"),
+        (["--ubatch", "x"], "argument --ubatch: 'x' is not a whole number"),
+        (["--ubatch", ""], "argument --ubatch: '' is not a comma-separated list of whole numbers"),
+        (["--cpus", "3-1"], "argument --cpus: '3-1': bad CPU range '3-1' (the first CPU comes first)"),
+        (["--shapes", ","], "argument --shapes: ',' names nothing (give a comma-separated list of names)"),
+        (["--rounds", "0"], "argument --rounds: 0 is out of range (it must be 1..2147483647)"),
+        (["--timeout", "nan"], "argument --timeout: 'nan': it must be a finite number above 0"),
+        (["--pool", ""], "argument --pool: the path is empty (an empty value would mean the current folder)"),
+    ],
+)
+def test_bad_values_are_one_line_usage_errors_at_the_edge(capsys, argv, said):
+    from ggml_bridge import cli
+
+    assert cli.main(["bench", *argv]) == UsageError.exit_code
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == f"ggml-bridge bench: error: {said}"
 
 
 def test_time_budget_stops_starting_rounds_and_says_so(variants, two_gpu_bench, tmp_path):
@@ -496,7 +520,7 @@ def test_pool_reports_numbers_rounds_one_after_the_other(variants, two_gpu_bench
 
 
 def test_pool_refuses_reports_measured_differently(variants, two_gpu_bench, tmp_path):
-    for name, ub in (("a", "512"), ("b", "4096")):
+    for name, ub in (("a", (512,)), ("b", (4096,))):
         args = _quick(variants, two_gpu_bench, tmp_path / name, cases=("upstream-p2p",), ubatch=ub)
         assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     with pytest.raises(BenchError, match="was not measured like") as e:
@@ -677,14 +701,33 @@ def test_a_suite_table_is_parsed_once_into_its_fields_with_their_defaults(tmp_pa
         two.tg = 1  # type: ignore[misc]
 
 
+def test_every_option_is_declared_once_on_its_field_and_read_back_checked(tmp_path):
+    from ggml_bridge import cli
+
+    assert [f.name for f, _ in flags.declared(BenchOptions)] == [f.name for f in dataclasses.fields(BenchOptions)]
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "p").mkdir()
+    argv = ["--model", str(tmp_path / "m.gguf"), "--bin-dir-patched", str(tmp_path / "p"), "--no-build", "--smi"]
+    opts = cli.parse_command(cli.COMMANDS["bench"], [*argv, "--pool", "a.json", "b.json"])
+    assert (opts.model, opts.bin_dirs, opts.build) == (tmp_path / "m.gguf", {"patched": tmp_path / "p"}, False)
+    assert (opts.smi, opts.pool, opts.microbench, opts.timeout) == (100, (Path("a.json"), Path("b.json")), True, 600.0)
+    for option in ("--model", "--bin-dir-patched", "--variants-dir", "--vocab"):
+        with pytest.raises(UsageError, match=re.escape(option)) as e:
+            cli.parse_command(cli.COMMANDS["bench"], [option, str(tmp_path / "missing")])
+        assert e.value.exit_code == 2
+
+
 def test_the_lists_of_the_command_line_are_parsed_into_names_at_the_edge():
     from ggml_bridge import cli
-    from ggml_bridge.experiments.bench.options import names
 
-    assert names(None) is None and names("") is None
-    assert names("off") == ("off",) and names("off,batched") == ("off", "batched")
+    assert flags.names("off") == ("off",) and flags.names(" off, batched,,off") == ("off", "batched")
+    with pytest.raises(BadValue, match="names nothing"):
+        flags.names(" , ")
     argv = ["--cases", "off,batched", "--links", "10gbit/0.2ms,25gbit/0.1ms"]
+    argv += ["--shapes", "tiny,small", "--measure", "bench", "--ubatch", "512,4096", "--cpus", "0-1,4"]
     opts = cli.parse_command(cli.COMMANDS["bench"], argv)
     assert opts.cases == ("off", "batched") and opts.links == ("10gbit/0.2ms", "25gbit/0.1ms")
+    assert (opts.shapes, opts.measure, opts.ubatch) == (("tiny", "small"), ("bench",), (512, 4096))
+    assert opts.cpus == Cpus("0-1,4", frozenset({0, 1, 4}))
     plain = cli.parse_command(cli.COMMANDS["bench"], [])
-    assert plain.cases is None and plain.links is None
+    assert plain == BenchOptions()

@@ -183,7 +183,7 @@ def test_repetitions_with_run_lengths_are_usage_errors(one_gpu_bench, kw):
 
 
 def test_a_run_length_suite_uses_its_rounds_and_run_lengths(one_gpu_bench):
-    rep = _run(one_gpu_bench, "r", suite="batched-runs-1gpu", measure="bench", tg=0, ubatch="512")
+    rep = _run(one_gpu_bench, "r", suite="batched-runs-1gpu", measure=("bench",), tg=0, ubatch=(512,))
     assert rep["rounds"] == 5 and rep["run_lengths"] == [1, 3, 10]
     assert rep["tests"][:3] == ["user:pp512/ub512@r1", "user:pp512/ub512@r3", "user:pp512/ub512@r10"]
     assert len(one_gpu_bench.order.read_text().splitlines()) == 5 * 3 * 2
@@ -225,11 +225,11 @@ def shaped(one_gpu_bench, monkeypatch):
 def test_shapes_name_every_figure_and_parts_of_the_matrix_pool(shaped):
     env = shaped
     kw = dict(suite="cpu-runs", cases=("upstream", "off"), rounds=2, model=None, vocab=env.tmp / "vocab.gguf")
-    a = _run(env, "a", shapes="tiny", measure="bench", **kw)
+    a = _run(env, "a", shapes=("tiny",), measure=("bench",), **kw)
     assert a["shapes"] == ["tiny"] and a["keyed_by_shape"] and a["model"]["shape"] == "tiny"
     assert all(t.startswith("tiny:") for t in a["tests"]) and "tiny:pp64/ub64@r3" in a["tests"]
     assert {re.search(r"model=(\S+)", x)[1] for x in env.order.read_text().splitlines()} == {"tiny.gguf"}
-    b = _run(env, "b", shapes="small", run_lengths=(3,), measure="bench,perplexity", **kw)
+    b = _run(env, "b", shapes=("small",), run_lengths=(3,), measure=("bench", "perplexity"), **kw)
     assert b["run_lengths"] == [3] and "small:perplexity" in b["tests"] and "small:pp256/ub64@r3" in b["tests"]
     assert (env.tmp / "b" / "logs" / "small" / "r3").is_dir() and (
         env.tmp / "b" / "logs" / "small" / "perplexity"
@@ -247,16 +247,16 @@ def test_shapes_name_every_figure_and_parts_of_the_matrix_pool(shaped):
 def test_shapes_the_suite_does_not_have_are_usage_errors(shaped):
     env = shaped
     for kw, msg in (
-        (dict(shapes="bench-1b"), "suite cpu-runs has no bench-1b"),
-        (dict(measure="bench,nope"), "suite cpu-runs has no nope"),
-        (dict(shapes="tiny", model=env.model), "--shapes and --model together"),
+        (dict(shapes=("bench-1b",)), "suite cpu-runs has no bench-1b"),
+        (dict(measure=("bench", "nope")), "suite cpu-runs has no nope"),
+        (dict(shapes=("tiny",), model=env.model), "--shapes and --model together"),
     ):
         args = bench_args(
             variants_dir=env.variants, report=env.tmp / "r", suite="cpu-runs", vocab=env.tmp / "vocab.gguf", **kw
         )
         with pytest.raises(UsageError, match=re.escape(msg)):
             orchestrate.bench(args, env.settings)
-    args = bench_args(variants_dir=env.variants, report=env.tmp / "r", suite="batched", measure="server")
+    args = bench_args(variants_dir=env.variants, report=env.tmp / "r", suite="batched", measure=("server",))
     with pytest.raises(UsageError, match="suite batched has no server"):
         orchestrate.bench(args, env.settings)
 
@@ -269,7 +269,12 @@ def test_perplexity_and_server_figures_and_their_proof(one_gpu_bench, monkeypatc
     monkeypatch.setenv("FAKE_INFLIGHT_LOG", str(log))
     monkeypatch.setenv("FAKE_COMPLETION_S", "0.2")
     rep = _run(
-        one_gpu_bench, "r", suite="batched-runs-1gpu", cases=("off", "batched"), rounds=2, measure="perplexity,server"
+        one_gpu_bench,
+        "r",
+        suite="batched-runs-1gpu",
+        cases=("off", "batched"),
+        rounds=2,
+        measure=("perplexity", "server"),
     )
     assert rep["tests"] == ["user:perplexity", "user:server"] and rep["not_engaged"] == []
     for r in rep["runs"]:
@@ -303,7 +308,7 @@ def test_bridge_cases_prove_engagement_in_perplexity_and_server(one_gpu_bench, m
         suite="batched-runs-2virt",
         cases=("bridge-force", "bridge-force-batched"),
         rounds=1,
-        measure="perplexity,server",
+        measure=("perplexity", "server"),
     )
     eng = {c["name"]: c["engagement"] for c in rep["cases"]}
     assert "bridge enabled (4 slots), boundaries=7" in eng["bridge-force"]
@@ -322,7 +327,7 @@ def test_mechanism_inactive_in_perplexity_and_server_is_not_engaged(one_gpu_benc
         suite="batched-runs-1gpu",
         cases=("off", "batched"),
         rounds=1,
-        measure="perplexity,server",
+        measure=("perplexity", "server"),
     )
     with pytest.raises(BenchError, match="did not engage"):
         orchestrate.bench(args, one_gpu_bench.settings)
@@ -345,7 +350,7 @@ def test_perplexity_that_evaluates_nothing_is_an_error(one_gpu_bench, monkeypatc
         suite="batched-runs-1gpu",
         cases=("off",),
         rounds=1,
-        measure="perplexity",
+        measure=("perplexity",),
     )
     with pytest.raises(BenchError, match="llama-perplexity evaluated nothing"):
         orchestrate.bench(args, one_gpu_bench.settings)
@@ -361,7 +366,7 @@ def test_a_failed_server_is_a_failed_case(one_gpu_bench, monkeypatch):
         suite="batched-runs-1gpu",
         cases=("off",),
         rounds=1,
-        measure="server",
+        measure=("server",),
     )
     with pytest.raises(BenchError, match="llama-server failed for case"):
         orchestrate.bench(args, one_gpu_bench.settings)
@@ -377,7 +382,7 @@ def test_wall_clock_measurements_need_their_programs_and_local_cases(one_gpu_ben
         report=one_gpu_bench.tmp / "r",
         suite="batched-runs-1gpu",
         cases=("off",),
-        measure="server",
+        measure=("server",),
     )
     with pytest.raises(BenchError, match="no llama-server next to llama-bench"):
         orchestrate.bench(args, one_gpu_bench.settings)
@@ -387,7 +392,7 @@ def test_wall_clock_measurements_need_their_programs_and_local_cases(one_gpu_ben
         report=one_gpu_bench.tmp / "r",
         suite="batched-runs-1gpu",
         cases=("off", "rpc-off"),
-        measure="perplexity",
+        measure=("perplexity",),
     )
     with pytest.raises(UsageError, match="rpc case"):
         orchestrate.bench(args, one_gpu_bench.settings)
@@ -404,7 +409,7 @@ def test_time_budget_stops_starting_rounds_of_run_lengths(one_gpu_bench):
 @pytest.mark.plots
 def test_many_tests_plot_on_rows(shaped):
     env = shaped
-    rep = _run(env, "r", suite="cpu-runs", rounds=1, model=None, vocab=env.tmp / "vocab.gguf", measure="bench")
+    rep = _run(env, "r", suite="cpu-runs", rounds=1, model=None, vocab=env.tmp / "vocab.gguf", measure=("bench",))
     assert len(rep["tests"]) == 12  # 2 shapes x (2 pp + tg) x 2 run lengths: two rows of six
     png = env.tmp / "r" / "throughput.png"
     assert png.stat().st_size > 1000
@@ -442,7 +447,7 @@ def test_in_process_measures_batching_and_its_baseline_in_one_process(one_gpu_be
     baseline-against-itself range (the fake's control leans 2 % at tg128)."""
     monkeypatch.setenv("FAKE_CONTROL_SPREAD", "0.02")
     cases = ("off", "batched", "bridge-force", "bridge-force-batched")
-    rep = _run(one_gpu_bench, "r", suite="batched-runs-1gpu", cases=cases, rounds=3, measure="inproc")
+    rep = _run(one_gpu_bench, "r", suite="batched-runs-1gpu", cases=cases, rounds=3, measure=("inproc",))
     runs = [line for line in one_gpu_bench.order.read_text().splitlines() if line.startswith("inproc ")]
     ab = [r for r in runs if not r.endswith(" control")]
     controls = [r for r in runs if r.endswith(" control")]
@@ -497,7 +502,9 @@ def test_in_process_without_the_control_runs_no_control_and_gives_no_range(one_g
     body = suites.SUITES_FILE.read_text().split("[batched-runs-1gpu]")[1].split("\n[")[0]
     own = tmp_path / "mine.toml"
     own.write_text("[mine]" + body.replace("inproc = { rounds = 4, control = true }", "inproc = { rounds = 4 }"))
-    rep = _run(one_gpu_bench, "r", suite="mine", suite_file=own, cases=("off", "batched"), rounds=3, measure="inproc")
+    rep = _run(
+        one_gpu_bench, "r", suite="mine", suite_file=own, cases=("off", "batched"), rounds=3, measure=("inproc",)
+    )
     runs = [line for line in one_gpu_bench.order.read_text().splitlines() if line.startswith("inproc ")]
     assert len(runs) == 3 and not any(r.endswith(" control") for r in runs), runs
     assert "self_ci95" not in rep["ratios"]["off"]["batched"]["user:tg128@inproc"]
@@ -530,7 +537,7 @@ def _inproc_args(one_gpu_bench):  # type: ignore[no-untyped-def]
         suite="batched-runs-1gpu",
         cases=("off", "batched"),
         rounds=1,
-        measure="inproc",
+        measure=("inproc",),
     )
 
 
@@ -557,7 +564,7 @@ def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(one_
     """tensor-virt on 2 virtual devices: every case -sm tensor with its GGML_CUDA_ALLREDUCE, the test-only baseline's
     folder, the all-reduce path each process took (upstream's internal, the butterfly, the bridge's all-reduce)."""
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
-    rep = _run(one_gpu_bench, "t", suite="tensor-virt", measure="bench", rounds=1, run_lengths=(1,), tg=0)
+    rep = _run(one_gpu_bench, "t", suite="tensor-virt", measure=("bench",), rounds=1, run_lengths=(1,), tg=0)
     lines = one_gpu_bench.order.read_text().splitlines()
     assert len(lines) == 5 and all(" sm=tensor " in x for x in lines)
     assert sum(x.startswith("nopeer-virtual ") for x in lines) == 2, "the baseline and its A/A twin"
@@ -573,7 +580,7 @@ def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(one_
         microbench=False,
         model=one_gpu_bench.model,
         suite="tensor-virt",
-        measure="bench",
+        measure=("bench",),
         rounds=1,
         run_lengths=(1,),
         tg=0,

@@ -503,3 +503,21 @@ def test_nvml_over_arbitrary_binding_answers_never_raises(answers: dict[str, Any
     rec = recommend.recommend(f, None)
     assert all(line.isprintable() for line in report.render(f, rec).splitlines())
     _strict_json(report.dumps(f, rec))
+
+
+def test_the_options_are_declared_on_their_fields(capsys):
+    import dataclasses
+
+    from ggml_bridge.foundations import flags
+
+    assert [f.name for f, _ in flags.declared(Options)] == [f.name for f in dataclasses.fields(Options)]
+    doctor = cli.COMMANDS["doctor"]
+    assert cli.parse_command(doctor, []) == Options()
+    opts = cli.parse_command(doctor, ["--no-probe", "--rpc", "a:1", "--rpc", "b:2", "--time-budget", "3"])
+    assert (opts.probe, opts.rpc, opts.time_budget_s, opts.probe_file) == (False, ("a:1", "b:2"), 3.0, None)
+    assert cli.main(["doctor", "--no-probe", "--probe-output", "p.txt"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith("argument --probe-output: not allowed with argument --no-probe")
+    )

@@ -876,3 +876,19 @@ def test_the_registry_drives_what_a_rung_produces_compares_and_reports(ladder_ri
     assert r["modes"]["bridge"]["compare"]["toy"]["first_difference"]["where"] == "toy byte"
     assert r["modes"]["bridge"]["compare"]["logits"]["identical"]
     assert any(p.startswith("bridge: toy differ from off at byte") for p in r["problems"])
+
+
+def test_the_options_are_declared_on_their_fields_and_the_sides_are_the_commands(tmp_path):
+    import dataclasses
+
+    from ggml_bridge.foundations import flags
+
+    declared = [f.name for f, _ in flags.declared(ladder.LadderOptions)]
+    assert declared == [f.name for f in dataclasses.fields(ladder.LadderOptions) if f.name != "sides"]
+    (tmp_path / "p").mkdir()
+    argv = ["--rung", "a", "--rung", "b", "--bin-dir-patched", str(tmp_path / "p"), "--side", "w=x", "--keep-logits"]
+    opts = ladder_options(argv)
+    assert (opts.rungs, opts.sides, opts.keep_logits) == (("a", "b"), {"patched": tmp_path / "p", "w": Path("x")}, True)
+    assert ladder_options([]) == ladder.LadderOptions()
+    with pytest.raises(UsageError, match="--vocab"):
+        ladder_options(["--vocab", str(tmp_path / "missing.gguf")])

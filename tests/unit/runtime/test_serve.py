@@ -845,3 +845,27 @@ def test_a_crash_that_closes_the_connection_before_the_process_exits_is_a_death(
     msg = str(ei.value)
     assert "died while serving POST /completion" in msg, msg
     assert "GGML_ASSERT(fake) failed" in msg, msg
+
+
+def test_the_options_are_declared_on_their_fields_and_unset_ones_take_the_settings(capsys, tmp_path):
+    import dataclasses
+
+    from ggml_bridge import cli
+    from ggml_bridge.foundations import config, flags
+    from ggml_bridge.runtime.serve import RpcOptions, ServeOptions
+
+    own = {"rpc", "server_args"}  # the RPC topology and llama-server's arguments: the command line's
+    declared = [f.name for f, _ in flags.declared(ServeOptions)]
+    assert declared == [f.name for f in dataclasses.fields(ServeOptions) if f.name not in own]
+    serve = cli.COMMANDS["serve"]
+    opts = cli.parse_command(serve, ["--bridge", "force", "--rpc-local", "2", "-m", "x.gguf"])
+    assert (opts.bridge, opts.rpc, opts.server_args) == ("force", RpcOptions(local=2), ("-m", "x.gguf"))
+    settings = config.Settings(serve=config.ServeSettings(startup_timeout=7.0))
+    assert cli.parse_command(serve, [], settings=settings).startup_timeout == 7.0
+    log = cli.parse_command(serve, ["--server-log", str(tmp_path / "s.log")]).server_log
+    assert log == tmp_path / "s.log"
+    assert cli.main(["serve", "--batched", "maybe"]) == 2
+    assert "argument --batched: invalid choice: 'maybe' (choose from" in capsys.readouterr().err
+    assert flags.choices(["on", "off"])("on") == "on"
+    with pytest.raises(flags.BadValue, match="invalid choice: 'maybe' \\(choose from 'on', 'off'\\)"):
+        flags.choices(["on", "off"])("maybe")
