@@ -19,7 +19,7 @@ from ...runtime import modes, netbench
 from .measures import MEASURES
 from .results import CaseEntry, Model, Report, read
 from .running import CopyRate
-from .stats import CaseRun, Sample, batched_pairs, pool, references
+from .stats import TABLE_REFERENCES, CaseRun, Sample, batched_pairs, pool, references
 from .telemetry import GpuState
 
 CASES = modes.MODES
@@ -77,8 +77,8 @@ def _figures_table(report: Report) -> list[str]:
     lines = []
     tests = report.figures.tests
     names = [c.name for c in report.cases]
-    refs = references(names, ("upstream-p2p", "upstream-nopeer", "off"))
-    head = "| test | " + " | ".join(names) + " | " + " | ".join(f"vs {r}" for r in refs) + " |"
+    refs = references(names, TABLE_REFERENCES)
+    head = "| " + " | ".join(["test", *names, *(f"vs {r}" for r in refs)]) + " |"
     lines += [head, "|" + "---|" * (1 + len(names) + len(refs))]
     for t in tests:
         row = [t]

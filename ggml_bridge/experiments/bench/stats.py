@@ -213,8 +213,31 @@ def _test_order(test: str) -> tuple[str, int, int, int, int]:
     return (shape, kinds, int(size), int(ub) if ub.isdigit() else 0, run)
 
 
-#: reference cases of the ratios, in this order
-REFERENCES = ("upstream-p2p", "upstream-nopeer", "off", "upstream", "rpc-upstream-nopeer", "rpc-upstream", "rpc-off")
+#: reference cases of the ratios, in this order: upstream with and without peer access, the test-only no-peer
+#: baselines of virtual devices (layer and tensor split) and upstream's own tensor-split paths, the patched build off
+REFERENCES = (
+    "upstream-p2p",
+    "upstream-nopeer",
+    "upstream-nopeer-virtual",
+    "tensor-nopeer-virtual",
+    "tensor-upstream-internal",
+    "tensor-upstream",
+    "off",
+    "upstream",
+    "rpc-upstream-nopeer",
+    "rpc-upstream",
+    "rpc-off",
+)
+#: the references that get a column of bench.md's table (the others are in bench.json)
+TABLE_REFERENCES = (
+    "upstream-p2p",
+    "upstream-nopeer",
+    "upstream-nopeer-virtual",
+    "tensor-nopeer-virtual",
+    "tensor-upstream-internal",
+    "tensor-upstream",
+    "off",
+)
 
 
 def references(names: Sequence[str], among: Sequence[str] = REFERENCES) -> list[str]:

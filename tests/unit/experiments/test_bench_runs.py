@@ -587,3 +587,18 @@ def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(one_
     )
     with pytest.raises(BenchError, match="tensor-upstream-internal did not engage"):
         orchestrate.bench(args, one_gpu_bench.settings)
+
+
+def test_the_tensor_suite_reports_ratios_against_its_baselines(one_gpu_bench, monkeypatch):
+    """tensor-virt's report: every case against the emulated no-peer baseline and upstream's own paths, in
+    bench.json and as well-formed columns of bench.md (its cases used to be no reference at all: no ratio, and a
+    table whose header had one column more than its separator)."""
+    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
+    rep = _run(one_gpu_bench, "t", suite="tensor-virt", measure=("bench",), rounds=2, run_lengths=(1,), tg=0)
+    ratios = rep["ratios"]
+    assert {"tensor-nopeer-virtual", "tensor-upstream", "tensor-upstream-internal"} <= set(ratios)
+    assert "pp512/ub512@r1" in ratios["tensor-nopeer-virtual"]["tensor-bridge-force"]
+    md = (one_gpu_bench.tmp / "t" / "bench.md").read_text().splitlines()
+    head = next(i for i, x in enumerate(md) if x.startswith("| test |"))
+    assert md[head].count("|") == md[head + 1].count("|") == md[head + 2].count("|")
+    assert "vs tensor-nopeer-virtual" in md[head] and "tensor-bridge-force " in md[head + 2]
