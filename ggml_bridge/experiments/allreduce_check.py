@@ -11,10 +11,12 @@ from pathlib import Path
 from ..foundations.errors import UsageError
 from .doctor import cost
 
-#: ``bench: devices=N ne=E bytes=B path=P us_median=X us_min=Y us_max=Z rounds=R``
+#: ``bench: devices=N ne=E bytes=B path=P us_median=X us_min=Y us_max=Z [host_us_median=H] rounds=R`` (H: the
+#: host's share of a call, the time to enqueue it; outputs before it have no such field)
 LINE = re.compile(
     r"^bench: devices=(?P<n>\d+) ne=(?P<ne>\d+) bytes=(?P<bytes>\d+) path=(?P<path>[\w-]+) "
-    r"us_median=(?P<us>[\d.]+) us_min=[\d.]+ us_max=[\d.]+ rounds=(?P<rounds>\d+)$"
+    r"us_median=(?P<us>[\d.]+) us_min=[\d.]+ us_max=[\d.]+ (?:host_us_median=(?P<host>[\d.]+) )?"
+    r"rounds=(?P<rounds>\d+)$"
 )
 
 #: the variant each ``path=`` names: the bridge's default (every device reads every part in-kernel), its
@@ -29,6 +31,8 @@ class Timing:
     variant: str
     us: float
     rounds: int
+    host_us: float | None = None
+    """The host's share of a call (the time to enqueue it): near ``us``, the host's launches bound the call."""
 
 
 def read(path: Path) -> list[Timing]:
@@ -50,7 +54,8 @@ def read(path: Path) -> list[Timing]:
             variant = GATHER if name == "bridge-gather" else SCATTER
         else:
             continue
-        out.append(Timing(int(m["n"]), int(m["bytes"]), variant, float(m["us"]), int(m["rounds"])))
+        host = float(m["host"]) if m["host"] is not None else None
+        out.append(Timing(int(m["n"]), int(m["bytes"]), variant, float(m["us"]), int(m["rounds"]), host))
     if not out:
         raise UsageError(
             f"{path} has no 'bench: ... path=bridge' lines",
@@ -62,11 +67,11 @@ def read(path: Path) -> list[Timing]:
 
 def table(timings: list[Timing], link: tuple[float, float], *, one_link: bool) -> str:
     """Markdown: measured against predicted, the in-kernel gather and the copy engines (the reduce-scatter's rows are
-    left out: the model has no term for its second meeting)."""
+    left out: the model has no term for its second meeting), with the host's share of a call where the output has it."""
     B, L = link
     lines = [
-        "| devices | bytes | path | measured µs | predicted µs | measured / predicted |",
-        "|---|---|---|---|---|---|",
+        "| devices | bytes | path | measured µs | host µs | predicted µs | measured / predicted |",
+        "|---|---|---|---|---|---|---|",
     ]
     ratios = []
     for t in sorted(timings, key=lambda t: (t.devices, t.nbytes)):
@@ -79,7 +84,8 @@ def table(timings: list[Timing], link: tuple[float, float], *, one_link: bool) -
         ratio = t.us * 1e-6 / predicted
         ratios.append(ratio)
         path = "in-kernel" if t.nbytes <= cost.BAR_KERNEL_MAX else "copy engines"
-        lines.append(f"| {t.devices} | {t.nbytes} | {path} | {t.us:.2f} | {predicted * 1e6:.2f} | {ratio:.2f} |")
+        host = f"{t.host_us:.2f}" if t.host_us is not None else "-"
+        lines.append(f"| {t.devices} | {t.nbytes} | {path} | {t.us:.2f} | {host} | {predicted * 1e6:.2f} | {ratio:.2f} |")
     if not ratios:
         raise UsageError(
             "no row of the bridge's default all-reduce to compare",

@@ -12,6 +12,8 @@ from ggml_bridge.experiments.doctor import cost
 from helpers import REPO_ROOT
 
 H100_RUN = REPO_ROOT / "results/2026-12-06-h100x1-bridge-allreduce/test-bridge-allreduce.txt"
+#: the later output: each row also says the host's share of a call (host_us_median)
+H100_HOST_RUN = REPO_ROOT / "results/2026-12-06-h100x1-tensor-split/allreduce/test-bridge-allreduce.txt"
 LINK = (55.2e9, 7.4e-6)
 
 
@@ -65,6 +67,16 @@ def test_the_command_prints_the_h100_run(capsys):
     out = capsys.readouterr().out
     assert "## The bridge's all-reduce: predicted vs measured" in out
     assert "| 6 | 4194304 | copy engines | 1061.29 |" in out and "every device on one link" in out
+
+
+def test_rows_with_the_hosts_share_are_read_and_shown(capsys):
+    """test-bridge-allreduce --bench also prints host_us_median, the time to enqueue a call: such an output was
+    refused as 'not a bench output'."""
+    rows = allreduce_check.read(H100_HOST_RUN)
+    six = {t.nbytes: t for t in rows if t.devices == 6 and t.variant == "gather"}
+    assert (six[8192].us, six[8192].host_us) == (38.31, 18.75)
+    assert cli.main(["paper-model", "--allreduce-bench", str(H100_HOST_RUN), "--one-link"]) == 0
+    assert "| 6 | 8192 | in-kernel | 38.31 | 18.75 |" in capsys.readouterr().out
 
 
 def test_the_command_refuses_what_is_not_a_bench_output(tmp_path, capsys):
