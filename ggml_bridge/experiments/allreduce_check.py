@@ -85,7 +85,9 @@ def table(timings: list[Timing], link: tuple[float, float], *, one_link: bool) -
         ratios.append(ratio)
         path = "in-kernel" if t.nbytes <= cost.BAR_KERNEL_MAX else "copy engines"
         host = f"{t.host_us:.2f}" if t.host_us is not None else "-"
-        lines.append(f"| {t.devices} | {t.nbytes} | {path} | {t.us:.2f} | {host} | {predicted * 1e6:.2f} | {ratio:.2f} |")
+        lines.append(
+            f"| {t.devices} | {t.nbytes} | {path} | {t.us:.2f} | {host} | {predicted * 1e6:.2f} | {ratio:.2f} |"
+        )
     if not ratios:
         raise UsageError(
             "no row of the bridge's default all-reduce to compare",
