@@ -271,7 +271,7 @@ if want serve-rpc; then
 fi
 
 # -sm tensor (docs/tensor.md): the rungs of ladders/cuda-tensor.toml, one report each, the most telling first; about
-# 7 min for all twelve on one H100 (tensor-small, ~9 s a mode, 50 modes; an estimate, not yet measured):
+# 2.5 min for all twelve on one H100 (measured 2026-12-06: 6-16 s a rung):
 # TENSOR_RUNGS splits them over calls; then serve --check with -sm tensor on 4 virtual devices (the all-reduce path
 # named: the bridge's, forced)
 tensor_rungs=${TENSOR_RUNGS:-2virt-tensor-none-ub512 2virt-tensor-internal-ub512 4virt-tensor-none-ub512 \
@@ -287,9 +287,9 @@ if want tensor; then
         --bridge force --server "$pbin/llama-server" -- -m /tmp/tensor-small.gguf -ngl 99 -sm tensor --port 18081
     grep -E "ggml-bridge:" "$OUT/serve-tensor-check.txt" | tail -n 8 | tee -a "$OUT/summary.txt"
 fi
-# seconds one round of a tensor-bench part takes on one H100 (estimates, not yet measured: per case llama-bench
-# -r 1 and -r 10 of pp512, pp4096, tg128 on tensor-3k, ~14 s, the host-path baseline slower; a quarter of slack)
-tensor_round_s() { case "$1" in tensor:2) echo 110 ;; tensor:*) echo 100 ;; layer:*) echo 60 ;; *) echo 100 ;; esac; }
+# seconds one round of a tensor-bench part takes on one H100: tensor:4 measured 2026-12-06 at ~42 s (4 cases, llama-bench
+# -r 1 and -r 10 of pp512, pp4096, tg128 on tensor-3k); the others scaled by their cases; a quarter of slack
+tensor_round_s() { case "$1" in tensor:2) echo 65 ;; tensor:*) echo 55 ;; layer:*) echo 45 ;; *) echo 65 ;; esac; }
 if want tensor-bench; then
     # tensor split against upstream's internal all-reduce (2 devices), its butterfly over device-local copies and the
     # emulated no-peer baseline (twice: the A/A range), the bridge forced; then layer split beside the bridge
