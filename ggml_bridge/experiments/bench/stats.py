@@ -228,16 +228,8 @@ REFERENCES = (
     "rpc-upstream",
     "rpc-off",
 )
-#: the references that get a column of bench.md's table (the others are in bench.json)
-TABLE_REFERENCES = (
-    "upstream-p2p",
-    "upstream-nopeer",
-    "upstream-nopeer-virtual",
-    "tensor-nopeer-virtual",
-    "tensor-upstream-internal",
-    "tensor-upstream",
-    "off",
-)
+#: the references that get a column of bench.md's table, up to the patched build off (the others are in bench.json)
+TABLE_REFERENCES = REFERENCES[: REFERENCES.index("off") + 1]
 
 
 def references(names: Sequence[str], among: Sequence[str] = REFERENCES) -> list[str]:
