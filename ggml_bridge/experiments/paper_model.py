@@ -28,7 +28,7 @@ from ..foundations.errors import UsageError, os_reason
 from ..foundations.tomlfile import Key
 
 # the formulas and their constants are defined once, in the package (the doctor uses them with measured links)
-from .doctor.cost import MiB, per_token_layer, per_token_tensor, t_bridge, t_seq
+from .doctor.cost import MiB, allreduce_traffic, per_token_layer, per_token_tensor, t_bridge, t_seq
 
 LINKS = {
     # name: (one-way bandwidth B in bytes/s, per-copy latency L in s)
@@ -335,6 +335,24 @@ def tensor_table(layers: int = 32) -> str:
     return "\n".join(out)
 
 
+def allreduce_bytes_table(counts: tuple[int, ...] = (2, 3, 4, 5, 6)) -> str:
+    """The bytes of one all-reduce (in tensors, the busier direction) over a link per card and over one link that all
+    cards share, the butterfly against the bridge's copy path (patch 0007 above its in-kernel limit): their ratio is
+    the most the bridge's all-reduce can gain over the butterfly from bytes alone, whatever carries the copies."""
+    out = [
+        "| cards | butterfly, a link per card | bridge, a link per card | most from bytes | butterfly, one shared "
+        "link | bridge, one shared link | most from bytes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n in counts:
+        bf, ar = allreduce_traffic(n, "butterfly"), allreduce_traffic(n, "bridge-copy")
+        out.append(
+            f"| {n} | {bf.card():.2f} | {ar.card():.2f} | {bf.card() / ar.card():.2f}x | {bf.shared():.2f} | "
+            f"{ar.shared():.2f} | {bf.shared() / ar.shared():.2f}x |"
+        )
+    return "\n".join(out)
+
+
 def report(microbench: Path, *, given: bool = False) -> str:
     """Every table of docs/paper-model.md, the microbenchmark check against ``microbench`` (``given``: the user's,
     checked before any table is made)."""
@@ -345,6 +363,8 @@ def report(microbench: Path, *, given: bool = False) -> str:
             tables(),
             "\n## Tensor split: a token's all-reduces against layer split's boundaries (32 layers)\n",
             tensor_table(),
+            "\n### The all-reduce's bytes: the bridge's against the butterfly\n",
+            allreduce_bytes_table(),
             "\n## Network links (RPC between hosts) next to PCIe, one boundary, two cards\n",
             network_tables(),
             "\n## Check against the H200 microbenchmark\n",

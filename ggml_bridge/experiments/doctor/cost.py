@@ -25,11 +25,16 @@ src/llama-model.cpp splits those weights by rows, the meta backend adds the part
                                                           total = N*b + N*(N-1)*b (kernel) or N*b + 2*(N-1)*b
                                                           (copy engines; 2*b for two devices): every byte on it
     per token       2 * n_layer * t_ar(h*4, N)          against layer split's (N-1) * t(h*4)
+
+The bytes alone (:func:`allreduce_traffic`, in tensors, the larger direction): the butterfly moves log2(P) + [N > P]
+per card (on one shared link log2(P) * P + 2 (N - P)); the bridge's copy path 2(N-1)/N up per card (one link
+2(N-1)); their ratio is the most the bridge's all-reduce can gain from bytes over the butterfly through any copy.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 MiB = 1 << 20
 CHUNK = 2 * MiB
@@ -81,6 +86,47 @@ def t_allreduce(b: float, n: int, B: float, L: float, path: str) -> float:
         return 2 * L + E_EVENT + b / B + up * b / B
     step = t_bridge if path == "bridge" else t_seq
     return allreduce_steps(n) * step(b, B, L)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What one all-reduce moves over the links, in units of the tensor's bytes: down (device to host) and up (host to
+    device) on the busiest card's own link, and in all over one link that every card shares (virtual devices of one
+    GPU). A link's two directions run at once, so the larger of the two bounds the time."""
+
+    card_down: float
+    card_up: float
+    shared_down: float
+    shared_up: float
+
+    def card(self) -> float:
+        return max(self.card_down, self.card_up)
+
+    def shared(self) -> float:
+        return max(self.shared_down, self.shared_up)
+
+
+def allreduce_traffic(n: int, path: str) -> Traffic:
+    """The bytes of one all-reduce over ``n`` cards: ``butterfly`` (the meta backend's, each exchange a copy through
+    the host, the bridge's or upstream's: the cards past the largest power of two P fold into the first ones and get
+    the result back, log2(P) exchange steps between the P), ``bridge-copy`` (patch 0007 above its in-kernel limit:
+    an exchange for two cards; a reduce-scatter and gather from three, one tensor and one part down, 2(N-1)/N up per
+    card) or ``bridge-kernel`` (0007's token path: one tensor down, the N - 1 others read)."""
+    if n < 2:
+        return Traffic(0.0, 0.0, 0.0, 0.0)
+    if path == "butterfly":
+        p = 1 << (n.bit_length() - 1)
+        steps, extra = p.bit_length() - 1, n - p
+        card = steps + (1 if extra else 0)
+        shared = steps * p + 2 * extra
+        return Traffic(card, card, shared, shared)
+    if path == "bridge-kernel":
+        return Traffic(1.0, n - 1.0, float(n), n * (n - 1.0))
+    if path == "bridge-copy":
+        if n == 2:
+            return Traffic(1.0, 1.0, 2.0, 2.0)
+        return Traffic(1 + 1 / n, 2 * (n - 1) / n, n + 1.0, 2 * (n - 1.0))
+    raise ValueError(f"unknown all-reduce path {path!r}")
 
 
 def t_bridge_allreduce_one_link(b: float, n: int, B: float, L: float) -> float:

@@ -95,3 +95,31 @@ def test_an_output_of_the_reduce_scatter_alone_is_one_line(tmp_path, capsys):
     assert cli.main(["paper-model", "--allreduce-bench", str(only), "--one-link"]) == 2
     err = capsys.readouterr().err
     assert "no row of the bridge's default all-reduce" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "n, butterfly, bridge",
+    [
+        # (cards, the butterfly's tensors on the busiest card's link / on one shared link, the bridge's the same)
+        (2, (1, 2), (1, 2)),  # one exchange either way
+        (3, (2, 4), (4 / 3, 4)),  # fold + one step + unfold; reduce-scatter + gather 2(N-1)/N up
+        (4, (2, 8), (3 / 2, 6)),
+        (6, (3, 12), (5 / 3, 10)),  # fold 2 into 4, two steps over 4 cards, unfold 2
+    ],
+)
+def test_the_bytes_of_an_all_reduce(n, butterfly, bridge):
+    bf, ar = cost.allreduce_traffic(n, "butterfly"), cost.allreduce_traffic(n, "bridge-copy")
+    assert (bf.card(), bf.shared()) == pytest.approx(butterfly)
+    assert (ar.card(), ar.shared()) == pytest.approx(bridge)
+    kernel = cost.allreduce_traffic(n, "bridge-kernel")  # every card reads the N - 1 others
+    assert (kernel.card_up, kernel.shared_up) == (n - 1, n * (n - 1))
+
+
+def test_the_bytes_table_says_what_bytes_allow():
+    """On one shared link three cards move as many bytes either way: no gain from bytes; on a link per card 1.5x."""
+    from ggml_bridge.experiments import paper_model
+
+    rows = {r.split(" | ")[0].strip("| "): r for r in paper_model.allreduce_bytes_table().splitlines()[2:]}
+    assert rows["3"].endswith("| 1.50x | 4.00 | 4.00 | 1.00x |") and "| 1.20x |" in rows["6"]
+    with pytest.raises(ValueError, match="unknown all-reduce path"):
+        cost.allreduce_traffic(3, "ring")
