@@ -45,6 +45,8 @@ class Flag:
     each: tuple[str, ...] = ()
     #: the options of one name are mutually exclusive (:func:`one_of`)
     exclusive: str | None = None
+    #: other names of the flag (``-o`` for ``--out``: :func:`also`), after it
+    aliases: tuple[str, ...] = ()
 
     def named(self) -> tuple[tuple[str, str], ...]:
         """``(name, flag)`` of every flag of the option: one per name of :attr:`each`, else ``("", flag)``."""
@@ -68,6 +70,12 @@ def flag(
 def one_of(group: str, declaration: dict[str, Flag]) -> dict[str, Flag]:
     """``declaration`` (:func:`flag`'s) as one of the mutually exclusive options ``group`` names."""
     return {KEY: dataclasses.replace(declaration[KEY], exclusive=group)}
+
+
+def also(alias: str, declaration: dict[str, Flag]) -> dict[str, Flag]:
+    """``declaration`` (:func:`flag`'s) with one more name for its flag (``also("-o", flag("--out", ...))``)."""
+    spec = declaration[KEY]
+    return {KEY: dataclasses.replace(spec, aliases=(*spec.aliases, alias))}
 
 
 def declared(cls: type) -> list[tuple[dataclasses.Field[Any], Flag]]:
