@@ -146,10 +146,6 @@ def report_dir(parser: argparse.ArgumentParser, default: str) -> None:
     optionset.one(parser, flags.report_dir(default)[flags.KEY])
 
 
-def model_vocab(parser: argparse.ArgumentParser, vocab_file: str) -> None:
-    optionset.one(parser, flags.vocab(vocab_file)[flags.KEY])
-
-
 #: the most local rpc-servers --rpc-local starts (a test topology: one per device at most; each binds a port and
 #: loads its backends, so a thousand ran for minutes before failing)
 MAX_LOCAL_RPC = 16
@@ -208,8 +204,3 @@ def bin_dirs_of(ns: argparse.Namespace) -> dict[str, Path]:
     """The ``--bin-dir-<variant>`` options given, by variant name: existing folders."""
     found = {v: getattr(ns, "bin_dir_" + v.replace("-", "_"), None) for v in VARIANTS}
     return {v: files.input_dir(d, f"--bin-dir-{v}") for v, d in found.items() if d is not None}
-
-
-def vocab_of(ns: argparse.Namespace) -> Path | None:
-    """``--vocab``: an existing file when given."""
-    return ns.vocab and files.input_file(ns.vocab, "--vocab", fix="pass the upstream vocabulary GGUF")
