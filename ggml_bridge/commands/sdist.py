@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..foundations.config import Settings
 from . import argtypes, cmdoptions
-from .fetch import SourceOptions, source_options
+from .fetch import SourceOptions, add_source_arguments, source_options
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class SdistOptions:
 
 
 def add_dist_arguments(parser: argparse.ArgumentParser) -> None:
-    cmdoptions.source(parser)
+    add_source_arguments(parser)
     parser.add_argument(
         "--out", "-o", metavar="DIR", type=argtypes.path, default=Path("dist"), help="where to write (default: ./dist)"
     )
