@@ -62,11 +62,14 @@ def common(parser: argparse.ArgumentParser, *, suppress: bool = True) -> None:
     )
 
 
+#: ``--discard-changes``: patch's and build's, declared on their options' fields
+DISCARD_CHANGES = flags.flag(
+    "--discard-changes", help="delete edits found in the cached patched work tree (else they are an error, exit 21)"
+)
+
+
 def discard_changes(parser: argparse.ArgumentParser) -> None:
-    switches(
-        parser,
-        ("--discard-changes", "delete edits found in the cached patched work tree (else they are an error, exit 21)"),
-    )
+    optionset.one(parser, DISCARD_CHANGES[flags.KEY], False)
 
 
 def jobs(parser: argparse.ArgumentParser) -> None:
