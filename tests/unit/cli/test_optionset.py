@@ -51,3 +51,17 @@ def test_a_bad_value_of_the_alias_is_a_usage_error(capsys: pytest.CaptureFixture
         _parse(["--to", "h:1", "-o", ""])
     assert e.value.code == 2
     assert "the path is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "variants"),
+    [([], ()), (["--cpu-variants", "x64,haswell"], ("x64", "haswell")), (["--cpu-variants", ",x64,,"], ("x64",))],
+)
+def test_wheel_cpu_variants_are_the_names_given_empty_ones_dropped(argv: list[str], variants: tuple[str, ...]) -> None:
+    from ggml_bridge.commands import wheel
+
+    parser = argparse.ArgumentParser(prog="t")
+    wheel.add_arguments(parser)
+    opts = wheel.options(parser.parse_args(argv))
+    assert opts.cpu_variants == variants
+    assert opts.dist.out == Path("dist") and opts.sdist is None
