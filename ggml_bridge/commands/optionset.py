@@ -32,7 +32,7 @@ def add(parser: argparse.ArgumentParser, cls: type, section: type | None = None,
             own[f.name](parser)
         elif spec is not None:
             if spec.exclusive is not None and spec.exclusive not in groups:
-                groups[spec.exclusive] = parser.add_mutually_exclusive_group()
+                groups[spec.exclusive] = parser.add_mutually_exclusive_group(required=spec.one_needed)
             where = parser if spec.exclusive is None else groups[spec.exclusive]
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             one(

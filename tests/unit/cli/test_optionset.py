@@ -65,3 +65,20 @@ def test_wheel_cpu_variants_are_the_names_given_empty_ones_dropped(argv: list[st
     opts = wheel.options(parser.parse_args(argv))
     assert opts.cpu_variants == variants
     assert opts.dist.out == Path("dist") and opts.sdist is None
+
+
+@dataclass(frozen=True)
+class _Either:
+    left: bool = field(default=False, metadata=flags.one_of("side", flags.flag("--left", help="l"), needed=True))
+    right: bool = field(default=False, metadata=flags.one_of("side", flags.flag("--right", help="r")))
+
+
+def test_a_needed_group_wants_one_of_its_options_and_takes_no_two(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="t")
+    optionset.add(parser, _Either)
+    assert optionset.options(_Either, parser.parse_args(["--right"])) == _Either(right=True)
+    for argv, said in (([], "one of the arguments --left --right is required"), (["--left", "--right"], "not allowed")):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(argv)
+        assert e.value.code == 2
+        assert said in capsys.readouterr().err
