@@ -12,7 +12,7 @@ from ..foundations.config import Settings
 from ..foundations.errors import BuildError, UsageError
 from ..runtime import modes
 from . import argtypes, cmdoptions
-from .fetch import SourceOptions, source_options
+from .fetch import SourceOptions, add_source_arguments, source_options
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    cmdoptions.source(parser)
+    add_source_arguments(parser)
     add_build_arguments(parser)
     cmdoptions.discard_changes(parser)
     located = parser.add_mutually_exclusive_group()

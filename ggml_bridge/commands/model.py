@@ -5,39 +5,47 @@ ladder and the bench use (``<cache>/models``)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..experiments import model
-from ..foundations import files
+from ..foundations import files, flags
 from ..foundations.config import Settings
 from ..foundations.errors import ModelError, UsageError, os_reason
-from . import argtypes, cmdoptions
+from . import argtypes, optionset
 
 
 @dataclass(frozen=True)
 class ModelOptions:
-    shape: str
-    seed: int
-    vocab: Path | None
-    out: Path | None
+    """``ggml-bridge model``'s options: the model's shape and seed, the vocabulary, where it goes."""
+
+    shape: str = field(
+        default="tiny",
+        metadata=flags.flag(
+            "--shape",
+            parse=argtypes.shape_name,
+            metavar="NAME",
+            help=f"a preset shape: {', '.join(model.PRESETS)} (default tiny)",
+        ),
+    )
+    seed: int = field(
+        default=1, metadata=flags.flag("--seed", parse=flags.count(0), metavar="N", help="weights seed (default 1)")
+    )
+    vocab: Path | None = field(default=None, metadata=flags.vocab(model.VOCAB_FILE))
+    out: Path | None = field(
+        default=None,
+        metadata=flags.also(
+            "-o", flags.flag("--out", parse=flags.path, metavar="PATH", help="write here (default: the cached copy)")
+        ),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--shape",
-        type=argtypes.shape_name,
-        default="tiny",
-        metavar="NAME",
-        help=f"a preset shape: {', '.join(model.PRESETS)} (default tiny)",
-    )
-    parser.add_argument("--seed", type=argtypes.count(0), default=1, metavar="N", help="weights seed (default 1)")
-    cmdoptions.model_vocab(parser, model.VOCAB_FILE)
-    parser.add_argument("--out", "-o", type=argtypes.path, metavar="PATH", help="write here (default: the cached copy)")
+    optionset.add(parser, ModelOptions)
 
 
 def options(ns: argparse.Namespace) -> ModelOptions:
-    return ModelOptions(shape=ns.shape, seed=ns.seed, vocab=cmdoptions.vocab_of(ns), out=ns.out)
+    return optionset.options(ModelOptions, ns)
 
 
 def run(opts: ModelOptions, settings: Settings) -> int:

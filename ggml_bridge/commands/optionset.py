@@ -23,7 +23,7 @@ def add(parser: argparse.ArgumentParser, cls: type, section: type | None = None,
     their field (a group of :func:`~flags.one_of` mutually exclusive); the field's default is the option's (a bool:
     on by default ``--X`` / ``--no-X``, or a flag ``--no-X`` alone turns it off; off by default ``--X`` turns it
     on), but a field of the command's settings ``section`` is None when not given, so that the settings' value fills
-    it (``cli.parse_namespace``)."""
+    it (``cli.parse_namespace``); a field without a default is a required option."""
     groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
     unset = {f.name for f in dataclasses.fields(section)} if section is not None else set()
     for f in dataclasses.fields(cls):
@@ -32,15 +32,31 @@ def add(parser: argparse.ArgumentParser, cls: type, section: type | None = None,
             own[f.name](parser)
         elif spec is not None:
             if spec.exclusive is not None and spec.exclusive not in groups:
-                groups[spec.exclusive] = parser.add_mutually_exclusive_group()
+                groups[spec.exclusive] = parser.add_mutually_exclusive_group(required=spec.one_needed)
             where = parser if spec.exclusive is None else groups[spec.exclusive]
-            one(where, spec, None if f.default is dataclasses.MISSING or f.name in unset else f.default)
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            one(
+                where,
+                spec,
+                None if f.default is dataclasses.MISSING or f.name in unset else f.default,
+                required=required,
+            )
 
 
-def one(parser: argparse.ArgumentParser | argparse._ActionsContainer, spec: flags.Flag, default: Any = None) -> None:
-    """The arguments of one declared option (one per name of its ``each``), with ``default``."""
+def one(
+    parser: argparse.ArgumentParser | argparse._ActionsContainer,
+    spec: flags.Flag,
+    default: Any = None,
+    *,
+    required: bool = False,
+) -> None:
+    """The arguments of one declared option (one per name of its ``each``, the flag's aliases after the flag), with
+    ``default``; a ``required`` one must be given (its field has no default)."""
     for name, option in spec.named():
-        parser.add_argument(option, **_keywords(spec, default, name))
+        kw = _keywords(spec, default, name)
+        if required:
+            kw["required"] = True
+        parser.add_argument(option, *(() if spec.each else spec.aliases), **kw)
 
 
 def _keywords(spec: flags.Flag, default: Any, name: str) -> dict[str, Any]:

@@ -5,13 +5,13 @@ output of ``test-bridge-allreduce --bench``)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..foundations import files
+from ..foundations import files, flags
 from ..foundations.config import Settings
 from ..foundations.errors import UsageError
-from . import argtypes, cmdoptions
+from . import argtypes, optionset
 
 #: the H200 microbenchmark the single-boundary check reads (a results folder of the project)
 MICROBENCH = Path("results/2026-11-30-h200x2-s1-tests-sanitizers-microbench/microbench.csv")
@@ -21,40 +21,55 @@ LINK = "H200 PCIe Gen5 x16 (measured)"
 
 @dataclass(frozen=True)
 class PaperModelOptions:
-    microbench: Path | None = None
-    bench: Path | None = None
-    shape: str | None = None
-    allreduce_bench: Path | None = None
-    one_link: bool = False
+    """``ggml-bridge paper-model``'s options: which table to print, from what."""
+
+    microbench: Path | None = field(
+        default=None,
+        metadata=flags.flag(
+            "--microbench",
+            parse=flags.path,
+            metavar="CSV",
+            help=f"the boundary microbenchmark to check the single-boundary figures against (default: {MICROBENCH})",
+        ),
+    )
+    bench: Path | None = field(
+        default=None,
+        metadata=flags.flag(
+            "--bench",
+            parse=flags.path,
+            metavar="BENCH_JSON",
+            help="a `ggml-bridge bench --suite rpc-link` report: print only its predicted-vs-measured table",
+        ),
+    )
+    shape: str | None = field(
+        default=None,
+        metadata=flags.flag(
+            "--shape",
+            parse=argtypes.shape_name,
+            metavar="NAME",
+            help="the bench model's shape (default: the report's); with --bench only",
+        ),
+    )
+    allreduce_bench: Path | None = field(
+        default=None,
+        metadata=flags.flag(
+            "--allreduce-bench",
+            parse=flags.path,
+            metavar="OUTPUT",
+            help="what `test-bridge-allreduce --bench` printed: print only the all-reduce's predicted-vs-measured "
+            "table",
+        ),
+    )
+    one_link: bool = field(
+        default=False,
+        metadata=flags.flag(
+            "--one-link", help="with --allreduce-bench: the devices share one link (virtual devices of one GPU)"
+        ),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    cmdoptions.values(
-        parser,
-        (
-            "--microbench",
-            argtypes.path,
-            "CSV",
-            f"the boundary microbenchmark to check the single-boundary figures against (default: {MICROBENCH})",
-        ),
-        (
-            "--bench",
-            argtypes.path,
-            "BENCH_JSON",
-            "a `ggml-bridge bench --suite rpc-link` report: print only its predicted-vs-measured table",
-        ),
-        ("--shape", argtypes.shape_name, "NAME", "the bench model's shape (default: the report's); with --bench only"),
-        (
-            "--allreduce-bench",
-            argtypes.path,
-            "OUTPUT",
-            "what `test-bridge-allreduce --bench` printed: print only the all-reduce's predicted-vs-measured table",
-        ),
-    )
-    cmdoptions.switches(
-        parser,
-        ("--one-link", "with --allreduce-bench: the devices share one link (virtual devices of one GPU)"),
-    )
+    optionset.add(parser, PaperModelOptions)
 
 
 def options(ns: argparse.Namespace) -> PaperModelOptions:
@@ -66,7 +81,7 @@ def options(ns: argparse.Namespace) -> PaperModelOptions:
         raise UsageError("--allreduce-bench excludes --bench and --microbench", why="it prints only its own table")
     if ns.one_link and ns.allreduce_bench is None:
         raise UsageError("--one-link goes with --allreduce-bench", why="it says how that output's devices were linked")
-    return PaperModelOptions(ns.microbench, ns.bench, ns.shape, ns.allreduce_bench, ns.one_link)
+    return optionset.options(PaperModelOptions, ns)
 
 
 def run(opts: PaperModelOptions, settings: Settings) -> int:

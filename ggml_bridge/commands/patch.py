@@ -4,46 +4,53 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..foundations import flags
 from ..foundations.config import Settings
 from ..foundations.errors import PatchError, UsageError
-from . import argtypes, cmdoptions
-from .fetch import SourceOptions, source_options
+from . import cmdoptions, optionset
+from .fetch import SourceOptions, add_source_arguments, source_options
 
 
 @dataclass(frozen=True)
 class PatchOptions:
+    """``ggml-bridge patch``'s options: the sources (:class:`SourceOptions`, which fetch declares), check or apply,
+    or export a work tree's commits."""
+
     source: SourceOptions
-    check: bool = False
-    discard_changes: bool = False
-    export: Path | None = None
+    check: bool = field(
+        default=False, metadata=flags.flag("--check", help="report whether each patch applies, writing nothing")
+    )
+    discard_changes: bool = field(default=False, metadata=cmdoptions.DISCARD_CHANGES)
+    export: Path | None = field(
+        default=None,
+        metadata=flags.flag(
+            "--export",
+            parse=flags.path,
+            metavar="WORKTREE",
+            help="write the commits of WORKTREE after --base into patches/ (format-patch --zero-commit, one commit "
+            "per patch, under the series' names, in its order); prints the patches folder",
+        ),
+    )
     """A work tree whose commits after ``base`` become the series' patch files."""
-    base: str | None = None
+    base: str | None = field(
+        default=None,
+        metadata=flags.flag(
+            "--base", metavar="REV", help="with --export: the upstream commit (default: the root commit)"
+        ),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    cmdoptions.source(parser)
-    cmdoptions.switches(parser, ("--check", "report whether each patch applies, writing nothing"))
-    cmdoptions.discard_changes(parser)
-    cmdoptions.values(
-        parser,
-        (
-            "--export",
-            argtypes.path,
-            "WORKTREE",
-            "write the commits of WORKTREE after --base into patches/ (format-patch --zero-commit, one commit per "
-            "patch, under the series' names, in its order); prints the patches folder",
-        ),
-        ("--base", None, "REV", "with --export: the upstream commit (default: the root commit)"),
-    )
+    optionset.add(parser, PatchOptions, source=add_source_arguments)
 
 
 def options(ns: argparse.Namespace) -> PatchOptions:
     if ns.base is not None and ns.export is None:
         raise UsageError("--base goes with --export", fix="ggml-bridge patch --export WORKTREE --base REV")
-    return PatchOptions(source_options(ns), ns.check, ns.discard_changes, ns.export, ns.base)
+    return optionset.options(PatchOptions, ns, source=source_options(ns))
 
 
 def run(opts: PatchOptions, settings: Settings) -> int:

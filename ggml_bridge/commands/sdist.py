@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..foundations import flags
 from ..foundations.config import Settings
-from . import argtypes, cmdoptions
-from .fetch import SourceOptions, source_options
+from . import cmdoptions, optionset
+from .fetch import SourceOptions, add_source_arguments, source_options
 
 
 @dataclass(frozen=True)
 class SdistOptions:
+    """``ggml-bridge sdist``'s options (and the wheel's sdist's): the sources (:class:`SourceOptions`, which fetch
+    declares), where the sdist goes."""
+
     source: SourceOptions
-    out: Path = Path("dist")
+    out: Path = field(
+        default=Path("dist"),
+        metadata=flags.also(
+            "-o", flags.flag("--out", parse=flags.path, metavar="DIR", help="where to write (default: ./dist)")
+        ),
+    )
 
 
 def add_dist_arguments(parser: argparse.ArgumentParser) -> None:
-    cmdoptions.source(parser)
-    parser.add_argument(
-        "--out", "-o", metavar="DIR", type=argtypes.path, default=Path("dist"), help="where to write (default: ./dist)"
-    )
+    optionset.add(parser, SdistOptions, source=add_source_arguments)
     cmdoptions.no_ui(parser)
 
 
@@ -29,7 +35,7 @@ add_arguments = add_dist_arguments
 
 
 def options(ns: argparse.Namespace) -> SdistOptions:
-    return SdistOptions(source_options(ns), ns.out)
+    return optionset.options(SdistOptions, ns, source=source_options(ns))
 
 
 def run(opts: SdistOptions, settings: Settings) -> int:

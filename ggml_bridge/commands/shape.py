@@ -5,47 +5,48 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ..foundations import flags
 from ..foundations.config import Settings
 from ..foundations.errors import RpcError, UsageError
 from ..foundations.net import parse_hostport
 from ..foundations.runner import log
 from ..runtime import netbench, shaper
-from . import cmdoptions
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--listen",
-        required=True,
-        metavar="[HOST:]PORT",
-        help="where to accept connections (loopback; default host 127.0.0.1)",
-    )
-    parser.add_argument("--to", required=True, metavar="HOST:PORT", help="where to forward them (loopback)")
-    parser.add_argument("--rate", default="unlimited", help="per-direction bandwidth, e.g. 10gbit, 25gbit, 800mbit")
-    parser.add_argument("--delay", default="0", help="one-way latency added, e.g. 0.2ms, 100us")
-    # "-5gbit" is a value (refused by the rate's own check), not an unknown option: argparse takes only plain
-    # negative numbers as values by default and said "expected one argument"
-    parser._negative_number_matcher = re.compile(r"^-[\d.]")
-    cmdoptions.switches(
-        parser, ("--ceiling", "first measure what the shaper can move on this machine and warn below the rate")
-    )
-
-
-def options(ns: argparse.Namespace) -> ShapeOptions:
-    return ShapeOptions(listen=ns.listen, to=ns.to, rate=ns.rate, delay=ns.delay, ceiling=ns.ceiling)
+from . import optionset
 
 
 @dataclass(frozen=True)
 class ShapeOptions:
     """``ggml-bridge shape``'s options: where to listen, where to forward, the link."""
 
-    listen: str
-    to: str
-    rate: str = "unlimited"
-    delay: str = "0"
-    ceiling: bool = False
+    listen: str = field(
+        metadata=flags.flag(
+            "--listen", metavar="[HOST:]PORT", help="where to accept connections (loopback; default host 127.0.0.1)"
+        )
+    )
+    to: str = field(metadata=flags.flag("--to", metavar="HOST:PORT", help="where to forward them (loopback)"))
+    rate: str = field(
+        default="unlimited", metadata=flags.flag("--rate", help="per-direction bandwidth, e.g. 10gbit, 25gbit, 800mbit")
+    )
+    delay: str = field(default="0", metadata=flags.flag("--delay", help="one-way latency added, e.g. 0.2ms, 100us"))
+    ceiling: bool = field(
+        default=False,
+        metadata=flags.flag(
+            "--ceiling", help="first measure what the shaper can move on this machine and warn below the rate"
+        ),
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    optionset.add(parser, ShapeOptions)
+    # "-5gbit" is a value (refused by the rate's own check), not an unknown option: argparse takes only plain
+    # negative numbers as values by default and said "expected one argument"
+    parser._negative_number_matcher = re.compile(r"^-[\d.]")
+
+
+def options(ns: argparse.Namespace) -> ShapeOptions:
+    return optionset.options(ShapeOptions, ns)
 
 
 def run(args: ShapeOptions, settings: Settings) -> int:

@@ -4,22 +4,63 @@ wheel's path."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..foundations import files
+from ..foundations import files, flags
 from ..foundations.config import Settings
-from . import argtypes, cmdoptions
+from . import cmdoptions, optionset
 from .sdist import SdistOptions, add_dist_arguments
+
+
+def cpu_variants(text: str) -> tuple[str, ...]:
+    """``--cpu-variants``: the comma-separated names, empty ones dropped (none: every CPU variant)."""
+    return tuple(v for v in text.split(",") if v)
 
 
 @dataclass(frozen=True)
 class WheelOptions:
+    """``ggml-bridge wheel``'s options: its sdist's (:class:`SdistOptions`), which CPU variants, from which sdist,
+    where the build and the index go."""
+
     dist: SdistOptions
-    cpu_variants: tuple[str, ...] = ()
-    sdist: Path | None = None
-    build_dir: Path | None = None
-    index: Path | None = None
+    cpu_variants: tuple[str, ...] = field(
+        default=(),
+        metadata=flags.flag(
+            "--cpu-variants",
+            parse=cpu_variants,
+            metavar="LIST",
+            help="only these CPU variants, comma-separated (e.g. x64,haswell; default: all)",
+        ),
+    )
+    sdist: Path | None = field(
+        default=None,
+        metadata=flags.flag(
+            "--sdist",
+            parse=flags.path,
+            metavar="PATH",
+            help="build from this sdist (from `ggml-bridge sdist`) instead of making one",
+        ),
+    )
+    build_dir: Path | None = field(
+        default=None,
+        metadata=flags.flag(
+            "--build-dir",
+            parse=flags.path,
+            metavar="DIR",
+            help="keep the unpacked sdist and CMake's build folder in DIR: a stopped build, or a rebuild of the "
+            "same sdist, continues where it stopped (default: a temporary folder, removed)",
+        ),
+    )
+    index: Path | None = field(
+        default=None,
+        metadata=flags.flag(
+            "--index",
+            parse=flags.path,
+            metavar="DIR",
+            help="also write the wheel and the sdist into a PEP 503 simple index DIR/simple",
+        ),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,27 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cmdoptions.jobs(parser)
     cmdoptions.backend(parser, "wheel")
     cmdoptions.cuda_arch(parser, "wheel")
-    cmdoptions.values(
-        parser,
-        ("--cpu-variants", None, "LIST", "only these CPU variants, comma-separated (e.g. x64,haswell; default: all)"),
-        ("--sdist", argtypes.path, "PATH", "build from this sdist (from `ggml-bridge sdist`) instead of making one"),
-        (
-            "--build-dir",
-            argtypes.path,
-            "DIR",
-            "keep the unpacked sdist and CMake's build folder in DIR: a stopped build, or a rebuild of the "
-            "same sdist, continues where it stopped (default: a temporary folder, removed)",
-        ),
-        ("--index", argtypes.path, "DIR", "also write the wheel and the sdist into a PEP 503 simple index DIR/simple"),
-    )
+    optionset.add(parser, WheelOptions)  # dist: its sdist's, added above with the [build] settings' options
 
 
 def options(ns: argparse.Namespace) -> WheelOptions:
     from .sdist import options as sdist_options
 
-    return WheelOptions(
-        sdist_options(ns), tuple(v for v in (ns.cpu_variants or "").split(",") if v), ns.sdist, ns.build_dir, ns.index
-    )
+    return optionset.options(WheelOptions, ns, dist=sdist_options(ns))
 
 
 def run(opts: WheelOptions, settings: Settings) -> int:

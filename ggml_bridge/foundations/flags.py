@@ -45,6 +45,10 @@ class Flag:
     each: tuple[str, ...] = ()
     #: the options of one name are mutually exclusive (:func:`one_of`)
     exclusive: str | None = None
+    #: one of the mutually exclusive options of :attr:`exclusive` must be given
+    one_needed: bool = False
+    #: other names of the flag (``-o`` for ``--out``: :func:`also`), after it
+    aliases: tuple[str, ...] = ()
 
     def named(self) -> tuple[tuple[str, str], ...]:
         """``(name, flag)`` of every flag of the option: one per name of :attr:`each`, else ``("", flag)``."""
@@ -65,9 +69,16 @@ def flag(
     return {KEY: Flag(name, help, parse, metavar, takes, const, check)}
 
 
-def one_of(group: str, declaration: dict[str, Flag]) -> dict[str, Flag]:
-    """``declaration`` (:func:`flag`'s) as one of the mutually exclusive options ``group`` names."""
-    return {KEY: dataclasses.replace(declaration[KEY], exclusive=group)}
+def one_of(group: str, declaration: dict[str, Flag], *, needed: bool = False) -> dict[str, Flag]:
+    """``declaration`` (:func:`flag`'s) as one of the mutually exclusive options ``group`` names (``needed``: one of
+    them must be given, said on the group's first)."""
+    return {KEY: dataclasses.replace(declaration[KEY], exclusive=group, one_needed=needed)}
+
+
+def also(alias: str, declaration: dict[str, Flag]) -> dict[str, Flag]:
+    """``declaration`` (:func:`flag`'s) with one more name for its flag (``also("-o", flag("--out", ...))``)."""
+    spec = declaration[KEY]
+    return {KEY: dataclasses.replace(spec, aliases=(*spec.aliases, alias))}
 
 
 def declared(cls: type) -> list[tuple[dataclasses.Field[Any], Flag]]:
