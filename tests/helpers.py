@@ -96,10 +96,10 @@ def real_bin_dir() -> Path | None:
     if d and (Path(d) / "llama-server").is_file():
         return Path(d)
     try:
-        from ggml_bridge.distribution import builder
+        from ggml_bridge.distribution.builder import locate
         from ggml_bridge.foundations import config
 
-        return builder.find_binary(config.load({}), "llama-server", variant="patched", backend="cpu").parent
+        return locate.find_binary(config.load({}), "llama-server", variant="patched", backend="cpu").parent
     except Exception:  # noqa: BLE001 - no build available: the slow tests skip
         return None
 

@@ -4,7 +4,7 @@
 the backend and finds the toolchain, before anything is fetched (a missing tool fails at once); :func:`sources`
 obtains the upstream tree, applies the series where a variant needs it and builds (or finds) the web UI;
 :func:`single` and :func:`shared` compute each variant's CMake arguments and the build key from them. The build
-(:func:`ggml_bridge.distribution.builder.ensure`), the shared tree (:mod:`ggml_bridge.distribution.builder.shared`), the wheel
+(:func:`ggml_bridge.distribution.builder.single.ensure`), the shared tree (:mod:`ggml_bridge.distribution.builder.shared`), the wheel
 (:mod:`ggml_bridge.distribution.wheel_plan`, :func:`ggml_bridge.distribution.wheel.make_sdist`) and the rebase's build check take what they
 need from here, so that each concept (a variant's CMake options, a backend's, the key, the toolchain) has one
 definition.

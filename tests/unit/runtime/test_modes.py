@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge.distribution import builder
+from ggml_bridge.distribution.builder import shared
 from ggml_bridge.experiments import ladder
 from ggml_bridge.experiments.bench import orchestrate, suites
 from ggml_bridge.foundations.errors import BenchError, LadderSetupError, UsageError
@@ -92,7 +92,7 @@ def test_bench_serve_and_build_derive_from_the_table():
     assert not base.patched and base.test_patches and "TEST-ONLY" in base.about
     series = patchmod.read_series(REPO_ROOT / "patches" / base.test_patches)
     assert len(series.patches) == 1 and "test-only" in series.patches[0].name
-    assert builder.SHARED_ORDER == tuple(modes.VARIANTS), "the shared tree can make every variant, in table order"
+    assert shared.SHARED_ORDER == tuple(modes.VARIANTS), "the shared tree can make every variant, in table order"
 
 
 def test_bench_refuses_ladder_only_modes(tmp_path, monkeypatch):
