@@ -250,9 +250,9 @@ def real_settings(tmp_path_factory: pytest.TempPathFactory) -> config.Settings:
 
 @pytest.fixture(scope="session")
 def real_tree(real_settings: config.Settings):  # type: ignore[no-untyped-def]
-    from ggml_bridge.upstream import fetch
+    from ggml_bridge.upstream.fetch.resolve import obtain
 
-    return fetch.obtain(real_settings, os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
+    return obtain(real_settings, os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,9 @@ import pytest
 
 from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import RebaseConflict
-from ggml_bridge.upstream import fetch, patch, rebase
+from ggml_bridge.upstream import patch, rebase
 from ggml_bridge.upstream import pin as pinmod
+from ggml_bridge.upstream.fetch.resolve import obtain
 
 from helpers import expected_outcomes as _expected
 from helpers import rebase_statuses as _statuses
@@ -33,8 +34,8 @@ def test_real_llama_cpp_python_sdists(version: str, real_settings: config.Settin
         real_settings, onto, rebase.Options(check=True, base_source=os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
     )
     series = patch.read_series(real_settings.patches_dir)
-    new = fetch.obtain(real_settings, onto, allow_unpinned=True)
-    old = fetch.obtain(real_settings, os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
+    new = obtain(real_settings, onto, allow_unpinned=True)
+    old = obtain(real_settings, os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
     expected = _expected(new.path, old.path, [p.path for p in series.patches], tmp_path)
     got = _statuses(rep)
     print(f"\nllama-cpp-python {version} ({new.commit}):")

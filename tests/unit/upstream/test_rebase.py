@@ -16,8 +16,10 @@ import pytest
 from ggml_bridge import cli
 from ggml_bridge.foundations import config, errors
 from ggml_bridge.foundations.errors import FetchError, PatchError, RebaseConflict, SourceError, UsageError
-from ggml_bridge.upstream import fetch, patch, rebase
+from ggml_bridge.upstream import patch, rebase
 from ggml_bridge.upstream import pin as pinmod
+from ggml_bridge.upstream.fetch.resolve import obtain
+from ggml_bridge.upstream.rebase import probe
 
 from fixtures import fakellama
 from helpers import DEMO, REPO_ROOT
@@ -79,14 +81,14 @@ def test_merged_without_preimages_is_a_conflict_when_blobs_are_missing(
     """Without the old tree (its pinned sources unreachable) the 3-way merge has no blobs: b4 then fails where it
     merges with them. A --base-source the user gave that cannot be obtained is its own error (D30: it was this
     note, and the check went on)."""
-    real = fetch.obtain
+    real = obtain
 
     def pinned_unreachable(settings: config.Settings, source: str | None = None, **kw: object) -> object:
         if source is None:
             raise errors.FetchError("every pinned source is unreachable")
         return real(settings, source, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(fetch, "obtain", pinned_unreachable)
+    monkeypatch.setattr(probe, "obtain", pinned_unreachable)  # the base tree: rebase/probe.py
     rep = _check(rebase_settings, "b4")
     assert "without preimage blobs" in rep.three_way
     assert rep.results[0].status == "conflict"
@@ -114,7 +116,7 @@ def test_write_regenerates_series_and_pin(
     assert (rebase_project / "patches" / "series").read_text() == (rebase_upstream.patches / "series").read_text()
     assert (rebase_project / "build" / "rebase" / "report.json").is_file()
     # the new pin + series applies with plain `ggml-bridge patch`
-    tree = fetch.obtain(rebase_settings)
+    tree = obtain(rebase_settings)
     assert tree.commit == rebase_upstream.commits["b3"]
     assert patch.check_series(rebase_settings, tree).ok
     # nothing left behind
@@ -205,7 +207,7 @@ def test_continue_after_resolving_rewrites_series_and_pin(
     assert rep["state"] == "rebased" and [r["status"] for r in rep["results"]] == ["resolved", "clean"]
     assert not wt.exists()
     # the rewritten series applies with the plain patch stage on the new pin
-    tree = fetch.obtain(rebase_settings)
+    tree = obtain(rebase_settings)
     patch.apply_series(rebase_settings, tree)
     # and there is nothing left to continue
     rc = cli.main(["rebase", "--continue", "--cache-dir", str(rebase_settings.cache_dir)])
@@ -401,7 +403,7 @@ def test_sdist_target_pins_version_and_sha256(
         assert len(sd) == 1 and (sd[0].version, sd[0].sha256) == ("3.0", fakellama.sha256(sdist))
         assert sd[0].filename == sdist.name and sd[0].subdir == "fake_llama-3.0/vendor/llama.cpp"
         # the local sdist file is recognised the same way
-        assert rebase.sdist_source(fetch.obtain(s, str(sdist), allow_unpinned=True), str(sdist)) == pinmod.SdistSource(
+        assert rebase.sdist_source(obtain(s, str(sdist), allow_unpinned=True), str(sdist)) == pinmod.SdistSource(
             "fake-llama", "3.0", sdist.name, "fake_llama-3.0/vendor/llama.cpp", fakellama.sha256(sdist)
         )
     finally:
