@@ -196,7 +196,8 @@ def _cell(s: str) -> str:
 
 
 def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
-    from . import rebase as rebasemod
+    from .rebase.job import rebase
+    from .rebase.report import Options as RebaseOptions
 
     pin = pinmod.load(settings.pin_file)
     series = patchmod.read_series(settings.patches_dir)
@@ -228,7 +229,7 @@ def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
         had_tree = key is not None and find_cached(settings, key) is not None
         log(f"==> radar: {b.spec} ({len(rep.builds)} of {len(todo)})")
         try:
-            r = rebasemod.rebase(settings, b.spec, rebasemod.Options(check=True))
+            r = rebase(settings, b.spec, RebaseOptions(check=True))
         except CacheError:
             raise
         except FatalError as e:
