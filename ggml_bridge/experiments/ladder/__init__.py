@@ -3,28 +3,8 @@
 ``ggml-bridge ladder [--ladder FILE] [--report DIR]`` reads a ladder TOML file (``ladders/cpu.toml`` runs
 in CI, ``ladders/cuda.toml`` on GPU machines). Each rung names a model shape (generated, deterministic,
 cached: :mod:`model`), the devices, ubatch/batch sizes and the *modes* to compare. A mode is a binary
-(patched or upstream build) plus selector values:
-
-==================== =========  ==============================  ========================
-mode                 binaries   GGML_CUDA_MAPPED_HOST_BRIDGE    LLAMA_BATCHED_TRANSFERS
-==================== =========  ==============================  ========================
-upstream             upstream   (unset)                         (unset)
-off                  patched    0                               0
-bridge               patched    auto                            0
-bridge-force         patched    force                           0
-batched              patched    0                               1
-bridge-batched       patched    auto                            1
-bridge-force-batched patched    force                           1
-bridge-typo          patched    yes                             0
-off-1gpu             patched    0                               0        (on one GPU whatever the rung's devices)
-rpc-off              patched    0                               0        (over local rpc-servers)
-rpc-bridge           patched    auto                            0        (over local rpc-servers)
-rpc-upstream         upstream   (unset)                         (unset)  (over local rpc-servers)
-==================== =========  ==============================  ========================
-
-The table is :data:`ggml_bridge.runtime.modes.MODES` (shared with the bench); the ladder runs the modes of the
-patched and upstream builds. ``both`` (bridge=force with batching here, bridge=1 in the bench) is refused
-with both new names.
+(patched or upstream build) plus selector values; the table is :data:`ggml_bridge.runtime.modes.MODES` (shared with
+the bench, listed in docs/DESIGN.md), and the ladder runs the modes of the patched and upstream builds.
 
 An ``rpc-*`` mode starts one ``ggml-rpc-server`` per entry of the rung's ``rpc_servers`` (each a device list,
 e.g. ``[["CPU"], ["CPU"]]`` or ``[["CUDA0", "CUDA1"]]``) with the rung's GPUs and the mode's selectors, and
