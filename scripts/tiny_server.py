@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ggml_bridge.distribution import builder  # noqa: E402
+from ggml_bridge.distribution.builder import locate  # noqa: E402
 from ggml_bridge.experiments import model  # noqa: E402
 from ggml_bridge.foundations import config  # noqa: E402
 
@@ -18,7 +18,7 @@ from ggml_bridge.foundations import config  # noqa: E402
 def tiny_setup(server: Path | None, vocab: Path | None, prefix: str) -> tuple[Path, Path, Path] | None:
     """(llama-server, tiny GGUF, work folder); None (after one line on stderr) when no vocabulary is found."""
     settings = config.load({"build.backend": "cpu"})
-    server = server or builder.find_binary(settings, "llama-server", variant="patched", backend="cpu")
+    server = server or locate.find_binary(settings, "llama-server", variant="patched", backend="cpu")
     vocab = vocab or model.find_vocab(settings.cache_dir / "trees", settings.cache_dir)
     if vocab is None:
         print("no vocab GGUF found: pass --vocab", file=sys.stderr)

@@ -197,9 +197,9 @@ def _gpu_unavailable() -> str | None:
         gpus = ""
     if "GPU" not in gpus:
         return "no NVIDIA GPU (nvidia-smi -L lists none)"
-    from ggml_bridge.distribution import builder
+    from ggml_bridge.distribution.builder import toolchain
 
-    cuda = builder.detect_cuda()
+    cuda = toolchain.detect_cuda()
     if cuda is None or cuda.cublas_header is None:
         return "no CUDA toolkit with cuBLAS headers (nvcc + cublas_v2.h)"
     return None
@@ -212,11 +212,11 @@ REQUIRE_VULKAN = "GGML_BRIDGE_TEST_REQUIRE_VULKAN"
 def _vulkan_unavailable() -> str | None:
     """Why vulkan-marked tests cannot run here (None when they can): the Vulkan build pieces (headers new enough,
     loader, glslc, SPIRV-Headers; ``$VULKAN_SDK`` first) must be found."""
-    from ggml_bridge.distribution import builder
+    from ggml_bridge.distribution.builder import toolchain
     from ggml_bridge.foundations.errors import ToolchainError
 
     try:
-        builder.toolchain.detect_vulkan()
+        toolchain.detect_vulkan()
     except ToolchainError as e:
         return str(e)
     return None
@@ -250,21 +250,21 @@ def real_settings(tmp_path_factory: pytest.TempPathFactory) -> config.Settings:
 
 @pytest.fixture(scope="session")
 def real_tree(real_settings: config.Settings):  # type: ignore[no-untyped-def]
-    from ggml_bridge.upstream import fetch
+    from ggml_bridge.upstream.fetch.resolve import obtain
 
-    return fetch.obtain(real_settings, os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
+    return obtain(real_settings, os.environ.get("GGML_BRIDGE_TEST_SOURCE") or None)
 
 
 @pytest.fixture(scope="session")
 def real_build(real_settings: config.Settings, real_tree: object) -> Callable[[str], object]:
     """``real_build("patched")`` builds (once per session, then cached) the real llama.cpp for CPU."""
-    from ggml_bridge.distribution import builder
+    from ggml_bridge.distribution.builder import single
 
     done: dict[str, object] = {}
 
     def get(variant: str = "patched"):  # type: ignore[no-untyped-def]
         if variant not in done:
-            done[variant] = builder.ensure(real_settings, variant)
+            done[variant] = single.ensure(real_settings, variant)
         return done[variant]
 
     return get
@@ -276,10 +276,10 @@ def real_vulkan_build(real_settings: config.Settings, real_tree: object):  # typ
     --variant upstream,patched --shared-tree``), once per session, then cached: ``{"upstream": .., "patched": ..}``."""
     import dataclasses
 
-    from ggml_bridge.distribution import builder
+    from ggml_bridge.distribution.builder import shared
 
     settings = dataclasses.replace(real_settings, build=dataclasses.replace(real_settings.build, backend="vulkan"))
-    results = builder.ensure_shared(settings, ["upstream", "patched"])
+    results = shared.ensure_shared(settings, ["upstream", "patched"])
     return {r.variant: r for r in results}
 
 

@@ -77,7 +77,7 @@ def bench_args(**kw: object):
     return opts
 
 
-def ladder_options(argv: list[str]):  # -> ggml_bridge.experiments.ladder.LadderOptions
+def ladder_options(argv: list[str]):  # -> ggml_bridge.experiments.ladder.orchestrate.LadderOptions
     """``ggml-bridge ladder ARGV`` as the typed options the ladder runs with."""
     from ggml_bridge import cli
 
@@ -96,10 +96,10 @@ def real_bin_dir() -> Path | None:
     if d and (Path(d) / "llama-server").is_file():
         return Path(d)
     try:
-        from ggml_bridge.distribution import builder
+        from ggml_bridge.distribution.builder import locate
         from ggml_bridge.foundations import config
 
-        return builder.find_binary(config.load({}), "llama-server", variant="patched", backend="cpu").parent
+        return locate.find_binary(config.load({}), "llama-server", variant="patched", backend="cpu").parent
     except Exception:  # noqa: BLE001 - no build available: the slow tests skip
         return None
 
@@ -284,11 +284,11 @@ def make_vocab(path: Path) -> Path:
     """A small llama-spm-like vocabulary GGUF (no tensors): specials, bytes-free, the ladder's words."""
     import gguf
 
-    from ggml_bridge.experiments import ladder
+    from ggml_bridge.experiments.ladder import inputs
 
     tokens = (
         ["<unk>", "<s>", "</s>"]
-        + ["\u2581" + w for w in ladder.WORDS]
+        + ["\u2581" + w for w in inputs.WORDS]
         + list("abcdefghijklmnopqrstuvwxyz.")
         + ["\u2581"]
     )

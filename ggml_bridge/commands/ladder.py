@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..experiments.ladder import LadderOptions
+from ..experiments.ladder.orchestrate import LadderOptions
 from ..foundations.config import Settings
 from ..foundations.errors import UsageError
 from . import argtypes, cmdoptions, optionset

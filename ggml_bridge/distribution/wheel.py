@@ -46,10 +46,10 @@ from ..foundations import cache, files, gitrepo
 from ..foundations.config import Settings
 from ..foundations.errors import BuildError, ToolchainError, UsageError
 from ..foundations.runner import Failure, Output, log, run, step
-from ..upstream import fetch as fetchmod
 from ..upstream import patch as patchmod
 from ..upstream import pin as pinmod
 from ..upstream.fetch.archive import UNSAFE, safe_extractall
+from ..upstream.fetch.tree import Tree
 from . import ui as uimod
 from .builder import plan as buildplan
 from .builder import steps as buildmod
@@ -77,7 +77,7 @@ class Sdist:
     ui: uimod.UiAssets
 
 
-def build_info_cmake(tree: fetchmod.Tree, build: int | None, series: patchmod.Series | None) -> str:
+def build_info_cmake(tree: Tree, build: int | None, series: patchmod.Series | None) -> str:
     """What llama-server's ``--version`` (and ``/props``) says in the wheel: llama.cpp reads its build number and
     commit from git in the source folder, and the vendored tree has no ``.git``, so git found the enclosing
     checkout's (a wheel built inside the ggml-bridge checkout said ``build 351, commit a39c5a5``, ggml-bridge's own

@@ -28,7 +28,7 @@ from .errors import UsageError
 from .layout import Layout
 
 #: The programs a build makes when the tree defines them, in this order (llama-server is required); ``build.targets``
-#: may narrow them. The build stage's own list (:data:`ggml_bridge.distribution.builder.WANTED_TARGETS`) is this one.
+#: may narrow them. The build stage's own list (:data:`ggml_bridge.distribution.builder.steps.WANTED_TARGETS`) is this one.
 BUILD_TARGETS = (
     "llama-server",
     "llama-bench",

@@ -115,9 +115,9 @@ def rpc_topology(
     else:
         binary = Path(server_binary).parent / rpc.RPC_SERVER
         if n and not binary.is_file():
-            from ..distribution import builder
+            from ..distribution.builder import locate
 
-            binary = builder.locate(settings, "patched", rpc.RPC_SERVER)  # type: ignore[arg-type]
+            binary = locate.locate(settings, "patched", rpc.RPC_SERVER)  # type: ignore[arg-type]
     local = [
         rpc.LocalRpcServer(binary, devices=d, env=env, log_file=(log_dir / f"rpc-server-{i}.log") if log_dir else None)
         for i, d in enumerate(devices)
@@ -242,12 +242,14 @@ def run(opts: ServeOptions, settings: Settings) -> int:
     modes.check_selector_env(os.environ, sel)
     modes.check_batched_args(sel, server_args, os.environ)
     env = sel.env()
-    from ..distribution import builder  # the build's patched llama-server, else an installed ggml-bridge-server wheel's
+    from ..distribution.builder import (
+        locate,
+    )  # the build's patched llama-server, else an installed ggml-bridge-server wheel's
 
     if opts.server is not None:
         binary = program(opts.server, "--server")
     else:
-        binary = builder.locate(settings, "patched", "llama-server", installed=True)
+        binary = locate.locate(settings, "patched", "llama-server", installed=True)
     if any(a in INFO_ONLY_FLAGS for a in server_args):  # `serve -- --help`: llama-server's own answer and status
         return runner.run(
             [binary, *server_args],

@@ -23,7 +23,7 @@ from ..foundations.config import Settings
 from ..foundations.errors import PatchError, WorkTreeModified, os_reason
 from ..foundations.runner import log, step
 from ..foundations.tomlfile import Key
-from .fetch import Tree
+from .fetch.tree import Tree
 
 #: Identity and date of every commit we make, so the same inputs give the same commit ids.
 GIT_IDENTITY = gitrepo.IDENTITY

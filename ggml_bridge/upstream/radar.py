@@ -30,9 +30,10 @@ from ..foundations import cache, files
 from ..foundations.config import Settings
 from ..foundations.errors import EXIT_RADAR_INCOMPLETE, CacheError, FatalError, RebaseConflict, UsageError
 from ..foundations.runner import log
-from . import fetch as fetchmod
 from . import patch as patchmod
 from . import pin as pinmod
+from .fetch.registry import Build, build_tree_key, cached_builds, published_builds
+from .fetch.tree import find_cached
 
 _NEW_FILE_RE = re.compile(r"^new file mode ", re.M)
 
@@ -195,7 +196,8 @@ def _cell(s: str) -> str:
 
 
 def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
-    from . import rebase as rebasemod
+    from .rebase.job import rebase
+    from .rebase.report import Options as RebaseOptions
 
     pin = pinmod.load(settings.pin_file)
     series = patchmod.read_series(settings.patches_dir)
@@ -223,11 +225,11 @@ def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
     for b in todo:
         check = BuildCheck(b.number, b.spec, b.sha256)
         rep.builds.append(check)
-        key = fetchmod.build_tree_key(b)
-        had_tree = key is not None and fetchmod.find_cached(settings, key) is not None
+        key = build_tree_key(b)
+        had_tree = key is not None and find_cached(settings, key) is not None
         log(f"==> radar: {b.spec} ({len(rep.builds)} of {len(todo)})")
         try:
-            r = rebasemod.rebase(settings, b.spec, rebasemod.Options(check=True))
+            r = rebase(settings, b.spec, RebaseOptions(check=True))
         except CacheError:
             raise
         except FatalError as e:
@@ -252,13 +254,13 @@ def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
     return rep
 
 
-def _listing(settings: Settings, rep: RadarReport) -> list[fetchmod.Build]:
+def _listing(settings: Settings, rep: RadarReport) -> list[Build]:
     try:
-        builds = fetchmod.published_builds(settings)
+        builds = published_builds(settings)
         rep.listing = f"registry {settings.fetch.pypi_url}: {_count_after(builds, rep.pin_build)}"
         return builds
     except FatalError as e:
-        cached = fetchmod.cached_builds(settings)
+        cached = cached_builds(settings)
         if cached is None:
             rep.listing = f"unknown: the registry could not be asked ({e.what}; {e.why}) and no listing is cached"
             log(f"radar: {rep.listing}")
@@ -272,7 +274,7 @@ def _listing(settings: Settings, rep: RadarReport) -> list[fetchmod.Build]:
         return builds
 
 
-def _count_after(builds: list[fetchmod.Build], after: int | None) -> str:
+def _count_after(builds: list[Build], after: int | None) -> str:
     n = [b.number for b in builds if after is None or b.number > after]
     return f"{len(n)} build(s) published after the pin" + (f" ({min(n)}..{max(n)})" if n else "")
 

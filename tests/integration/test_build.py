@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge.distribution import builder
+from ggml_bridge.distribution.builder import locate, single, steps
 from ggml_bridge.foundations import config
+from ggml_bridge.upstream import patch as patchmod
 
 # --------------------------------------------------------------------------------------------- slow: the real thing
 
@@ -50,10 +51,10 @@ def test_real_cpu_build_serves_a_request(
     assert {"llama-server", "llama-bench", "llama-perplexity"} <= set(res.binaries)
     m = json.loads(res.manifest_path.read_text())
     assert m["upstream"]["commit"] == real_tree.commit and m["series_hash"]
-    assert [p["name"] for p in m["patches"]] == builder.patchmod.read_series(real_settings.patches_dir).names
-    monkeypatch.setattr(builder.steps, "configure", lambda *a: pytest.fail("configured again"))
-    assert builder.ensure(real_settings, "patched").up_to_date
-    assert builder.find_binary(real_settings, "llama-server", "patched", "cpu") == res.server
+    assert [p["name"] for p in m["patches"]] == patchmod.read_series(real_settings.patches_dir).names
+    monkeypatch.setattr(steps, "configure", lambda *a: pytest.fail("configured again"))
+    assert single.ensure(real_settings, "patched").up_to_date
+    assert locate.find_binary(real_settings, "llama-server", "patched", "cpu") == res.server
 
     model = pytest.importorskip(
         "ggml_bridge.experiments.model", reason="ggml_bridge.experiments.model (write_model) is not written yet"
@@ -97,7 +98,7 @@ def test_real_upstream_build(real_build, real_settings: config.Settings) -> None
     assert m["patches"] == [] and m["series_hash"] is None
     assert "-DGGML_CUDA_MAPPED_HOST_BRIDGE=ON" not in m["cmake_args"]
     assert res.server != real_build("patched").server
-    assert builder.find_binary(real_settings, "llama-server", "upstream", "cpu") == res.server
+    assert locate.find_binary(real_settings, "llama-server", "upstream", "cpu") == res.server
 
 
 @pytest.mark.slow
@@ -106,7 +107,7 @@ def test_real_cuda_build_is_picked_by_auto(real_settings: config.Settings, real_
     import dataclasses
 
     s = dataclasses.replace(real_settings, build=dataclasses.replace(real_settings.build, backend="auto"))
-    res = builder.ensure(s, "patched")
+    res = single.ensure(s, "patched")
     assert res.backend == "cuda"
     m = json.loads(res.manifest_path.read_text())
     assert "-DGGML_CUDA=ON" in m["cmake_args"] and "nvcc" in m["toolchain"]

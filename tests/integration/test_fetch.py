@@ -8,14 +8,16 @@ import pytest
 import requests
 
 from ggml_bridge.foundations import config
-from ggml_bridge.upstream import fetch, pin
+from ggml_bridge.upstream import pin
+from ggml_bridge.upstream.fetch.resolve import obtain
+from ggml_bridge.upstream.fetch.tree import Tree
 
 # --------------------------------------------------------------------------------------------- slow: the real thing
 
 
 @pytest.mark.slow
 def test_real_fetch_of_the_pinned_tree(
-    real_tree: fetch.Tree, real_settings: config.Settings, monkeypatch: pytest.MonkeyPatch
+    real_tree: Tree, real_settings: config.Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pinned upstream from the real sources (GitHub is tried first; the PyPI sdist where it is unreachable)."""
     p = pin.load(real_settings.pin_file)
@@ -28,4 +30,4 @@ def test_real_fetch_of_the_pinned_tree(
         assert real_tree.archive_sha256 == next(s.sha256 for s in p.sources if s.kind == "pypi-sdist")
     monkeypatch.setattr(requests, "get", lambda *a, **k: pytest.fail("network on a cache hit"))
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("network on a cache hit"))
-    assert fetch.obtain(real_settings) == real_tree
+    assert obtain(real_settings) == real_tree

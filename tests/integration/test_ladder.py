@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge.experiments import ladder, model
+from ggml_bridge.experiments import model
+from ggml_bridge.experiments.ladder import orchestrate
 from ggml_bridge.foundations import config
 
 from helpers import ladder_options, real_bin_dir, real_vocab, write_ladder
@@ -54,7 +55,7 @@ n_predict = 4
             "2",
         ]
     )
-    rc = ladder.run(a, config.Settings(cache_dir=tmp_path / "cache"))
+    rc = orchestrate.run(a, config.Settings(cache_dir=tmp_path / "cache"))
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     r = rep["rungs"][0]
     assert rc == 0, r["problems"]
@@ -88,7 +89,7 @@ def test_real_cpu_ladder_upstream_vs_patched(real_build, real_tree, tmp_path):  
             str(upstream.bin_dir),
         ]
     )
-    rc = ladder.run(a, config.Settings(cache_dir=tmp_path / "cache"))
+    rc = orchestrate.run(a, config.Settings(cache_dir=tmp_path / "cache"))
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert rep["binaries"]["same_build"] is False
     bad = {r["name"]: r["problems"] for r in rep["rungs"] if r["status"] != "pass"}
@@ -147,7 +148,7 @@ def test_real_cuda_rungs(tmp_path, rung_name):
             ud,
         ]
     )
-    rc = ladder.run(a, config.Settings(cache_dir=tmp_path / "cache"))
+    rc = orchestrate.run(a, config.Settings(cache_dir=tmp_path / "cache"))
     r = json.loads((tmp_path / "rep" / "report.json").read_text())["rungs"][0]
     assert rc == 0, r["problems"]
     force = r["modes"]["bridge-force"]["validity"]["bridge"]

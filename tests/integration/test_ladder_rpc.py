@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge.experiments import ladder, model
+from ggml_bridge.experiments import model
+from ggml_bridge.experiments.ladder import orchestrate
 from ggml_bridge.foundations import config
 from ggml_bridge.runtime import llama_server, logparse, rpc
 
@@ -91,7 +92,7 @@ def test_real_rpc_cpu_ladder_is_byte_identical(tmp_path):
             "2",
         ]
     )
-    rc = ladder.run(a, config.Settings(cache_dir=Path(os.environ.get("GGML_BRIDGE_TEST_CACHE_DIR") or tmp_path)))
+    rc = orchestrate.run(a, config.Settings(cache_dir=Path(os.environ.get("GGML_BRIDGE_TEST_CACHE_DIR") or tmp_path)))
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     bad = {r["name"]: r["problems"] for r in rep["rungs"] if r["status"] != "pass"}
     assert rc == 0 and not bad, bad

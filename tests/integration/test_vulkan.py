@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge.experiments import ladder, model
+from ggml_bridge.experiments import model
 from ggml_bridge.experiments.bench import inproc
+from ggml_bridge.experiments.ladder import orchestrate
 from ggml_bridge.foundations import config, net
 from ggml_bridge.foundations.errors import ServeError
 from ggml_bridge.runtime import llama_server
@@ -136,7 +137,7 @@ def test_vulkan_ladder_on_lavapipe(real_vulkan_build, real_tree, tmp_path: Path)
             "2",
         ]
     )
-    rc = ladder.run(a, config.Settings(cache_dir=tmp_path / "cache"))
+    rc = orchestrate.run(a, config.Settings(cache_dir=tmp_path / "cache"))
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     bad = {r["name"]: r["problems"] for r in rep["rungs"] if r["status"] != "pass"}
     assert rc == 0 and not bad, bad

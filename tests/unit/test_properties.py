@@ -18,8 +18,9 @@ from ggml_bridge.experiments.ladder import schema
 from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import FatalError
 from ggml_bridge.runtime import modes
-from ggml_bridge.upstream import fetch, patch
+from ggml_bridge.upstream import patch
 from ggml_bridge.upstream import pin as pinmod
+from ggml_bridge.upstream.fetch.resolve import obtain
 
 #: PROP_EXAMPLES=3000 for a longer search (the suite runs 60 per property, about 4 s in all)
 EXAMPLES = int(os.environ.get("PROP_EXAMPLES", "60"))
@@ -255,5 +256,5 @@ def test_source_spec_obtains_or_raises_ours(
     runs in milliseconds (local paths, the fake git repository, the fake PyPI)."""
     monkeypatch.chdir(tmp_path)
     st_ = make_settings(fetch__connect_timeout=0.5)
-    out = _ok_or_ours(fetch.obtain, st_, spec)
+    out = _ok_or_ours(obtain, st_, spec)
     assert out is None or out.path.is_dir()

@@ -4,7 +4,7 @@
 the backend and finds the toolchain, before anything is fetched (a missing tool fails at once); :func:`sources`
 obtains the upstream tree, applies the series where a variant needs it and builds (or finds) the web UI;
 :func:`single` and :func:`shared` compute each variant's CMake arguments and the build key from them. The build
-(:func:`ggml_bridge.distribution.builder.ensure`), the shared tree (:mod:`ggml_bridge.distribution.builder.shared`), the wheel
+(:func:`ggml_bridge.distribution.builder.single.ensure`), the shared tree (:mod:`ggml_bridge.distribution.builder.shared`), the wheel
 (:mod:`ggml_bridge.distribution.wheel_plan`, :func:`ggml_bridge.distribution.wheel.make_sdist`) and the rebase's build check take what they
 need from here, so that each concept (a variant's CMake options, a backend's, the key, the toolchain) has one
 definition.
@@ -24,8 +24,9 @@ from typing import Any, Mapping, Sequence
 from ...foundations.config import Settings
 from ...foundations.runner import log
 from ...runtime import modes
-from ...upstream import fetch as fetchmod
 from ...upstream import patch as patchmod
+from ...upstream.fetch.resolve import obtain
+from ...upstream.fetch.tree import Tree
 from .. import ui as uimod
 from .toolchain import Toolchain, VulkanKit, find_toolchain, resolve_backend
 
@@ -67,7 +68,7 @@ def resolve(settings: Settings, variants: Sequence[modes.Variant | str], fix: st
 class Sources:
     """The upstream tree, the series applied to it (when a variant wants it) and the web UI."""
 
-    tree: fetchmod.Tree
+    tree: Tree
     patched: patchmod.PatchedTree | None
     ui: uimod.UiAssets
     baselines: Mapping[str, patchmod.PatchedTree] = dataclasses.field(default_factory=dict)
@@ -76,7 +77,7 @@ class Sources:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """Which tree and which series: ``source_spec``/``allow_unpinned`` as :func:`ggml_bridge.upstream.fetch.obtain`
+    """Which tree and which series: ``source_spec``/``allow_unpinned`` as :func:`~ggml_bridge.upstream.fetch.resolve.obtain`
     takes them, ``series`` replacing the project's, and ``discard_changes`` letting
     :func:`ggml_bridge.upstream.patch.apply_series` delete a patched work tree holding edits."""
 
@@ -94,11 +95,11 @@ def sources(
     options: SourceOptions = SourceOptions(),
     variants: Sequence[modes.Variant] = (),
 ) -> Sources:
-    """Fetch the tree (:func:`ggml_bridge.upstream.fetch.obtain`), apply the series with ``patched`` (``options.series``
+    """Fetch the tree (:func:`~ggml_bridge.upstream.fetch.resolve.obtain`), apply the series with ``patched`` (``options.series``
     replaces the project's), the test-only series of the baseline ``variants`` among those given, and the UI of the
     patched tree (``ui_of_patched``) or of the pristine one."""
     o = options
-    tree = fetchmod.obtain(settings, o.source_spec, o.allow_unpinned)
+    tree = obtain(settings, o.source_spec, o.allow_unpinned)
     applied = patchmod.apply_series(settings, tree, o.series, discard_changes=o.discard_changes) if patched else None
     baselines = {
         v.name: patchmod.apply_series(settings, tree, patchmod.read_series(settings.patches_dir / v.test_patches))
@@ -123,7 +124,7 @@ class BuildPlan:
     """``build.targets``: empty builds every program the tree defines."""
 
     @property
-    def tree(self) -> fetchmod.Tree:
+    def tree(self) -> Tree:
         return self.sources.tree
 
     @property

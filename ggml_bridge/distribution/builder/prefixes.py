@@ -25,8 +25,9 @@ from ...foundations.config import Settings
 from ...foundations.errors import BuildError, PatchError, ToolchainError
 from ...foundations.runner import log, step
 from ...runtime import modes
-from ...upstream import fetch as fetchmod
 from ...upstream import patch as patchmod
+from ...upstream.fetch.resolve import obtain
+from ...upstream.fetch.tree import Tree
 from . import plan, steps
 from .toolchain import Toolchain
 
@@ -64,7 +65,7 @@ def build_prefixes(
     a prefix that does not build, or whose tests fail, is a row of the report."""
     target = plan.resolve(settings, [modes.PATCHED], "use another --backend")  # before minutes of fetching
     patched = target.variants[0]
-    tree = fetchmod.obtain(settings, source_spec, allow_unpinned)
+    tree = obtain(settings, source_spec, allow_unpinned)
     series = patchmod.read_series(settings.patches_dir)
     if not series.patches:
         raise PatchError(f"the patch series in {settings.patches_dir} is empty", why="there is no prefix to build")
@@ -89,7 +90,7 @@ def build_prefixes(
     return report, done
 
 
-def _upstream_tree(wt: Path, tree: fetchmod.Tree) -> None:
+def _upstream_tree(wt: Path, tree: Tree) -> None:
     """``wt`` at the upstream commit (``upstream <id>``, made by :func:`ggml_bridge.upstream.patch.init_upstream_repo`): the
     one a previous run left when it is of this tree (its unchanged files keep their times), else made afresh."""
     subject = f"upstream {tree.commit_or_id}"

@@ -13,8 +13,8 @@ from ...foundations.config import Settings
 from ...foundations.errors import BuildError, UsageError
 from ...foundations.runner import Failure, Output, log, run, step
 from ...runtime import modes
-from ...upstream import fetch as fetchmod
 from ...upstream import patch as patchmod
+from ...upstream.fetch.tree import Tree
 from .. import ui as uimod
 from . import plan, steps
 from .steps import (
@@ -160,7 +160,7 @@ def _shared_build(settings: Settings, plans: Sequence[plan.BuildPlan], root: Pat
     return results
 
 
-def _pristine_sources(tree: fetchmod.Tree, patched: patchmod.PatchedTree | None, src: Path) -> None:
+def _pristine_sources(tree: Tree, patched: patchmod.PatchedTree | None, src: Path) -> None:
     """The sources start as the pristine tree; a tree left by an interrupted run may hold the patched files."""
     if src.exists():
         shutil.rmtree(src)

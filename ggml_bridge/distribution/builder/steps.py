@@ -16,8 +16,8 @@ from ...foundations.config import BUILD_TARGETS, Settings
 from ...foundations.errors import BuildError
 from ...foundations.runner import Failure, Output, log, run
 from ...foundations.tomlfile import Key
-from ...upstream import fetch as fetchmod
 from ...upstream import patch as patchmod
+from ...upstream.fetch.tree import Tree
 from .plan import BuildPlan
 from .toolchain import Toolchain
 
@@ -229,7 +229,7 @@ def _toolchain_manifest(tools: Toolchain) -> dict[str, Any]:
     return toolchain
 
 
-def source_manifest(tree: fetchmod.Tree, series: patchmod.Series | None, head: str | None) -> dict[str, Any]:
+def source_manifest(tree: Tree, series: patchmod.Series | None, head: str | None) -> dict[str, Any]:
     """What a manifest says about the sources: the upstream tree and the patch series applied to it."""
     return {
         "upstream": {

@@ -35,7 +35,7 @@ CASES = modes.MODES
 
 def resolve_bins(args: BenchOptions, settings: Settings, variants: set[str]) -> dict[str, Path]:
     """Directory holding llama-bench for each variant: --variants-dir, --bin-dir-*, or the build stage."""
-    from ...distribution import builder  # the build stage needs git tooling only when it is used
+    from ...distribution.builder import locate, single  # the build stage needs git tooling only when it is used
     from ...foundations.errors import NotBuiltError
 
     dirs: dict[str, Path] = {}
@@ -44,7 +44,7 @@ def resolve_bins(args: BenchOptions, settings: Settings, variants: set[str]) -> 
         if override is None and args.variants_dir is not None:
             override = Path(args.variants_dir) / modes.VARIANTS[v].subdir
         try:
-            dirs[v] = builder.locate(settings, v, "llama-bench", override).parent
+            dirs[v] = locate.locate(settings, v, "llama-bench", override).parent
             continue
         except NotBuiltError as e:
             if override is not None:
@@ -54,7 +54,7 @@ def resolve_bins(args: BenchOptions, settings: Settings, variants: set[str]) -> 
                 continue
         try:
             with step(f"build {v}"):
-                dirs[v] = builder.ensure(settings, v).bin_dir
+                dirs[v] = single.ensure(settings, v).bin_dir
         except UsageError as e:  # e.g. upstream-nopeer on a CPU-only machine: that case is skipped
             log(f"    cannot build {v}: {e}")
     return dirs

@@ -16,7 +16,7 @@ import os
 import socket
 from pathlib import Path
 
-from ...distribution import builder
+from ...distribution.builder import locate
 from ...foundations import cache, files
 from ...foundations.config import Settings
 from ...foundations.errors import CacheError, NotBuiltError, RpcError, ServeError, ToolchainError, UsageError, os_reason
@@ -163,7 +163,7 @@ def _probe(opts: Options, f: Findings) -> tuple[probe.ProbeResult | None, str]:
 def _default_server(settings: Settings) -> str | None:
     """The llama-server `ggml-bridge serve` finds without --server."""
     try:
-        return str(builder.locate(settings, modes.PATCHED, "llama-server", installed=True))
+        return str(locate.locate(settings, modes.PATCHED, "llama-server", installed=True))
     except (NotBuiltError, ServeError, ToolchainError):  # a toolkit that hangs or fails: no default server
         return None
 

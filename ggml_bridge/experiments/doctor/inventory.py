@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ...distribution import builder
+from ...distribution.builder import installed, locate
 from ...foundations import runner
 from ...foundations.config import Settings
 from ...foundations.errors import ModelError, NotBuiltError, RpcError, ServeError, UsageError
@@ -139,18 +139,18 @@ def find_builds(settings: Settings, bin_dir: Path | None) -> tuple[list[Build], 
     build of each backend (cuda-vulkan, cuda, vulkan, cpu), then the installed ggml-bridge-server wheel. Returns
     (builds, notes on what could not be used)."""
     if bin_dir is not None:
-        server = builder.locate(settings, modes.PATCHED, "llama-server", bin_dir)
+        server = locate.locate(settings, modes.PATCHED, "llama-server", bin_dir)
         return [describe_build(f"--bin-dir {bin_dir}", server)], []
     found: list[Build] = []
     notes: list[str] = []
     for backend in ("cuda-vulkan", "cuda", "vulkan", "cpu"):
         try:
-            server = builder.find_binary(settings, "llama-server", modes.PATCHED, backend)
+            server = locate.find_binary(settings, "llama-server", modes.PATCHED, backend)
         except NotBuiltError:
             continue
         found.append(describe_build(f"patched/{backend} build", server))
     try:
-        wheel = builder.installed_server(settings)
+        wheel = installed.installed_server(settings)
     except (NotBuiltError, ServeError) as e:
         notes.append(f"the installed ggml-bridge-server wheel is not usable: {e}")
         wheel = None

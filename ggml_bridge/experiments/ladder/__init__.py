@@ -3,28 +3,8 @@
 ``ggml-bridge ladder [--ladder FILE] [--report DIR]`` reads a ladder TOML file (``ladders/cpu.toml`` runs
 in CI, ``ladders/cuda.toml`` on GPU machines). Each rung names a model shape (generated, deterministic,
 cached: :mod:`model`), the devices, ubatch/batch sizes and the *modes* to compare. A mode is a binary
-(patched or upstream build) plus selector values:
-
-==================== =========  ==============================  ========================
-mode                 binaries   GGML_CUDA_MAPPED_HOST_BRIDGE    LLAMA_BATCHED_TRANSFERS
-==================== =========  ==============================  ========================
-upstream             upstream   (unset)                         (unset)
-off                  patched    0                               0
-bridge               patched    auto                            0
-bridge-force         patched    force                           0
-batched              patched    0                               1
-bridge-batched       patched    auto                            1
-bridge-force-batched patched    force                           1
-bridge-typo          patched    yes                             0
-off-1gpu             patched    0                               0        (on one GPU whatever the rung's devices)
-rpc-off              patched    0                               0        (over local rpc-servers)
-rpc-bridge           patched    auto                            0        (over local rpc-servers)
-rpc-upstream         upstream   (unset)                         (unset)  (over local rpc-servers)
-==================== =========  ==============================  ========================
-
-The table is :data:`ggml_bridge.runtime.modes.MODES` (shared with the bench); the ladder runs the modes of the
-patched and upstream builds. ``both`` (bridge=force with batching here, bridge=1 in the bench) is refused
-with both new names.
+(patched or upstream build) plus selector values; the table is :data:`ggml_bridge.runtime.modes.MODES` (shared with
+the bench, listed in docs/DESIGN.md), and the ladder runs the modes of the patched and upstream builds.
 
 An ``rpc-*`` mode starts one ``ggml-rpc-server`` per entry of the rung's ``rpc_servers`` (each a device list,
 e.g. ``[["CPU"], ["CPU"]]`` or ``[["CUDA0", "CUDA1"]]``) with the rung's GPUs and the mode's selectors, and
@@ -61,76 +41,3 @@ rounds through BF16 unless GGML_CUDA_AR_BF16_THRESHOLD=0).
 
 Exit status: 0 all rungs pass; 1 any mismatch or validity failure; 2 setup errors only.
 """
-
-from __future__ import annotations
-
-# the ladder's public names, importable as ggml_bridge.experiments.ladder.NAME (private helpers stay in their stage modules)
-from ...runtime.modes import MODES as MODES
-from ...runtime.modes import Mode as Mode
-from .artifact import Artifact, Comparison, Produced, Production, Record, compare
-from .binaries import Binaries, resolve_binaries
-from .diff import first_difference, sha256_file
-from .inputs import RESULT_KEYS, WORDS, canonical_response, make_prompts, make_text, make_words, request_payload
-from .kinds import Boundaries, RpcFront
-from .logits import describe_logits_diff
-from .orchestrate import LadderOptions, ModeRun, RunContext, run, run_mode, run_rung
-from .registry import ARTIFACTS
-from .report import markdown_report, progress_line
-from .responses import describe_responses_diff
-from .results import LadderResult, Link, Mechanism, ModeResult, RpcCheck, RpcServerSeen, RungResult, Validity
-from .schema import EXPECT_VALUES, RUNG_KEYS, SPLIT_MODES, Ladder, Rung, default_ladder, load_ladder, parse_rung
-from .validity import validate_front, validate_mode, validate_rpc
-
-__all__ = [
-    "ARTIFACTS",
-    "Artifact",
-    "Comparison",
-    "Produced",
-    "Production",
-    "Record",
-    "compare",
-    "EXPECT_VALUES",
-    "MODES",
-    "RESULT_KEYS",
-    "RUNG_KEYS",
-    "SPLIT_MODES",
-    "WORDS",
-    "Binaries",
-    "Boundaries",
-    "LadderOptions",
-    "Ladder",
-    "LadderResult",
-    "Link",
-    "Mechanism",
-    "Mode",
-    "ModeResult",
-    "ModeRun",
-    "RpcCheck",
-    "RpcFront",
-    "RpcServerSeen",
-    "RunContext",
-    "Rung",
-    "RungResult",
-    "Validity",
-    "canonical_response",
-    "default_ladder",
-    "describe_logits_diff",
-    "describe_responses_diff",
-    "first_difference",
-    "load_ladder",
-    "make_prompts",
-    "make_text",
-    "make_words",
-    "markdown_report",
-    "parse_rung",
-    "progress_line",
-    "request_payload",
-    "resolve_binaries",
-    "run",
-    "run_mode",
-    "run_rung",
-    "sha256_file",
-    "validate_front",
-    "validate_mode",
-    "validate_rpc",
-]

@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...distribution import builder
+from ...distribution.builder import locate
 from ...foundations import cache
 from ...foundations.config import Settings
 from ...foundations.errors import FatalError, LadderSetupError
@@ -57,7 +57,7 @@ def _locate_side(
     found: dict[str, Path] = {}
     for name in names:
         try:
-            found[name] = builder.locate(settings, side.variant, name, folder, backend=backend)
+            found[name] = locate.locate(settings, side.variant, name, folder, backend=backend)
         except FatalError as e:
             if folder is not None:
                 raise LadderSetupError(f"{name} not found in {_option(side.name)} {folder}") from None

@@ -42,25 +42,3 @@ hand-off), :mod:`.state` (a stopped rebase's state, work tree and lock), :mod:`.
 :mod:`ggml_bridge.commands.rebase`'s; ``--radar`` is run there with :mod:`ggml_bridge.upstream.radar`, which uses this package
 (never the reverse).
 """
-
-from __future__ import annotations
-
-from .checks import cuda_check
-from .job import RebaseRequest, abort, continue_rebase, rebase, run
-from .report import APPLIED, STATUSES, Options, PatchOutcome, RebaseReport
-from .series import sdist_source
-
-__all__ = [
-    "APPLIED",
-    "STATUSES",
-    "Options",
-    "PatchOutcome",
-    "RebaseReport",
-    "RebaseRequest",
-    "abort",
-    "continue_rebase",
-    "cuda_check",
-    "rebase",
-    "run",
-    "sdist_source",
-]

@@ -22,12 +22,12 @@ def build_checks(staged: Settings, wt: Path, report: RebaseReport, opts: Options
     if not opts.build:
         report.build["cpu"] = "skipped: --no-build"
     else:
-        from ...distribution import builder
+        from ...distribution.builder import single
 
         cpu = dataclasses.replace(staged, build=dataclasses.replace(staged.build, backend="cpu"))
         try:
             with step("build the rebased series (CPU)"):
-                res = builder.ensure(cpu, modes.PATCHED, source_spec=source_spec, allow_unpinned=True)
+                res = single.ensure(cpu, modes.PATCHED, source_spec=source_spec, allow_unpinned=True)
             report.build["cpu"] = f"built: {res.bin_dir}"
         except (BuildError, ToolchainError, PatchError) as e:
             report.build["cpu"] = f"failed: {e.kind}: {e.what}"
@@ -38,9 +38,9 @@ def build_checks(staged: Settings, wt: Path, report: RebaseReport, opts: Options
 
 
 def _detect_cuda() -> Any:
-    from ...distribution import builder
+    from ...distribution.builder import toolchain
 
-    return builder.detect_cuda()
+    return toolchain.detect_cuda()
 
 
 def cuda_check(wt: Path, report: RebaseReport, extra_includes: list[Path]) -> str:

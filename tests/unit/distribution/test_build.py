@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge.distribution import builder
+from ggml_bridge.distribution.builder import locate, plan, shared, single, steps, toolchain
 from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import BuildError, NotBuiltError, ToolchainError, UsageError
 from ggml_bridge.runtime import modes
+from ggml_bridge.upstream import patch as patchmod
 
 from conftest import FakeUpstream
 from helpers import VK_CORE_OLD, fake_vulkan_root
@@ -24,7 +25,7 @@ def _run(binary: Path) -> str:
 
 
 def test_patched_build_end_to_end(settings: config.Settings, upstream: FakeUpstream) -> None:
-    res = builder.ensure(settings)
+    res = single.ensure(settings)
     assert not res.up_to_date and res.variant == "patched" and res.backend == "cpu"
     assert set(res.binaries) == {"llama-server", "llama-bench"}, "llama-perplexity is not defined by the fixture"
     assert _run(res.server) == "fake llama-server bridge=1\n", "the variant's CMake option reached the compile"
@@ -40,8 +41,8 @@ def test_patched_build_end_to_end(settings: config.Settings, upstream: FakeUpstr
     assert set(m["toolchain"]) == {"cc", "cxx", "cmake", "ninja"}
     assert m["binaries"]["llama-server"]["sha256"] and m["timestamp"].endswith("Z")
     assert (res.build_dir / "build.log").read_text().count("Linking") >= 2
-    assert builder.find_binary(settings, "llama-server", variant="patched", backend="cpu") == res.server
-    assert builder.find_binary(settings, "llama-bench") == res.binaries["llama-bench"]
+    assert locate.find_binary(settings, "llama-server", variant="patched", backend="cpu") == res.server
+    assert locate.find_binary(settings, "llama-bench") == res.binaries["llama-bench"]
     # the patched sources are the work tree, in the cache
     assert Path(m["source_dir"]).parent.parent == settings.layout.work
 
@@ -49,10 +50,10 @@ def test_patched_build_end_to_end(settings: config.Settings, upstream: FakeUpstr
 def test_unchanged_rebuild_configures_and_compiles_nothing(
     settings: config.Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = builder.ensure(settings)
-    monkeypatch.setattr(builder.steps, "configure", lambda *a: pytest.fail("configured again"))
-    monkeypatch.setattr(builder.steps, "compile_targets", lambda *a: pytest.fail("compiled again"))
-    again = builder.ensure(settings)
+    first = single.ensure(settings)
+    monkeypatch.setattr(steps, "configure", lambda *a: pytest.fail("configured again"))
+    monkeypatch.setattr(steps, "compile_targets", lambda *a: pytest.fail("compiled again"))
+    again = single.ensure(settings)
     assert again.up_to_date and again.binaries == first.binaries
 
 
@@ -62,36 +63,36 @@ def test_concurrent_builds_of_one_key_build_once(settings: config.Settings, monk
     from concurrent.futures import ThreadPoolExecutor
 
     calls: list[int] = []
-    real_cmake = builder.steps.configure
+    real_cmake = steps.configure
 
     def slow_cmake(*a):  # type: ignore[no-untyped-def]
         calls.append(threading.get_ident())
         time.sleep(1)
         return real_cmake(*a)
 
-    monkeypatch.setattr(builder.steps, "configure", slow_cmake)
+    monkeypatch.setattr(steps, "configure", slow_cmake)
     with ThreadPoolExecutor(2) as ex:
-        results = list(ex.map(lambda _: builder.ensure(settings), range(2)))
+        results = list(ex.map(lambda _: single.ensure(settings), range(2)))
     assert len(calls) == 1
     assert sorted(r.up_to_date for r in results) == [False, True]
     assert results[0].server == results[1].server
 
 
 def test_changed_options_get_their_own_build_dir(make_settings) -> None:  # type: ignore[no-untyped-def]
-    a = builder.ensure(make_settings())
-    b = builder.ensure(make_settings(build__native=False))
+    a = single.ensure(make_settings())
+    b = single.ensure(make_settings(build__native=False))
     assert a.build_dir != b.build_dir
     assert "-DGGML_NATIVE=OFF" in json.loads(b.manifest_path.read_text())["cmake_args"]
 
 
 def test_upstream_variant_has_no_patches(settings: config.Settings) -> None:
-    res = builder.ensure(settings, "upstream")
+    res = single.ensure(settings, "upstream")
     assert _run(res.server) == "fake llama-server bridge=0\n"
     m = json.loads(res.manifest_path.read_text())
     assert m["patches"] == [] and m["series_hash"] is None
     assert "/trees/" in m["source_dir"]
-    assert builder.find_binary(settings, "llama-server", variant="upstream") == res.server
-    assert builder.find_binary(settings, "llama-server", variant="upstream") != builder.ensure(settings).server
+    assert locate.find_binary(settings, "llama-server", variant="upstream") == res.server
+    assert locate.find_binary(settings, "llama-server", variant="upstream") != single.ensure(settings).server
 
 
 def test_explicit_series_without_touching_latest(
@@ -100,21 +101,21 @@ def test_explicit_series_without_touching_latest(
     """What rebase needs: build another series without changing what find_binary returns."""
     import shutil
 
-    main = builder.ensure(settings)
+    main = single.ensure(settings)
     other_dir = tmp_path / "other-series"
     other_dir.mkdir()
     shutil.copy(upstream.patches.series[0], other_dir)
-    res = builder.ensure(settings, series=builder.patchmod.read_series(other_dir), record_latest=False)
+    res = single.ensure(settings, series=patchmod.read_series(other_dir), record_latest=False)
     assert res.build_dir != main.build_dir
     assert [p["name"] for p in json.loads(res.manifest_path.read_text())["patches"]] == [
         upstream.patches.series[0].name
     ]
-    assert builder.find_binary(settings, "llama-server") == main.server
+    assert locate.find_binary(settings, "llama-server") == main.server
 
 
 def test_upstream_nopeer_needs_cuda(settings: config.Settings) -> None:
     with pytest.raises(UsageError, match="CUDA"):
-        builder.ensure(settings, "upstream-nopeer")
+        single.ensure(settings, "upstream-nopeer")
 
 
 def test_extra_cmake_args_from_env_reach_cmake(make_settings, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
@@ -128,7 +129,7 @@ def test_extra_cmake_args_from_env_reach_cmake(make_settings, monkeypatch: pytes
         },
         env={"CMAKE_ARGS": "-DFIXTURE_EXTRA='a b'"},
     )
-    res = builder.ensure(s2)
+    res = single.ensure(s2)
     m = json.loads(res.manifest_path.read_text())
     assert m["cmake_args"][-1] == "-DFIXTURE_EXTRA=a b"
     cache = (res.build_dir / "CMakeCache.txt").read_text()
@@ -144,13 +145,13 @@ def test_compile_error_shows_log_path_and_error_lines(
     shutil.copytree(upstream.repo, broken, ignore=shutil.ignore_patterns(".git"))
     (broken / "tools" / "server" / "server.c").write_text("int main(void) { return nonsense_symbol; }\n")
     with pytest.raises(BuildError) as e:
-        builder.ensure(settings, "upstream", source_spec=str(broken), allow_unpinned=True)
+        single.ensure(settings, "upstream", source_spec=str(broken), allow_unpinned=True)
     msg = str(e.value)
     assert "compile failed" in msg and "build.log" in msg and "nonsense_symbol" in msg
     assert e.value.exit_code == 31
-    assert not list(settings.cache_dir.glob("builds/*/" + builder.COMPLETE_MARKER))
+    assert not list(settings.cache_dir.glob("builds/*/" + steps.COMPLETE_MARKER))
     with pytest.raises(NotBuiltError):
-        builder.find_binary(settings, "llama-server", variant="upstream", backend="cpu")
+        locate.find_binary(settings, "llama-server", variant="upstream", backend="cpu")
 
 
 def test_configure_error(settings: config.Settings, upstream: FakeUpstream, tmp_path: Path) -> None:
@@ -161,7 +162,7 @@ def test_configure_error(settings: config.Settings, upstream: FakeUpstream, tmp_
     with open(broken / "CMakeLists.txt", "a") as fh:
         fh.write("message(FATAL_ERROR \"fixture says no\")\n")
     with pytest.raises(BuildError, match="(?s)CMake configure failed.*CMake Error.*fixture says no"):
-        builder.ensure(settings, "upstream", source_spec=str(broken), allow_unpinned=True)
+        single.ensure(settings, "upstream", source_spec=str(broken), allow_unpinned=True)
 
 
 def test_tree_without_server_target(settings: config.Settings, upstream: FakeUpstream, tmp_path: Path) -> None:
@@ -171,37 +172,37 @@ def test_tree_without_server_target(settings: config.Settings, upstream: FakeUps
     shutil.copytree(upstream.repo, t, ignore=shutil.ignore_patterns(".git"))
     (t / "tools" / "server" / "CMakeLists.txt").write_text("# nothing\n")
     with pytest.raises(BuildError, match="no llama-server target"):
-        builder.ensure(settings, "upstream", source_spec=str(t), allow_unpinned=True)
+        single.ensure(settings, "upstream", source_spec=str(t), allow_unpinned=True)
 
 
 def test_missing_compiler(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CC", "/nonexistent/cc")
     with pytest.raises(ToolchainError, match="CC=/nonexistent/cc") as e:
-        builder.ensure(settings)
+        single.ensure(settings)
     assert e.value.exit_code == 30
 
 
 def test_no_compiler_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(builder.toolchain.shutil, "which", lambda name: None)
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)
     with pytest.raises(ToolchainError, match="no C compiler found"):
-        builder.toolchain._compiler("CC", ("cc", "gcc"))
+        toolchain._compiler("CC", ("cc", "gcc"))
 
 
 def test_find_binary_before_any_build(settings: config.Settings) -> None:
     with pytest.raises(NotBuiltError, match="ggml-bridge build") as e:
-        builder.find_binary(settings, "llama-server", backend="cpu")
+        locate.find_binary(settings, "llama-server", backend="cpu")
     assert e.value.exit_code == 32
 
 
 def test_find_binary_of_a_target_not_built(settings: config.Settings) -> None:
-    builder.ensure(settings)
+    single.ensure(settings)
     with pytest.raises(NotBuiltError, match="no llama-perplexity"):
-        builder.find_binary(settings, "llama-perplexity")
+        locate.find_binary(settings, "llama-perplexity")
 
 
 def test_progress_logs_every_ten_percent(capsys: pytest.CaptureFixture[str]) -> None:
-    p = builder.Progress(clock=lambda: 0.0)
+    p = steps.Progress(clock=lambda: 0.0)
     for i in range(1, 201):
         p(f"[{i}/200] Building CXX object x{i}.o")
     p("FAILED: not a progress line")
@@ -212,7 +213,7 @@ def test_progress_logs_every_ten_percent(capsys: pytest.CaptureFixture[str]) -> 
 def test_progress_ignores_a_nested_builds_lines(capsys: pytest.CaptureFixture[str]) -> None:
     """ggml-vulkan builds its shader generator as an ExternalProject whose own ninja prints "[1/2]", "[2/2]" among
     the outer build's lines: they are not the build's progress (they logged "[ 50%] 1/2", "[100%] 2/2")."""
-    p = builder.Progress(clock=lambda: 0.0)
+    p = steps.Progress(clock=lambda: 0.0)
     p("[1/900] Creating directories for 'vulkan-shaders-gen'")
     p("[1/2] Building CXX object CMakeFiles/vulkan-shaders-gen.dir/vulkan-shaders-gen.cpp.o")
     p("[2/2] Linking CXX executable vulkan-shaders-gen")
@@ -238,20 +239,20 @@ def test_auto_backend_needs_nvcc_and_cublas(tmp_path: Path, monkeypatch: pytest.
         monkeypatch.delenv(var, raising=False)
     root = _fake_cuda(tmp_path, with_cublas=False)
     monkeypatch.setenv("CUDACXX", str(root / "bin" / "nvcc"))
-    assert builder.resolve_backend("auto")[0] == "cpu"
+    assert toolchain.resolve_backend("auto")[0] == "cpu"
     with pytest.raises(ToolchainError, match="cuBLAS"):
-        builder.resolve_backend("cuda")
+        toolchain.resolve_backend("cuda")
     (root / "include" / "cublas_v2.h").write_text("")
-    backend, cuda = builder.resolve_backend("auto")
+    backend, cuda = toolchain.resolve_backend("auto")
     assert backend == "cuda" and cuda is not None and cuda.version == "12.4"
     assert cuda.cublas_header == root / "include" / "cublas_v2.h"
 
 
 def test_cuda_requested_without_nvcc(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(builder.toolchain, "find_nvcc", lambda: None)
-    assert builder.resolve_backend("auto") == ("cpu", None)
+    monkeypatch.setattr(toolchain, "find_nvcc", lambda: None)
+    assert toolchain.resolve_backend("auto") == ("cpu", None)
     with pytest.raises(ToolchainError, match="nvcc was not found"):
-        builder.resolve_backend("cuda")
+        toolchain.resolve_backend("cuda")
 
 
 def test_nvcc_wrapper_script_is_resolved(tmp_path: Path) -> None:
@@ -259,21 +260,21 @@ def test_nvcc_wrapper_script_is_resolved(tmp_path: Path) -> None:
     wrapper = tmp_path / "nvcc"
     wrapper.write_text(f'#!/bin/sh\nexec {root}/bin/nvcc "$@"\n')
     wrapper.chmod(0o755)
-    assert builder.toolchain._real_nvcc(wrapper) == (root / "bin" / "nvcc").resolve()
+    assert toolchain._real_nvcc(wrapper) == (root / "bin" / "nvcc").resolve()
 
 
 def _tools_and_tree(
     tmp_path: Path,
-    cuda: builder.CudaToolkit | None = None,
-    vulkan: builder.toolchain.VulkanKit | None = None,
-) -> tuple[builder.Toolchain, Path]:
+    cuda: toolchain.CudaToolkit | None = None,
+    vulkan: toolchain.VulkanKit | None = None,
+) -> tuple[toolchain.Toolchain, Path]:
     """A fixed toolchain (with the given CUDA toolkit and Vulkan pieces) and a source tree whose CMakeLists defines
     one option: what cmake_args() reads."""
-    tools = builder.Toolchain(
-        builder.Tool(Path("cmake"), "3.25"),
-        builder.Tool(Path("ninja"), "1.11"),
-        builder.Tool(Path("/usr/bin/cc"), "gcc"),
-        builder.Tool(Path("/usr/bin/c++"), "g++"),
+    tools = toolchain.Toolchain(
+        toolchain.Tool(Path("cmake"), "3.25"),
+        toolchain.Tool(Path("ninja"), "1.11"),
+        toolchain.Tool(Path("/usr/bin/cc"), "gcc"),
+        toolchain.Tool(Path("/usr/bin/c++"), "g++"),
         cuda,
         vulkan,
     )
@@ -285,10 +286,10 @@ def _tools_and_tree(
 
 def test_cuda_options(settings: config.Settings, tmp_path: Path) -> None:
     root = _fake_cuda(tmp_path, with_cublas=True)
-    cuda = builder.CudaToolkit(root / "bin" / "nvcc", root, "12.4", root / "include" / "cublas_v2.h")
+    cuda = toolchain.CudaToolkit(root / "bin" / "nvcc", root, "12.4", root / "include" / "cublas_v2.h")
     tools, src = _tools_and_tree(tmp_path, cuda=cuda)
     settings.build.cuda_arch = "90"
-    args = builder.cmake_args(settings, src, modes.VARIANTS["upstream-nopeer"], "cuda", tools)
+    args = plan.cmake_args(settings, src, modes.VARIANTS["upstream-nopeer"], "cuda", tools)
     assert "-DGGML_CUDA=ON" in args and "-DCMAKE_CUDA_ARCHITECTURES=90" in args
     assert f"-DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}" in args
     assert "-DGGML_CUDA_NO_PEER_COPY=ON" in args and "-DLLAMA_CURL=OFF" in args
@@ -304,24 +305,24 @@ def test_old_system_cmake_falls_back_to_pypi(tmp_path: Path, monkeypatch: pytest
     new = new_dir / "cmake"
     new.write_text("#!/bin/sh\necho 'cmake version 3.31.6'\n")
     new.chmod(0o755)
-    monkeypatch.setattr(builder.toolchain.shutil, "which", lambda name: str(old))
-    monkeypatch.setattr(builder.toolchain, "_pypi_bin", lambda module, attr: new)
-    assert builder.find_cmake() == builder.Tool(new, "3.31.6")
-    monkeypatch.setattr(builder.toolchain, "_pypi_bin", lambda module, attr: None)
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: str(old))
+    monkeypatch.setattr(toolchain, "_pypi_bin", lambda module, attr: new)
+    assert toolchain.find_cmake() == toolchain.Tool(new, "3.31.6")
+    monkeypatch.setattr(toolchain, "_pypi_bin", lambda module, attr: None)
     with pytest.raises(ToolchainError, match="3.16.3"):
-        builder.find_cmake()
+        toolchain.find_cmake()
 
 
 def test_real_toolchain_is_usable() -> None:
-    cmake = builder.find_cmake()
-    assert builder.toolchain._vtuple(cmake.version) >= builder.MIN_CMAKE
-    assert os.access(builder.find_ninja().path, os.X_OK)
+    cmake = toolchain.find_cmake()
+    assert toolchain._vtuple(cmake.version) >= toolchain.MIN_CMAKE
+    assert os.access(toolchain.find_ninja().path, os.X_OK)
 
 
 def test_shared_tree_builds_each_variant_once_with_its_own_options(
     settings: config.Settings, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    results = builder.ensure_shared(settings, ["patched", "upstream"])
+    results = shared.ensure_shared(settings, ["patched", "upstream"])
     assert [r.variant for r in results] == ["upstream", "patched"], "upstream sources first, the series on top"
     up, pa = results
     assert up.build_dir.parent == pa.build_dir.parent and up.bin_dir != pa.bin_dir
@@ -338,12 +339,12 @@ def test_shared_tree_builds_each_variant_once_with_its_own_options(
     shared_src = up.build_dir.parent / "src"
     assert (shared_src / "src" / "extra.c").is_file() and "= 2;" in (shared_src / "src" / "llama.cpp").read_text()
     # the usual pointers: find_binary, the ladder and the bench see these builds
-    assert builder.find_binary(settings, "llama-server", variant="upstream", backend="cpu") == up.server
-    assert builder.find_binary(settings, "llama-server", variant="patched", backend="cpu") == pa.server
+    assert locate.find_binary(settings, "llama-server", variant="upstream", backend="cpu") == up.server
+    assert locate.find_binary(settings, "llama-server", variant="patched", backend="cpu") == pa.server
     # unchanged: nothing is configured or compiled again
-    monkeypatch.setattr(builder.steps, "configure", lambda *a: pytest.fail("configured again"))
-    monkeypatch.setattr(builder.steps, "compile_targets", lambda *a: pytest.fail("compiled again"))
-    again = builder.ensure_shared(settings, ["upstream", "patched"])
+    monkeypatch.setattr(steps, "configure", lambda *a: pytest.fail("configured again"))
+    monkeypatch.setattr(steps, "compile_targets", lambda *a: pytest.fail("compiled again"))
+    again = shared.ensure_shared(settings, ["upstream", "patched"])
     assert all(r.up_to_date for r in again) and [r.server for r in again] == [up.server, pa.server]
 
 
@@ -353,35 +354,35 @@ def test_shared_tree_resumed_after_an_interrupted_run_compiles_the_series_files_
     # found on the GPU (2026-12-02): a run cut during the patched variant left objects of the series' sources in
     # the build folder; the next run copied the pristine tree back with its old file times, so ninja took those
     # objects as up to date and linked them into the "upstream" binaries
-    up, _ = builder.ensure_shared(settings, ["upstream", "patched"])
+    up, _ = shared.ensure_shared(settings, ["upstream", "patched"])
     root = up.build_dir.parent
     for v in ("upstream", "patched"):  # what a stopped run leaves: no variant complete
-        (root / v / builder.COMPLETE_MARKER).unlink()
+        (root / v / steps.COMPLETE_MARKER).unlink()
     patched_objects_at = time.time()
     seen: list[float] = []
-    real = builder.steps.compile_targets
+    real = steps.compile_targets
 
     def spy(tools, build_dir, targets, jobs, log_file, env):  # type: ignore[no-untyped-def]
         seen.append((build_dir.parent / "src" / "src" / "llama.cpp").stat().st_mtime)  # a file the series changes
         return real(tools, build_dir, targets, jobs, log_file, env)
 
-    monkeypatch.setattr(builder.steps, "compile_targets", spy)
-    builder.ensure_shared(settings, ["upstream", "patched"])
+    monkeypatch.setattr(steps, "compile_targets", spy)
+    shared.ensure_shared(settings, ["upstream", "patched"])
     assert len(seen) == 2, "upstream, then patched"
     assert seen[0] >= patched_objects_at, "upstream's version must be newer than the objects built from the series'"
 
 
 def test_shared_tree_refuses_nopeer_without_cuda_and_unknown_variants(settings: config.Settings) -> None:
     with pytest.raises(UsageError, match="only exists for the CUDA backend"):
-        builder.ensure_shared(settings, ["upstream", "upstream-nopeer"])
+        shared.ensure_shared(settings, ["upstream", "upstream-nopeer"])
     with pytest.raises(UsageError, match="unknown variant"):
-        builder.ensure_shared(settings, ["upstream", "pached"])
+        shared.ensure_shared(settings, ["upstream", "pached"])
 
 
 def test_locate_override_build_pointer_and_installed_wheel(
     settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """builder.locate is the one binary locator of ladder, bench, serve and rpc: --bin-dir first, then the
+    """builder.locate.locate is the one binary locator of ladder, bench, serve and rpc: --bin-dir first, then the
     latest build, then (serve only: installed=True) an installed ggml-bridge-server wheel."""
     import sys
     import types
@@ -389,11 +390,11 @@ def test_locate_override_build_pointer_and_installed_wheel(
     d = tmp_path / "bins"
     d.mkdir()
     (d / "llama-bench").write_text("")
-    assert builder.locate(settings, "upstream", "llama-bench", d) == d / "llama-bench"
+    assert locate.locate(settings, "upstream", "llama-bench", d) == d / "llama-bench"
     with pytest.raises(NotBuiltError, match=f"llama-server not found in {d}"):
-        builder.locate(settings, "upstream", "llama-server", d)
+        locate.locate(settings, "upstream", "llama-server", d)
     with pytest.raises(NotBuiltError, match="no patched/cpu build"):
-        builder.locate(settings, "patched", "llama-server", backend="cpu")
+        locate.locate(settings, "patched", "llama-server", backend="cpu")
     # an installed wheel: used only when asked for, and only for the patched variant
     wheel_bin = tmp_path / "wheel-llama-server"
     wheel_bin.write_text("")
@@ -406,16 +407,16 @@ def test_locate_override_build_pointer_and_installed_wheel(
     )
     monkeypatch.setitem(sys.modules, "ggml_bridge_server", fake)
     with pytest.raises(NotBuiltError):
-        builder.locate(settings, "patched", "llama-server", backend="cpu")
+        locate.locate(settings, "patched", "llama-server", backend="cpu")
     with pytest.raises(NotBuiltError):
-        builder.locate(settings, "upstream", "llama-server", backend="cpu", installed=True)
-    assert builder.locate(settings, "patched", "llama-server", backend="cpu", installed=True) == wheel_bin
+        locate.locate(settings, "upstream", "llama-server", backend="cpu", installed=True)
+    assert locate.locate(settings, "patched", "llama-server", backend="cpu", installed=True) == wheel_bin
     # a build wins over the wheel
     built = tmp_path / "built-llama-server"
     built.write_text("")
-    builder.latest_path(settings, "patched", "cpu").parent.mkdir(parents=True, exist_ok=True)
-    builder.latest_path(settings, "patched", "cpu").write_text(json.dumps({"binaries": {"llama-server": str(built)}}))
-    assert builder.locate(settings, "patched", "llama-server", backend="cpu", installed=True) == built
+    steps.latest_path(settings, "patched", "cpu").parent.mkdir(parents=True, exist_ok=True)
+    steps.latest_path(settings, "patched", "cpu").write_text(json.dumps({"binaries": {"llama-server": str(built)}}))
+    assert locate.locate(settings, "patched", "llama-server", backend="cpu", installed=True) == built
 
 
 def test_a_patched_variant_is_decided_by_the_table_not_its_name(
@@ -436,7 +437,7 @@ def test_a_patched_variant_is_decided_by_the_table_not_its_name(
             "the series, a debug build",
         ),
     )
-    res = builder.ensure(settings, "patched-debug")
+    res = single.ensure(settings, "patched-debug")
     m = json.loads(res.manifest_path.read_text())
     assert [p["name"] for p in m["patches"]] == [p.name for p in upstream.patches.series]
     assert _run(res.server) == "fake llama-server bridge=1\n" and "-DCMAKE_BUILD_TYPE=Debug" in m["cmake_args"]
@@ -454,24 +455,24 @@ def test_shared_tree_refuses_a_variant_it_cannot_build(
         modes.Variant("upstream-lto", False, {"GGML_LTO": "ON"}, "lto", "no patches, link-time optimisation"),
     )
     with pytest.raises(UsageError, match="upstream-lto cannot be built in a shared tree"):
-        builder.ensure_shared(settings, ["upstream", "upstream-lto"])
+        shared.ensure_shared(settings, ["upstream", "upstream-lto"])
 
 
 # --------------------------------------------------------------------------------------------- Vulkan backend
 
 
 def test_vulkan_is_a_backend_auto_never_picks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(builder.toolchain, "detect_cuda", lambda: None)
-    assert builder.resolve_backend("vulkan") == ("vulkan", None)
-    assert builder.resolve_backend("auto") == ("cpu", None)
+    monkeypatch.setattr(toolchain, "detect_cuda", lambda: None)
+    assert toolchain.resolve_backend("vulkan") == ("vulkan", None)
+    assert toolchain.resolve_backend("auto") == ("cpu", None)
     with pytest.raises(UsageError, match="auto, cpu, cuda, vulkan, cuda-vulkan"):
-        builder.resolve_backend("metal")
+        toolchain.resolve_backend("metal")
     assert "vulkan" in config.BACKEND_CHOICES
 
 
 def test_vulkan_pieces_found_in_the_system(tmp_path: Path) -> None:
     usr = fake_vulkan_root(tmp_path / "usr")
-    kit = builder.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
+    kit = toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
     assert kit.include_dir == usr / "include" and kit.header_version == "1.4.309"
     assert kit.library == usr / "lib/x86_64-linux-gnu/libvulkan.so.1", "no dev link: the loader itself"
     assert kit.glslc == usr / "bin" / "glslc"
@@ -491,7 +492,7 @@ def test_vulkan_sdk_headers_win_over_the_systems_old_ones(tmp_path: Path) -> Non
     sdk = fake_vulkan_root(tmp_path / "deb" / "usr", loader=None, glslc=False, spirv=False)
     (sdk / "lib" / "x86_64-linux-gnu").mkdir(parents=True)
     (sdk / "lib" / "x86_64-linux-gnu" / "libvulkan.so").symlink_to("libvulkan.so.1")
-    kit = builder.toolchain.detect_vulkan(env={"VULKAN_SDK": str(sdk), "PATH": ""}, system_roots=(usr,))
+    kit = toolchain.detect_vulkan(env={"VULKAN_SDK": str(sdk), "PATH": ""}, system_roots=(usr,))
     assert kit.include_dir == sdk / "include" and kit.header_version == "1.4.309"
     assert kit.library == usr / "lib/x86_64-linux-gnu/libvulkan.so.1"
     assert kit.glslc == usr / "bin" / "glslc" and kit.spirv_headers_dir == usr / "share/cmake/SPIRV-Headers"
@@ -500,7 +501,7 @@ def test_vulkan_sdk_headers_win_over_the_systems_old_ones(tmp_path: Path) -> Non
 def test_vulkan_headers_too_old_name_what_to_do(tmp_path: Path) -> None:
     usr = fake_vulkan_root(tmp_path / "usr", headers=VK_CORE_OLD)
     with pytest.raises(ToolchainError) as e:
-        builder.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
+        toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
     msg = str(e.value)
     assert e.value.exit_code == 30 and "\n" not in msg
     assert "(1.3.239) are too old" in msg and "VkLayerSettingEXT" in msg
@@ -517,7 +518,7 @@ def test_each_missing_vulkan_piece_names_its_debian_package(tmp_path: Path, miss
     )
     usr = fake_vulkan_root(tmp_path / "usr", **kw)  # type: ignore[arg-type]
     with pytest.raises(ToolchainError) as e:
-        builder.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
+        toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
     msg = str(e.value)
     assert e.value.exit_code == 30 and "\n" not in msg
     assert f"Debian packages: {package}." in msg and "apt-get install libvulkan1 libvulkan-dev glslc" in msg
@@ -530,10 +531,10 @@ def test_vulkan_build_fails_before_fetching_without_the_pieces(
     anything is fetched."""
     empty = tmp_path / "nothing"
     empty.mkdir()
-    real = builder.toolchain.detect_vulkan
-    monkeypatch.setattr(builder.toolchain, "detect_vulkan", lambda: real(env={"PATH": ""}, system_roots=(empty,)))
+    real = toolchain.detect_vulkan
+    monkeypatch.setattr(toolchain, "detect_vulkan", lambda: real(env={"PATH": ""}, system_roots=(empty,)))
     settings = make_settings(build__backend="vulkan")
-    for attempt in (lambda: builder.ensure(settings, "patched"), lambda: builder.ensure_shared(settings, ["upstream"])):
+    for attempt in (lambda: single.ensure(settings, "patched"), lambda: shared.ensure_shared(settings, ["upstream"])):
         with pytest.raises(ToolchainError, match="headers, loader, glslc, SPIRV-Headers are missing") as e:
             attempt()
         assert e.value.exit_code == 30
@@ -542,12 +543,12 @@ def test_vulkan_build_fails_before_fetching_without_the_pieces(
 
 def test_vulkan_cmake_options_and_build_key(settings: config.Settings, tmp_path: Path) -> None:
     usr = fake_vulkan_root(tmp_path / "usr")
-    kit = builder.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
+    kit = toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
     tools, src = _tools_and_tree(tmp_path, vulkan=kit)
-    args = builder.cmake_args(settings, src, modes.VARIANTS["patched"], "vulkan", tools)
+    args = plan.cmake_args(settings, src, modes.VARIANTS["patched"], "vulkan", tools)
     assert "-DGGML_VULKAN=ON" in args and "-DGGML_CUDA=OFF" in args
     assert f"-DVulkan_INCLUDE_DIR={usr / 'include'}" in args and "-DSAM3D_BATCHED_TRANSFERS=ON" in args
-    cpu_args = builder.cmake_args(settings, src, modes.VARIANTS["patched"], "cpu", tools)
+    cpu_args = plan.cmake_args(settings, src, modes.VARIANTS["patched"], "cpu", tools)
     assert not any("VULKAN" in a.upper() for a in cpu_args)
 
 
@@ -558,22 +559,22 @@ def test_cuda_vulkan_builds_both_gpu_backends_and_needs_both_toolkits(
     device); it needs nvcc with cuBLAS like cuda (the error names the backend asked for) and the Vulkan pieces like
     vulkan; the CUDA-only variant exists for it."""
     usr = fake_vulkan_root(tmp_path / "usr")
-    kit = builder.toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
-    cuda = builder.CudaToolkit(Path("/opt/cuda/bin/nvcc"), Path("/opt/cuda"), "13.0", Path("/opt/cuda/h"))
+    kit = toolchain.detect_vulkan(env={"PATH": ""}, system_roots=(usr,))
+    cuda = toolchain.CudaToolkit(Path("/opt/cuda/bin/nvcc"), Path("/opt/cuda"), "13.0", Path("/opt/cuda/h"))
     tools, src = _tools_and_tree(tmp_path, cuda=cuda, vulkan=kit)
-    args = builder.cmake_args(settings, src, modes.VARIANTS["patched"], "cuda-vulkan", tools)
+    args = plan.cmake_args(settings, src, modes.VARIANTS["patched"], "cuda-vulkan", tools)
     assert (
         "-DGGML_CUDA=ON" in args and "-DGGML_VULKAN=ON" in args and "-DCMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc" in args
     )
     assert f"-DVulkan_INCLUDE_DIR={usr / 'include'}" in args
     assert not any(
-        "VULKAN" in a.upper() for a in builder.cmake_args(settings, src, modes.VARIANTS["patched"], "cuda", tools)
+        "VULKAN" in a.upper() for a in plan.cmake_args(settings, src, modes.VARIANTS["patched"], "cuda", tools)
     )
-    monkeypatch.setattr(builder.toolchain, "detect_cuda", lambda: None)
+    monkeypatch.setattr(toolchain, "detect_cuda", lambda: None)
     with pytest.raises(ToolchainError, match="the cuda-vulkan backend was requested but nvcc was not found"):
-        builder.resolve_backend("cuda-vulkan")
-    monkeypatch.setattr(builder.toolchain, "detect_cuda", lambda: cuda)
-    assert builder.resolve_backend("cuda-vulkan") == ("cuda-vulkan", cuda)
+        toolchain.resolve_backend("cuda-vulkan")
+    monkeypatch.setattr(toolchain, "detect_cuda", lambda: cuda)
+    assert toolchain.resolve_backend("cuda-vulkan") == ("cuda-vulkan", cuda)
     modes.check_backend(modes.variant("upstream-nopeer"), "cuda-vulkan", fix="-")  # no error
     with pytest.raises(UsageError, match="only exists for the CUDA backend"):
         modes.check_backend(modes.variant("upstream-nopeer"), "vulkan", fix="-")
@@ -582,13 +583,13 @@ def test_cuda_vulkan_builds_both_gpu_backends_and_needs_both_toolkits(
 def test_build_targets_narrow_the_programs_and_key_the_build(make_settings) -> None:  # type: ignore[no-untyped-def]
     """``build.targets``: only those programs (llama-server always), a build dir of their own; empty: all, with the
     key of a build made before the setting existed."""
-    full = builder.ensure(make_settings(), "patched")
+    full = single.ensure(make_settings(), "patched")
     assert "llama-bench" in full.binaries
-    few = builder.ensure(make_settings(build__targets=["llama-perplexity"]), "patched")
+    few = single.ensure(make_settings(build__targets=["llama-perplexity"]), "patched")
     assert set(few.binaries) == {"llama-server"} and few.build_dir != full.build_dir
-    shared = builder.ensure_shared(make_settings(build__targets=["llama-server"]), ["upstream", "patched"])
-    assert all(set(r.binaries) == {"llama-server"} for r in shared)
-    assert builder.ensure(make_settings(), "patched").up_to_date, "the full build is untouched"
+    together = shared.ensure_shared(make_settings(build__targets=["llama-server"]), ["upstream", "patched"])
+    assert all(set(r.binaries) == {"llama-server"} for r in together)
+    assert single.ensure(make_settings(), "patched").up_to_date, "the full build is untouched"
     with pytest.raises(UsageError, match="unknown build target.*llama-cli"):
         make_settings(build__targets=["llama-cli"])
 
@@ -606,11 +607,11 @@ def test_one_nvcc_finder_for_the_builds_and_the_wheel(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setenv("CUDA_PATH", str(tmp_path / "cuda"))
-    assert wheel_plan.find_nvcc is builder.toolchain.find_nvcc
+    assert wheel_plan.find_nvcc is toolchain.find_nvcc
     if not Path("/usr/local/cuda/bin/nvcc").is_file():
-        assert builder.toolchain.find_nvcc() == nvcc
+        assert toolchain.find_nvcc() == nvcc
         monkeypatch.setenv("CUDACXX", str(tmp_path / "missing"))
-        assert builder.toolchain.find_nvcc() is None
+        assert toolchain.find_nvcc() is None
 
 
 def test_an_nvcc_that_never_answers_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

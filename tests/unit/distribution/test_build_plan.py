@@ -17,7 +17,7 @@ from ggml_bridge.distribution.builder.toolchain import CudaToolkit, Tool, Toolch
 from ggml_bridge.foundations import config
 from ggml_bridge.runtime import modes
 from ggml_bridge.upstream import patch as patchmod
-from ggml_bridge.upstream.fetch import Tree
+from ggml_bridge.upstream.fetch.tree import Tree
 
 KEYS = {
     "patched/cpu/": "e575d7e2b5908d10825f9bb2d5dcc7a05cd33498cad91205383745a9eb1a4936",

@@ -180,14 +180,14 @@ def test_old_node_is_refused_with_the_way_out(monkeypatch: pytest.MonkeyPatch) -
 def test_builds_never_download_nor_run_npm_in_cmake(settings: config.Settings, tmp_path: Path) -> None:
     """Upstream defaults LLAMA_USE_PREBUILT_UI=ON (a download of whatever the bucket holds, 'latest' as fallback):
     the build turns both provisioning paths of its CMake off."""
-    from ggml_bridge.distribution import builder
+    from ggml_bridge.distribution.builder import plan, toolchain
     from ggml_bridge.runtime import modes
 
     src = tmp_path / "tree"
     src.mkdir()
     (src / "CMakeLists.txt").write_text('option(LLAMA_BUILD_UI "" OFF)\noption(LLAMA_USE_PREBUILT_UI "" ON)\n')
-    tools = builder.find_toolchain()
-    args = builder.cmake_args(settings, src, modes.variant("patched"), "cpu", tools)
+    tools = toolchain.find_toolchain()
+    args = plan.cmake_args(settings, src, modes.variant("patched"), "cpu", tools)
     assert "-DLLAMA_USE_PREBUILT_UI=OFF" in args and "-DLLAMA_BUILD_UI=OFF" in args
 
 

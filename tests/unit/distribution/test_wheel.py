@@ -80,9 +80,10 @@ def test_sdist_carries_the_patched_tree_templates_and_manifest(
         f'set(LLAMA_BUILD_NUMBER {build})\nset(LLAMA_BUILD_COMMIT "{upstream.commit[:9]}+bridge-{manifest["series_hash"][:8]}")\n'
     )
     # the vendored tree is the patched one, file for file
-    from ggml_bridge.upstream import fetch, patch
+    from ggml_bridge.upstream import patch
+    from ggml_bridge.upstream.fetch.resolve import obtain
 
-    patched = patch.apply_series(settings, fetch.obtain(settings))
+    patched = patch.apply_series(settings, obtain(settings))
     assert manifest["patched_head"] == patched.head
     for rel in ("ggml/CMakeLists.txt", "src/llama.cpp", "tools/server/CMakeLists.txt"):
         assert read_member(made.path, root + "vendor/llama.cpp/" + rel) == (patched.path / rel).read_text(), rel

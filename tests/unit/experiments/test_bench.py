@@ -228,7 +228,7 @@ def test_plot_microbench_only(tmp_path):
 def test_missing_builds_are_built_unless_no_build(variants, two_gpu_bench, tmp_path, monkeypatch):
     """Without bin dirs the bench reuses the build stage's builds, builds what is missing (--build, the
     default), and with --no-build skips those cases instead of inventing figures."""
-    from ggml_bridge.distribution import builder
+    from ggml_bridge.distribution.builder import locate, single, steps
     from ggml_bridge.foundations.errors import NotBuiltError
 
     built: list[str] = []
@@ -241,10 +241,10 @@ def test_missing_builds_are_built_unless_no_build(variants, two_gpu_bench, tmp_p
     def ensure(settings, variant=None, **kw):
         built.append(variant)
         d = variants / "patched"
-        return builder.BuildResult(variant, settings.build.backend, d, d, d / "manifest.json")
+        return steps.BuildResult(variant, settings.build.backend, d, d, d / "manifest.json")
 
-    monkeypatch.setattr(builder, "find_binary", find_binary)
-    monkeypatch.setattr(builder, "ensure", ensure)
+    monkeypatch.setattr(locate, "find_binary", find_binary)
+    monkeypatch.setattr(single, "ensure", ensure)
     args = _args(
         model=two_gpu_bench.model,
         rounds=1,

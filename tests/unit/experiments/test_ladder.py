@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge.experiments import ladder, model, tensor_split
+from ggml_bridge.experiments import model, tensor_split
+from ggml_bridge.experiments.ladder import artifact, diff, inputs, kinds, orchestrate, registry, schema, validity
 from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import LadderSetupError, UsageError
 from ggml_bridge.runtime import logparse, mechanisms, modes
@@ -25,7 +26,7 @@ MICRO = 'shape = { name = "micro", n_embd = 32, n_layer = 2, n_head = 4, n_head_
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO_ROOT / "ladders").glob("*.toml")))
 def test_shipped_ladders_parse(name):
-    lad = ladder.load_ladder(REPO_ROOT / "ladders" / name)
+    lad = schema.load_ladder(REPO_ROOT / "ladders" / name)
     assert lad.rungs
     for r in lad.rungs:
         assert r.reference in r.modes and len(r.modes) >= 2
@@ -34,15 +35,15 @@ def test_shipped_ladders_parse(name):
 
 
 def test_cpu_ladder_is_upstream_vs_off_and_never_bridges():
-    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cpu.toml")
+    lad = schema.load_ladder(REPO_ROOT / "ladders" / "cpu.toml")
     assert lad.backend == "cpu"
     for r in lad.rungs:
         if r.split_mode == "tensor":  # over two CPU rpc-servers: upstream's servers against the patched ones
             assert r.modes == ["rpc-upstream", "rpc-off"] and r.n_devices == 2 and r.devices == 0
             continue
         assert r.reference == "upstream" and "off" in r.modes and r.devices == 0
-        assert not any(ladder.MODES[m].uses_bridge for m in r.modes)
-        if any(ladder.MODES[m].uses_batched for m in r.modes):
+        assert not any(modes.MODES[m].uses_bridge for m in r.modes)
+        if any(modes.MODES[m].uses_batched for m in r.modes):
             assert r.expect_batched == "inactive"
     assert min(r.ubatch for r in lad.rungs) == 1
     assert sum(r.split_mode == "tensor" for r in lad.rungs) == 1
@@ -51,10 +52,10 @@ def test_cpu_ladder_is_upstream_vs_off_and_never_bridges():
 def test_tensor_ladder_covers_devices_all_reduces_and_mechanisms():
     """ladders/cuda-tensor.toml: 2, 3, 4 and 6 virtual devices; internal (default BF16 and F32), none and the
     default; bridge off / auto / force and batching; every shape one -sm tensor splits over its devices."""
-    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda-tensor.toml")
+    lad = schema.load_ladder(REPO_ROOT / "ladders" / "cuda-tensor.toml")
     assert all(r.split_mode == "tensor" and r.devices == 1 for r in lad.rungs)
     assert {r.virtual_devices for r in lad.rungs} == {2, 3, 4, 6}
-    paths = {ladder.schema.effective_allreduce(r, r.reference) for r in lad.rungs}
+    paths = {schema.effective_allreduce(r, r.reference) for r in lad.rungs}
     assert paths == {"internal", "none", None}
     assert any(r.env.get("GGML_CUDA_AR_BF16_THRESHOLD") == "0" for r in lad.rungs)
     for n in (2, 3, 4, 6):
@@ -72,31 +73,31 @@ def test_a_tensor_rung_refuses_a_shape_it_cannot_split_and_mixed_all_reduces(tmp
         'split_mode = "tensor"\nmodes = ["tensor-off", "tensor-upstream"]\nreference = "tensor-off"\n'
     )
     with pytest.raises(LadderSetupError, match="head size 32"):
-        ladder.load_ladder(bad)
+        schema.load_ladder(bad)
     bad.write_text(
         'backend = "cuda"\n[[rung]]\nname = "x"\nshape = "tensor-small"\ndevices = 1\nvirtual_devices = 2\n'
         'split_mode = "tensor"\nmodes = ["tensor-off", "tensor-upstream-internal"]\nreference = "tensor-off"\n'
     )
     with pytest.raises(LadderSetupError, match="different all-reduces"):
-        ladder.load_ladder(bad)
+        schema.load_ladder(bad)
     bad.write_text(
         'backend = "cuda"\n[[rung]]\nname = "x"\nshape = "tensor-small"\ndevices = 1\nvirtual_devices = 2\n'
         'allreduce = "internal"\nmodes = ["off", "upstream"]\n'
     )
     with pytest.raises(LadderSetupError, match="split_mode"):
-        ladder.load_ladder(bad)
+        schema.load_ladder(bad)
     # the rung's env reaches the processes last: it decides the all-reduce (and the rounding) of every mode
     bad.write_text(
         'backend = "cuda"\n[[rung]]\nname = "x"\nshape = "tensor-small"\ndevices = 1\nvirtual_devices = 2\n'
         'split_mode = "tensor"\nmodes = ["tensor-off", "tensor-upstream-internal"]\nreference = "tensor-off"\n'
         'env = { GGML_CUDA_ALLREDUCE = "internal" }\n'
     )
-    (r,) = ladder.load_ladder(bad).rungs
-    assert {ladder.schema.effective_allreduce(r, m) for m in r.modes} == {"internal"}
+    (r,) = schema.load_ladder(bad).rungs
+    assert {schema.effective_allreduce(r, m) for m in r.modes} == {"internal"}
 
 
 def test_cuda_ladder_covers_the_rigs_and_boundary_sizes():
-    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda.toml")
+    lad = schema.load_ladder(REPO_ROOT / "ladders" / "cuda.toml")
     rigs = {(r.devices, r.virtual_devices) for r in lad.rungs}
     assert {(1, None), (2, None), (2, 6)} <= rigs
     sizes = [r.shape.n_embd * r.ubatch * 4 for r in lad.rungs if r.multi_device]
@@ -124,11 +125,11 @@ def test_cuda_ladder_covers_the_rigs_and_boundary_sizes():
 )
 def test_bad_ladder_files(tmp_path, body, match):
     with pytest.raises(LadderSetupError, match=match):
-        ladder.load_ladder(write_ladder(tmp_path / "l.toml", body))
+        schema.load_ladder(write_ladder(tmp_path / "l.toml", body))
 
 
 def test_reference_is_added_and_inline_shape(tmp_path):
-    lad = ladder.load_ladder(write_ladder(tmp_path / "l.toml", f"[[rung]]\nname='a'\n{MICRO}\nmodes=['batched']\n"))
+    lad = schema.load_ladder(write_ladder(tmp_path / "l.toml", f"[[rung]]\nname='a'\n{MICRO}\nmodes=['batched']\n"))
     r = lad.rungs[0]
     assert r.modes == ["off", "batched"] and r.shape.n_embd == 32
 
@@ -137,27 +138,27 @@ def test_a_rungs_boolean_keys_set_its_kinds(tmp_path):
     """perplexity, rpc_front_gpu and require_boundaries are written as booleans and read as what the rung does: the
     artifacts it skips, where an rpc mode's front runs, what a bridge mode must show of its boundaries."""
     body = "[[rung]]\nname='a'\nshape='tiny'\ndevices=1\nmodes=['off','rpc-off']\nrpc_servers=[['CPU']]\n"
-    (r,) = ladder.load_ladder(write_ladder(tmp_path / "l.toml", body)).rungs
-    assert (r.skips, r.rpc_front, r.boundaries) == (frozenset(), ladder.RpcFront.BARE, ladder.Boundaries.REQUIRED)
+    (r,) = schema.load_ladder(write_ladder(tmp_path / "l.toml", body)).rungs
+    assert (r.skips, r.rpc_front, r.boundaries) == (frozenset(), kinds.RpcFront.BARE, kinds.Boundaries.REQUIRED)
     switched = body + "perplexity=false\nrpc_front_gpu=true\nrequire_boundaries=false\n"
-    (r,) = ladder.load_ladder(write_ladder(tmp_path / "l.toml", switched)).rungs
-    assert (r.skips, r.rpc_front, r.boundaries) == ({"logits"}, ladder.RpcFront.GPU, ladder.Boundaries.COUNTED)
+    (r,) = schema.load_ladder(write_ladder(tmp_path / "l.toml", switched)).rungs
+    assert (r.skips, r.rpc_front, r.boundaries) == ({"logits"}, kinds.RpcFront.GPU, kinds.Boundaries.COUNTED)
     with pytest.raises(LadderSetupError, match="rpc_front_gpu = 'yes' is not"):
-        ladder.load_ladder(write_ladder(tmp_path / "l.toml", body + "rpc_front_gpu='yes'\n"))
+        schema.load_ladder(write_ladder(tmp_path / "l.toml", body + "rpc_front_gpu='yes'\n"))
     with pytest.raises(LadderSetupError, match="unknown key.*rpc_front"):  # the kinds are not keys of the file
-        ladder.load_ladder(write_ladder(tmp_path / "l.toml", body + "rpc_front='gpu'\n"))
+        schema.load_ladder(write_ladder(tmp_path / "l.toml", body + "rpc_front='gpu'\n"))
 
 
 # --- inputs -------------------------------------------------------------------------------------------
 
 
 def test_text_and_prompts_are_deterministic():
-    a = ladder.make_text(500, 7)
-    assert a == ladder.make_text(500, 7) and a != ladder.make_text(500, 8)
+    a = inputs.make_text(500, 7)
+    assert a == inputs.make_text(500, 7) and a != inputs.make_text(500, 8)
     assert len(a.split()) == 500
-    r = ladder.Rung("r", model.get_shape("tiny"), ubatch=32, batch=64)
-    p = ladder.make_prompts(r, 7, None)
-    assert p == ladder.make_prompts(r, 7, None)
+    r = schema.Rung("r", model.get_shape("tiny"), ubatch=32, batch=64)
+    p = inputs.make_prompts(r, 7, None)
+    assert p == inputs.make_prompts(r, 7, None)
     assert max(len(x.split()) for x in p) > 32 and min(len(x.split()) for x in p) == 1
 
 
@@ -166,7 +167,7 @@ def test_words_are_single_tokens_in_the_upstream_vocab():
     if v is None:
         pytest.skip("no upstream vocab GGUF")
     toks = set(model.load_vocab(v).tokens)
-    missing = [w for w in ladder.WORDS if "\u2581" + w not in toks]
+    missing = [w for w in inputs.WORDS if "\u2581" + w not in toks]
     assert not missing
 
 
@@ -192,16 +193,16 @@ def test_first_difference(tmp_path):
     b = tmp_path / "b"
     a.write_bytes(b"x" * 5000)
     b.write_bytes(b"x" * 5000)
-    assert ladder.first_difference(a, b, block=1024) == (None, 5000)
+    assert diff.first_difference(a, b, block=1024) == (None, 5000)
     b.write_bytes(b"x" * 3000 + b"y" + b"x" * 1999)
-    assert ladder.first_difference(a, b, block=1024) == (3000, 3000)
+    assert diff.first_difference(a, b, block=1024) == (3000, 3000)
     b.write_bytes(b"x" * 4000)
-    assert ladder.first_difference(a, b, block=1024) == (4000, 4000)
+    assert diff.first_difference(a, b, block=1024) == (4000, 4000)
 
 
 def compared(ref, other, kind):
     """Two files of the artifact ``kind`` compared byte for byte, as the report writes it."""
-    return ladder.compare(ladder.ARTIFACTS[kind], ref, other).as_json()
+    return artifact.compare(registry.ARTIFACTS[kind], ref, other).as_json()
 
 
 def test_describe_logits_difference(tmp_path):
@@ -230,7 +231,7 @@ def test_describe_logits_difference(tmp_path):
 
 def test_describe_responses_difference(tmp_path):
     def rec(i, toks, lps):
-        return ladder.canonical_response(
+        return inputs.canonical_response(
             json.dumps(
                 {
                     "content": "x",
@@ -279,11 +280,11 @@ DEV2 = "using device CUDA0 (A) (a) - 1 MiB free\nusing device CUDA1 (B) (b) - 1 
 
 def rung(**kw):
     kw.setdefault("devices", 2)
-    return ladder.Rung("r", model.get_shape("tiny"), ubatch=8, batch=32, **kw)
+    return schema.Rung("r", model.get_shape("tiny"), ubatch=8, batch=32, **kw)
 
 
 def v(mode, r, **logs):
-    return ladder.validate_mode(ladder.MODES[mode], r, {k: logparse.parse(t) for k, t in logs.items()})
+    return validity.validate_mode(modes.MODES[mode], r, {k: logparse.parse(t) for k, t in logs.items()})
 
 
 def test_validity_bridge():
@@ -327,10 +328,10 @@ def test_validity_batched():
     # downloads into the pinned output buffer are upstream's own (upstream_downloads): not required as batched
     assert v("batched", r, server=BT_EN + BT_ST.format(u=2, d=0)).ok
     logs = {"server": logparse.parse(BT_EN + BT_ST.format(u=2, d=0))}
-    assert ladder.validate_mode(ladder.MODES["batched"], r, logs, {"batched_async_uploads_total": 5}).ok
-    res = ladder.validate_mode(ladder.MODES["batched"], r, logs, {"batched_async_uploads_total": 0})
+    assert validity.validate_mode(modes.MODES["batched"], r, logs, {"batched_async_uploads_total": 5}).ok
+    res = validity.validate_mode(modes.MODES["batched"], r, logs, {"batched_async_uploads_total": 0})
     assert not res.ok and any("/metrics" in p for p in res.problems)
-    res = ladder.validate_mode(ladder.MODES["batched"], r, logs, {})  # a server without the metrics patch
+    res = validity.validate_mode(modes.MODES["batched"], r, logs, {})  # a server without the metrics patch
     assert not res.ok and any("absent" in p for p in res.problems)
     res = v("batched", r, server=BT_EN + BT_ST.format(u=0, d=2))
     assert not res.ok and any("async_uploads=0" in p for p in res.problems)
@@ -347,7 +348,7 @@ def test_validity_bridge_typo():
     r = rung()
     rej = 'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE="yes" (expected 0, 1, auto or force); bridge off\n'
     old = 'ggml_cuda_mapped_host_bridge: ignoring invalid GGML_CUDA_MAPPED_HOST_BRIDGE_CHUNK_KIB="abc" (expected 64..65536); using 2048\n'
-    assert ladder.MODES["bridge-typo"].env()["GGML_CUDA_MAPPED_HOST_BRIDGE"] == "yes"
+    assert modes.MODES["bridge-typo"].env()["GGML_CUDA_MAPPED_HOST_BRIDGE"] == "yes"
     assert v("bridge-typo", r, server=rej + DEV2, perplexity=rej + DEV2).ok
     # silence in one process (the warning went to llama.cpp's muted fitting probe) is a failure
     res = v("bridge-typo", r, server=rej + DEV2, perplexity=DEV2)
@@ -426,7 +427,7 @@ def run_ladder(e, body, *extra):
             *extra,
         ]
     )
-    rc = ladder.run(a, e.settings)
+    rc = orchestrate.run(a, e.settings)
     rep = json.loads((e.tmp / "report" / "report.json").read_text())
     md = (e.tmp / "report" / "report.md").read_text()
     return rc, rep, md
@@ -590,7 +591,7 @@ def test_same_build_is_refused(ladder_rig):
         ]
     )
     with pytest.raises(LadderSetupError, match="same build"):
-        ladder.run(a, ladder_rig.settings)
+        orchestrate.run(a, ladder_rig.settings)
 
 
 def test_missing_bin_dir_and_rung(ladder_rig):
@@ -618,10 +619,10 @@ def test_missing_bin_dir_and_rung(ladder_rig):
         ]
     )
     with pytest.raises(LadderSetupError, match="not found in --bin-dir-patched"):
-        ladder.run(a, ladder_rig.settings)
+        orchestrate.run(a, ladder_rig.settings)
     a = ladder_options(["--ladder", str(lf), "--rung", "zzz"])
     with pytest.raises(LadderSetupError, match="no rung named zzz"):
-        ladder.run(a, ladder_rig.settings)
+        orchestrate.run(a, ladder_rig.settings)
 
 
 def test_mechanism_state_names():
@@ -636,18 +637,18 @@ def test_per_mode_expectations(tmp_path):
         "[[rung]]\nname='a'\nshape='tiny'\ndevices=2\nmodes=['off','bridge','bridge-force']\n"
         "expect = { bridge = 'either' }\n"
     )
-    r = ladder.load_ladder(write_ladder(tmp_path / "l.toml", body)).rungs[0]
+    r = schema.load_ladder(write_ladder(tmp_path / "l.toml", body)).rungs[0]
     inactive = "ggml_cuda_mapped_host_bridge: inactive: peer access is direct\n" + DEV2
     assert v("bridge", r, server=inactive).ok
     assert not v("bridge-force", r, server=inactive).ok
     with pytest.raises(LadderSetupError, match="expect.batched"):  # a mode the rung does not run
-        ladder.load_ladder(write_ladder(tmp_path / "m.toml", body.replace("bridge = 'either'", "batched = 'either'")))
+        schema.load_ladder(write_ladder(tmp_path / "m.toml", body.replace("bridge = 'either'", "batched = 'either'")))
     with pytest.raises(LadderSetupError, match="expect.bridge"):
-        ladder.load_ladder(write_ladder(tmp_path / "n.toml", body.replace("'either'", "'maybe'")))
+        schema.load_ladder(write_ladder(tmp_path / "n.toml", body.replace("'either'", "'maybe'")))
 
 
 def test_cuda_ladder_bridge_expectations_follow_the_patch():
-    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda.toml")
+    lad = schema.load_ladder(REPO_ROOT / "ladders" / "cuda.toml")
     typo = {r.devices for r in lad.rungs if "bridge-typo" in r.modes}
     assert typo == {1, 2}  # a rejected selector must be reported on one GPU and on a split
     for r in lad.rungs:
@@ -681,7 +682,7 @@ def test_validity_batched_pools_the_device_zero_rule():
     assert not bad.ok and any("Vulkan1's pinned pool is Vulkan_Host, the rung expects none" in p for p in bad.problems)
     noline = v("batched", r, server=BT_EN + VK_DEV2 + BT_ST.format(u=2, d=0))
     assert not noline.ok and any("no 'llama_batched_transfers: pools:' line" in p for p in noline.problems)
-    assert ladder.orchestrate._device_env(r) == {}, "Vulkan devices named by the rung: CUDA's variables untouched"
+    assert orchestrate._device_env(r) == {}, "Vulkan devices named by the rung: CUDA's variables untouched"
 
 
 def test_a_vulkan_ladder_file_and_expect_pools_checks(tmp_path):
@@ -692,18 +693,18 @@ def test_a_vulkan_ladder_file_and_expect_pools_checks(tmp_path):
         'name = "v"\nbackend = "vulkan"\n[[rung]]\nname = "a"\nshape = "tiny"\nmodes = ["upstream", "batched"]\n'
         'reference = "upstream"\nexpect_pools = { Vulkan0 = "Vulkan_Host" }\n'
     )
-    lad = ladder.load_ladder(lf)
+    lad = schema.load_ladder(lf)
     assert lad.backend == "vulkan" and lad.rungs[0].expect_pools == {"Vulkan0": "Vulkan_Host"}
     lf.write_text(lf.read_text().replace('"upstream", "batched"', '"upstream", "off"'))
     with pytest.raises(LadderSetupError, match="expect_pools needs a batched mode"):
-        ladder.load_ladder(lf)
+        schema.load_ladder(lf)
     lf.write_text('name = "v"\nbackend = "metal"\n[[rung]]\nname = "a"\nshape = "tiny"\n')
     with pytest.raises(LadderSetupError, match="backend must be one of cpu, cuda, vulkan"):
-        ladder.load_ladder(lf)
+        schema.load_ladder(lf)
 
 
 def test_the_shipped_vulkan_ladder_parses_and_proves_what_the_issue_asks():
-    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "vulkan.toml")
+    lad = schema.load_ladder(REPO_ROOT / "ladders" / "vulkan.toml")
     assert lad.backend == "vulkan"
     for r in lad.rungs:
         assert {"upstream", "off", "batched"} <= set(r.modes) and r.reference == "upstream"
@@ -725,7 +726,7 @@ def test_split_devices_counts_devices_the_gpus_do_not_and_the_shipped_mixed_ladd
     )
     assert not one.ok and any("over 2 devices but the log shows it on fewer" in p for p in one.problems)
     assert v("batched", rung(devices=1), server=BT_EN + BT_ST.format(u=2, d=0)).ok  # without it: one device
-    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda-vulkan.toml")
+    lad = schema.load_ladder(REPO_ROOT / "ladders" / "cuda-vulkan.toml")
     assert lad.backend == "cuda-vulkan" and len(lad.rungs) >= 2
     for r in lad.rungs:
         assert r.devices == 1 and r.n_devices == 2 and r.reference == "upstream"
@@ -796,7 +797,7 @@ def test_sides_are_checked_before_anything_runs(ladder_rig):
 def test_the_comparison_ladders_load(name):
     """The CPU-variant proof, the wheel against the source build and the RPC launcher against the local server are
     ladder files: what they compare is declared there."""
-    lad = ladder.load_ladder(REPO_ROOT / "ladders" / name)
+    lad = schema.load_ladder(REPO_ROOT / "ladders" / name)
     runs = [m for r in lad.rungs for m in r.modes]
     if name == "cpu-variant.toml":
         assert {s.cpu_variant for s in lad.sides.values() if s.name in ("wheel", "upstream")} == {"x64"}
@@ -810,13 +811,13 @@ def test_the_comparison_ladders_load(name):
 
 def test_the_tensor_rungs_expect_the_paths_upstream_and_patch_0007_pick():
     """What each mode of ladders/cuda-tensor.toml must prove (the ladder derives it the same way)."""
-    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda-tensor.toml")
+    lad = schema.load_ladder(REPO_ROOT / "ladders" / "cuda-tensor.toml")
 
     def path(rung_name: str, run: str) -> str:
         (r,) = [r for r in lad.rungs if r.name == rung_name]
-        m = ladder.MODES[run]
+        m = modes.MODES[run]
         patched = modes.VARIANTS[m.variant].patched
-        value = ladder.schema.effective_allreduce(r, run)
+        value = schema.effective_allreduce(r, run)
         bridge = modes.BRIDGE_VALUES[m.bridge] if patched and m.bridge else None
         return mechanisms.expected_allreduce(value, r.n_devices, True, bridge=bridge, patched=patched)
 
@@ -847,7 +848,7 @@ class _Toy:
         self.made.append(run.job.mode.name)
         path = run.job.out / "toy.txt"
         path.write_text("\n".join(run.inputs.prompts) + (run.job.mode.name if self.leaky else ""))
-        return ladder.Produced(path)
+        return artifact.Produced(path)
 
     def describe(self, ref, other, offset):
         return {"offset": offset, "where": "toy byte"}
@@ -856,7 +857,7 @@ class _Toy:
 def test_the_registry_drives_what_a_rung_produces_compares_and_reports(ladder_rig, monkeypatch):
     """One registry row is all a new artifact needs: produced in every mode, compared, listed and tabled."""
     toy = _Toy()
-    monkeypatch.setitem(ladder.registry.ARTIFACTS, "toy", toy)
+    monkeypatch.setitem(registry.ARTIFACTS, "toy", toy)
     body = GPU_LADDER.replace(
         'modes = ["off", "upstream", "bridge", "bridge-force", "batched", "bridge-force-batched"]',
         'modes = ["off", "upstream", "bridge"]',
@@ -869,7 +870,7 @@ def test_the_registry_drives_what_a_rung_produces_compares_and_reports(ladder_ri
     assert all(r["modes"][m]["compare"]["toy"]["identical"] for m in ("upstream", "bridge"))
     assert "| mode | responses sha256 | logits sha256 | toy sha256 | vs reference |" in md
     assert "toy identical" in md
-    monkeypatch.setitem(ladder.registry.ARTIFACTS, "toy", _Toy(leaky=True))
+    monkeypatch.setitem(registry.ARTIFACTS, "toy", _Toy(leaky=True))
     rc, rep, md = run_ladder(ladder_rig, body)
     r = rep["rungs"][0]
     assert rc == 1 and r["status"] == "mismatch"
@@ -883,12 +884,12 @@ def test_the_options_are_declared_on_their_fields_and_the_sides_are_the_commands
 
     from ggml_bridge.foundations import flags
 
-    declared = [f.name for f, _ in flags.declared(ladder.LadderOptions)]
-    assert declared == [f.name for f in dataclasses.fields(ladder.LadderOptions) if f.name != "sides"]
+    declared = [f.name for f, _ in flags.declared(orchestrate.LadderOptions)]
+    assert declared == [f.name for f in dataclasses.fields(orchestrate.LadderOptions) if f.name != "sides"]
     (tmp_path / "p").mkdir()
     argv = ["--rung", "a", "--rung", "b", "--bin-dir-patched", str(tmp_path / "p"), "--side", "w=x", "--keep-logits"]
     opts = ladder_options(argv)
     assert (opts.rungs, opts.sides, opts.keep_logits) == (("a", "b"), {"patched": tmp_path / "p", "w": Path("x")}, True)
-    assert ladder_options([]) == ladder.LadderOptions()
+    assert ladder_options([]) == orchestrate.LadderOptions()
     with pytest.raises(UsageError, match="--vocab"):
         ladder_options(["--vocab", str(tmp_path / "missing.gguf")])

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge.experiments import ladder
+from ggml_bridge.experiments.ladder import kinds, orchestrate, results, schema, validity
 from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import LadderSetupError
-from ggml_bridge.runtime import llama_server, logparse, rpc
+from ggml_bridge.runtime import llama_server, logparse, modes, rpc
 
 from helpers import FAKE_RPC, REPO_ROOT, ladder_options, make_vocab, write_fake_bin
 
@@ -46,15 +46,13 @@ def _rung(**kw):
         "rpc_servers": [["CUDA0", "CUDA1"]],
         **kw,
     }
-    return ladder.schema.parse_rung(d, {}, "test")
+    return schema.parse_rung(d, {}, "test")
 
 
 def test_schema_keys_and_their_checks():
     r = _rung(rpc_env=[{"GGML_CUDA_DEVICES": 2}], rpc_link="10gbit-0.2ms", rpc_front_gpu=True)
     assert (
-        r.rpc_env == [{"GGML_CUDA_DEVICES": "2"}]
-        and r.rpc_link == "10gbit/0.2ms"
-        and r.rpc_front is ladder.RpcFront.GPU
+        r.rpc_env == [{"GGML_CUDA_DEVICES": "2"}] and r.rpc_link == "10gbit/0.2ms" and r.rpc_front is kinds.RpcFront.GPU
     )
     with pytest.raises(LadderSetupError, match="rpc_env needs one table per rpc-server"):
         _rung(rpc_env=[{}, {}])
@@ -69,7 +67,7 @@ def test_schema_keys_and_their_checks():
 def test_shipped_one_gpu_rpc_and_split_rungs():
     """ladders/cuda-1gpu.toml holds the three RPC topologies of one GPU and a shaped one; -sm row is in
     ladders/cuda.toml (two GPUs)."""
-    lad = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda-1gpu.toml")
+    lad = schema.load_ladder(REPO_ROOT / "ladders" / "cuda-1gpu.toml")
     rungs = {r.name: r for r in lad.rungs}
     virt = rungs["rpc1x2virt-small-ub512"]
     assert virt.rpc_servers == [["CUDA0", "CUDA1"]] and virt.rpc_env == [{"GGML_CUDA_DEVICES": "2"}]
@@ -77,7 +75,7 @@ def test_shipped_one_gpu_rpc_and_split_rungs():
     two = rungs["rpc2x1gpu-small-ub512"]
     assert two.rpc_servers == [["CUDA0"], ["CUDA0"]] and "rpc-bridge-force" in two.modes
     front = rungs["rpcfront-small-ub512"]
-    assert front.rpc_front is ladder.RpcFront.GPU and front.rpc_servers == [["CUDA0"]]
+    assert front.rpc_front is kinds.RpcFront.GPU and front.rpc_servers == [["CUDA0"]]
     assert rungs["rpcfront-shaped-small-ub512"].rpc_link == "10gbit/0.2ms"
     # the head size 32 of "small" has no CUDA flash-attention kernel in b11434 and -fa auto turns it on for a
     # model entirely behind RPC (the rpc-server aborted in fattn.cu on the H200): those rungs turn it off
@@ -87,57 +85,57 @@ def test_shipped_one_gpu_rpc_and_split_rungs():
     # shapes: the one-GPU ladder keeps layer splits only, the row rung is in the two-GPU ladder
     splits = {r.split_mode for r in lad.rungs if r.virtual_devices and "bridge-force" in r.modes}
     assert splits == {"layer"}
-    two_gpu = {r.name: r for r in ladder.load_ladder(REPO_ROOT / "ladders" / "cuda.toml").rungs}
+    two_gpu = {r.name: r for r in schema.load_ladder(REPO_ROOT / "ladders" / "cuda.toml").rungs}
     row = two_gpu["2gpu-row-small-ub512"]
     assert row.split_mode == "row" and row.devices == 2 and not row.virtual_devices and "bridge-force" in row.modes
 
 
 def test_validity_virtual_devices_inside_one_rpc_server():
-    m, r = ladder.MODES, _rung()
-    ok = ladder.validate_rpc(
+    m, r = modes.MODES, _rung()
+    ok = validity.validate_rpc(
         m["rpc-bridge-force"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_FORCE, CNT.format(c=4, b=4))}, r
     )
     assert ok.ok, ok.problems
     assert "bridge engaged (mode force) on 2 GPUs: bridge_boundaries=4" in ok.notes[0]
     # mode 1 does not route virtual devices of one GPU: the force mode must say force
-    one = ladder.validate_rpc(
+    one = validity.validate_rpc(
         m["rpc-bridge-force"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ONE, CNT.format(c=4, b=4))}, r
     )
     assert list(one.problems) == ["rpc-server a: bridge mode 1, expected force"]
     # two devices but no COPY_TENSOR: the boundary inside the server was not exercised, in any mode
     for mode in ("rpc-off", "rpc-bridge-force"):
-        res = ladder.validate_rpc(
+        res = validity.validate_rpc(
             m[mode],
             {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_FORCE if "bridge" in mode else "", CNT.format(c=0, b=0))},
             r,
         )
         assert any("served no RPC_CMD_COPY_TENSOR" in p for p in res.problems), res
     # GGML_CUDA_DEVICES missing: the server shows one device where the rung gave two
-    res = ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CUDA0"], STATE, CNT.format(c=0, b=0))}, r)
+    res = validity.validate_rpc(m["rpc-off"], {"a": _srv(["CUDA0"], STATE, CNT.format(c=0, b=0))}, r)
     assert "given devices CUDA0,CUDA1 but it serves CUDA0" in res.problems[0]
 
 
 def test_validity_two_servers_prove_the_bridge_idle():
-    m, r = ladder.MODES, _rung(rpc_servers=[["CUDA0"], ["CUDA0"]])
+    m, r = modes.MODES, _rung(rpc_servers=[["CUDA0"], ["CUDA0"]])
     servers = {e: _srv(["CUDA0"], STATE, INACTIVE, CNT.format(c=0, b=0)) for e in ("a", "b")}
-    res = ladder.validate_rpc(m["rpc-bridge-force"], servers, r)
+    res = validity.validate_rpc(m["rpc-bridge-force"], servers, r)
     assert res.ok and len(res.notes) == 2
     assert all(
         "bridge idle, as it must be with 1 GPU (it says: inactive: single device; bridge_boundaries=0)" in n
         for n in res.notes
     )
-    bad = ladder.validate_rpc(m["rpc-bridge-force"], {"a": _srv(["CUDA0"], STATE, BR_FORCE, CNT.format(c=0, b=3))}, r)
+    bad = validity.validate_rpc(m["rpc-bridge-force"], {"a": _srv(["CUDA0"], STATE, BR_FORCE, CNT.format(c=0, b=3))}, r)
     assert list(bad.problems) == ["rpc-server a: 1 GPU, yet its bridge counted 3 boundaries"]
 
 
 def test_validity_shaped_link_must_carry_bytes_both_ways():
-    m, r = ladder.MODES, _rung(rpc_servers=[["CPU"]], devices=0, modes=["off", "rpc-off"])
+    m, r = modes.MODES, _rung(rpc_servers=[["CPU"]], devices=0, modes=["off", "rpc-off"])
     info = {"a": _srv(["CPU"], STATE, CNT.format(c=0, b=0))}
     link = {"link": "1gbit/1ms", "up": {"bytes": 10}, "down": {"bytes": 0}}
-    res = ladder.validate_rpc(m["rpc-off"], info, r, {"a": ladder.Link.of(link)})
+    res = validity.validate_rpc(m["rpc-off"], info, r, {"a": results.Link.of(link)})
     assert list(res.problems) == ["rpc-server a: nothing crossed its shaped link 1gbit/1ms (up 10 B, down 0 B)"]
     link["down"]["bytes"] = 5
-    res = ladder.validate_rpc(m["rpc-off"], info, r, {"a": ladder.Link.of(link)})
+    res = validity.validate_rpc(m["rpc-off"], info, r, {"a": results.Link.of(link)})
     assert res.ok and res.servers["a"].link.up_bytes == 10
 
 
@@ -189,7 +187,7 @@ def _run(e, body):
             "30",
         ]
     )
-    rc = ladder.run(a, e.settings)
+    rc = orchestrate.run(a, e.settings)
     return rc, json.loads((e.tmp / "rep" / "report.json").read_text())
 
 
@@ -337,11 +335,11 @@ def test_row_split_rung_does_not_require_bridge_boundaries_but_records_them():
         "fallbacks=0\n"
     )
     base = {"name": "r", "shape": "small", "devices": 1, "virtual_devices": 2, "modes": ["off", "bridge-force"]}
-    layer = ladder.schema.parse_rung({**base, "split_mode": "layer"}, {}, "t")
-    row = ladder.schema.parse_rung({**base, "split_mode": "row", "require_boundaries": False}, {}, "t")
+    layer = schema.parse_rung({**base, "split_mode": "layer"}, {}, "t")
+    row = schema.parse_rung({**base, "split_mode": "row", "require_boundaries": False}, {}, "t")
     logs = {"server": logparse.parse(log)}
-    assert "boundaries=0" in " ".join(validity.validate_mode(ladder.MODES["bridge-force"], layer, logs).problems)
-    res = validity.validate_mode(ladder.MODES["bridge-force"], row, logs)
+    assert "boundaries=0" in " ".join(validity.validate_mode(modes.MODES["bridge-force"], layer, logs).problems)
+    res = validity.validate_mode(modes.MODES["bridge-force"], row, logs)
     assert res.ok, res.problems
     assert any("0 boundaries counted (the rung does not require any" in n for n in res.notes)
 
@@ -430,17 +428,17 @@ def test_report_says_what_crossed_the_link_and_that_the_bridge_is_idle():
     from ggml_bridge.experiments.ladder.report import markdown_report
     from ggml_bridge.experiments.ladder.results import ModeResult, Prepared, RungResult
 
-    link = ladder.Link.of({"link": "10gbit/0.2ms", "up": {"bytes": 3 << 20}, "down": {"bytes": 1 << 20}})
-    v = ladder.Validity(
+    link = results.Link.of({"link": "10gbit/0.2ms", "up": {"bytes": 3 << 20}, "down": {"bytes": 1 << 20}})
+    v = results.Validity(
         notes=("rpc-server a: bridge idle, as it must be with 1 GPU (x)",),
-        rpc={"a": ladder.RpcServerSeen(("CUDA0",), {"rpc_graph_compute": 3}, False, None, link)},
+        rpc={"a": results.RpcServerSeen(("CUDA0",), {"rpc_graph_compute": 3}, False, None, link)},
     )
     r = _rung(rpc_servers=[["CUDA0"]], modes=["off", "rpc-off"])
     modes = {
-        "off": ModeResult(1, "patched", "patched", {}, {}, validity=ladder.Validity()),
+        "off": ModeResult(1, "patched", "patched", {}, {}, validity=results.Validity()),
         "rpc-off": ModeResult(1, "patched", "patched", {}, {}, validity=v),
     }
-    rep = ladder.LadderResult(
+    rep = results.LadderResult(
         "x", "x.toml", "cuda", "now", "v", 1, {}, False, (RungResult(r, "pass", (), modes, Prepared(), 1),), 1, "pass"
     )
     md = markdown_report(rep)
@@ -467,6 +465,6 @@ def test_front_gpu_rung_needs_the_model_on_the_front_gpu_and_the_rpc_server():
         "llama_model_load_from_file_impl: using device CUDA0 (H200) (0000:01) - 1 MiB free\n"
     )
     only_rpc = both.splitlines()[0] + "\n"
-    assert ladder.validate_front(r, {"server": logparse.parse(both), "perplexity": logparse.parse(both)}) == []
-    bad = ladder.validate_front(r, {"server": logparse.parse(both), "perplexity": logparse.parse(only_rpc)})
+    assert validity.validate_front(r, {"server": logparse.parse(both), "perplexity": logparse.parse(both)}) == []
+    bad = validity.validate_front(r, {"server": logparse.parse(both), "perplexity": logparse.parse(only_rpc)})
     assert bad == ["perplexity: the rung keeps a GPU in front of the rpc-servers, but the model sits on RPC0"]

@@ -75,7 +75,7 @@ def test_dir_digest_is_the_one_directory_hash_and_keeps_the_cache_keys(tmp_path:
     import os
 
     from ggml_bridge.distribution import ui
-    from ggml_bridge.upstream import fetch
+    from ggml_bridge.upstream.fetch.tree import tree_digest
 
     root = tmp_path / "t"
     (root / "a").mkdir(parents=True)
@@ -97,7 +97,7 @@ def test_dir_digest_is_the_one_directory_hash_and_keeps_the_cache_keys(tmp_path:
             for r, p in files
         ).encode()
     ).hexdigest()
-    assert fetch.tree_digest(root) == old_tree
+    assert tree_digest(root) == old_tree
     plain = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
     old_ui = hashlib.sha256(
         b"".join(p.relative_to(root).as_posix().encode() + b"\0" + sha(p).encode() + b"\n" for p in plain)

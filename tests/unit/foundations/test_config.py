@@ -164,9 +164,10 @@ def test_fields_have_docstrings() -> None:
 
 def test_source_kinds_are_one_table() -> None:
     """pin.toml's source kinds, the fetch.sources setting and fetch's fetchers all come from pin.SOURCE_KINDS."""
-    from ggml_bridge.upstream import fetch, pin
+    from ggml_bridge.upstream import pin
+    from ggml_bridge.upstream.fetch.pinned import PINNED_FETCHERS
 
-    assert set(fetch.PINNED_FETCHERS) == set(pin.SOURCE_KINDS)
+    assert set(PINNED_FETCHERS) == set(pin.SOURCE_KINDS)
     assert config.load({}, env={}).fetch.sources == list(pin.SOURCE_KINDS)
     with pytest.raises(UsageError, match="fetch source kind"):
         config.load({"fetch.sources": ["git", "svn"]}, env={})

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ggml_bridge.distribution import builder
-from ggml_bridge.experiments import ladder
+from ggml_bridge.distribution.builder import shared
 from ggml_bridge.experiments.bench import orchestrate, suites
+from ggml_bridge.experiments.ladder import schema, sides
 from ggml_bridge.foundations.errors import BenchError, LadderSetupError, UsageError
 from ggml_bridge.runtime import modes, proof, serve
 from ggml_bridge.upstream import patch as patchmod
@@ -60,21 +60,21 @@ def test_old_names_are_accepted_with_a_note_and_both_is_refused(capsys):
 def test_ladder_files_use_current_names(tmp_path: Path):
     root = REPO_ROOT / "ladders"
     for f in root.glob("*.toml"):
-        for r in ladder.load_ladder(f).rungs:
-            assert {ladder.sides.run_parts(m)[1] for m in r.modes} <= set(modes.MODES), (f, r.modes)
+        for r in schema.load_ladder(f).rungs:
+            assert {sides.run_parts(m)[1] for m in r.modes} <= set(modes.MODES), (f, r.modes)
     old = tmp_path / "old.toml"
     old.write_text(
         '[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["staged", "off"]\nreference = "off"\n'
         'expect = { staged = "either" }\n'
     )
-    r = ladder.load_ladder(old).rungs[0]
+    r = schema.load_ladder(old).rungs[0]
     assert r.modes == ["upstream", "off"] and r.expect == {"upstream": "either"}
     old.write_text('[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["off", "both"]\n')
     with pytest.raises(LadderSetupError, match="no longer accepted"):
-        ladder.load_ladder(old)
+        schema.load_ladder(old)
     old.write_text('[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["off", "upstream-nopeer"]\n')
     with pytest.raises(LadderSetupError, match="upstream-nopeer build"):
-        ladder.load_ladder(old)
+        schema.load_ladder(old)
 
 
 def test_bench_serve_and_build_derive_from_the_table():
@@ -92,7 +92,7 @@ def test_bench_serve_and_build_derive_from_the_table():
     assert not base.patched and base.test_patches and "TEST-ONLY" in base.about
     series = patchmod.read_series(REPO_ROOT / "patches" / base.test_patches)
     assert len(series.patches) == 1 and "test-only" in series.patches[0].name
-    assert builder.SHARED_ORDER == tuple(modes.VARIANTS), "the shared tree can make every variant, in table order"
+    assert shared.SHARED_ORDER == tuple(modes.VARIANTS), "the shared tree can make every variant, in table order"
 
 
 def test_bench_refuses_ladder_only_modes(tmp_path, monkeypatch):

@@ -401,13 +401,13 @@ def _srv(devs, *lines):
 
 
 def test_shipped_rpc_ladders_parse():
-    from ggml_bridge.experiments import ladder
+    from ggml_bridge.experiments.ladder import schema
 
-    cpu = ladder.load_ladder(REPO_ROOT / "ladders" / "rpc-cpu.toml")
+    cpu = schema.load_ladder(REPO_ROOT / "ladders" / "rpc-cpu.toml")
     assert all(r.rpc_servers == [["CPU"], ["CPU"]] and "rpc-off" in r.modes for r in cpu.rungs)
     # the local reference must not use in-process-only CPU buffer types (AMX, repack): docs/rpc.md
     assert all("--no-repack" in r.server_args and "--no-repack" in r.perplexity_args for r in cpu.rungs)
-    cuda = ladder.load_ladder(REPO_ROOT / "ladders" / "cuda.toml")
+    cuda = schema.load_ladder(REPO_ROOT / "ladders" / "cuda.toml")
     rpc_rungs = {r.name: r for r in cuda.rungs if r.rpc_servers}
     assert [["CUDA0", "CUDA1"]] in [r.rpc_servers for r in rpc_rungs.values()]
     assert [["CUDA0"], ["CUDA1"]] in [r.rpc_servers for r in rpc_rungs.values()]
@@ -415,34 +415,35 @@ def test_shipped_rpc_ladders_parse():
 
 
 def test_rpc_mode_needs_servers(tmp_path):
-    from ggml_bridge.experiments import ladder
+    from ggml_bridge.experiments.ladder import schema
     from ggml_bridge.foundations.errors import LadderSetupError
 
     f = tmp_path / "l.toml"
     f.write_text('[[rung]]\nname = "x"\nshape = "tiny"\nmodes = ["off", "rpc-off"]\n')
     with pytest.raises(LadderSetupError, match="rpc-\\* modes need rpc_servers"):
-        ladder.load_ladder(f)
+        schema.load_ladder(f)
 
 
 def test_validate_rpc():
-    from ggml_bridge.experiments import ladder
+    from ggml_bridge.experiments.ladder import validity
+    from ggml_bridge.runtime import modes
 
-    m = ladder.MODES
+    m = modes.MODES
     cnt = "ggml_bridge_rpc: counters: trigger=signal bridge=1 rpc_graph_compute={g} rpc_copy_tensor=4 bridge_boundaries={b}\n"
-    ok = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ON, cnt.format(g=3, b=4))})
+    ok = validity.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ON, cnt.format(g=3, b=4))})
     assert ok.ok, ok.problems
     assert ok.servers["a"].counters["bridge_boundaries"] == 4
-    zero = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ON, cnt.format(g=3, b=0))})
+    zero = validity.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0", "CUDA1"], STATE, BR_ON, cnt.format(g=3, b=0))})
     assert list(zero.problems) == ["rpc-server a: bridge engaged but bridge_boundaries=0 (rpc_copy_tensor=4)"]
-    off = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0", "CUDA1"], STATE, cnt.format(g=3, b=0))})
+    off = validity.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0", "CUDA1"], STATE, cnt.format(g=3, b=0))})
     assert "bridge not engaged on its 2 GPUs (no bridge line)" in off.problems[0]
-    idle = ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], STATE, cnt.format(g=0, b=0))})
+    idle = validity.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], STATE, cnt.format(g=0, b=0))})
     assert "computed no graph" in idle.problems[0]
-    one = ladder.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0"], STATE, cnt.format(g=2, b=0))})
+    one = validity.validate_rpc(m["rpc-bridge"], {"a": _srv(["CUDA0"], STATE, cnt.format(g=2, b=0))})
     assert one.ok and "bridge idle, as it must be with 1 GPU" in one.notes[0]
-    assert not ladder.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], cnt.format(g=2, b=0))}).ok  # no state line
-    assert not ladder.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"], STATE)}).ok  # patch lines upstream
-    assert ladder.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"])}).ok
+    assert not validity.validate_rpc(m["rpc-off"], {"a": _srv(["CPU"], cnt.format(g=2, b=0))}).ok  # no state line
+    assert not validity.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"], STATE)}).ok  # patch lines upstream
+    assert validity.validate_rpc(m["rpc-upstream"], {"a": _srv(["CPU"])}).ok
 
 
 # --- bench: the rpc suites ----------------------------------------------------------------------------------

