@@ -105,16 +105,16 @@ def options(ns: argparse.Namespace) -> BuildOptions:
 
 
 def run(opts: BuildOptions, settings: Settings) -> int:
-    from ..distribution import builder
+    from ..distribution.builder import locate, shared, single
 
     variants = list(opts.variants or (modes.variant(settings.build.variant),))
     names = [v.name for v in variants]
     if opts.print_manifest or opts.print_bin_dir:
         # what a build left, for scripts (scripts/gpu/prove.sh): the CLI knows where the cache keeps it
         for name in names:
-            manifest = builder.find_manifest(settings, name)
+            manifest = locate.find_manifest(settings, name)
             print(
-                manifest if opts.print_manifest else builder.find_binary(settings, "llama-server", variant=name).parent
+                manifest if opts.print_manifest else locate.find_binary(settings, "llama-server", variant=name).parent
             )
         return 0
     src = opts.source
@@ -126,7 +126,7 @@ def run(opts: BuildOptions, settings: Settings) -> int:
         print(report)
         return 0 if all(p.ok for p in done) else BuildError.exit_code
     if opts.shared_tree:
-        results = builder.ensure_shared(
+        results = shared.ensure_shared(
             settings,
             variants,
             source_spec=src.source,
@@ -135,7 +135,7 @@ def run(opts: BuildOptions, settings: Settings) -> int:
         )
     else:
         results = [
-            builder.ensure(
+            single.ensure(
                 settings,
                 v,
                 source_spec=src.source,

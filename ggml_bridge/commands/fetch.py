@@ -44,9 +44,9 @@ options = source_options
 
 
 def run(opts: SourceOptions, settings: Settings) -> int:
-    from ..upstream import fetch
+    from ..upstream.fetch import resolve
 
-    tree = fetch.obtain(settings, opts.source, opts.allow_unpinned)
+    tree = resolve.obtain(settings, opts.source, opts.allow_unpinned)
     log(f"upstream {tree.commit_or_id} from {tree.origin}")
     print(tree.path)
     return 0

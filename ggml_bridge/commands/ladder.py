@@ -1,5 +1,5 @@
 """``ggml-bridge ladder``: run a ladder file's rungs and write report.json + report.md. Its options are
-:class:`ggml_bridge.experiments.ladder.LadderOptions`'s fields, each declared once there, but the sides
+:class:`ggml_bridge.experiments.ladder.orchestrate.LadderOptions`'s fields, each declared once there, but the sides
 (``--side NAME=DIR`` and ``--bin-dir-NAME DIR``), which this module reads."""
 
 from __future__ import annotations

@@ -54,12 +54,13 @@ def options(ns: argparse.Namespace) -> PatchOptions:
 
 
 def run(opts: PatchOptions, settings: Settings) -> int:
-    from ..upstream import fetch, patch
+    from ..upstream import patch
+    from ..upstream.fetch import resolve
 
     if opts.export is not None:
         return export(opts.export, opts.base, settings)
 
-    tree = fetch.obtain(settings, opts.source.source, opts.source.allow_unpinned)
+    tree = resolve.obtain(settings, opts.source.source, opts.source.allow_unpinned)
     if opts.check:
         report = patch.check_series(settings, tree)
         print(report.render())

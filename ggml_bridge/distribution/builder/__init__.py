@@ -9,10 +9,3 @@ Modules: ``single`` (one variant), ``shared`` (several from one tree), ``locate`
 """
 
 from __future__ import annotations
-
-# the names the build command reads from the package
-from .locate import find_binary, find_manifest
-from .shared import ensure_shared
-from .single import ensure
-
-__all__ = ["ensure", "ensure_shared", "find_binary", "find_manifest"]

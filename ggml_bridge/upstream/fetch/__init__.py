@@ -27,8 +27,3 @@ in the configured order) are :mod:`.pinned`; a user's directory, checkout, tarba
 """
 
 from __future__ import annotations
-
-# the name the fetch and patch commands read from the package
-from .resolve import obtain
-
-__all__ = ["obtain"]
