@@ -431,3 +431,37 @@ def run_as_other_user(
         cwd=str(home),
         timeout=300,
     )
+
+
+def doctor_findings(
+    res: Any,
+    *,
+    devices: list[str] | None = None,
+    model: Any = None,
+    env: dict[str, str] | None = None,
+) -> Any:  # -> ggml_bridge.experiments.doctor.facts.Findings
+    """The doctor's findings on a rig without an NVIDIA driver, one patched CUDA build listing the devices of the
+    probe result ``res`` (``devices``: fake ones of these names instead), ``model`` and ``env`` as given."""
+    from ggml_bridge.experiments.doctor import inventory, nvml
+    from ggml_bridge.experiments.doctor.facts import Findings, Options
+
+    build = inventory.Build("patched/cuda build", "cuda", Path("/b/bin/llama-server"))
+    listed = [
+        inventory.ListedDevice(d.name, d.description, d.total_mib, d.free_mib)
+        for d in (res.devices.values() if res else [])
+    ]
+    if devices is not None:
+        listed = [inventory.ListedDevice(n, "Fake", 8192, 8000) for n in devices]
+    return Findings(
+        when="2026-12-06 00:00 UTC",
+        host="rig",
+        options=Options(),
+        env=env or {},
+        nvml=nvml.NvmlReport("no-driver", "no NVIDIA driver"),
+        cpu=inventory.Cpu("CPU", 2, (), "native"),
+        builds=[build],
+        listings=[inventory.Listing(build, listed)],
+        probe=res,
+        probe_source="fixture",
+        model=model,
+    )

@@ -16,10 +16,10 @@ import pytest
 
 from ggml_bridge import cli
 from ggml_bridge.experiments.doctor import inventory, nvml, probe, recommend, report
-from ggml_bridge.experiments.doctor.facts import Findings, Options
+from ggml_bridge.experiments.doctor.facts import Findings
 from ggml_bridge.runtime import rpc
 
-from helpers import FAKE_RPC, FIXTURES, write_exe
+from helpers import FAKE_RPC, FIXTURES, doctor_findings, write_exe
 
 PROBES = FIXTURES / "probe"
 CORRUPT = PROBES / "mock-3gpu-corrupt-0-1-quick.txt"
@@ -206,26 +206,7 @@ def _findings(
     env: dict[str, str] | None = None,
 ) -> Findings:
     res = probe.parse(probe_file.read_text()) if probe_file else None
-    build = inventory.Build("patched/cuda build", "cuda", Path("/b/bin/llama-server"))
-    listed = [
-        inventory.ListedDevice(d.name, d.description, d.total_mib, d.free_mib)
-        for d in (res.devices.values() if res else [])
-    ]
-    if devices is not None:
-        listed = [inventory.ListedDevice(n, "Fake", 8192, 8000) for n in devices]
-    return Findings(
-        when="2026-12-03 00:00 UTC",
-        host="rig",
-        options=Options(),
-        env=env or {},
-        nvml=nvml.NvmlReport("no-driver", "no NVIDIA driver"),
-        cpu=inventory.Cpu("CPU", 2, (), "native"),
-        builds=[build],
-        listings=[inventory.Listing(build, listed)],
-        probe=res,
-        probe_source="fixture",
-        model=model,
-    )
+    return doctor_findings(res, devices=devices, model=model, env=env)
 
 
 def test_a_corrupting_pair_is_flagged_and_kept_off_peer_access() -> None:

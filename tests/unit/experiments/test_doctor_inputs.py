@@ -25,7 +25,7 @@ from ggml_bridge.experiments.doctor import checkup, inventory, nvml, probe, reco
 from ggml_bridge.experiments.doctor.facts import Findings, Options
 from ggml_bridge.foundations import cache
 
-from helpers import FIXTURES, write_exe
+from helpers import FIXTURES, doctor_findings, write_exe
 
 OK2 = FIXTURES / "probe" / "mock-2gpu-ok.txt"
 
@@ -205,23 +205,7 @@ def test_a_copy_naming_an_unknown_device_is_implausible() -> None:
 
 
 def _findings(res: probe.ProbeResult | None, env: dict[str, str] | None = None) -> Findings:
-    build = inventory.Build("patched/cuda build", "cuda", Path("/b/bin/llama-server"))
-    listed = [
-        inventory.ListedDevice(d.name, d.description, d.total_mib, d.free_mib)
-        for d in (res.devices.values() if res else [])
-    ]
-    return Findings(
-        when="2026-12-06 00:00 UTC",
-        host="rig",
-        options=Options(),
-        env=env or {},
-        nvml=nvml.NvmlReport("no-driver", "no NVIDIA driver"),
-        cpu=inventory.Cpu("CPU", 2, (), "native"),
-        builds=[build],
-        listings=[inventory.Listing(build, listed)],
-        probe=res,
-        probe_source="fixture",
-    )
+    return doctor_findings(res, env=env)
 
 
 def _strict_json(text: str) -> Any:

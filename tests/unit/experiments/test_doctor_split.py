@@ -8,31 +8,16 @@ from pathlib import Path
 import pytest
 
 from ggml_bridge.experiments import tensor_split
-from ggml_bridge.experiments.doctor import cost, inventory, nvml, probe, recommend
-from ggml_bridge.experiments.doctor.facts import Findings, Options
+from ggml_bridge.experiments.doctor import cost, inventory, probe, recommend
+from ggml_bridge.experiments.doctor.facts import Findings
 
-from helpers import FIXTURES
+from helpers import FIXTURES, doctor_findings
 
 PROBES = FIXTURES / "probe"
 
 
 def _findings(probe_file: Path, model: inventory.Model | None = None, env: dict[str, str] | None = None) -> Findings:
-    res = probe.parse(probe_file.read_text())
-    build = inventory.Build("patched/cuda build", "cuda", Path("/b/bin/llama-server"))
-    listed = [inventory.ListedDevice(d.name, d.description, d.total_mib, d.free_mib) for d in res.devices.values()]
-    return Findings(
-        when="2026-12-06 00:00 UTC",
-        host="rig",
-        options=Options(),
-        env=env or {},
-        nvml=nvml.NvmlReport("no-driver", "no NVIDIA driver"),
-        cpu=inventory.Cpu("CPU", 2, (), "native"),
-        builds=[build],
-        listings=[inventory.Listing(build, listed)],
-        probe=res,
-        probe_source="fixture",
-        model=model,
-    )
+    return doctor_findings(probe.parse(probe_file.read_text()), model=model, env=env)
 
 
 def _model(arch: str, hidden: int = 5120, layers: int | None = 40) -> inventory.Model:
