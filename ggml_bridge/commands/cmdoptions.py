@@ -1,6 +1,8 @@
-"""Every option that more than one command takes, declared once (pip's ``cmdoptions``): each function adds one option
-or one group to a parser, with the same name, type, default and help wherever it appears. The commands turn what
-argparse parsed into the frozen dataclasses the rest of the package receives."""
+"""Every option that more than one command takes, declared once (pip's ``cmdoptions``): a declaration the options
+dataclasses put on their fields (:data:`DISCARD_CHANGES`, :data:`VARIANT`), the [build] settings a command line
+overrides (:class:`BuildSettingsOptions`), and the functions that add the rest to a parser, with the same name, type,
+default and help wherever it appears. The commands turn what argparse parsed into the frozen dataclasses the rest of
+the package receives."""
 
 from __future__ import annotations
 
