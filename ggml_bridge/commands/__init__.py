@@ -85,17 +85,11 @@ def load(name: str) -> Any:
 
 
 def build_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The [build] settings the build options override (a --variant list of several is the build command's
-    business: settings hold one variant)."""
-    variant = getattr(args, "variant", None)
-    return {
-        "build.variant": None if variant is None or "," in variant else variant,
-        "build.backend": getattr(args, "backend", None),
-        "build.cuda_arch": getattr(args, "cuda_arch", None),
-        "build.jobs": getattr(args, "jobs", None),
-        "build.native": getattr(args, "native", None),
-        "build.ui": getattr(args, "ui", None),
-    }
+    """The [build] settings the command's options override (:class:`.cmdoptions.BuildSettingsOptions`; those the
+    command does not take are not given)."""
+    from . import cmdoptions, optionset
+
+    return optionset.options(cmdoptions.BuildSettingsOptions, args).overrides()
 
 
 #: Every subcommand, in ``--help`` order.

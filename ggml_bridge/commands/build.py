@@ -4,104 +4,107 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..foundations import files, runner
+from ..foundations import files, flags, runner
 from ..foundations.config import Settings
 from ..foundations.errors import BuildError, UsageError
 from ..runtime import modes
-from . import argtypes, cmdoptions
+from . import cmdoptions, optionset
+from .cmdoptions import BuildSettingsOptions
 from .fetch import SourceOptions, add_source_arguments, source_options
+
+
+def variant_list(text: str, option: str) -> tuple[modes.Variant, ...]:
+    """``--variant a,b``: the variants named, each looked up before any build (blanks dropped, at least one)."""
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names:
+        raise UsageError(
+            f"{option} {text!r} names no variant",
+            why="nothing would be built",
+            fix=f"use one or more of {', '.join(modes.VARIANTS)}, comma-separated",
+        )
+    return tuple(modes.variant(v, option) for v in names)
 
 
 @dataclass(frozen=True)
 class BuildOptions:
+    """``ggml-bridge build``'s options: the sources (:class:`SourceOptions`, which fetch declares), which variants, in
+    one tree or one each, the [build] settings given (:class:`BuildSettingsOptions`, already in the settings the
+    build gets); or where the latest build of each is; or every prefix of the series."""
+
     source: SourceOptions
-    variants: tuple[modes.Variant, ...] | None = None
+    variants: tuple[modes.Variant, ...] | None = field(
+        default=None, metadata=flags.checked(cmdoptions.VARIANT, variant_list)
+    )
     """``--variant a,b``, looked up; None: the settings' one."""
-    shared_tree: bool = False
-    discard_changes: bool = False
-    print_manifest: bool = False
-    print_bin_dir: bool = False
-    series_prefixes: Path | None = None
-    """``--series-prefixes DIR``: build and test every prefix of the series there instead."""
-
-
-def add_build_arguments(parser: argparse.ArgumentParser) -> None:
-    """What every build takes (the [build] settings these override: :func:`ggml_bridge.commands.build_overrides`)."""
-    cmdoptions.values(
-        parser,
-        (
-            "--variant",
-            None,
-            "{" + ",".join(modes.VARIANTS) + "}[,...]",
-            "what to build (default: patched); a comma-separated list builds several",
+    shared_tree: bool = field(
+        default=False,
+        metadata=flags.flag(
+            "--shared-tree", help="build the listed variants in one static tree, compiling shared objects once"
         ),
     )
-    cmdoptions.switches(
-        parser, ("--shared-tree", "build the listed variants in one static tree, compiling shared objects once")
+    settings: BuildSettingsOptions = BuildSettingsOptions()
+    discard_changes: bool = field(default=False, metadata=cmdoptions.DISCARD_CHANGES)
+    print_manifest: bool = field(
+        default=False,
+        metadata=flags.one_of(
+            "located",
+            flags.flag(
+                "--print-manifest",
+                help="build nothing: print the manifest.json path of the latest build of each --variant",
+            ),
+        ),
     )
-    cmdoptions.backend(parser, "build")
-    cmdoptions.cuda_arch(parser, "build")
-    cmdoptions.jobs(parser)
-    parser.add_argument(
-        "--no-native",
-        dest="native",
-        action="store_false",
+    print_bin_dir: bool = field(
+        default=False,
+        metadata=flags.one_of(
+            "located",
+            flags.flag(
+                "--print-bin-dir",
+                help="build nothing: print the folder holding the binaries of the latest build of each --variant",
+            ),
+        ),
+    )
+    series_prefixes: Path | None = field(
         default=None,
-        help="do not optimise for this CPU (-DGGML_NATIVE=OFF)",
-    )
-    cmdoptions.no_ui(parser)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_source_arguments(parser)
-    add_build_arguments(parser)
-    cmdoptions.discard_changes(parser)
-    located = parser.add_mutually_exclusive_group()
-    cmdoptions.switches(
-        located,
-        ("--print-manifest", "build nothing: print the manifest.json path of the latest build of each --variant"),
-        (
-            "--print-bin-dir",
-            "build nothing: print the folder holding the binaries of the latest build of each --variant",
-        ),
-    )
-    cmdoptions.values(
-        parser,
-        (
+        metadata=flags.flag(
             "--series-prefixes",
-            argtypes.path,
-            "DIR",
-            "build the tree with patches 1..k of the series for every k in one CMake tree in DIR (the patched "
+            parse=flags.path,
+            metavar="DIR",
+            help="build the tree with patches 1..k of the series for every k in one CMake tree in DIR (the patched "
             "variant's options, tests on) and run the ctest labels each prefix registers; prints DIR/prefixes.md",
         ),
     )
+    """``--series-prefixes DIR``: build and test every prefix of the series there instead."""
+
+
+#: the [build] settings build's command line overrides, besides --variant (its own option too: ``variants``)
+SETTINGS = ("backend", "cuda_arch", "jobs", "native", "ui")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    optionset.add(parser, BuildSettingsOptions, only=SETTINGS)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    optionset.add(parser, BuildOptions, source=add_source_arguments, settings=add_settings_arguments)
 
 
 def options(ns: argparse.Namespace) -> BuildOptions:
-    variants = None
-    if ns.variant is not None:
-        names = [v.strip() for v in ns.variant.split(",") if v.strip()]
-        if not names:
-            raise UsageError(
-                f"--variant {ns.variant!r} names no variant",
-                why="nothing would be built",
-                fix=f"use one or more of {', '.join(modes.VARIANTS)}, comma-separated",
-            )
-        variants = tuple(modes.variant(v, "--variant") for v in names)  # every name looked up before any build
-    prefixes = ns.series_prefixes
-    other = ns.shared_tree or ns.print_manifest or ns.print_bin_dir
-    if prefixes is not None and (other or (variants and [v.name for v in variants] != [modes.PATCHED])):
+    opts = optionset.options(
+        BuildOptions, ns, source=source_options(ns), settings=optionset.options(BuildSettingsOptions, ns)
+    )
+    other = opts.shared_tree or opts.print_manifest or opts.print_bin_dir
+    variants = opts.variants
+    if opts.series_prefixes is not None and (other or (variants and [v.name for v in variants] != [modes.PATCHED])):
         raise UsageError(
             "--series-prefixes builds the patched variant in its own tree",
             why="it goes with none of --shared-tree, --print-manifest, --print-bin-dir and another --variant",
             fix="leave those out",
         )
-    return BuildOptions(
-        source_options(ns), variants, ns.shared_tree, ns.discard_changes, ns.print_manifest, ns.print_bin_dir, prefixes
-    )
+    return opts
 
 
 def run(opts: BuildOptions, settings: Settings) -> int:

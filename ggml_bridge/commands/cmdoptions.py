@@ -1,10 +1,14 @@
-"""Every option that more than one command takes, declared once (pip's ``cmdoptions``): each function adds one option
-or one group to a parser, with the same name, type, default and help wherever it appears. The commands turn what
-argparse parsed into the frozen dataclasses the rest of the package receives."""
+"""Every option that more than one command takes, declared once (pip's ``cmdoptions``): a declaration the options
+dataclasses put on their fields (:data:`DISCARD_CHANGES`, :data:`VARIANT`), the [build] settings a command line
+overrides (:class:`BuildSettingsOptions`), and the functions that add the rest to a parser, with the same name, type,
+default and help wherever it appears. The commands turn what argparse parsed into the frozen dataclasses the rest of
+the package receives."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -66,61 +70,60 @@ def common(parser: argparse.ArgumentParser, *, suppress: bool = True) -> None:
 DISCARD_CHANGES = flags.flag(
     "--discard-changes", help="delete edits found in the cached patched work tree (else they are an error, exit 21)"
 )
+#: ``--variant``: build's list of variants (``BuildOptions.variants``), and the [build] variant setting where it
+#: names one (:attr:`BuildSettingsOptions.variant`)
+VARIANT = flags.flag(
+    "--variant",
+    metavar="{" + ",".join(VARIANTS) + "}[,...]",
+    help="what to build (default: patched); a comma-separated list builds several",
+)
 
 
-def discard_changes(parser: argparse.ArgumentParser) -> None:
-    optionset.one(parser, DISCARD_CHANGES[flags.KEY], False)
+def one_variant(text: str, option: str) -> str | None:
+    """``--variant`` as the [build] variant setting: the name given, when one is (a list of several is the build
+    command's business: settings hold one variant; the name is checked with the settings)."""
+    return None if "," in text else text
 
 
-def jobs(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--jobs", "-j", metavar="N", type=argtypes.count(0), help="parallel jobs (default: all cores)")
+@dataclass(frozen=True)
+class BuildSettingsOptions:
+    """The [build] settings (:class:`~ggml_bridge.foundations.config.BuildSettings`) the command line overrides,
+    each field the setting of its name; None: not given, the settings' value stands. build takes them all, wheel and
+    sdist some (:func:`optionset.add`'s ``only``), fetch and patch none: :meth:`overrides` of each."""
 
-
-#: ``--backend``'s help, per command: what each builds
-BACKEND_HELP = {
-    "build": (
-        "{auto,cpu,cuda,vulkan,cuda-vulkan}",
-        "auto = cuda when nvcc and cuBLAS headers are found, else cpu; vulkan only when named "
-        "(Vulkan headers, loader, glslc, SPIRV-Headers; $VULKAN_SDK first)",
-    ),
-    "wheel": (
-        "{cpu,cuda,vulkan}",
-        "cpu (default: portable, every CPU variant), cuda (every architecture of "
-        "build_support/cuda_runtime.json the toolkit accepts, NVIDIA runtime wheels as deps) or vulkan "
-        "(ggml's Vulkan backend; the system's Vulkan loader at run time)",
-    ),
-}
-#: ``--cuda-arch``'s help, per command
-CUDA_ARCH_HELP = {
-    "build": ("ARCH", "CMAKE_CUDA_ARCHITECTURES (default native)"),
-    "wheel": ("LIST", "CMAKE_CUDA_ARCHITECTURES instead of the wheel's list, e.g. '86-real;90-real;120-virtual'"),
-}
-
-
-def backend(parser: argparse.ArgumentParser, command: str) -> None:
-    metavar, text = BACKEND_HELP[command]
-    values(
-        parser,
-        ("--backend", None, metavar, text),
-    )
-
-
-def cuda_arch(parser: argparse.ArgumentParser, command: str) -> None:
-    metavar, text = CUDA_ARCH_HELP[command]
-    values(
-        parser,
-        ("--cuda-arch", None, metavar, text),
-    )
-
-
-def no_ui(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--no-ui",
-        dest="ui",
-        action="store_false",
+    variant: str | None = field(default=None, metadata=flags.checked(VARIANT, one_variant))
+    backend: str | None = field(
         default=None,
-        help="build llama-server without its web UI (otherwise built from tools/ui with npm)",
+        metadata=flags.flag(
+            "--backend",
+            metavar="{auto,cpu,cuda,vulkan,cuda-vulkan}",
+            help="auto = cuda when nvcc and cuBLAS headers are found, else cpu; vulkan only when named "
+            "(Vulkan headers, loader, glslc, SPIRV-Headers; $VULKAN_SDK first)",
+        ),
     )
+    cuda_arch: str | None = field(
+        default=None,
+        metadata=flags.flag("--cuda-arch", metavar="ARCH", help="CMAKE_CUDA_ARCHITECTURES (default native)"),
+    )
+    jobs: int | None = field(
+        default=None,
+        metadata=flags.also(
+            "-j", flags.flag("--jobs", parse=flags.count(0), metavar="N", help="parallel jobs (default: all cores)")
+        ),
+    )
+    native: bool | None = field(
+        default=None, metadata=flags.turns_off("--no-native", help="do not optimise for this CPU (-DGGML_NATIVE=OFF)")
+    )
+    ui: bool | None = field(
+        default=None,
+        metadata=flags.turns_off(
+            "--no-ui", help="build llama-server without its web UI (otherwise built from tools/ui with npm)"
+        ),
+    )
+
+    def overrides(self) -> dict[str, Any]:
+        """``config.load``'s overrides: ``build.<field>`` -> the value given (None: the settings' value)."""
+        return {f"build.{f.name}": getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 def startup_timeout(parser: argparse.ArgumentParser, default: float | None, what: str) -> None:

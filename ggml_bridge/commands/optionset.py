@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from ..foundations import flags
 from . import argtypes
@@ -16,18 +16,33 @@ T = TypeVar("T")
 
 #: adds the arguments of a field the command reads itself (not declared on the field)
 Own = Callable[[argparse.ArgumentParser], None]
+#: ``(metavar, help)``: a command's own words for an option of a class several commands take
+Words = tuple[str, str]
 
 
-def add(parser: argparse.ArgumentParser, cls: type, section: type | None = None, **own: Own) -> None:
+def add(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    section: type | None = None,
+    *,
+    only: Sequence[str] | None = None,
+    words: Mapping[str, Words] | None = None,
+    **own: Own,
+) -> None:
     """One argument per option ``cls`` declares, in the order of its fields, ``own``'s arguments at the place of
     their field (a group of :func:`~flags.one_of` mutually exclusive); the field's default is the option's (a bool:
     on by default ``--X`` / ``--no-X``, or a flag ``--no-X`` alone turns it off; off by default ``--X`` turns it
     on), but a field of the command's settings ``section`` is None when not given, so that the settings' value fills
-    it (``cli.parse_namespace``); a field without a default is a required option."""
+    it (``cli.parse_namespace``); a field without a default is a required option. A command that takes some of the
+    options of a class several commands share names them in ``only``, in its order, and may tell some in its own
+    ``words`` (by field name)."""
     groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
     unset = {f.name for f in dataclasses.fields(section)} if section is not None else set()
-    for f in dataclasses.fields(cls):
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    for f in [by_name[name] for name in only] if only is not None else by_name.values():
         spec = f.metadata.get(flags.KEY)
+        if spec is not None and words is not None and f.name in words:
+            spec = dataclasses.replace(spec, metavar=words[f.name][0], help=words[f.name][1])
         if f.name in own:
             own[f.name](parser)
         elif spec is not None:
@@ -61,6 +76,13 @@ def one(
 
 def _keywords(spec: flags.Flag, default: Any, name: str) -> dict[str, Any]:
     text = spec.help.format(name) if spec.each else spec.help
+    if spec.takes == "none":  # the flag alone: its const (default: the field's, None)
+        return {
+            "action": "store_const",
+            "const": spec.const,
+            "help": text,
+            **({} if default is None else {"default": default}),
+        }
     if isinstance(default, bool):  # on by default: --X / --no-X, or --no-X alone; else --X alone turns it on
         action = (
             ("store_false" if spec.flag.startswith("--no-") else argparse.BooleanOptionalAction)

@@ -28,7 +28,7 @@ class SdistOptions:
 
 def add_dist_arguments(parser: argparse.ArgumentParser) -> None:
     optionset.add(parser, SdistOptions, source=add_source_arguments)
-    cmdoptions.no_ui(parser)
+    optionset.add(parser, cmdoptions.BuildSettingsOptions, only=("ui",))
 
 
 add_arguments = add_dist_arguments

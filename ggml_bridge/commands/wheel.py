@@ -18,6 +18,18 @@ def cpu_variants(text: str) -> tuple[str, ...]:
     return tuple(v for v in text.split(",") if v)
 
 
+#: the wheel's words for the [build] settings it overrides (a portable wheel's backends and architectures)
+WORDS: dict[str, optionset.Words] = {
+    "backend": (
+        "{cpu,cuda,vulkan}",
+        "cpu (default: portable, every CPU variant), cuda (every architecture of "
+        "build_support/cuda_runtime.json the toolkit accepts, NVIDIA runtime wheels as deps) or vulkan "
+        "(ggml's Vulkan backend; the system's Vulkan loader at run time)",
+    ),
+    "cuda_arch": ("LIST", "CMAKE_CUDA_ARCHITECTURES instead of the wheel's list, e.g. '86-real;90-real;120-virtual'"),
+}
+
+
 @dataclass(frozen=True)
 class WheelOptions:
     """``ggml-bridge wheel``'s options: its sdist's (:class:`SdistOptions`), which CPU variants, from which sdist,
@@ -65,9 +77,7 @@ class WheelOptions:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dist_arguments(parser)
-    cmdoptions.jobs(parser)
-    cmdoptions.backend(parser, "wheel")
-    cmdoptions.cuda_arch(parser, "wheel")
+    optionset.add(parser, cmdoptions.BuildSettingsOptions, only=("jobs", "backend", "cuda_arch"), words=WORDS)
     optionset.add(parser, WheelOptions)  # dist: its sdist's, added above with the [build] settings' options
 
 

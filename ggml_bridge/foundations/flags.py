@@ -18,7 +18,7 @@ from . import files
 #: the key of a field's metadata that holds its :class:`Flag`
 KEY = "ggml_bridge.flag"
 #: how many values an option takes (:attr:`Flag.takes`)
-Takes = Literal["one", "many", "repeat"]
+Takes = Literal["one", "many", "repeat", "none"]
 
 
 class BadValue(ValueError):
@@ -35,9 +35,10 @@ class Flag:
     parse: Callable[[str], Any] | None = None
     metavar: str | None = None
     #: one value; ``many``: one or more after the flag (``nargs="+"``); ``repeat``: one per flag given, the flag
-    #: repeatable (``action="append"``); the field a tuple of them
+    #: repeatable (``action="append"``); the field a tuple of them; ``none``: no value, the flag given alone is
+    #: :attr:`const` (``store_const``: :func:`turns_off`)
     takes: Takes = "one"
-    #: the value of the flag given alone (``nargs="?"``); None: the flag needs its value
+    #: the value of the flag given alone (``nargs="?"``, or ``takes="none"``); None: the flag needs its value
     const: Any = None
     #: a given value checked once parsed, with the flag's name (e.g. ``files.input_file``): the value to keep
     check: Callable[[Any, str], Any] | None = None
@@ -75,6 +76,18 @@ def one_of(group: str, declaration: dict[str, Flag], *, needed: bool = False) ->
     return {KEY: dataclasses.replace(declaration[KEY], exclusive=group, one_needed=needed)}
 
 
+def checked(declaration: dict[str, Flag], check: Callable[[Any, str], Any]) -> dict[str, Flag]:
+    """``declaration`` (:func:`flag`'s, e.g. a constant two fields read) with ``check`` (:attr:`Flag.check`): one
+    option, two fields that keep what each makes of it."""
+    return {KEY: dataclasses.replace(declaration[KEY], check=check)}
+
+
+def turns_off(name: str, *, help: str) -> dict[str, Flag]:
+    """A flag ``--no-X`` that takes no value and turns a setting off: the field (default None, the setting's value
+    stands) is False when the flag is given."""
+    return flag(name, help=help, takes="none", const=False)
+
+
 def also(alias: str, declaration: dict[str, Flag]) -> dict[str, Flag]:
     """``declaration`` (:func:`flag`'s) with one more name for its flag (``also("-o", flag("--out", ...))``)."""
     spec = declaration[KEY]
@@ -106,7 +119,7 @@ def typed(cls: type, given: Mapping[str, Any], **own: Any) -> Any:
 
 
 def _checked(spec: Flag, value: Any, option: str) -> Any:
-    if spec.takes != "one":
+    if spec.takes in ("many", "repeat"):
         value = tuple(value)
     return spec.check(value, option) if spec.check is not None else value
 
