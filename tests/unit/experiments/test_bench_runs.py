@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,48 +15,15 @@ from ggml_bridge.experiments import model as modelmod
 from ggml_bridge.experiments.bench import orchestrate, running, stats
 from ggml_bridge.experiments.bench.measure import Job
 from ggml_bridge.experiments.bench.running import plan_round
-from ggml_bridge.foundations import config
 from ggml_bridge.foundations.errors import BenchError, UsageError
 from ggml_bridge.runtime import modes
 
-from helpers import bench_args, write_fake_variants
-
-
-@dataclass(frozen=True)
-class OneGpuBench:
-    order: Path
-    """Each fake program of ``variants`` appends its command line here."""
-    model: Path
-    variants: Path
-    settings: config.Settings
-    tmp: Path
-
-
-@pytest.fixture
-def one_gpu_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OneGpuBench:
-    """bench on a rig of one (fake) GPU: fake variants, a model file, settings whose cache is under tmp_path."""
-    for var in ("FAKE_COLD_FIRST", "FAKE_COLD_WHEN", "FAKE_BATCHED_INACTIVE", "FAKE_DEVICES"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("FAKE_ORDER", str(tmp_path / "order.txt"))
-    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
-    monkeypatch.setattr(orchestrate, "gpu_env", lambda: {})
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
-    return OneGpuBench(
-        order=tmp_path / "order.txt",
-        model=model,
-        variants=write_fake_variants(tmp_path / "variants"),
-        settings=config.Settings(cache_dir=tmp_path / "cache"),
-        tmp=tmp_path,
-    )
+from helpers import bench_args
 
 
 def _run(one_gpu_bench, report: str, **kw):  # type: ignore[no-untyped-def]
-    """Run the bench on the fake variants (exit 0 expected) and read its bench.json."""
-    kw.setdefault("model", one_gpu_bench.model)
-    args = bench_args(variants_dir=one_gpu_bench.variants, report=one_gpu_bench.tmp / report, microbench=False, **kw)
-    assert orchestrate.bench(args, one_gpu_bench.settings) == 0
-    return json.loads((one_gpu_bench.tmp / report / "bench.json").read_text())
+    """Run the bench on the fake variants without the microbenchmark (exit 0 expected) and read its bench.json."""
+    return one_gpu_bench.run(one_gpu_bench.args(report, microbench=False, **kw))
 
 
 # --- the order of a round -----------------------------------------------------------------------------------------
@@ -170,10 +136,7 @@ def test_run_lengths_show_what_a_one_shot_run_costs(one_gpu_bench, monkeypatch):
 
 @pytest.mark.parametrize("kw", [dict(reps=3), dict(warmup_reps=1), dict(reps=2, warmup_reps=0)])
 def test_repetitions_with_run_lengths_are_usage_errors(one_gpu_bench, kw):
-    args = bench_args(
-        variants_dir=one_gpu_bench.variants,
-        model=one_gpu_bench.model,
-        report=one_gpu_bench.tmp / "r",
+    args = one_gpu_bench.args(
         run_lengths=(1,),
         **kw,
     )
@@ -235,8 +198,7 @@ def test_shapes_name_every_figure_and_parts_of_the_matrix_pool(shaped):
         env.tmp / "b" / "logs" / "small" / "perplexity"
     ).is_dir()
 
-    assert orchestrate.bench(bench_args(pool=[env.tmp / "a", env.tmp / "b"], report=env.tmp / "p"), env.settings) == 0
-    p = json.loads((env.tmp / "p" / "bench.json").read_text())
+    p = env.run(bench_args(pool=[env.tmp / "a", env.tmp / "b"], report=env.tmp / "p"))
     assert p["shapes"] == ["tiny", "small"] and p["run_lengths"] == [1, 3] and p["measures"] == ["bench", "perplexity"]
     assert p["tests"][3] == "small:perplexity" and p["tests"][-1] == "tiny:tg16@r3"  # by shape, then test
     cmp = p["ratios"]["upstream"]["off"]["small:pp256/ub64@r3"]
@@ -247,16 +209,14 @@ def test_shapes_name_every_figure_and_parts_of_the_matrix_pool(shaped):
 def test_shapes_the_suite_does_not_have_are_usage_errors(shaped):
     env = shaped
     for kw, msg in (
-        (dict(shapes=("bench-1b",)), "suite cpu-runs has no bench-1b"),
-        (dict(measure=("bench", "nope")), "suite cpu-runs has no nope"),
-        (dict(shapes=("tiny",), model=env.model), "--shapes and --model together"),
+        (dict(shapes=("bench-1b",), model=None), "suite cpu-runs has no bench-1b"),
+        (dict(measure=("bench", "nope"), model=None), "suite cpu-runs has no nope"),
+        (dict(shapes=("tiny",)), "--shapes and --model together"),
     ):
-        args = bench_args(
-            variants_dir=env.variants, report=env.tmp / "r", suite="cpu-runs", vocab=env.tmp / "vocab.gguf", **kw
-        )
+        args = env.args(suite="cpu-runs", vocab=env.tmp / "vocab.gguf", **kw)
         with pytest.raises(UsageError, match=re.escape(msg)):
             orchestrate.bench(args, env.settings)
-    args = bench_args(variants_dir=env.variants, report=env.tmp / "r", suite="batched", measure=("server",))
+    args = env.args(model=None, suite="batched", measure=("server",))
     with pytest.raises(UsageError, match="suite batched has no server"):
         orchestrate.bench(args, env.settings)
 
@@ -319,10 +279,7 @@ def test_bridge_cases_prove_engagement_in_perplexity_and_server(one_gpu_bench, m
 
 def test_mechanism_inactive_in_perplexity_and_server_is_not_engaged(one_gpu_bench, monkeypatch):
     monkeypatch.setenv("FAKE_BATCHED_INACTIVE", "no backend with same-device pinned host memory")
-    args = bench_args(
-        variants_dir=one_gpu_bench.variants,
-        model=one_gpu_bench.model,
-        report=one_gpu_bench.tmp / "r",
+    args = one_gpu_bench.args(
         microbench=False,
         suite="batched-runs-1gpu",
         cases=("off", "batched"),
@@ -342,10 +299,7 @@ def test_perplexity_that_evaluates_nothing_is_an_error(one_gpu_bench, monkeypatc
     from ggml_bridge.experiments.bench import perplexity
 
     monkeypatch.setattr(perplexity, "make_text", lambda n, seed, tokens: "a text shorter than one chunk\n")
-    args = bench_args(
-        variants_dir=one_gpu_bench.variants,
-        model=one_gpu_bench.model,
-        report=one_gpu_bench.tmp / "r",
+    args = one_gpu_bench.args(
         microbench=False,
         suite="batched-runs-1gpu",
         cases=("off",),
@@ -358,10 +312,7 @@ def test_perplexity_that_evaluates_nothing_is_an_error(one_gpu_bench, monkeypatc
 
 def test_a_failed_server_is_a_failed_case(one_gpu_bench, monkeypatch):
     monkeypatch.setenv("FAKE_DIE_AT_START", "3")
-    args = bench_args(
-        variants_dir=one_gpu_bench.variants,
-        model=one_gpu_bench.model,
-        report=one_gpu_bench.tmp / "r",
+    args = one_gpu_bench.args(
         microbench=False,
         suite="batched-runs-1gpu",
         cases=("off",),
@@ -376,20 +327,14 @@ def test_a_failed_server_is_a_failed_case(one_gpu_bench, monkeypatch):
 
 def test_wall_clock_measurements_need_their_programs_and_local_cases(one_gpu_bench):
     (one_gpu_bench.variants / "patched" / "llama-server").unlink()
-    args = bench_args(
-        variants_dir=one_gpu_bench.variants,
-        model=one_gpu_bench.model,
-        report=one_gpu_bench.tmp / "r",
+    args = one_gpu_bench.args(
         suite="batched-runs-1gpu",
         cases=("off",),
         measure=("server",),
     )
     with pytest.raises(BenchError, match="no llama-server next to llama-bench"):
         orchestrate.bench(args, one_gpu_bench.settings)
-    args = bench_args(
-        variants_dir=one_gpu_bench.variants,
-        model=one_gpu_bench.model,
-        report=one_gpu_bench.tmp / "r",
+    args = one_gpu_bench.args(
         suite="batched-runs-1gpu",
         cases=("off", "rpc-off"),
         measure=("perplexity",),
@@ -529,11 +474,8 @@ def test_in_process_rounds_are_even_so_that_both_orders_weigh_alike(tmp_path):
 
 def _inproc_args(one_gpu_bench):  # type: ignore[no-untyped-def]
     """The bench's options for one round of batched-runs-1gpu's in-process measure, off and batched."""
-    return bench_args(
-        variants_dir=one_gpu_bench.variants,
-        report=one_gpu_bench.tmp / "r",
+    return one_gpu_bench.args(
         microbench=False,
-        model=one_gpu_bench.model,
         suite="batched-runs-1gpu",
         cases=("off", "batched"),
         rounds=1,
@@ -574,11 +516,9 @@ def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(one_
     assert "bridge on 2 devices" in runs["tensor-bridge-force"]["engagement"]
     assert all(r["engaged"] is not False for r in rep["runs"])
     monkeypatch.setenv("FAKE_NO_META", "1")  # no Meta device: the cases did not split by tensor
-    args = bench_args(
-        variants_dir=one_gpu_bench.variants,
-        report=one_gpu_bench.tmp / "u",
+    args = one_gpu_bench.args(
+        "u",
         microbench=False,
-        model=one_gpu_bench.model,
         suite="tensor-virt",
         measure=("bench",),
         rounds=1,
