@@ -30,10 +30,11 @@ class BenchRig:
     def order(self) -> Path:
         return self.tmp / "order.txt"
 
-    def args(self, report: str | Path = "r", **kw: object) -> Any:
+    def args(self, report: str | Path | None = "r", **kw: object) -> Any:
         """``ggml-bridge bench``'s options on the rig's variants and model, reporting into ``tmp/report`` (a path
-        as it is), ``kw`` set (``variants_dir=None``, ``model=None``: without them)."""
-        return bench_args(**{"variants_dir": self.variants, "model": self.model, "report": self.tmp / report, **kw})
+        as it is; None: bench's default), ``kw`` set (``variants_dir=None``, ``model=None``: without them)."""
+        where = None if report is None else self.tmp / report
+        return bench_args(**{"variants_dir": self.variants, "model": self.model, "report": where, **kw})
 
     def run(self, args: Any) -> Any:
         """Run the bench with ``args`` (it must exit 0) and read the bench.json it wrote."""

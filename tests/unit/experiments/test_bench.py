@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,43 +16,24 @@ from ggml_bridge.experiments.bench import report as bench_report
 from ggml_bridge.experiments.bench.options import BenchOptions, Cpus, cpu_list
 from ggml_bridge.experiments.bench.results import Report
 from ggml_bridge.experiments.bench.suite import Suite
-from ggml_bridge.foundations import config, flags
+from ggml_bridge.foundations import flags
 from ggml_bridge.foundations.errors import BenchError, UsageError
 from ggml_bridge.foundations.flags import BadValue
 
-from helpers import FAKE_SMI, write_exe, write_fake_variants
+from helpers import FAKE_SMI, write_exe
 from helpers import bench_args as _args
 
 
 @pytest.fixture
-def variants(tmp_path: Path) -> Path:
-    return write_fake_variants(tmp_path / "variants")
-
-
-@dataclass(frozen=True)
-class TwoGpuBench:
-    order: Path
-    """Each fake program of ``variants`` appends its command line here."""
-    model: Path
-    settings: config.Settings
-
-
-@pytest.fixture
-def two_gpu_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TwoGpuBench:
-    """bench on a rig of two (fake) GPUs, with a model file and settings whose cache is under tmp_path."""
-    order = tmp_path / "order.txt"
-    monkeypatch.setenv("FAKE_ORDER", str(order))
-    monkeypatch.setattr(orchestrate, "n_gpus", lambda: 2)
-    monkeypatch.setattr(orchestrate, "gpu_env", lambda: {})
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
-    return TwoGpuBench(order=order, model=model, settings=config.Settings(cache_dir=tmp_path / "cache"))
+def variants(two_gpu_bench):  # type: ignore[no-untyped-def]
+    """The fake variants of ``two_gpu_bench``."""
+    return two_gpu_bench.variants
 
 
 @pytest.mark.plots
 def test_interleaved_rounds_ratios_and_report(variants, two_gpu_bench, tmp_path):
     report_dir = tmp_path / "report"
-    args = _args(variants_dir=variants, model=two_gpu_bench.model, rounds=3, reps=3, report=report_dir)
+    args = two_gpu_bench.args(report_dir, rounds=3, reps=3)
     assert orchestrate.bench(args, two_gpu_bench.settings) == 0
 
     order = two_gpu_bench.order.read_text().splitlines()
@@ -94,29 +74,15 @@ def test_interleaved_rounds_ratios_and_report(variants, two_gpu_bench, tmp_path)
     assert (report_dir / "microbench.png").stat().st_size > 1000
 
 
-def _quick(variants, two_gpu_bench, report, rounds=1, reps=1, **kw):  # type: ignore[no-untyped-def]
+def _quick(two_gpu_bench, report, rounds=1, reps=1, **kw):  # type: ignore[no-untyped-def]
     """The bench's arguments for the fake variants and model: ``rounds`` x ``reps``, no microbenchmark, ``kw`` set."""
-    return _args(
-        variants_dir=variants,
-        model=two_gpu_bench.model,
-        rounds=rounds,
-        reps=reps,
-        report=report,
-        microbench=False,
-        **kw,
-    )
-
-
-def _report(args, two_gpu_bench):  # type: ignore[no-untyped-def]
-    """Run the bench (it must exit 0) and read the bench.json it wrote into args.report."""
-    assert orchestrate.bench(args, two_gpu_bench.settings) == 0
-    return json.loads((Path(args.report) / "bench.json").read_text())
+    return two_gpu_bench.args(report, rounds=rounds, reps=reps, microbench=False, **kw)
 
 
 def test_not_engaged_bridge_fails_and_is_reported(variants, two_gpu_bench, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NO_ENGAGE", "1")
     report_dir = tmp_path / "r"
-    args = _quick(variants, two_gpu_bench, report_dir, cases=("upstream-p2p", "bridge"))
+    args = _quick(two_gpu_bench, report_dir, cases=("upstream-p2p", "bridge"))
     with pytest.raises(BenchError, match="did not engage"):
         orchestrate.bench(args, two_gpu_bench.settings)
     rep = json.loads((report_dir / "bench.json").read_text())
@@ -127,14 +93,14 @@ def test_not_engaged_bridge_fails_and_is_reported(variants, two_gpu_bench, tmp_p
 
 def test_failed_case_is_an_error(variants, two_gpu_bench, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "nopeer")
-    args = _quick(variants, two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "upstream-nopeer"))
+    args = _quick(two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "upstream-nopeer"))
     with pytest.raises(BenchError, match="nopeer"):
         orchestrate.bench(args, two_gpu_bench.settings)
 
 
 def test_batched_suite_requires_async_counts(variants, two_gpu_bench, tmp_path):
-    args = _quick(variants, two_gpu_bench, tmp_path / "r", rounds=2, reps=2, suite="batched")
-    rep = _report(args, two_gpu_bench)
+    args = _quick(two_gpu_bench, tmp_path / "r", rounds=2, reps=2, suite="batched")
+    rep = two_gpu_bench.run(args)
     assert rep["ratios"]["off"]["batched"]["tg128"]["ratio"] == pytest.approx(103.0 / 99.0)
     order = two_gpu_bench.order.read_text().splitlines()
     assert all("patched" in line for line in order) and len(order) == 4
@@ -143,31 +109,24 @@ def test_batched_suite_requires_async_counts(variants, two_gpu_bench, tmp_path):
 def test_gpu_suite_without_gpu_says_what_it_cannot_measure(variants, two_gpu_bench, tmp_path, monkeypatch):
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 0)
     with pytest.raises(BenchError, match="needs CUDA GPUs"):
-        orchestrate.bench(
-            _args(variants_dir=variants, model=two_gpu_bench.model, suite="multi-gpu"), two_gpu_bench.settings
-        )
+        orchestrate.bench(two_gpu_bench.args(None, suite="multi-gpu"), two_gpu_bench.settings)
 
 
 def test_missing_variant_is_skipped_not_invented(variants, two_gpu_bench, tmp_path):
-    args = _args(
+    args = _quick(
+        two_gpu_bench,
+        tmp_path / "r",
+        variants_dir=None,
         bin_dirs={"patched": variants / "patched"},
-        model=two_gpu_bench.model,
-        rounds=1,
-        reps=1,
-        report=tmp_path / "r",
         cases=("off", "bridge"),
-        microbench=False,
     )
-    args = dataclasses.replace(args, variants_dir=None)
     assert orchestrate.bench(args, two_gpu_bench.settings) == 0
-    args = _args(
+    args = _quick(
+        two_gpu_bench,
+        tmp_path / "r2",
+        variants_dir=None,
         bin_dirs={"patched": variants / "patched", "upstream": tmp_path / "nothing-here"},
-        model=two_gpu_bench.model,
-        rounds=1,
-        reps=1,
-        report=tmp_path / "r2",
         cases=("upstream-p2p", "bridge"),
-        microbench=False,
     )
     with pytest.raises(BenchError, match="llama-bench not found"):
         orchestrate.bench(args, two_gpu_bench.settings)
@@ -245,28 +204,13 @@ def test_missing_builds_are_built_unless_no_build(variants, two_gpu_bench, tmp_p
 
     monkeypatch.setattr(locate, "find_binary", find_binary)
     monkeypatch.setattr(single, "ensure", ensure)
-    args = _args(
-        model=two_gpu_bench.model,
-        rounds=1,
-        reps=1,
-        report=tmp_path / "r",
-        cases=("upstream-p2p", "bridge"),
-        microbench=False,
-    )
+    args = _quick(two_gpu_bench, tmp_path / "r", variants_dir=None, cases=("upstream-p2p", "bridge"))
     assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     assert built == ["patched"]
 
     built.clear()
-    args = _args(
-        model=two_gpu_bench.model,
-        rounds=1,
-        reps=1,
-        report=tmp_path / "r2",
-        cases=("upstream-p2p", "bridge"),
-        microbench=False,
-        build=False,
-    )
-    rep = _report(args, two_gpu_bench)
+    args = _quick(two_gpu_bench, tmp_path / "r2", variants_dir=None, cases=("upstream-p2p", "bridge"), build=False)
+    rep = two_gpu_bench.run(args)
     assert built == [] and [c["name"] for c in rep["cases"]] == ["upstream-p2p"]
     assert any("bridge: no patched build" in s for s in rep["skipped"])
 
@@ -298,16 +242,16 @@ def test_paired_ratio_cancels_drift_between_rounds():
 def test_warmup_repetitions_are_run_and_discarded(variants, two_gpu_bench, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_COLD_FIRST", "1")
     report_dir = tmp_path / "report"
-    args = _quick(variants, two_gpu_bench, report_dir, reps=2, cases=("upstream-p2p", "bridge"))
-    rep = _report(args, two_gpu_bench)
+    args = _quick(two_gpu_bench, report_dir, reps=2, cases=("upstream-p2p", "bridge"))
+    rep = two_gpu_bench.run(args)
     assert rep["warmup_reps"] == 1
     pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
     # llama-bench ran 3 repetitions; the cold first one (50.0) is gone, the two kept are full speed
     assert pp["values"] == pytest.approx([100.0, 100.25])
     assert "after 1 discarded" in (report_dir / "bench.md").read_text()
 
-    args = _quick(variants, two_gpu_bench, tmp_path / "r0", reps=2, cases=("upstream-p2p",), warmup_reps=0)
-    rep = _report(args, two_gpu_bench)
+    args = _quick(two_gpu_bench, tmp_path / "r0", reps=2, cases=("upstream-p2p",), warmup_reps=0)
+    rep = two_gpu_bench.run(args)
     pp = [x for x in rep["samples"] if x["case"] == "upstream-p2p" and x["test"] == "pp4096/ub512"][0]
     assert pp["values"] == pytest.approx([50.0, 100.0])  # without warm-up the cold repetition counts
 
@@ -317,9 +261,7 @@ def test_bad_counts_are_usage_errors(variants, two_gpu_bench, tmp_path, kw):
     from ggml_bridge.foundations.errors import UsageError
 
     with pytest.raises(UsageError) as e:
-        orchestrate.bench(
-            _args(variants_dir=variants, model=two_gpu_bench.model, report=tmp_path / "r", **kw), two_gpu_bench.settings
-        )
+        orchestrate.bench(two_gpu_bench.args(tmp_path / "r", **kw), two_gpu_bench.settings)
     assert e.value.exit_code == 2
 
 
@@ -328,7 +270,7 @@ def test_cpus_pin_every_case_and_are_restored(variants, two_gpu_bench, tmp_path)
 
     mine = os.sched_getaffinity(0)
     one = min(mine)
-    args = _quick(variants, two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "bridge"), cpus=cpu_list(str(one)))
+    args = _quick(two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "bridge"), cpus=cpu_list(str(one)))
     assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     lines = two_gpu_bench.order.read_text().splitlines()
     assert len(lines) == 2 and all(line.endswith(f"cpus={one}") for line in lines)
@@ -343,7 +285,7 @@ def test_cpus_this_process_cannot_use_are_usage_errors(variants, two_gpu_bench, 
     from ggml_bridge.foundations.errors import UsageError
 
     mine = os.sched_getaffinity(0)
-    args = _args(variants_dir=variants, model=two_gpu_bench.model, report=tmp_path / "r", cpus=cpu_list("100000"))
+    args = two_gpu_bench.args(tmp_path / "r", cpus=cpu_list("100000"))
     with pytest.raises(UsageError, match="cannot run on CPUs '100000'"):
         orchestrate.bench(args, two_gpu_bench.settings)
     assert os.sched_getaffinity(0) == mine
@@ -357,10 +299,8 @@ def test_cpu_lists_are_parsed_at_the_edge():
 
 
 def test_ubatch_and_tg_override_the_suite(variants, two_gpu_bench, tmp_path):
-    args = _quick(
-        variants, two_gpu_bench, tmp_path / "r", rounds=2, cases=("upstream-p2p", "bridge"), ubatch=(4096,), tg=0
-    )
-    rep = _report(args, two_gpu_bench)
+    args = _quick(two_gpu_bench, tmp_path / "r", rounds=2, cases=("upstream-p2p", "bridge"), ubatch=(4096,), tg=0)
+    rep = two_gpu_bench.run(args)
     assert rep["tests"] == ["pp4096/ub4096"]  # no ub512, no tg: shorter processes
     assert rep["settings"]["ubatch"] == [4096] and rep["settings"]["tg"] == 0
     assert rep["ratios"]["upstream-p2p"]["bridge"]["pp4096/ub4096"]["ratio"] == pytest.approx(0.97)
@@ -371,7 +311,7 @@ def test_a_negative_tg_is_a_usage_error(variants, two_gpu_bench, tmp_path):
 
     with pytest.raises(UsageError) as e:
         orchestrate.bench(
-            _args(variants_dir=variants, model=two_gpu_bench.model, report=tmp_path / "r", tg=-1),
+            two_gpu_bench.args(tmp_path / "r", tg=-1),
             two_gpu_bench.settings,
         )
     assert e.value.exit_code == 2
@@ -399,8 +339,8 @@ def test_bad_values_are_one_line_usage_errors_at_the_edge(capsys, argv, said):
 
 
 def test_time_budget_stops_starting_rounds_and_says_so(variants, two_gpu_bench, tmp_path):
-    args = _quick(variants, two_gpu_bench, tmp_path / "r", rounds=5, cases=("upstream-p2p", "bridge"), time_budget=1e-6)
-    rep = _report(args, two_gpu_bench)
+    args = _quick(two_gpu_bench, tmp_path / "r", rounds=5, cases=("upstream-p2p", "bridge"), time_budget=1e-6)
+    rep = two_gpu_bench.run(args)
     # the first round always runs; the second would end past the budget
     assert rep["rounds"] == 1 and rep["rounds_planned"] == 5
     assert "1 of 5 rounds" in rep["stopped"]
@@ -408,8 +348,8 @@ def test_time_budget_stops_starting_rounds_and_says_so(variants, two_gpu_bench, 
     assert "stopped early" in (tmp_path / "r" / "bench.md").read_text()
     assert all(r["started"] > 0 for r in rep["runs"])
     # a budget that is never reached runs every round and says nothing
-    args = _quick(variants, two_gpu_bench, tmp_path / "r2", rounds=3, cases=("upstream-p2p",), time_budget=3600)
-    rep = _report(args, two_gpu_bench)
+    args = _quick(two_gpu_bench, tmp_path / "r2", rounds=3, cases=("upstream-p2p",), time_budget=3600)
+    rep = two_gpu_bench.run(args)
     assert rep["rounds"] == 3 and rep["stopped"] == ""
 
 
@@ -419,14 +359,14 @@ def test_bad_time_budget_is_a_usage_error(variants, two_gpu_bench, tmp_path, bud
 
     with pytest.raises(UsageError) as e:
         orchestrate.bench(
-            _args(variants_dir=variants, model=two_gpu_bench.model, report=tmp_path / "r", time_budget=budget),
+            two_gpu_bench.args(tmp_path / "r", time_budget=budget),
             two_gpu_bench.settings,
         )
     assert e.value.exit_code == 2
 
 
 def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, two_gpu_bench, tmp_path):
-    args = _quick(variants, two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "off-p2p"))
+    args = _quick(two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "off-p2p"))
     assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     lines = two_gpu_bench.order.read_text().splitlines()
     assert any(x.startswith("patched bridge=0 p2p=1 batched=0") for x in lines)
@@ -445,8 +385,8 @@ def test_report_carries_the_build_manifests(variants, two_gpu_bench, tmp_path):
         "cmake_args": ["-DGGML_CUDA_MAPPED_HOST_BRIDGE=ON", "-DSAM3D_BATCHED_TRANSFERS=ON", "-DGGML_RPC=ON"],
     }
     (variants / "patched" / "manifest.json").write_text(json.dumps(manifest))
-    args = _quick(variants, two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "bridge"))
-    rep = _report(args, two_gpu_bench)
+    args = _quick(two_gpu_bench, tmp_path / "r", cases=("upstream-p2p", "bridge"))
+    rep = two_gpu_bench.run(args)
     got = rep["manifests"]["patched"]
     assert got["cmake_args"] == manifest["cmake_args"] and got["series_hash"] == manifest["series_hash"]
     assert got["upstream"] == manifest["upstream"] and got["file"] == str(variants / "patched" / "manifest.json")
@@ -462,8 +402,8 @@ def test_smi_records_the_gpu_state_of_every_process(variants, two_gpu_bench, tmp
     monkeypatch.setenv("FAKE_SLEEP_S", "0.3")
     if not reasons:
         monkeypatch.setenv("FAKE_SMI_NO_REASONS", "1")
-    args = _quick(variants, two_gpu_bench, tmp_path / "r", rounds=2, cases=("upstream-p2p", "bridge"), smi=20)
-    rep = _report(args, two_gpu_bench)
+    args = _quick(two_gpu_bench, tmp_path / "r", rounds=2, cases=("upstream-p2p", "bridge"), smi=20)
+    rep = two_gpu_bench.run(args)
     assert rep["smi"]["samples"] > 0 and rep["smi"]["file"] == "logs/smi.csv"
     assert ("clocks_event_reasons.active" in rep["smi"]["fields"]) == reasons
     assert len(rep["runs"]) == 4
@@ -482,7 +422,7 @@ def test_smi_records_the_gpu_state_of_every_process(variants, two_gpu_bench, tmp
 
 def test_smi_without_nvidia_smi_is_one_clear_error(variants, two_gpu_bench, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    args = _quick(variants, two_gpu_bench, tmp_path / "r", cases=("upstream-p2p",), smi=100)
+    args = _quick(two_gpu_bench, tmp_path / "r", cases=("upstream-p2p",), smi=100)
     with pytest.raises(BenchError, match="--smi needs nvidia-smi"):
         orchestrate.bench(args, two_gpu_bench.settings)
 
@@ -502,7 +442,7 @@ def test_paired_ratio_interval_resamples_rounds():
 
 def test_pool_reports_numbers_rounds_one_after_the_other(variants, two_gpu_bench, tmp_path):
     for name in ("a", "b"):
-        args = _quick(variants, two_gpu_bench, tmp_path / name, rounds=2, reps=2, cases=("upstream-p2p", "bridge"))
+        args = _quick(two_gpu_bench, tmp_path / name, rounds=2, reps=2, cases=("upstream-p2p", "bridge"))
         assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     assert (
         orchestrate.bench(
@@ -521,7 +461,7 @@ def test_pool_reports_numbers_rounds_one_after_the_other(variants, two_gpu_bench
 
 def test_pool_refuses_reports_measured_differently(variants, two_gpu_bench, tmp_path):
     for name, ub in (("a", (512,)), ("b", (4096,))):
-        args = _quick(variants, two_gpu_bench, tmp_path / name, cases=("upstream-p2p",), ubatch=ub)
+        args = _quick(two_gpu_bench, tmp_path / name, cases=("upstream-p2p",), ubatch=ub)
         assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     with pytest.raises(BenchError, match="was not measured like") as e:
         orchestrate.bench(_args(pool=[tmp_path / "a", tmp_path / "b"], report=tmp_path / "p"), two_gpu_bench.settings)
@@ -536,9 +476,7 @@ def test_pool_refuses_reports_measured_differently(variants, two_gpu_bench, tmp_
 def test_a_report_reads_back_as_it_was_written(variants, two_gpu_bench, tmp_path):
     """bench.json is written from the report once and read back once (--pool): what is read writes the same
     bytes, and renders the same bench.md."""
-    rep = _report(
-        _quick(variants, two_gpu_bench, tmp_path / "a", rounds=2, cases=("upstream-p2p", "bridge")), two_gpu_bench
-    )
+    rep = two_gpu_bench.run(_quick(two_gpu_bench, tmp_path / "a", rounds=2, cases=("upstream-p2p", "bridge")))
     back = Report.from_json(rep)
     assert json.dumps(back.to_json(), indent=1) == (tmp_path / "a" / "bench.json").read_text()
     assert bench_report.render_markdown(back) == (tmp_path / "a" / "bench.md").read_text()
@@ -557,7 +495,7 @@ def test_a_report_reads_back_as_it_was_written(variants, two_gpu_bench, tmp_path
 )
 def test_pool_a_damaged_report_is_one_line(variants, two_gpu_bench, tmp_path, damage, why):
     """A bench.json whose parts are not of their kind is a BenchError naming the file, not a traceback."""
-    rep = _report(_quick(variants, two_gpu_bench, tmp_path / "a", cases=("upstream-p2p",)), two_gpu_bench)
+    rep = two_gpu_bench.run(_quick(two_gpu_bench, tmp_path / "a", cases=("upstream-p2p",)))
     damage(rep)
     (tmp_path / "b.json").write_text(json.dumps(rep))
     with pytest.raises(BenchError, match=r"b\.json is not a bench report") as e:
@@ -575,9 +513,7 @@ def test_pool_refuses_one_report_twice(variants, two_gpu_bench, tmp_path):
 
     for name in ("a", "b"):
         assert (
-            orchestrate.bench(
-                _quick(variants, two_gpu_bench, tmp_path / name, cases=("upstream-p2p",)), two_gpu_bench.settings
-            )
+            orchestrate.bench(_quick(two_gpu_bench, tmp_path / name, cases=("upstream-p2p",)), two_gpu_bench.settings)
             == 0
         )
     shutil.copytree(tmp_path / "a", tmp_path / "copy")
@@ -608,8 +544,8 @@ def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, two_gpu_
     """auto leaves virtual devices of one GPU on upstream's device-local copy: the 6-device suite used to
     measure 'bridge' and 'bridge-batched' there, i.e. no bridge at all; on one GPU they run forced."""
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
-    args = _quick(variants, two_gpu_bench, tmp_path / "r", suite="batched-pp-6dev")
-    rep = _report(args, two_gpu_bench)
+    args = _quick(two_gpu_bench, tmp_path / "r", suite="batched-pp-6dev")
+    rep = two_gpu_bench.run(args)
     names = [c["name"] for c in rep["cases"]]
     assert set(names) == {"off", "batched", "bridge-force", "bridge-force-batched"}
     forced = next(c for c in rep["cases"] if c["name"] == "bridge-force")
@@ -617,7 +553,7 @@ def test_virtual_devices_of_one_gpu_measure_the_bridge_forced(variants, two_gpu_
     # with as many GPUs as devices, auto is what users run and is measured as such
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 6)
     args = dataclasses.replace(args, report=tmp_path / "r6")
-    rep = _report(args, two_gpu_bench)
+    rep = two_gpu_bench.run(args)
     assert {c["name"] for c in rep["cases"]} == {"off", "batched", "bridge", "bridge-batched"}
 
 
@@ -634,10 +570,10 @@ def test_suites_are_data_checked_like_the_ladders(variants, two_gpu_bench, tmp_p
         "pp = 64\nbatch = 64\nubatch = [64]\ntg = 4\n"
     )
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 0)
-    rep = _report(_quick(variants, two_gpu_bench, tmp_path / "r", suite="tiny-cpu", suite_file=own), two_gpu_bench)
+    rep = two_gpu_bench.run(_quick(two_gpu_bench, tmp_path / "r", suite="tiny-cpu", suite_file=own))
     assert rep["suite"] == "tiny-cpu" and rep["about"] == "mine" and rep["settings"]["pp"] == 64
     with pytest.raises(UsageError, match="no suite 'cpu' in .*mine.toml"):
-        orchestrate.bench(_quick(variants, two_gpu_bench, tmp_path / "r2", suite_file=own), two_gpu_bench.settings)
+        orchestrate.bench(_quick(two_gpu_bench, tmp_path / "r2", suite_file=own), two_gpu_bench.settings)
     for text, msg in (
         ("ubatch = [0]", r"\[tiny-cpu\]: ubatch = \[0\] is not a list of integers in 1..2147483647"),
         ('devices = "2"', r"devices = '2' is not one of all, 1, cpu"),
