@@ -41,7 +41,11 @@ class BenchRig:
         from ggml_bridge.experiments.bench import orchestrate
 
         assert orchestrate.bench(args, self.settings) == 0
-        return json.loads((Path(args.report) / "bench.json").read_text())
+        return self.read(args.report)
+
+    def read(self, report: str | Path = "r") -> Any:
+        """The bench.json in ``tmp/report`` (a path as it is)."""
+        return json.loads((self.tmp / report / "bench.json").read_text())
 
 
 def _bench_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int) -> BenchRig:

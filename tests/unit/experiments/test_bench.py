@@ -43,7 +43,7 @@ def test_interleaved_rounds_ratios_and_report(variants, two_gpu_bench, tmp_path)
     assert first[0:6] != first[6:12] and sorted(first[0:6]) == sorted(first[6:12])
     assert first[6:12] == first[1:6] + first[0:1]
 
-    rep = json.loads((report_dir / "bench.json").read_text())
+    rep = two_gpu_bench.read(report_dir)
     assert rep["not_engaged"] == [] and rep["failed"] == []
     s = rep["summary"]
     assert s["upstream-p2p"]["pp4096/ub512"]["median"] == pytest.approx(100.0)
@@ -85,7 +85,7 @@ def test_not_engaged_bridge_fails_and_is_reported(variants, two_gpu_bench, tmp_p
     args = _quick(two_gpu_bench, report_dir, cases=("upstream-p2p", "bridge"))
     with pytest.raises(BenchError, match="did not engage"):
         orchestrate.bench(args, two_gpu_bench.settings)
-    rep = json.loads((report_dir / "bench.json").read_text())
+    rep = two_gpu_bench.read(report_dir)
     assert rep["not_engaged"] == ["bridge"]
     assert "bridge" not in rep["ratios"].get("upstream-p2p", {})
     assert "inactive: single device" in rep["cases"][1]["engagement"]
@@ -275,7 +275,7 @@ def test_cpus_pin_every_case_and_are_restored(variants, two_gpu_bench, tmp_path)
     lines = two_gpu_bench.order.read_text().splitlines()
     assert len(lines) == 2 and all(line.endswith(f"cpus={one}") for line in lines)
     assert os.sched_getaffinity(0) == mine
-    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    rep = two_gpu_bench.read(tmp_path / "r")
     assert rep["cpus"] == str(one) and f"CPUs {one}" in (tmp_path / "r" / "bench.md").read_text()
 
 
@@ -370,7 +370,7 @@ def test_p2p_patched_control_runs_our_binary_on_upstreams_path(variants, two_gpu
     assert orchestrate.bench(args, two_gpu_bench.settings) == 0
     lines = two_gpu_bench.order.read_text().splitlines()
     assert any(x.startswith("patched bridge=0 p2p=1 batched=0") for x in lines)
-    rep = json.loads((tmp_path / "r" / "bench.json").read_text())
+    rep = two_gpu_bench.read(tmp_path / "r")
     assert rep["ratios"]["upstream-p2p"]["off-p2p"]["pp4096/ub512"]["ratio"] == pytest.approx(0.99)
 
 
@@ -450,7 +450,7 @@ def test_pool_reports_numbers_rounds_one_after_the_other(variants, two_gpu_bench
         )
         == 0
     )
-    rep = json.loads((tmp_path / "p" / "bench.json").read_text())
+    rep = two_gpu_bench.read(tmp_path / "p")
     assert rep["rounds"] == 4 and sorted({r["round"] for r in rep["runs"]}) == [0, 1, 2, 3]
     assert rep["summary"]["bridge"]["pp4096/ub512"]["n"] == 8  # 2 reports x 2 rounds x 2 samples
     cmp = rep["ratios"]["upstream-p2p"]["bridge"]["pp4096/ub512"]

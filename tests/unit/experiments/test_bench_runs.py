@@ -5,7 +5,6 @@ batched-vs-baseline table, and pooling the parts of a matrix run in separate cal
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -24,6 +23,11 @@ from helpers import bench_args
 def _run(one_gpu_bench, report: str, **kw):  # type: ignore[no-untyped-def]
     """Run the bench on the fake variants without the microbenchmark (exit 0 expected) and read its bench.json."""
     return one_gpu_bench.run(one_gpu_bench.args(report, microbench=False, **kw))
+
+
+def _one_round(one_gpu_bench, measure, cases=("off",)):  # type: ignore[no-untyped-def]
+    """The bench's options for one round of batched-runs-1gpu's ``measure`` on ``cases``, no microbenchmark."""
+    return one_gpu_bench.args(microbench=False, suite="batched-runs-1gpu", cases=cases, rounds=1, measure=measure)
 
 
 # --- the order of a round -----------------------------------------------------------------------------------------
@@ -279,16 +283,10 @@ def test_bridge_cases_prove_engagement_in_perplexity_and_server(one_gpu_bench, m
 
 def test_mechanism_inactive_in_perplexity_and_server_is_not_engaged(one_gpu_bench, monkeypatch):
     monkeypatch.setenv("FAKE_BATCHED_INACTIVE", "no backend with same-device pinned host memory")
-    args = one_gpu_bench.args(
-        microbench=False,
-        suite="batched-runs-1gpu",
-        cases=("off", "batched"),
-        rounds=1,
-        measure=("perplexity", "server"),
-    )
+    args = _one_round(one_gpu_bench, ("perplexity", "server"), ("off", "batched"))
     with pytest.raises(BenchError, match="did not engage"):
         orchestrate.bench(args, one_gpu_bench.settings)
-    rep = json.loads((one_gpu_bench.tmp / "r" / "bench.json").read_text())
+    rep = one_gpu_bench.read()
     assert rep["not_engaged"] == ["batched"] and "batched" not in rep["ratios"].get("off", {})
     states = [r["engagement"] for r in rep["runs"] if r["case"] == "batched"]
     assert any("inactive: no backend" in s and s.startswith("batched not enabled") for s in states)
@@ -299,29 +297,17 @@ def test_perplexity_that_evaluates_nothing_is_an_error(one_gpu_bench, monkeypatc
     from ggml_bridge.experiments.bench import perplexity
 
     monkeypatch.setattr(perplexity, "make_text", lambda n, seed, tokens: "a text shorter than one chunk\n")
-    args = one_gpu_bench.args(
-        microbench=False,
-        suite="batched-runs-1gpu",
-        cases=("off",),
-        rounds=1,
-        measure=("perplexity",),
-    )
+    args = _one_round(one_gpu_bench, ("perplexity",))
     with pytest.raises(BenchError, match="llama-perplexity evaluated nothing"):
         orchestrate.bench(args, one_gpu_bench.settings)
 
 
 def test_a_failed_server_is_a_failed_case(one_gpu_bench, monkeypatch):
     monkeypatch.setenv("FAKE_DIE_AT_START", "3")
-    args = one_gpu_bench.args(
-        microbench=False,
-        suite="batched-runs-1gpu",
-        cases=("off",),
-        rounds=1,
-        measure=("server",),
-    )
+    args = _one_round(one_gpu_bench, ("server",))
     with pytest.raises(BenchError, match="llama-server failed for case"):
         orchestrate.bench(args, one_gpu_bench.settings)
-    rep = json.loads((one_gpu_bench.tmp / "r" / "bench.json").read_text())
+    rep = one_gpu_bench.read()
     assert rep["failed"] == ["off"] and "exited during start-up" in rep["runs"][0]["log_tail"][0]
 
 
@@ -472,32 +458,21 @@ def test_in_process_rounds_are_even_so_that_both_orders_weigh_alike(tmp_path):
     assert suites.load_suites(odd)["mine"].table("inproc")["rounds"] == 2
 
 
-def _inproc_args(one_gpu_bench):  # type: ignore[no-untyped-def]
-    """The bench's options for one round of batched-runs-1gpu's in-process measure, off and batched."""
-    return one_gpu_bench.args(
-        microbench=False,
-        suite="batched-runs-1gpu",
-        cases=("off", "batched"),
-        rounds=1,
-        measure=("inproc",),
-    )
-
-
 def test_in_process_batching_that_did_not_engage_fails(one_gpu_bench, monkeypatch):
     """The program fails when the contexts that asked for batching did not enable it: a failed case, reported
     with its engagement (not engaged, why) and the program named."""
     monkeypatch.setenv("FAKE_INPROC_INACTIVE", "1")
-    args = _inproc_args(one_gpu_bench)
+    args = _one_round(one_gpu_bench, ("inproc",), ("off", "batched"))
     with pytest.raises(BenchError, match="test-batched-transfers failed for case"):
         orchestrate.bench(args, one_gpu_bench.settings)
-    rep = json.loads((one_gpu_bench.tmp / "r" / "bench.json").read_text())
+    rep = one_gpu_bench.read()
     (run,) = [r for r in rep["runs"] if r["case"] == "batched"]  # beside it off's control, which passed
     assert run["rc"] == 1 and run["engaged"] is False and "batched inactive" in run["engagement"], run
 
 
 def test_in_process_measurement_needs_its_program_and_local_cases(one_gpu_bench):
     (one_gpu_bench.variants / "patched" / "test-batched-transfers").unlink()
-    args = _inproc_args(one_gpu_bench)
+    args = _one_round(one_gpu_bench, ("inproc",), ("off", "batched"))
     with pytest.raises(BenchError, match="no test-batched-transfers next to llama-bench"):
         orchestrate.bench(args, one_gpu_bench.settings)
 
