@@ -3,6 +3,7 @@ tests/fixtures/ written as executables, and where the real builds are when the s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,9 +13,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from fixtures import fakellama
+
+if TYPE_CHECKING:
+    from ggml_bridge.foundations import config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -75,6 +79,38 @@ def bench_args(**kw: object):
     for k, v in kw.items():
         setattr(opts, k, v)
     return opts
+
+
+@dataclass(frozen=True)
+class BenchEnv:
+    """bench on fake variants (their programs append their command lines to ``order``; see the fixtures), a model
+    file, and settings whose cache is under ``tmp``."""
+
+    variants: Path
+    model: Path
+    tmp: Path
+    settings: config.Settings
+
+    @property
+    def order(self) -> Path:
+        return self.tmp / "order.txt"
+
+    def args(self, report: str | Path | None = "r", **kw: object) -> Any:
+        """``ggml-bridge bench``'s options on the fake variants and model, reporting into ``tmp/report`` (a path
+        as it is; None: bench's default), ``kw`` set (``variants_dir=None``, ``model=None``: without them)."""
+        where = None if report is None else self.tmp / report
+        return bench_args(**{"variants_dir": self.variants, "model": self.model, "report": where, **kw})
+
+    def run(self, args: Any) -> Any:
+        """Run the bench with ``args`` (it must exit 0) and read the bench.json it wrote."""
+        from ggml_bridge.experiments.bench import orchestrate
+
+        assert orchestrate.bench(args, self.settings) == 0
+        return self.read(args.report)
+
+    def read(self, report: str | Path = "r") -> Any:
+        """The bench.json in ``tmp/report`` (a path as it is)."""
+        return json.loads((self.tmp / report / "bench.json").read_text())
 
 
 def ladder_options(argv: list[str]):  # -> ggml_bridge.experiments.ladder.orchestrate.LadderOptions

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from ggml_bridge.foundations import config
 from ggml_bridge.runtime import rpc
 
-from helpers import write_fake_variants
+from helpers import BenchEnv, write_fake_variants
 
 
 @pytest.fixture(autouse=True)
@@ -37,16 +36,6 @@ def cli_settings(settings: config.Settings, monkeypatch: pytest.MonkeyPatch) -> 
     return settings
 
 
-@dataclass(frozen=True)
-class BenchEnv:
-    variants: Path
-    """patched/ and upstream/ fake builds; each program appends its folder, CUDA_VISIBLE_DEVICES and argv to
-    ``tmp/rpc-order.txt``."""
-    model: Path
-    tmp: Path
-    settings: config.Settings
-
-
 #: The line each fake program of ``bench_env`` starts with: it records who ran, on which GPUs, with what.
 _RECORD = (
     'import os, sys\nopen(os.environ["FAKE_RPC_ORDER"], "a").write('
@@ -57,7 +46,8 @@ _RECORD = (
 
 @pytest.fixture
 def bench_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BenchEnv:
-    """bench on a rig of two (fake) GPUs with fake llama-bench, llama-server and rpc-server builds."""
+    """bench on a rig of two (fake) GPUs with fake llama-bench, llama-server and rpc-server builds; each program
+    also appends its folder, CUDA_VISIBLE_DEVICES and argv to ``tmp/rpc-order.txt``."""
     from ggml_bridge.experiments.bench import orchestrate
 
     for var in [v for v in os.environ if v.startswith("FAKE_")]:

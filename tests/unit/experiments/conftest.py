@@ -1,54 +1,19 @@
 """Fixtures of the experiments' tests: ``doctor`` run on the fake project with no NVIDIA driver (``doctor_bin``);
-bench on a rig of one or two fake GPUs (``one_gpu_bench``, ``two_gpu_bench``: a :class:`BenchRig`, whose ``args``
-are the bench's options for its fake variants and model)."""
+bench on a rig of one or two fake GPUs (``one_gpu_bench``, ``two_gpu_bench``: a :class:`helpers.BenchEnv`, whose
+``args`` are the bench's options for its fake variants and model)."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ggml_bridge.foundations import config
 
-from helpers import bench_args, write_exe, write_fake_variants
+from helpers import BenchEnv, write_exe, write_fake_variants
 
 
-@dataclass(frozen=True)
-class BenchRig:
-    """bench's fake variants (each program appends its command line to ``order``), a model file, and settings
-    whose cache is under ``tmp``."""
-
-    variants: Path
-    model: Path
-    tmp: Path
-    settings: config.Settings
-
-    @property
-    def order(self) -> Path:
-        return self.tmp / "order.txt"
-
-    def args(self, report: str | Path | None = "r", **kw: object) -> Any:
-        """``ggml-bridge bench``'s options on the rig's variants and model, reporting into ``tmp/report`` (a path
-        as it is; None: bench's default), ``kw`` set (``variants_dir=None``, ``model=None``: without them)."""
-        where = None if report is None else self.tmp / report
-        return bench_args(**{"variants_dir": self.variants, "model": self.model, "report": where, **kw})
-
-    def run(self, args: Any) -> Any:
-        """Run the bench with ``args`` (it must exit 0) and read the bench.json it wrote."""
-        from ggml_bridge.experiments.bench import orchestrate
-
-        assert orchestrate.bench(args, self.settings) == 0
-        return self.read(args.report)
-
-    def read(self, report: str | Path = "r") -> Any:
-        """The bench.json in ``tmp/report`` (a path as it is)."""
-        return json.loads((self.tmp / report / "bench.json").read_text())
-
-
-def _bench_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int) -> BenchRig:
+def _bench_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int) -> BenchEnv:
     from ggml_bridge.experiments.bench import orchestrate
 
     for var in ("FAKE_COLD_FIRST", "FAKE_COLD_WHEN", "FAKE_BATCHED_INACTIVE", "FAKE_DEVICES"):
@@ -59,17 +24,17 @@ def _bench_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int) -> Be
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     variants = write_fake_variants(tmp_path / "variants")
-    return BenchRig(variants, model, tmp_path, config.Settings(cache_dir=tmp_path / "cache"))
+    return BenchEnv(variants, model, tmp_path, config.Settings(cache_dir=tmp_path / "cache"))
 
 
 @pytest.fixture
-def one_gpu_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BenchRig:
+def one_gpu_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BenchEnv:
     """bench on a rig of one (fake) GPU."""
     return _bench_rig(tmp_path, monkeypatch, 1)
 
 
 @pytest.fixture
-def two_gpu_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BenchRig:
+def two_gpu_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BenchEnv:
     """bench on a rig of two (fake) GPUs."""
     return _bench_rig(tmp_path, monkeypatch, 2)
 

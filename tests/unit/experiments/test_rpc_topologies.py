@@ -244,22 +244,10 @@ def one_gpu_bench_env(bench_env, monkeypatch):
 
 @pytest.mark.plots
 def test_bench_rpc_link_suite_runs_each_rpc_case_per_link_with_the_front_gpu(one_gpu_bench_env):
-    from ggml_bridge.experiments.bench import orchestrate
-
-    from helpers import bench_args
-
     out = one_gpu_bench_env.tmp / "report"
-    args = bench_args(
-        variants_dir=one_gpu_bench_env.variants,
-        model=one_gpu_bench_env.model,
-        rounds=1,
-        reps=1,
-        report=out,
-        suite="rpc-link",
-        links=("10gbit/0.2ms", "25gbit/0.1ms"),
+    rep = one_gpu_bench_env.run(
+        one_gpu_bench_env.args(out, rounds=1, reps=1, suite="rpc-link", links=("10gbit/0.2ms", "25gbit/0.1ms"))
     )
-    assert orchestrate.bench(args, one_gpu_bench_env.settings) == 0
-    rep = json.loads((out / "bench.json").read_text())
     names = [c["name"] for c in rep["cases"]]
     assert names == ["off", "rpc-off", "rpc-off@10gbit-0.2ms", "rpc-off@25gbit-0.1ms"]
     assert rep["not_engaged"] == [] and rep["failed"] == []
@@ -291,19 +279,8 @@ def test_bench_link_case_that_bypasses_the_shaper_is_not_engaged(one_gpu_bench_e
     from ggml_bridge.foundations.errors import BenchError
     from ggml_bridge.runtime import netbench
 
-    from helpers import bench_args
-
     monkeypatch.setattr(netbench.rpc.Topology, "front_endpoints", property(lambda self: self.endpoints))
-    args = bench_args(
-        variants_dir=one_gpu_bench_env.variants,
-        model=one_gpu_bench_env.model,
-        rounds=1,
-        reps=1,
-        report=one_gpu_bench_env.tmp / "r",
-        suite="rpc-link",
-        links=("10gbit/0.2ms",),
-        cases=("rpc-off",),
-    )
+    args = one_gpu_bench_env.args(rounds=1, reps=1, suite="rpc-link", links=("10gbit/0.2ms",), cases=("rpc-off",))
     with pytest.raises(BenchError, match="rpc-off@10gbit-0.2ms"):
         orchestrate.bench(args, one_gpu_bench_env.settings)
 
@@ -312,15 +289,7 @@ def test_bench_bad_link_is_a_bench_error(one_gpu_bench_env):
     from ggml_bridge.experiments.bench import orchestrate
     from ggml_bridge.foundations.errors import BenchError
 
-    from helpers import bench_args
-
-    args = bench_args(
-        variants_dir=one_gpu_bench_env.variants,
-        model=one_gpu_bench_env.model,
-        report=one_gpu_bench_env.tmp / "r",
-        suite="rpc-link",
-        links=("10gbit",),
-    )
+    args = one_gpu_bench_env.args(suite="rpc-link", links=("10gbit",))
     with pytest.raises(BenchError, match="bad link '10gbit'"):
         orchestrate.bench(args, one_gpu_bench_env.settings)
 
