@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from ggml_bridge.foundations import config
 from ggml_bridge.runtime import rpc
+from ggml_bridge.upstream.fetch import archive
 
 from helpers import BenchEnv, write_fake_variants
 
@@ -25,6 +27,15 @@ def _bench_plots(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     orchestrate = sys.modules.get("ggml_bridge.experiments.bench.orchestrate")
     if orchestrate is not None and request.node.get_closest_marker("plots") is None:
         monkeypatch.setattr(orchestrate, "plot", lambda report, out_dir: [])
+
+
+@pytest.fixture(autouse=True)
+def retry_pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The pauses fetch's ``retrying`` took, in order, without taking them: a GET that keeps failing (a registry
+    the test stopped) is tried as often as ever, but costs no 2.5 s of sleep. The retry tests read them."""
+    pauses: list[float] = []
+    monkeypatch.setattr(archive, "time", SimpleNamespace(sleep=pauses.append))
+    return pauses
 
 
 @pytest.fixture

