@@ -55,8 +55,11 @@ lint-workflows: install
 # The fast tests start many small processes (git, fake llama-servers, cmake) and wait on some: FAST_JOBS
 # pytest-xdist workers. Four measured best on 2 cores (each worker also collects the whole suite, ~1-3 CPU-s).
 FAST_JOBS ?= 4
+# Bytecode even where PYTHONDONTWRITEBYTECODE is set, kept out of the tree: without it each xdist worker rewrites
+# every test module's asserts (~5 CPU-s) and each Python the tests start compiles ggml_bridge again.
+TEST_PYCACHE ?= $(GGML_BRIDGE_TEST_CACHE_DIR)/pycache
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow" -n $(FAST_JOBS) $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(TEST_PYCACHE) $(BIN)/python -m pytest -m "not slow" -n $(FAST_JOBS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf .venv .cache-test .pytest_cache
