@@ -4,6 +4,7 @@ ggml-rpc-server (fast) and the real one (slow, tests/integration/test_ladder_rpc
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -342,7 +343,7 @@ def test_serve_unreachable_endpoint_fails_before_llama_server(rpc_bins):
 def test_serve_rpc_server_killed_while_serving(rpc_bins, tmp_path):
     log = tmp_path / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
-    env.update(FAKE_RPC_DIE_AFTER_S="2.5", PYTHONPATH=str(REPO_ROOT))
+    env.update(PYTHONPATH=str(REPO_ROOT))
     code = (
         "import sys; from ggml_bridge.foundations import config; from ggml_bridge.runtime import serve\n"
         "from ggml_bridge.foundations.errors import FatalError\n"
@@ -369,6 +370,10 @@ def test_serve_rpc_server_killed_while_serving(rpc_bins, tmp_path):
         text=True,
     )
     try:
+        # once llama-server serves (serve prints its URL), one of the rpc-servers is killed
+        assert p.stdout is not None and p.stdout.readline().startswith("http://")
+        pids = [int(logparse.parse_rpc(q.read_text()).state["pid"]) for q in sorted(tmp_path.glob("rpc-server-*.log"))]
+        os.kill(pids[0], signal.SIGKILL)
         rc = p.wait(30)
         err = p.stderr.read()
     finally:
@@ -376,7 +381,6 @@ def test_serve_rpc_server_killed_while_serving(rpc_bins, tmp_path):
             p.kill()
     assert rc == 41, err
     assert "killed by signal 9 while llama-server was serving" in err
-    pids = [int(logparse.parse_rpc(q.read_text()).state["pid"]) for q in sorted(tmp_path.glob("rpc-server-*.log"))]
     server_pid = next(
         int(line.split("pid ")[1].split(")")[0]) for line in err.splitlines() if "llama-server ready in" in line
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -134,7 +135,9 @@ def test_server_starts_and_confirms_bridge(server_bins, monkeypatch):
     assert s.proc.returncode == 0
 
 
-def test_port_in_use(server_bins):
+def test_port_in_use(server_bins, monkeypatch):
+    # the port's owner listens but never answers: each /health probe waits out its timeout (2 s by default)
+    monkeypatch.setattr(llama_server.Server, "health", functools.partialmethod(llama_server.Server.health, timeout=0.2))
     sock, port = busy_port()
     try:
         s = llama_server.Server(server_bins.server, srv_args(server_bins.model, port), startup_timeout=20)
@@ -350,7 +353,7 @@ def test_signal_forwarded_and_exit_code_propagated(server_bins, sig):
 def test_server_dying_while_serving_propagates(server_bins):
     p = _cli_proc(
         server_bins,
-        {"FAKE_DIE_AFTER_S": "1.5"},
+        {"FAKE_DIE_AFTER_S": "1"},
         "--server",
         str(server_bins.server),
         *srv_args(server_bins.model, llama_server.free_port()),
@@ -644,7 +647,7 @@ def test_a_server_that_dies_while_serving_is_not_said_to_have_died_during_start_
     with llama_server.Server(
         server_bins.server, srv_args(server_bins.model, llama_server.free_port()), startup_timeout=20
     ) as s:
-        time.sleep(1.5)
+        assert s.proc is not None and s.proc.wait(20) == 3  # it served, then died
         with pytest.raises(ServeError) as ei:
             s.post("/completion", {"prompt": "x", "n_predict": 1}, timeout=5)
     msg = str(ei.value)
@@ -836,7 +839,7 @@ def test_the_log_pump_survives_a_full_disk(tmp_path, capfd):
 def test_a_crash_that_closes_the_connection_before_the_process_exits_is_a_death(server_bins, monkeypatch):
     """The lavapipe ladder's crash in CI (2026-12-03) read "POST /completion failed. Remote end closed connection
     without response": the socket closed while the aborting server was still printing, so the exit went unseen."""
-    monkeypatch.setenv("FAKE_CRASH_IN_REQUEST_S", "1.5")
+    monkeypatch.setenv("FAKE_CRASH_IN_REQUEST_S", "0.5")
     with llama_server.Server(
         server_bins.server, srv_args(server_bins.model, llama_server.free_port()), startup_timeout=20
     ) as s:
