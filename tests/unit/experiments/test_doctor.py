@@ -190,7 +190,7 @@ def test_probe_run_reads_what_a_stopped_program_printed(tmp_path: Path) -> None:
         "#!PYTHON\nimport sys, time\nprint('probe: begin version=1 quick=1 deadline_s=1', flush=True)\n"
         "print('probe: check-begin src_gpu=0 dst_gpu=1 case=0', flush=True)\ntime.sleep(60)\n",
     )
-    res = probe.run(probe.ProbeRun(prog, budget_s=1, limit_s=1.5, quick=True, log_file=tmp_path / "probe.txt"))
+    res = probe.run(probe.ProbeRun(prog, budget_s=0.5, limit_s=0.8, quick=True, log_file=tmp_path / "probe.txt"))
     assert res.timed_out and res.verdicts[(0, 1)].verdict == "died"
     assert "probe: check-begin src_gpu=0 dst_gpu=1 case=0" in (tmp_path / "probe.txt").read_text()
 

@@ -729,7 +729,7 @@ def _gone(pid: int, timeout: float) -> bool:
 
 def _stubborn(server_bins) -> tuple[dict[str, str], Path]:
     pid_file = server_bins.tmp / "server.pid"
-    return {"FAKE_IGNORE_SIGTERM": "1", "FAKE_PID_FILE": str(pid_file), "GGML_BRIDGE_STOP_GRACE": "1"}, pid_file
+    return {"FAKE_IGNORE_SIGTERM": "1", "FAKE_PID_FILE": str(pid_file), "GGML_BRIDGE_STOP_GRACE": "0.5"}, pid_file
 
 
 def test_a_forwarded_sigterm_is_escalated_to_sigkill_after_the_grace(server_bins):
