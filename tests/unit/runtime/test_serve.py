@@ -379,7 +379,7 @@ def test_runner_start_stop_kills_a_process_that_ignores_sigterm(tmp_path):
     while "ready" not in seen and time.monotonic() - t0 < 10:
         time.sleep(0.05)
     assert p.poll() is None
-    rc = p.stop(timeout=1.0)
+    rc = p.stop(timeout=0.3)
     assert rc == -signal.SIGKILL and time.monotonic() - t0 < 15
     assert p.lines() == ["ready"] and (tmp_path / "log").read_text() == "ready\n"
 
