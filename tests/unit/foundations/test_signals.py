@@ -33,6 +33,8 @@ setsid sh -c 'echo $$ >> "$PIDS"; trap "" TERM; sleep 600' & echo $! >> "$PIDS"
 echo $$ >> "$PIDS"
 wait
 '''
+#: the lines TREE appends to $PIDS: the sleep, the inner sleep and its shell, the setsid shell's $$ and $!, the tool
+TREE_PID_LINES = 6
 
 
 def _tool(bindir: Path, name: str, real: str, hang_when: str) -> None:
@@ -75,14 +77,16 @@ def _launch(
 
 
 def _tree_of(p: subprocess.Popen[str], pids: Path) -> dict[int, int]:
-    """Wait until the fake tool recorded its 5 pids; returns every process under the launcher then."""
+    """Wait until the fake tool recorded all 6 of its pid lines (the setsid child's may repeat its own); returns
+    every process under the launcher then. The pids are read before the scan: a line written after it named a
+    process the scan could not have seen."""
     t0 = time.monotonic()
-    while not (pids.is_file() and len(pids.read_text().split()) >= 5):
+    while not (pids.is_file() and len(pids.read_text().split()) >= TREE_PID_LINES):
         if p.poll() is not None or time.monotonic() - t0 > 120:
             raise AssertionError(f"the fake tree never started: {p.communicate()[1][-3000:]}")
         time.sleep(0.05)
-    tree = signals.descendants(p.pid)
     recorded = {int(x) for x in pids.read_text().split()}
+    tree = signals.descendants(p.pid)
     assert recorded <= set(tree), (recorded, tree)
     return tree
 
