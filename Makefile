@@ -53,12 +53,16 @@ lint-workflows: install
 	$(BIN)/zizmor --offline .github/workflows/
 
 # The fast tests start many small processes (git, fake llama-servers, cmake) and wait on some: FAST_JOBS
-# pytest-xdist workers. Four measured best on 2 cores, idle: 59 s wall against 73 s with two (the waits on started
-# processes overlap; each worker also collects the whole suite, ~1.5 CPU-s with bytecode).
+# pytest-xdist workers. Four measured best on 2 cores, idle: 49-54 s wall against 64 s with two (2026-12-07, a
+# 2-core AMD EPYC VM; 59-64 s against 73 s on the VM of 2026-12-06): the waits on started processes overlap, and
+# each worker also collects the whole suite (~1.5 CPU-s with bytecode). `--dist worksteal` was no faster beyond
+# the runs' spread (44-52 s).
 FAST_JOBS ?= 4
 # Bytecode even where PYTHONDONTWRITEBYTECODE is set, kept out of the tree: without it each xdist worker rewrites
-# every test module's asserts (~5 CPU-s) and each Python the tests start compiles ggml_bridge again.
-TEST_PYCACHE ?= $(GGML_BRIDGE_TEST_CACHE_DIR)/pycache
+# every test module's asserts (~5 CPU-s) and each Python the tests start compiles ggml_bridge again. An absolute
+# path: the tests change into scratch folders (a relative prefix wrote bytecode there, and the sweep's check that
+# nothing lands in the current folder failed).
+TEST_PYCACHE ?= $(abspath $(GGML_BRIDGE_TEST_CACHE_DIR))/pycache
 test-fast: install
 	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(TEST_PYCACHE) $(BIN)/python -m pytest -m "not slow" -n $(FAST_JOBS) $(PYTEST_ARGS)
 
