@@ -14,16 +14,19 @@ src/llama-model.cpp splits those weights by rows, the meta backend adds the part
 
     steps(N)        = log2(P) + (2 if N > P else 0)     P: the largest power of two <= N (ggml-backend-meta.cpp's
                                                           butterfly: the extra cards fold in first and get the sum back)
-    t_ar(b, N)      = steps(N) * t(b)                   each step a host round trip per card, the pairs in parallel
+    t_ar(b, N)      = steps(N) * (t(b) + (N-1)*H)       each step a host round trip per card, the pairs in parallel
                                                           (t = t_seq without peer access, t_bridge through the bridge)
-    t_internal(b)   = 2*L + 2*(b/2)/B                   upstream's internal path (2 cards): D2H then H2D of BF16
-    t_bar(b, N)     = L + E + b/B + (N-1)*b/B           the bridge's all-reduce (patch 0007), tensors up to 512 KiB:
+    t_internal(b)   = 2*L + H + 2*(b/2)/B               upstream's internal path (2 cards): D2H then H2D of BF16
+    t_bar(b, N)     = L + E + (N-1)*H + b/B + (N-1)*b/B the bridge's all-reduce (patch 0007), tensors up to 512 KiB:
                                                           one kernel per card stages its tensor and reads the others'
-                    = 2*L + E + b/B + k*b/B             above: copy engines, one tensor down, k up (k = 1 for 2
+                    = 2*L + E + (N-1)*H + b/B + k*b/B   above: copy engines, one tensor down, k up (k = 1 for 2
                                                           cards, 2(N-1)/N from 3: reduce-scatter + gather)
     t_bar1(b, N)    = t_bar's latency + total/B         the same N devices on ONE link (virtual devices of one GPU):
                                                           total = N*b + N*(N-1)*b (kernel) or N*b + 2*(N-1)*b
                                                           (copy engines; 2*b for two devices): every byte on it
+    H                                                   one host thread enqueues the N cards' parts of an
+                                                          all-reduce (or of a butterfly step): the last card's part
+                                                          starts (N-1)*H after the first's
     per token       2 * n_layer * t_ar(h*4, N)          against layer split's (N-1) * t(h*4)
 
 The bytes alone (:func:`allreduce_traffic`, in tensors, the larger direction): the butterfly moves log2(P) + [N > P]
@@ -43,6 +46,10 @@ BP_PAGEABLE = (
     9.7e9  # per-direction pageable staging bandwidth on the H200 host (sync-malloc, 16 MiB: 3.47 ms round trip)
 )
 E_EVENT = 3e-6  # cross-device event wait
+# the host's enqueue of one card's part of the bridge's all-reduce (its kernel or copies, its events): the host's
+# share of a call over the device count, test-bridge-allreduce --bench's host_us_median / N on the H100 of 2026-12-06
+# (driver 580, in-kernel path): 2.9-3.3 us for 2-6 devices
+H_LAUNCH = 3.2e-6
 BAR_KERNEL_MAX = 512 * 1024  # patch 0007: the largest per-device tensor of its in-kernel path
 
 
@@ -78,14 +85,14 @@ def t_allreduce(b: float, n: int, B: float, L: float, path: str) -> float:
     access), ``bridge`` (the butterfly's copies through the bridge), ``bridge-allreduce`` (patch 0007's all-reduce) or
     ``internal`` (upstream's host-staged pipeline, 2 cards, F32 rounded through BF16)."""
     if path == "internal":
-        return 2 * L + 2 * (b / 2) / B
+        return 2 * L + (n - 1) * H_LAUNCH + 2 * (b / 2) / B
     if path == "bridge-allreduce":
         if b <= BAR_KERNEL_MAX:
-            return L + E_EVENT + b / B + (n - 1) * b / B
+            return L + E_EVENT + (n - 1) * H_LAUNCH + b / B + (n - 1) * b / B
         up = 1.0 if n == 2 else 2 * (n - 1) / n
-        return 2 * L + E_EVENT + b / B + up * b / B
+        return 2 * L + E_EVENT + (n - 1) * H_LAUNCH + b / B + up * b / B
     step = t_bridge if path == "bridge" else t_seq
-    return allreduce_steps(n) * step(b, B, L)
+    return allreduce_steps(n) * (step(b, B, L) + (n - 1) * H_LAUNCH)
 
 
 @dataclass(frozen=True)
@@ -133,9 +140,9 @@ def t_bridge_allreduce_one_link(b: float, n: int, B: float, L: float) -> float:
     """The bridge's all-reduce of ``b`` bytes over ``n`` devices that share one link (virtual devices of one GPU):
     its latency as on separate links, and every device's bytes, both directions, through the one link at ``B``."""
     if b <= BAR_KERNEL_MAX:
-        return L + E_EVENT + (n * b + n * (n - 1) * b) / B
+        return L + E_EVENT + (n - 1) * H_LAUNCH + (n * b + n * (n - 1) * b) / B
     total = 2 * b if n == 2 else 2 * (n - 1) * b
-    return 2 * L + E_EVENT + (n * b + total) / B
+    return 2 * L + E_EVENT + (n - 1) * H_LAUNCH + (n * b + total) / B
 
 
 def per_token_tensor(hidden: int, layers: int, n: int, B: float, L: float, path: str) -> float:

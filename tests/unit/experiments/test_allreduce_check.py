@@ -23,15 +23,32 @@ def line(n: int, nbytes: int, path: str, us: float) -> str:
 
 def test_the_in_kernel_path_reads_every_peer_and_the_copy_path_scatters():
     b, n = 32768.0, 6
+    launch = (n - 1) * cost.H_LAUNCH  # the sixth device's part is enqueued after the five before it
     kernel = cost.t_allreduce(b, n, *LINK, "bridge-allreduce")
-    assert kernel == pytest.approx(LINK[1] + cost.E_EVENT + b / LINK[0] + (n - 1) * b / LINK[0])
+    assert kernel == pytest.approx(LINK[1] + cost.E_EVENT + launch + b / LINK[0] + (n - 1) * b / LINK[0])
     big = 4.0 * 2**20
     copy = cost.t_allreduce(big, n, *LINK, "bridge-allreduce")
-    assert copy == pytest.approx(2 * LINK[1] + cost.E_EVENT + big / LINK[0] + 2 * (n - 1) / n * big / LINK[0])
+    assert copy == pytest.approx(2 * LINK[1] + cost.E_EVENT + launch + big / LINK[0] + 2 * (n - 1) / n * big / LINK[0])
     # on one link every device's bytes cross it: six devices move (6 + 30) tensors in-kernel, (6 + 10) by copy
     one = cost.t_bridge_allreduce_one_link(big, n, *LINK)
-    assert one == pytest.approx(2 * LINK[1] + cost.E_EVENT + 16 * big / LINK[0])
-    assert cost.t_bridge_allreduce_one_link(b, n, *LINK) == pytest.approx(LINK[1] + cost.E_EVENT + 36 * b / LINK[0])
+    assert one == pytest.approx(2 * LINK[1] + cost.E_EVENT + launch + 16 * big / LINK[0])
+    assert cost.t_bridge_allreduce_one_link(b, n, *LINK) == pytest.approx(
+        LINK[1] + cost.E_EVENT + launch + 36 * b / LINK[0]
+    )
+
+
+def test_the_host_launch_term_is_what_the_bench_measured_and_puts_the_in_kernel_rows_within_the_bound():
+    """H_LAUNCH is the host's share of a call per device in the run that measured it (host_us_median / N, in-kernel
+    rows), and with it the rows of the two earlier runs, which it was not taken from, lie within 1.5x."""
+    rework = allreduce_check.read(
+        REPO_ROOT / "results/2026-12-06-h100x1-allreduce-rework/allreduce/test-bridge-allreduce.txt"
+    )
+    per_device = [t.host_us / t.devices for t in rework if t.host_us is not None and t.nbytes <= cost.BAR_KERNEL_MAX]
+    assert per_device and all(abs(x * 1e-6 - cost.H_LAUNCH) <= 0.4e-6 for x in per_device), per_device
+    for run in (H100_RUN, H100_HOST_RUN):
+        last = allreduce_check.table(allreduce_check.read(run), LINK, one_link=True).splitlines()[-1]
+        inside, total = (int(x) for x in last.split(" within ")[0].split(" of "))
+        assert inside == total, last
 
 
 def test_read_tells_the_variants_apart(tmp_path):
