@@ -80,6 +80,12 @@ def allreduce_steps(n: int) -> int:
     return p.bit_length() - 1 + (2 if n > p else 0)
 
 
+def _bar_latency(b: float, n: int, L: float) -> float:
+    """The bridge's all-reduce of ``b`` bytes over ``n`` devices beyond its bytes, on any links: one copy's latency
+    in-kernel (two by copy engines above BAR_KERNEL_MAX), the event, and the host's launches of the other devices."""
+    return (L if b <= BAR_KERNEL_MAX else 2 * L) + E_EVENT + (n - 1) * H_LAUNCH
+
+
 def t_allreduce(b: float, n: int, B: float, L: float, path: str) -> float:
     """One all-reduce of ``b`` bytes over ``n`` cards: ``path`` ``seq`` (the butterfly's host round trips without peer
     access), ``bridge`` (the butterfly's copies through the bridge), ``bridge-allreduce`` (patch 0007's all-reduce) or
@@ -88,9 +94,9 @@ def t_allreduce(b: float, n: int, B: float, L: float, path: str) -> float:
         return 2 * L + (n - 1) * H_LAUNCH + 2 * (b / 2) / B
     if path == "bridge-allreduce":
         if b <= BAR_KERNEL_MAX:
-            return L + E_EVENT + (n - 1) * H_LAUNCH + b / B + (n - 1) * b / B
+            return _bar_latency(b, n, L) + b / B + (n - 1) * b / B
         up = 1.0 if n == 2 else 2 * (n - 1) / n
-        return 2 * L + E_EVENT + (n - 1) * H_LAUNCH + b / B + up * b / B
+        return _bar_latency(b, n, L) + b / B + up * b / B
     step = t_bridge if path == "bridge" else t_seq
     return allreduce_steps(n) * (step(b, B, L) + (n - 1) * H_LAUNCH)
 
@@ -140,9 +146,9 @@ def t_bridge_allreduce_one_link(b: float, n: int, B: float, L: float) -> float:
     """The bridge's all-reduce of ``b`` bytes over ``n`` devices that share one link (virtual devices of one GPU):
     its latency as on separate links, and every device's bytes, both directions, through the one link at ``B``."""
     if b <= BAR_KERNEL_MAX:
-        return L + E_EVENT + (n - 1) * H_LAUNCH + (n * b + n * (n - 1) * b) / B
+        return _bar_latency(b, n, L) + (n * b + n * (n - 1) * b) / B
     total = 2 * b if n == 2 else 2 * (n - 1) * b
-    return 2 * L + E_EVENT + (n - 1) * H_LAUNCH + (n * b + total) / B
+    return _bar_latency(b, n, L) + (n * b + total) / B
 
 
 def per_token_tensor(hidden: int, layers: int, n: int, B: float, L: float, path: str) -> float:
