@@ -214,7 +214,8 @@ def _test_order(test: str) -> tuple[str, int, int, int, int]:
 
 
 #: reference cases of the ratios, in this order: upstream with and without peer access, the test-only no-peer
-#: baselines of virtual devices (layer and tensor split) and upstream's own tensor-split paths, the patched build off
+#: baselines of virtual devices (layer and tensor split), upstream's own tensor-split paths, the butterfly through the
+#: bridge's copies (what the bridge's all-reduce replaces), the patched build off
 REFERENCES = (
     "upstream-p2p",
     "upstream-nopeer",
@@ -222,6 +223,7 @@ REFERENCES = (
     "tensor-nopeer-virtual",
     "tensor-upstream-internal",
     "tensor-upstream",
+    "tensor-bridge-force-butterfly",
     "off",
     "upstream",
     "rpc-upstream-nopeer",

@@ -483,12 +483,13 @@ def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(one_
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
     rep = _run(one_gpu_bench, "t", suite="tensor-virt", measure=("bench",), rounds=1, run_lengths=(1,), tg=0)
     lines = one_gpu_bench.order.read_text().splitlines()
-    assert len(lines) == 5 and all(" sm=tensor " in x for x in lines)
+    assert len(lines) == 6 and all(" sm=tensor " in x for x in lines)
     assert sum(x.startswith("nopeer-virtual ") for x in lines) == 2, "the baseline and its A/A twin"
-    assert {re.search(r" ar=(\S*)", x)[1] for x in lines} == {"internal", "none"}  # type: ignore[index]
+    assert {re.search(r" ar=(\S*)", x)[1] for x in lines} == {"internal", "none", "butterfly"}  # type: ignore[index]
     runs = {r["case"]: r for r in rep["runs"]}
     assert "internal on 2 devices" in runs["tensor-upstream-internal"]["engagement"]
     assert "bridge on 2 devices" in runs["tensor-bridge-force"]["engagement"]
+    assert "butterfly on 2 devices" in runs["tensor-bridge-force-butterfly"]["engagement"]
     assert all(r["engaged"] is not False for r in rep["runs"])
     monkeypatch.setenv("FAKE_NO_META", "1")  # no Meta device: the cases did not split by tensor
     args = one_gpu_bench.args(
@@ -513,6 +514,8 @@ def test_the_tensor_suite_reports_ratios_against_its_baselines(one_gpu_bench, mo
     ratios = rep["ratios"]
     assert {"tensor-nopeer-virtual", "tensor-upstream", "tensor-upstream-internal"} <= set(ratios)
     assert "pp512/ub512@r1" in ratios["tensor-nopeer-virtual"]["tensor-bridge-force"]
+    # the bridge's all-reduce against what it replaces, the butterfly through the bridge's copies
+    assert "pp512/ub512@r1" in ratios["tensor-bridge-force-butterfly"]["tensor-bridge-force"]
     md = (one_gpu_bench.tmp / "t" / "bench.md").read_text().splitlines()
     head = next(i for i, x in enumerate(md) if x.startswith("| test |"))
     assert md[head].count("|") == md[head + 1].count("|") == md[head + 2].count("|")
