@@ -54,7 +54,8 @@ lint-workflows: install
 
 # The fast tests start many small processes (git, fake llama-servers, cmake) and wait on some: FAST_JOBS
 # pytest-xdist workers. Four measured best on 2 cores, idle: 45-65 s wall, median 57 s in ten runs, against 64 s
-# with two (2026-12-07, a 2-core AMD EPYC VM; 59-64 s against 73 s on the VM of 2026-12-06): the waits on started
+# with two (2026-12-07, a 2-core AMD EPYC VM; 59-64 s against 73 s on the VM of 2026-12-06; 39.8-47.8 s in twelve
+# runs on a 2-core Intel Xeon VM later that day, 67 CPU-s for 42 s of wall time): the waits on started
 # processes overlap, and each worker also collects the whole suite (~1.5 CPU-s with bytecode). `--dist worksteal`
 # was no faster beyond the runs' spread (44-52 s in four runs).
 FAST_JOBS ?= 4
