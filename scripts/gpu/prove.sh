@@ -287,17 +287,16 @@ if want tensor; then
         --bridge force --server "$pbin/llama-server" -- -m /tmp/tensor-small.gguf -ngl 99 -sm tensor --port 18081
     grep -E "ggml-bridge:" "$OUT/serve-tensor-check.txt" | tail -n 8 | tee -a "$OUT/summary.txt"
 fi
-# seconds one round of a tensor-bench part takes on one H100: tensor:4 measured 2026-12-06 at ~42 s (4 cases, llama-bench
-# -r 1 and -r 10 of pp512, pp4096, tg128 on tensor-3k); the others scaled by their cases; a quarter of slack
-# seconds a round of a part takes on one H100, with a margin: a part's budget is five rounds and a half, so that it
-# is not stopped at four (2026-12-06/07, four cases: tensor:3 34 s, tensor:4 42 s, tensor:6 66 s; layer 18 s; the
-# butterfly through the bridge's copies is a fifth case since)
+# seconds one round of a tensor-bench part takes on one H100 (llama-bench -r 1 and -r 10 of pp512, pp4096, tg128 on
+# tensor-3k), with a margin: a part's budget is five rounds and a half, so that it is not stopped at four (2026-12-06/07,
+# four cases: tensor:3 34 s, tensor:4 42 s, tensor:6 66 s; layer 18 s; the butterfly through the bridge's copies is a
+# fifth case since)
 tensor_round_s() { case "$1" in tensor:2) echo 80 ;; tensor:3) echo 55 ;; tensor:6) echo 90 ;; tensor:*) echo 65 ;; layer:*) echo 45 ;; *) echo 80 ;; esac; }
 if want tensor-bench; then
     # tensor split against upstream's internal all-reduce (2 devices), its butterfly over device-local copies and the
     # emulated no-peer baseline (twice: the A/A range), the butterfly through the bridge's copies and the bridge's
     # all-reduce (both forced); then layer split beside the bridge
-    # against the same baseline. One part per device count; TENSOR_ROUNDS (5); ~4 parts fit 10 min calls one each
+    # against the same baseline. One part per device count; TENSOR_ROUNDS (5); a part of 5 rounds fits one 10 min call
     rounds=${TENSOR_ROUNDS:-5}
     for part in ${TENSOR_PARTS:-tensor:2 tensor:4 tensor:3 tensor:6 layer:2 layer:4}; do
         kind=${part%%:*} n=${part#*:} per=$(tensor_round_s "$part")
