@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The bridge's all-reduce for tensor split (patches 0007, 0008) on one GPU split into virtual devices:
-#   build    upstream and patched CUDA builds in one tree (as prove.sh's build step), unless PREBUILT is set
+#   build    upstream and patched CUDA builds in one tree (as prove.sh's build step); with PREBUILT=DIR the builds
+#            carried in DIR/builds.tar.xz instead (scripts/gpu/pack-prebuilt.sh)
 #   test     test-bridge-allreduce on AR_DEVICES (default 6) virtual devices: every group of 2..6, byte for byte
 #            against ggml's own butterfly; --bench: one all-reduce per call, back to back, beside upstream's internal
 #   logits   llama-perplexity's full logits (--kl-divergence-base) with -sm tensor on 2, 3, 4 and 6 virtual devices:
@@ -35,9 +36,13 @@ if want build; then
     grep -E "^==>|done in|up to date|error|Error" "$OUT/build.txt" | tail -n 20 | tee -a "$OUT/summary.txt"
 fi
 bindir() { "${gb[@]}" build --backend cuda --variant "$1" --print-bin-dir 2>/dev/null; }
-# PBIN/UBIN: bin folders of builds packed by an earlier call (step pack: unpacked where they were built, so that
-# their RUNPATHs hold), else the cache's latest builds
-if [ -n "${PBIN:-}" ]; then
+# PREBUILT=DIR: builds made elsewhere and carried (steps.sh's prebuilt); PBIN/UBIN: bin folders of builds packed by
+# an earlier call (step pack: unpacked where they were built, so that their RUNPATHs hold); else the cache's latest
+vocab=
+if [ -n "${PREBUILT:-}" ]; then
+    prebuilt "$repo/$PREBUILT" || exit 1
+    nbin=$vbin
+elif [ -n "${PBIN:-}" ]; then
     pbin=$PBIN ubin=$UBIN nbin=${NBIN:-}
 else
     pbin=$(bindir patched) || { log "the CUDA builds are not there: stopping"; exit 1; }
@@ -46,7 +51,7 @@ else
 fi
 [ -n "$ubin" ] || { ubin=$pbin; log "no upstream build: the up-* cases run the patched build with the bridge off"; }
 mkdir -p "$OUT/manifests"
-for v in upstream upstream-nopeer-virtual patched; do
+[ -n "${PREBUILT:-}" ] || for v in upstream upstream-nopeer-virtual patched; do
     m=$("${gb[@]}" build --backend cuda --variant "$v" --print-manifest 2>/dev/null) && cp "$m" "$OUT/manifests/$v.json"
 done
 log "patched: $pbin; upstream: $ubin; emulated no-peer baseline: ${nbin:-none}"
@@ -57,8 +62,10 @@ if want pack; then
     tar -cf - "$pbin" "$ubin" 2>/dev/null | xz -T0 -6 | split -b 15M - /tmp/ar-pack/ar-pack.tar.xz.
     log "packed: $(ls /tmp/ar-pack | tr '\n' ' ')($(du -sh /tmp/ar-pack | cut -f1))"
 fi
-tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
-vocab=$tree/models/ggml-vocab-llama-spm.gguf
+if [ -z "$vocab" ]; then
+    tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
+    vocab=$tree/models/ggml-vocab-llama-spm.gguf
+fi
 
 if want test; then
     step test-allreduce 30 240 env GGML_CUDA_DEVICES="${AR_DEVICES:-6}" "$pbin/test-bridge-allreduce" --bench \

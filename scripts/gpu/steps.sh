@@ -28,3 +28,26 @@ bundle() {
 }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 gb=(python3 -m ggml_bridge)  # `timeout` runs programs, not shell functions
+# prebuilt DIR: the builds of DIR/builds.tar.xz (scripts/gpu/pack-prebuilt.sh: a folder per variant with its
+# executables, test programs, libraries and manifest.json, RUNPATH $ORIGIN) unpacked into DIR; sets pbin, ubin and
+# vbin (patched, upstream, upstream-nopeer-virtual; empty where not packed) and vocab (DIR/ggml-vocab-llama-spm.gguf),
+# copies each manifest to $OUT/manifests. Each variant must load its own libggml-cuda or none (a static build):
+# checked, or a comparison would prove nothing. Returns 1, said on the log, where that fails or patched is missing.
+prebuilt() {
+    local dir=$1 v b lib
+    pbin= ubin= vbin= vocab=$dir/ggml-vocab-llama-spm.gguf
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    mkdir -p "$OUT/manifests"
+    tar -xJf "$dir/builds.tar.xz" -C "$dir" || { log "cannot unpack $dir/builds.tar.xz: stopping"; return 1; }
+    for v in patched upstream upstream-nopeer-virtual; do
+        b=$dir/$v
+        [ -f "$b/manifest.json" ] || continue
+        lib=$(ldd "$b/llama-bench" | awk '$1 == "libggml-cuda.so.0" { print $3 }')
+        [ -z "$lib" ] || [ "$lib" = "$b/libggml-cuda.so.0" ] \
+            || { log "$v's llama-bench loads libggml-cuda from '$lib', not $b: stopping"; return 1; }
+        cp "$b/manifest.json" "$OUT/manifests/$v.json"
+        "$b/llama-bench" --version 2>&1 | tail -n 2 | sed "s/^/$v: /" | tee -a "$OUT/summary.txt"
+        case $v in patched) pbin=$b ;; upstream) ubin=$b ;; *) vbin=$b ;; esac
+    done
+    [ -n "$pbin" ] || { log "no patched build in $dir/builds.tar.xz: stopping"; return 1; }
+}
