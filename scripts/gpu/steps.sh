@@ -38,6 +38,8 @@ prebuilt() {
     pbin= ubin= vbin= vocab=$dir/ggml-vocab-llama-spm.gguf
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     mkdir -p "$OUT/manifests"
+    # a variant unpacked from an earlier archive must not stand in for one this archive lacks
+    rm -rf "$dir/patched" "$dir/upstream" "$dir/upstream-nopeer-virtual"
     tar -xJf "$dir/builds.tar.xz" -C "$dir" || { log "cannot unpack $dir/builds.tar.xz: stopping"; return 1; }
     for v in patched upstream upstream-nopeer-virtual; do
         b=$dir/$v

@@ -72,6 +72,18 @@ def test_patched_alone_leaves_the_others_empty(tmp_path: Path) -> None:
     assert " ubin= vbin= " in r.stdout.splitlines()[-1] and "rc=0" in r.stdout, r.stdout + r.stderr
 
 
+def test_a_variant_of_an_earlier_archive_does_not_stand_in(tmp_path: Path) -> None:
+    """The second archive lacks upstream: the folder the first one left must not pass for it."""
+    carried = _pack(tmp_path, {"patched": "p", "upstream": "u"})
+    assert "rc=0" in _run(tmp_path, carried).stdout
+    (tmp_path / "second").mkdir()
+    second = _pack(tmp_path / "second", {"patched": "p2"})
+    shutil.copy(second / "builds.tar.xz", carried / "builds.tar.xz")
+    r = _run(tmp_path, carried)
+    assert f"rc=0 pbin={carried}/patched ubin= vbin= " in r.stdout.splitlines()[-1], r.stdout + r.stderr
+    assert not (carried / "upstream").exists()
+
+
 def test_no_patched_build_stops(tmp_path: Path) -> None:
     r = _run(tmp_path, _pack(tmp_path, {"upstream": "u"}))
     assert "rc=1" in r.stdout.splitlines()[-1]
