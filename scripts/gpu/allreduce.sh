@@ -21,8 +21,7 @@ STEPS=" ${*:-build test logits bench} "
 mkdir -p "$OUT"
 # shellcheck source=scripts/gpu/steps.sh
 source scripts/gpu/steps.sh
-# builds packed for a later machine (step pack) come back beside the archive, not inside it
-trap 'bundle; mv /tmp/ar-pack/* "$OUT"/ 2>/dev/null' EXIT
+trap bundle EXIT
 export GGML_BRIDGE_CACHE_DIR=$repo/.cache-gpu
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$repo || { log "cannot install the carried wheels"; exit 1; }
@@ -36,14 +35,11 @@ if want build; then
     grep -E "^==>|done in|up to date|error|Error" "$OUT/build.txt" | tail -n 20 | tee -a "$OUT/summary.txt"
 fi
 bindir() { "${gb[@]}" build --backend cuda --variant "$1" --print-bin-dir 2>/dev/null; }
-# PREBUILT=DIR: builds made elsewhere and carried (steps.sh's prebuilt); PBIN/UBIN: bin folders of builds packed by
-# an earlier call (step pack: unpacked where they were built, so that their RUNPATHs hold); else the cache's latest
+# PREBUILT=DIR: builds made elsewhere and carried (steps.sh's prebuilt); else the cache's latest builds
 vocab=
 if [ -n "${PREBUILT:-}" ]; then
     prebuilt "$repo/$PREBUILT" || exit 1
     nbin=$vbin
-elif [ -n "${PBIN:-}" ]; then
-    pbin=$PBIN ubin=$UBIN nbin=${NBIN:-}
 else
     pbin=$(bindir patched) || { log "the CUDA builds are not there: stopping"; exit 1; }
     ubin=$(bindir upstream) || ubin=
@@ -55,13 +51,6 @@ mkdir -p "$OUT/manifests"
     m=$("${gb[@]}" build --backend cuda --variant "$v" --print-manifest 2>/dev/null) && cp "$m" "$OUT/manifests/$v.json"
 done
 log "patched: $pbin; upstream: $ubin; emulated no-peer baseline: ${nbin:-none}"
-if want pack; then
-    # both bin folders (executables and libraries) as parts of at most 15 MiB; unpack with
-    # cat ar-pack.tar.xz.* | tar -xJ -C / (the same absolute paths as here)
-    mkdir -p /tmp/ar-pack
-    tar -cf - "$pbin" "$ubin" 2>/dev/null | xz -T0 -6 | split -b 15M - /tmp/ar-pack/ar-pack.tar.xz.
-    log "packed: $(ls /tmp/ar-pack | tr '\n' ' ')($(du -sh /tmp/ar-pack | cut -f1))"
-fi
 if [ -z "$vocab" ]; then
     tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
     vocab=$tree/models/ggml-vocab-llama-spm.gguf
