@@ -34,7 +34,6 @@ if want build; then
     step build 300 560 "${gb[@]}" build --backend cuda --cuda-arch 90 --no-ui --shared-tree --variant "${AR_VARIANTS:-upstream,upstream-nopeer-virtual,patched}"
     grep -E "^==>|done in|up to date|error|Error" "$OUT/build.txt" | tail -n 20 | tee -a "$OUT/summary.txt"
 fi
-bindir() { "${gb[@]}" build --backend cuda --variant "$1" --print-bin-dir 2>/dev/null; }
 # PREBUILT=DIR: builds made elsewhere and carried (steps.sh's prebuilt); else the cache's latest builds
 vocab=
 if [ -n "${PREBUILT:-}" ]; then

@@ -33,8 +33,7 @@ for v in "$@"; do
     find "$stage/$v" -type f ! -name '*.json' | while read -r f; do "$patchelf" --set-rpath '$ORIGIN' "$f"; done
 done
 # files of one name next to each other (the same kernels a few dozen MB apart), inside the 256 MiB dictionary
-(cd "$stage" && find . -type f -o -type l | awk -F/ '{ print $NF "\t" $0 }' | sort | cut -f2) > "$stage.list"
-tar -cf - -C "$stage" --no-recursion -T "$stage.list" | xz -T1 --lzma2=preset=6,dict=256MiB > "$dir/builds.tar.xz.part"
+(cd "$stage" && find . -type f -o -type l | awk -F/ '{ print $NF "\t" $0 }' | sort | cut -f2) \
+    | tar -cf - -C "$stage" --no-recursion -T - | xz -T1 --lzma2=preset=6,dict=256MiB > "$dir/builds.tar.xz.part"
 mv "$dir/builds.tar.xz.part" "$dir/builds.tar.xz"
-rm -f "$stage.list"
 echo "$dir/builds.tar.xz ($*): $(du -h "$dir/builds.tar.xz" | cut -f1), sha256 $(sha256sum "$dir/builds.tar.xz" | cut -c1-16)"

@@ -71,8 +71,6 @@ if want build; then
             && cp "$m" "$OUT/manifests/$v.json"
     done
 fi
-# the bin folder of a variant's latest build, as the CLI reports it (builds nothing)
-bindir() { "${gb[@]}" build --backend cuda --variant "$1" --print-bin-dir 2>/dev/null; }
 # PREBUILT=DIR instead: builds made elsewhere and carried (steps.sh's prebuilt; scripts/gpu/README.md), no build
 # step, no sdist; without upstream's build the ladder's steps are skipped
 if [ -n "${PREBUILT:-}" ]; then

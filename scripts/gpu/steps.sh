@@ -28,6 +28,9 @@ bundle() {
 }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 gb=(python3 -m ggml_bridge)  # `timeout` runs programs, not shell functions
+# bindir VARIANT [BACKEND]: the bin folder of the variant's latest build (BACKEND: cuda), as the CLI reports it;
+# builds nothing
+bindir() { "${gb[@]}" build --backend "${2:-cuda}" --variant "$1" --print-bin-dir 2>/dev/null; }
 # prebuilt DIR: the builds of DIR/builds.tar.xz (scripts/gpu/pack-prebuilt.sh: a folder per variant with its
 # executables, test programs, libraries and manifest.json, RUNPATH $ORIGIN) unpacked into DIR; sets pbin, ubin and
 # vbin (patched, upstream, upstream-nopeer-virtual; empty where not packed) and vocab (DIR/ggml-vocab-llama-spm.gguf),

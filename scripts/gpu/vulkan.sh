@@ -85,7 +85,6 @@ if want build; then
         m=$("${gb[@]}" build --backend vulkan --variant "$v" --print-manifest 2>/dev/null) && cp "$m" "$OUT/manifests/$v.json"
     done
 fi
-bindir() { "${gb[@]}" build --backend "${2:-vulkan}" --variant "$1" --print-bin-dir 2>/dev/null; }
 tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
 vocab=$tree/models/ggml-vocab-llama-spm.gguf
 
@@ -112,7 +111,7 @@ if want mixed; then
 fi
 
 if want tests || want ladder || want bench; then
-    pbin=$(bindir patched) && ubin=$(bindir upstream) || { log "the Vulkan builds are not there: stopping"; exit 1; }
+    pbin=$(bindir patched vulkan) && ubin=$(bindir upstream vulkan) || { log "the Vulkan builds are not there: stopping"; exit 1; }
     bins=(--bin-dir-patched "$pbin" --bin-dir-upstream "$ubin")
     env GGML_VK_VISIBLE_DEVICES=0,0 "$pbin/llama-server" --list-devices 2>&1 | grep -E "Vulkan|ggml_vulkan" |
         tee -a "$OUT/summary.txt"
