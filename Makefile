@@ -17,7 +17,7 @@ help:
 	@echo "make test       install with test extras and run all tests (incl. slow; gpu ones skip without a GPU)"
 	@echo "make test-fast  only the fast tests (-m 'not slow'), on FAST_JOBS=4 pytest-xdist workers"
 	@echo "make lint       ruff check, ruff format --check, mypy (strict on ggml_bridge/); make test runs it first"
-	@echo "make lint-workflows  actionlint + zizmor --offline on .github/workflows (part of make test)"
+	@echo "make lint-workflows  actionlint + zizmor --offline on .github/workflows, shellcheck on the scripts (part of make test)"
 	@echo "make clean      remove .venv and the test cache"
 
 $(BIN)/python:
@@ -47,10 +47,12 @@ test: install lint lint-workflows
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # GitHub workflows: actionlint (syntax, contexts, action runtimes) and zizmor's offline security audit (pinned
-# actions, persisted credentials, template injection): a broken workflow fails here, not first on GitHub.
+# actions, persisted credentials, template injection): a broken workflow fails here, not first on GitHub. Then the
+# shell scripts (CI's, the GPU machine's, the helpers'): shellcheck at warning level, sourced files followed.
 lint-workflows: install
 	$(BIN)/actionlint .github/workflows/*.yml
 	$(BIN)/zizmor --offline .github/workflows/
+	$(BIN)/shellcheck -x -S warning .ci/run scripts/*.sh scripts/gpu/*.sh
 
 # The fast tests start many small processes (git, fake llama-servers, cmake) and wait on some: FAST_JOBS
 # pytest-xdist workers. Four measured best on 2 cores, idle: 45-65 s wall, median 57 s in ten runs, against 64 s

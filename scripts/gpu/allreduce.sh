@@ -50,10 +50,7 @@ mkdir -p "$OUT/manifests"
     m=$("${gb[@]}" build --backend cuda --variant "$v" --print-manifest 2>/dev/null) && cp "$m" "$OUT/manifests/$v.json"
 done
 log "patched: $pbin; upstream: $ubin; emulated no-peer baseline: ${nbin:-none}"
-if [ -z "$vocab" ]; then
-    tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
-    vocab=$tree/models/ggml-vocab-llama-spm.gguf
-fi
+[ -n "$vocab" ] || pinned_vocab || exit 1
 
 if want test; then
     step test-allreduce 30 240 env GGML_CUDA_DEVICES="${AR_DEVICES:-6}" "$pbin/test-bridge-allreduce" --bench \

@@ -16,6 +16,7 @@ set -uo pipefail
 ROUNDS=${ROUNDS:-5} DEVICES=${DEVICES:-"1 6"} BUDGET=${BUDGET:-250}
 mkdir -p "$OUT/diag"
 export NCCL_NVLS_ENABLE=0
+# shellcheck disable=SC2054  # llama-bench's lists: the commas are its
 args=(-m "$MODEL" -p 512,4096 -n 128 -b 4096 -ub 512 -ngl 99 -sm layer -o json -v)  # -v: the stats lines (INFO)
 read -r -a ways <<< "${WAYS:-off rule stage-all}"  # WAYS="off rule": the two a user chooses between
 way_env() {

@@ -66,9 +66,9 @@ elif [ -z "${PROBE_OUTPUT:-}" ] && [[ $("$bin/test-mapped-host-bridge" --no-such
     log "$bin/test-mapped-host-bridge has no --probe: the cached build predates this series; run the step 'build'"
     exit 1
 fi
-# the tiny random-weight model, from the pinned tree's vocabulary (`ggml-bridge fetch` prints the cached tree)
-tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: carry its sdist in .carry/"; exit 1; }
-"${gb[@]}" model --shape tiny --vocab "$tree/models/ggml-vocab-llama-spm.gguf" --out /tmp/tiny.gguf > /dev/null 2>&1 \
+# the tiny random-weight model, from the pinned tree's vocabulary
+pinned_vocab || exit 1
+"${gb[@]}" model --shape tiny --vocab "$vocab" --out /tmp/tiny.gguf > /dev/null 2>&1 \
     || { log "cannot write /tmp/tiny.gguf"; exit 1; }
 
 devices_env=()

@@ -80,9 +80,7 @@ else
     pbin=$(bindir patched) && ubin=$(bindir upstream) || { log "the CUDA builds are not there: stopping"; exit 1; }
     nbin=$(bindir upstream-nopeer) || nbin=
     vbin=  # bench finds the upstream-nopeer-virtual build of the cache itself
-    # the vocabulary of the pinned tree (`ggml-bridge fetch` prints the cached tree)
-    tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
-    vocab=$tree/models/ggml-vocab-llama-spm.gguf
+    pinned_vocab || exit 1
 fi
 bins=(--bin-dir-patched "$pbin" ${ubin:+--bin-dir-upstream "$ubin"})
 
@@ -109,8 +107,8 @@ if want inproc; then
     for part in ${INPROC_PARTS:-1gpu:bench-2b-6l 1gpu:bench-1b 2virt-force:bench-2b-6l 6virt-force:bench-2b-6l 2virt:bench-2b-6l 6virt:bench-2b-6l}; do
         devs=${part%%:*} shape=${part#*:} env=()
         case $devs in
-            2virt|6virt) env=(GGML_CUDA_DEVICES=${devs%virt}) ;;
-            2virt-force|6virt-force) env=(GGML_CUDA_DEVICES=${devs%virt-force} GGML_CUDA_MAPPED_HOST_BRIDGE=force) ;;
+            2virt|6virt) env=("GGML_CUDA_DEVICES=${devs%virt}") ;;
+            2virt-force|6virt-force) env=("GGML_CUDA_DEVICES=${devs%virt-force}" GGML_CUDA_MAPPED_HOST_BRIDGE=force) ;;
         esac
         [ -f "/tmp/$shape.gguf" ] || "${gb[@]}" model --shape "$shape" --vocab "$vocab" --out "/tmp/$shape.gguf" > /dev/null 2>&1
         for kind in inproc ${INPROC_CONTROL:+inproc-control}; do
@@ -292,6 +290,7 @@ if want tensor-bench; then
         if [ "$part" = "${parts[-1]}" ] || [ "$budget" -gt $(($(left) - 60)) ]; then budget=$(($(left) - 60)); fi
         cases=()
         if [ "$kind" = tensor ] && [ "$n" != 2 ]; then  # internal is for exactly 2 devices (else: the butterfly)
+            # shellcheck disable=SC2054  # one comma-separated value
             cases=(--cases tensor-upstream,tensor-nopeer-virtual,tensor-nopeer-virtual-aa,tensor-bridge-force-butterfly,tensor-bridge-force)
         fi
         suite=tensor-virt; [ "$kind" = layer ] && suite=layer-nopeer-virt

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the GPU scripts (prove.sh, vulkan.sh) after they set OUT, BUDGET and STEPS: time-boxed steps, the log
 # that comes back (summary.txt) and the archive of everything else.
 log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/summary.txt"; }
@@ -31,14 +32,23 @@ gb=(python3 -m ggml_bridge)  # `timeout` runs programs, not shell functions
 # bindir VARIANT [BACKEND]: the bin folder of the variant's latest build (BACKEND: cuda), as the CLI reports it;
 # builds nothing
 bindir() { "${gb[@]}" build --backend "${2:-cuda}" --variant "$1" --print-bin-dir 2>/dev/null; }
+# pinned_vocab: sets vocab to the pinned tree's vocabulary (`ggml-bridge fetch` prints the cached tree, unpacking
+# the carried sdist where needed); returns 1, said on the log, where there is none
+# shellcheck disable=SC2034  # vocab is the callers'
+pinned_vocab() {
+    local tree
+    tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: carry its sdist in .carry/"; return 1; }
+    vocab=$tree/models/ggml-vocab-llama-spm.gguf
+}
 # prebuilt DIR: the builds of DIR/builds.tar.xz (scripts/gpu/pack-prebuilt.sh: a folder per variant with its
 # executables, test programs, libraries and manifest.json, RUNPATH $ORIGIN) unpacked into DIR; sets pbin, ubin and
 # vbin (patched, upstream, upstream-nopeer-virtual; empty where not packed) and vocab (DIR/ggml-vocab-llama-spm.gguf),
 # copies each manifest to $OUT/manifests. Each variant must load its own libggml-cuda or none (a static build):
 # checked, or a comparison would prove nothing. Returns 1, said on the log, where that fails or patched is missing.
+# shellcheck disable=SC2034  # ubin, vbin and vocab are the callers'
 prebuilt() {
     local dir=$1 v b lib
-    pbin= ubin= vbin= vocab=$dir/ggml-vocab-llama-spm.gguf
+    pbin='' ubin='' vbin='' vocab=$dir/ggml-vocab-llama-spm.gguf
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     mkdir -p "$OUT/manifests"
     # a variant unpacked from an earlier archive must not stand in for one this archive lacks

@@ -45,7 +45,7 @@ done
 vklib=/tmp/vk-root/usr/lib/x86_64-linux-gnu
 export VULKAN_SDK=/tmp/vk-root/usr PATH=/tmp/vk-root/usr/bin:$PATH
 export LD_LIBRARY_PATH=$vklib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-log "carried: $(ls .carry-vk/*.deb | xargs -n1 basename | tr '\n' ' ')"
+log "carried: $(basename -a .carry-vk/*.deb | tr '\n' ' ')"
 log "glslc: $(glslc --version 2>&1 | head -1); loader: $(ls $vklib/libvulkan.so.1.*)"
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -85,8 +85,7 @@ if want build; then
         m=$("${gb[@]}" build --backend vulkan --variant "$v" --print-manifest 2>/dev/null) && cp "$m" "$OUT/manifests/$v.json"
     done
 fi
-tree=$("${gb[@]}" fetch 2>/dev/null) || { log "cannot locate the pinned tree: stopping"; exit 1; }
-vocab=$tree/models/ggml-vocab-llama-spm.gguf
+pinned_vocab || exit 1
 
 # a model split over a CUDA and a Vulkan device of the one GPU: ggml-cuda and ggml-vulkan in one build, then
 # ladders/cuda-vulkan.toml (upstream vs patched, batching off and on, byte for byte; a pinned pool per backend)

@@ -93,7 +93,7 @@ cd /tmp && GGML_CUDA_DEVICES=4 GGML_BRIDGE_BACKEND=cuda GGML_BRIDGE_CACHE_DIR=/t
     PYTHONPATH="$site:/tmp/site:$repo" python3 -m ggml_bridge serve --check --bridge force --batched on -- -m "$gguf" -ngl 999 -sm layer \
     --port 18123 -c 512 > "$OUT/serve-check.txt" 2>&1
 rc=$?
-cd "$repo"
+cd "$repo" || exit 1
 grep -E "using llama-server|bridge|batched|check" "$OUT/serve-check.txt" | tail -n 12 | tee -a "$OUT/summary.txt"
 [ $rc -eq 0 ] || fail "serve --check rc=$rc"
 log "serve --check PASS"

@@ -104,3 +104,25 @@ def test_a_variant_loading_another_folders_libggml_cuda_stops(tmp_path: Path) ->
     r = _run(tmp_path, carried, ldd="\tlibggml-cuda.so.0 => /elsewhere/libggml-cuda.so.0 (0x0)")
     assert "rc=1" in r.stdout.splitlines()[-1]
     assert "loads libggml-cuda from '/elsewhere/libggml-cuda.so.0'" in (tmp_path / "out" / "summary.txt").read_text()
+
+
+@pytest.mark.parametrize("fetch_ok", [True, False])
+def test_pinned_vocab_is_the_fetched_trees_or_one_line(tmp_path: Path, fetch_ok: bool) -> None:
+    """``pinned_vocab``, the one lookup of the pinned tree's vocabulary the GPU scripts share: the tree that
+    ``ggml-bridge fetch`` prints, or a line on the log and status 1 (a fake python3 stands in for the CLI)."""
+    fake, out = tmp_path / "fakebin", tmp_path / "out"
+    fake.mkdir()
+    out.mkdir()
+    body = f'echo "{tmp_path}/tree"' if fetch_ok else "exit 3"
+    (fake / "python3").write_text(f'#!/bin/sh\n[ "$3" = fetch ] || exit 9\n{body}\n')
+    (fake / "python3").chmod(0o755)
+    script = (
+        f'export PATH="{fake}:$PATH"; OUT={out}; BUDGET=100; STEPS=""; source {STEPS}; '
+        'vocab=; pinned_vocab; echo "rc=$? vocab=$vocab"'
+    )
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False)
+    last = r.stdout.strip().splitlines()[-1]
+    if fetch_ok:
+        assert last == f"rc=0 vocab={tmp_path}/tree/models/ggml-vocab-llama-spm.gguf", r.stdout + r.stderr
+    else:
+        assert last == "rc=1 vocab=" and "cannot locate the pinned tree" in (out / "summary.txt").read_text()
