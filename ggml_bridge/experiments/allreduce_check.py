@@ -33,29 +33,36 @@ class Timing:
     rounds: int
     host_us: float | None = None
     """The host's share of a call (the time to enqueue it): near ``us``, the host's launches bound the call."""
+    host_sums: bool = False
+    """A copy-engine row of three or more devices whose sums the host made (patch 0007 from 2026-12-07 on); else the
+    devices made them (two devices, and the reduce-scatter of the series before)."""
 
 
 def read(path: Path) -> list[Timing]:
     """The bridge's rows of a ``--bench`` output. The first version of the test program named its reduce-scatter
     ``bridge`` and the gather ``bridge-gather`` (the default then and now differ): where both names stand for one size,
-    ``bridge`` is the reduce-scatter."""
+    ``bridge`` is the reduce-scatter. From 2026-12-07 on the host sums the copy engines' calls of three or more
+    devices and the test program prints the devices' sums beside them as ``bridge-devsum``: where that name stands
+    for a size, ``bridge`` is the host's sums (``bridge-host1``, one host thread, is left out)."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise UsageError.of_os(e, f"cannot read {path}", fix="pass test-bridge-allreduce's output") from None
     rows = [m for m in map(LINE.match, text.splitlines()) if m]
     both = {(m["n"], m["ne"]) for m in rows if m["path"] == "bridge-gather"}
+    devsum = {(m["n"], m["ne"]) for m in rows if m["path"] == "bridge-devsum"}
     out = []
     for m in rows:
-        name = m["path"]
+        name, host_sums = m["path"], False
         if name == "bridge":
             variant = SCATTER if (m["n"], m["ne"]) in both else GATHER
-        elif name in ("bridge-gather", "bridge-scatter"):
-            variant = GATHER if name == "bridge-gather" else SCATTER
+            host_sums = (m["n"], m["ne"]) in devsum
+        elif name in ("bridge-gather", "bridge-scatter", "bridge-devsum"):
+            variant = SCATTER if name == "bridge-scatter" else GATHER
         else:
             continue
         host = float(m["host"]) if m["host"] is not None else None
-        out.append(Timing(int(m["n"]), int(m["bytes"]), variant, float(m["us"]), int(m["rounds"]), host))
+        out.append(Timing(int(m["n"]), int(m["bytes"]), variant, float(m["us"]), int(m["rounds"]), host, host_sums))
     if not out:
         raise UsageError(
             f"{path} has no 'bench: ... path=bridge' lines",
@@ -74,16 +81,18 @@ def table(timings: list[Timing], link: tuple[float, float], *, one_link: bool) -
         "|---|---|---|---|---|---|---|",
     ]
     ratios = []
-    for t in sorted(timings, key=lambda t: (t.devices, t.nbytes)):
+    for t in sorted(timings, key=lambda t: (t.devices, t.nbytes, not t.host_sums)):
         if t.variant != GATHER:
             continue
         if one_link:
-            predicted = cost.t_bridge_allreduce_one_link(t.nbytes, t.devices, B, L)
+            predicted = cost.t_bridge_allreduce_one_link(t.nbytes, t.devices, B, L, host_sums=t.host_sums)
         else:
-            predicted = cost.t_allreduce(t.nbytes, t.devices, B, L, "bridge-allreduce")
+            way = "bridge-allreduce" if t.host_sums else "bridge-allreduce-scatter"
+            predicted = cost.t_allreduce(t.nbytes, t.devices, B, L, way)
         ratio = t.us * 1e-6 / predicted
         ratios.append(ratio)
         path = "in-kernel" if t.nbytes <= cost.BAR_KERNEL_MAX else "copy engines"
+        path += ", host sums" if t.host_sums else ""
         host = f"{t.host_us:.2f}" if t.host_us is not None else "-"
         lines.append(
             f"| {t.devices} | {t.nbytes} | {path} | {t.us:.2f} | {host} | {predicted * 1e6:.2f} | {ratio:.2f} |"

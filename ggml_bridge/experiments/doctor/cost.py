@@ -19,19 +19,26 @@ src/llama-model.cpp splits those weights by rows, the meta backend adds the part
     t_internal(b)   = 2*L + H + 2*(b/2)/B               upstream's internal path (2 cards): D2H then H2D of BF16
     t_bar(b, N)     = L + E + (N-1)*H + b/B + (N-1)*b/B the bridge's all-reduce (patch 0007), tensors up to 512 KiB:
                                                           one kernel per card stages its tensor and reads the others'
-                    = 2*L + E + (N-1)*H + b/B + k*b/B   above: copy engines, one tensor down, k up (k = 1 for 2
-                                                          cards, 2(N-1)/N from 3: reduce-scatter + gather)
+                    = 2*L + E + (N-1)*H + 2*b/B         above, two cards: copy engines, one tensor down, one up
+                    = 2*L + E + (N-1)*H + b/B + c/B     above, from three: the host sums, in chunks of c (about b/4,
+                                                          512 KiB to 2 MiB): every tensor down once, the sum up once,
+                                                          a chunk's uploads beside the next chunks' downloads
+                    = 2*L + E + (N-1)*H + b/B + k*b/B   the same by the devices' reduce-scatter + gather (the series
+                                                          before 2026-12-07): k = 2(N-1)/N up
     t_bar1(b, N)    = t_bar's latency + total/B         the same N devices on ONE link (virtual devices of one GPU):
-                                                          total = N*b + N*(N-1)*b (kernel) or N*b + 2*(N-1)*b
-                                                          (copy engines; 2*b for two devices): every byte on it
+                                                          total = N*b + N*(N-1)*b (kernel), 4*b (two devices),
+                                                          N*b + N*c (the host's sums: N tensors down, N sums up, the
+                                                          two directions at once), N*b + 2*(N-1)*b (reduce-scatter):
+                                                          every byte on it
     H                                                   one host thread enqueues the N cards' parts of an
                                                           all-reduce (or of a butterfly step): the last card's part
                                                           starts (N-1)*H after the first's
     per token       2 * n_layer * t_ar(h*4, N)          against layer split's (N-1) * t(h*4)
 
 The bytes alone (:func:`allreduce_traffic`, in tensors, the larger direction): the butterfly moves log2(P) + [N > P]
-per card (on one shared link log2(P) * P + 2 (N - P)); the bridge's copy path 2(N-1)/N up per card (one link
-2(N-1)); their ratio is the most the bridge's all-reduce can gain from bytes over the butterfly through any copy.
+per card (on one shared link log2(P) * P + 2 (N - P)); the bridge's copy path one tensor each way per card (one
+link N), its earlier reduce-scatter 2(N-1)/N up per card (one link 2(N-1)); their ratio is the most the bridge's
+all-reduce can gain from bytes over the butterfly through any copy.
 """
 
 from __future__ import annotations
@@ -51,6 +58,15 @@ E_EVENT = 3e-6  # cross-device event wait
 # (driver 580, in-kernel path): 2.9-3.3 us for 2-6 devices
 H_LAUNCH = 3.2e-6
 BAR_KERNEL_MAX = 512 * 1024  # patch 0007: the largest per-device tensor of its in-kernel path
+BAR_HOST_CHUNK = 2 * MiB  # patch 0007, three or more devices: the largest chunk per device of the host's sums
+
+
+def bar_host_chunk(b: float) -> float:
+    """Patch 0007's chunk per device where the host sums a tensor of ``b`` bytes: about a quarter of it in 64 KiB
+    steps, at least 512 KiB, at most BAR_HOST_CHUNK, never more than the tensor."""
+    granule = 64 * 1024
+    quarter = math.ceil(b / 4 / granule) * granule
+    return min(b, min(max(512 * 1024, quarter), BAR_HOST_CHUNK))
 
 
 def t_seq(b: float, B: float, L: float) -> float:
@@ -88,15 +104,19 @@ def _bar_latency(b: float, n: int, L: float) -> float:
 
 def t_allreduce(b: float, n: int, B: float, L: float, path: str) -> float:
     """One all-reduce of ``b`` bytes over ``n`` cards: ``path`` ``seq`` (the butterfly's host round trips without peer
-    access), ``bridge`` (the butterfly's copies through the bridge), ``bridge-allreduce`` (patch 0007's all-reduce) or
-    ``internal`` (upstream's host-staged pipeline, 2 cards, F32 rounded through BF16)."""
+    access), ``bridge`` (the butterfly's copies through the bridge), ``bridge-allreduce`` (patch 0007's all-reduce;
+    ``bridge-allreduce-scatter``: its copy path as the series before 2026-12-07 had it, the devices' reduce-scatter)
+    or ``internal`` (upstream's host-staged pipeline, 2 cards, F32 rounded through BF16)."""
     if path == "internal":
         return 2 * L + (n - 1) * H_LAUNCH + 2 * (b / 2) / B
-    if path == "bridge-allreduce":
+    if path in ("bridge-allreduce", "bridge-allreduce-scatter"):
         if b <= BAR_KERNEL_MAX:
             return _bar_latency(b, n, L) + b / B + (n - 1) * b / B
-        up = 1.0 if n == 2 else 2 * (n - 1) / n
-        return _bar_latency(b, n, L) + b / B + up * b / B
+        if n == 2:
+            return _bar_latency(b, n, L) + 2 * b / B
+        if path == "bridge-allreduce":
+            return _bar_latency(b, n, L) + b / B + bar_host_chunk(b) / B
+        return _bar_latency(b, n, L) + b / B + 2 * (n - 1) / n * b / B
     step = t_bridge if path == "bridge" else t_seq
     return allreduce_steps(n) * (step(b, B, L) + (n - 1) * H_LAUNCH)
 
@@ -123,8 +143,10 @@ def allreduce_traffic(n: int, path: str) -> Traffic:
     """The bytes of one all-reduce over ``n`` cards: ``butterfly`` (the meta backend's, each exchange a copy through
     the host, the bridge's or upstream's: the cards past the largest power of two P fold into the first ones and get
     the result back, log2(P) exchange steps between the P), ``bridge-copy`` (patch 0007 above its in-kernel limit:
-    an exchange for two cards; a reduce-scatter and gather from three, one tensor and one part down, 2(N-1)/N up per
-    card) or ``bridge-kernel`` (0007's token path: one tensor down, the N - 1 others read)."""
+    an exchange for two cards, the host's sums from three: one tensor down and the sum up per card),
+    ``bridge-scatter`` (the same from three as the series before 2026-12-07 had it: a reduce-scatter and gather on
+    the devices, one tensor and one part down, 2(N-1)/N up per card) or ``bridge-kernel`` (0007's token path: one
+    tensor down, the N - 1 others read)."""
     if n < 2:
         return Traffic(0.0, 0.0, 0.0, 0.0)
     if path == "butterfly":
@@ -135,20 +157,27 @@ def allreduce_traffic(n: int, path: str) -> Traffic:
         return Traffic(card, card, shared, shared)
     if path == "bridge-kernel":
         return Traffic(1.0, n - 1.0, float(n), n * (n - 1.0))
+    if path in ("bridge-copy", "bridge-scatter") and n == 2:
+        return Traffic(1.0, 1.0, 2.0, 2.0)
     if path == "bridge-copy":
-        if n == 2:
-            return Traffic(1.0, 1.0, 2.0, 2.0)
+        return Traffic(1.0, 1.0, float(n), float(n))
+    if path == "bridge-scatter":
         return Traffic(1 + 1 / n, 2 * (n - 1) / n, n + 1.0, 2 * (n - 1.0))
     raise ValueError(f"unknown all-reduce path {path!r}")
 
 
-def t_bridge_allreduce_one_link(b: float, n: int, B: float, L: float) -> float:
+def t_bridge_allreduce_one_link(b: float, n: int, B: float, L: float, *, host_sums: bool = True) -> float:
     """The bridge's all-reduce of ``b`` bytes over ``n`` devices that share one link (virtual devices of one GPU):
-    its latency as on separate links, and every device's bytes, both directions, through the one link at ``B``."""
+    its latency as on separate links, and every device's bytes through the one link at ``B``: from three devices
+    the host's sums (``host_sums``; the two directions at once) or the reduce-scatter of the series before
+    2026-12-07 (one direction after the other, as its phases ran on one stream)."""
     if b <= BAR_KERNEL_MAX:
         return _bar_latency(b, n, L) + (n * b + n * (n - 1) * b) / B
-    total = 2 * b if n == 2 else 2 * (n - 1) * b
-    return _bar_latency(b, n, L) + (n * b + total) / B
+    if n == 2:
+        return _bar_latency(b, n, L) + 4 * b / B
+    if host_sums:
+        return _bar_latency(b, n, L) + (n * b + n * bar_host_chunk(b)) / B
+    return _bar_latency(b, n, L) + (n * b + 2 * (n - 1) * b) / B
 
 
 def per_token_tensor(hidden: int, layers: int, n: int, B: float, L: float, path: str) -> float:

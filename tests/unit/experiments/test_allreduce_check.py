@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ggml_bridge import cli
@@ -27,11 +29,21 @@ def test_the_in_kernel_path_reads_every_peer_and_the_copy_path_scatters():
     kernel = cost.t_allreduce(b, n, *LINK, "bridge-allreduce")
     assert kernel == pytest.approx(LINK[1] + cost.E_EVENT + launch + b / LINK[0] + (n - 1) * b / LINK[0])
     big = 4.0 * 2**20
+    scatter = cost.t_allreduce(big, n, *LINK, "bridge-allreduce-scatter")
+    assert scatter == pytest.approx(
+        2 * LINK[1] + cost.E_EVENT + launch + big / LINK[0] + 2 * (n - 1) / n * big / LINK[0]
+    )
+    # the host's sums: the tensor down, then the last chunk's sum up (a quarter of the tensor, 512 KiB to 2 MiB)
     copy = cost.t_allreduce(big, n, *LINK, "bridge-allreduce")
-    assert copy == pytest.approx(2 * LINK[1] + cost.E_EVENT + launch + big / LINK[0] + 2 * (n - 1) / n * big / LINK[0])
-    # on one link every device's bytes cross it: six devices move (6 + 30) tensors in-kernel, (6 + 10) by copy
-    one = cost.t_bridge_allreduce_one_link(big, n, *LINK)
+    assert copy == pytest.approx(2 * LINK[1] + cost.E_EVENT + launch + (big + 2**20) / LINK[0]) and copy < scatter
+    assert [cost.bar_host_chunk(b) for b in (600e3, 4 * 2**20, 10 * 2**20, 64 * 2**20)] == [524288, 2**20, 2**21, 2**21]
+    assert cost.bar_host_chunk(4096.0) == 4096.0  # never more than the tensor
+    # on one link every device's bytes cross it: six devices move (6 + 30) tensors in-kernel, (6 + 10) by the
+    # reduce-scatter one direction after the other, 6 tensors down and beside them 6 sums up, one chunk's after
+    one = cost.t_bridge_allreduce_one_link(big, n, *LINK, host_sums=False)
     assert one == pytest.approx(2 * LINK[1] + cost.E_EVENT + launch + 16 * big / LINK[0])
+    host = cost.t_bridge_allreduce_one_link(big, n, *LINK)
+    assert host == pytest.approx(2 * LINK[1] + cost.E_EVENT + launch + (6 * big + 6 * 2**20) / LINK[0])
     assert cost.t_bridge_allreduce_one_link(b, n, *LINK) == pytest.approx(
         LINK[1] + cost.E_EVENT + launch + 36 * b / LINK[0]
     )
@@ -70,12 +82,38 @@ def test_read_tells_the_variants_apart(tmp_path):
     assert got == {(2, "gather"): 10.0, (4, "scatter"): 30.0, (4, "gather"): 20.0, (6, "scatter"): 70.0}
 
 
+def test_read_tells_the_host_sums_from_the_devices_sums(tmp_path):
+    """From 2026-12-07 on a copy-engine 'bridge' row of three or more devices is the host's sums wherever the output
+    has a 'bridge-devsum' row of the same size; the earlier outputs have none and their 'bridge' rows stay the
+    devices' reduce-scatter (so the runs of 2026-12-06 keep their predictions)."""
+    big = 10 << 20
+    out = tmp_path / "bench.txt"
+    out.write_text(
+        "\n".join(
+            [
+                line(4, 8192, "bridge", 20.0),
+                line(4, big, "bridge", 900.0),
+                line(4, big, "bridge-devsum", 1300.0),
+                line(4, big, "bridge-host1", 2000.0),
+                line(3, big, "bridge", 1000.0),  # no devsum row of this size: the devices' sums
+            ]
+        )
+    )
+    got = {(t.devices, t.nbytes, t.us): t.host_sums for t in allreduce_check.read(out)}
+    assert got == {(4, 8192, 20.0): False, (4, big, 900.0): True, (4, big, 1300.0): False, (3, big, 1000.0): False}
+    text = allreduce_check.table(allreduce_check.read(out), LINK, one_link=True)
+    host = cost.t_bridge_allreduce_one_link(big, 4, *LINK) * 1e6
+    assert f"| 4 | {big} | copy engines, host sums | 900.00 | - | {host:.2f} |" in text
+    assert f"| 4 | {big} | copy engines | 1300.00 |" in text and "5 of" not in text.splitlines()[-1]
+
+
 def test_a_measurement_equal_to_the_prediction_has_ratio_one(tmp_path):
     n, b = 4, 4 * 2**20
     us = cost.t_bridge_allreduce_one_link(b, n, *LINK) * 1e6
-    text = allreduce_check.table([allreduce_check.Timing(n, b, "gather", us, 5)], LINK, one_link=True)
-    assert "| 4 | 4194304 | copy engines |" in text and "| 1.00 |" in text and "1 of 1 within 1.5x" in text
-    slow = allreduce_check.table([allreduce_check.Timing(n, b, "gather", us * 2, 5)], LINK, one_link=True)
+    row = allreduce_check.Timing(n, b, "gather", us, 5, host_sums=True)
+    text = allreduce_check.table([row], LINK, one_link=True)
+    assert "| 4 | 4194304 | copy engines, host sums |" in text and "| 1.00 |" in text and "1 of 1 within 1.5x" in text
+    slow = allreduce_check.table([dataclasses.replace(row, us=us * 2)], LINK, one_link=True)
     assert "0 of 1 within 1.5x" in slow and "| 2.00 |" in slow
 
 
@@ -115,28 +153,33 @@ def test_an_output_of_the_reduce_scatter_alone_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "n, butterfly, bridge",
+    "n, butterfly, bridge, scatter",
     [
         # (cards, the butterfly's tensors on the busiest card's link / on one shared link, the bridge's the same)
-        (2, (1, 2), (1, 2)),  # one exchange either way
-        (3, (2, 4), (4 / 3, 4)),  # fold + one step + unfold; reduce-scatter + gather 2(N-1)/N up
-        (4, (2, 8), (3 / 2, 6)),
-        (6, (3, 12), (5 / 3, 10)),  # fold 2 into 4, two steps over 4 cards, unfold 2
+        (2, (1, 2), (1, 2), (1, 2)),  # one exchange either way
+        (3, (2, 4), (1, 3), (4 / 3, 4)),  # fold + one step + unfold; host: one tensor each way; 2(N-1)/N up
+        (4, (2, 8), (1, 4), (3 / 2, 6)),
+        (6, (3, 12), (1, 6), (5 / 3, 10)),  # fold 2 into 4, two steps over 4 cards, unfold 2
     ],
 )
-def test_the_bytes_of_an_all_reduce(n, butterfly, bridge):
+def test_the_bytes_of_an_all_reduce(n, butterfly, bridge, scatter):
     bf, ar = cost.allreduce_traffic(n, "butterfly"), cost.allreduce_traffic(n, "bridge-copy")
     assert (bf.card(), bf.shared()) == pytest.approx(butterfly)
     assert (ar.card(), ar.shared()) == pytest.approx(bridge)
+    rs = cost.allreduce_traffic(n, "bridge-scatter")  # the devices' reduce-scatter of the series before 2026-12-07
+    assert (rs.card(), rs.shared()) == pytest.approx(scatter)
     kernel = cost.allreduce_traffic(n, "bridge-kernel")  # every card reads the N - 1 others
     assert (kernel.card_up, kernel.shared_up) == (n - 1, n * (n - 1))
 
 
 def test_the_bytes_table_says_what_bytes_allow():
-    """On one shared link three cards move as many bytes either way: no gain from bytes; on a link per card 1.5x."""
+    """The host's sums: on one shared link three cards move 3 tensors each way where the butterfly moves 4 (1.33x),
+    four and six half the butterfly's; on a link per card one tensor each way (2x, 3x on six)."""
     from ggml_bridge.experiments import paper_model
 
     rows = {r.split(" | ")[0].strip("| "): r for r in paper_model.allreduce_bytes_table().splitlines()[2:]}
-    assert rows["3"].endswith("| 1.50x | 4.00 | 4.00 | 1.00x |") and "| 1.20x |" in rows["6"]
+    assert rows["3"].endswith("| 2.00x | 4.00 | 3.00 | 1.33x |") and rows["6"].endswith(
+        "| 3.00x | 12.00 | 6.00 | 2.00x |"
+    )
     with pytest.raises(ValueError, match="unknown all-reduce path"):
         cost.allreduce_traffic(3, "ring")
