@@ -83,6 +83,9 @@ case_env() {
         up-internal) echo "$ubin GGML_CUDA_ALLREDUCE=internal GGML_CUDA_AR_BF16_THRESHOLD=0" ;;
         p-ar)        echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=none" ;;
         p-bf)        echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=butterfly" ;;
+        # the A/A control of the bench (AR_CONTROL=1, the default): p-bf again, its ratio to p-bf the spread an
+        # unchanged path gives on that machine in the same rounds
+        p-bf2)       echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=butterfly" ;;
         p-auto)      echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=auto" ;;
         p-asked)     echo "$pbin GGML_CUDA_ALLREDUCE=bridge GGML_CUDA_AR_BF16_THRESHOLD=0" ;;
         # the emulated no-peer baseline (test-only variant upstream-nopeer-virtual, docs/tensor.md): upstream's
@@ -93,7 +96,7 @@ case_env() {
 cases_for() {
     local c
     if [ "$1" -eq 2 ]; then c="up-none up-internal p-ar p-bf p-auto p-asked"; else c="up-none p-ar p-bf p-auto"; fi
-    echo "$c${nbin:+ nb-none}"
+    echo "$c${nbin:+ nb-none}${2:+ $2}"
 }
 
 if want logits; then
@@ -127,7 +130,7 @@ if want bench; then
     for r in $(seq 1 "$rounds"); do
         [ "$(left)" -lt 60 ] && { log "SKIPPED bench round $r: $(left)s left"; break; }
         for n in $counts; do
-            for c in $(cases_for "$n"); do
+            for c in $(cases_for "$n" "$([ "${AR_CONTROL:-1}" = 1 ] && echo p-bf2)"); do
                 read -r bin envs <<< "$(case_env "$c")"
                 # shellcheck disable=SC2086
                 timeout 90 env GGML_CUDA_DEVICES="$n" $envs "$bin/llama-bench" -m "$model" -sm tensor -ngl 99 \
