@@ -10,7 +10,8 @@
 #            devices also upstream's internal all-reduce at GGML_CUDA_AR_BF16_THRESHOLD=0; compared with cmp
 #   bench    llama-bench -sm tensor -p 512 -n 128 (-r AR_REPS, default 1: one-shot), the same cases, AR_ROUNDS
 #            (default 5) rounds interleaved, per device count; bench.md: medians, ranges, ratios per round
-# OUT=<folder> BUDGET=<s> [PREBUILT=DIR] [AR_SHAPE=name] [AR_COUNTS="2 4"] bash scripts/gpu/allreduce.sh [STEP ...]
+# OUT=<folder> BUDGET=<s> [PREBUILT=DIR] [AR_SHAPE=name] [AR_COUNTS="2 4"] [AR_BENCH_COUNTS=...] bash scripts/gpu/allreduce.sh [STEP ...]
+# (AR_BENCH_COUNTS: the bench's device counts where they differ from the logits')
 # Carry: .carry/ (the pinned sdist) and .whl/ (gitpython, gitdb, smmap, gguf), as for prove.sh.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
@@ -129,7 +130,7 @@ if want bench; then
     rounds=${AR_ROUNDS:-5}
     for r in $(seq 1 "$rounds"); do
         [ "$(left)" -lt 60 ] && { log "SKIPPED bench round $r: $(left)s left"; break; }
-        for n in $counts; do
+        for n in ${AR_BENCH_COUNTS:-$counts}; do
             for c in $(cases_for "$n" "$([ "${AR_CONTROL:-1}" = 1 ] && echo p-bf2)"); do
                 read -r bin envs <<< "$(case_env "$c")"
                 # shellcheck disable=SC2086
