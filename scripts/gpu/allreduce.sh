@@ -83,6 +83,8 @@ case_env() {
         up-none)     echo "$ubin GGML_CUDA_ALLREDUCE=none" ;;
         up-internal) echo "$ubin GGML_CUDA_ALLREDUCE=internal GGML_CUDA_AR_BF16_THRESHOLD=0" ;;
         p-ar)        echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=none" ;;
+        # three or more devices: the bridge's all-reduce with the devices' reduce-scatter instead of the host's sums
+        p-ar-dev)    echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=none GGML_CUDA_BRIDGE_ALLREDUCE_SUMS=devices" ;;
         p-bf)        echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=butterfly" ;;
         # the A/A control of the bench (AR_CONTROL=1, the default): p-bf again, its ratio to p-bf the spread an
         # unchanged path gives on that machine in the same rounds
@@ -96,7 +98,7 @@ case_env() {
 }
 cases_for() {
     local c
-    if [ "$1" -eq 2 ]; then c="up-none up-internal p-ar p-bf p-auto p-asked"; else c="up-none p-ar p-bf p-auto"; fi
+    if [ "$1" -eq 2 ]; then c="up-none up-internal p-ar p-bf p-auto p-asked"; else c="up-none p-ar p-ar-dev p-bf p-auto"; fi
     echo "$c${nbin:+ nb-none}${2:+ $2}"
 }
 
@@ -110,10 +112,15 @@ if want logits; then
             read -r bin envs <<< "$(case_env "$c")"
             # shellcheck disable=SC2086
             timeout 120 env GGML_CUDA_DEVICES="$n" $envs "$bin/llama-perplexity" -m "$model" -f "$text" -c 512 --chunks 3 \
-                -b 512 -ngl 99 -sm tensor --kl-divergence-base "/tmp/logits-$n-$c.bin" \
+                -b 512 -ngl 99 -sm tensor -lv 4 --kl-divergence-base "/tmp/logits-$n-$c.bin" \
                 > "$OUT/logits/$n-$c.txt" 2>&1
             echo "$n $c rc=$? $(grep -E 'ggml_cuda_bridge_allreduce: (enabled|inactive|stats)' "$OUT/logits/$n-$c.txt" | tail -n 2 | tr '\n' ' ')" \
                 >> "$OUT/logits/engaged.txt"
+            # the bridge's all-reduce proved by its own lines where the case asks for it (-lv 4: INFO lines kept)
+            case $c in p-ar|p-ar-dev|p-asked)
+                grep -qE 'ggml_cuda_bridge_allreduce: stats: .* allreduces=[1-9]' "$OUT/logits/$n-$c.txt" \
+                    || log "NOT PROVED: logits n=$n $c has no stats line of the bridge's all-reduce with allreduces > 0" ;;
+            esac
         done
         for c in $(cases_for "$n"); do
             [ "$c" = up-none ] && continue
@@ -131,7 +138,9 @@ if want bench; then
     for r in $(seq 1 "$rounds"); do
         [ "$(left)" -lt 60 ] && { log "SKIPPED bench round $r: $(left)s left"; break; }
         for n in ${AR_BENCH_COUNTS:-$counts}; do
+            # AR_BENCH_SKIP: cases the bench leaves out (e.g. p-auto, whose path the logits step shows)
             for c in $(cases_for "$n" "$([ "${AR_CONTROL:-1}" = 1 ] && echo p-bf2)"); do
+                case " ${AR_BENCH_SKIP:-} " in *" $c "*) continue ;; esac
                 read -r bin envs <<< "$(case_env "$c")"
                 # shellcheck disable=SC2086
                 timeout 90 env GGML_CUDA_DEVICES="$n" $envs "$bin/llama-bench" -m "$model" -sm tensor -ngl 99 \
@@ -153,15 +162,15 @@ for f in d.glob("*.jsonl"):
             continue
         test = f"pp{row['n_prompt']}" if row.get("n_prompt") else f"tg{row['n_gen']}"
         ts[(int(n), case, test)][r] = row["avg_ts"]
-print("| devices | test | case | rounds | median t/s | range | median of per-round ratio to p-bf | to up-none | to nb-none |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| devices | test | case | rounds | median t/s | range | median of per-round ratio to p-bf | to up-none | to nb-none | to p-ar-dev |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for (n, case, test) in sorted(ts):
     v = ts[(n, case, test)]
     def ratio(base):
         b = ts.get((n, base, test), {})
         rs = [v[r] / b[r] for r in v if r in b and b[r]]
         return f"{statistics.median(rs):.3f} [{min(rs):.3f}, {max(rs):.3f}]" if rs else "-"
-    print(f"| {n} | {test} | {case} | {len(v)} | {statistics.median(v.values()):.1f} | {min(v.values()):.1f}-{max(v.values()):.1f} | {ratio('p-bf')} | {ratio('up-none')} | {ratio('nb-none')} |")
+    print(f"| {n} | {test} | {case} | {len(v)} | {statistics.median(v.values()):.1f} | {min(v.values()):.1f}-{max(v.values()):.1f} | {ratio('p-bf')} | {ratio('up-none')} | {ratio('nb-none')} | {ratio('p-ar-dev')} |")
 PY
 fi
 log "done"

@@ -151,8 +151,7 @@ def test_the_all_reduce_proof_reads_upstreams_lines() -> None:
 
 BAR_ENABLED = (
     "ggml_cuda_bridge_allreduce: enabled for 4 devices (GGML_CUDA_MAPPED_HOST_BRIDGE=force): in-kernel exchange up to "
-    "512 KiB per device (launched by a thread per device), copy engines above (sums on the host, 8 threads), pinned "
-    "at the first all-reduce"
+    "512 KiB per device, copy engines above (sums on the host, 8 threads), pinned at the first all-reduce"
 )
 BAR_STATS = "ggml_cuda_bridge_allreduce: stats: devices=4 allreduces=96 kernel=90 copy=6 fallbacks=0"
 BAR_INACTIVE = (
