@@ -43,7 +43,8 @@ def read(path: Path) -> list[Timing]:
     ``bridge`` and the gather ``bridge-gather`` (the default then and now differ): where both names stand for one size,
     ``bridge`` is the reduce-scatter. From 2026-12-07 on the host sums the copy engines' calls of three or more
     devices and the test program prints the devices' sums beside them as ``bridge-devsum``: where that name stands
-    for a size, ``bridge`` is the host's sums (``bridge-host1``, one host thread, is left out)."""
+    for a size, ``bridge`` is the host's sums (``bridge-host1``, one host thread, is left out). From the series of
+    2026-12-07 evening on the devices sum by default again and the host's sums are ``bridge-host``."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
@@ -59,6 +60,8 @@ def read(path: Path) -> list[Timing]:
             host_sums = (m["n"], m["ne"]) in devsum
         elif name in ("bridge-gather", "bridge-scatter", "bridge-devsum"):
             variant = SCATTER if name == "bridge-scatter" else GATHER
+        elif name == "bridge-host":
+            variant, host_sums = GATHER, True
         else:
             continue
         host = float(m["host"]) if m["host"] is not None else None

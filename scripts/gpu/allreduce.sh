@@ -83,8 +83,8 @@ case_env() {
         up-none)     echo "$ubin GGML_CUDA_ALLREDUCE=none" ;;
         up-internal) echo "$ubin GGML_CUDA_ALLREDUCE=internal GGML_CUDA_AR_BF16_THRESHOLD=0" ;;
         p-ar)        echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=none" ;;
-        # three or more devices: the bridge's all-reduce with the devices' reduce-scatter instead of the host's sums
-        p-ar-dev)    echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=none GGML_CUDA_BRIDGE_ALLREDUCE_SUMS=devices" ;;
+        # three or more devices: the bridge's all-reduce with the host's sums instead of the devices' reduce-scatter
+        p-ar-host)   echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=none GGML_CUDA_BRIDGE_ALLREDUCE_SUMS=host" ;;
         p-bf)        echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=butterfly" ;;
         # the A/A control of the bench (AR_CONTROL=1, the default): p-bf again, its ratio to p-bf the spread an
         # unchanged path gives on that machine in the same rounds
@@ -98,7 +98,7 @@ case_env() {
 }
 cases_for() {
     local c
-    if [ "$1" -eq 2 ]; then c="up-none up-internal p-ar p-bf p-auto p-asked"; else c="up-none p-ar p-ar-dev p-bf p-auto"; fi
+    if [ "$1" -eq 2 ]; then c="up-none up-internal p-ar p-bf p-auto p-asked"; else c="up-none p-ar p-ar-host p-bf p-auto"; fi
     echo "$c${nbin:+ nb-none}${2:+ $2}"
 }
 
@@ -117,7 +117,7 @@ if want logits; then
             echo "$n $c rc=$? $(grep -E 'ggml_cuda_bridge_allreduce: (enabled|inactive|stats)' "$OUT/logits/$n-$c.txt" | tail -n 2 | tr '\n' ' ')" \
                 >> "$OUT/logits/engaged.txt"
             # the bridge's all-reduce proved by its own lines where the case asks for it (-lv 4: INFO lines kept)
-            case $c in p-ar|p-ar-dev|p-asked)
+            case $c in p-ar|p-ar-host|p-asked)
                 grep -qE 'ggml_cuda_bridge_allreduce: stats: .* allreduces=[1-9]' "$OUT/logits/$n-$c.txt" \
                     || log "NOT PROVED: logits n=$n $c has no stats line of the bridge's all-reduce with allreduces > 0" ;;
             esac
@@ -162,7 +162,7 @@ for f in d.glob("*.jsonl"):
             continue
         test = f"pp{row['n_prompt']}" if row.get("n_prompt") else f"tg{row['n_gen']}"
         ts[(int(n), case, test)][r] = row["avg_ts"]
-print("| devices | test | case | rounds | median t/s | range | median of per-round ratio to p-bf | to up-none | to nb-none | to p-ar-dev |")
+print("| devices | test | case | rounds | median t/s | range | median of per-round ratio to p-bf | to up-none | to nb-none | to p-ar-host |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for (n, case, test) in sorted(ts):
     v = ts[(n, case, test)]
@@ -170,7 +170,7 @@ for (n, case, test) in sorted(ts):
         b = ts.get((n, base, test), {})
         rs = [v[r] / b[r] for r in v if r in b and b[r]]
         return f"{statistics.median(rs):.3f} [{min(rs):.3f}, {max(rs):.3f}]" if rs else "-"
-    print(f"| {n} | {test} | {case} | {len(v)} | {statistics.median(v.values()):.1f} | {min(v.values()):.1f}-{max(v.values()):.1f} | {ratio('p-bf')} | {ratio('up-none')} | {ratio('nb-none')} | {ratio('p-ar-dev')} |")
+    print(f"| {n} | {test} | {case} | {len(v)} | {statistics.median(v.values()):.1f} | {min(v.values()):.1f}-{max(v.values()):.1f} | {ratio('p-bf')} | {ratio('up-none')} | {ratio('nb-none')} | {ratio('p-ar-host')} |")
 PY
 fi
 log "done"

@@ -107,6 +107,16 @@ def test_read_tells_the_host_sums_from_the_devices_sums(tmp_path):
     assert f"| 4 | {big} | copy engines | 1300.00 |" in text and "5 of" not in text.splitlines()[-1]
 
 
+def test_read_takes_bridge_host_rows_as_the_host_sums(tmp_path):
+    """From the series of 2026-12-07 evening the devices sum by default ('bridge', no 'bridge-devsum' row) and the
+    test program prints the host's sums as 'bridge-host'."""
+    big = 4 << 20
+    out = tmp_path / "bench.txt"
+    out.write_text("\n".join([line(6, big, "bridge", 1000.0), line(6, big, "bridge-host", 700.0)]))
+    got = {t.us: t.host_sums for t in allreduce_check.read(out)}
+    assert got == {1000.0: False, 700.0: True}
+
+
 def test_a_measurement_equal_to_the_prediction_has_ratio_one(tmp_path):
     n, b = 4, 4 * 2**20
     us = cost.t_bridge_allreduce_one_link(b, n, *LINK) * 1e6
