@@ -85,10 +85,9 @@ case_env() {
         p-ar)        echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=none" ;;
         # three or more devices: the bridge's all-reduce with the host's sums instead of the devices' reduce-scatter
         p-ar-host)   echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=none GGML_CUDA_BRIDGE_ALLREDUCE_SUMS=host" ;;
-        p-bf)        echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=butterfly" ;;
-        # the A/A control of the bench (AR_CONTROL=1, the default): p-bf again, its ratio to p-bf the spread an
-        # unchanged path gives on that machine in the same rounds
-        p-bf2)       echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=butterfly" ;;
+        # p-bf2: the A/A control of the bench (AR_CONTROL=1, the default), p-bf again: its ratio to p-bf is the
+        # spread an unchanged path gives on that machine in the same rounds
+        p-bf|p-bf2)  echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=butterfly" ;;
         p-auto)      echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=auto" ;;
         p-asked)     echo "$pbin GGML_CUDA_ALLREDUCE=bridge GGML_CUDA_AR_BF16_THRESHOLD=0" ;;
         # the emulated no-peer baseline (test-only variant upstream-nopeer-virtual, docs/tensor.md): upstream's
