@@ -8,6 +8,7 @@
 #            upstream's butterfly (GGML_CUDA_ALLREDUCE=none), the patched build with the bridge forced and its
 #            all-reduce, with the bridge forced and the butterfly kept (GGML_CUDA_ALLREDUCE=butterfly), auto; two
 #            devices also upstream's internal all-reduce at GGML_CUDA_AR_BF16_THRESHOLD=0; compared with cmp
+#   sanitize compute-sanitizer memcheck and synccheck over test-bridge-allreduce --quick on AR_SAN_DEVICES (4)
 #   bench    llama-bench -sm tensor -p 512 -n 128 (-r AR_REPS, default 1: one-shot), the same cases, AR_ROUNDS
 #            (default 5) rounds interleaved, per device count; bench.md: medians, ranges, ratios per round
 # OUT=<folder> BUDGET=<s> [PREBUILT=DIR] [AR_SHAPE=name] [AR_COUNTS="2 4"] [AR_BENCH_COUNTS=...] bash scripts/gpu/allreduce.sh [STEP ...]
@@ -59,6 +60,17 @@ if want test; then
     grep -E "^(FAIL|order|bench)|passed" "$OUT/test-allreduce.txt" | tee -a "$OUT/summary.txt"
 fi
 
+# sanitize: compute-sanitizer's memcheck and synccheck over the quick test (AR_SAN_DEVICES, default 4, virtual devices)
+if want sanitize; then
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in memcheck synccheck; do
+        [ "$(left)" -lt 60 ] && { log "SKIPPED sanitize $tool: $(left)s left"; continue; }
+        step "sanitize-$tool" 30 150 env GGML_CUDA_DEVICES="${AR_SAN_DEVICES:-4}" "$san" --tool "$tool" \
+            --error-exitcode 3 "$pbin/test-bridge-allreduce" --quick
+        grep -E "ERROR SUMMARY|passed|FAIL" "$OUT/sanitize-$tool.txt" | tail -n 3 | sed "s/^/$tool: /" | tee -a "$OUT/summary.txt"
+    done
+fi
+
 # the model: AR_SHAPE (a preset of ggml_bridge.experiments.model, or tp-2048: n_embd 2048, 16 layers, 32 heads, 8 KV heads)
 shape=${AR_SHAPE:-tp-2048}
 model=$GGML_BRIDGE_CACHE_DIR/models/$shape.gguf
@@ -82,7 +94,7 @@ case_env() {
     case $1 in
         up-none)     echo "$ubin GGML_CUDA_ALLREDUCE=none" ;;
         up-internal) echo "$ubin GGML_CUDA_ALLREDUCE=internal GGML_CUDA_AR_BF16_THRESHOLD=0" ;;
-        p-ar)        echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=none" ;;
+        p-ar)        echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=none GGML_CUDA_BRIDGE_ALLREDUCE_SUMS=devices" ;;
         # three or more devices: the bridge's all-reduce with the host's sums instead of the devices' reduce-scatter
         p-ar-host)   echo "$pbin GGML_CUDA_MAPPED_HOST_BRIDGE=force GGML_CUDA_ALLREDUCE=none GGML_CUDA_BRIDGE_ALLREDUCE_SUMS=host" ;;
         # p-bf2: the A/A control of the bench (AR_CONTROL=1, the default), p-bf again: its ratio to p-bf is the
