@@ -93,9 +93,9 @@ def run(opts: PaperModelOptions, settings: Settings) -> int:
         output = files.input_file(
             opts.allreduce_bench, "--allreduce-bench", fix="pass what test-bridge-allreduce --bench printed"
         )
-        timings = allreduce_check.read(output)
+        measured = allreduce_check.read(output)
         print("## The bridge's all-reduce: predicted vs measured\n")
-        print(allreduce_check.table(timings, paper_model.LINKS[LINK], one_link=opts.one_link))
+        print(allreduce_check.table(measured, paper_model.LINKS[LINK], one_link=opts.one_link))
         return 0
     if opts.bench is not None:
         print("## Hosts over a shaped link: predicted vs measured\n")

@@ -38,26 +38,37 @@ class Timing:
     devices made them (two devices, and the reduce-scatter of the series before)."""
 
 
-def read(path: Path) -> list[Timing]:
+@dataclass(frozen=True)
+class Output:
+    timings: tuple[Timing, ...]
+    cut: int = 0
+    """``bench:`` lines that do not parse."""
+
+
+def read(path: Path) -> Output:
     """The bridge's rows of a ``--bench`` output. The first version of the test program named its reduce-scatter
     ``bridge`` and the gather ``bridge-gather`` (the default then and now differ): where both names stand for one size,
     ``bridge`` is the reduce-scatter. From 2026-12-07 on the host sums the copy engines' calls of three or more
     devices and the test program prints the devices' sums beside them as ``bridge-devsum``: where that name stands
-    for a size, ``bridge`` is the host's sums (``bridge-host1``, one host thread, is left out). From the series of
-    2026-12-07 evening on the devices sum by default again and the host's sums are ``bridge-host``."""
+    for a device count, a copy-engine ``bridge`` row of that count is the host's sums (``bridge-host1``, one host
+    thread, is left out). From the series of 2026-12-07 evening on the devices sum by default again and the host's
+    sums are ``bridge-host``. A ``bench:`` line that does not parse (a log line written into it: test programs before
+    2026-12-07 evening buffered stdout) is counted in ``cut``, never guessed at."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise UsageError.of_os(e, f"cannot read {path}", fix="pass test-bridge-allreduce's output") from None
-    rows = [m for m in map(LINE.match, text.splitlines()) if m]
+    lines = [x for x in text.splitlines() if x.startswith("bench: ")]
+    rows = [m for m in map(LINE.match, lines) if m]
     both = {(m["n"], m["ne"]) for m in rows if m["path"] == "bridge-gather"}
-    devsum = {(m["n"], m["ne"]) for m in rows if m["path"] == "bridge-devsum"}
+    # by device count: a size's devsum row may be the one a log line cut
+    devsum = {m["n"] for m in rows if m["path"] == "bridge-devsum"}
     out = []
     for m in rows:
         name, host_sums = m["path"], False
         if name == "bridge":
             variant = SCATTER if (m["n"], m["ne"]) in both else GATHER
-            host_sums = (m["n"], m["ne"]) in devsum
+            host_sums = m["n"] in devsum and int(m["bytes"]) > cost.BAR_KERNEL_MAX
         elif name in ("bridge-gather", "bridge-scatter", "bridge-devsum"):
             variant = SCATTER if name == "bridge-scatter" else GATHER
         elif name == "bridge-host":
@@ -72,10 +83,10 @@ def read(path: Path) -> list[Timing]:
             why="it is not the output of test-bridge-allreduce --bench",
             fix="run GGML_CUDA_DEVICES=N test-bridge-allreduce --bench and pass what it printed",
         )
-    return out
+    return Output(tuple(out), len(lines) - len(rows))
 
 
-def table(timings: list[Timing], link: tuple[float, float], *, one_link: bool) -> str:
+def table(output: Output, link: tuple[float, float], *, one_link: bool) -> str:
     """Markdown: measured against predicted, the in-kernel gather and the copy engines (the reduce-scatter's rows are
     left out: the model has no term for its second meeting), with the host's share of a call where the output has it."""
     B, L = link
@@ -84,7 +95,7 @@ def table(timings: list[Timing], link: tuple[float, float], *, one_link: bool) -
         "|---|---|---|---|---|---|---|",
     ]
     ratios = []
-    for t in sorted(timings, key=lambda t: (t.devices, t.nbytes, not t.host_sums)):
+    for t in sorted(output.timings, key=lambda t: (t.devices, t.nbytes, not t.host_sums)):
         if t.variant != GATHER:
             continue
         if one_link:
@@ -112,5 +123,6 @@ def table(timings: list[Timing], link: tuple[float, float], *, one_link: bool) -
         f"{inside} of {len(ratios)} within 1.5x of the prediction (median ratio {statistics.median(ratios):.2f}); "
         f"link B = {B / 1e9:.1f} GB/s, L = {L * 1e6:.1f} µs, "
         + ("every device on one link (virtual devices of one GPU)" if one_link else "a link per device")
+        + (f"; {output.cut} 'bench:' line(s) cut by other output, left out" if output.cut else "")
     )
     return "\n".join(lines)

@@ -55,7 +55,9 @@ def test_the_host_launch_term_is_what_the_bench_measured_and_puts_the_in_kernel_
     rework = allreduce_check.read(
         REPO_ROOT / "results/2026-12-06-h100x1-allreduce-rework/allreduce/test-bridge-allreduce.txt"
     )
-    per_device = [t.host_us / t.devices for t in rework if t.host_us is not None and t.nbytes <= cost.BAR_KERNEL_MAX]
+    per_device = [
+        t.host_us / t.devices for t in rework.timings if t.host_us is not None and t.nbytes <= cost.BAR_KERNEL_MAX
+    ]
     assert per_device and all(abs(x * 1e-6 - cost.H_LAUNCH) <= 0.4e-6 for x in per_device), per_device
     for run in (H100_RUN, H100_HOST_RUN):
         last = allreduce_check.table(allreduce_check.read(run), LINK, one_link=True).splitlines()[-1]
@@ -78,14 +80,14 @@ def test_read_tells_the_variants_apart(tmp_path):
             ]
         )
     )
-    got = {(t.devices, t.variant): t.us for t in allreduce_check.read(out)}
+    got = {(t.devices, t.variant): t.us for t in allreduce_check.read(out).timings}
     assert got == {(2, "gather"): 10.0, (4, "scatter"): 30.0, (4, "gather"): 20.0, (6, "scatter"): 70.0}
 
 
 def test_read_tells_the_host_sums_from_the_devices_sums(tmp_path):
     """From 2026-12-07 on a copy-engine 'bridge' row of three or more devices is the host's sums wherever the output
-    has a 'bridge-devsum' row of the same size; the earlier outputs have none and their 'bridge' rows stay the
-    devices' reduce-scatter (so the runs of 2026-12-06 keep their predictions)."""
+    has a 'bridge-devsum' row of the same device count; the earlier outputs have none and their 'bridge' rows stay
+    the devices' reduce-scatter (so the runs of 2026-12-06 keep their predictions)."""
     big = 10 << 20
     out = tmp_path / "bench.txt"
     out.write_text(
@@ -95,11 +97,11 @@ def test_read_tells_the_host_sums_from_the_devices_sums(tmp_path):
                 line(4, big, "bridge", 900.0),
                 line(4, big, "bridge-devsum", 1300.0),
                 line(4, big, "bridge-host1", 2000.0),
-                line(3, big, "bridge", 1000.0),  # no devsum row of this size: the devices' sums
+                line(3, big, "bridge", 1000.0),  # no devsum row of three devices: the devices' sums
             ]
         )
     )
-    got = {(t.devices, t.nbytes, t.us): t.host_sums for t in allreduce_check.read(out)}
+    got = {(t.devices, t.nbytes, t.us): t.host_sums for t in allreduce_check.read(out).timings}
     assert got == {(4, 8192, 20.0): False, (4, big, 900.0): True, (4, big, 1300.0): False, (3, big, 1000.0): False}
     text = allreduce_check.table(allreduce_check.read(out), LINK, one_link=True)
     host = cost.t_bridge_allreduce_one_link(big, 4, *LINK) * 1e6
@@ -113,17 +115,52 @@ def test_read_takes_bridge_host_rows_as_the_host_sums(tmp_path):
     big = 4 << 20
     out = tmp_path / "bench.txt"
     out.write_text("\n".join([line(6, big, "bridge", 1000.0), line(6, big, "bridge-host", 700.0)]))
-    got = {t.us: t.host_sums for t in allreduce_check.read(out)}
+    got = {t.us: t.host_sums for t in allreduce_check.read(out).timings}
     assert got == {1000.0: False, 700.0: True}
+
+
+def test_a_bench_line_cut_by_a_log_line_is_counted_and_does_not_turn_its_neighbour_into_the_devices_sums(tmp_path):
+    """The run of 2026-12-07 evening (series of aef55a9): ggml's stats line on stderr cut the 4-device 10 MiB
+    'bridge-devsum' row; its 'bridge' row (the host's sums there) was then read as the devices' sums. The device
+    count's other devsum row decides now, and the cut line is counted in the table's last line."""
+    big, four = 10 << 20, 4 << 20
+    out = tmp_path / "bench.txt"
+    devsum = line(4, big, "bridge-devsum", 2039.67)
+    out.write_text(
+        "\n".join(
+            [
+                line(4, four, "bridge", 1312.0),
+                line(4, four, "bridge-devsum", 788.0),
+                line(4, big, "bridge", 2732.0),
+                devsum[: devsum.index(" us_max=") + 3] + "ggml_cuda_bridge_allreduce: stats: devices=4 allreduces=90",
+            ]
+        )
+    )
+    measured = allreduce_check.read(out)
+    assert measured.cut == 1
+    assert {t.us: t.host_sums for t in measured.timings} == {1312.0: True, 788.0: False, 2732.0: True}
+    assert (
+        "1 'bench:' line(s) cut by other output, left out"
+        in allreduce_check.table(measured, LINK, one_link=True).splitlines()[-1]
+    )
+
+
+def test_the_evening_run_reads_its_host_sums_rows_as_such():
+    """The recorded output itself: every host-sums row of three or more devices at 4 and 10 MiB is read as such."""
+    run = REPO_ROOT / "results/2026-12-07-h100x1-allreduce-host-functions/test-bridge-allreduce.txt"
+    measured = allreduce_check.read(run)
+    host = {(t.devices, t.nbytes) for t in measured.timings if t.host_sums}
+    assert host == {(n, b) for n in (3, 4, 5, 6) for b in (4 << 20, 10 << 20)}
+    assert measured.cut == 3  # the stats lines of 3 and 6 devices at 20 KiB and of 4 devices at 10 MiB
 
 
 def test_a_measurement_equal_to_the_prediction_has_ratio_one(tmp_path):
     n, b = 4, 4 * 2**20
     us = cost.t_bridge_allreduce_one_link(b, n, *LINK) * 1e6
     row = allreduce_check.Timing(n, b, "gather", us, 5, host_sums=True)
-    text = allreduce_check.table([row], LINK, one_link=True)
+    text = allreduce_check.table(allreduce_check.Output((row,)), LINK, one_link=True)
     assert "| 4 | 4194304 | copy engines, host sums |" in text and "| 1.00 |" in text and "1 of 1 within 1.5x" in text
-    slow = allreduce_check.table([dataclasses.replace(row, us=us * 2)], LINK, one_link=True)
+    slow = allreduce_check.table(allreduce_check.Output((dataclasses.replace(row, us=us * 2),)), LINK, one_link=True)
     assert "0 of 1 within 1.5x" in slow and "| 2.00 |" in slow
 
 
@@ -138,7 +175,7 @@ def test_rows_with_the_hosts_share_are_read_and_shown(capsys):
     """test-bridge-allreduce --bench also prints host_us_median, the time to enqueue a call: such an output was
     refused as 'not a bench output'."""
     rows = allreduce_check.read(H100_HOST_RUN)
-    six = {t.nbytes: t for t in rows if t.devices == 6 and t.variant == "gather"}
+    six = {t.nbytes: t for t in rows.timings if t.devices == 6 and t.variant == "gather"}
     assert (six[8192].us, six[8192].host_us) == (38.31, 18.75)
     assert cli.main(["paper-model", "--allreduce-bench", str(H100_HOST_RUN), "--one-link"]) == 0
     assert "| 6 | 8192 | in-kernel | 38.31 | 18.75 |" in capsys.readouterr().out
