@@ -101,7 +101,7 @@ def table(output: Output, link: tuple[float, float], *, one_link: bool) -> str:
         if one_link:
             predicted = cost.t_bridge_allreduce_one_link(t.nbytes, t.devices, B, L, host_sums=t.host_sums)
         else:
-            way = "bridge-allreduce" if t.host_sums else "bridge-allreduce-scatter"
+            way = "bridge-allreduce-host" if t.host_sums else "bridge-allreduce"
             predicted = cost.t_allreduce(t.nbytes, t.devices, B, L, way)
         ratio = t.us * 1e-6 / predicted
         ratios.append(ratio)

@@ -337,18 +337,21 @@ def tensor_table(layers: int = 32) -> str:
 
 def allreduce_bytes_table(counts: tuple[int, ...] = (2, 3, 4, 5, 6)) -> str:
     """The bytes of one all-reduce (in tensors, the busier direction) over a link per card and over one link that all
-    cards share, the butterfly against the bridge's copy path (patch 0007 above its in-kernel limit): their ratio is
-    the most the bridge's all-reduce can gain over the butterfly from bytes alone, whatever carries the copies."""
+    cards share, the butterfly against the bridge's copy path (patch 0007 above its in-kernel limit: the devices'
+    reduce-scatter by default, the host's sums asked for): their ratio is the most the bridge's all-reduce can gain
+    over the butterfly from bytes alone, whatever carries the copies."""
     out = [
-        "| cards | butterfly, a link per card | bridge, a link per card | most from bytes | butterfly, one shared "
-        "link | bridge, one shared link | most from bytes |",
-        "|---|---|---|---|---|---|---|",
+        "| cards | butterfly, a link per card | bridge | most from bytes | bridge, host's sums | most from bytes | "
+        "butterfly, one shared link | bridge | most from bytes | bridge, host's sums | most from bytes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in counts:
-        bf, ar = allreduce_traffic(n, "butterfly"), allreduce_traffic(n, "bridge-copy")
+        bf = allreduce_traffic(n, "butterfly")
+        ar, host = allreduce_traffic(n, "bridge-scatter"), allreduce_traffic(n, "bridge-host")
         out.append(
-            f"| {n} | {bf.card():.2f} | {ar.card():.2f} | {bf.card() / ar.card():.2f}x | {bf.shared():.2f} | "
-            f"{ar.shared():.2f} | {bf.shared() / ar.shared():.2f}x |"
+            f"| {n} | {bf.card():.2f} | {ar.card():.2f} | {bf.card() / ar.card():.2f}x | {host.card():.2f} | "
+            f"{bf.card() / host.card():.2f}x | {bf.shared():.2f} | {ar.shared():.2f} | "
+            f"{bf.shared() / ar.shared():.2f}x | {host.shared():.2f} | {bf.shared() / host.shared():.2f}x |"
         )
     return "\n".join(out)
 

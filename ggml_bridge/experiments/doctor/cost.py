@@ -20,25 +20,28 @@ src/llama-model.cpp splits those weights by rows, the meta backend adds the part
     t_bar(b, N)     = L + E + (N-1)*H + b/B + (N-1)*b/B the bridge's all-reduce (patch 0007), tensors up to 512 KiB:
                                                           one kernel per card stages its tensor and reads the others'
                     = 2*L + E + (N-1)*H + 2*b/B         above, two cards: copy engines, one tensor down, one up
-                    = 2*L + E + (N-1)*H + b/B + c/B     above, from three: the host sums, in chunks of c (about b/4,
-                                                          512 KiB to 2 MiB): every tensor down once, the sum up once,
-                                                          a chunk's uploads beside the next chunks' downloads
-                    = 2*L + E + (N-1)*H + b/B + k*b/B   the same by the devices' reduce-scatter + gather (the series
-                                                          before 2026-12-07): k = 2(N-1)/N up
+                    = 2*L + E + (N-1)*H + b/B + k*b/B   above, from three (the default): the devices' reduce-scatter
+                                                          and gather, k = 2(N-1)/N up per card
+                    = 2*L + E + (N-1)*H + c/B           the host's sums (GGML_CUDA_BRIDGE_ALLREDUCE_SUMS=host) in
+                      + max(b/B, N*b/Hs)                chunks of c (about b/4, 512 KiB to 2 MiB): every tensor down
+                                                          once, the sum up once, a chunk's uploads beside the next
+                                                          chunks' downloads, unless the host's additions (N tensors
+                                                          read at Hs) are slower than the link
     t_bar1(b, N)    = t_bar's latency + total/B         the same N devices on ONE link (virtual devices of one GPU):
                                                           total = N*b + N*(N-1)*b (kernel), 4*b (two devices),
-                                                          N*b + N*c (the host's sums: N tensors down, N sums up, the
-                                                          two directions at once), N*b + 2*(N-1)*b (reduce-scatter):
-                                                          every byte on it
+                                                          N*b + 2*(N-1)*b (reduce-scatter, one direction after the
+                                                          other: its phases run on one stream per device); the host's
+                                                          sums N*c + max(N*b, N*b*B/Hs) (N tensors down and N sums up
+                                                          at once): every byte on it
     H                                                   one host thread enqueues the N cards' parts of an
                                                           all-reduce (or of a butterfly step): the last card's part
                                                           starts (N-1)*H after the first's
     per token       2 * n_layer * t_ar(h*4, N)          against layer split's (N-1) * t(h*4)
 
 The bytes alone (:func:`allreduce_traffic`, in tensors, the larger direction): the butterfly moves log2(P) + [N > P]
-per card (on one shared link log2(P) * P + 2 (N - P)); the bridge's copy path one tensor each way per card (one
-link N), its earlier reduce-scatter 2(N-1)/N up per card (one link 2(N-1)); their ratio is the most the bridge's
-all-reduce can gain from bytes over the butterfly through any copy.
+per card (on one shared link log2(P) * P + 2 (N - P)); the bridge's copy path by default (the devices'
+reduce-scatter) 2(N-1)/N up per card (one link 2(N-1)), with the host's sums one tensor each way per card (one link
+N); their ratio is the most the bridge's all-reduce can gain from bytes over the butterfly through any copy.
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ E_EVENT = 3e-6  # cross-device event wait
 # share of a call over the device count, test-bridge-allreduce --bench's host_us_median / N on the H100 of 2026-12-06
 # (driver 580, in-kernel path): 2.9-3.3 us for 2-6 devices
 H_LAUNCH = 3.2e-6
+# the host's sums (patch 0007, GGML_CUDA_BRIDGE_ALLREDUCE_SUMS=host): the bytes of the N staged tensors its crew of
+# 8 threads reads and adds per second, host functions on one stream (test-bridge-allreduce --bench on the H100 host
+# of 2026-12-07 evening, 3-6 devices, 4 and 10 MiB: 11-18 GB/s)
+H_SUM = 15e9
 BAR_KERNEL_MAX = 512 * 1024  # patch 0007: the largest per-device tensor of its in-kernel path
 BAR_HOST_CHUNK = 2 * MiB  # patch 0007, three or more devices: the largest chunk per device of the host's sums
 
@@ -104,18 +111,18 @@ def _bar_latency(b: float, n: int, L: float) -> float:
 
 def t_allreduce(b: float, n: int, B: float, L: float, path: str) -> float:
     """One all-reduce of ``b`` bytes over ``n`` cards: ``path`` ``seq`` (the butterfly's host round trips without peer
-    access), ``bridge`` (the butterfly's copies through the bridge), ``bridge-allreduce`` (patch 0007's all-reduce;
-    ``bridge-allreduce-scatter``: its copy path as the series before 2026-12-07 had it, the devices' reduce-scatter)
-    or ``internal`` (upstream's host-staged pipeline, 2 cards, F32 rounded through BF16)."""
+    access), ``bridge`` (the butterfly's copies through the bridge), ``bridge-allreduce`` (patch 0007's all-reduce by
+    default: from three cards the devices' reduce-scatter above its in-kernel limit; ``bridge-allreduce-host``: the
+    host's sums there) or ``internal`` (upstream's host-staged pipeline, 2 cards, F32 rounded through BF16)."""
     if path == "internal":
         return 2 * L + (n - 1) * H_LAUNCH + 2 * (b / 2) / B
-    if path in ("bridge-allreduce", "bridge-allreduce-scatter"):
+    if path in ("bridge-allreduce", "bridge-allreduce-host"):
         if b <= BAR_KERNEL_MAX:
             return _bar_latency(b, n, L) + b / B + (n - 1) * b / B
         if n == 2:
             return _bar_latency(b, n, L) + 2 * b / B
-        if path == "bridge-allreduce":
-            return _bar_latency(b, n, L) + b / B + bar_host_chunk(b) / B
+        if path == "bridge-allreduce-host":
+            return _bar_latency(b, n, L) + bar_host_chunk(b) / B + max(b / B, n * b / H_SUM)
         return _bar_latency(b, n, L) + b / B + 2 * (n - 1) / n * b / B
     step = t_bridge if path == "bridge" else t_seq
     return allreduce_steps(n) * (step(b, B, L) + (n - 1) * H_LAUNCH)
@@ -142,11 +149,10 @@ class Traffic:
 def allreduce_traffic(n: int, path: str) -> Traffic:
     """The bytes of one all-reduce over ``n`` cards: ``butterfly`` (the meta backend's, each exchange a copy through
     the host, the bridge's or upstream's: the cards past the largest power of two P fold into the first ones and get
-    the result back, log2(P) exchange steps between the P), ``bridge-copy`` (patch 0007 above its in-kernel limit:
-    an exchange for two cards, the host's sums from three: one tensor down and the sum up per card),
-    ``bridge-scatter`` (the same from three as the series before 2026-12-07 had it: a reduce-scatter and gather on
-    the devices, one tensor and one part down, 2(N-1)/N up per card) or ``bridge-kernel`` (0007's token path: one
-    tensor down, the N - 1 others read)."""
+    the result back, log2(P) exchange steps between the P), ``bridge-scatter`` (patch 0007 above its in-kernel limit,
+    its default: an exchange for two cards, from three a reduce-scatter and gather on the devices, one tensor and one
+    part down, 2(N-1)/N up per card), ``bridge-host`` (the same with the host's sums from three: one tensor down and
+    the sum up per card) or ``bridge-kernel`` (0007's token path: one tensor down, the N - 1 others read)."""
     if n < 2:
         return Traffic(0.0, 0.0, 0.0, 0.0)
     if path == "butterfly":
@@ -157,26 +163,26 @@ def allreduce_traffic(n: int, path: str) -> Traffic:
         return Traffic(card, card, shared, shared)
     if path == "bridge-kernel":
         return Traffic(1.0, n - 1.0, float(n), n * (n - 1.0))
-    if path in ("bridge-copy", "bridge-scatter") and n == 2:
+    if path in ("bridge-host", "bridge-scatter") and n == 2:
         return Traffic(1.0, 1.0, 2.0, 2.0)
-    if path == "bridge-copy":
+    if path == "bridge-host":
         return Traffic(1.0, 1.0, float(n), float(n))
     if path == "bridge-scatter":
         return Traffic(1 + 1 / n, 2 * (n - 1) / n, n + 1.0, 2 * (n - 1.0))
     raise ValueError(f"unknown all-reduce path {path!r}")
 
 
-def t_bridge_allreduce_one_link(b: float, n: int, B: float, L: float, *, host_sums: bool = True) -> float:
+def t_bridge_allreduce_one_link(b: float, n: int, B: float, L: float, *, host_sums: bool = False) -> float:
     """The bridge's all-reduce of ``b`` bytes over ``n`` devices that share one link (virtual devices of one GPU):
     its latency as on separate links, and every device's bytes through the one link at ``B``: from three devices
-    the host's sums (``host_sums``; the two directions at once) or the reduce-scatter of the series before
-    2026-12-07 (one direction after the other, as its phases ran on one stream)."""
+    the devices' reduce-scatter (the default; one direction after the other, as its phases run on one stream per
+    device) or the host's sums (``host_sums``; the two directions at once, unless the host's additions are slower)."""
     if b <= BAR_KERNEL_MAX:
         return _bar_latency(b, n, L) + (n * b + n * (n - 1) * b) / B
     if n == 2:
         return _bar_latency(b, n, L) + 4 * b / B
     if host_sums:
-        return _bar_latency(b, n, L) + (n * b + n * bar_host_chunk(b)) / B
+        return _bar_latency(b, n, L) + n * bar_host_chunk(b) / B + max(n * b / B, n * b / H_SUM)
     return _bar_latency(b, n, L) + (n * b + 2 * (n - 1) * b) / B
 
 

@@ -34,14 +34,18 @@ def test_all_reduces_cost_more_link_time_than_layer_boundaries() -> None:
     tensor = cost.per_token_tensor(5120, 40, 2, B, L, "bridge")
     assert tensor == pytest.approx(80 * (cost.t_bridge(4 * 5120, B, L) + cost.H_LAUNCH)) and tensor > 50 * layer
     assert cost.per_token_tensor(5120, 40, 2, B, L, "internal") < tensor, "BF16 halves the bytes, no event"
-    # the bridge's all-reduce: the host sums, one tensor down and the sum up per card in one step, a chunk's uploads
-    # beside the next downloads (the butterfly: a round trip per step)
+    # the bridge's all-reduce: the devices' reduce-scatter in one step, one tensor down and 2(N-1)/N up per card
+    # (the butterfly: a round trip per step); the host's sums where asked: the tensor down and the last chunk's sum
+    # up, or the host's additions where they are slower than the link
     assert cost.t_allreduce(1 << 20, 4, B, L, "bridge-allreduce") < cost.t_allreduce(1 << 20, 4, B, L, "bridge")
     assert cost.t_allreduce(1 << 20, 4, B, L, "bridge-allreduce") == pytest.approx(
-        2 * L + cost.E_EVENT + 3 * cost.H_LAUNCH + 1.5 * (1 << 20) / B  # the last 512 KiB chunk's sum up
+        2 * L + cost.E_EVENT + 3 * cost.H_LAUNCH + 2.5 * (1 << 20) / B
     )
-    assert cost.t_allreduce(8 << 20, 4, B, L, "bridge-allreduce") == pytest.approx(
-        2 * L + cost.E_EVENT + 3 * cost.H_LAUNCH + (8 + 2) * (1 << 20) / B  # a quarter: 2 MiB chunks
+    assert cost.t_allreduce(1 << 20, 4, B, L, "bridge-allreduce-host") == pytest.approx(
+        2 * L + cost.E_EVENT + 3 * cost.H_LAUNCH + 0.5 * (1 << 20) / B + 4 * (1 << 20) / cost.H_SUM
+    )
+    assert cost.t_allreduce(8 << 20, 4, 3e9, L, "bridge-allreduce-host") == pytest.approx(
+        2 * L + cost.E_EVENT + 3 * cost.H_LAUNCH + (8 + 2) * (1 << 20) / 3e9  # a quarter: 2 MiB chunks
     )
     assert cost.t_allreduce(1 << 20, 4, B, L, "seq") == pytest.approx(
         2 * (cost.t_seq(1 << 20, B, L) + 3 * cost.H_LAUNCH)
