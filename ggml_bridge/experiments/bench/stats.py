@@ -222,6 +222,7 @@ REFERENCES = (
     "upstream-nopeer-virtual",
     "tensor-nopeer-virtual",
     "tensor-upstream-internal",
+    "tensor-upstream-internal-f32",
     "tensor-upstream",
     "tensor-bridge-force-butterfly",
     "off",

@@ -483,8 +483,10 @@ def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(one_
     monkeypatch.setattr(orchestrate, "n_gpus", lambda: 1)
     rep = _run(one_gpu_bench, "t", suite="tensor-virt", measure=("bench",), rounds=1, run_lengths=(1,), tg=0)
     lines = one_gpu_bench.order.read_text().splitlines()
-    assert len(lines) == 6 and all(" sm=tensor " in x for x in lines)
+    assert len(lines) == 7 and all(" sm=tensor " in x for x in lines)
     assert sum(x.startswith("nopeer-virtual ") for x in lines) == 2, "the baseline and its A/A twin"
+    # upstream's internal all-reduce at its BF16 default and in F32 (the byte-exact comparison of two devices)
+    assert sorted(re.search(r" bf16=(\S*)", x)[1] for x in lines if " ar=internal " in x) == ["", "0"]  # type: ignore[index]
     assert {re.search(r" ar=(\S*)", x)[1] for x in lines} == {"internal", "none", "butterfly"}  # type: ignore[index]
     runs = {r["case"]: r for r in rep["runs"]}
     assert "internal on 2 devices" in runs["tensor-upstream-internal"]["engagement"]
@@ -501,7 +503,7 @@ def test_the_tensor_suite_splits_by_tensor_and_proves_each_cases_all_reduce(one_
         run_lengths=(1,),
         tg=0,
     )
-    with pytest.raises(BenchError, match="tensor-upstream-internal did not engage"):
+    with pytest.raises(BenchError, match="tensor-upstream-internal, tensor-upstream-internal-f32 did not engage"):
         orchestrate.bench(args, one_gpu_bench.settings)
 
 
@@ -513,6 +515,7 @@ def test_the_tensor_suite_reports_ratios_against_its_baselines(one_gpu_bench, mo
     rep = _run(one_gpu_bench, "t", suite="tensor-virt", measure=("bench",), rounds=2, run_lengths=(1,), tg=0)
     ratios = rep["ratios"]
     assert {"tensor-nopeer-virtual", "tensor-upstream", "tensor-upstream-internal"} <= set(ratios)
+    assert "pp512/ub512@r1" in ratios["tensor-upstream-internal-f32"]["tensor-bridge-force"]
     assert "pp512/ub512@r1" in ratios["tensor-nopeer-virtual"]["tensor-bridge-force"]
     # the bridge's all-reduce against what it replaces, the butterfly through the bridge's copies
     assert "pp512/ub512@r1" in ratios["tensor-bridge-force-butterfly"]["tensor-bridge-force"]
