@@ -176,14 +176,10 @@ def t_bridge_allreduce_one_link(b: float, n: int, B: float, L: float, *, host_su
     """The bridge's all-reduce of ``b`` bytes over ``n`` devices that share one link (virtual devices of one GPU):
     its latency as on separate links, and every device's bytes through the one link at ``B``: from three devices
     the devices' reduce-scatter (the default; one direction after the other, as its phases run on one stream per
-    device) or the host's sums (``host_sums``; the two directions at once, unless the host's additions are slower)."""
-    if b <= BAR_KERNEL_MAX:
-        return _bar_latency(b, n, L) + (n * b + n * (n - 1) * b) / B
-    if n == 2:
-        return _bar_latency(b, n, L) + 4 * b / B
-    if host_sums:
-        return _bar_latency(b, n, L) + n * bar_host_chunk(b) / B + max(n * b / B, n * b / H_SUM)
-    return _bar_latency(b, n, L) + (n * b + 2 * (n - 1) * b) / B
+    device) or the host's sums (``host_sums``; the two directions at once, unless the host's additions are slower).
+    Every card's bytes cross the one link, so each card's share of it is B / n: the model of a link per card at
+    that bandwidth."""
+    return t_allreduce(b, n, B / n, L, "bridge-allreduce-host" if host_sums else "bridge-allreduce")
 
 
 def per_token_tensor(hidden: int, layers: int, n: int, B: float, L: float, path: str) -> float:
