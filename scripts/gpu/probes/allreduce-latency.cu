@@ -6,6 +6,8 @@
 //   gather  patch 0007's in-kernel path: stage the tensor in mapped host memory, meet, read every other's, sum
 //   ll      the flags inside the data (NCCL's LL protocol): every 8 bytes carry 4 of data and the call's token, no
 //           fence, no flag, the readers poll the data itself; twice the bytes over the link
+//   empty-small   empty kernels with one 4-byte argument instead of the 160 bytes above: what the arguments cost
+//   gather-ptr    gather with the slot's addresses read from device memory (a 40-byte argument list)
 // Sums are left to right here (the order does not change the timing); ll's result is checked against gather's.
 // Build and run (the lent machine has nvcc):  nvcc -O3 -arch=sm_90 -o /tmp/probe allreduce-latency.cu && /tmp/probe
 // Output: one line per variant, device count and size: per-call wall and host-enqueue medians over the rounds.
@@ -33,8 +35,8 @@ constexpr int MAXBLOCKS = 8;
 constexpr int STRIDE    = 16;              // ints between flags: a 64-byte line each
 constexpr size_t SLOT   = (size_t) 256 << 10;  // bytes of data per rank and slot (ll: twice that)
 
-enum mode_t_ { EMPTY, MEET, GATHER, LL, N_MODES };
-static const char * mode_names[N_MODES] = { "empty", "meet", "gather", "ll" };
+enum mode_t_ { EMPTY, MEET, GATHER, LL, EMPTY_SMALL, GATHER_PTR, N_MODES };
+static const char * mode_names[N_MODES] = { "empty", "meet", "gather", "ll", "empty-small", "gather-ptr" };
 
 struct probe_args {
     float * stage[MAXN];
@@ -68,9 +70,13 @@ static __device__ __forceinline__ uint4 ld_volatile(const uint4 * p) {
     return v;
 }
 
+static __global__ void probe_small(const unsigned token) {
+    (void) token;
+}
+
 template <int mode>
-static __global__ void probe_kernel(float * data, const probe_args a, const int n, const int rank, const int count,
-                                    const unsigned token) {
+static __device__ __forceinline__ void probe_body(float * data, const probe_args & a, const int n, const int rank,
+                                                  const int count, const unsigned token) {
     if (mode == EMPTY) {
         return;
     }
@@ -149,12 +155,25 @@ static __global__ void probe_kernel(float * data, const probe_args a, const int 
     }
 }
 
+template <int mode>
+static __global__ void probe_kernel(float * data, const probe_args a, const int n, const int rank, const int count,
+                                    const unsigned token) {
+    probe_body<mode>(data, a, n, rank, count, token);
+}
+
+static __global__ void probe_gather_ptr(float * data, const probe_args * __restrict__ a, const int n, const int rank,
+                                        const int count, const unsigned token) {
+    probe_body<GATHER>(data, *a, n, rank, count, token);
+}
+
 struct group {
     int n = 0;
     cudaStream_t stream[MAXN] = {};
     float * data[MAXN] = {};
     unsigned char * host = nullptr;  // mapped: [slot][rank] gather staging, [slot][rank] ll staging, [slot] flags
     unsigned char * dev  = nullptr;
+    probe_args args[2] = {};          // per slot
+    probe_args * dargs = nullptr;     // the same in device memory
     unsigned token = 0;
     unsigned long long calls = 0;
 };
@@ -166,21 +185,16 @@ static size_t host_bytes(const int n) {
 static void call(group & g, const int mode, const int count) {
     const int slot = (int) (g.calls++ % 2);
     g.token = g.token + 1 == 0 ? 1 : g.token + 1;
-    const size_t per_slot = host_bytes(g.n) / 2;
-    unsigned char * base = g.dev + slot * per_slot;
-    probe_args a = {};
-    for (int k = 0; k < g.n; ++k) {
-        a.stage[k] = (float *) (base + (size_t) k * SLOT);
-        a.ll[k]    = (uint4 *) (base + (size_t) g.n * SLOT + (size_t) k * 2 * SLOT);
-    }
-    a.flags = (int *) (base + (size_t) g.n * 3 * SLOT);
+    const probe_args & a = g.args[slot];
     const int blocks = std::max(1, std::min(MAXBLOCKS, (count / 4 + THREADS - 1) / THREADS));
     for (int r = 0; r < g.n; ++r) {
         switch (mode) {
             case EMPTY:  probe_kernel<EMPTY><<<blocks, THREADS, 0, g.stream[r]>>>(g.data[r], a, g.n, r, count, g.token); break;
             case MEET:   probe_kernel<MEET><<<blocks, THREADS, 0, g.stream[r]>>>(g.data[r], a, g.n, r, count, g.token); break;
             case GATHER: probe_kernel<GATHER><<<blocks, THREADS, 0, g.stream[r]>>>(g.data[r], a, g.n, r, count, g.token); break;
-            default:     probe_kernel<LL><<<blocks, THREADS, 0, g.stream[r]>>>(g.data[r], a, g.n, r, count, g.token); break;
+            case LL:     probe_kernel<LL><<<blocks, THREADS, 0, g.stream[r]>>>(g.data[r], a, g.n, r, count, g.token); break;
+            case EMPTY_SMALL: probe_small<<<blocks, THREADS, 0, g.stream[r]>>>(g.token); break;
+            default:     probe_gather_ptr<<<blocks, THREADS, 0, g.stream[r]>>>(g.data[r], g.dargs + slot, g.n, r, count, g.token); break;
         }
     }
     CHECK(cudaGetLastError());
@@ -212,7 +226,8 @@ int main(int argc, char ** argv) {
     const int rounds = argc > 2 ? atoi(argv[2]) : 5;
     cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, iters=%d rounds=%d, CUDA_DEVICE_MAX_CONNECTIONS=%s\n", prop.name, iters, rounds,
+    printf("device: %s, iters=%d rounds=%d, arguments %zu bytes, CUDA_DEVICE_MAX_CONNECTIONS=%s\n", prop.name, iters, rounds,
+           sizeof(float *) + sizeof(probe_args) + 4 * sizeof(int),
            getenv("CUDA_DEVICE_MAX_CONNECTIONS") ? getenv("CUDA_DEVICE_MAX_CONNECTIONS") : "(default)");
     const int counts[] = { 2048, 8192 };
     for (int n = 2; n <= 6; ++n) {
@@ -225,14 +240,27 @@ int main(int argc, char ** argv) {
         CHECK(cudaHostAlloc((void **) &g.host, host_bytes(n), cudaHostAllocPortable | cudaHostAllocMapped));
         memset(g.host, 0, host_bytes(n));
         CHECK(cudaHostGetDevicePointer((void **) &g.dev, g.host, 0));
+        for (int slot = 0; slot < 2; ++slot) {
+            unsigned char * base = g.dev + slot * (host_bytes(n) / 2);
+            for (int k = 0; k < n; ++k) {
+                g.args[slot].stage[k] = (float *) (base + (size_t) k * SLOT);
+                g.args[slot].ll[k]    = (uint4 *) (base + (size_t) n * SLOT + (size_t) k * 2 * SLOT);
+            }
+            g.args[slot].flags = (int *) (base + (size_t) n * 3 * SLOT);
+        }
+        CHECK(cudaMalloc(&g.dargs, sizeof(g.args)));
+        CHECK(cudaMemcpy(g.dargs, g.args, sizeof(g.args), cudaMemcpyHostToDevice));
         for (const int count : counts) {
-            // ll against gather: the same sums (exact inputs)
+            // ll and gather-ptr against gather: the same sums (exact inputs)
             std::vector<float> want(count), got(count);
             fill(g, count); call(g, GATHER, count); sync(g);
             CHECK(cudaMemcpy(want.data(), g.data[n - 1], count * sizeof(float), cudaMemcpyDeviceToHost));
-            fill(g, count); call(g, LL, count); sync(g);
-            CHECK(cudaMemcpy(got.data(), g.data[n - 1], count * sizeof(float), cudaMemcpyDeviceToHost));
-            const bool same = memcmp(want.data(), got.data(), count * sizeof(float)) == 0;
+            bool same[N_MODES] = {};
+            for (const int m : { LL, GATHER_PTR }) {
+                fill(g, count); call(g, m, count); sync(g);
+                CHECK(cudaMemcpy(got.data(), g.data[n - 1], count * sizeof(float), cudaMemcpyDeviceToHost));
+                same[m] = memcmp(want.data(), got.data(), count * sizeof(float)) == 0;
+            }
             std::vector<double> wall[N_MODES], host[N_MODES];
             for (int round = 0; round < rounds; ++round) {
                 for (int m = 0; m < N_MODES; ++m) {
@@ -255,7 +283,7 @@ int main(int argc, char ** argv) {
             for (int m = 0; m < N_MODES; ++m) {
                 printf("probe: devices=%d bytes=%d mode=%s us_median=%.2f us_min=%.2f host_us_median=%.2f%s\n", n,
                        count * 4, mode_names[m], median(wall[m]), *std::min_element(wall[m].begin(), wall[m].end()),
-                       median(host[m]), m == LL ? (same ? " check=same" : " check=DIFFERENT") : "");
+                       median(host[m]), m == LL || m == GATHER_PTR ? (same[m] ? " check=same" : " check=DIFFERENT") : "");
             }
             fflush(stdout);
         }
@@ -264,6 +292,7 @@ int main(int argc, char ** argv) {
             CHECK(cudaFree(g.data[r]));
         }
         CHECK(cudaFreeHost(g.host));
+        CHECK(cudaFree(g.dargs));
     }
     return 0;
 }
