@@ -8,8 +8,10 @@
 //           fence, no flag, the readers poll the data itself; twice the bytes over the link
 //   empty-small   empty kernels with one 4-byte argument instead of the 160 bytes above: what the arguments cost
 //   gather-ptr    gather with the slot's addresses read from device memory (a 40-byte argument list)
-// Sums are left to right here (the order does not change the timing); ll's result is checked against gather's.
+// Sums are left to right here (the order does not change the timing); ll's and gather-ptr's results are checked
+// against gather's.
 // Build and run (the lent machine has nvcc):  nvcc -O3 -arch=sm_90 -o /tmp/probe allreduce-latency.cu && /tmp/probe
+//   [ITERS (400)] [ROUNDS (5)]
 // Output: one line per variant, device count and size: per-call wall and host-enqueue medians over the rounds.
 #include <cuda_runtime.h>
 
