@@ -98,11 +98,8 @@ def table(output: Output, link: tuple[float, float], *, one_link: bool) -> str:
     for t in sorted(output.timings, key=lambda t: (t.devices, t.nbytes, not t.host_sums)):
         if t.variant != GATHER:
             continue
-        if one_link:
-            predicted = cost.t_bridge_allreduce_one_link(t.nbytes, t.devices, B, L, host_sums=t.host_sums)
-        else:
-            way = "bridge-allreduce-host" if t.host_sums else "bridge-allreduce"
-            predicted = cost.t_allreduce(t.nbytes, t.devices, B, L, way)
+        model = cost.t_bridge_allreduce_one_link if one_link else cost.t_bridge_allreduce
+        predicted = model(t.nbytes, t.devices, B, L, host_sums=t.host_sums)
         ratio = t.us * 1e-6 / predicted
         ratios.append(ratio)
         path = "in-kernel" if t.nbytes <= cost.BAR_KERNEL_MAX else "copy engines"

@@ -172,6 +172,12 @@ def allreduce_traffic(n: int, path: str) -> Traffic:
     raise ValueError(f"unknown all-reduce path {path!r}")
 
 
+def t_bridge_allreduce(b: float, n: int, B: float, L: float, *, host_sums: bool = False) -> float:
+    """The bridge's all-reduce of ``b`` bytes over ``n`` cards, a link of ``B`` each: its default path, or from three
+    cards the host's sums (``host_sums``, ``GGML_CUDA_BRIDGE_ALLREDUCE_SUMS=host``)."""
+    return t_allreduce(b, n, B, L, "bridge-allreduce-host" if host_sums else "bridge-allreduce")
+
+
 def t_bridge_allreduce_one_link(b: float, n: int, B: float, L: float, *, host_sums: bool = False) -> float:
     """The bridge's all-reduce of ``b`` bytes over ``n`` devices that share one link (virtual devices of one GPU):
     its latency as on separate links, and every device's bytes through the one link at ``B``: from three devices
@@ -179,7 +185,7 @@ def t_bridge_allreduce_one_link(b: float, n: int, B: float, L: float, *, host_su
     device) or the host's sums (``host_sums``; the two directions at once, unless the host's additions are slower).
     Every card's bytes cross the one link, so each card's share of it is B / n: the model of a link per card at
     that bandwidth."""
-    return t_allreduce(b, n, B / n, L, "bridge-allreduce-host" if host_sums else "bridge-allreduce")
+    return t_bridge_allreduce(b, n, B / n, L, host_sums=host_sums)
 
 
 def per_token_tensor(hidden: int, layers: int, n: int, B: float, L: float, path: str) -> float:
